@@ -1,1 +1,4 @@
 //! x
+
+/// The `terminal_run` execution engine: policy, safe spawning, capped and redacted output.
+pub mod terminal;
