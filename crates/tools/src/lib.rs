@@ -9,6 +9,8 @@
 //! variables and installs no logging subscriber: the daemon hands every setting in.
 
 pub mod builtin;
+/// The `terminal_run` engine: policy, sandboxed execution, capture, redaction, summary.
+pub mod terminal;
 mod registry;
 mod schema;
 mod tool;
