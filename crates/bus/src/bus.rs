@@ -63,8 +63,9 @@ pub trait Bus: Send + Sync + 'static {
         count: usize,
     ) -> Result<Reclaimed, Error>;
 
-    /// Removes `consumer` from `group` (its pending entries, if any, are left to others).
-    async fn delete_consumer(&self, topic: &str, group: &str, consumer: &str) -> Result<(), Error>;
+    /// Removes `consumer` from `group` if it holds no pending entries (deleting a consumer drops
+    /// its pending entries, which would lose them). Returns whether it was removed.
+    async fn delete_consumer(&self, topic: &str, group: &str, consumer: &str) -> Result<bool, Error>;
 
     /// Records that `owner` starts the call of a request, unless it was answered already or
     /// another owner holds a live lease on it.

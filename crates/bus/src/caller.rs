@@ -49,7 +49,12 @@ impl Caller {
     ///
     /// # Errors
     /// The bus failed, the answer did not come in time, or it was not a result.
-    pub async fn call(&self, event_type: &str, data: Map<String, Value>, timeout: Duration) -> Result<(EventEnvelope, ResultData), CallError> {
+    pub async fn call(
+        &self,
+        event_type: &str,
+        data: Map<String, Value>,
+        timeout: Duration,
+    ) -> Result<(EventEnvelope, ResultData), CallError> {
         let mut data = data;
         let request_id = match data.get("request_id").and_then(Value::as_str) {
             Some(id) => id.to_owned(),
@@ -84,7 +89,8 @@ impl Caller {
             let block = left.min(Duration::from_secs(1)).max(Duration::from_millis(1));
             for entry in self.bus.read(&self.results_topic, &cursor, 100, Some(block)).await? {
                 cursor.clone_from(&entry.entry_id);
-                let Some(answer) = entry.payload.and_then(|p| serde_json::from_str::<EventEnvelope>(&p).ok()) else {
+                let Some(answer) = entry.payload.and_then(|p| serde_json::from_str::<EventEnvelope>(&p).ok())
+                else {
                     continue;
                 };
                 if answer.data.get("request_id").and_then(Value::as_str) != Some(request_id.as_str()) {

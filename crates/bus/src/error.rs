@@ -31,7 +31,8 @@ impl Error {
 
 impl From<redis::RedisError> for Error {
     fn from(err: redis::RedisError) -> Error {
-        if err.code() == Some("NOGROUP") {
+        // UNBLOCKED: the stream was deleted under a blocked XREADGROUP, so its group is gone too.
+        if matches!(err.code(), Some("NOGROUP" | "UNBLOCKED")) {
             return Error::NoGroup(err);
         }
         let unavailable = err.is_io_error()

@@ -61,7 +61,11 @@ impl MemoryBus {
 
     /// How many entries of `group` on `topic` are pending.
     pub fn pending_count(&self, topic: &str, group: &str) -> usize {
-        self.lock().streams.get(topic).and_then(|stream| stream.groups.get(group)).map_or(0, |g| g.pending.len())
+        self.lock()
+            .streams
+            .get(topic)
+            .and_then(|stream| stream.groups.get(group))
+            .map_or(0, |g| g.pending.len())
     }
 
     /// Every payload published to `topic`, oldest first.
@@ -93,7 +97,11 @@ impl State {
             .map_or(0, |since| since.as_millis() as u64);
         let stream = self.streams.entry(topic.to_owned()).or_default();
         let last = stream.entries.keys().next_back().copied().unwrap_or((0, 0));
-        let key = if now > last.0 && now > self.last_ms { (now, 0) } else { (last.0.max(self.last_ms), last.1 + 1) };
+        let key = if now > last.0 && now > self.last_ms {
+            (now, 0)
+        } else {
+            (last.0.max(self.last_ms), last.1 + 1)
+        };
         self.last_ms = key.0;
         let entry_id = format!("{}-{}", key.0, key.1);
         let id = id.unwrap_or_else(|| entry_id.clone());
@@ -154,7 +162,10 @@ impl Bus for MemoryBus {
         let mut state = self.lock();
         let stream = state.streams.entry(topic.to_owned()).or_default();
         let last = stream.entries.keys().next_back().copied().unwrap_or((0, 0));
-        stream.groups.entry(group.to_owned()).or_insert_with(|| Group { last_delivered: last, ..Group::default() });
+        stream
+            .groups
+            .entry(group.to_owned())
+            .or_insert_with(|| Group { last_delivered: last, ..Group::default() });
         Ok(())
     }
 
@@ -176,7 +187,10 @@ impl Bus for MemoryBus {
                     let group_state = stream.groups.get(group).ok_or_else(|| no_group(topic, group))?;
                     stream
                         .entries
-                        .range((std::ops::Bound::Excluded(group_state.last_delivered), std::ops::Bound::Unbounded))
+                        .range((
+                            std::ops::Bound::Excluded(group_state.last_delivered),
+                            std::ops::Bound::Unbounded,
+                        ))
                         .take(count)
                         .map(|(key, _)| *key)
                         .collect()
@@ -187,7 +201,11 @@ impl Bus for MemoryBus {
                         group_state.last_delivered = *key;
                         group_state.pending.insert(
                             *key,
-                            Pending { consumer: consumer.to_owned(), delivered_at: Instant::now(), deliveries: 1 },
+                            Pending {
+                                consumer: consumer.to_owned(),
+                                delivered_at: Instant::now(),
+                                deliveries: 1,
+                            },
                         );
                     }
                     return Ok(keys.into_iter().filter_map(|key| state.entry(topic, key, 1)).collect());
@@ -209,7 +227,13 @@ impl Bus for MemoryBus {
         Ok(())
     }
 
-    async fn read(&self, topic: &str, cursor: &str, count: usize, block: Option<Duration>) -> Result<Vec<Entry>, Error> {
+    async fn read(
+        &self,
+        topic: &str,
+        cursor: &str,
+        count: usize,
+        block: Option<Duration>,
+    ) -> Result<Vec<Entry>, Error> {
         let deadline = tokio::time::Instant::now() + block.unwrap_or_default();
         let after = if is_entry_id(cursor) {
             parse_entry_id(cursor)?
@@ -281,16 +305,15 @@ impl Bus for MemoryBus {
                 claimed.push((*key, pending.deliveries));
             }
         }
-        let entries = claimed.into_iter().filter_map(|(key, deliveries)| state.entry(topic, key, deliveries)).collect();
+        let entries =
+            claimed.into_iter().filter_map(|(key, deliveries)| state.entry(topic, key, deliveries)).collect();
         Ok(Reclaimed { next_start: format!("{}-{}", next_start.0, next_start.1), entries })
     }
 
-    async fn delete_consumer(&self, topic: &str, group: &str, consumer: &str) -> Result<(), Error> {
-        let mut state = self.lock();
-        if let Some(group) = state.streams.get_mut(topic).and_then(|stream| stream.groups.get_mut(group)) {
-            group.pending.retain(|_, pending| pending.consumer != consumer);
-        }
-        Ok(())
+    async fn delete_consumer(&self, topic: &str, group: &str, consumer: &str) -> Result<bool, Error> {
+        let state = self.lock();
+        let group = state.streams.get(topic).and_then(|stream| stream.groups.get(group));
+        Ok(group.is_none_or(|group| group.pending.values().all(|pending| pending.consumer != consumer)))
     }
 
     async fn begin_call(&self, call: &CallKeys<'_>, owner: &str, entry_id: &str) -> Result<CallStart, Error> {
@@ -330,7 +353,8 @@ impl Bus for MemoryBus {
         if record.get("owner").map(String::as_str) != Some(owner) {
             return Ok(false);
         }
-        record.insert("lease_until".to_owned(), (millis_since_boot(now) + call.lease.as_millis()).to_string());
+        record
+            .insert("lease_until".to_owned(), (millis_since_boot(now) + call.lease.as_millis()).to_string());
         let key = parse_entry_id(entry.entry_id)?;
         if let Some(pending) = state
             .streams
@@ -365,7 +389,9 @@ impl Bus for MemoryBus {
             }
             let entry = finish.entry;
             let key = parse_entry_id(entry.entry_id)?;
-            if let Some(group) = state.streams.get_mut(entry.topic).and_then(|stream| stream.groups.get_mut(entry.group)) {
+            if let Some(group) =
+                state.streams.get_mut(entry.topic).and_then(|stream| stream.groups.get_mut(entry.group))
+            {
                 group.pending.remove(&key);
             }
             published
@@ -386,7 +412,10 @@ impl Bus for MemoryBus {
 
     async fn hash_fields(&self, key: &str) -> Result<Vec<(String, String)>, Error> {
         let mut state = self.lock();
-        Ok(state.hash(key).map(|hash| hash.iter().map(|(k, v)| (k.clone(), v.clone())).collect()).unwrap_or_default())
+        Ok(state
+            .hash(key)
+            .map(|hash| hash.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+            .unwrap_or_default())
     }
 
     async fn set_expiring(&self, key: &str, _value: &str, ttl: Duration) -> Result<(), Error> {
@@ -471,7 +500,10 @@ mod tests {
         bus.read_group(TOPIC, GROUP, "c1", 10, Duration::ZERO).await.unwrap();
         let call = keys("answered:r1", "call:r1");
         assert_eq!(bus.begin_call(&call, "a", &entry_id).await.unwrap(), CallStart::Fresh);
-        assert_eq!(bus.begin_call(&call, "b", &entry_id).await.unwrap(), CallStart::Busy { entry_id: entry_id.clone() });
+        assert_eq!(
+            bus.begin_call(&call, "b", &entry_id).await.unwrap(),
+            CallStart::Busy { entry_id: entry_id.clone() }
+        );
         tokio::time::sleep(Duration::from_millis(60)).await;
         assert_eq!(bus.begin_call(&call, "b", &entry_id).await.unwrap(), CallStart::StartedBefore);
         let entry = EntryRef { topic: TOPIC, group: GROUP, entry_id: &entry_id };

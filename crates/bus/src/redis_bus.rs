@@ -56,6 +56,7 @@ struct Scripts {
     renew_call: Script,
     finish: Script,
     reclaim: Script,
+    delete_consumer: Script,
 }
 
 /// How much longer than its BLOCK time a blocking read may take before it is abandoned.
@@ -86,6 +87,7 @@ impl RedisBus {
                 renew_call: Script::new(include_str!("scripts/renew_call.lua")),
                 finish: Script::new(include_str!("scripts/finish.lua")),
                 reclaim: Script::new(include_str!("scripts/reclaim.lua")),
+                delete_consumer: Script::new(include_str!("scripts/delete_consumer.lua")),
             },
         })
     }
@@ -100,8 +102,11 @@ impl RedisBus {
         let pooled = self.blocking.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).pop();
         match pooled {
             Some(connection) => Ok(connection),
-            None => ConnectionManager::new_lazy_with_config(self.client.clone(), manager_config(&self.options, None))
-                .map_err(Error::Refused),
+            None => ConnectionManager::new_lazy_with_config(
+                self.client.clone(),
+                manager_config(&self.options, None),
+            )
+            .map_err(Error::Refused),
         }
     }
 
@@ -148,7 +153,12 @@ impl Bus for RedisBus {
     async fn publish(&self, topic: &str, id: &str, payload: &str) -> Result<String, Error> {
         let mut connection = self.commands.clone();
         let entry_id: String = connection
-            .xadd_maxlen(topic, redis::streams::StreamMaxlen::Approx(self.options.maxlen), "*", &[("id", id), ("payload", payload)])
+            .xadd_maxlen(
+                topic,
+                redis::streams::StreamMaxlen::Approx(self.options.maxlen),
+                "*",
+                &[("id", id), ("payload", payload)],
+            )
             .await?;
         Ok(entry_id)
     }
@@ -170,7 +180,10 @@ impl Bus for RedisBus {
         count: usize,
         block: Duration,
     ) -> Result<Vec<Entry>, Error> {
-        let options = StreamReadOptions::default().group(group, consumer).count(count).block(block.as_millis() as usize);
+        let options = StreamReadOptions::default()
+            .group(group, consumer)
+            .count(count)
+            .block(block.as_millis() as usize);
         let mut cmd = redis::cmd("XREADGROUP");
         cmd.arg(&options).arg("STREAMS").arg(topic).arg(">");
         let value = self.blocking_read(cmd, block).await?;
@@ -186,8 +199,15 @@ impl Bus for RedisBus {
         Ok(())
     }
 
-    async fn read(&self, topic: &str, cursor: &str, count: usize, block: Option<Duration>) -> Result<Vec<Entry>, Error> {
-        let after = if is_entry_id(cursor) { cursor.to_owned() } else { self.find_message(topic, cursor).await? };
+    async fn read(
+        &self,
+        topic: &str,
+        cursor: &str,
+        count: usize,
+        block: Option<Duration>,
+    ) -> Result<Vec<Entry>, Error> {
+        let after =
+            if is_entry_id(cursor) { cursor.to_owned() } else { self.find_message(topic, cursor).await? };
         let mut cmd = redis::cmd("XREAD");
         cmd.arg("COUNT").arg(count);
         if let Some(block) = block {
@@ -230,10 +250,16 @@ impl Bus for RedisBus {
         reclaimed_from_value(value)
     }
 
-    async fn delete_consumer(&self, topic: &str, group: &str, consumer: &str) -> Result<(), Error> {
-        let mut connection = self.commands.clone();
-        let _: u64 = connection.xgroup_delconsumer(topic, group, consumer).await?;
-        Ok(())
+    async fn delete_consumer(&self, topic: &str, group: &str, consumer: &str) -> Result<bool, Error> {
+        let deleted: u8 = self
+            .scripts
+            .delete_consumer
+            .key(topic)
+            .arg(group)
+            .arg(consumer)
+            .invoke_async(&mut self.commands.clone())
+            .await?;
+        Ok(deleted == 1)
     }
 
     async fn begin_call(&self, call: &CallKeys<'_>, owner: &str, entry_id: &str) -> Result<CallStart, Error> {
@@ -285,7 +311,8 @@ impl Bus for RedisBus {
             None => (entry.topic, entry.topic, Duration::ZERO),
         };
         let answer = finish.answer.unwrap_or(crate::Published { topic: entry.topic, id: "", payload: "" });
-        let dead_letter = finish.dead_letter.unwrap_or(crate::Published { topic: entry.topic, id: "", payload: "" });
+        let dead_letter =
+            finish.dead_letter.unwrap_or(crate::Published { topic: entry.topic, id: "", payload: "" });
         let published: u8 = self
             .scripts
             .finish
@@ -349,8 +376,14 @@ impl Bus for RedisBus {
         let mut cursor: u64 = 0;
         let mut keys = Vec::new();
         loop {
-            let (next, batch): (u64, Vec<String>) =
-                redis::cmd("SCAN").arg(cursor).arg("MATCH").arg(pattern).arg("COUNT").arg(500).query_async(&mut connection).await?;
+            let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(pattern)
+                .arg("COUNT")
+                .arg(500)
+                .query_async(&mut connection)
+                .await?;
             keys.extend(batch);
             if next == 0 {
                 keys.sort();
@@ -368,7 +401,8 @@ impl RedisBus {
         let mut connection = self.commands.clone();
         let mut end = "+".to_owned();
         loop {
-            let reply: redis::streams::StreamRangeReply = connection.xrevrange_count(topic, &end, "-", PAGE).await?;
+            let reply: redis::streams::StreamRangeReply =
+                connection.xrevrange_count(topic, &end, "-", PAGE).await?;
             for entry in &reply.ids {
                 if entry.get::<String>("id").as_deref() == Some(message_id) {
                     return Ok(entry.id.clone());

@@ -31,7 +31,13 @@ pub struct ChatEnvelope {
 
 impl ChatEnvelope {
     /// A new `message` envelope with a fresh id and the current time.
-    pub fn message(conversation_id: &str, sender: &str, recipient: &str, content: String, metadata: Value) -> ChatEnvelope {
+    pub fn message(
+        conversation_id: &str,
+        sender: &str,
+        recipient: &str,
+        content: String,
+        metadata: Value,
+    ) -> ChatEnvelope {
         ChatEnvelope {
             id: new_message_id(),
             conversation_id: conversation_id.to_owned(),
@@ -152,11 +158,21 @@ pub struct DeadLetterEvent {
 
 impl DeadLetterEvent {
     /// A dead letter for `agent`.
-    pub fn new(agent: &str, conversation_id: Option<String>, envelope: Value, error: String) -> DeadLetterEvent {
-        DeadLetterEvent { event: "dead_letter".to_owned(), agent: agent.to_owned(), conversation_id, envelope, error }
+    pub fn new(
+        agent: &str,
+        conversation_id: Option<String>,
+        envelope: Value,
+        error: String,
+    ) -> DeadLetterEvent {
+        DeadLetterEvent {
+            event: "dead_letter".to_owned(),
+            agent: agent.to_owned(),
+            conversation_id,
+            envelope,
+            error,
+        }
     }
 }
-
 
 #[cfg(test)]
 mod tests {

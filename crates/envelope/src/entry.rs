@@ -23,7 +23,10 @@ pub struct Entry {
 
 impl Entry {
     /// Builds an entry from its stream id and raw field pairs, applying the id fallback.
-    pub fn from_fields<S: AsRef<str>>(entry_id: &str, fields: impl IntoIterator<Item = (S, String)>) -> Entry {
+    pub fn from_fields<S: AsRef<str>>(
+        entry_id: &str,
+        fields: impl IntoIterator<Item = (S, String)>,
+    ) -> Entry {
         let mut id = None;
         let mut payload = None;
         for (name, value) in fields {

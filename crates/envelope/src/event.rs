@@ -7,14 +7,8 @@ use serde_json::Value;
 pub const SPEC_VERSION: &str = "1.0";
 
 /// Keys of a request's `data` that steer the call and are not tool arguments.
-pub const RESERVED_DATA_KEYS: &[&str] = &[
-    "request_id",
-    "correlation_id",
-    "response_event",
-    "response_topic",
-    "deadline",
-    "timeout_ms",
-];
+pub const RESERVED_DATA_KEYS: &[&str] =
+    &["request_id", "correlation_id", "response_event", "response_topic", "deadline", "timeout_ms"];
 
 /// A CloudEvents-like envelope, used for both requests and results.
 ///
@@ -294,7 +288,8 @@ mod tests {
     #[test]
     fn result_matches_contract_shape() {
         let request: EventEnvelope = serde_json::from_str(REQUEST).unwrap();
-        let result = request.result("toolhost:tb", "action-results", &ResultData::ok("r-1", json!({"result": 4})));
+        let result =
+            request.result("toolhost:tb", "action-results", &ResultData::ok("r-1", json!({"result": 4})));
         let mut value = serde_json::to_value(&result).unwrap();
         let object = value.as_object_mut().unwrap();
         assert!(uuid::Uuid::parse_str(object.remove("id").unwrap().as_str().unwrap()).is_ok());
@@ -334,9 +329,10 @@ mod tests {
 
     #[test]
     fn correlation_id_falls_back_to_data() {
-        let request: EventEnvelope =
-            serde_json::from_str(r#"{"type":"echo.requested","data":{"correlation_id":"c-2","response_event":"x.done"}}"#)
-                .unwrap();
+        let request: EventEnvelope = serde_json::from_str(
+            r#"{"type":"echo.requested","data":{"correlation_id":"c-2","response_event":"x.done"}}"#,
+        )
+        .unwrap();
         assert_eq!(request.effective_correlation_id(), Some("c-2"));
         assert_eq!(request.result_type(), "x.done");
     }

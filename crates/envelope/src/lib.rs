@@ -12,10 +12,9 @@ mod entry;
 mod event;
 mod tool;
 
-pub use chat::{ChatEnvelope, ChatKind, DeadLetterEvent, StreamEvent, StreamEventKind, StepStatus};
+pub use chat::{ChatEnvelope, ChatKind, DeadLetterEvent, StepStatus, StreamEvent, StreamEventKind};
 pub use entry::{Entry, FIELD_ID, FIELD_PAYLOAD};
 pub use event::{
-    ErrorCode, EventEnvelope, RESERVED_DATA_KEYS, ResultData, SPEC_VERSION, now_rfc3339,
-    new_message_id,
+    ErrorCode, EventEnvelope, RESERVED_DATA_KEYS, ResultData, SPEC_VERSION, new_message_id, now_rfc3339,
 };
 pub use tool::{Annotations, DiscoveryFormat, ToolDescription};

@@ -201,7 +201,9 @@ fn strict_schema(schema: &Value) -> Option<Value> {
 
 fn strict_each(value: &Value) -> Option<Value> {
     match value {
-        Value::Array(schemas) => schemas.iter().map(strict_schema).collect::<Option<Vec<_>>>().map(Value::Array),
+        Value::Array(schemas) => {
+            schemas.iter().map(strict_schema).collect::<Option<Vec<_>>>().map(Value::Array)
+        }
         Value::Object(schemas) => schemas
             .iter()
             .map(|(name, schema)| Some((name.clone(), strict_schema(schema)?)))
@@ -225,10 +227,10 @@ fn nullable(mut schema: Value) -> Value {
         }
         _ => return json!({"anyOf": [schema, {"type": "null"}]}),
     }
-    if let Some(Value::Array(values)) = object.get_mut("enum") {
-        if !values.contains(&Value::Null) {
-            values.push(Value::Null);
-        }
+    if let Some(Value::Array(values)) = object.get_mut("enum")
+        && !values.contains(&Value::Null)
+    {
+        values.push(Value::Null);
     }
     schema
 }
@@ -302,7 +304,8 @@ mod tests {
 
     #[test]
     fn open_objects_and_root_unions_are_not_strict() {
-        let open = json!({"type": "object", "properties": {"a": {"type": "string"}}, "additionalProperties": true});
+        let open =
+            json!({"type": "object", "properties": {"a": {"type": "string"}}, "additionalProperties": true});
         assert_eq!(strict_parameters(&open), None);
         let union = json!({"type": "object", "anyOf": [{"required": ["a"]}]});
         assert_eq!(strict_parameters(&union), None);

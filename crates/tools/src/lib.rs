@@ -9,10 +9,10 @@
 //! variables and installs no logging subscriber: the daemon hands every setting in.
 
 pub mod builtin;
-/// The `terminal_run` engine: policy, sandboxed execution, capture, redaction, summary.
-pub mod terminal;
 mod registry;
 mod schema;
+/// The `terminal_run` engine: policy, sandboxed execution, capture, redaction, summary.
+pub mod terminal;
 mod tool;
 
 pub use registry::{Failure, Registry, RegistryError};

@@ -82,7 +82,8 @@ impl Failure {
 
 /// A tool name: 1-64 of `[a-z0-9_]`.
 fn valid_name(name: &str) -> bool {
-    (1..=64).contains(&name.len()) && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+    (1..=64).contains(&name.len())
+        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
 }
 
 impl Registry {
@@ -123,7 +124,8 @@ impl Registry {
 
     fn reindex(&mut self) {
         self.by_name = self.tools.iter().enumerate().map(|(i, t)| (t.spec.name.clone(), i)).collect();
-        self.by_event = self.tools.iter().enumerate().map(|(i, t)| (t.description.consumed_event.clone(), i)).collect();
+        self.by_event =
+            self.tools.iter().enumerate().map(|(i, t)| (t.description.consumed_event.clone(), i)).collect();
     }
 
     /// Disables tools by name; calls to them answer `tool_disabled`. Unknown names are returned.
@@ -193,9 +195,13 @@ impl Registry {
         let arguments = tool.prepare_arguments(arguments)?;
         let _permit = match &tool.permits {
             // The semaphore is never closed, so acquiring only waits.
-            Some(permits) => Some(permits.clone().acquire_owned().await.map_err(|_| {
-                Failure::new(ErrorCode::Internal, "tool concurrency limit is closed")
-            })?),
+            Some(permits) => Some(
+                permits
+                    .clone()
+                    .acquire_owned()
+                    .await
+                    .map_err(|_| Failure::new(ErrorCode::Internal, "tool concurrency limit is closed"))?,
+            ),
             None => None,
         };
         let timeout = deadline.map_or(tool.spec.timeout, |left| left.min(tool.spec.timeout));
@@ -205,11 +211,17 @@ impl Registry {
                 context.cancel.cancel();
                 return Err(Failure::new(
                     ErrorCode::Timeout,
-                    format!("tool '{name}' did not finish within {} ms and was cancelled", timeout.as_millis()),
+                    format!(
+                        "tool '{name}' did not finish within {} ms and was cancelled",
+                        timeout.as_millis()
+                    ),
                 ));
             }
             Ok(Err(panic)) => {
-                return Err(Failure::new(ErrorCode::ToolFailed, format!("tool '{name}' crashed: {}", panic_message(&panic))));
+                return Err(Failure::new(
+                    ErrorCode::ToolFailed,
+                    format!("tool '{name}' crashed: {}", panic_message(&panic)),
+                ));
             }
             Ok(Ok(Err(err))) => return Err(Failure::new(err.code(), err.to_string())),
             Ok(Ok(Ok(output))) => output,
@@ -237,11 +249,8 @@ impl Registered {
             return Ok(arguments);
         }
         let failures = describe_errors(&self.arguments, &self.spec.argument_schema, &arguments);
-        let summary = failures
-            .iter()
-            .filter_map(|failure| failure["message"].as_str())
-            .collect::<Vec<_>>()
-            .join("; ");
+        let summary =
+            failures.iter().filter_map(|failure| failure["message"].as_str()).collect::<Vec<_>>().join("; ");
         Err(Failure {
             code: ErrorCode::InvalidArguments,
             message: format!("invalid arguments for tool '{}': {summary}", self.spec.name),
@@ -278,7 +287,9 @@ fn optional_properties(schema: &Value) -> Vec<String> {
     schema
         .get("properties")
         .and_then(Value::as_object)
-        .map(|properties| properties.keys().filter(|name| !required.contains(&name.as_str())).cloned().collect())
+        .map(|properties| {
+            properties.keys().filter(|name| !required.contains(&name.as_str())).cloned().collect()
+        })
         .unwrap_or_default()
 }
 
@@ -305,8 +316,12 @@ mod tests {
     #[async_trait]
     impl Tool for Misbehaving {
         fn spec(&self) -> ToolSpec {
-            let mut spec = ToolSpec::new(self.0, "test tool", json!({"type": "object"}),
-                json!({"type": "object", "required": ["ok"]}));
+            let mut spec = ToolSpec::new(
+                self.0,
+                "test tool",
+                json!({"type": "object"}),
+                json!({"type": "object", "required": ["ok"]}),
+            );
             spec.timeout = Duration::from_millis(50);
             spec
         }
@@ -374,7 +389,8 @@ mod tests {
     async fn disabled_tools_answer_tool_disabled() {
         let mut registry = registry();
         assert_eq!(registry.disable(&["echo".into(), "nope".into()]), ["nope"]);
-        let failure = registry.invoke("echo", json!({"message": "x"}), &Context::default(), None).await.unwrap_err();
+        let failure =
+            registry.invoke("echo", json!({"message": "x"}), &Context::default(), None).await.unwrap_err();
         assert_eq!(failure.code, ErrorCode::ToolDisabled);
         assert!(registry.export(DiscoveryFormat::Native, "a", "b").iter().all(|tool| tool["name"] != "echo"));
     }
@@ -383,7 +399,10 @@ mod tests {
     fn registration_rules() {
         let mut registry = registry();
         assert!(matches!(registry.register(Arc::new(Echo)), Err(RegistryError::DuplicateName(_))));
-        assert!(matches!(registry.register(Arc::new(Misbehaving("Bad-Name"))), Err(RegistryError::InvalidName(_))));
+        assert!(matches!(
+            registry.register(Arc::new(Misbehaving("Bad-Name"))),
+            Err(RegistryError::InvalidName(_))
+        ));
         assert_eq!(registry.names(), ["broken_output", "echo", "panics", "refuses", "sleeps"]);
         assert_eq!(registry.by_event("echo.requested"), Some("echo"));
         let hash = &registry.description("echo").unwrap().hash;
@@ -397,9 +416,14 @@ mod tests {
         #[async_trait]
         impl Tool for Optional {
             fn spec(&self) -> ToolSpec {
-                ToolSpec::new("optional", "t", json!({"type": "object", "properties": {
+                ToolSpec::new(
+                    "optional",
+                    "t",
+                    json!({"type": "object", "properties": {
                     "a": {"type": "string"}, "b": {"type": "string"}}, "required": ["a"],
-                    "additionalProperties": false}), json!({}))
+                    "additionalProperties": false}),
+                    json!({}),
+                )
             }
             async fn call(&self, arguments: Value, _context: &Context) -> Result<Value, ToolError> {
                 Ok(arguments)

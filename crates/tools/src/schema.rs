@@ -34,7 +34,8 @@ pub fn describe_errors(validator: &Validator, schema: &Value, instance: &Value) 
         .map(|err| {
             let pointer = err.instance_path().to_string();
             let expected = schema.pointer(err.schema_path().as_str()).cloned().unwrap_or(Value::Null);
-            let place = if pointer.is_empty() { "arguments".to_owned() } else { format!("argument '{pointer}'") };
+            let place =
+                if pointer.is_empty() { "arguments".to_owned() } else { format!("argument '{pointer}'") };
             json!({
                 "pointer": pointer,
                 "rule": err.kind().keyword(),

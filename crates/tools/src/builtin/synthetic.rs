@@ -51,7 +51,12 @@ impl Synthetic {
 #[async_trait]
 impl Tool for Synthetic {
     fn spec(&self) -> ToolSpec {
-        let mut spec = ToolSpec::new(&self.name, "Benchmark tool: validates 20 fields and returns them.", Synthetic::schema(), Synthetic::schema());
+        let mut spec = ToolSpec::new(
+            &self.name,
+            "Benchmark tool: validates 20 fields and returns them.",
+            Synthetic::schema(),
+            Synthetic::schema(),
+        );
         spec.annotations = Annotations { read_only: true, idempotent: true, destructive: false };
         spec
     }
