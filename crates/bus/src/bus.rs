@@ -20,7 +20,17 @@ pub trait Bus: Send + Sync + 'static {
     async fn publish(&self, topic: &str, id: &str, payload: &str) -> Result<String, Error>;
 
     /// Creates `group` on `topic` (and the topic itself) if missing, reading new entries only.
-    async fn ensure_group(&self, topic: &str, group: &str) -> Result<(), Error>;
+    async fn ensure_group(&self, topic: &str, group: &str) -> Result<(), Error> {
+        self.ensure_group_at(topic, group, "$").await
+    }
+
+    /// Creates `group` on `topic` (and the topic itself) if missing, delivering the entries after
+    /// `start` (`$`: only new ones, `0`: everything in the topic). An existing group is left as it
+    /// is.
+    ///
+    /// A group that vanished (Redis lost its data) is created again from `0`: the entries callers
+    /// added since are new to it, and any it had answered are recognised by the ledger.
+    async fn ensure_group_at(&self, topic: &str, group: &str, start: &str) -> Result<(), Error>;
 
     /// Reads up to `count` new entries for `consumer`, waiting up to `block` when there are none.
     ///
@@ -67,8 +77,26 @@ pub trait Bus: Send + Sync + 'static {
     /// its pending entries, which would lose them). Returns whether it was removed.
     async fn delete_consumer(&self, topic: &str, group: &str, consumer: &str) -> Result<bool, Error>;
 
+    /// Removes the consumers of `group` (other than `keep`) that hold no pending entries and have
+    /// not read for `min_idle`: replicas that were killed and never deleted themselves. A live
+    /// consumer removed by mistake is created again by its next read, and holds nothing to lose.
+    /// Returns the names removed.
+    async fn prune_consumers(
+        &self,
+        topic: &str,
+        group: &str,
+        keep: &str,
+        min_idle: Duration,
+    ) -> Result<Vec<String>, Error>;
+
     /// Records that `owner` starts the call of a request, unless it was answered already or
     /// another owner holds a live lease on it.
+    ///
+    /// Holders renew every third of the lease, so a live holder always has more than two thirds
+    /// of it left; a lease with less than a third left belongs to a holder that missed renewals
+    /// and counts as lapsed. That margin also covers the moment between an entry's delivery
+    /// (which starts its idle clock) and the lease's start, so a reclaim after the lease never
+    /// finds a dead holder's lease still running.
     async fn begin_call(&self, call: &CallKeys<'_>, owner: &str, entry_id: &str) -> Result<CallStart, Error>;
 
     /// Extends `owner`'s lease on a call and resets the idle time of its entry, so a slow call is
@@ -81,9 +109,13 @@ pub trait Bus: Send + Sync + 'static {
         consumer: &str,
     ) -> Result<bool, Error>;
 
-    /// Atomically: publishes the dead letter and the answer (the answer unless the request was
-    /// answered already), marks the request answered and acks its entry. Returns whether the
-    /// answer was published by this call. Safe to retry after an error.
+    /// Atomically: publishes the dead letter (unless the entry was finished already) and the
+    /// answer (unless the request was answered already), marks the request answered and acks its
+    /// entry. Returns whether this answer is the one published for the request.
+    ///
+    /// Safe to retry after an error, also when the first attempt was applied and only its reply
+    /// was lost: the retry publishes nothing twice and still reports the answer as published,
+    /// because the answered mark holds the answer's message id.
     async fn finish(&self, finish: &Finish<'_>) -> Result<bool, Error>;
 
     /// Checks that the server answers.
@@ -108,11 +140,11 @@ pub trait Bus: Send + Sync + 'static {
 /// The ledger keys of one request, with how long its records live.
 #[derive(Debug, Clone, Copy)]
 pub struct CallKeys<'a> {
-    /// Set once the request was answered; lives for `retention`.
+    /// Set once the request was answered (to the answer's message id); lives for `retention`.
     pub answered: &'a str,
     /// The call in progress: owner, lease deadline, entry.
     pub call: &'a str,
-    /// How long a lease lasts without renewal.
+    /// How long a lease lasts without renewal. Holders renew every third of it.
     pub lease: Duration,
     /// How long the answered mark and the call record are kept.
     pub retention: Duration,
@@ -177,6 +209,9 @@ pub struct Reclaimed {
     pub next_start: String,
     /// The claimed entries, with their delivery counts.
     pub entries: Vec<toolhost_envelope::Entry>,
+    /// Pending entries found deleted from the topic (trimmed before anyone handled them); they
+    /// were dropped from the group, since nothing is left to answer.
+    pub deleted: Vec<String>,
 }
 
 /// Whether `cursor` has the shape of a stream entry id (`<ms>` or `<ms>-<seq>`).

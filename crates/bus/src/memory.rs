@@ -40,6 +40,8 @@ struct Stream {
 struct Group {
     last_delivered: (u64, u64),
     pending: BTreeMap<(u64, u64), Pending>,
+    /// When each consumer last read or claimed.
+    consumers: HashMap<String, Instant>,
 }
 
 struct Pending {
@@ -49,7 +51,7 @@ struct Pending {
 }
 
 enum Value {
-    Text,
+    Text(String),
     Hash(BTreeMap<String, String>),
 }
 
@@ -84,6 +86,13 @@ impl MemoryBus {
         entry_id
     }
 
+    /// Deletes one entry from `topic` (like `XDEL`, or trimming), leaving group state alone.
+    pub fn remove_entry(&self, topic: &str, entry_id: &str) {
+        if let (Some(stream), Ok(key)) = (self.lock().streams.get_mut(topic), parse_entry_id(entry_id)) {
+            stream.entries.remove(&key);
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         // A panic while holding the lock leaves plain data behind; keep using it.
         self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -115,6 +124,13 @@ impl State {
             self.values.remove(key);
         }
         self.values.get_mut(key).map(|(value, _)| value)
+    }
+
+    fn text(&mut self, key: &str) -> Option<&str> {
+        match self.value(key) {
+            Some(Value::Text(text)) => Some(text),
+            _ => None,
+        }
     }
 
     fn hash(&mut self, key: &str) -> Option<&mut BTreeMap<String, String>> {
@@ -158,14 +174,17 @@ impl Bus for MemoryBus {
         Ok(self.publish_raw(topic, Some(id), Some(payload)))
     }
 
-    async fn ensure_group(&self, topic: &str, group: &str) -> Result<(), Error> {
+    async fn ensure_group_at(&self, topic: &str, group: &str, start: &str) -> Result<(), Error> {
         let mut state = self.lock();
         let stream = state.streams.entry(topic.to_owned()).or_default();
-        let last = stream.entries.keys().next_back().copied().unwrap_or((0, 0));
+        let start = match start {
+            "$" => stream.entries.keys().next_back().copied().unwrap_or((0, 0)),
+            start => parse_entry_id(start)?,
+        };
         stream
             .groups
             .entry(group.to_owned())
-            .or_insert_with(|| Group { last_delivered: last, ..Group::default() });
+            .or_insert_with(|| Group { last_delivered: start, ..Group::default() });
         Ok(())
     }
 
@@ -184,7 +203,8 @@ impl Bus for MemoryBus {
                 let mut state = self.lock();
                 let stream = state.streams.get_mut(topic).ok_or_else(|| no_group(topic, group))?;
                 let keys: Vec<(u64, u64)> = {
-                    let group_state = stream.groups.get(group).ok_or_else(|| no_group(topic, group))?;
+                    let group_state = stream.groups.get_mut(group).ok_or_else(|| no_group(topic, group))?;
+                    group_state.consumers.insert(consumer.to_owned(), Instant::now());
                     stream
                         .entries
                         .range((
@@ -291,29 +311,75 @@ impl Bus for MemoryBus {
         let existing: Vec<(u64, u64)> = stream.entries.keys().copied().collect();
         let group_state = stream.groups.get_mut(group).ok_or_else(|| no_group(topic, group))?;
         let now = Instant::now();
+        group_state.consumers.insert(consumer.to_owned(), now);
         let mut claimed = Vec::new();
+        let mut deleted = Vec::new();
         let mut next_start = (0, 0);
         for (key, pending) in group_state.pending.range_mut(start..) {
             if claimed.len() == count {
                 next_start = *key;
                 break;
             }
-            if now.duration_since(pending.delivered_at) >= min_idle && existing.binary_search(key).is_ok() {
-                pending.consumer = consumer.to_owned();
-                pending.delivered_at = now;
-                pending.deliveries += 1;
-                claimed.push((*key, pending.deliveries));
+            if now.duration_since(pending.delivered_at) < min_idle {
+                continue;
             }
+            if existing.binary_search(key).is_err() {
+                // Like Redis 7: an entry deleted from the stream leaves the group.
+                deleted.push(*key);
+                continue;
+            }
+            pending.consumer = consumer.to_owned();
+            pending.delivered_at = now;
+            pending.deliveries += 1;
+            claimed.push((*key, pending.deliveries));
+        }
+        for key in &deleted {
+            group_state.pending.remove(key);
         }
         let entries =
             claimed.into_iter().filter_map(|(key, deliveries)| state.entry(topic, key, deliveries)).collect();
-        Ok(Reclaimed { next_start: format!("{}-{}", next_start.0, next_start.1), entries })
+        let deleted = deleted.into_iter().map(|key| format!("{}-{}", key.0, key.1)).collect();
+        Ok(Reclaimed { next_start: format!("{}-{}", next_start.0, next_start.1), entries, deleted })
     }
 
     async fn delete_consumer(&self, topic: &str, group: &str, consumer: &str) -> Result<bool, Error> {
-        let state = self.lock();
-        let group = state.streams.get(topic).and_then(|stream| stream.groups.get(group));
-        Ok(group.is_none_or(|group| group.pending.values().all(|pending| pending.consumer != consumer)))
+        let mut state = self.lock();
+        let Some(group) = state.streams.get_mut(topic).and_then(|stream| stream.groups.get_mut(group)) else {
+            return Ok(true);
+        };
+        if group.pending.values().any(|pending| pending.consumer == consumer) {
+            return Ok(false);
+        }
+        group.consumers.remove(consumer);
+        Ok(true)
+    }
+
+    async fn prune_consumers(
+        &self,
+        topic: &str,
+        group: &str,
+        keep: &str,
+        min_idle: Duration,
+    ) -> Result<Vec<String>, Error> {
+        let mut state = self.lock();
+        let stream = state.streams.get_mut(topic).ok_or_else(|| no_group(topic, group))?;
+        let group_state = stream.groups.get_mut(group).ok_or_else(|| no_group(topic, group))?;
+        let now = Instant::now();
+        let mut deleted: Vec<String> = group_state
+            .consumers
+            .iter()
+            .filter(|(name, seen)| {
+                name.as_str() != keep
+                    && now.duration_since(**seen) >= min_idle
+                    && group_state.pending.values().all(|pending| &pending.consumer != *name)
+            })
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in &deleted {
+            group_state.consumers.remove(name);
+        }
+        deleted.sort();
+        Ok(deleted)
     }
 
     async fn begin_call(&self, call: &CallKeys<'_>, owner: &str, entry_id: &str) -> Result<CallStart, Error> {
@@ -325,7 +391,8 @@ impl Bus for MemoryBus {
         let mut start = CallStart::Fresh;
         if let Some(record) = state.hash(call.call) {
             let lease_until = record.get("lease_until").and_then(|at| at.parse::<u128>().ok()).unwrap_or(0);
-            let live = lease_until > millis_since_boot(now);
+            // As in Redis: a lease with less than a third left counts as lapsed.
+            let live = lease_until.saturating_sub(call.lease.as_millis() / 3) > millis_since_boot(now);
             if record.get("owner").map(String::as_str) != Some(owner) && live {
                 return Ok(CallStart::Busy { entry_id: record.get("entry").cloned().unwrap_or_default() });
             }
@@ -356,39 +423,53 @@ impl Bus for MemoryBus {
         record
             .insert("lease_until".to_owned(), (millis_since_boot(now) + call.lease.as_millis()).to_string());
         let key = parse_entry_id(entry.entry_id)?;
-        if let Some(pending) = state
-            .streams
-            .get_mut(entry.topic)
-            .and_then(|stream| stream.groups.get_mut(entry.group))
-            .and_then(|group| group.pending.get_mut(&key))
+        if let Some(group) =
+            state.streams.get_mut(entry.topic).and_then(|stream| stream.groups.get_mut(entry.group))
         {
-            pending.consumer = consumer.to_owned();
-            pending.delivered_at = now;
+            group.consumers.insert(consumer.to_owned(), now);
+            if let Some(pending) = group.pending.get_mut(&key) {
+                pending.consumer = consumer.to_owned();
+                pending.delivered_at = now;
+            }
         }
         Ok(true)
     }
 
     async fn finish(&self, finish: &Finish<'_>) -> Result<bool, Error> {
+        // The same steps, in the same order, as `scripts/finish.lua`.
         let published = {
             let mut state = self.lock();
-            let answered = finish.call.is_some_and(|call| state.value(call.answered).is_some());
-            if let Some(letter) = finish.dead_letter {
+            let entry = finish.entry;
+            let key = parse_entry_id(entry.entry_id)?;
+            let group = state.streams.get(entry.topic).and_then(|stream| stream.groups.get(entry.group));
+            let group_missing = group.is_none();
+            let still_pending = group.is_some_and(|group| group.pending.contains_key(&key));
+            let mark = finish.call.and_then(|call| state.text(call.answered).map(str::to_owned));
+            let answered = mark.is_some();
+            if let Some(letter) = finish.dead_letter
+                && (still_pending || (group_missing && !answered))
+            {
                 state.append(letter.topic, Some(letter.id.to_owned()), Some(letter.payload.to_owned()));
             }
             let mut published = false;
-            if let (false, Some(answer)) = (answered, finish.answer) {
-                state.append(answer.topic, Some(answer.id.to_owned()), Some(answer.payload.to_owned()));
-                published = true;
+            if let Some(answer) = finish.answer {
+                if !answered {
+                    state.append(answer.topic, Some(answer.id.to_owned()), Some(answer.payload.to_owned()));
+                    if let Some(call) = finish.call {
+                        let expires = Instant::now() + call.retention;
+                        state.values.insert(
+                            call.answered.to_owned(),
+                            (Value::Text(answer.id.to_owned()), Some(expires)),
+                        );
+                    }
+                    published = true;
+                } else {
+                    published = mark.as_deref() == Some(answer.id);
+                }
             }
             if let Some(call) = finish.call {
-                if finish.answer.is_some() {
-                    let expires = Instant::now() + call.retention;
-                    state.values.insert(call.answered.to_owned(), (Value::Text, Some(expires)));
-                }
                 state.values.remove(call.call);
             }
-            let entry = finish.entry;
-            let key = parse_entry_id(entry.entry_id)?;
             if let Some(group) =
                 state.streams.get_mut(entry.topic).and_then(|stream| stream.groups.get_mut(entry.group))
             {
@@ -418,8 +499,10 @@ impl Bus for MemoryBus {
             .unwrap_or_default())
     }
 
-    async fn set_expiring(&self, key: &str, _value: &str, ttl: Duration) -> Result<(), Error> {
-        self.lock().values.insert(key.to_owned(), (Value::Text, Some(Instant::now() + ttl)));
+    async fn set_expiring(&self, key: &str, value: &str, ttl: Duration) -> Result<(), Error> {
+        self.lock()
+            .values
+            .insert(key.to_owned(), (Value::Text(value.to_owned()), Some(Instant::now() + ttl)));
         Ok(())
     }
 
@@ -512,9 +595,70 @@ mod tests {
         let answer = Published { topic: "results", id: "a1", payload: "{}" };
         let finish = Finish { entry, call: Some(call), answer: Some(answer), dead_letter: None };
         assert!(bus.finish(&finish).await.unwrap());
-        assert!(!bus.finish(&finish).await.unwrap());
+        // The same finish again (its reply was lost): nothing new, still reported as published.
+        assert!(bus.finish(&finish).await.unwrap());
+        // Another answer to the same request is not published.
+        let other = Published { topic: "results", id: "a2", payload: "{}" };
+        assert!(!bus.finish(&Finish { answer: Some(other), ..finish }).await.unwrap());
         assert_eq!(bus.payloads("results").len(), 1);
         assert_eq!(bus.pending_count(TOPIC, GROUP), 0);
         assert_eq!(bus.begin_call(&call, "c", &entry_id).await.unwrap(), CallStart::Answered);
+    }
+
+    #[tokio::test]
+    async fn a_retried_finish_dead_letters_once() {
+        let bus = MemoryBus::new();
+        bus.ensure_group(TOPIC, GROUP).await.unwrap();
+        let entry_id = bus.publish(TOPIC, "m1", "not json").await.unwrap();
+        bus.read_group(TOPIC, GROUP, "c1", 10, Duration::ZERO).await.unwrap();
+        let letter = Published { topic: "dlq", id: "d1", payload: "{}" };
+        let entry = EntryRef { topic: TOPIC, group: GROUP, entry_id: &entry_id };
+        let finish = Finish { entry, call: None, answer: None, dead_letter: Some(letter) };
+        bus.finish(&finish).await.unwrap();
+        bus.finish(&finish).await.unwrap();
+        assert_eq!(bus.payloads("dlq").len(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_lease_near_its_end_counts_as_lapsed() {
+        let bus = MemoryBus::new();
+        let call = CallKeys { lease: Duration::from_millis(300), ..keys("answered:r1", "call:r1") };
+        assert_eq!(bus.begin_call(&call, "a", "1-0").await.unwrap(), CallStart::Fresh);
+        assert_eq!(
+            bus.begin_call(&call, "b", "1-0").await.unwrap(),
+            CallStart::Busy { entry_id: "1-0".into() }
+        );
+        // Two thirds of the lease passed without a renewal: the holder is taken for dead.
+        tokio::time::sleep(Duration::from_millis(220)).await;
+        assert_eq!(bus.begin_call(&call, "b", "1-0").await.unwrap(), CallStart::StartedBefore);
+    }
+
+    #[tokio::test]
+    async fn a_recreated_group_can_start_at_the_beginning() {
+        let bus = MemoryBus::new();
+        bus.publish(TOPIC, "m1", "{}").await.unwrap();
+        bus.ensure_group_at(TOPIC, GROUP, "0").await.unwrap();
+        bus.ensure_group(TOPIC, "late").await.unwrap();
+        assert_eq!(bus.read_group(TOPIC, GROUP, "c1", 10, Duration::ZERO).await.unwrap().len(), 1);
+        assert!(bus.read_group(TOPIC, "late", "c1", 10, Duration::ZERO).await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn deleted_entries_leave_the_group_and_idle_consumers_are_pruned() {
+        let bus = MemoryBus::new();
+        bus.ensure_group(TOPIC, GROUP).await.unwrap();
+        let trimmed = bus.publish(TOPIC, "m1", "{}").await.unwrap();
+        bus.read_group(TOPIC, GROUP, "dead", 1, Duration::ZERO).await.unwrap();
+        bus.publish(TOPIC, "m2", "{}").await.unwrap();
+        bus.read_group(TOPIC, GROUP, "idle", 1, Duration::ZERO).await.unwrap();
+        bus.remove_entry(TOPIC, &trimmed);
+        let reclaimed = bus.reclaim(TOPIC, GROUP, "me", Duration::ZERO, "0-0", 10).await.unwrap();
+        assert_eq!(reclaimed.deleted, [trimmed]);
+        assert_eq!(reclaimed.entries.len(), 1);
+        assert_eq!(bus.pending_count(TOPIC, GROUP), 1);
+        // "dead" holds nothing now; "me" holds m2 and is kept anyway.
+        let pruned = bus.prune_consumers(TOPIC, GROUP, "me", Duration::ZERO).await.unwrap();
+        assert_eq!(pruned, ["dead", "idle"]);
+        assert!(bus.prune_consumers(TOPIC, GROUP, "other", Duration::ZERO).await.unwrap().is_empty());
     }
 }

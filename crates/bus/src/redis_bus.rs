@@ -57,6 +57,7 @@ struct Scripts {
     finish: Script,
     reclaim: Script,
     delete_consumer: Script,
+    prune_consumers: Script,
 }
 
 /// How much longer than its BLOCK time a blocking read may take before it is abandoned.
@@ -88,6 +89,7 @@ impl RedisBus {
                 finish: Script::new(include_str!("scripts/finish.lua")),
                 reclaim: Script::new(include_str!("scripts/reclaim.lua")),
                 delete_consumer: Script::new(include_str!("scripts/delete_consumer.lua")),
+                prune_consumers: Script::new(include_str!("scripts/prune_consumers.lua")),
             },
         })
     }
@@ -163,9 +165,9 @@ impl Bus for RedisBus {
         Ok(entry_id)
     }
 
-    async fn ensure_group(&self, topic: &str, group: &str) -> Result<(), Error> {
+    async fn ensure_group_at(&self, topic: &str, group: &str, start: &str) -> Result<(), Error> {
         let mut connection = self.commands.clone();
-        match connection.xgroup_create_mkstream::<_, _, _, ()>(topic, group, "$").await {
+        match connection.xgroup_create_mkstream::<_, _, _, ()>(topic, group, start).await {
             Ok(()) => Ok(()),
             Err(err) if err.code() == Some("BUSYGROUP") => Ok(()),
             Err(err) => Err(err.into()),
@@ -260,6 +262,25 @@ impl Bus for RedisBus {
             .invoke_async(&mut self.commands.clone())
             .await?;
         Ok(deleted == 1)
+    }
+
+    async fn prune_consumers(
+        &self,
+        topic: &str,
+        group: &str,
+        keep: &str,
+        min_idle: Duration,
+    ) -> Result<Vec<String>, Error> {
+        let deleted: Vec<String> = self
+            .scripts
+            .prune_consumers
+            .key(topic)
+            .arg(group)
+            .arg(keep)
+            .arg(min_idle.as_millis() as u64)
+            .invoke_async(&mut self.commands.clone())
+            .await?;
+        Ok(deleted)
     }
 
     async fn begin_call(&self, call: &CallKeys<'_>, owner: &str, entry_id: &str) -> Result<CallStart, Error> {
@@ -439,12 +460,10 @@ fn entries_from_read(value: Value) -> Result<Vec<Entry>, Error> {
 /// Decodes the reply of `scripts/reclaim.lua`.
 fn reclaimed_from_value(value: Value) -> Result<Reclaimed, Error> {
     let bad = || Error::Protocol("malformed reclaim reply".to_owned());
-    let Value::Array(mut parts) = value else { return Err(bad()) };
-    if parts.len() != 2 {
-        return Err(bad());
-    }
-    let claimed = parts.pop().ok_or_else(bad)?;
-    let next_start: String = redis::from_redis_value(parts.pop().ok_or_else(bad)?).map_err(|_| bad())?;
+    let Value::Array(parts) = value else { return Err(bad()) };
+    let [next_start, claimed, deleted]: [Value; 3] = parts.try_into().map_err(|_| bad())?;
+    let next_start: String = redis::from_redis_value(next_start).map_err(|_| bad())?;
+    let deleted: Vec<String> = redis::from_redis_value(deleted).map_err(|_| bad())?;
     let Value::Array(claimed) = claimed else { return Err(bad()) };
     let mut entries = Vec::with_capacity(claimed.len());
     for item in claimed {
@@ -459,5 +478,5 @@ fn reclaimed_from_value(value: Value) -> Result<Reclaimed, Error> {
         entry.deliveries = deliveries;
         entries.push(entry);
     }
-    Ok(Reclaimed { next_start, entries })
+    Ok(Reclaimed { next_start, entries, deleted })
 }

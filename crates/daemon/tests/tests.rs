@@ -8,3 +8,6 @@ mod support;
 
 /// The walking skeleton: requests in, exactly one answer out, bad input dead-lettered.
 mod skeleton;
+
+/// Issue 6: exactly one answer per request under kills, pauses, restarts and duplicate deliveries.
+mod reliability;

@@ -5,22 +5,41 @@
 -- ARGV[5] answer id, ARGV[6] answer payload ('' for none),
 -- ARGV[7] dead-letter id, ARGV[8] dead-letter payload ('' for none),
 -- ARGV[9] '1' when the request is identified (KEYS[2] and KEYS[3] are real)
--- Returns 1 when the answer was published now, 0 otherwise.
+-- Returns 1 when the answer is the one published for the request (now, or by an earlier run of
+-- this same finish whose reply was lost), 0 otherwise.
+--
+-- Running it twice publishes nothing twice: the answer is guarded by the answered mark (which
+-- holds the answer's id), the dead letter by the entry still being pending (the ack is part of
+-- the same script). When the group itself is gone (Redis lost its data), the answer is still
+-- published so a waiting caller gets it.
 local identified = ARGV[9] == '1'
-local answered = identified and redis.call('EXISTS', KEYS[2]) == 1
-if ARGV[8] ~= '' then
+local pending = redis.pcall('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1)
+local group_missing = type(pending) == 'table' and pending.err ~= nil
+local still_pending = (not group_missing) and #pending > 0
+local mark = false
+if identified then
+  mark = redis.call('GET', KEYS[2])
+end
+local answered = mark ~= false
+if ARGV[8] ~= '' and (still_pending or (group_missing and not answered)) then
   redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[3], '*', 'id', ARGV[7], 'payload', ARGV[8])
 end
 local published = 0
-if not answered and ARGV[6] ~= '' then
-  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[3], '*', 'id', ARGV[5], 'payload', ARGV[6])
-  published = 1
+if ARGV[6] ~= '' then
+  if not answered then
+    redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[3], '*', 'id', ARGV[5], 'payload', ARGV[6])
+    if identified then
+      redis.call('SET', KEYS[2], ARGV[5], 'PX', ARGV[4])
+    end
+    published = 1
+  elseif mark == ARGV[5] then
+    published = 1
+  end
 end
 if identified then
-  if ARGV[6] ~= '' then
-    redis.call('SET', KEYS[2], '1', 'PX', ARGV[4])
-  end
   redis.call('DEL', KEYS[3])
 end
-redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
+if not group_missing then
+  redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
+end
 return published

@@ -141,6 +141,10 @@ impl Dispatcher {
     }
 
     /// Reads new entries until shutdown, handling each in its own task.
+    ///
+    /// Slots are taken before the read and the read asks for no more entries than slots are
+    /// held, so a delivered entry never waits for a slot: its idle clock starts only when its
+    /// handling can start, and shutdown never waits on an undelivered slot.
     pub async fn run_reader(self: Arc<Self>) {
         let mut backoff = Backoff::new();
         let stopping = self.shutdown.stopping().clone();
@@ -152,7 +156,8 @@ impl Dispatcher {
                 },
                 () = stopping.cancelled() => return,
             };
-            let count = (self.in_flight.available_permits() + 1).min(self.settings.read_batch);
+            let mut permits = vec![first];
+            self.take_free_permits(&mut permits);
             // The read is not cancelled on shutdown: it returns within `block`, and what it
             // delivered is then handled rather than left pending.
             let read = self
@@ -161,7 +166,7 @@ impl Dispatcher {
                     &self.requests,
                     &self.settings.toolbox_id,
                     &self.settings.consumer,
-                    count,
+                    permits.len(),
                     self.settings.block,
                 )
                 .await;
@@ -169,14 +174,17 @@ impl Dispatcher {
                 Ok(entries) => {
                     backoff.reset();
                     self.telemetry.set_redis_up(true);
-                    self.spawn_all(entries, first).await;
+                    self.spawn_all(entries, permits);
                 }
                 Err(err) => {
-                    drop(first);
+                    drop(permits);
                     self.telemetry.set_redis_up(false);
                     if matches!(err, BusError::NoGroup(_)) {
+                        // Entries callers added since Redis lost the group are new to it, so it
+                        // starts from the beginning; anything answered before is in the ledger.
                         warn!(error = %err, "consumer group vanished (Redis lost its data?); creating it again");
-                        let _ = self.bus.ensure_group(&self.requests, &self.settings.toolbox_id).await;
+                        let _ =
+                            self.bus.ensure_group_at(&self.requests, &self.settings.toolbox_id, "0").await;
                     } else {
                         warn!(error = %err, "reading requests failed; backing off");
                     }
@@ -188,60 +196,77 @@ impl Dispatcher {
         }
     }
 
-    async fn spawn_all(self: &Arc<Self>, entries: Vec<Entry>, first: OwnedSemaphorePermit) {
-        let mut first = Some(first);
+    /// Adds free in-flight slots to `permits`, without waiting, up to one read batch.
+    fn take_free_permits(&self, permits: &mut Vec<OwnedSemaphorePermit>) {
+        while permits.len() < self.settings.read_batch {
+            match self.in_flight.clone().try_acquire_owned() {
+                Ok(permit) => permits.push(permit),
+                Err(_no_permit) => break,
+            }
+        }
+    }
+
+    /// Spawns a task per entry, each with one of `permits`; the permits left over are freed.
+    fn spawn_all(self: &Arc<Self>, entries: Vec<Entry>, mut permits: Vec<OwnedSemaphorePermit>) {
         for entry in entries {
-            let permit = match first.take() {
-                Some(permit) => permit,
-                None => match self.in_flight.clone().acquire_owned().await {
-                    Ok(permit) => permit,
-                    Err(_closed) => return,
-                },
+            // Reads and claims ask for at most as many entries as permits are held.
+            let Some(permit) = permits.pop() else {
+                error!(entry_id = %entry.entry_id, "more entries delivered than asked for; left pending");
+                continue;
             };
             self.spawn(entry, permit);
         }
     }
 
     fn spawn(self: &Arc<Self>, entry: Entry, permit: OwnedSemaphorePermit) {
-        {
-            let mut active = self.active.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            if !active.insert(entry.entry_id.clone()) {
-                debug!(entry_id = %entry.entry_id, "entry is already being handled here");
-                return;
-            }
-        }
+        let Some(active) = Active::enter(self, &entry.entry_id) else {
+            debug!(entry_id = %entry.entry_id, "entry is already being handled here");
+            return;
+        };
         let dispatcher = Arc::clone(self);
         self.shutdown.tasks().spawn(async move {
             dispatcher.handle(&entry).await;
-            dispatcher.active.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(&entry.entry_id);
+            drop(active);
             drop(permit);
         });
     }
 
-    /// Periodically claims entries idle past the lease (left by crashed or stalled consumers).
+    /// Periodically claims entries idle past the lease (left by crashed or stalled consumers)
+    /// and removes the consumers of replicas that died without removing themselves.
     pub async fn run_reclaimer(self: Arc<Self>) {
         let period = (self.settings.claim_idle / 2).clamp(Duration::from_millis(50), Duration::from_secs(10));
         let stopping = self.shutdown.stopping().clone();
+        let mut backoff = Backoff::new();
         loop {
-            if let Err(err) = self.reclaim_once().await {
-                warn!(error = %err, "reclaiming idle entries failed");
-            }
-            tokio::select! {
-                () = tokio::time::sleep(period) => {}
-                () = stopping.cancelled() => return,
+            match self.reclaim_once().await {
+                Ok(()) => {
+                    backoff.reset();
+                    self.prune_dead_consumers().await;
+                    tokio::select! {
+                        () = tokio::time::sleep(period) => {}
+                        () = stopping.cancelled() => return,
+                    }
+                }
+                Err(err) => {
+                    warn!(error = %err, "reclaiming idle entries failed; backing off");
+                    if !backoff.wait(&stopping).await {
+                        return;
+                    }
+                }
             }
         }
     }
 
-    /// One full XAUTOCLAIM scan of the group.
+    /// One full XAUTOCLAIM scan of the group, claiming no more entries than there are free slots.
     pub async fn reclaim_once(self: &Arc<Self>) -> Result<(), BusError> {
         let mut start = "0-0".to_owned();
         loop {
             if self.shutdown.stopping().is_cancelled() {
                 return Ok(());
             }
-            let free = self.in_flight.available_permits().min(self.settings.read_batch);
-            if free == 0 {
+            let mut permits = Vec::new();
+            self.take_free_permits(&mut permits);
+            if permits.is_empty() {
                 return Ok(());
             }
             let reclaimed = self
@@ -252,18 +277,41 @@ impl Dispatcher {
                     &self.settings.consumer,
                     self.settings.claim_idle,
                     &start,
-                    free,
+                    permits.len(),
                 )
                 .await?;
-            for entry in reclaimed.entries {
-                self.telemetry.reclaimed();
-                let Ok(permit) = self.in_flight.clone().acquire_owned().await else { return Ok(()) };
-                self.spawn(entry, permit);
+            if !reclaimed.deleted.is_empty() {
+                error!(
+                    entries = %reclaimed.deleted.join(","),
+                    "pending requests were deleted from the stream (trimmed?) before they were handled; \
+                     they cannot be answered"
+                );
             }
+            for _ in &reclaimed.entries {
+                self.telemetry.reclaimed();
+            }
+            self.spawn_all(reclaimed.entries, permits);
             if reclaimed.next_start == "0-0" {
                 return Ok(());
             }
             start = reclaimed.next_start;
+        }
+    }
+
+    /// Removes consumers that hold nothing and have not read for ten leases (and ten blocking
+    /// reads): replicas killed before they could remove themselves.
+    async fn prune_dead_consumers(&self) {
+        let min_idle = (self.settings.claim_idle * 10).max(self.settings.block * 10);
+        let pruned = self
+            .bus
+            .prune_consumers(&self.requests, &self.settings.toolbox_id, &self.settings.consumer, min_idle)
+            .await;
+        match pruned {
+            Ok(names) if !names.is_empty() => {
+                info!(consumers = %names.join(","), "removed consumers of replicas that stopped without removing themselves");
+            }
+            Ok(_) => {}
+            Err(err) => debug!(error = %err, "cannot prune idle consumers"),
         }
     }
 
@@ -285,11 +333,7 @@ impl Dispatcher {
                     Target::Stats => Some("tools.stats".to_owned()),
                     _ => None,
                 };
-                let outcome = if entry.deliveries > self.settings.max_deliveries {
-                    self.poison(entry, &request).await
-                } else {
-                    self.answer(entry, &request).await
-                };
+                let outcome = self.answer(entry, &request).await;
                 (outcome, tool, Some(request))
             }
         };
@@ -318,6 +362,10 @@ impl Dispatcher {
     }
 
     /// Runs a request (unless the ledger says otherwise) and commits its answer.
+    ///
+    /// For tool calls the ledger is consulted first, so a copy of a request that is answered or
+    /// running elsewhere is neither dead-lettered as poison nor answered `expired` over the live
+    /// call's answer.
     async fn answer(&self, entry: &Entry, request: &Request) -> Outcome {
         let answered_key = self.keys.answered(&self.settings.toolbox_id, &request.request_id);
         let call_key = self.keys.call(&self.settings.toolbox_id, &request.request_id);
@@ -327,32 +375,65 @@ impl Dispatcher {
             lease: self.settings.claim_idle,
             retention: self.settings.answered_retention,
         };
-        let result = match self.expired(entry, request) {
-            Some(failure) => Err(failure),
-            None => match &request.target {
-                Target::Tool { name, arguments } => match self.begin(entry, request, &call, name).await {
-                    Begin::Run => self.run_tool(entry, request, &call, name, arguments.clone()).await,
-                    Begin::Answer(result) => result,
-                    Begin::End(outcome) => return outcome,
+        let poisoned = entry.deliveries > self.settings.max_deliveries;
+        let result = match &request.target {
+            Target::Tool { name, arguments } => match self.begin(entry, request, &call, name).await {
+                Begin::End(outcome) => return outcome,
+                _ if poisoned => return self.poison(entry, request).await,
+                Begin::Answer(result) => result,
+                Begin::Run => match self.expired(entry, request) {
+                    Some(failure) => Err(failure),
+                    None => match self.run_tool(entry, request, &call, name, arguments.clone()).await {
+                        Some(result) => result,
+                        // Shutdown was forced: the entry stays pending with a lapsing lease, and
+                        // a replica takes it over.
+                        None => return Outcome::LeftPending,
+                    },
                 },
-                Target::Discover => Ok(self.discover(&request.envelope)),
-                Target::Stats => Ok(
-                    json!({"toolbox_id": self.settings.toolbox_id, "tools": self.stats.snapshot()["tools"]}),
-                ),
-                Target::Unknown(event) if self.settings.answer_unknown_tools => Err(Failure::new(
-                    ErrorCode::UnknownTool,
-                    format!("no tool consumes the event '{event}'; send tools.discover to list the tools"),
-                )),
-                Target::Unknown(_) => {
-                    // Another toolbox sharing the stream answers it; only ack here.
-                    return self
-                        .commit(entry, None, None, None)
-                        .await
-                        .map_or(Outcome::LeftPending, |_| Outcome::Duplicate);
-                }
-                Target::Invalid(reason) => Err(Failure::new(ErrorCode::InvalidRequest, reason.clone())),
+            },
+            Target::Unknown(_) if !self.settings.answer_unknown_tools => {
+                // Another toolbox sharing the stream answers it; only ack here.
+                return self
+                    .commit(entry, None, None, None)
+                    .await
+                    .map_or(Outcome::LeftPending, |_| Outcome::Duplicate);
+            }
+            _ if poisoned => return self.poison(entry, request).await,
+            target => match self.expired(entry, request) {
+                Some(failure) => Err(failure),
+                None => self.answer_without_tool(target, &request.envelope),
             },
         };
+        self.commit_result(entry, request, &call, result).await
+    }
+
+    /// The answer to a request that runs no tool.
+    fn answer_without_tool(&self, target: &Target, envelope: &EventEnvelope) -> Result<Value, Failure> {
+        match target {
+            Target::Discover => Ok(self.discover(envelope)),
+            Target::Stats => {
+                Ok(json!({"toolbox_id": self.settings.toolbox_id, "tools": self.stats.snapshot()["tools"]}))
+            }
+            Target::Unknown(event) => Err(Failure::new(
+                ErrorCode::UnknownTool,
+                format!("no tool consumes the event '{event}'; send tools.discover to list the tools"),
+            )),
+            Target::Invalid(reason) => Err(Failure::new(ErrorCode::InvalidRequest, reason.clone())),
+            // `answer` runs tools itself; this arm only keeps the match total.
+            Target::Tool { name, .. } => {
+                Err(Failure::new(ErrorCode::Internal, format!("tool '{name}' was not run")))
+            }
+        }
+    }
+
+    /// Commits the answer made of `result` and tells how the entry ended.
+    async fn commit_result(
+        &self,
+        entry: &Entry,
+        request: &Request,
+        call: &CallKeys<'_>,
+        result: Result<Value, Failure>,
+    ) -> Outcome {
         let outcome = match &result {
             Ok(_) => Outcome::Success,
             Err(failure) => Outcome::Error(failure.code),
@@ -366,7 +447,7 @@ impl Dispatcher {
             Ok(value) => ResultData::ok(&request.request_id, value),
             Err(failure) => failure_data(&request.request_id, failure),
         };
-        match self.commit_answer(entry, request, &call, &data, None).await {
+        match self.commit_answer(entry, request, call, &data, None).await {
             Some(true) => outcome,
             Some(false) => Outcome::Duplicate,
             None => Outcome::LeftPending,
@@ -450,7 +531,8 @@ impl Dispatcher {
         }
     }
 
-    /// Runs a tool, renewing the lease while it runs.
+    /// Runs a tool, renewing the lease while it runs. `None` when shutdown was forced first: the
+    /// tool is cancelled and nothing is answered.
     async fn run_tool(
         &self,
         entry: &Entry,
@@ -458,7 +540,7 @@ impl Dispatcher {
         call: &CallKeys<'_>,
         tool: &str,
         arguments: Value,
-    ) -> Result<Value, Failure> {
+    ) -> Option<Result<Value, Failure>> {
         let context = Context {
             request_id: request.request_id.clone(),
             correlation_id: request.envelope.effective_correlation_id().map(str::to_owned),
@@ -488,11 +570,12 @@ impl Dispatcher {
         let forced = self.shutdown.forced().clone();
         let _in_flight = self.telemetry.in_flight_guard();
         tokio::select! {
-            res = self.registry.invoke(tool, arguments, &context, left) => res,
-            () = renew => unreachable_renew(),
+            res = self.registry.invoke(tool, arguments, &context, left) => Some(res),
+            () = renew => Some(unreachable_renew()),
             () = forced.cancelled() => {
                 context.cancel.cancel();
-                Err(Failure::new(ErrorCode::Cancelled, "the tool host is shutting down"))
+                warn!(request_id = %request.request_id, tool, "grace period over; call abandoned, left to a replica");
+                None
             }
         }
     }
@@ -531,7 +614,7 @@ impl Dispatcher {
         let letter_id = new_message_id();
         let dead = Published { topic: &self.dead_letters, id: &letter_id, payload: &letter };
         self.telemetry.dead_lettered();
-        match answer {
+        let committed = match answer {
             Some((request, data)) => {
                 let answered_key = self.keys.answered(&self.settings.toolbox_id, &request.request_id);
                 let call_key = self.keys.call(&self.settings.toolbox_id, &request.request_id);
@@ -541,13 +624,11 @@ impl Dispatcher {
                     lease: self.settings.claim_idle,
                     retention: self.settings.answered_retention,
                 };
-                self.commit_answer(entry, request, &call, &data, Some(dead)).await;
+                self.commit_answer(entry, request, &call, &data, Some(dead)).await.map(|_| ())
             }
-            None => {
-                self.commit(entry, None, None, Some(dead)).await;
-            }
-        }
-        Outcome::DeadLetter
+            None => self.commit(entry, None, None, Some(dead)).await.map(|_| ()),
+        };
+        committed.map_or(Outcome::LeftPending, |()| Outcome::DeadLetter)
     }
 
     /// An entry delivered too often: dead-letter it and answer `internal`.
@@ -618,6 +699,28 @@ impl Dispatcher {
                 }
             }
         }
+    }
+}
+
+/// Marks an entry as being handled by this process until dropped (also when its task panics).
+struct Active {
+    dispatcher: Arc<Dispatcher>,
+    entry_id: String,
+}
+
+impl Active {
+    /// `None` when the entry is being handled here already.
+    fn enter(dispatcher: &Arc<Dispatcher>, entry_id: &str) -> Option<Active> {
+        let mut active = dispatcher.active.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        active
+            .insert(entry_id.to_owned())
+            .then(|| Active { dispatcher: Arc::clone(dispatcher), entry_id: entry_id.to_owned() })
+    }
+}
+
+impl Drop for Active {
+    fn drop(&mut self) {
+        self.dispatcher.active.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(&self.entry_id);
     }
 }
 

@@ -1,0 +1,732 @@
+//! Issue 6's promise under fault injection: every request is answered exactly once while daemons
+//! are killed, paused and stopped, Redis restarts or stalls, and entries are delivered twice.
+//!
+//! Real redis-server and real `toolhost` processes. Slow calls are `terminal_run` with `sleep`
+//! (not idempotent: a call whose holder died is answered `interrupted`, never run twice); fast
+//! ones are `echo` (idempotent: run again). The tests take one lock, so their timing does not
+//! depend on each other's load; leases are short (`CLAIM_IDLE_MS=1000`) so takeovers are quick.
+
+use std::collections::{BTreeMap, HashSet};
+use std::time::{Duration, Instant};
+
+use redis::aio::MultiplexedConnection;
+use serde_json::{Value, json};
+use tokio::sync::Mutex;
+use toolhost_bus::{Bus, CallKeys, EntryRef, Finish, Published, RedisBus, RedisOptions};
+
+use crate::support::{Daemon, RedisServer, pending, request, xadd};
+
+const REQUESTS: &str = "action-requests";
+const RESULTS: &str = "action-results";
+const GROUP: &str = "toolhost";
+const DEAD_LETTERS: &str = "dlq:toolhost";
+const WAIT: Duration = Duration::from_secs(20);
+
+/// One fault-injection test at a time: each starts several processes on two shared cores.
+static SERIAL: Mutex<()> = Mutex::const_new(());
+
+/// Short leases, `sleep` allowed, enough terminal slots for the slow calls.
+const FAST: &[(&str, &str)] = &[
+    ("TOOLHOST__DISPATCH__CLAIM_IDLE_MS", "1000"),
+    ("TOOLHOST__DISPATCH__BLOCK_MS", "500"),
+    ("TERMINAL_ALLOWED_COMMANDS", "sleep"),
+    ("TERMINAL_MAX_CONCURRENT", "16"),
+];
+
+fn env(extra: &[(&'static str, &'static str)]) -> Vec<(&'static str, &'static str)> {
+    FAST.iter().chain(extra).copied().collect()
+}
+
+fn echo(request_id: &str) -> Value {
+    request("echo.requested", request_id, json!({"message": request_id}))
+}
+
+fn sleep(request_id: &str, seconds: u32) -> Value {
+    request("terminal_run.requested", request_id, json!({"command": format!("sleep {seconds}")}))
+}
+
+async fn send(connection: &mut MultiplexedConnection, payload: &Value) -> String {
+    xadd(connection, REQUESTS, &payload.to_string()).await
+}
+
+/// Answers on `action-results`, counted per request id.
+async fn answer_counts(connection: &mut MultiplexedConnection) -> BTreeMap<String, Vec<Value>> {
+    let mut answers: BTreeMap<String, Vec<Value>> = BTreeMap::new();
+    let mut start = "-".to_owned();
+    loop {
+        let page: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+            .arg(RESULTS)
+            .arg(&start)
+            .arg("+")
+            .arg("COUNT")
+            .arg(10_000)
+            .query_async(connection)
+            .await
+            .unwrap();
+        let Some((last, _)) = page.last() else { return answers };
+        start = format!("({last}");
+        for (_, fields) in page {
+            let payload = fields.into_iter().find(|(name, _)| name == "payload").unwrap().1;
+            let answer: Value = serde_json::from_str(&payload).unwrap();
+            let request_id = answer["data"]["request_id"].as_str().unwrap().to_owned();
+            answers.entry(request_id).or_default().push(answer);
+        }
+    }
+}
+
+/// Waits until every id in `ids` is answered, lets `settle` pass so late duplicates would show,
+/// then asserts each was answered exactly once and nothing else was. Returns the answers.
+async fn assert_answered_once(
+    connection: &mut MultiplexedConnection,
+    ids: &[String],
+    settle: Duration,
+    daemons: &[&Daemon],
+) -> BTreeMap<String, Value> {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let answers = answer_counts(connection).await;
+        if ids.iter().all(|id| answers.contains_key(id)) || Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(settle).await;
+    let answers = answer_counts(connection).await;
+    let missing: Vec<&String> = ids.iter().filter(|id| !answers.contains_key(*id)).collect();
+    let doubled: Vec<(&String, usize)> =
+        answers.iter().filter(|(_, all)| all.len() > 1).map(|(id, all)| (id, all.len())).collect();
+    let expected: HashSet<&String> = ids.iter().collect();
+    let strangers: Vec<&String> = answers.keys().filter(|id| !expected.contains(id)).collect();
+    if !missing.is_empty() || !doubled.is_empty() || !strangers.is_empty() {
+        for daemon in daemons {
+            eprintln!("---- daemon log ----\n{}", daemon.log());
+        }
+        panic!(
+            "missing answers: {missing:?}; answered more than once: {doubled:?}; unexpected: {strangers:?}"
+        );
+    }
+    answers.into_iter().map(|(id, mut all)| (id, all.remove(0))).collect()
+}
+
+fn ids(prefix: &str, count: usize) -> Vec<String> {
+    (0..count).map(|index| format!("{prefix}-{index}")).collect()
+}
+
+async fn count_keys(connection: &mut MultiplexedConnection, pattern: &str) -> usize {
+    let keys: Vec<String> = redis::cmd("KEYS").arg(pattern).query_async(connection).await.unwrap();
+    keys.len()
+}
+
+/// Waits until `count` calls have been begun (their call records exist).
+async fn wait_for_calls(connection: &mut MultiplexedConnection, count: usize) {
+    let deadline = Instant::now() + WAIT;
+    while count_keys(connection, "toolhost:toolhost:call:*").await < count {
+        assert!(Instant::now() < deadline, "calls did not start");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The `invocation` log lines of a daemon, as (request id, outcome).
+fn outcomes(daemon: &Daemon) -> Vec<(String, String)> {
+    daemon
+        .log()
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .filter(|line| line["message"] == "invocation")
+        .map(|line| {
+            (
+                line["request_id"].as_str().unwrap_or("").to_owned(),
+                line["outcome"].as_str().unwrap_or("").to_owned(),
+            )
+        })
+        .collect()
+}
+
+fn outcomes_of(daemons: &[&Daemon], request_id: &str) -> Vec<String> {
+    let mut found: Vec<String> = daemons
+        .iter()
+        .flat_map(|daemon| outcomes(daemon))
+        .filter(|(id, _)| id == request_id)
+        .map(|(_, outcome)| outcome)
+        .collect();
+    found.sort();
+    found
+}
+
+/// Waits until one of `daemons` logged `outcome` for `request_id`.
+async fn wait_for_outcome(daemons: &[&Daemon], request_id: &str, outcome: &str) {
+    let deadline = Instant::now() + WAIT;
+    while !outcomes_of(daemons, request_id).iter().any(|found| found == outcome) {
+        assert!(
+            Instant::now() < deadline,
+            "no {outcome} for {request_id}: {:?}",
+            outcomes_of(daemons, request_id)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn consumer_name(daemon: &Daemon) -> String {
+    daemon
+        .log()
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .find(|line| line["message"] == "ready")
+        .and_then(|line| line["consumer"].as_str().map(str::to_owned))
+        .unwrap()
+}
+
+async fn consumers(connection: &mut MultiplexedConnection) -> Vec<String> {
+    let reply: Vec<Vec<redis::Value>> =
+        redis::cmd("XINFO").arg("CONSUMERS").arg(REQUESTS).arg(GROUP).query_async(connection).await.unwrap();
+    reply
+        .into_iter()
+        .filter_map(|fields| redis::from_redis_value::<String>(fields.get(1)?.clone()).ok())
+        .collect()
+}
+
+async fn assert_settled(connection: &mut MultiplexedConnection) {
+    assert_eq!(pending(connection, REQUESTS, GROUP).await, 0, "entries left pending");
+    assert_eq!(count_keys(connection, "toolhost:toolhost:call:*").await, 0, "call records left behind");
+}
+
+fn error_code(answer: &Value) -> &str {
+    answer["data"]["error_code"].as_str().unwrap_or("")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill9_with_calls_in_flight_a_replica_answers_each_once() {
+    let _serial = SERIAL.lock().await;
+    let redis = RedisServer::start();
+    let mut first = Daemon::start(&redis, &env(&[]));
+    let mut connection = redis.connection().await;
+    let fast = ids("fast", 10);
+    for id in &fast {
+        send(&mut connection, &echo(id)).await;
+    }
+    crate::support::wait_for(&mut connection, RESULTS, fast.len(), WAIT).await;
+    let slow = ids("slow", 4);
+    for id in &slow {
+        send(&mut connection, &sleep(id, 3)).await;
+    }
+    wait_for_calls(&mut connection, slow.len()).await;
+    first.kill9();
+    let late = ids("late", 5);
+    for id in &late {
+        send(&mut connection, &echo(id)).await;
+    }
+    let second = Daemon::start(&redis, &env(&[]));
+    let all: Vec<String> = [slow.clone(), fast, late].concat();
+    let answers =
+        assert_answered_once(&mut connection, &all, Duration::from_millis(1500), &[&first, &second]).await;
+    for id in &slow {
+        // Started by the killed daemon: not repeated, since terminal_run is not idempotent.
+        assert_eq!(error_code(&answers[id]), "interrupted", "{}", answers[id]);
+    }
+    assert_settled(&mut connection).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_holders_call_is_run_again_only_if_idempotent() {
+    let _serial = SERIAL.lock().await;
+    let redis = RedisServer::start();
+    let mut connection = redis.connection().await;
+    let _: redis::Value = redis::cmd("XGROUP")
+        .arg("CREATE")
+        .arg(REQUESTS)
+        .arg(GROUP)
+        .arg("$")
+        .arg("MKSTREAM")
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    // A holder that read two requests, began both calls and died: its entries stay pending and
+    // its call records keep a lease that has lapsed.
+    for (request_id, payload) in [("idem-1", echo("idem-1")), ("nonidem-1", sleep("nonidem-1", 1))] {
+        let entry_id = send(&mut connection, &payload).await;
+        let _: redis::Value = redis::cmd("XREADGROUP")
+            .arg("GROUP")
+            .arg(GROUP)
+            .arg("crashed")
+            .arg("COUNT")
+            .arg(1)
+            .arg("STREAMS")
+            .arg(REQUESTS)
+            .arg(">")
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        let _: redis::Value = redis::cmd("HSET")
+            .arg(format!("toolhost:toolhost:call:{request_id}"))
+            .arg("owner")
+            .arg(format!("crashed/{entry_id}"))
+            .arg("lease_until")
+            .arg(0)
+            .arg("entry")
+            .arg(&entry_id)
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+    }
+    let daemon = Daemon::start(&redis, &env(&[]));
+    let all = ["idem-1".to_owned(), "nonidem-1".to_owned()];
+    let answers = assert_answered_once(&mut connection, &all, Duration::from_millis(500), &[&daemon]).await;
+    assert_eq!(answers["idem-1"]["data"]["result"], json!({"message": "idem-1"}));
+    assert_eq!(error_code(&answers["nonidem-1"]), "interrupted");
+    assert_settled(&mut connection).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_restarted_with_aof_mid_stream_every_request_is_answered_once() {
+    let _serial = SERIAL.lock().await;
+    let mut redis = RedisServer::start_with(true);
+    let first = Daemon::start(&redis, &env(&[]));
+    let second = Daemon::start(&redis, &env(&[]));
+    let mut connection = redis.connection().await;
+    let before = ids("before", 150);
+    let slow = ids("slow", 3);
+    for id in &slow {
+        send(&mut connection, &sleep(id, 1)).await;
+    }
+    for id in &before {
+        send(&mut connection, &echo(id)).await;
+    }
+    redis.kill();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    redis.restart();
+    let mut connection = redis.connection().await;
+    let after = ids("after", 150);
+    for id in &after {
+        send(&mut connection, &echo(id)).await;
+    }
+    let all: Vec<String> = [before, slow, after].concat();
+    assert_answered_once(&mut connection, &all, Duration::from_millis(1500), &[&first, &second]).await;
+    assert_settled(&mut connection).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_restarted_without_its_data_the_group_is_recreated_and_nothing_is_lost() {
+    let _serial = SERIAL.lock().await;
+    let mut redis = RedisServer::start();
+    let daemon = Daemon::start(&redis, &env(&[]));
+    // Held still so the requests below reach the new, empty Redis before the daemon does.
+    daemon.signal(libc::SIGSTOP);
+    redis.restart();
+    let mut connection = redis.connection().await;
+    let all = ids("after-loss", 5);
+    for id in &all {
+        send(&mut connection, &echo(id)).await;
+    }
+    daemon.signal(libc::SIGCONT);
+    assert_answered_once(&mut connection, &all, Duration::from_millis(500), &[&daemon]).await;
+    assert_settled(&mut connection).await;
+    assert!(daemon.log().contains("consumer group vanished"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_stalled_mid_stream_nothing_is_lost_or_answered_twice() {
+    let _serial = SERIAL.lock().await;
+    let redis = RedisServer::start();
+    let stall = env(&[("TOOLHOST__REDIS__RESPONSE_TIMEOUT_MS", "300")]);
+    let first = Daemon::start(&redis, &stall);
+    let second = Daemon::start(&redis, &stall);
+    let mut connection = redis.connection().await;
+    let before = ids("before", 200);
+    for id in &before {
+        send(&mut connection, &echo(id)).await;
+    }
+    // Commands time out on the client but run when the server wakes up: replies are lost after
+    // their effects, and the retries must notice.
+    redis.pause();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    redis.resume();
+    let after = ids("after", 100);
+    for id in &after {
+        send(&mut connection, &echo(id)).await;
+    }
+    let all: Vec<String> = [before, after].concat();
+    assert_answered_once(&mut connection, &all, Duration::from_millis(1500), &[&first, &second]).await;
+    assert_settled(&mut connection).await;
+    for daemon in [&first, &second] {
+        assert!(
+            daemon.log().contains("backing off") || daemon.log().contains("retrying"),
+            "{}",
+            daemon.log()
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_paused_past_its_lease_still_answers_once() {
+    let _serial = SERIAL.lock().await;
+    let redis = RedisServer::start();
+    let paused = Daemon::start(&redis, &env(&[]));
+    let mut connection = redis.connection().await;
+    send(&mut connection, &sleep("paused-1", 2)).await;
+    wait_for_calls(&mut connection, 1).await;
+    paused.signal(libc::SIGSTOP);
+    let replica = Daemon::start(&redis, &env(&[]));
+    let all = ["paused-1".to_owned()];
+    wait_for_outcome(&[&replica], "paused-1", "interrupted").await;
+    paused.signal(libc::SIGCONT);
+    // Its call ends after the replica answered: the answered mark keeps its answer out.
+    wait_for_outcome(&[&paused], "paused-1", "duplicate").await;
+    let answers =
+        assert_answered_once(&mut connection, &all, Duration::from_millis(500), &[&paused, &replica]).await;
+    assert_eq!(error_code(&answers["paused-1"]), "interrupted");
+    assert_settled(&mut connection).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_sent_twice_runs_once_and_is_answered_once() {
+    let _serial = SERIAL.lock().await;
+    let redis = RedisServer::start();
+    let first = Daemon::start(&redis, &env(&[]));
+    let second = Daemon::start(&redis, &env(&[]));
+    let mut connection = redis.connection().await;
+    // The same request twice while it runs (either replica may take either copy), then again
+    // after it was answered.
+    let payload = sleep("twice-1", 1);
+    send(&mut connection, &payload).await;
+    send(&mut connection, &payload).await;
+    let all = ["twice-1".to_owned()];
+    assert_answered_once(&mut connection, &all, Duration::from_millis(200), &[&first, &second]).await;
+    send(&mut connection, &payload).await;
+    let answers =
+        assert_answered_once(&mut connection, &all, Duration::from_millis(1000), &[&first, &second]).await;
+    assert_eq!(answers["twice-1"]["data"]["success"], true, "{}", answers["twice-1"]);
+    assert_eq!(outcomes_of(&[&first, &second], "twice-1"), ["duplicate", "duplicate", "success"]);
+    assert_settled(&mut connection).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_redelivered_while_it_runs_is_answered_once() {
+    let _serial = SERIAL.lock().await;
+    let redis = RedisServer::start();
+    // One delivery allowed: a poison check before the ledger would dead-letter the live call.
+    let settings = env(&[("TOOLHOST__DISPATCH__MAX_DELIVERIES", "1")]);
+    let holder = Daemon::start(&redis, &settings);
+    let mut connection = redis.connection().await;
+    let entry_id = send(&mut connection, &sleep("again-1", 2)).await;
+    wait_for_calls(&mut connection, 1).await;
+    let replica = Daemon::start(&redis, &settings);
+    // Make the entry look abandoned until the replica's reclaimer takes it; the holder's lease
+    // renewals keep taking it back.
+    let deadline = Instant::now() + WAIT;
+    while !outcomes_of(&[&replica], "again-1").iter().any(|outcome| outcome == "left_pending") {
+        assert!(Instant::now() < deadline, "the replica never took the entry");
+        let _: redis::Value = redis::cmd("XCLAIM")
+            .arg(REQUESTS)
+            .arg(GROUP)
+            .arg("ghost")
+            .arg(0)
+            .arg(&entry_id)
+            .arg("IDLE")
+            .arg(60_000)
+            .arg("JUSTID")
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let all = ["again-1".to_owned()];
+    let answers =
+        assert_answered_once(&mut connection, &all, Duration::from_millis(1000), &[&holder, &replica]).await;
+    assert_eq!(answers["again-1"]["data"]["success"], true, "{}", answers["again-1"]);
+    assert_eq!(outcomes_of(&[&holder], "again-1"), ["success"]);
+    let dead: u64 = redis::cmd("XLEN").arg(DEAD_LETTERS).query_async(&mut connection).await.unwrap();
+    assert_eq!(dead, 0);
+    assert_settled(&mut connection).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poison_entry_is_dead_lettered_after_max_deliveries_and_the_stream_flows_on() {
+    let _serial = SERIAL.lock().await;
+    let redis = RedisServer::start();
+    let mut connection = redis.connection().await;
+    let _: redis::Value = redis::cmd("XGROUP")
+        .arg("CREATE")
+        .arg(REQUESTS)
+        .arg(GROUP)
+        .arg("$")
+        .arg("MKSTREAM")
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    let poison = echo("poison-1");
+    let entry_id = send(&mut connection, &poison).await;
+    // Three consumers take the entry in turn and crash without acking.
+    let _: redis::Value = redis::cmd("XREADGROUP")
+        .arg("GROUP")
+        .arg(GROUP)
+        .arg("crashed-1")
+        .arg("STREAMS")
+        .arg(REQUESTS)
+        .arg(">")
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    for consumer in ["crashed-2", "crashed-3"] {
+        let _: redis::Value = redis::cmd("XCLAIM")
+            .arg(REQUESTS)
+            .arg(GROUP)
+            .arg(consumer)
+            .arg(0)
+            .arg(&entry_id)
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+    }
+    let daemon = Daemon::start(&redis, &env(&[("TOOLHOST__DISPATCH__MAX_DELIVERIES", "3")]));
+    send(&mut connection, &echo("after-1")).await;
+    let all = ["poison-1".to_owned(), "after-1".to_owned()];
+    let answers = assert_answered_once(&mut connection, &all, Duration::from_millis(500), &[&daemon]).await;
+    assert_eq!(error_code(&answers["poison-1"]), "internal");
+    assert_eq!(answers["after-1"]["data"]["success"], true);
+    let dead = crate::support::payloads(&mut connection, DEAD_LETTERS).await;
+    assert_eq!(dead.len(), 1, "{dead:#?}");
+    assert_eq!(dead[0]["entry_id"], entry_id.as_str());
+    assert_eq!(dead[0]["deliveries"], 4);
+    assert_eq!(dead[0]["payload"], poison.to_string());
+    assert!(dead[0]["error"].as_str().unwrap().contains("delivered 4 times"), "{}", dead[0]);
+    assert_settled(&mut connection).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_under_load_loses_nothing_and_exits_within_the_grace() {
+    let _serial = SERIAL.lock().await;
+    let redis = RedisServer::start();
+    let grace = Duration::from_millis(3000);
+    let settings = env(&[("TOOLHOST__DISPATCH__SHUTDOWN_GRACE_MS", "3000")]);
+    let mut stopping = Daemon::start(&redis, &settings);
+    let staying = Daemon::start(&redis, &settings);
+    let stopping_consumer = consumer_name(&stopping);
+    let mut connection = redis.connection().await;
+    let slow = ids("slow", 4);
+    for id in &slow {
+        send(&mut connection, &sleep(id, 1)).await;
+    }
+    let before = ids("before", 300);
+    for id in &before {
+        send(&mut connection, &echo(id)).await;
+    }
+    let started = Instant::now();
+    let code = stopping.terminate(grace + Duration::from_secs(5));
+    let took = started.elapsed();
+    assert_eq!(code, Some(0), "{}", stopping.log());
+    assert!(took < grace + Duration::from_secs(2), "took {took:?}");
+    let after = ids("after", 100);
+    for id in &after {
+        send(&mut connection, &echo(id)).await;
+    }
+    let all: Vec<String> = [slow, before, after].concat();
+    let answers =
+        assert_answered_once(&mut connection, &all, Duration::from_millis(1000), &[&stopping, &staying])
+            .await;
+    assert!(answers.values().all(|answer| answer["data"]["success"] == true));
+    assert_settled(&mut connection).await;
+    // It finished everything it held, so it removed its consumer on the way out.
+    assert!(!consumers(&mut connection).await.contains(&stopping_consumer));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_past_the_grace_leaves_the_call_to_a_replica() {
+    let _serial = SERIAL.lock().await;
+    let redis = RedisServer::start();
+    let settings = env(&[("TOOLHOST__DISPATCH__SHUTDOWN_GRACE_MS", "500")]);
+    let mut stopping = Daemon::start(&redis, &settings);
+    let mut connection = redis.connection().await;
+    send(&mut connection, &sleep("long-1", 4)).await;
+    wait_for_calls(&mut connection, 1).await;
+    let replica = Daemon::start(&redis, &settings);
+    let started = Instant::now();
+    assert_eq!(stopping.terminate(Duration::from_secs(10)), Some(0));
+    assert!(
+        started.elapsed() < Duration::from_millis(500) + Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    let all = ["long-1".to_owned()];
+    let answers =
+        assert_answered_once(&mut connection, &all, Duration::from_millis(500), &[&stopping, &replica]).await;
+    // Not `cancelled` by the stopping daemon: the replica found it started and not finished.
+    assert_eq!(error_code(&answers["long-1"]), "interrupted");
+    assert_eq!(outcomes_of(&[&stopping], "long-1"), ["left_pending"]);
+    assert_settled(&mut connection).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ledger_steps_are_safe_to_repeat_against_redis() {
+    let _serial = SERIAL.lock().await;
+    let redis = RedisServer::start();
+    let mut connection = redis.connection().await;
+    let bus = RedisBus::new(RedisOptions::new(redis.url())).unwrap();
+    bus.ensure_group(REQUESTS, GROUP).await.unwrap();
+    let entry_id = bus.publish(REQUESTS, "m-1", "{}").await.unwrap();
+    bus.read_group(REQUESTS, GROUP, "c1", 10, Duration::from_millis(10)).await.unwrap();
+    let call = CallKeys {
+        answered: "toolhost:toolhost:answered:r-1",
+        call: "toolhost:toolhost:call:r-1",
+        lease: Duration::from_secs(1),
+        retention: Duration::from_secs(60),
+    };
+    let entry = EntryRef { topic: REQUESTS, group: GROUP, entry_id: &entry_id };
+    let finish = Finish {
+        entry,
+        call: Some(call),
+        answer: Some(Published { topic: RESULTS, id: "answer-1", payload: "{}" }),
+        dead_letter: Some(Published { topic: DEAD_LETTERS, id: "letter-1", payload: "{}" }),
+    };
+    // The first run's reply is lost; the retry changes nothing and reports the same outcome.
+    assert!(bus.finish(&finish).await.unwrap());
+    assert!(bus.finish(&finish).await.unwrap());
+    let other =
+        Finish { answer: Some(Published { topic: RESULTS, id: "answer-2", payload: "{}" }), ..finish };
+    assert!(!bus.finish(&other).await.unwrap());
+    let lengths: (u64, u64) = redis::pipe()
+        .cmd("XLEN")
+        .arg(RESULTS)
+        .cmd("XLEN")
+        .arg(DEAD_LETTERS)
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    assert_eq!(lengths, (1, 1));
+
+    // A pending entry trimmed away before anyone handled it leaves the group on reclaim.
+    let trimmed = bus.publish(REQUESTS, "m-2", "{}").await.unwrap();
+    bus.read_group(REQUESTS, GROUP, "dead", 10, Duration::from_millis(10)).await.unwrap();
+    let _: u64 = redis::cmd("XDEL").arg(REQUESTS).arg(&trimmed).query_async(&mut connection).await.unwrap();
+    let reclaimed = bus.reclaim(REQUESTS, GROUP, "c1", Duration::ZERO, "0-0", 10).await.unwrap();
+    assert!(reclaimed.entries.is_empty());
+    assert_eq!(reclaimed.deleted, [trimmed]);
+    assert_eq!(pending(&mut connection, REQUESTS, GROUP).await, 0);
+    // ...and the consumers that hold nothing and idle are pruned, except the caller's own.
+    let pruned = bus.prune_consumers(REQUESTS, GROUP, "c1", Duration::ZERO).await.unwrap();
+    assert_eq!(pruned, ["dead"]);
+    assert_eq!(consumers(&mut connection).await, ["c1"]);
+
+    // With the group gone (Redis lost it), an unanswered request is still answered.
+    let late = bus.publish(REQUESTS, "m-3", "{}").await.unwrap();
+    let _: redis::Value = redis::cmd("XGROUP")
+        .arg("DESTROY")
+        .arg(REQUESTS)
+        .arg(GROUP)
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    let call =
+        CallKeys { answered: "toolhost:toolhost:answered:r-3", call: "toolhost:toolhost:call:r-3", ..call };
+    let finish = Finish {
+        entry: EntryRef { topic: REQUESTS, group: GROUP, entry_id: &late },
+        call: Some(call),
+        answer: Some(Published { topic: RESULTS, id: "answer-3", payload: "{}" }),
+        dead_letter: None,
+    };
+    assert!(bus.finish(&finish).await.unwrap());
+    // Re-created from the start, the group delivers what callers added meanwhile.
+    bus.ensure_group_at(REQUESTS, GROUP, "0").await.unwrap();
+    let entries = bus.read_group(REQUESTS, GROUP, "c1", 10, Duration::from_millis(10)).await.unwrap();
+    assert_eq!(entries.len(), 2);
+}
+
+/// Requests in the soak; 100,000 by hand (see docs/RELIABILITY.md), fewer in CI.
+fn soak_requests() -> usize {
+    std::env::var("TOOLHOST_SOAK_REQUESTS").ok().and_then(|text| text.parse().ok()).unwrap_or(6_000)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn soak_two_replicas_one_killed_and_restarted_every_few_seconds() {
+    let _serial = SERIAL.lock().await;
+    let total = soak_requests();
+    let redis = RedisServer::start();
+    let maxlen = (total * 2 + 1000).to_string();
+    // Results must not be trimmed before they are counted; one log line per call is noise here.
+    let mut settings: Vec<(&str, &str)> = env(&[("RUST_LOG", "info,toolhost::dispatch=warn")]);
+    settings.push(("TOOLHOST__STREAMS__MAXLEN", &maxlen));
+    let steady = Daemon::start(&redis, &settings);
+    let mut victim = Daemon::start(&redis, &settings);
+    let mut connection = redis.connection().await;
+    let started = Instant::now();
+    let mut rss = vec![(Duration::ZERO, steady.rss_kib())];
+    let mut last_sample = Instant::now();
+    let mut last_kill = Instant::now();
+    let mut kills = 0;
+    let mut sent = 0;
+    let mut progress = (0, Instant::now());
+    // Keep the backlog bounded, so memory reflects steady state rather than a queue.
+    let window = 2_000;
+    while sent < total || answered(&mut connection).await < total {
+        let done = answered(&mut connection).await;
+        if sent < total && sent - done.min(sent) < window {
+            let batch = 200.min(total - sent);
+            let mut pipe = redis::pipe();
+            for index in sent..sent + batch {
+                let payload = echo(&format!("soak-{index}")).to_string();
+                pipe.cmd("XADD").arg(REQUESTS).arg("*").arg("id").arg(uuid::Uuid::new_v4().to_string());
+                pipe.arg("payload").arg(payload).ignore();
+            }
+            let () = pipe.query_async(&mut connection).await.unwrap();
+            sent += batch;
+        } else {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        if last_kill.elapsed() > Duration::from_secs(3) {
+            victim.kill9();
+            victim = Daemon::start(&redis, &settings);
+            kills += 1;
+            last_kill = Instant::now();
+        }
+        if last_sample.elapsed() >= Duration::from_secs(1) {
+            rss.push((started.elapsed(), steady.rss_kib()));
+            last_sample = Instant::now();
+        }
+        if done > progress.0 {
+            progress = (done, Instant::now());
+        }
+        assert!(
+            progress.1.elapsed() < Duration::from_secs(30),
+            "soak stalled at {sent} sent, {done} answered"
+        );
+    }
+    let elapsed = started.elapsed();
+    rss.push((elapsed, steady.rss_kib()));
+    // Anything in flight at the last kill is reclaimed within a lease or two.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let answers = answer_counts(&mut connection).await;
+    let doubled = answers.values().filter(|all| all.len() > 1).count();
+    let missing = (0..total).filter(|index| !answers.contains_key(&format!("soak-{index}"))).count();
+    let pending_left = pending(&mut connection, REQUESTS, GROUP).await;
+    let group_consumers = consumers(&mut connection).await.len();
+    eprintln!(
+        "soak: {total} requests in {elapsed:?} ({:.0}/s), {kills} kills of the victim replica",
+        total as f64 / elapsed.as_secs_f64()
+    );
+    eprintln!(
+        "soak: {} answered, {doubled} answered twice, {missing} missing, {pending_left} pending, {group_consumers} consumers in the group",
+        answers.len()
+    );
+    eprintln!("soak: steady replica RSS over time (s, KiB):");
+    for (at, kib) in &rss {
+        eprintln!("soak:   {:>6.1} {kib:>8}", at.as_secs_f64());
+    }
+    assert_eq!(missing, 0);
+    assert_eq!(doubled, 0);
+    assert_eq!(answers.len(), total);
+    assert_eq!(pending_left, 0);
+    assert!(answers.values().all(|all| all[0]["data"]["success"] == true));
+    // Memory is flat: after warm-up, the peak in the last third is close to the first third's.
+    let warm: Vec<u64> =
+        rss.iter().filter(|(at, _)| *at >= Duration::from_secs(2)).map(|(_, kib)| *kib).collect();
+    if warm.len() >= 6 {
+        let third = warm.len() / 3;
+        let early = warm[..third].iter().max().copied().unwrap_or(0);
+        let late = warm[warm.len() - third..].iter().max().copied().unwrap_or(0);
+        assert!(late <= early + early / 4 + 4096, "RSS grew from {early} KiB to {late} KiB: {rss:?}");
+    }
+}
+
+async fn answered(connection: &mut MultiplexedConnection) -> usize {
+    let length: usize = redis::cmd("XLEN").arg(RESULTS).query_async(connection).await.unwrap();
+    length
+}
