@@ -34,3 +34,7 @@ ensure-redis-installed:
 # Make sure a Redis answers on 127.0.0.1:{{redis_port}}, starting one if needed.
 ensure-redis: ensure-redis-installed
     scripts/ensure-redis.sh start {{redis_port}}
+
+# The reliability soak with the issue's 100,000 requests (CI runs 30,000; see docs/RELIABILITY.md).
+soak requests="100000": ensure-redis-installed
+    TOOLHOST_SOAK_REQUESTS={{requests}} cargo test -p toolhost --test tests reliability::soak -- --nocapture
