@@ -268,7 +268,9 @@ async fn a_crashed_holders_call_is_run_again_only_if_idempotent() {
             .await
             .unwrap();
     }
-    let daemon = Daemon::start(&redis, &env(&[]));
+    // Fewer slots than a read batch: the reader, blocked on the idle stream, holds them all, and
+    // the reclaimer must still get its turn.
+    let daemon = Daemon::start(&redis, &env(&[("TOOLHOST__DISPATCH__MAX_IN_FLIGHT", "2")]));
     let all = ["idem-1".to_owned(), "nonidem-1".to_owned()];
     let answers = assert_answered_once(&mut connection, &all, Duration::from_millis(500), &[&daemon]).await;
     assert_eq!(answers["idem-1"]["data"]["result"], json!({"message": "idem-1"}));

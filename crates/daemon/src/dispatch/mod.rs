@@ -257,18 +257,24 @@ impl Dispatcher {
         }
     }
 
-    /// One full XAUTOCLAIM scan of the group, claiming no more entries than there are free slots.
+    /// One full XAUTOCLAIM scan of the group, claiming no more entries than it holds slots.
+    ///
+    /// It waits for its first slot rather than giving up when none is free: a reader blocked on
+    /// an idle stream can hold every free slot, and the semaphore is fair, so the reclaimer gets
+    /// its turn when that read returns instead of starving.
     pub async fn reclaim_once(self: &Arc<Self>) -> Result<(), BusError> {
         let mut start = "0-0".to_owned();
+        let stopping = self.shutdown.stopping();
         loop {
-            if self.shutdown.stopping().is_cancelled() {
-                return Ok(());
-            }
-            let mut permits = Vec::new();
+            let first = tokio::select! {
+                permit = self.in_flight.clone().acquire_owned() => match permit {
+                    Ok(permit) => permit,
+                    Err(_closed) => return Ok(()),
+                },
+                () = stopping.cancelled() => return Ok(()),
+            };
+            let mut permits = vec![first];
             self.take_free_permits(&mut permits);
-            if permits.is_empty() {
-                return Ok(());
-            }
             let reclaimed = self
                 .bus
                 .reclaim(
