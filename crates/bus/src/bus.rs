@@ -97,6 +97,10 @@ pub trait Bus: Send + Sync + 'static {
     /// and counts as lapsed. That margin also covers the moment between an entry's delivery
     /// (which starts its idle clock) and the lease's start, so a reclaim after the lease never
     /// finds a dead holder's lease still running.
+    ///
+    /// Safe to retry after an error: the same `owner` again gets what its first attempt got (and
+    /// a fresh lease), so a lost reply never turns a fresh call into one "started before". An
+    /// owner is therefore one handling of one entry; handling the entry again needs a new owner.
     async fn begin_call(&self, call: &CallKeys<'_>, owner: &str, entry_id: &str) -> Result<CallStart, Error>;
 
     /// Extends `owner`'s lease on a call and resets the idle time of its entry, so a slow call is

@@ -389,19 +389,27 @@ impl Bus for MemoryBus {
         }
         let now = Instant::now();
         let mut start = CallStart::Fresh;
+        let lease_until = millis_since_boot(now) + call.lease.as_millis();
         if let Some(record) = state.hash(call.call) {
-            let lease_until = record.get("lease_until").and_then(|at| at.parse::<u128>().ok()).unwrap_or(0);
+            if record.get("owner").map(String::as_str) == Some(owner) {
+                // A retry after a lost reply: the state the first attempt got.
+                record.insert("lease_until".to_owned(), lease_until.to_string());
+                let fresh = record.get("state").map(String::as_str) == Some("1");
+                return Ok(if fresh { CallStart::Fresh } else { CallStart::StartedBefore });
+            }
+            let held_until = record.get("lease_until").and_then(|at| at.parse::<u128>().ok()).unwrap_or(0);
             // As in Redis: a lease with less than a third left counts as lapsed.
-            let live = lease_until.saturating_sub(call.lease.as_millis() / 3) > millis_since_boot(now);
-            if record.get("owner").map(String::as_str) != Some(owner) && live {
+            if held_until.saturating_sub(call.lease.as_millis() / 3) > millis_since_boot(now) {
                 return Ok(CallStart::Busy { entry_id: record.get("entry").cloned().unwrap_or_default() });
             }
             start = CallStart::StartedBefore;
         }
+        let code = if start == CallStart::Fresh { "1" } else { "2" };
         let record = BTreeMap::from([
             ("owner".to_owned(), owner.to_owned()),
-            ("lease_until".to_owned(), (millis_since_boot(now) + call.lease.as_millis()).to_string()),
+            ("lease_until".to_owned(), lease_until.to_string()),
             ("entry".to_owned(), entry_id.to_owned()),
+            ("state".to_owned(), code.to_owned()),
         ]);
         state.values.insert(call.call.to_owned(), (Value::Hash(record), Some(now + call.retention)));
         Ok(start)
@@ -583,11 +591,14 @@ mod tests {
         bus.read_group(TOPIC, GROUP, "c1", 10, Duration::ZERO).await.unwrap();
         let call = keys("answered:r1", "call:r1");
         assert_eq!(bus.begin_call(&call, "a", &entry_id).await.unwrap(), CallStart::Fresh);
+        // The same owner again (its first reply was lost) is still fresh.
+        assert_eq!(bus.begin_call(&call, "a", &entry_id).await.unwrap(), CallStart::Fresh);
         assert_eq!(
             bus.begin_call(&call, "b", &entry_id).await.unwrap(),
             CallStart::Busy { entry_id: entry_id.clone() }
         );
         tokio::time::sleep(Duration::from_millis(60)).await;
+        assert_eq!(bus.begin_call(&call, "b", &entry_id).await.unwrap(), CallStart::StartedBefore);
         assert_eq!(bus.begin_call(&call, "b", &entry_id).await.unwrap(), CallStart::StartedBefore);
         let entry = EntryRef { topic: TOPIC, group: GROUP, entry_id: &entry_id };
         assert!(!bus.renew_call(&call, "a", &entry, "c1").await.unwrap());

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use redis::aio::MultiplexedConnection;
 use serde_json::{Value, json};
 use tokio::sync::Mutex;
-use toolhost_bus::{Bus, CallKeys, EntryRef, Finish, Published, RedisBus, RedisOptions};
+use toolhost_bus::{Bus, CallKeys, CallStart, EntryRef, Finish, Published, RedisBus, RedisOptions};
 
 use crate::support::{Daemon, RedisServer, pending, request, xadd};
 
@@ -574,6 +574,14 @@ async fn ledger_steps_are_safe_to_repeat_against_redis() {
         lease: Duration::from_secs(1),
         retention: Duration::from_secs(60),
     };
+    // A begin whose reply was lost is retried by the same owner: still fresh, not "started".
+    for _ in 0..2 {
+        assert_eq!(bus.begin_call(&call, "c1/1", &entry_id).await.unwrap(), CallStart::Fresh);
+    }
+    assert_eq!(
+        bus.begin_call(&call, "c2/1", &entry_id).await.unwrap(),
+        CallStart::Busy { entry_id: entry_id.clone() }
+    );
     let entry = EntryRef { topic: REQUESTS, group: GROUP, entry_id: &entry_id };
     let finish = Finish {
         entry,

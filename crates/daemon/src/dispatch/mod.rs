@@ -382,14 +382,18 @@ impl Dispatcher {
             retention: self.settings.answered_retention,
         };
         let poisoned = entry.deliveries > self.settings.max_deliveries;
+        // One owner per handling: a retried ledger step is recognised as this handling, and a
+        // later handling of the same entry (after this one left it pending) as another.
+        let owner = format!("{}/{}/{}", self.settings.consumer, entry.entry_id, &new_message_id()[..8]);
         let result = match &request.target {
-            Target::Tool { name, arguments } => match self.begin(entry, request, &call, name).await {
+            Target::Tool { name, arguments } => match self.begin(entry, request, &call, name, &owner).await {
                 Begin::End(outcome) => return outcome,
                 _ if poisoned => return self.poison(entry, request).await,
                 Begin::Answer(result) => result,
                 Begin::Run => match self.expired(entry, request) {
                     Some(failure) => Err(failure),
-                    None => match self.run_tool(entry, request, &call, name, arguments.clone()).await {
+                    None => match self.run_tool(entry, request, &call, name, arguments.clone(), &owner).await
+                    {
                         Some(result) => result,
                         // Shutdown was forced: the entry stays pending with a lapsing lease, and
                         // a replica takes it over.
@@ -482,11 +486,17 @@ impl Dispatcher {
     }
 
     /// Consults the ledger before running a tool.
-    async fn begin(&self, entry: &Entry, request: &Request, call: &CallKeys<'_>, tool: &str) -> Begin {
-        let owner = format!("{}/{}", self.settings.consumer, entry.entry_id);
+    async fn begin(
+        &self,
+        entry: &Entry,
+        request: &Request,
+        call: &CallKeys<'_>,
+        tool: &str,
+        owner: &str,
+    ) -> Begin {
         let mut backoff = Backoff::new();
         let start = loop {
-            match self.bus.begin_call(call, &owner, &entry.entry_id).await {
+            match self.bus.begin_call(call, owner, &entry.entry_id).await {
                 Ok(start) => break start,
                 Err(err) if err.is_retryable() => {
                     warn!(error = %err, request_id = %request.request_id, "cannot record call start; retrying");
@@ -546,6 +556,7 @@ impl Dispatcher {
         call: &CallKeys<'_>,
         tool: &str,
         arguments: Value,
+        owner: &str,
     ) -> Option<Result<Value, Failure>> {
         let context = Context {
             request_id: request.request_id.clone(),
@@ -558,7 +569,6 @@ impl Dispatcher {
             cancel: self.shutdown.forced().child_token(),
         };
         let left = request.deadline.map(|deadline| deadline.saturating_sub(now_since_epoch()));
-        let owner = format!("{}/{}", self.settings.consumer, entry.entry_id);
         let entry_ref =
             EntryRef { topic: &self.requests, group: &self.settings.toolbox_id, entry_id: &entry.entry_id };
         let renew = async {
@@ -566,7 +576,7 @@ impl Dispatcher {
             tick.tick().await;
             loop {
                 tick.tick().await;
-                match self.bus.renew_call(call, &owner, &entry_ref, &self.settings.consumer).await {
+                match self.bus.renew_call(call, owner, &entry_ref, &self.settings.consumer).await {
                     Ok(true) => {}
                     Ok(false) => warn!(request_id = %request.request_id, "lost the lease of a running call"),
                     Err(err) => warn!(error = %err, request_id = %request.request_id, "cannot renew lease"),
