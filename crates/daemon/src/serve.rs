@@ -157,10 +157,13 @@ pub async fn run_with_registry(
         grace_ms = config.shutdown_grace.as_millis() as u64,
         "shutting down: no new requests, finishing in-flight calls"
     );
+    // The grace counts from the signal: in-flight calls run on while the reader's last blocking
+    // read returns (what it delivered is handled, not left pending).
+    let grace_ends = tokio::time::Instant::now() + config.shutdown_grace;
     shutdown.stopping().cancel();
     let _ = reader.await;
     let _ = reclaimer.await;
-    let finished = shutdown.drain(config.shutdown_grace).await;
+    let finished = shutdown.drain(grace_ends.saturating_duration_since(tokio::time::Instant::now())).await;
     if !finished {
         warn!("grace period over; unfinished calls are left pending for another replica");
     }
