@@ -59,7 +59,8 @@ async fn answer_counts(connection: &mut MultiplexedConnection) -> BTreeMap<Strin
             .arg(&start)
             .arg("+")
             .arg("COUNT")
-            .arg(10_000)
+            // Small pages: a large reply can outlast the client's response timeout on a busy host.
+            .arg(1_000)
             .query_async(connection)
             .await
             .unwrap();
