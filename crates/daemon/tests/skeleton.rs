@@ -100,7 +100,7 @@ async fn sigterm_exits_zero_and_removes_the_heartbeat() {
     let mut connection = redis.connection().await;
     let registry: Vec<String> =
         redis::cmd("HKEYS").arg("toolhost:registry:toolhost").query_async(&mut connection).await.unwrap();
-    assert_eq!(registry, ["echo", "terminal_run"]);
+    assert_eq!(registry, ["chat_send", "echo", "terminal_run"]);
     let beats: Vec<String> =
         redis::cmd("KEYS").arg("toolhost:heartbeat:toolhost:*").query_async(&mut connection).await.unwrap();
     assert_eq!(beats.len(), 1);

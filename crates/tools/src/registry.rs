@@ -80,8 +80,8 @@ impl Failure {
     }
 }
 
-/// A tool name: 1-64 of `[a-z0-9_]`.
-fn valid_name(name: &str) -> bool {
+/// Whether `name` is a valid tool name: 1-64 of `[a-z0-9_]`.
+pub fn valid_tool_name(name: &str) -> bool {
     (1..=64).contains(&name.len())
         && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
 }
@@ -98,7 +98,7 @@ impl Registry {
     /// The name is invalid or taken, its event is taken, or a schema does not compile.
     pub fn register(&mut self, tool: Arc<dyn Tool>) -> Result<(), RegistryError> {
         let spec = tool.spec();
-        if !valid_name(&spec.name) {
+        if !valid_tool_name(&spec.name) {
             return Err(RegistryError::InvalidName(spec.name));
         }
         if self.by_name.contains_key(&spec.name) {
