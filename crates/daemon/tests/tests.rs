@@ -8,3 +8,6 @@ mod support;
 
 /// The walking skeleton: requests in, exactly one answer out, bad input dead-lettered.
 mod skeleton;
+
+/// Chat: chat_send, tool calls by chat message on `chat:<AGENT_NAME>`, specialist agents as tools.
+mod chat;
