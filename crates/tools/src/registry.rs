@@ -166,6 +166,15 @@ impl Registry {
         self.tools.iter().map(|tool| tool.spec.name.as_str()).collect()
     }
 
+    /// Names of the tools that are not disabled, sorted.
+    pub fn enabled_names(&self) -> Vec<&str> {
+        self.tools
+            .iter()
+            .map(|tool| tool.spec.name.as_str())
+            .filter(|name| !self.disabled.contains(*name))
+            .collect()
+    }
+
     /// Every enabled tool in `format`, sorted by name.
     pub fn export(&self, format: DiscoveryFormat, requests_topic: &str, results_topic: &str) -> Vec<Value> {
         self.tools

@@ -228,7 +228,9 @@ impl Inbox {
                 reply::bad_call_reply(&self.sender, envelope, &error),
                 Outcome::Error(ErrorCode::InvalidRequest),
             ),
-            Work::Text => (reply::help_reply(&self.sender, envelope, &self.registry.names()), Outcome::Help),
+            Work::Text => {
+                (reply::help_reply(&self.sender, envelope, &self.registry.enabled_names()), Outcome::Help)
+            }
         };
         outcome.committed(self.commit(entry, Some(call_keys), Some(&reply), None).await)
     }

@@ -9,6 +9,8 @@ use super::message::ToolCall;
 
 /// Longest `result_summary` of a `tool_step` event, in characters.
 pub(crate) const SUMMARY_CHARS: usize = 160;
+/// Most tools a help reply names, so a toolbox of hundreds does not answer with a wall of text.
+pub(crate) const HELP_TOOLS: usize = 40;
 
 /// Who a reply goes to: `agent:<X>` when the sender was `agent:<X>` (with `X` for its topic),
 /// else the conversation.
@@ -51,16 +53,22 @@ pub(crate) fn bad_call_reply(own: &str, incoming: &ChatEnvelope, error: &str) ->
     reply(own, incoming, error.to_owned(), metadata)
 }
 
-/// The reply to a message that is not a tool call: what this agent does and how to call it.
+/// The reply to a message that is not a tool call: what this agent does and how to call it,
+/// naming at most [`HELP_TOOLS`] tools.
 pub(crate) fn help_reply(own: &str, incoming: &ChatEnvelope, tools: &[&str]) -> ChatEnvelope {
     let name = own.strip_prefix("agent:").unwrap_or(own);
+    let shown = &tools[..tools.len().min(HELP_TOOLS)];
+    let more = match tools.len() - shown.len() {
+        0 => String::new(),
+        hidden => format!(" and {hidden} more (send tools.discover to action-requests for all)"),
+    };
     let content = format!(
         "I am {name}, a tool host: I run tools, I do not chat. To call a tool, send a message whose content \
          is {{\"tool\": \"<name>\", \"arguments\": {{...}}}}, or whose metadata.tool_call is \
-         {{\"name\": \"<name>\", \"arguments\": {{...}}, \"id\": \"<call id>\"}}. Tools: {}.",
-        tools.join(", ")
+         {{\"name\": \"<name>\", \"arguments\": {{...}}, \"id\": \"<call id>\"}}. Tools: {}{more}.",
+        shown.join(", ")
     );
-    reply(own, incoming, content, json!({"in_reply_to": incoming.id, "tools": tools}))
+    reply(own, incoming, content, json!({"in_reply_to": incoming.id, "tools": shown}))
 }
 
 fn reply(own: &str, incoming: &ChatEnvelope, content: String, metadata: Value) -> ChatEnvelope {
@@ -123,6 +131,19 @@ mod tests {
         assert_eq!(failed.metadata["error_code"], "unknown_tool");
         assert_eq!(failed.metadata["success"], false);
         assert!(failed.metadata.get("result").is_none());
+    }
+
+    #[test]
+    fn help_names_the_call_forms_and_some_tools() {
+        let help = help_reply("agent:ToolHost", &incoming("agent:Planner"), &["echo", "chat_send"]);
+        assert!(help.content.starts_with("I am ToolHost, a tool host"), "{}", help.content);
+        assert!(help.content.ends_with("Tools: echo, chat_send."), "{}", help.content);
+        assert_eq!(help.recipient, "agent:Planner");
+        let names: Vec<String> = (0..50).map(|index| format!("t{index}")).collect();
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        let help = help_reply("agent:ToolHost", &incoming("agent:Planner"), &names);
+        assert!(help.content.contains("t39 and 10 more"), "{}", help.content);
+        assert_eq!(help.metadata["tools"].as_array().unwrap().len(), HELP_TOOLS);
     }
 
     #[test]
