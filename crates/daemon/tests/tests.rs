@@ -8,3 +8,6 @@ mod support;
 
 /// The walking skeleton: requests in, exactly one answer out, bad input dead-lettered.
 mod skeleton;
+
+/// Tools as contracts: validation, misbehaving tools, discovery formats, the CLI client.
+mod contract;
