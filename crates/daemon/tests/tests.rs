@@ -11,3 +11,6 @@ mod skeleton;
 
 /// Tools as contracts: validation, misbehaving tools, discovery formats, the CLI client.
 mod contract;
+
+/// House rules over the workspace's source files.
+mod tidy;
