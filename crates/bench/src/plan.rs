@@ -93,8 +93,16 @@ pub async fn run(options: &Options) -> anyhow::Result<Report> {
     }
     for &worker in &options.workers {
         eprintln!("bench: {} ready time", worker.name());
-        report.ready.push(bench.ready_time(worker).await);
+        let ready = bench.ready_time(worker).await;
+        // A target that never started once will not start for the rows either; saying so
+        // beats waiting for the ready limit once per row.
+        let start_error = ready.error.clone().filter(|_| ready.samples_ms.is_empty());
+        report.ready.push(ready);
         for scenario in scenarios(worker) {
+            if let Some(error) = &start_error {
+                report.rows.push(scenario.error_row(worker, format!("failed to start: {error}")));
+                continue;
+            }
             eprintln!(
                 "bench: {} {} in-flight={} payload={}",
                 worker.name(),
@@ -143,6 +151,22 @@ impl Scenario {
     fn with_tools(mut self, n_tools: usize) -> Self {
         self.serve_args = vec!["--synthetic-tools".to_owned(), n_tools.to_string()];
         self
+    }
+
+    /// An empty row for this scenario on `worker`.
+    fn row(&self, worker: Worker) -> Row {
+        Row {
+            target: worker.name().to_owned(),
+            scenario: self.name.clone(),
+            baseline: self.baseline.map(str::to_owned),
+            in_flight: self.in_flight,
+            payload_bytes: self.kind.payload_bytes(),
+            ..Row::default()
+        }
+    }
+
+    fn error_row(&self, worker: Worker, error: String) -> Row {
+        Row { error: Some(error), ..self.row(worker) }
     }
 
     fn log_name(&self, worker: Worker) -> String {
@@ -236,14 +260,7 @@ impl Bench<'_> {
     }
 
     async fn measure(&mut self, worker: Worker, scenario: &Scenario) -> Row {
-        let mut row = Row {
-            target: worker.name().to_owned(),
-            scenario: scenario.name.clone(),
-            baseline: scenario.baseline.map(str::to_owned),
-            in_flight: scenario.in_flight,
-            payload_bytes: scenario.kind.payload_bytes(),
-            ..Row::default()
-        };
+        let mut row = scenario.row(worker);
         let launch = self.launch(worker, &scenario.serve_args, &scenario.env, scenario.log_name(worker));
         let mut running = match self.start(&launch).await {
             Ok(running) => running,

@@ -172,18 +172,20 @@ impl Report {
             );
             out.push_str("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
             for row in &self.rows {
+                // A row without answers has no latency; dashes say so better than zeros.
+                let measured = |value: String| if row.n_answered > 0 { value } else { "-".to_owned() };
                 let _ = writeln!(
                     out,
-                    "| {} | {} | {} | {} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} | {}/{} | {} | {} | {} |",
+                    "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {}/{} | {} | {} | {} |",
                     row.target,
                     row.scenario,
                     row.in_flight,
                     format_bytes(row.payload_bytes),
-                    row.rps,
-                    row.p50_us,
-                    row.p90_us,
-                    row.p99_us,
-                    row.max_us,
+                    measured(format!("{:.0}", row.rps)),
+                    measured(row.p50_us.to_string()),
+                    measured(row.p90_us.to_string()),
+                    measured(row.p99_us.to_string()),
+                    measured(row.max_us.to_string()),
                     format_option(row.cpu_us_per_request, 1),
                     format_option(row.redis_cpu_us_per_request, 1),
                     format_option(row.rss_idle_kib.map(kib_to_mib), 1),
@@ -282,6 +284,7 @@ mod tests {
             payload_bytes: 100,
             rps,
             p50_us,
+            n_answered: 1000,
             ..Row::default()
         }
     }

@@ -1,7 +1,7 @@
 //! Starting and stopping the workers under test, and knowing when they are ready.
 //!
-//! A worker is ready when its consumer shows up in a group of `action-requests`: from
-//! then on a request gets read. Both `toolhost serve` and the reference worker are
+//! A worker is ready when it reads `action-requests` through a consumer group: from then
+//! on a request gets read. Both `toolhost serve` and the reference worker are
 //! spawned as processes with their output sent to a log file, and killed on drop.
 
 use std::path::{Path, PathBuf};
@@ -89,7 +89,7 @@ impl Launch {
 pub struct Running {
     child: Child,
     pid: u32,
-    /// From spawn to the consumer appearing in the group.
+    /// From spawn to the first read through a consumer group.
     pub ready_after: Duration,
     log_path: PathBuf,
 }
@@ -117,7 +117,7 @@ impl Running {
     }
 }
 
-/// Spawns the target and waits until its consumer is registered, polling every 2 ms.
+/// Spawns the target and waits until it reads through a consumer group, polling every 2 ms.
 ///
 /// The caller flushes Redis first, so any consumer seen belongs to this process.
 ///
@@ -170,10 +170,21 @@ pub async fn start(launch: &Launch, admin: &mut MultiplexedConnection) -> anyhow
     }
 }
 
-/// Whether any group of `action-requests` has a consumer. A missing stream is "no".
+/// Whether a worker reads `action-requests` through a group: a group exists and either has
+/// a consumer or some client's last command was `XREADGROUP`. The second test is needed
+/// because Redis 7.0 creates the consumer of a blocking `XREADGROUP` on an empty stream
+/// only once it serves an entry, so a ready worker can show zero consumers.
 async fn has_consumer(admin: &mut MultiplexedConnection) -> bool {
     let groups: redis::RedisResult<StreamInfoGroupsReply> = admin.xinfo_groups(REQUESTS_STREAM).await;
-    groups.is_ok_and(|reply| reply.groups.iter().any(|group| group.consumers > 0))
+    let Ok(groups) = groups else { return false };
+    if groups.groups.is_empty() {
+        return false;
+    }
+    if groups.groups.iter().any(|group| group.consumers > 0) {
+        return true;
+    }
+    let clients: redis::RedisResult<String> = redis::cmd("CLIENT").arg("LIST").query_async(admin).await;
+    clients.is_ok_and(|clients| clients.lines().any(|client| client.contains(" cmd=xreadgroup")))
 }
 
 fn log_tail(path: &Path) -> String {
