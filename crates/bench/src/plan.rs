@@ -209,6 +209,7 @@ struct Rep {
     load: LoadResult,
     cpu_us_per_request: Option<f64>,
     redis_cpu_us_per_request: Option<f64>,
+    harness_cpu_us_per_request: Option<f64>,
     rss_peak_kib: Option<u64>,
 }
 
@@ -282,6 +283,7 @@ impl Bench<'_> {
         match load::run(&url, &warmup).await {
             Ok(res) if res.n_answered() > 0 => {}
             Ok(res) => {
+                row.n_timeouts = res.n_timeouts + res.n_send_errors;
                 row.error = Some(format!(
                     "no answer during warm-up: {}; log tail: {}",
                     res.first_error.unwrap_or_default(),
@@ -321,6 +323,7 @@ impl Bench<'_> {
         row.max_us = histogram.max();
         row.cpu_us_per_request = rep.cpu_us_per_request;
         row.redis_cpu_us_per_request = rep.redis_cpu_us_per_request;
+        row.harness_cpu_us_per_request = rep.harness_cpu_us_per_request;
         row.rss_peak_kib = rep.rss_peak_kib;
         row.n_answered = rep.load.n_answered();
         row.n_failed = rep.load.n_failed;
@@ -341,15 +344,18 @@ impl Bench<'_> {
         };
         let target_before = procfs::cpu_ticks(pid).ok();
         let redis_before = procfs::cpu_ticks(self.redis.pid()).ok();
+        let harness_before = procfs::cpu_ticks(std::process::id()).ok();
         let sampler = RssSampler::start(pid, Duration::from_millis(100));
         let load = load::run(url, &spec).await?;
         let samples = sampler.finish().await;
         let target_after = procfs::cpu_ticks(pid).ok();
         let redis_after = procfs::cpu_ticks(self.redis.pid()).ok();
+        let harness_after = procfs::cpu_ticks(std::process::id()).ok();
         let n_answered = load.n_answered();
         Ok(Rep {
             cpu_us_per_request: self.cpu_per_request(target_before, target_after, n_answered),
             redis_cpu_us_per_request: self.cpu_per_request(redis_before, redis_after, n_answered),
+            harness_cpu_us_per_request: self.cpu_per_request(harness_before, harness_after, n_answered),
             rss_peak_kib: samples.iter().map(|&(_, kib)| kib).max(),
             load,
         })

@@ -66,6 +66,9 @@ pub struct Row {
     pub cpu_us_per_request: Option<f64>,
     /// CPU time of redis-server per answered request, µs.
     pub redis_cpu_us_per_request: Option<f64>,
+    /// CPU time of the harness itself (load generator) per answered request, µs; it shares
+    /// the machine with the target, so this is CPU the target could not use.
+    pub harness_cpu_us_per_request: Option<f64>,
     /// RSS of the target after start, before load, KiB.
     pub rss_idle_kib: Option<u64>,
     /// Highest RSS of the target under load (sampled every 100 ms), KiB.

@@ -1,6 +1,16 @@
 //! `toolhost-bench`: measures toolhost against a Redis floor and the reference worker.
 //!
 //! Prints a Markdown table and writes `report.json` and `report.md` under `target/bench/`.
+//!
+//! ```text
+//! cargo build --release -p toolhost -p toolhost-bench
+//! target/release/toolhost-bench --quick                 # smoke run, about a minute
+//! target/release/toolhost-bench                         # 3 reps x 5 s per row
+//! target/release/toolhost-bench --only floor,reference  # without the daemon
+//! target/release/toolhost-bench --soak 1000000          # RSS over a million requests
+//! ```
+//!
+//! `redis-server` must be on `PATH`; the harness starts its own on a free loopback port.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
