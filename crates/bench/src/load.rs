@@ -16,7 +16,8 @@ use hdrhistogram::Histogram;
 use redis::AsyncCommands as _;
 use redis::aio::MultiplexedConnection;
 use redis::streams::{
-    StreamAddOptions, StreamRangeReply, StreamReadOptions, StreamReadReply, StreamTrimStrategy, StreamTrimmingMode,
+    StreamAddOptions, StreamRangeReply, StreamReadOptions, StreamReadReply, StreamTrimStrategy,
+    StreamTrimmingMode,
 };
 use tokio::sync::oneshot;
 
@@ -96,7 +97,8 @@ pub async fn run(redis_url: &str, spec: &LoadSpec) -> anyhow::Result<LoadResult>
     let last_id = last_entry_id(&mut reader, RESULTS_STREAM).await?;
     let pending: Pending = Arc::default();
     let stop = Arc::new(AtomicBool::new(false));
-    let dispatcher = tokio::spawn(dispatch(reader, last_id, Arc::clone(&pending), Arc::clone(&stop), stream_cap));
+    let dispatcher =
+        tokio::spawn(dispatch(reader, last_id, Arc::clone(&pending), Arc::clone(&stop), stream_cap));
 
     let started = Instant::now();
     let deadline = started + spec.duration;
@@ -299,7 +301,8 @@ async fn dispatch(
                     && let Ok(summary) = serde_json::from_slice::<AnswerSummary>(payload)
                     && let Some(request_id) = summary.data.request_id
                 {
-                    let waiting = pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&request_id);
+                    let waiting =
+                        pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&request_id);
                     if let Some(answer_tx) = waiting {
                         let error = match (summary.data.error_code, summary.data.error) {
                             (None, None) => None,

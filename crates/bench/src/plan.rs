@@ -61,7 +61,8 @@ pub struct Options {
 pub async fn run(options: &Options) -> anyhow::Result<Report> {
     let redis = RedisServer::start()?;
     let client = redis::Client::open(redis.url())?;
-    let admin_config = redis::AsyncConnectionConfig::new().set_response_timeout(Some(Duration::from_secs(10)));
+    let admin_config =
+        redis::AsyncConnectionConfig::new().set_response_timeout(Some(Duration::from_secs(10)));
     let admin = client
         .get_multiplexed_async_connection_with_config(&admin_config)
         .await
@@ -145,7 +146,14 @@ impl Scenario {
     }
 
     fn toolhost_only(name: &str, kind: RequestKind) -> Self {
-        Scenario { name: name.to_owned(), baseline: None, in_flight: 8, kind, serve_args: Vec::new(), env: Vec::new() }
+        Scenario {
+            name: name.to_owned(),
+            baseline: None,
+            in_flight: 8,
+            kind,
+            serve_args: Vec::new(),
+            env: Vec::new(),
+        }
     }
 
     fn with_tools(mut self, n_tools: usize) -> Self {
@@ -178,7 +186,8 @@ impl Scenario {
 
 /// The rows of each worker. The reference only answers like echo, so it gets the echo rows.
 fn scenarios(worker: Worker) -> Vec<Scenario> {
-    let mut res: Vec<Scenario> = IN_FLIGHT.iter().map(|&in_flight| Scenario::echo(in_flight, DEFAULT_PAYLOAD)).collect();
+    let mut res: Vec<Scenario> =
+        IN_FLIGHT.iter().map(|&in_flight| Scenario::echo(in_flight, DEFAULT_PAYLOAD)).collect();
     res.push(Scenario::echo(8, 10 * 1024));
     res.push(Scenario::echo(8, 500 * 1024));
     if worker == Worker::Toolhost {

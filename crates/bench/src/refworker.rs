@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use redis::AsyncCommands as _;
-use redis::streams::{StreamAddOptions, StreamReadOptions, StreamReadReply, StreamTrimStrategy, StreamTrimmingMode};
+use redis::streams::{
+    StreamAddOptions, StreamReadOptions, StreamReadReply, StreamTrimStrategy, StreamTrimmingMode,
+};
 
 use crate::envelope::{self, DEFAULT_MAXLEN, REQUESTS_STREAM};
 
@@ -57,8 +59,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         .group(&config.group, &config.consumer)
         .count(config.count)
         .block(config.block_ms);
-    let add_options =
-        StreamAddOptions::default().trim(StreamTrimStrategy::maxlen(StreamTrimmingMode::Approx, DEFAULT_MAXLEN));
+    let add_options = StreamAddOptions::default()
+        .trim(StreamTrimStrategy::maxlen(StreamTrimmingMode::Approx, DEFAULT_MAXLEN));
     loop {
         let reply: Option<StreamReadReply> = connection
             .xread_options(&[REQUESTS_STREAM], &[">"], &read_options)
@@ -76,7 +78,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                 match envelope::echo_answer(payload, &config.group) {
                     Ok(answer) => {
                         pipeline
-                            .xadd_options(&answer.topic, "*", &[("id", &answer.id), ("payload", &answer.payload)], &add_options)
+                            .xadd_options(
+                                &answer.topic,
+                                "*",
+                                &[("id", &answer.id), ("payload", &answer.payload)],
+                                &add_options,
+                            )
                             .ignore();
                     }
                     // Bad input never stops the loop. A real worker dead-letters it; the

@@ -173,7 +173,9 @@ impl Report {
                  | CPU µs/req | Redis CPU µs/req | RSS idle MiB | RSS peak MiB | failed/timeouts \
                  | ×ref req/s | ×ref p50 | error |\n",
             );
-            out.push_str("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
+            out.push_str(
+                "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
+            );
             for row in &self.rows {
                 // A row without answers has no latency; dashes say so better than zeros.
                 let measured = |value: String| if row.n_answered > 0 { value } else { "-".to_owned() };
