@@ -1,1 +1,35 @@
-//! x
+//! The `toolhost` daemon and its command-line client.
+//!
+//! - [`cli`]: the command line (`serve`, `call`, `tools`, `check-config`).
+//! - [`config`]: layered configuration (defaults, file, environment), validated once.
+//! - [`serve`]: builds everything from a [`config::Config`] and runs until shutdown.
+//! - `dispatch`: the request loop, admission, the ledger steps and answers.
+//! - `publish`: the tool registry and heartbeat kept in Redis.
+//! - `client`: the `call` and `tools` commands.
+//!
+//! **Invariant:** only this crate reads environment variables (in [`config`]) or installs a
+//! tracing subscriber (in [`logging`]).
+
+mod backoff;
+pub mod cli;
+mod client;
+pub mod config;
+mod dispatch;
+pub mod logging;
+mod publish;
+pub mod serve;
+mod services;
+mod shutdown;
+mod stats;
+mod telemetry;
+
+pub use client::{run_call, run_tools};
+pub use dispatch::{DispatchSettings, Dispatcher};
+pub use services::Services;
+pub use shutdown::Shutdown;
+pub use stats::Stats;
+pub use telemetry::Telemetry;
+
+/// Exit code for bad configuration (EX_USAGE... sysexits' EX_CONFIG is 78, but 64 is what
+/// operators' tooling expects from this daemon).
+pub const EXIT_CONFIG: i32 = 64;

@@ -1,1 +1,10 @@
-//! x
+//! Integration tests of the `toolhost` binary and daemon against real redis-server processes.
+
+// A failed unwrap in a test is a test failure with its message; that is what tests want.
+#![allow(clippy::unwrap_used)]
+
+/// Shared harness: redis-server and toolhost processes.
+mod support;
+
+/// The walking skeleton: requests in, exactly one answer out, bad input dead-lettered.
+mod skeleton;

@@ -1,1 +1,20 @@
-//! x
+//! Wire types of toolhost: what other programs put on the bus and read from it.
+//!
+//! - [`entry`]: the two fields of every stream entry (`id`, `payload`).
+//! - [`event`]: request and result event envelopes (CloudEvents-like) and result data.
+//! - [`chat`]: chat message envelopes, conversation stream events and dead letters.
+//! - [`tool`]: tool descriptions and their export formats (OpenAI, MCP, toolbox, capabilities).
+//!
+//! **Invariant:** this crate does no I/O and has no async runtime; it is serde types and pure functions.
+
+mod chat;
+mod entry;
+mod event;
+mod tool;
+
+pub use chat::{ChatEnvelope, ChatKind, DeadLetterEvent, StepStatus, StreamEvent, StreamEventKind};
+pub use entry::{Entry, FIELD_ID, FIELD_PAYLOAD};
+pub use event::{
+    ErrorCode, EventEnvelope, RESERVED_DATA_KEYS, ResultData, SPEC_VERSION, new_message_id, now_rfc3339,
+};
+pub use tool::{Annotations, DiscoveryFormat, ToolDescription};

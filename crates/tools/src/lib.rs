@@ -1,1 +1,20 @@
-//! x
+//! Tools and how they are called.
+//!
+//! - [`Tool`]: what a tool is (a [`ToolSpec`] and an async `call`), with its [`Context`].
+//! - [`Registry`]: every tool of a toolbox, its compiled schemas, and [`Registry::invoke`], which
+//!   validates arguments, runs the tool under its timeout, catches panics and validates output.
+//! - [`builtin`]: the tools toolhost ships.
+//!
+//! **Invariant:** `tools` reaches Redis only through `toolhost_bus::Bus`, reads no environment
+//! variables and installs no logging subscriber: the daemon hands every setting in.
+
+pub mod builtin;
+mod registry;
+mod schema;
+/// The `terminal_run` engine: policy, sandboxed execution, capture, redaction, summary.
+pub mod terminal;
+mod tool;
+
+pub use registry::{Failure, Registry, RegistryError};
+pub use schema::{SchemaError, describe_errors};
+pub use tool::{Context, Tool, ToolError, ToolSpec};

@@ -1,0 +1,201 @@
+//! The [`Bus`] trait and the values its operations exchange.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use toolhost_envelope::Entry;
+
+use crate::Error;
+
+/// The operations toolhost needs from its transport.
+///
+/// Implementations: [`crate::RedisBus`] for production and [`crate::MemoryBus`] for unit tests.
+/// Both keep the Redis Streams semantics: entries read through a group stay pending until acked,
+/// pending entries idle past a limit can be claimed by another consumer, and delivery counts grow
+/// with each delivery.
+#[async_trait]
+pub trait Bus: Send + Sync + 'static {
+    /// Appends one message (`id`, `payload`) to `topic`, trimming it to about the configured
+    /// length. Returns the new entry id.
+    async fn publish(&self, topic: &str, id: &str, payload: &str) -> Result<String, Error>;
+
+    /// Creates `group` on `topic` (and the topic itself) if missing, reading new entries only.
+    async fn ensure_group(&self, topic: &str, group: &str) -> Result<(), Error>;
+
+    /// Reads up to `count` new entries for `consumer`, waiting up to `block` when there are none.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: entries delivered by a dropped read stay pending until reclaimed.
+    async fn read_group(
+        &self,
+        topic: &str,
+        group: &str,
+        consumer: &str,
+        count: usize,
+        block: Duration,
+    ) -> Result<Vec<Entry>, Error>;
+
+    /// Acknowledges entries of `group`.
+    async fn ack(&self, topic: &str, group: &str, entry_ids: &[String]) -> Result<(), Error>;
+
+    /// Reads up to `count` entries after `cursor` (an entry id, or the message id of an entry in
+    /// the topic), waiting up to `block` when `Some` and there are none.
+    async fn read(
+        &self,
+        topic: &str,
+        cursor: &str,
+        count: usize,
+        block: Option<Duration>,
+    ) -> Result<Vec<Entry>, Error>;
+
+    /// The id of the newest entry of `topic`, or `0-0` when it is empty.
+    async fn last_entry_id(&self, topic: &str) -> Result<String, Error>;
+
+    /// Claims for `consumer` up to `count` entries of `group` pending for at least `min_idle`,
+    /// scanning from `start`. The entries carry their delivery counts.
+    async fn reclaim(
+        &self,
+        topic: &str,
+        group: &str,
+        consumer: &str,
+        min_idle: Duration,
+        start: &str,
+        count: usize,
+    ) -> Result<Reclaimed, Error>;
+
+    /// Removes `consumer` from `group` if it holds no pending entries (deleting a consumer drops
+    /// its pending entries, which would lose them). Returns whether it was removed.
+    async fn delete_consumer(&self, topic: &str, group: &str, consumer: &str) -> Result<bool, Error>;
+
+    /// Records that `owner` starts the call of a request, unless it was answered already or
+    /// another owner holds a live lease on it.
+    async fn begin_call(&self, call: &CallKeys<'_>, owner: &str, entry_id: &str) -> Result<CallStart, Error>;
+
+    /// Extends `owner`'s lease on a call and resets the idle time of its entry, so a slow call is
+    /// not reclaimed. Returns `false` when the call is no longer `owner`'s.
+    async fn renew_call(
+        &self,
+        call: &CallKeys<'_>,
+        owner: &str,
+        entry: &EntryRef<'_>,
+        consumer: &str,
+    ) -> Result<bool, Error>;
+
+    /// Atomically: publishes the dead letter and the answer (the answer unless the request was
+    /// answered already), marks the request answered and acks its entry. Returns whether the
+    /// answer was published by this call. Safe to retry after an error.
+    async fn finish(&self, finish: &Finish<'_>) -> Result<bool, Error>;
+
+    /// Checks that the server answers.
+    async fn ping(&self) -> Result<(), Error>;
+
+    /// Replaces the hash at `key` with `fields`.
+    async fn replace_hash(&self, key: &str, fields: &[(String, String)]) -> Result<(), Error>;
+
+    /// All fields of the hash at `key`.
+    async fn hash_fields(&self, key: &str) -> Result<Vec<(String, String)>, Error>;
+
+    /// Sets `key` to `value`, expiring after `ttl`.
+    async fn set_expiring(&self, key: &str, value: &str, ttl: Duration) -> Result<(), Error>;
+
+    /// Deletes keys.
+    async fn delete(&self, keys: &[String]) -> Result<(), Error>;
+
+    /// Names of the keys matching a glob `pattern`.
+    async fn keys_matching(&self, pattern: &str) -> Result<Vec<String>, Error>;
+}
+
+/// The ledger keys of one request, with how long its records live.
+#[derive(Debug, Clone, Copy)]
+pub struct CallKeys<'a> {
+    /// Set once the request was answered; lives for `retention`.
+    pub answered: &'a str,
+    /// The call in progress: owner, lease deadline, entry.
+    pub call: &'a str,
+    /// How long a lease lasts without renewal.
+    pub lease: Duration,
+    /// How long the answered mark and the call record are kept.
+    pub retention: Duration,
+}
+
+/// One entry of a consumer group.
+#[derive(Debug, Clone, Copy)]
+pub struct EntryRef<'a> {
+    /// The stream.
+    pub topic: &'a str,
+    /// The consumer group.
+    pub group: &'a str,
+    /// The entry id.
+    pub entry_id: &'a str,
+}
+
+/// What [`Bus::begin_call`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CallStart {
+    /// Nobody started this request before: run it.
+    Fresh,
+    /// An earlier owner started it and its lease lapsed (it crashed or stalled).
+    StartedBefore,
+    /// It was answered already: ack without running or answering.
+    Answered,
+    /// Another owner holds a live lease on it, for the entry named here.
+    Busy {
+        /// The entry the owner is working on.
+        entry_id: String,
+    },
+}
+
+/// A message to append to a topic.
+#[derive(Debug, Clone, Copy)]
+pub struct Published<'a> {
+    /// The topic.
+    pub topic: &'a str,
+    /// The message id (UUID).
+    pub id: &'a str,
+    /// The JSON payload.
+    pub payload: &'a str,
+}
+
+/// Everything that ends one delivered entry, committed together by [`Bus::finish`].
+#[derive(Debug, Clone, Copy)]
+pub struct Finish<'a> {
+    /// The entry to ack.
+    pub entry: EntryRef<'a>,
+    /// The request's ledger keys, when the request could be identified.
+    pub call: Option<CallKeys<'a>>,
+    /// The answer, skipped if the request was answered already.
+    pub answer: Option<Published<'a>>,
+    /// A dead letter to publish in any case.
+    pub dead_letter: Option<Published<'a>>,
+}
+
+/// What [`Bus::reclaim`] returns.
+#[derive(Debug, Clone, Default)]
+pub struct Reclaimed {
+    /// Where the next scan starts (`0-0` when the scan wrapped around).
+    pub next_start: String,
+    /// The claimed entries, with their delivery counts.
+    pub entries: Vec<toolhost_envelope::Entry>,
+}
+
+/// Whether `cursor` has the shape of a stream entry id (`<ms>` or `<ms>-<seq>`).
+pub(crate) fn is_entry_id(cursor: &str) -> bool {
+    let mut parts = cursor.splitn(2, '-');
+    let digits = |part: &str| !part.is_empty() && part.bytes().all(|byte| byte.is_ascii_digit());
+    parts.next().is_some_and(digits) && parts.next().is_none_or(digits)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entry_ids_are_told_from_message_ids() {
+        assert!(is_entry_id("1700000000000-0"));
+        assert!(is_entry_id("0"));
+        assert!(!is_entry_id("7f9c0a52-1111-4222-8333-944455556666"));
+        assert!(!is_entry_id("12-"));
+        assert!(!is_entry_id(""));
+    }
+}

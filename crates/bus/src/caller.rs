@@ -1,0 +1,105 @@
+//! A client for tool hosts: publish one request, await its answer by `request_id`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Map, Value};
+use toolhost_envelope::{EventEnvelope, ResultData, SPEC_VERSION, new_message_id, now_rfc3339};
+
+use crate::{Bus, Error};
+
+/// Calls tools through a bus, the way an agent worker does.
+#[derive(Clone)]
+pub struct Caller {
+    bus: Arc<dyn Bus>,
+    requests_topic: String,
+    results_topic: String,
+    source: String,
+}
+
+/// Why a call produced no answer.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CallError {
+    /// The bus failed.
+    #[error(transparent)]
+    Bus(#[from] Error),
+    /// No answer arrived in time.
+    #[error("no answer within {} ms", .0.as_millis())]
+    Timeout(Duration),
+    /// An answer arrived whose data is not a result.
+    #[error("malformed answer: {0}")]
+    Malformed(String),
+}
+
+impl Caller {
+    /// A caller publishing to `requests_topic` and reading answers from `results_topic` (full
+    /// key names, prefix included), writing `source` into its envelopes.
+    pub fn new(bus: Arc<dyn Bus>, requests_topic: &str, results_topic: &str, source: &str) -> Caller {
+        Caller {
+            bus,
+            requests_topic: requests_topic.to_owned(),
+            results_topic: results_topic.to_owned(),
+            source: source.to_owned(),
+        }
+    }
+
+    /// Sends an event of `event_type` with `data` (a `request_id` is added when missing) and waits
+    /// up to `timeout` for the result with the same `request_id`.
+    ///
+    /// # Errors
+    /// The bus failed, the answer did not come in time, or it was not a result.
+    pub async fn call(
+        &self,
+        event_type: &str,
+        data: Map<String, Value>,
+        timeout: Duration,
+    ) -> Result<(EventEnvelope, ResultData), CallError> {
+        let mut data = data;
+        let request_id = match data.get("request_id").and_then(Value::as_str) {
+            Some(id) => id.to_owned(),
+            None => {
+                let id = new_message_id();
+                data.insert("request_id".to_owned(), Value::String(id.clone()));
+                id
+            }
+        };
+        let request = EventEnvelope {
+            id: new_message_id(),
+            source: Some(self.source.clone()),
+            specversion: Some(SPEC_VERSION.to_owned()),
+            event_type: event_type.to_owned(),
+            topic: Some(self.requests_topic.clone()),
+            time: Some(now_rfc3339()),
+            data: Value::Object(data),
+            correlation_id: Some(request_id.clone()),
+            response_topic: Some(self.results_topic.clone()),
+            ..EventEnvelope::default()
+        };
+        // Start reading after the newest answer that exists before the request is sent.
+        let mut cursor = self.bus.last_entry_id(&self.results_topic).await?;
+        let payload = serde_json::to_string(&request).map_err(|err| CallError::Malformed(err.to_string()))?;
+        self.bus.publish(&self.requests_topic, &request.id, &payload).await?;
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                return Err(CallError::Timeout(timeout));
+            }
+            let block = left.min(Duration::from_secs(1)).max(Duration::from_millis(1));
+            for entry in self.bus.read(&self.results_topic, &cursor, 100, Some(block)).await? {
+                cursor.clone_from(&entry.entry_id);
+                let Some(answer) = entry.payload.and_then(|p| serde_json::from_str::<EventEnvelope>(&p).ok())
+                else {
+                    continue;
+                };
+                if answer.data.get("request_id").and_then(Value::as_str) != Some(request_id.as_str()) {
+                    continue;
+                }
+                let result: ResultData = serde_json::from_value(answer.data.clone())
+                    .map_err(|err| CallError::Malformed(err.to_string()))?;
+                return Ok((answer, result));
+            }
+        }
+    }
+}

@@ -1,0 +1,520 @@
+//! [`Bus`] in memory, for unit tests of the logic above the transport.
+//!
+//! It keeps the Redis Streams semantics the daemon relies on (groups, pending entries, delivery
+//! counts, idle times, claims) and the call ledger, but not trimming or persistence.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use tokio::sync::Notify;
+use toolhost_envelope::Entry;
+
+use crate::bus::{CallKeys, CallStart, EntryRef, Finish, Reclaimed, is_entry_id};
+use crate::{Bus, Error};
+
+/// The in-memory implementation of [`Bus`].
+#[derive(Default)]
+pub struct MemoryBus {
+    state: Mutex<State>,
+    /// Wakes blocked readers when anything is published.
+    published: Notify,
+}
+
+#[derive(Default)]
+struct State {
+    streams: HashMap<String, Stream>,
+    values: HashMap<String, (Value, Option<Instant>)>,
+    last_ms: u64,
+}
+
+#[derive(Default)]
+struct Stream {
+    /// Entries by (ms, seq).
+    entries: BTreeMap<(u64, u64), (String, Option<String>)>,
+    groups: HashMap<String, Group>,
+}
+
+#[derive(Default)]
+struct Group {
+    last_delivered: (u64, u64),
+    pending: BTreeMap<(u64, u64), Pending>,
+}
+
+struct Pending {
+    consumer: String,
+    delivered_at: Instant,
+    deliveries: u64,
+}
+
+enum Value {
+    Text,
+    Hash(BTreeMap<String, String>),
+}
+
+impl MemoryBus {
+    /// An empty bus.
+    pub fn new() -> MemoryBus {
+        MemoryBus::default()
+    }
+
+    /// How many entries of `group` on `topic` are pending.
+    pub fn pending_count(&self, topic: &str, group: &str) -> usize {
+        self.lock()
+            .streams
+            .get(topic)
+            .and_then(|stream| stream.groups.get(group))
+            .map_or(0, |g| g.pending.len())
+    }
+
+    /// Every payload published to `topic`, oldest first.
+    pub fn payloads(&self, topic: &str) -> Vec<String> {
+        self.lock()
+            .streams
+            .get(topic)
+            .map(|stream| stream.entries.values().filter_map(|(_, payload)| payload.clone()).collect())
+            .unwrap_or_default()
+    }
+
+    /// Appends an entry with arbitrary fields, for tests of malformed input.
+    pub fn publish_raw(&self, topic: &str, id: Option<&str>, payload: Option<&str>) -> String {
+        let entry_id = self.lock().append(topic, id.map(str::to_owned), payload.map(str::to_owned));
+        self.published.notify_waiters();
+        entry_id
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock leaves plain data behind; keep using it.
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl State {
+    fn append(&mut self, topic: &str, id: Option<String>, payload: Option<String>) -> String {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |since| since.as_millis() as u64);
+        let stream = self.streams.entry(topic.to_owned()).or_default();
+        let last = stream.entries.keys().next_back().copied().unwrap_or((0, 0));
+        let key = if now > last.0 && now > self.last_ms {
+            (now, 0)
+        } else {
+            (last.0.max(self.last_ms), last.1 + 1)
+        };
+        self.last_ms = key.0;
+        let entry_id = format!("{}-{}", key.0, key.1);
+        let id = id.unwrap_or_else(|| entry_id.clone());
+        stream.entries.insert(key, (id, payload));
+        entry_id
+    }
+
+    fn value(&mut self, key: &str) -> Option<&mut Value> {
+        let expired = matches!(self.values.get(key), Some((_, Some(at))) if *at <= Instant::now());
+        if expired {
+            self.values.remove(key);
+        }
+        self.values.get_mut(key).map(|(value, _)| value)
+    }
+
+    fn hash(&mut self, key: &str) -> Option<&mut BTreeMap<String, String>> {
+        match self.value(key) {
+            Some(Value::Hash(hash)) => Some(hash),
+            _ => None,
+        }
+    }
+
+    fn entry(&self, topic: &str, key: (u64, u64), deliveries: u64) -> Option<Entry> {
+        let (id, payload) = self.streams.get(topic)?.entries.get(&key)?;
+        let mut fields = vec![("id", id.clone())];
+        if let Some(payload) = payload {
+            fields.push(("payload", payload.clone()));
+        }
+        let mut entry = Entry::from_fields(&format!("{}-{}", key.0, key.1), fields);
+        entry.deliveries = deliveries;
+        Some(entry)
+    }
+}
+
+fn parse_entry_id(entry_id: &str) -> Result<(u64, u64), Error> {
+    let bad = || Error::Protocol(format!("invalid entry id {entry_id}"));
+    let mut parts = entry_id.splitn(2, '-');
+    let ms = parts.next().ok_or_else(bad)?.parse().map_err(|_| bad())?;
+    let seq = parts.next().map_or(Ok(0), str::parse).map_err(|_| bad())?;
+    Ok((ms, seq))
+}
+
+fn no_group(topic: &str, group: &str) -> Error {
+    Error::NoGroup(redis::RedisError::from((
+        redis::ErrorKind::Client,
+        "NOGROUP",
+        format!("no group {group} on {topic}"),
+    )))
+}
+
+#[async_trait]
+impl Bus for MemoryBus {
+    async fn publish(&self, topic: &str, id: &str, payload: &str) -> Result<String, Error> {
+        Ok(self.publish_raw(topic, Some(id), Some(payload)))
+    }
+
+    async fn ensure_group(&self, topic: &str, group: &str) -> Result<(), Error> {
+        let mut state = self.lock();
+        let stream = state.streams.entry(topic.to_owned()).or_default();
+        let last = stream.entries.keys().next_back().copied().unwrap_or((0, 0));
+        stream
+            .groups
+            .entry(group.to_owned())
+            .or_insert_with(|| Group { last_delivered: last, ..Group::default() });
+        Ok(())
+    }
+
+    async fn read_group(
+        &self,
+        topic: &str,
+        group: &str,
+        consumer: &str,
+        count: usize,
+        block: Duration,
+    ) -> Result<Vec<Entry>, Error> {
+        let deadline = tokio::time::Instant::now() + block;
+        loop {
+            let notified = self.published.notified();
+            {
+                let mut state = self.lock();
+                let stream = state.streams.get_mut(topic).ok_or_else(|| no_group(topic, group))?;
+                let keys: Vec<(u64, u64)> = {
+                    let group_state = stream.groups.get(group).ok_or_else(|| no_group(topic, group))?;
+                    stream
+                        .entries
+                        .range((
+                            std::ops::Bound::Excluded(group_state.last_delivered),
+                            std::ops::Bound::Unbounded,
+                        ))
+                        .take(count)
+                        .map(|(key, _)| *key)
+                        .collect()
+                };
+                if !keys.is_empty() {
+                    let group_state = stream.groups.get_mut(group).ok_or_else(|| no_group(topic, group))?;
+                    for key in &keys {
+                        group_state.last_delivered = *key;
+                        group_state.pending.insert(
+                            *key,
+                            Pending {
+                                consumer: consumer.to_owned(),
+                                delivered_at: Instant::now(),
+                                deliveries: 1,
+                            },
+                        );
+                    }
+                    return Ok(keys.into_iter().filter_map(|key| state.entry(topic, key, 1)).collect());
+                }
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return Ok(Vec::new());
+            }
+        }
+    }
+
+    async fn ack(&self, topic: &str, group: &str, entry_ids: &[String]) -> Result<(), Error> {
+        let mut state = self.lock();
+        if let Some(group) = state.streams.get_mut(topic).and_then(|stream| stream.groups.get_mut(group)) {
+            for entry_id in entry_ids {
+                group.pending.remove(&parse_entry_id(entry_id)?);
+            }
+        }
+        Ok(())
+    }
+
+    async fn read(
+        &self,
+        topic: &str,
+        cursor: &str,
+        count: usize,
+        block: Option<Duration>,
+    ) -> Result<Vec<Entry>, Error> {
+        let deadline = tokio::time::Instant::now() + block.unwrap_or_default();
+        let after = if is_entry_id(cursor) {
+            parse_entry_id(cursor)?
+        } else {
+            let state = self.lock();
+            let stream = state.streams.get(topic).ok_or_else(|| Error::CursorNotFound(cursor.to_owned()))?;
+            stream
+                .entries
+                .iter()
+                .rev()
+                .find(|(_, (id, _))| id == cursor)
+                .map(|(key, _)| *key)
+                .ok_or_else(|| Error::CursorNotFound(cursor.to_owned()))?
+        };
+        loop {
+            let notified = self.published.notified();
+            {
+                let state = self.lock();
+                let keys: Vec<(u64, u64)> = state.streams.get(topic).map_or_else(Vec::new, |stream| {
+                    stream
+                        .entries
+                        .range((std::ops::Bound::Excluded(after), std::ops::Bound::Unbounded))
+                        .take(count)
+                        .map(|(key, _)| *key)
+                        .collect()
+                });
+                if !keys.is_empty() || block.is_none() {
+                    return Ok(keys.into_iter().filter_map(|key| state.entry(topic, key, 0)).collect());
+                }
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return Ok(Vec::new());
+            }
+        }
+    }
+
+    async fn last_entry_id(&self, topic: &str) -> Result<String, Error> {
+        let state = self.lock();
+        let last = state.streams.get(topic).and_then(|stream| stream.entries.keys().next_back().copied());
+        Ok(last.map_or_else(|| "0-0".to_owned(), |key| format!("{}-{}", key.0, key.1)))
+    }
+
+    async fn reclaim(
+        &self,
+        topic: &str,
+        group: &str,
+        consumer: &str,
+        min_idle: Duration,
+        start: &str,
+        count: usize,
+    ) -> Result<Reclaimed, Error> {
+        let start = parse_entry_id(start)?;
+        let mut state = self.lock();
+        let stream = state.streams.get_mut(topic).ok_or_else(|| no_group(topic, group))?;
+        let existing: Vec<(u64, u64)> = stream.entries.keys().copied().collect();
+        let group_state = stream.groups.get_mut(group).ok_or_else(|| no_group(topic, group))?;
+        let now = Instant::now();
+        let mut claimed = Vec::new();
+        let mut next_start = (0, 0);
+        for (key, pending) in group_state.pending.range_mut(start..) {
+            if claimed.len() == count {
+                next_start = *key;
+                break;
+            }
+            if now.duration_since(pending.delivered_at) >= min_idle && existing.binary_search(key).is_ok() {
+                pending.consumer = consumer.to_owned();
+                pending.delivered_at = now;
+                pending.deliveries += 1;
+                claimed.push((*key, pending.deliveries));
+            }
+        }
+        let entries =
+            claimed.into_iter().filter_map(|(key, deliveries)| state.entry(topic, key, deliveries)).collect();
+        Ok(Reclaimed { next_start: format!("{}-{}", next_start.0, next_start.1), entries })
+    }
+
+    async fn delete_consumer(&self, topic: &str, group: &str, consumer: &str) -> Result<bool, Error> {
+        let state = self.lock();
+        let group = state.streams.get(topic).and_then(|stream| stream.groups.get(group));
+        Ok(group.is_none_or(|group| group.pending.values().all(|pending| pending.consumer != consumer)))
+    }
+
+    async fn begin_call(&self, call: &CallKeys<'_>, owner: &str, entry_id: &str) -> Result<CallStart, Error> {
+        let mut state = self.lock();
+        if state.value(call.answered).is_some() {
+            return Ok(CallStart::Answered);
+        }
+        let now = Instant::now();
+        let mut start = CallStart::Fresh;
+        if let Some(record) = state.hash(call.call) {
+            let lease_until = record.get("lease_until").and_then(|at| at.parse::<u128>().ok()).unwrap_or(0);
+            let live = lease_until > millis_since_boot(now);
+            if record.get("owner").map(String::as_str) != Some(owner) && live {
+                return Ok(CallStart::Busy { entry_id: record.get("entry").cloned().unwrap_or_default() });
+            }
+            start = CallStart::StartedBefore;
+        }
+        let record = BTreeMap::from([
+            ("owner".to_owned(), owner.to_owned()),
+            ("lease_until".to_owned(), (millis_since_boot(now) + call.lease.as_millis()).to_string()),
+            ("entry".to_owned(), entry_id.to_owned()),
+        ]);
+        state.values.insert(call.call.to_owned(), (Value::Hash(record), Some(now + call.retention)));
+        Ok(start)
+    }
+
+    async fn renew_call(
+        &self,
+        call: &CallKeys<'_>,
+        owner: &str,
+        entry: &EntryRef<'_>,
+        consumer: &str,
+    ) -> Result<bool, Error> {
+        let mut state = self.lock();
+        let now = Instant::now();
+        let Some(record) = state.hash(call.call) else { return Ok(false) };
+        if record.get("owner").map(String::as_str) != Some(owner) {
+            return Ok(false);
+        }
+        record
+            .insert("lease_until".to_owned(), (millis_since_boot(now) + call.lease.as_millis()).to_string());
+        let key = parse_entry_id(entry.entry_id)?;
+        if let Some(pending) = state
+            .streams
+            .get_mut(entry.topic)
+            .and_then(|stream| stream.groups.get_mut(entry.group))
+            .and_then(|group| group.pending.get_mut(&key))
+        {
+            pending.consumer = consumer.to_owned();
+            pending.delivered_at = now;
+        }
+        Ok(true)
+    }
+
+    async fn finish(&self, finish: &Finish<'_>) -> Result<bool, Error> {
+        let published = {
+            let mut state = self.lock();
+            let answered = finish.call.is_some_and(|call| state.value(call.answered).is_some());
+            if let Some(letter) = finish.dead_letter {
+                state.append(letter.topic, Some(letter.id.to_owned()), Some(letter.payload.to_owned()));
+            }
+            let mut published = false;
+            if let (false, Some(answer)) = (answered, finish.answer) {
+                state.append(answer.topic, Some(answer.id.to_owned()), Some(answer.payload.to_owned()));
+                published = true;
+            }
+            if let Some(call) = finish.call {
+                if finish.answer.is_some() {
+                    let expires = Instant::now() + call.retention;
+                    state.values.insert(call.answered.to_owned(), (Value::Text, Some(expires)));
+                }
+                state.values.remove(call.call);
+            }
+            let entry = finish.entry;
+            let key = parse_entry_id(entry.entry_id)?;
+            if let Some(group) =
+                state.streams.get_mut(entry.topic).and_then(|stream| stream.groups.get_mut(entry.group))
+            {
+                group.pending.remove(&key);
+            }
+            published
+        };
+        self.published.notify_waiters();
+        Ok(published)
+    }
+
+    async fn ping(&self) -> Result<(), Error> {
+        Ok(())
+    }
+
+    async fn replace_hash(&self, key: &str, fields: &[(String, String)]) -> Result<(), Error> {
+        let hash = fields.iter().cloned().collect();
+        self.lock().values.insert(key.to_owned(), (Value::Hash(hash), None));
+        Ok(())
+    }
+
+    async fn hash_fields(&self, key: &str) -> Result<Vec<(String, String)>, Error> {
+        let mut state = self.lock();
+        Ok(state
+            .hash(key)
+            .map(|hash| hash.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+            .unwrap_or_default())
+    }
+
+    async fn set_expiring(&self, key: &str, _value: &str, ttl: Duration) -> Result<(), Error> {
+        self.lock().values.insert(key.to_owned(), (Value::Text, Some(Instant::now() + ttl)));
+        Ok(())
+    }
+
+    async fn delete(&self, keys: &[String]) -> Result<(), Error> {
+        let mut state = self.lock();
+        for key in keys {
+            state.values.remove(key);
+            state.streams.remove(key);
+        }
+        Ok(())
+    }
+
+    async fn keys_matching(&self, pattern: &str) -> Result<Vec<String>, Error> {
+        // Only the trailing-`*` globs the daemon uses are supported.
+        let prefix = pattern.trim_end_matches('*');
+        let mut state = self.lock();
+        let names: Vec<String> = state.values.keys().filter(|key| key.starts_with(prefix)).cloned().collect();
+        let mut keys: Vec<String> = names.into_iter().filter(|key| state.value(key).is_some()).collect();
+        keys.sort();
+        Ok(keys)
+    }
+}
+
+/// A monotonic millisecond clock for lease deadlines.
+fn millis_since_boot(now: Instant) -> u128 {
+    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    now.duration_since(*START.get_or_init(Instant::now)).as_millis()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Published;
+
+    const TOPIC: &str = "action-requests";
+    const GROUP: &str = "toolhost";
+
+    fn keys<'a>(answered: &'a str, call: &'a str) -> CallKeys<'a> {
+        CallKeys { answered, call, lease: Duration::from_millis(50), retention: Duration::from_secs(60) }
+    }
+
+    #[tokio::test]
+    async fn group_read_ack_and_reclaim() {
+        let bus = MemoryBus::new();
+        bus.ensure_group(TOPIC, GROUP).await.unwrap();
+        bus.publish(TOPIC, "m1", "{}").await.unwrap();
+        bus.publish(TOPIC, "m2", "{}").await.unwrap();
+        let read = bus.read_group(TOPIC, GROUP, "c1", 10, Duration::ZERO).await.unwrap();
+        assert_eq!(read.iter().map(|e| e.id.as_str()).collect::<Vec<_>>(), ["m1", "m2"]);
+        assert_eq!(bus.pending_count(TOPIC, GROUP), 2);
+        bus.ack(TOPIC, GROUP, &[read[0].entry_id.clone()]).await.unwrap();
+        assert_eq!(bus.pending_count(TOPIC, GROUP), 1);
+        let early = bus.reclaim(TOPIC, GROUP, "c2", Duration::from_secs(60), "0-0", 10).await.unwrap();
+        assert!(early.entries.is_empty());
+        let claimed = bus.reclaim(TOPIC, GROUP, "c2", Duration::ZERO, "0-0", 10).await.unwrap();
+        assert_eq!(claimed.entries.len(), 1);
+        assert_eq!(claimed.entries[0].id, "m2");
+        assert_eq!(claimed.entries[0].deliveries, 2);
+    }
+
+    #[tokio::test]
+    async fn plain_read_accepts_entry_ids_and_message_ids() {
+        let bus = MemoryBus::new();
+        let first = bus.publish("t", "m1", "a").await.unwrap();
+        bus.publish("t", "m2", "b").await.unwrap();
+        let after_entry = bus.read("t", &first, 10, None).await.unwrap();
+        let after_message = bus.read("t", "m1", 10, None).await.unwrap();
+        assert_eq!(after_entry, after_message);
+        assert_eq!(after_entry.len(), 1);
+        assert!(matches!(bus.read("t", "missing", 10, None).await, Err(Error::CursorNotFound(_))));
+    }
+
+    #[tokio::test]
+    async fn ledger_answers_once() {
+        let bus = MemoryBus::new();
+        bus.ensure_group(TOPIC, GROUP).await.unwrap();
+        let entry_id = bus.publish(TOPIC, "m1", "{}").await.unwrap();
+        bus.read_group(TOPIC, GROUP, "c1", 10, Duration::ZERO).await.unwrap();
+        let call = keys("answered:r1", "call:r1");
+        assert_eq!(bus.begin_call(&call, "a", &entry_id).await.unwrap(), CallStart::Fresh);
+        assert_eq!(
+            bus.begin_call(&call, "b", &entry_id).await.unwrap(),
+            CallStart::Busy { entry_id: entry_id.clone() }
+        );
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        assert_eq!(bus.begin_call(&call, "b", &entry_id).await.unwrap(), CallStart::StartedBefore);
+        let entry = EntryRef { topic: TOPIC, group: GROUP, entry_id: &entry_id };
+        assert!(!bus.renew_call(&call, "a", &entry, "c1").await.unwrap());
+        assert!(bus.renew_call(&call, "b", &entry, "c1").await.unwrap());
+        let answer = Published { topic: "results", id: "a1", payload: "{}" };
+        let finish = Finish { entry, call: Some(call), answer: Some(answer), dead_letter: None };
+        assert!(bus.finish(&finish).await.unwrap());
+        assert!(!bus.finish(&finish).await.unwrap());
+        assert_eq!(bus.payloads("results").len(), 1);
+        assert_eq!(bus.pending_count(TOPIC, GROUP), 0);
+        assert_eq!(bus.begin_call(&call, "c", &entry_id).await.unwrap(), CallStart::Answered);
+    }
+}

@@ -1,0 +1,463 @@
+//! [`Bus`] over Redis Streams, through redis-rs connection managers.
+//!
+//! Blocking reads (`XREADGROUP ... BLOCK`, `XREAD ... BLOCK`) hold a connection for their whole
+//! wait, so they run on connections of their own, taken from a small pool; everything else is
+//! multiplexed on one connection. Every connection reconnects by itself after a failure.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::streams::{StreamReadOptions, StreamReadReply};
+use redis::{AsyncCommands, Client, Script, Value};
+use toolhost_envelope::Entry;
+
+use crate::bus::{CallKeys, CallStart, EntryRef, Finish, Reclaimed, is_entry_id};
+use crate::{Bus, Error};
+
+/// How to reach Redis and how to write to it.
+#[derive(Debug, Clone)]
+pub struct RedisOptions {
+    /// `redis://`, `rediss://` (TLS) or `unix://` URL, with credentials if any.
+    pub url: String,
+    /// Topics are trimmed to about this many entries on every publish.
+    pub maxlen: usize,
+    /// How long a non-blocking command may take before the connection counts as broken.
+    pub response_timeout: Duration,
+    /// How long connecting may take.
+    pub connect_timeout: Duration,
+}
+
+impl RedisOptions {
+    /// Options with the defaults for everything but the URL.
+    pub fn new(url: impl Into<String>) -> RedisOptions {
+        RedisOptions {
+            url: url.into(),
+            maxlen: 100_000,
+            response_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+/// The Redis implementation of [`Bus`].
+pub struct RedisBus {
+    client: Client,
+    options: RedisOptions,
+    commands: ConnectionManager,
+    /// Idle connections for blocking reads.
+    blocking: Mutex<Vec<ConnectionManager>>,
+    scripts: Scripts,
+}
+
+struct Scripts {
+    begin_call: Script,
+    renew_call: Script,
+    finish: Script,
+    reclaim: Script,
+    delete_consumer: Script,
+}
+
+/// How much longer than its BLOCK time a blocking read may take before it is abandoned.
+const BLOCK_MARGIN: Duration = Duration::from_secs(3);
+/// How many idle blocking connections are kept.
+const MAX_IDLE_BLOCKING: usize = 8;
+
+impl RedisBus {
+    /// Prepares a bus for `options.url`. Connections are made lazily, so this succeeds while
+    /// Redis is down; the first command then reports [`Error::Unavailable`].
+    ///
+    /// # Errors
+    /// The URL cannot be parsed.
+    pub fn new(options: RedisOptions) -> Result<RedisBus, Error> {
+        let client = Client::open(options.url.as_str()).map_err(Error::Refused)?;
+        let commands = ConnectionManager::new_lazy_with_config(
+            client.clone(),
+            manager_config(&options, Some(options.response_timeout)),
+        )
+        .map_err(Error::Refused)?;
+        Ok(RedisBus {
+            client,
+            options,
+            commands,
+            blocking: Mutex::new(Vec::new()),
+            scripts: Scripts {
+                begin_call: Script::new(include_str!("scripts/begin_call.lua")),
+                renew_call: Script::new(include_str!("scripts/renew_call.lua")),
+                finish: Script::new(include_str!("scripts/finish.lua")),
+                reclaim: Script::new(include_str!("scripts/reclaim.lua")),
+                delete_consumer: Script::new(include_str!("scripts/delete_consumer.lua")),
+            },
+        })
+    }
+
+    /// The multiplexed connection for non-blocking commands (the daemon's probes use it).
+    pub fn connection(&self) -> ConnectionManager {
+        self.commands.clone()
+    }
+
+    fn take_blocking(&self) -> Result<ConnectionManager, Error> {
+        // A poisoned lock only means another reader panicked while pushing; the pool is still sound.
+        let pooled = self.blocking.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).pop();
+        match pooled {
+            Some(connection) => Ok(connection),
+            None => ConnectionManager::new_lazy_with_config(
+                self.client.clone(),
+                manager_config(&self.options, None),
+            )
+            .map_err(Error::Refused),
+        }
+    }
+
+    fn give_back(&self, connection: ConnectionManager) {
+        let mut pool = self.blocking.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if pool.len() < MAX_IDLE_BLOCKING {
+            pool.push(connection);
+        }
+    }
+
+    /// Runs a blocking read on a pooled connection, abandoning it if the server stalls.
+    async fn blocking_read(&self, cmd: redis::Cmd, block: Duration) -> Result<Value, Error> {
+        let mut connection = self.take_blocking()?;
+        match tokio::time::timeout(block + BLOCK_MARGIN, cmd.query_async::<Value>(&mut connection)).await {
+            Ok(Ok(value)) => {
+                self.give_back(connection);
+                Ok(value)
+            }
+            Ok(Err(err)) => {
+                let err = Error::from(err);
+                if !matches!(err, Error::Unavailable(_)) {
+                    self.give_back(connection);
+                }
+                Err(err)
+            }
+            Err(_elapsed) => Err(Error::Protocol(format!(
+                "blocking read did not return within {} ms",
+                (block + BLOCK_MARGIN).as_millis()
+            ))),
+        }
+    }
+}
+
+fn manager_config(options: &RedisOptions, response_timeout: Option<Duration>) -> ConnectionManagerConfig {
+    ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(options.connect_timeout))
+        .set_response_timeout(response_timeout)
+        .set_number_of_retries(1)
+        .set_max_delay(Duration::from_secs(2))
+}
+
+#[async_trait]
+impl Bus for RedisBus {
+    async fn publish(&self, topic: &str, id: &str, payload: &str) -> Result<String, Error> {
+        let mut connection = self.commands.clone();
+        let entry_id: String = connection
+            .xadd_maxlen(
+                topic,
+                redis::streams::StreamMaxlen::Approx(self.options.maxlen),
+                "*",
+                &[("id", id), ("payload", payload)],
+            )
+            .await?;
+        Ok(entry_id)
+    }
+
+    async fn ensure_group(&self, topic: &str, group: &str) -> Result<(), Error> {
+        let mut connection = self.commands.clone();
+        match connection.xgroup_create_mkstream::<_, _, _, ()>(topic, group, "$").await {
+            Ok(()) => Ok(()),
+            Err(err) if err.code() == Some("BUSYGROUP") => Ok(()),
+            Err(err) => Err(err.into()),
+        }
+    }
+
+    async fn read_group(
+        &self,
+        topic: &str,
+        group: &str,
+        consumer: &str,
+        count: usize,
+        block: Duration,
+    ) -> Result<Vec<Entry>, Error> {
+        let options = StreamReadOptions::default()
+            .group(group, consumer)
+            .count(count)
+            .block(block.as_millis() as usize);
+        let mut cmd = redis::cmd("XREADGROUP");
+        cmd.arg(&options).arg("STREAMS").arg(topic).arg(">");
+        let value = self.blocking_read(cmd, block).await?;
+        entries_from_read(value)
+    }
+
+    async fn ack(&self, topic: &str, group: &str, entry_ids: &[String]) -> Result<(), Error> {
+        if entry_ids.is_empty() {
+            return Ok(());
+        }
+        let mut connection = self.commands.clone();
+        let _: u64 = connection.xack(topic, group, entry_ids).await?;
+        Ok(())
+    }
+
+    async fn read(
+        &self,
+        topic: &str,
+        cursor: &str,
+        count: usize,
+        block: Option<Duration>,
+    ) -> Result<Vec<Entry>, Error> {
+        let after =
+            if is_entry_id(cursor) { cursor.to_owned() } else { self.find_message(topic, cursor).await? };
+        let mut cmd = redis::cmd("XREAD");
+        cmd.arg("COUNT").arg(count);
+        if let Some(block) = block {
+            cmd.arg("BLOCK").arg(block.as_millis() as u64);
+        }
+        cmd.arg("STREAMS").arg(topic).arg(after);
+        let value = match block {
+            Some(block) => self.blocking_read(cmd, block).await?,
+            None => cmd.query_async(&mut self.commands.clone()).await?,
+        };
+        entries_from_read(value)
+    }
+
+    async fn last_entry_id(&self, topic: &str) -> Result<String, Error> {
+        let mut connection = self.commands.clone();
+        let reply: redis::streams::StreamRangeReply = connection.xrevrange_count(topic, "+", "-", 1).await?;
+        Ok(reply.ids.first().map_or_else(|| "0-0".to_owned(), |entry| entry.id.clone()))
+    }
+
+    async fn reclaim(
+        &self,
+        topic: &str,
+        group: &str,
+        consumer: &str,
+        min_idle: Duration,
+        start: &str,
+        count: usize,
+    ) -> Result<Reclaimed, Error> {
+        let value: Value = self
+            .scripts
+            .reclaim
+            .key(topic)
+            .arg(group)
+            .arg(consumer)
+            .arg(min_idle.as_millis() as u64)
+            .arg(start)
+            .arg(count)
+            .invoke_async(&mut self.commands.clone())
+            .await?;
+        reclaimed_from_value(value)
+    }
+
+    async fn delete_consumer(&self, topic: &str, group: &str, consumer: &str) -> Result<bool, Error> {
+        let deleted: u8 = self
+            .scripts
+            .delete_consumer
+            .key(topic)
+            .arg(group)
+            .arg(consumer)
+            .invoke_async(&mut self.commands.clone())
+            .await?;
+        Ok(deleted == 1)
+    }
+
+    async fn begin_call(&self, call: &CallKeys<'_>, owner: &str, entry_id: &str) -> Result<CallStart, Error> {
+        let (state, entry): (u8, String) = self
+            .scripts
+            .begin_call
+            .key(call.answered)
+            .key(call.call)
+            .arg(owner)
+            .arg(call.lease.as_millis() as u64)
+            .arg(call.retention.as_millis() as u64)
+            .arg(entry_id)
+            .invoke_async(&mut self.commands.clone())
+            .await?;
+        Ok(match state {
+            0 => CallStart::Answered,
+            1 => CallStart::Fresh,
+            2 => CallStart::StartedBefore,
+            _ => CallStart::Busy { entry_id: entry },
+        })
+    }
+
+    async fn renew_call(
+        &self,
+        call: &CallKeys<'_>,
+        owner: &str,
+        entry: &EntryRef<'_>,
+        consumer: &str,
+    ) -> Result<bool, Error> {
+        let renewed: u8 = self
+            .scripts
+            .renew_call
+            .key(call.call)
+            .key(entry.topic)
+            .arg(owner)
+            .arg(call.lease.as_millis() as u64)
+            .arg(entry.group)
+            .arg(consumer)
+            .arg(entry.entry_id)
+            .invoke_async(&mut self.commands.clone())
+            .await?;
+        Ok(renewed == 1)
+    }
+
+    async fn finish(&self, finish: &Finish<'_>) -> Result<bool, Error> {
+        let entry = finish.entry;
+        let (answered, call, retention) = match finish.call {
+            Some(call) => (call.answered, call.call, call.retention),
+            None => (entry.topic, entry.topic, Duration::ZERO),
+        };
+        let answer = finish.answer.unwrap_or(crate::Published { topic: entry.topic, id: "", payload: "" });
+        let dead_letter =
+            finish.dead_letter.unwrap_or(crate::Published { topic: entry.topic, id: "", payload: "" });
+        let published: u8 = self
+            .scripts
+            .finish
+            .key(entry.topic)
+            .key(answered)
+            .key(call)
+            .key(answer.topic)
+            .key(dead_letter.topic)
+            .arg(entry.group)
+            .arg(entry.entry_id)
+            .arg(self.options.maxlen)
+            .arg(retention.as_millis() as u64)
+            .arg(answer.id)
+            .arg(answer.payload)
+            .arg(dead_letter.id)
+            .arg(dead_letter.payload)
+            .arg(if finish.call.is_some() { "1" } else { "0" })
+            .invoke_async(&mut self.commands.clone())
+            .await?;
+        Ok(published == 1)
+    }
+
+    async fn ping(&self) -> Result<(), Error> {
+        let _: String = redis::cmd("PING").query_async(&mut self.commands.clone()).await?;
+        Ok(())
+    }
+
+    async fn replace_hash(&self, key: &str, fields: &[(String, String)]) -> Result<(), Error> {
+        let mut pipe = redis::pipe();
+        pipe.atomic().del(key).ignore();
+        if !fields.is_empty() {
+            pipe.hset_multiple(key, fields).ignore();
+        }
+        let () = pipe.query_async(&mut self.commands.clone()).await?;
+        Ok(())
+    }
+
+    async fn hash_fields(&self, key: &str) -> Result<Vec<(String, String)>, Error> {
+        let mut connection = self.commands.clone();
+        let fields: Vec<(String, String)> = connection.hgetall(key).await?;
+        Ok(fields)
+    }
+
+    async fn set_expiring(&self, key: &str, value: &str, ttl: Duration) -> Result<(), Error> {
+        let mut connection = self.commands.clone();
+        let () = connection.pset_ex(key, value, ttl.as_millis() as u64).await?;
+        Ok(())
+    }
+
+    async fn delete(&self, keys: &[String]) -> Result<(), Error> {
+        if keys.is_empty() {
+            return Ok(());
+        }
+        let mut connection = self.commands.clone();
+        let _: u64 = connection.del(keys).await?;
+        Ok(())
+    }
+
+    async fn keys_matching(&self, pattern: &str) -> Result<Vec<String>, Error> {
+        let mut connection = self.commands.clone();
+        let mut cursor: u64 = 0;
+        let mut keys = Vec::new();
+        loop {
+            let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(pattern)
+                .arg("COUNT")
+                .arg(500)
+                .query_async(&mut connection)
+                .await?;
+            keys.extend(batch);
+            if next == 0 {
+                keys.sort();
+                return Ok(keys);
+            }
+            cursor = next;
+        }
+    }
+}
+
+impl RedisBus {
+    /// Finds the entry id of the message whose `id` field is `message_id`, newest first.
+    async fn find_message(&self, topic: &str, message_id: &str) -> Result<String, Error> {
+        const PAGE: usize = 1000;
+        let mut connection = self.commands.clone();
+        let mut end = "+".to_owned();
+        loop {
+            let reply: redis::streams::StreamRangeReply =
+                connection.xrevrange_count(topic, &end, "-", PAGE).await?;
+            for entry in &reply.ids {
+                if entry.get::<String>("id").as_deref() == Some(message_id) {
+                    return Ok(entry.id.clone());
+                }
+            }
+            match reply.ids.last() {
+                Some(last) if reply.ids.len() == PAGE => end = format!("({}", last.id),
+                _ => return Err(Error::CursorNotFound(message_id.to_owned())),
+            }
+        }
+    }
+}
+
+/// Decodes an `XREAD`/`XREADGROUP` reply (RESP2 shape) for one stream.
+fn entries_from_read(value: Value) -> Result<Vec<Entry>, Error> {
+    if matches!(value, Value::Nil) {
+        return Ok(Vec::new());
+    }
+    let reply: StreamReadReply =
+        redis::from_redis_value(value).map_err(|err| Error::Protocol(err.to_string()))?;
+    let mut entries = Vec::new();
+    for key in reply.keys {
+        for stream_id in key.ids {
+            let fields = stream_id
+                .map
+                .into_iter()
+                .filter_map(|(name, value)| Some((name, redis::from_redis_value::<String>(value).ok()?)));
+            entries.push(Entry::from_fields(&stream_id.id, fields));
+        }
+    }
+    Ok(entries)
+}
+
+/// Decodes the reply of `scripts/reclaim.lua`.
+fn reclaimed_from_value(value: Value) -> Result<Reclaimed, Error> {
+    let bad = || Error::Protocol("malformed reclaim reply".to_owned());
+    let Value::Array(mut parts) = value else { return Err(bad()) };
+    if parts.len() != 2 {
+        return Err(bad());
+    }
+    let claimed = parts.pop().ok_or_else(bad)?;
+    let next_start: String = redis::from_redis_value(parts.pop().ok_or_else(bad)?).map_err(|_| bad())?;
+    let Value::Array(claimed) = claimed else { return Err(bad()) };
+    let mut entries = Vec::with_capacity(claimed.len());
+    for item in claimed {
+        let (entry_id, deliveries, fields): (String, u64, Vec<String>) =
+            redis::from_redis_value(item).map_err(|_| bad())?;
+        let mut pairs = Vec::with_capacity(fields.len() / 2);
+        let mut fields = fields.into_iter();
+        while let (Some(name), Some(value)) = (fields.next(), fields.next()) {
+            pairs.push((name, value));
+        }
+        let mut entry = Entry::from_fields(&entry_id, pairs);
+        entry.deliveries = deliveries;
+        entries.push(entry);
+    }
+    Ok(Reclaimed { next_start, entries })
+}

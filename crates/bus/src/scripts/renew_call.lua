@@ -1,0 +1,12 @@
+-- Extends ARGV[1]'s lease on a call and resets its entry's idle time (XCLAIM JUSTID does not
+-- count a delivery).
+-- KEYS[1] call record, KEYS[2] requests stream
+-- ARGV[1] owner, ARGV[2] lease ms, ARGV[3] group, ARGV[4] consumer, ARGV[5] entry id
+if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then
+  return 0
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('HSET', KEYS[1], 'lease_until', now + tonumber(ARGV[2]))
+redis.call('XCLAIM', KEYS[2], ARGV[3], ARGV[4], 0, ARGV[5], 'JUSTID')
+return 1

@@ -1,0 +1,89 @@
+//! The command line.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+
+/// A daemon that hosts tools for LLM agents on Redis Streams.
+#[derive(Debug, Parser)]
+#[command(name = "toolhost", version, about)]
+pub struct Cli {
+    /// Configuration file, layered over the defaults and under the environment.
+    #[arg(long, global = true)]
+    pub config: Option<PathBuf>,
+    /// Log format: json (default) or pretty; overrides `[log] format`.
+    #[arg(long, global = true)]
+    pub log_format: Option<String>,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve tools until SIGINT or SIGTERM.
+    Serve {
+        /// Register N synthetic benchmark tools (synthetic_0000...).
+        #[arg(long, hide = true, default_value_t = 0)]
+        synthetic_tools: usize,
+    },
+    /// Call a tool through Redis and print its result.
+    Call {
+        /// The tool's name.
+        tool: String,
+        /// The arguments, a JSON object.
+        #[arg(long, default_value = "{}")]
+        args: String,
+        /// How long to wait for the answer, e.g. 30s or 500ms.
+        #[arg(long, default_value = "30s", value_parser = parse_duration)]
+        timeout: Duration,
+    },
+    /// List the tools of the running toolbox.
+    Tools {
+        /// native, openai, mcp, toolbox or capabilities.
+        #[arg(long, default_value = "native")]
+        format: String,
+        /// Read the registry key in Redis instead of asking the daemon over the bus.
+        #[arg(long)]
+        from_registry: bool,
+        /// How long to wait for the answer.
+        #[arg(long, default_value = "10s", value_parser = parse_duration)]
+        timeout: Duration,
+    },
+    /// Validate the effective configuration and print it with secrets masked.
+    CheckConfig,
+}
+
+/// Parses `30s`, `500ms`, `2m` or a bare number of seconds.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let (number, unit) = match text.find(|c: char| c.is_ascii_alphabetic()) {
+        Some(split) => text.split_at(split),
+        None => (text, "s"),
+    };
+    let value: f64 = number.parse().map_err(|_| format!("'{text}' is not a duration like 30s or 500ms"))?;
+    let seconds = match unit {
+        "ms" => value / 1000.0,
+        "s" => value,
+        "m" => value * 60.0,
+        _ => return Err(format!("unknown unit '{unit}' in '{text}'; use ms, s or m")),
+    };
+    Duration::try_from_secs_f64(seconds).map_err(|err| format!("'{text}': {err}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse() {
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("1.5"), Ok(Duration::from_millis(1500)));
+        assert!(parse_duration("soon").is_err());
+        assert!(parse_duration("5h").is_err());
+    }
+}

@@ -1,0 +1,135 @@
+//! The client commands: `toolhost call` and `toolhost tools`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Map, Value};
+use toolhost_bus::{Bus, CallError, Caller, Keys, RedisBus, RedisOptions};
+use toolhost_envelope::DiscoveryFormat;
+
+use crate::config::Config;
+
+/// Exit code when the tool answered with an error.
+pub const EXIT_TOOL_ERROR: i32 = 1;
+/// Exit code for transport problems and timeouts.
+pub const EXIT_TRANSPORT: i32 = 2;
+
+fn caller(config: &Config) -> Result<(Arc<dyn Bus>, Caller), String> {
+    let raw = &config.raw;
+    let mut options = RedisOptions::new(raw.redis.url.clone());
+    options.maxlen = raw.streams.maxlen;
+    let bus: Arc<dyn Bus> = Arc::new(RedisBus::new(options).map_err(|err| err.to_string())?);
+    let keys = Keys::new(raw.redis.key_prefix.clone());
+    let caller = Caller::new(
+        bus.clone(),
+        &keys.topic(&raw.streams.requests),
+        &keys.topic(&raw.streams.results),
+        "toolhost:cli",
+    );
+    Ok((bus, caller))
+}
+
+/// `toolhost call`: prints the result and returns the exit code (0, 1 or 2).
+pub async fn run_call(config: &Config, tool: &str, args: &str, timeout: Duration) -> i32 {
+    let arguments: Value = match serde_json::from_str(args) {
+        Ok(Value::Object(arguments)) => Value::Object(arguments),
+        Ok(_) => {
+            eprintln!("toolhost: --args must be a JSON object");
+            return EXIT_TRANSPORT;
+        }
+        Err(err) => {
+            eprintln!("toolhost: --args is not JSON: {err}");
+            return EXIT_TRANSPORT;
+        }
+    };
+    let (_bus, caller) = match caller(config) {
+        Ok(caller) => caller,
+        Err(err) => {
+            eprintln!("toolhost: {err}");
+            return EXIT_TRANSPORT;
+        }
+    };
+    let mut data = Map::new();
+    data.insert("tool".to_owned(), Value::String(tool.to_owned()));
+    data.insert("arguments".to_owned(), arguments);
+    match caller.call("tool.invoke", data, timeout).await {
+        Ok((_, result)) if result.success => {
+            println!("{}", result.result.unwrap_or(Value::Null));
+            0
+        }
+        Ok((_, result)) => {
+            let error = serde_json::json!({
+                "error": result.error, "error_code": result.error_code, "details": result.details,
+            });
+            println!("{error}");
+            eprintln!("toolhost: {} failed: {}", tool, result.error.unwrap_or_default());
+            EXIT_TOOL_ERROR
+        }
+        Err(err) => {
+            eprintln!("toolhost: {}", describe(&err));
+            EXIT_TRANSPORT
+        }
+    }
+}
+
+/// `toolhost tools`: prints the tool list in `format` and returns the exit code.
+pub async fn run_tools(config: &Config, format: &str, from_registry: bool, timeout: Duration) -> i32 {
+    let Some(format) = DiscoveryFormat::parse(format) else {
+        eprintln!("toolhost: unknown format '{format}'; use native, openai, mcp, toolbox or capabilities");
+        return EXIT_TRANSPORT;
+    };
+    let (bus, caller) = match caller(config) {
+        Ok(caller) => caller,
+        Err(err) => {
+            eprintln!("toolhost: {err}");
+            return EXIT_TRANSPORT;
+        }
+    };
+    if from_registry {
+        return print_registry(config, bus.as_ref(), format).await;
+    }
+    let mut data = Map::new();
+    data.insert("format".to_owned(), Value::String(format.as_str().to_owned()));
+    match caller.call("tools.discover", data, timeout).await {
+        Ok((_, result)) if result.success => {
+            let tools = result.result.as_ref().and_then(|r| r.get("tools")).cloned().unwrap_or(Value::Null);
+            println!("{}", serde_json::to_string_pretty(&tools).unwrap_or_default());
+            0
+        }
+        Ok((_, result)) => {
+            eprintln!("toolhost: discovery failed: {}", result.error.unwrap_or_default());
+            EXIT_TOOL_ERROR
+        }
+        Err(err) => {
+            eprintln!("toolhost: {}", describe(&err));
+            EXIT_TRANSPORT
+        }
+    }
+}
+
+async fn print_registry(config: &Config, bus: &dyn Bus, format: DiscoveryFormat) -> i32 {
+    let raw = &config.raw;
+    let keys = Keys::new(raw.redis.key_prefix.clone());
+    let fields = match bus.hash_fields(&keys.registry(&raw.daemon.toolbox_id)).await {
+        Ok(fields) => fields,
+        Err(err) => {
+            eprintln!("toolhost: cannot read the registry: {err}");
+            return EXIT_TRANSPORT;
+        }
+    };
+    let mut tools: Vec<toolhost_envelope::ToolDescription> =
+        fields.iter().filter_map(|(_, json)| serde_json::from_str(json).ok()).collect();
+    tools.sort_by(|a, b| a.name.cmp(&b.name));
+    let requests = keys.topic(&raw.streams.requests);
+    let results = keys.topic(&raw.streams.results);
+    let exported: Vec<Value> = tools.iter().map(|tool| tool.export(format, &requests, &results)).collect();
+    println!("{}", serde_json::to_string_pretty(&exported).unwrap_or_default());
+    0
+}
+
+fn describe(err: &CallError) -> String {
+    match err {
+        CallError::Timeout(_) => format!("{err}; is a toolhost daemon serving this Redis?"),
+        _ => err.to_string(),
+    }
+}

@@ -1,0 +1,521 @@
+//! Configuration: `config/default.toml`, then an optional file, then the environment.
+//!
+//! Two stages, built once before any socket is opened: [`RawConfig`] mirrors the file and
+//! environment layers (serde, unknown keys refused), and [`Config::load`] checks every value and
+//! reports all bad keys in one pass.
+//!
+//! **Invariant:** only this module reads environment variables, through the [`Env`] trait so
+//! tests can pass a map.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use toolhost_tools::terminal::TerminalSettings;
+
+/// The built-in defaults, the same text as `config/default.toml`.
+pub const DEFAULT_TOML: &str = include_str!("../../../config/default.toml");
+
+/// Prefix of the structured overrides: `TOOLHOST__SECTION__KEY`.
+pub const ENV_PREFIX: &str = "TOOLHOST";
+/// The Redis URL callers already set.
+pub const ENV_REDIS_URL: &str = "REDIS_URL";
+/// The agent name callers already set.
+pub const ENV_AGENT_NAME: &str = "AGENT_NAME";
+/// The default conversation of `chat_send`.
+pub const ENV_CHAT_CONVERSATION_ID: &str = "CHAT_TOOL_CONVERSATION_ID";
+/// `terminal_run` policy variables and the `[tools.terminal]` key each one sets.
+pub const ENV_TERMINAL: &[(&str, &str)] = &[
+    ("TERMINAL_ALLOWED_COMMANDS", "allowed_commands"),
+    ("TERMINAL_DENY_COMMANDS", "deny_commands"),
+    ("TERMINAL_TIMEOUT_SECONDS", "timeout_seconds"),
+    ("TERMINAL_OUTPUT_CAP_BYTES", "output_cap_bytes"),
+    ("TERMINAL_FUNCTION_OUTPUT_MAX_CHARS", "function_output_max_chars"),
+    ("TERMINAL_REDACT_SUBSTRINGS", "redact_substrings"),
+    ("TERMINAL_REDACT_PATTERNS", "redact_patterns"),
+    ("TERMINAL_SANDBOX_CWD", "sandbox_cwd"),
+    ("TERMINAL_MAX_PROCESSES", "max_processes"),
+    ("TERMINAL_CPU_SECONDS", "cpu_seconds"),
+    ("TERMINAL_FILE_SIZE_BYTES", "file_size_bytes"),
+    ("TERMINAL_MAX_CONCURRENT", "max_concurrent"),
+];
+/// Terminal keys whose value is a comma-separated list.
+const TERMINAL_LISTS: &[&str] =
+    &["allowed_commands", "deny_commands", "redact_substrings", "redact_patterns"];
+
+/// Where configuration reads environment variables from.
+pub trait Env {
+    /// Every variable, as name and value.
+    fn vars(&self) -> Vec<(String, String)>;
+}
+
+/// The process environment.
+pub struct ProcessEnv;
+
+impl Env for ProcessEnv {
+    fn vars(&self) -> Vec<(String, String)> {
+        std::env::vars_os()
+            .filter_map(|(name, value)| Some((name.into_string().ok()?, value.into_string().ok()?)))
+            .collect()
+    }
+}
+
+impl Env for HashMap<String, String> {
+    fn vars(&self) -> Vec<(String, String)> {
+        self.iter().map(|(name, value)| (name.clone(), value.clone())).collect()
+    }
+}
+
+/// The configuration as layered from file and environment.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+#[allow(missing_docs)]
+pub struct RawConfig {
+    pub redis: RedisSection,
+    pub daemon: DaemonSection,
+    pub streams: StreamsSection,
+    pub dispatch: DispatchSection,
+    pub http: HttpSection,
+    pub log: LogSection,
+    pub tools: ToolsSection,
+    #[serde(default)]
+    pub agents: Vec<AgentSection>,
+}
+
+/// `[redis]`
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+#[allow(missing_docs)]
+pub struct RedisSection {
+    pub url: String,
+    pub key_prefix: String,
+    pub response_timeout_ms: u64,
+}
+
+/// `[daemon]`
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+#[allow(missing_docs)]
+pub struct DaemonSection {
+    pub toolbox_id: String,
+    pub agent_name: String,
+    pub chat_conversation_id: String,
+    pub heartbeat_ms: u64,
+}
+
+/// `[streams]`
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+#[allow(missing_docs)]
+pub struct StreamsSection {
+    pub requests: String,
+    pub results: String,
+    pub maxlen: usize,
+    pub max_payload_bytes: usize,
+}
+
+/// `[dispatch]`
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+#[allow(missing_docs)]
+pub struct DispatchSection {
+    pub max_in_flight: usize,
+    pub read_batch: usize,
+    pub block_ms: u64,
+    pub claim_idle_ms: u64,
+    pub max_deliveries: u64,
+    pub answered_retention_ms: u64,
+    pub max_request_age_ms: u64,
+    pub shutdown_grace_ms: u64,
+    pub answer_unknown_tools: bool,
+}
+
+/// `[http]`
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+#[allow(missing_docs)]
+pub struct HttpSection {
+    pub listen: String,
+}
+
+/// `[log]`
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+#[allow(missing_docs)]
+pub struct LogSection {
+    pub format: String,
+    pub level: String,
+}
+
+/// `[tools]`
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+#[allow(missing_docs)]
+pub struct ToolsSection {
+    #[serde(default)]
+    pub disabled: Vec<String>,
+    #[serde(default)]
+    pub terminal: TerminalSettings,
+}
+
+/// One `[[agents]]` entry: a specialist agent exposed as a tool.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+#[allow(missing_docs)]
+pub struct AgentSection {
+    pub name: String,
+    pub description: String,
+    #[serde(default = "default_agent_parameter")]
+    pub parameter: String,
+    #[serde(default = "default_agent_timeout")]
+    pub timeout_s: f64,
+}
+
+fn default_agent_parameter() -> String {
+    "message".to_owned()
+}
+
+fn default_agent_timeout() -> f64 {
+    30.0
+}
+
+/// The validated configuration the daemon runs with.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Everything as layered, for sections whose values need no conversion.
+    pub raw: RawConfig,
+    /// Parsed `[http] listen`.
+    pub http_listen: SocketAddr,
+    /// `[dispatch] block_ms`.
+    pub block: Duration,
+    /// `[dispatch] claim_idle_ms`: the lease of a call.
+    pub claim_idle: Duration,
+    /// `[dispatch] answered_retention_ms`.
+    pub answered_retention: Duration,
+    /// `[dispatch] max_request_age_ms`, `None` for no limit.
+    pub max_request_age: Option<Duration>,
+    /// `[dispatch] shutdown_grace_ms`.
+    pub shutdown_grace: Duration,
+    /// `[daemon] heartbeat_ms`.
+    pub heartbeat: Duration,
+}
+
+/// One bad key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyError {
+    /// Dotted key, e.g. `dispatch.max_in_flight`.
+    pub key: String,
+    /// What is wrong with it.
+    pub message: String,
+}
+
+/// Configuration that cannot be used; names every bad key.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid configuration:\n{}", .0.iter().map(|e| format!("  {}: {}", e.key, e.message)).collect::<Vec<_>>().join("\n"))]
+pub struct ConfigError(pub Vec<KeyError>);
+
+impl Config {
+    /// Loads defaults, then `file` (if any), then the environment, and validates the result.
+    ///
+    /// # Errors
+    /// The file cannot be read or parsed, a key is unknown, or a value is bad.
+    pub fn load(file: Option<&Path>, env: &dyn Env) -> Result<Config, ConfigError> {
+        let raw = layer(file, env)?;
+        validate(raw)
+    }
+}
+
+fn single(key: &str, message: impl Into<String>) -> ConfigError {
+    ConfigError(vec![KeyError { key: key.to_owned(), message: message.into() }])
+}
+
+fn layer(file: Option<&Path>, env: &dyn Env) -> Result<RawConfig, ConfigError> {
+    let mut builder =
+        config::Config::builder().add_source(config::File::from_str(DEFAULT_TOML, config::FileFormat::Toml));
+    if let Some(path) = file {
+        let text = std::fs::read_to_string(path)
+            .map_err(|err| single("--config", format!("cannot read {}: {err}", path.display())))?;
+        builder = builder.add_source(config::File::from_str(&text, config::FileFormat::Toml));
+    }
+    let vars: HashMap<String, String> = env.vars().into_iter().collect();
+    let structured: config::Map<String, String> = vars
+        .iter()
+        .filter(|(name, _)| name.starts_with("TOOLHOST__"))
+        .map(|(n, v)| (n.clone(), v.clone()))
+        .collect();
+    builder = builder.add_source(
+        config::Environment::with_prefix(ENV_PREFIX)
+            .prefix_separator("__")
+            .separator("__")
+            .try_parsing(true)
+            .list_separator(",")
+            .with_list_parse_key("tools.disabled")
+            .source(Some(structured)),
+    );
+    let set =
+        |builder: config::ConfigBuilder<config::builder::DefaultState>, key: &str, value: config::Value| {
+            builder.set_override(key, value).map_err(|err| single(key, err.to_string()))
+        };
+    if let Some(url) = vars.get(ENV_REDIS_URL) {
+        builder = set(builder, "redis.url", url.clone().into())?;
+    }
+    if let Some(name) = vars.get(ENV_AGENT_NAME) {
+        builder = set(builder, "daemon.agent_name", name.clone().into())?;
+    }
+    if let Some(conversation) = vars.get(ENV_CHAT_CONVERSATION_ID) {
+        builder = set(builder, "daemon.chat_conversation_id", conversation.clone().into())?;
+    }
+    for (variable, key) in ENV_TERMINAL {
+        let Some(value) = vars.get(*variable) else { continue };
+        let path = format!("tools.terminal.{key}");
+        let value: config::Value = if TERMINAL_LISTS.contains(key) {
+            let items: Vec<String> =
+                value.split(',').map(str::trim).filter(|item| !item.is_empty()).map(str::to_owned).collect();
+            items.into()
+        } else {
+            terminal_scalar(variable, value)?
+        };
+        builder = set(builder, &path, value)?;
+    }
+    let layered = builder.build().map_err(|err| single("config", err.to_string()))?;
+    layered.try_deserialize::<RawConfig>().map_err(|err| single(&error_key(&err), err.to_string()))
+}
+
+/// Parses a scalar `TERMINAL_*` value into the type its key wants.
+fn terminal_scalar(variable: &str, value: &str) -> Result<config::Value, ConfigError> {
+    if *variable == *"TERMINAL_SANDBOX_CWD" {
+        return Ok(value.to_owned().into());
+    }
+    if *variable == *"TERMINAL_TIMEOUT_SECONDS" {
+        return value
+            .trim()
+            .parse::<f64>()
+            .map(Into::into)
+            .map_err(|_| single(variable, "expected a number of seconds"));
+    }
+    value.trim().parse::<u64>().map(Into::into).map_err(|_| single(variable, "expected a whole number"))
+}
+
+/// The key a deserialisation error is about, as far as the message tells.
+fn error_key(err: &config::ConfigError) -> String {
+    let text = err.to_string();
+    if let Some(start) = text.find("unknown field `") {
+        let rest = &text[start + "unknown field `".len()..];
+        let field = rest.split('`').next().unwrap_or_default();
+        if let Some(position) = text.find(" for key `") {
+            let parent = text[position + " for key `".len()..].split('`').next().unwrap_or_default();
+            return format!("{parent}.{field}");
+        }
+        return field.to_owned();
+    }
+    if let Some(position) = text.find(" for key `") {
+        return text[position + " for key `".len()..].split('`').next().unwrap_or_default().to_owned();
+    }
+    "config".to_owned()
+}
+
+fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
+    let mut errors = Vec::new();
+    let mut bad =
+        |key: &str, message: &str| errors.push(KeyError { key: key.to_owned(), message: message.to_owned() });
+    if redis::parse_redis_url(&raw.redis.url).is_none() && !raw.redis.url.starts_with("unix://") {
+        bad("redis.url", "expected a redis://, rediss:// or unix:// URL");
+    }
+    for (key, value) in [
+        ("daemon.toolbox_id", &raw.daemon.toolbox_id),
+        ("daemon.agent_name", &raw.daemon.agent_name),
+        ("streams.requests", &raw.streams.requests),
+        ("streams.results", &raw.streams.results),
+    ] {
+        if value.is_empty() || value.chars().any(char::is_whitespace) {
+            bad(key, "must be non-empty and without spaces");
+        }
+    }
+    for (key, value) in [
+        ("dispatch.max_in_flight", raw.dispatch.max_in_flight as u64),
+        ("dispatch.read_batch", raw.dispatch.read_batch as u64),
+        ("dispatch.claim_idle_ms", raw.dispatch.claim_idle_ms),
+        ("dispatch.max_deliveries", raw.dispatch.max_deliveries),
+        ("dispatch.answered_retention_ms", raw.dispatch.answered_retention_ms),
+        ("daemon.heartbeat_ms", raw.daemon.heartbeat_ms),
+        ("streams.maxlen", raw.streams.maxlen as u64),
+        ("streams.max_payload_bytes", raw.streams.max_payload_bytes as u64),
+        ("redis.response_timeout_ms", raw.redis.response_timeout_ms),
+    ] {
+        if value == 0 {
+            bad(key, "must be greater than 0");
+        }
+    }
+    if raw.dispatch.claim_idle_ms < 100 && raw.dispatch.claim_idle_ms > 0 {
+        bad("dispatch.claim_idle_ms", "must be at least 100");
+    }
+    if !["json", "pretty"].contains(&raw.log.format.as_str()) {
+        bad("log.format", "expected json or pretty");
+    }
+    if tracing_subscriber::EnvFilter::try_new(&raw.log.level).is_err() {
+        bad("log.level", "not a valid tracing filter");
+    }
+    let http_listen = raw.http.listen.parse::<SocketAddr>();
+    if http_listen.is_err() {
+        bad("http.listen", "expected host:port, e.g. 127.0.0.1:9464");
+    }
+    let terminal = &raw.tools.terminal;
+    if !(terminal.timeout_seconds.is_finite() && terminal.timeout_seconds > 0.0) {
+        bad("tools.terminal.timeout_seconds", "must be a positive number");
+    }
+    if terminal.output_cap_bytes == 0 {
+        bad("tools.terminal.output_cap_bytes", "must be greater than 0");
+    }
+    for (index, agent) in raw.agents.iter().enumerate() {
+        if agent.name.is_empty() || agent.parameter.is_empty() {
+            bad(&format!("agents[{index}].name"), "name and parameter must be non-empty");
+        }
+        if !(agent.timeout_s.is_finite() && agent.timeout_s > 0.0) {
+            bad(&format!("agents[{index}].timeout_s"), "must be a positive number");
+        }
+    }
+    let Ok(http_listen) = http_listen else { return Err(ConfigError(errors)) };
+    if !errors.is_empty() {
+        return Err(ConfigError(errors));
+    }
+    let ms = Duration::from_millis;
+    Ok(Config {
+        http_listen,
+        block: ms(raw.dispatch.block_ms),
+        claim_idle: ms(raw.dispatch.claim_idle_ms),
+        answered_retention: ms(raw.dispatch.answered_retention_ms),
+        max_request_age: (raw.dispatch.max_request_age_ms > 0).then(|| ms(raw.dispatch.max_request_age_ms)),
+        shutdown_grace: ms(raw.dispatch.shutdown_grace_ms),
+        heartbeat: ms(raw.daemon.heartbeat_ms),
+        raw,
+    })
+}
+
+impl Config {
+    /// The effective configuration as TOML, with secrets masked: the Redis password and the
+    /// terminal redaction substrings and patterns.
+    pub fn masked_toml(&self) -> String {
+        let mut raw = self.raw.clone();
+        raw.redis.url = mask_url(&raw.redis.url);
+        let terminal = &mut raw.tools.terminal;
+        terminal.redact_substrings = terminal.redact_substrings.iter().map(|_| "***".to_owned()).collect();
+        terminal.redact_patterns = terminal.redact_patterns.iter().map(|_| "***".to_owned()).collect();
+        toml::to_string_pretty(&raw).unwrap_or_else(|err| format!("# cannot print configuration: {err}\n"))
+    }
+}
+
+/// A Redis URL with its password replaced by `***`.
+pub fn mask_url(url: &str) -> String {
+    let Some(scheme_end) = url.find("://") else { return url.to_owned() };
+    let rest = &url[scheme_end + 3..];
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    let Some(at) = rest[..authority_end].rfind('@') else { return url.to_owned() };
+    let userinfo = &rest[..at];
+    let masked = match userinfo.find(':') {
+        Some(colon) => format!("{}:***", &userinfo[..colon]),
+        None => "***".to_owned(),
+    };
+    format!("{}{masked}{}", &url[..scheme_end + 3], &rest[at..])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
+    }
+
+    fn file(text: &str) -> tempfile_path::TempPath {
+        tempfile_path::TempPath::with(text)
+    }
+
+    mod tempfile_path {
+        /// A file under the temp dir, removed on drop.
+        pub struct TempPath(pub std::path::PathBuf);
+        impl TempPath {
+            pub fn with(text: &str) -> TempPath {
+                let path =
+                    std::env::temp_dir().join(format!("toolhost-config-{}.toml", uuid::Uuid::new_v4()));
+                std::fs::write(&path, text).unwrap();
+                TempPath(path)
+            }
+        }
+        impl Drop for TempPath {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_file(&self.0);
+            }
+        }
+    }
+
+    #[test]
+    fn defaults_load() {
+        let config = Config::load(None, &env(&[])).unwrap();
+        assert_eq!(config.raw.daemon.toolbox_id, "toolhost");
+        assert_eq!(config.raw.streams.requests, "action-requests");
+        assert_eq!(config.claim_idle, Duration::from_secs(30));
+        assert_eq!(config.raw.tools.terminal.allowed_commands, Vec::<String>::new());
+        assert_eq!(config.raw.tools.terminal.timeout_seconds, 5.0);
+    }
+
+    #[test]
+    fn environment_overrides_file_and_defaults() {
+        let path = file("[dispatch]\nmax_in_flight = 8\nclaim_idle_ms = 1000\n");
+        let config = Config::load(
+            Some(&path.0),
+            &env(&[
+                ("TOOLHOST__DISPATCH__CLAIM_IDLE_MS", "2000"),
+                ("TOOLHOST__DISPATCH__MAX_DELIVERIES", "3"),
+                ("TOOLHOST__TOOLS__DISABLED", "echo,terminal_run"),
+                ("REDIS_URL", "redis://:hunter2@127.0.0.1:7000/0"),
+                ("AGENT_NAME", "Helper"),
+                ("TERMINAL_ALLOWED_COMMANDS", "echo, ls"),
+                ("TERMINAL_TIMEOUT_SECONDS", "2.5"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(config.raw.dispatch.max_in_flight, 8);
+        assert_eq!(config.claim_idle, Duration::from_secs(2));
+        assert_eq!(config.raw.dispatch.max_deliveries, 3);
+        assert_eq!(config.raw.tools.disabled, ["echo", "terminal_run"]);
+        assert_eq!(config.raw.daemon.agent_name, "Helper");
+        assert_eq!(config.raw.tools.terminal.allowed_commands, ["echo", "ls"]);
+        assert_eq!(config.raw.tools.terminal.timeout_seconds, 2.5);
+        let printed = config.masked_toml();
+        assert!(!printed.contains("hunter2"), "{printed}");
+        assert!(printed.contains("redis://:***@127.0.0.1:7000/0"), "{printed}");
+    }
+
+    #[test]
+    fn unknown_keys_are_named() {
+        let path = file("[dispatch]\nmax_inflight = 8\n");
+        let err = Config::load(Some(&path.0), &env(&[])).unwrap_err();
+        assert!(err.to_string().contains("max_inflight"), "{err}");
+        let err = Config::load(None, &env(&[("TOOLHOST__DISPATCH__BOGUS", "1")])).unwrap_err();
+        assert!(err.to_string().contains("bogus"), "{err}");
+    }
+
+    #[test]
+    fn bad_values_are_named() {
+        let path =
+            file("[dispatch]\nmax_in_flight = 0\n[log]\nformat = \"xml\"\n[http]\nlisten = \"nowhere\"\n");
+        let err = Config::load(Some(&path.0), &env(&[])).unwrap_err();
+        let text = err.to_string();
+        for key in ["dispatch.max_in_flight", "log.format", "http.listen"] {
+            assert!(text.contains(key), "{key} missing from {text}");
+        }
+        let err = Config::load(None, &env(&[("TOOLHOST__DISPATCH__MAX_IN_FLIGHT", "lots")])).unwrap_err();
+        assert!(err.to_string().contains("max_in_flight"), "{err}");
+        let err = Config::load(None, &env(&[("TERMINAL_TIMEOUT_SECONDS", "soon")])).unwrap_err();
+        assert!(err.to_string().contains("TERMINAL_TIMEOUT_SECONDS"), "{err}");
+    }
+
+    #[test]
+    fn urls_are_masked() {
+        assert_eq!(mask_url("redis://user:pw@host:6379/0"), "redis://user:***@host:6379/0");
+        assert_eq!(mask_url("rediss://:pw@host"), "rediss://:***@host");
+        assert_eq!(mask_url("redis://host:6379"), "redis://host:6379");
+    }
+}

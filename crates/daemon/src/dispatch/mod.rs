@@ -1,0 +1,645 @@
+//! The request loop: read `action-requests` through the toolbox's consumer group, answer each
+//! request exactly once on its response topic, ack only after the answer is committed.
+//!
+//! One [`Dispatcher`] per daemon runs two loops: [`Dispatcher::run_reader`] reads new entries,
+//! asking Redis only for as many as there are free in-flight slots, and
+//! [`Dispatcher::run_reclaimer`] takes over entries other consumers left pending past the lease.
+//! Every entry is handled in its own task; its end (dead letter, answer, answered mark, ack) is
+//! committed by one atomic [`Bus::finish`].
+
+mod request;
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use toolhost_bus::{Bus, CallKeys, CallStart, EntryRef, Error as BusError, Finish, Keys, Published};
+use toolhost_envelope::{DiscoveryFormat, Entry, ErrorCode, EventEnvelope, ResultData, new_message_id};
+use toolhost_tools::{Context, Failure, Registry};
+use tracing::{debug, error, info, warn};
+
+pub(crate) use request::{Admission, Request, Target, admit, entry_millis, now_since_epoch};
+
+use crate::backoff::Backoff;
+use crate::services::Services;
+use crate::shutdown::Shutdown;
+use crate::stats::Stats;
+use crate::telemetry::Telemetry;
+
+/// What the dispatcher needs to know, resolved from configuration.
+#[derive(Debug, Clone)]
+pub struct DispatchSettings {
+    /// The toolbox id: consumer group, ledger namespace and `source` of results.
+    pub toolbox_id: String,
+    /// This replica's consumer name, unique per process.
+    pub consumer: String,
+    /// Bare name of the requests topic.
+    pub requests_topic: String,
+    /// Bare name of the default results topic.
+    pub results_topic: String,
+    /// Larger payloads are dead-lettered.
+    pub max_payload_bytes: usize,
+    /// Most entries per read.
+    pub read_batch: usize,
+    /// How long a read blocks.
+    pub block: Duration,
+    /// Lease of a call; idle time after which pending entries are reclaimed.
+    pub claim_idle: Duration,
+    /// Deliveries after which an entry is dead-lettered.
+    pub max_deliveries: u64,
+    /// How long request ids are remembered as answered.
+    pub answered_retention: Duration,
+    /// Requests older than this answer `expired`.
+    pub max_request_age: Option<Duration>,
+    /// Whether events no tool consumes get an `unknown_tool` answer.
+    pub answer_unknown_tools: bool,
+}
+
+/// Reads requests and answers them.
+pub struct Dispatcher {
+    bus: Arc<dyn Bus>,
+    registry: Arc<Registry>,
+    keys: Keys,
+    settings: DispatchSettings,
+    /// Full key of the requests stream.
+    requests: String,
+    /// Full key of the dead-letter stream.
+    dead_letters: String,
+    /// `toolhost:<toolbox_id>`.
+    source: String,
+    in_flight: Arc<Semaphore>,
+    /// Entry ids being handled by this process, so a reclaim never starts a second copy.
+    active: Mutex<HashSet<String>>,
+    stats: Arc<Stats>,
+    telemetry: Telemetry,
+    shutdown: Shutdown,
+}
+
+/// How a handled entry ended, for logs and metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    Success,
+    Error(ErrorCode),
+    DeadLetter,
+    Duplicate,
+    LeftPending,
+}
+
+impl Outcome {
+    fn label(self) -> &'static str {
+        match self {
+            Outcome::Success => "success",
+            Outcome::Error(code) => code.as_str(),
+            Outcome::DeadLetter => "dead_letter",
+            Outcome::Duplicate => "duplicate",
+            Outcome::LeftPending => "left_pending",
+        }
+    }
+}
+
+impl Dispatcher {
+    /// A dispatcher over `bus` for the tools of `registry`.
+    pub fn new(services: Services, settings: DispatchSettings, max_in_flight: usize) -> Dispatcher {
+        let Services { bus, registry, keys, stats, telemetry, shutdown } = services;
+        Dispatcher {
+            requests: keys.topic(&settings.requests_topic),
+            dead_letters: keys.dead_letters(&settings.toolbox_id),
+            source: format!("toolhost:{}", settings.toolbox_id),
+            bus,
+            registry,
+            keys,
+            settings,
+            in_flight: Arc::new(Semaphore::new(max_in_flight)),
+            active: Mutex::new(HashSet::new()),
+            stats,
+            telemetry,
+            shutdown,
+        }
+    }
+
+    /// The full key of the requests stream.
+    pub fn requests_key(&self) -> &str {
+        &self.requests
+    }
+
+    /// Creates the consumer group, retrying while Redis is unavailable or until shutdown.
+    pub async fn ensure_group(&self) -> bool {
+        let mut backoff = Backoff::new();
+        loop {
+            match self.bus.ensure_group(&self.requests, &self.settings.toolbox_id).await {
+                Ok(()) => return true,
+                Err(err) => {
+                    warn!(error = %err, stream = %self.requests, "cannot create consumer group; retrying");
+                    if !backoff.wait(self.shutdown.stopping()).await {
+                        return false;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Reads new entries until shutdown, handling each in its own task.
+    pub async fn run_reader(self: Arc<Self>) {
+        let mut backoff = Backoff::new();
+        let stopping = self.shutdown.stopping().clone();
+        while !stopping.is_cancelled() {
+            let first = tokio::select! {
+                permit = self.in_flight.clone().acquire_owned() => match permit {
+                    Ok(permit) => permit,
+                    Err(_closed) => return,
+                },
+                () = stopping.cancelled() => return,
+            };
+            let count = (self.in_flight.available_permits() + 1).min(self.settings.read_batch);
+            // The read is not cancelled on shutdown: it returns within `block`, and what it
+            // delivered is then handled rather than left pending.
+            let read = self
+                .bus
+                .read_group(
+                    &self.requests,
+                    &self.settings.toolbox_id,
+                    &self.settings.consumer,
+                    count,
+                    self.settings.block,
+                )
+                .await;
+            match read {
+                Ok(entries) => {
+                    backoff.reset();
+                    self.telemetry.set_redis_up(true);
+                    self.spawn_all(entries, first).await;
+                }
+                Err(err) => {
+                    drop(first);
+                    self.telemetry.set_redis_up(false);
+                    if matches!(err, BusError::NoGroup(_)) {
+                        warn!(error = %err, "consumer group vanished (Redis lost its data?); creating it again");
+                        let _ = self.bus.ensure_group(&self.requests, &self.settings.toolbox_id).await;
+                    } else {
+                        warn!(error = %err, "reading requests failed; backing off");
+                    }
+                    if !backoff.wait(&stopping).await {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    async fn spawn_all(self: &Arc<Self>, entries: Vec<Entry>, first: OwnedSemaphorePermit) {
+        let mut first = Some(first);
+        for entry in entries {
+            let permit = match first.take() {
+                Some(permit) => permit,
+                None => match self.in_flight.clone().acquire_owned().await {
+                    Ok(permit) => permit,
+                    Err(_closed) => return,
+                },
+            };
+            self.spawn(entry, permit);
+        }
+    }
+
+    fn spawn(self: &Arc<Self>, entry: Entry, permit: OwnedSemaphorePermit) {
+        {
+            let mut active = self.active.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            if !active.insert(entry.entry_id.clone()) {
+                debug!(entry_id = %entry.entry_id, "entry is already being handled here");
+                return;
+            }
+        }
+        let dispatcher = Arc::clone(self);
+        self.shutdown.tasks().spawn(async move {
+            dispatcher.handle(&entry).await;
+            dispatcher.active.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(&entry.entry_id);
+            drop(permit);
+        });
+    }
+
+    /// Periodically claims entries idle past the lease (left by crashed or stalled consumers).
+    pub async fn run_reclaimer(self: Arc<Self>) {
+        let period = (self.settings.claim_idle / 2).clamp(Duration::from_millis(50), Duration::from_secs(10));
+        let stopping = self.shutdown.stopping().clone();
+        loop {
+            if let Err(err) = self.reclaim_once().await {
+                warn!(error = %err, "reclaiming idle entries failed");
+            }
+            tokio::select! {
+                () = tokio::time::sleep(period) => {}
+                () = stopping.cancelled() => return,
+            }
+        }
+    }
+
+    /// One full XAUTOCLAIM scan of the group.
+    pub async fn reclaim_once(self: &Arc<Self>) -> Result<(), BusError> {
+        let mut start = "0-0".to_owned();
+        loop {
+            if self.shutdown.stopping().is_cancelled() {
+                return Ok(());
+            }
+            let free = self.in_flight.available_permits().min(self.settings.read_batch);
+            if free == 0 {
+                return Ok(());
+            }
+            let reclaimed = self
+                .bus
+                .reclaim(
+                    &self.requests,
+                    &self.settings.toolbox_id,
+                    &self.settings.consumer,
+                    self.settings.claim_idle,
+                    &start,
+                    free,
+                )
+                .await?;
+            for entry in reclaimed.entries {
+                self.telemetry.reclaimed();
+                let Ok(permit) = self.in_flight.clone().acquire_owned().await else { return Ok(()) };
+                self.spawn(entry, permit);
+            }
+            if reclaimed.next_start == "0-0" {
+                return Ok(());
+            }
+            start = reclaimed.next_start;
+        }
+    }
+
+    /// Handles one entry to its end and logs the outcome.
+    async fn handle(&self, entry: &Entry) {
+        let started = Instant::now();
+        if entry.deliveries > 1 {
+            self.telemetry.redelivered();
+        }
+        let admission = admit(entry, self.settings.max_payload_bytes, |event| {
+            self.registry.by_event(event).map(str::to_owned)
+        });
+        let (outcome, tool, request) = match admission {
+            Admission::DeadLetter(reason) => (self.dead_letter(entry, &reason, None).await, None, None),
+            Admission::Request(request) => {
+                let tool = match &request.target {
+                    Target::Tool { name, .. } => Some(name.clone()),
+                    Target::Discover => Some("tools.discover".to_owned()),
+                    Target::Stats => Some("tools.stats".to_owned()),
+                    _ => None,
+                };
+                let outcome = if entry.deliveries > self.settings.max_deliveries {
+                    self.poison(entry, &request).await
+                } else {
+                    self.answer(entry, &request).await
+                };
+                (outcome, tool, Some(request))
+            }
+        };
+        let duration = started.elapsed();
+        let tool_label = tool.as_deref().unwrap_or("-");
+        if matches!(outcome, Outcome::Success | Outcome::Error(_)) {
+            let code = match outcome {
+                Outcome::Error(code) => Some(code.as_str()),
+                _ => None,
+            };
+            self.stats.record(tool_label, code, duration);
+        }
+        self.telemetry.invocation(tool_label, outcome.label(), duration);
+        let envelope = request.as_ref().map(|request| &request.envelope);
+        info!(
+            request_id = request.as_ref().map_or("-", |request| request.request_id.as_str()),
+            correlation_id = envelope.and_then(EventEnvelope::effective_correlation_id).unwrap_or("-"),
+            tenant_id = envelope.and_then(|e| e.tenant_id.as_deref()).unwrap_or("-"),
+            tool = tool_label,
+            outcome = outcome.label(),
+            duration_ms = duration.as_secs_f64() * 1000.0,
+            entry_id = %entry.entry_id,
+            deliveries = entry.deliveries,
+            "invocation"
+        );
+    }
+
+    /// Runs a request (unless the ledger says otherwise) and commits its answer.
+    async fn answer(&self, entry: &Entry, request: &Request) -> Outcome {
+        let answered_key = self.keys.answered(&self.settings.toolbox_id, &request.request_id);
+        let call_key = self.keys.call(&self.settings.toolbox_id, &request.request_id);
+        let call = CallKeys {
+            answered: &answered_key,
+            call: &call_key,
+            lease: self.settings.claim_idle,
+            retention: self.settings.answered_retention,
+        };
+        let result = match self.expired(entry, request) {
+            Some(failure) => Err(failure),
+            None => match &request.target {
+                Target::Tool { name, arguments } => match self.begin(entry, request, &call, name).await {
+                    Begin::Run => self.run_tool(entry, request, &call, name, arguments.clone()).await,
+                    Begin::Answer(result) => result,
+                    Begin::End(outcome) => return outcome,
+                },
+                Target::Discover => Ok(self.discover(&request.envelope)),
+                Target::Stats => Ok(
+                    json!({"toolbox_id": self.settings.toolbox_id, "tools": self.stats.snapshot()["tools"]}),
+                ),
+                Target::Unknown(event) if self.settings.answer_unknown_tools => Err(Failure::new(
+                    ErrorCode::UnknownTool,
+                    format!("no tool consumes the event '{event}'; send tools.discover to list the tools"),
+                )),
+                Target::Unknown(_) => {
+                    // Another toolbox sharing the stream answers it; only ack here.
+                    return self
+                        .commit(entry, None, None, None)
+                        .await
+                        .map_or(Outcome::LeftPending, |_| Outcome::Duplicate);
+                }
+                Target::Invalid(reason) => Err(Failure::new(ErrorCode::InvalidRequest, reason.clone())),
+            },
+        };
+        let outcome = match &result {
+            Ok(_) => Outcome::Success,
+            Err(failure) => Outcome::Error(failure.code),
+        };
+        if let Err(failure) = &result
+            && failure.code == ErrorCode::InvalidOutput
+        {
+            error!(request_id = %request.request_id, details = ?failure.details, "tool bug: output breaks the tool's output schema");
+        }
+        let data = match result {
+            Ok(value) => ResultData::ok(&request.request_id, value),
+            Err(failure) => failure_data(&request.request_id, failure),
+        };
+        match self.commit_answer(entry, request, &call, &data, None).await {
+            Some(true) => outcome,
+            Some(false) => Outcome::Duplicate,
+            None => Outcome::LeftPending,
+        }
+    }
+
+    /// An `expired` failure when the request's deadline or the maximum age has passed.
+    fn expired(&self, entry: &Entry, request: &Request) -> Option<Failure> {
+        let now = now_since_epoch();
+        if let Some(deadline) = request.deadline
+            && deadline <= now
+        {
+            return Some(Failure::new(
+                ErrorCode::Expired,
+                "the request's deadline passed before it could run",
+            ));
+        }
+        let max_age = self.settings.max_request_age?;
+        let sent = Duration::from_millis(entry_millis(&entry.entry_id)?);
+        (now.saturating_sub(sent) > max_age).then(|| {
+            Failure::new(
+                ErrorCode::Expired,
+                format!("the request is older than the maximum age of {} ms", max_age.as_millis()),
+            )
+        })
+    }
+
+    /// Consults the ledger before running a tool.
+    async fn begin(&self, entry: &Entry, request: &Request, call: &CallKeys<'_>, tool: &str) -> Begin {
+        let owner = format!("{}/{}", self.settings.consumer, entry.entry_id);
+        let mut backoff = Backoff::new();
+        let start = loop {
+            match self.bus.begin_call(call, &owner, &entry.entry_id).await {
+                Ok(start) => break start,
+                Err(err) if err.is_retryable() => {
+                    warn!(error = %err, request_id = %request.request_id, "cannot record call start; retrying");
+                    if !backoff.wait(self.shutdown.forced()).await {
+                        return Begin::End(Outcome::LeftPending);
+                    }
+                }
+                Err(err) => {
+                    error!(error = %err, request_id = %request.request_id, "cannot record call start");
+                    return Begin::End(Outcome::LeftPending);
+                }
+            }
+        };
+        match start {
+            CallStart::Fresh => Begin::Run,
+            CallStart::Answered => Begin::End(
+                self.commit(entry, None, None, None)
+                    .await
+                    .map_or(Outcome::LeftPending, |_| Outcome::Duplicate),
+            ),
+            CallStart::Busy { entry_id } if entry_id == entry.entry_id => {
+                // The owner is alive and will ack this very entry.
+                Begin::End(Outcome::LeftPending)
+            }
+            CallStart::Busy { .. } => {
+                // A re-sent copy while the original runs: the original's answer is the one.
+                Begin::End(
+                    self.commit(entry, None, None, None)
+                        .await
+                        .map_or(Outcome::LeftPending, |_| Outcome::Duplicate),
+                )
+            }
+            CallStart::StartedBefore => {
+                let idempotent = self.registry.description(tool).is_some_and(|d| d.annotations.idempotent);
+                if idempotent {
+                    Begin::Run
+                } else {
+                    Begin::Answer(Err(Failure::new(
+                        ErrorCode::Interrupted,
+                        format!(
+                            "the tool host stopped while '{tool}' was running; the call was not repeated because \
+                             '{tool}' is not idempotent, so check its effects before calling it again"
+                        ),
+                    )))
+                }
+            }
+            _ => Begin::End(Outcome::LeftPending),
+        }
+    }
+
+    /// Runs a tool, renewing the lease while it runs.
+    async fn run_tool(
+        &self,
+        entry: &Entry,
+        request: &Request,
+        call: &CallKeys<'_>,
+        tool: &str,
+        arguments: Value,
+    ) -> Result<Value, Failure> {
+        let context = Context {
+            request_id: request.request_id.clone(),
+            correlation_id: request.envelope.effective_correlation_id().map(str::to_owned),
+            conversation_id: request
+                .envelope
+                .data_str("conversation_id")
+                .or(request.envelope.session_id.as_deref())
+                .map(str::to_owned),
+            cancel: self.shutdown.forced().child_token(),
+        };
+        let left = request.deadline.map(|deadline| deadline.saturating_sub(now_since_epoch()));
+        let owner = format!("{}/{}", self.settings.consumer, entry.entry_id);
+        let entry_ref =
+            EntryRef { topic: &self.requests, group: &self.settings.toolbox_id, entry_id: &entry.entry_id };
+        let renew = async {
+            let mut tick = tokio::time::interval(self.settings.claim_idle / 3);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                match self.bus.renew_call(call, &owner, &entry_ref, &self.settings.consumer).await {
+                    Ok(true) => {}
+                    Ok(false) => warn!(request_id = %request.request_id, "lost the lease of a running call"),
+                    Err(err) => warn!(error = %err, request_id = %request.request_id, "cannot renew lease"),
+                }
+            }
+        };
+        let forced = self.shutdown.forced().clone();
+        let _in_flight = self.telemetry.in_flight_guard();
+        tokio::select! {
+            res = self.registry.invoke(tool, arguments, &context, left) => res,
+            () = renew => unreachable_renew(),
+            () = forced.cancelled() => {
+                context.cancel.cancel();
+                Err(Failure::new(ErrorCode::Cancelled, "the tool host is shutting down"))
+            }
+        }
+    }
+
+    /// The discovery answer in the requested format.
+    fn discover(&self, envelope: &EventEnvelope) -> Value {
+        let format = envelope.data_str("format").and_then(DiscoveryFormat::parse).unwrap_or_default();
+        let tools = self.registry.export(
+            format,
+            &self.keys.topic(&self.settings.requests_topic),
+            &self.keys.topic(&self.settings.results_topic),
+        );
+        json!({"toolbox_id": self.settings.toolbox_id, "format": format.as_str(), "tools": tools})
+    }
+
+    /// Dead-letters an entry that cannot be answered, acking it.
+    async fn dead_letter(
+        &self,
+        entry: &Entry,
+        reason: &str,
+        answer: Option<(&Request, ResultData)>,
+    ) -> Outcome {
+        warn!(entry_id = %entry.entry_id, reason, "dead-lettering entry");
+        let letter = json!({
+            "event": "dead_letter",
+            "toolbox_id": self.settings.toolbox_id,
+            "stream": self.requests,
+            "entry_id": entry.entry_id,
+            "id": entry.id,
+            "payload": entry.payload,
+            "deliveries": entry.deliveries,
+            "error": reason,
+            "dead_lettered_at": toolhost_envelope::now_rfc3339(),
+        });
+        let letter = letter.to_string();
+        let letter_id = new_message_id();
+        let dead = Published { topic: &self.dead_letters, id: &letter_id, payload: &letter };
+        self.telemetry.dead_lettered();
+        match answer {
+            Some((request, data)) => {
+                let answered_key = self.keys.answered(&self.settings.toolbox_id, &request.request_id);
+                let call_key = self.keys.call(&self.settings.toolbox_id, &request.request_id);
+                let call = CallKeys {
+                    answered: &answered_key,
+                    call: &call_key,
+                    lease: self.settings.claim_idle,
+                    retention: self.settings.answered_retention,
+                };
+                self.commit_answer(entry, request, &call, &data, Some(dead)).await;
+            }
+            None => {
+                self.commit(entry, None, None, Some(dead)).await;
+            }
+        }
+        Outcome::DeadLetter
+    }
+
+    /// An entry delivered too often: dead-letter it and answer `internal`.
+    async fn poison(&self, entry: &Entry, request: &Request) -> Outcome {
+        let reason = format!(
+            "delivered {} times without completing (limit {}); each holder stopped or failed before answering",
+            entry.deliveries, self.settings.max_deliveries
+        );
+        let data = ResultData::err(
+            &request.request_id,
+            ErrorCode::Internal,
+            "the request failed repeatedly inside the tool host and was moved to the dead-letter stream",
+        );
+        self.dead_letter(entry, &reason, Some((request, data))).await
+    }
+
+    /// Commits a request's answer. `None` when it could not be committed (left pending).
+    async fn commit_answer(
+        &self,
+        entry: &Entry,
+        request: &Request,
+        call: &CallKeys<'_>,
+        data: &ResultData,
+        dead_letter: Option<Published<'_>>,
+    ) -> Option<bool> {
+        let topic = self
+            .keys
+            .topic(request.envelope.requested_response_topic().unwrap_or(&self.settings.results_topic));
+        let result = request.envelope.result(&self.source, &topic, data);
+        // Serialising an envelope of strings and JSON values cannot fail.
+        let payload = serde_json::to_string(&result).unwrap_or_default();
+        let answer = Published { topic: &topic, id: &result.id, payload: &payload };
+        self.commit(entry, Some(*call), Some(answer), dead_letter).await
+    }
+
+    /// Runs [`Bus::finish`] until it succeeds, Redis refuses it, or shutdown is forced.
+    async fn commit(
+        &self,
+        entry: &Entry,
+        call: Option<CallKeys<'_>>,
+        answer: Option<Published<'_>>,
+        dead_letter: Option<Published<'_>>,
+    ) -> Option<bool> {
+        let finish = Finish {
+            entry: EntryRef {
+                topic: &self.requests,
+                group: &self.settings.toolbox_id,
+                entry_id: &entry.entry_id,
+            },
+            call,
+            answer,
+            dead_letter,
+        };
+        let mut backoff = Backoff::new();
+        loop {
+            match self.bus.finish(&finish).await {
+                Ok(published) => return Some(published),
+                Err(err) if err.is_retryable() => {
+                    self.telemetry.set_redis_up(false);
+                    warn!(error = %err, entry_id = %entry.entry_id, "cannot commit answer; retrying");
+                    if !backoff.wait(self.shutdown.forced()).await {
+                        return None;
+                    }
+                }
+                Err(err) => {
+                    error!(error = %err, entry_id = %entry.entry_id, "cannot commit answer; leaving the entry pending");
+                    return None;
+                }
+            }
+        }
+    }
+}
+
+/// What the ledger decided before a tool call.
+enum Begin {
+    /// Run the tool.
+    Run,
+    /// Answer this without running.
+    Answer(Result<Value, Failure>),
+    /// Nothing to answer; the entry ended this way.
+    End(Outcome),
+}
+
+fn unreachable_renew() -> Result<Value, Failure> {
+    // The renewal loop never ends; select! needs a value for its branch.
+    Err(Failure::new(ErrorCode::Internal, "lease renewal stopped"))
+}
+
+fn failure_data(request_id: &str, failure: Failure) -> ResultData {
+    let data = ResultData::err(request_id, failure.code, failure.message);
+    match failure.details {
+        Some(details) => data.with_details(details),
+        None => data,
+    }
+}

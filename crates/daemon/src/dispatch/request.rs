@@ -1,0 +1,274 @@
+//! Admission: from a raw stream entry to a request the dispatcher can answer, or a dead letter.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde_json::{Map, Value};
+use toolhost_envelope::{Entry, EventEnvelope, RESERVED_DATA_KEYS};
+
+/// What the dispatcher should do with an entry.
+#[derive(Debug)]
+pub(crate) enum Admission {
+    /// Nothing tells where to answer: dead-letter it with this reason.
+    DeadLetter(String),
+    /// Answerable.
+    Request(Box<Request>),
+}
+
+/// A request that can be answered.
+#[derive(Debug)]
+pub(crate) struct Request {
+    /// The envelope as sent.
+    pub envelope: EventEnvelope,
+    /// `data.request_id`, else the envelope's `id`, else the entry's message id; stable across
+    /// redeliveries, so the ledger can recognise them.
+    pub request_id: String,
+    /// What was asked for.
+    pub target: Target,
+    /// When the request stops being worth running, as time since the UNIX epoch.
+    pub deadline: Option<Duration>,
+}
+
+/// What a request asks for.
+#[derive(Debug)]
+pub(crate) enum Target {
+    /// Call a tool with these arguments.
+    Tool { name: String, arguments: Value },
+    /// No tool consumes the event.
+    Unknown(String),
+    /// `tools.discover`.
+    Discover,
+    /// `tools.stats`.
+    Stats,
+    /// The envelope can be answered but not run; the sentence says why.
+    Invalid(String),
+}
+
+/// The generic invocation event: `data.tool` and `data.arguments`.
+pub(crate) const TOOL_INVOKE: &str = "tool.invoke";
+/// Discovery.
+pub(crate) const TOOLS_DISCOVER: &str = "tools.discover";
+/// Statistics.
+pub(crate) const TOOLS_STATS: &str = "tools.stats";
+
+/// Decodes an entry; `resolve` maps an event type to the tool consuming it.
+pub(crate) fn admit(
+    entry: &Entry,
+    max_payload_bytes: usize,
+    resolve: impl Fn(&str) -> Option<String>,
+) -> Admission {
+    let Some(payload) = entry.payload.as_deref() else {
+        return Admission::DeadLetter("entry has no payload field".to_owned());
+    };
+    if payload.len() > max_payload_bytes {
+        return Admission::DeadLetter(format!(
+            "payload of {} bytes exceeds the limit of {max_payload_bytes} bytes",
+            payload.len()
+        ));
+    }
+    let value: Value = match serde_json::from_str(payload) {
+        Ok(value) => value,
+        Err(err) => return Admission::DeadLetter(format!("payload is not JSON: {err}")),
+    };
+    if !value.is_object() {
+        return Admission::DeadLetter("payload is not a JSON object".to_owned());
+    }
+    let (envelope, problem) = match serde_json::from_value::<EventEnvelope>(value.clone()) {
+        Ok(envelope) => (envelope, None),
+        Err(err) => (lenient_envelope(&value), Some(format!("malformed envelope: {err}"))),
+    };
+    let has_response_event = envelope
+        .response_event
+        .as_deref()
+        .or_else(|| envelope.data_str("response_event"))
+        .is_some_and(|name| !name.is_empty());
+    if envelope.event_type.is_empty() && !has_response_event {
+        return Admission::DeadLetter("envelope has no type and no response_event to answer with".to_owned());
+    }
+    let request_id = envelope
+        .data_str("request_id")
+        .map(str::to_owned)
+        .or_else(|| (!envelope.id.is_empty()).then(|| envelope.id.clone()))
+        .unwrap_or_else(|| entry.id.clone());
+    let target = match problem {
+        Some(problem) => Target::Invalid(problem),
+        None => target(&envelope, resolve),
+    };
+    let deadline = deadline(&envelope, entry);
+    Admission::Request(Box::new(Request { envelope, request_id, target, deadline }))
+}
+
+fn target(envelope: &EventEnvelope, resolve: impl Fn(&str) -> Option<String>) -> Target {
+    let data = match &envelope.data {
+        Value::Object(data) => data.clone(),
+        Value::Null => Map::new(),
+        _ => return Target::Invalid("data must be a JSON object".to_owned()),
+    };
+    match envelope.event_type.as_str() {
+        "" => Target::Invalid("envelope has no type".to_owned()),
+        TOOLS_DISCOVER => Target::Discover,
+        TOOLS_STATS => Target::Stats,
+        TOOL_INVOKE => {
+            let Some(name) = data.get("tool").and_then(Value::as_str) else {
+                return Target::Invalid("tool.invoke needs data.tool, the tool's name".to_owned());
+            };
+            let arguments = match data.get("arguments") {
+                None | Some(Value::Null) => Value::Object(Map::new()),
+                // Some callers pass the model's arguments string through unparsed.
+                Some(Value::String(text)) => match serde_json::from_str::<Value>(text) {
+                    Ok(arguments) => arguments,
+                    Err(err) => {
+                        return Target::Invalid(format!("data.arguments is a string but not JSON: {err}"));
+                    }
+                },
+                Some(arguments) => arguments.clone(),
+            };
+            Target::Tool { name: name.to_owned(), arguments }
+        }
+        event => match resolve(event) {
+            Some(name) => {
+                let arguments: Map<String, Value> =
+                    data.into_iter().filter(|(key, _)| !RESERVED_DATA_KEYS.contains(&key.as_str())).collect();
+                Target::Tool { name, arguments: Value::Object(arguments) }
+            }
+            None => Target::Unknown(event.to_owned()),
+        },
+    }
+}
+
+/// Pulls what it can out of an object that is not a well-typed envelope, to answer it.
+fn lenient_envelope(value: &Value) -> EventEnvelope {
+    let text = |key: &str| value.get(key).and_then(Value::as_str).map(str::to_owned);
+    EventEnvelope {
+        id: text("id").unwrap_or_default(),
+        event_type: text("type").or_else(|| text("event_type")).unwrap_or_default(),
+        data: value.get("data").filter(|data| data.is_object()).cloned().unwrap_or(Value::Null),
+        correlation_id: text("correlation_id"),
+        response_event: text("response_event"),
+        response_topic: text("response_topic"),
+        tenant_id: text("tenant_id"),
+        user_id: text("user_id"),
+        session_id: text("session_id"),
+        trace_id: text("trace_id"),
+        ..EventEnvelope::default()
+    }
+}
+
+/// `data.deadline` (RFC 3339) or `data.timeout_ms` counted from the envelope's `time` (else the
+/// entry's own timestamp); the earlier of the two when both are given.
+fn deadline(envelope: &EventEnvelope, entry: &Entry) -> Option<Duration> {
+    let absolute = envelope
+        .data_str("deadline")
+        .and_then(|text| chrono::DateTime::parse_from_rfc3339(text).ok())
+        .and_then(|at| u64::try_from(at.timestamp_millis()).ok())
+        .map(Duration::from_millis);
+    let relative = envelope.data.get("timeout_ms").and_then(Value::as_u64).and_then(|timeout| {
+        let sent = envelope
+            .time
+            .as_deref()
+            .and_then(|text| chrono::DateTime::parse_from_rfc3339(text).ok())
+            .and_then(|at| u64::try_from(at.timestamp_millis()).ok())
+            .or_else(|| entry_millis(&entry.entry_id))?;
+        Some(Duration::from_millis(sent.saturating_add(timeout)))
+    });
+    match (absolute, relative) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// The millisecond timestamp in a stream entry id.
+pub(crate) fn entry_millis(entry_id: &str) -> Option<u64> {
+    entry_id.split('-').next()?.parse().ok()
+}
+
+/// Now, as time since the UNIX epoch.
+pub(crate) fn now_since_epoch() -> Duration {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn entry(payload: &str) -> Entry {
+        Entry::from_fields("1700000000000-0", [("id", "m-1".to_owned()), ("payload", payload.to_owned())])
+    }
+
+    fn check(payload: &str) -> Admission {
+        admit(&entry(payload), 1024, |event| (event == "echo.requested").then(|| "echo".to_owned()))
+    }
+
+    fn request(payload: &str) -> Request {
+        match check(payload) {
+            Admission::Request(request) => *request,
+            Admission::DeadLetter(reason) => panic!("dead-lettered: {reason}"),
+        }
+    }
+
+    #[test]
+    fn bad_payloads_are_dead_lettered() {
+        for (payload, reason) in [
+            ("not json", "not JSON"),
+            ("[1,2,3]", "not a JSON object"),
+            ("{\"data\": {}}", "no type"),
+            (
+                &format!("{{\"type\":\"echo.requested\",\"data\":{{\"message\":\"{}\"}}}}", "x".repeat(2000)),
+                "exceeds",
+            ),
+        ] {
+            match check(payload) {
+                Admission::DeadLetter(text) => assert!(text.contains(reason), "{text}"),
+                Admission::Request(request) => panic!("admitted {request:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn tool_events_strip_reserved_keys() {
+        let request = request(
+            r#"{"id":"e-1","type":"echo.requested","data":{"request_id":"r-1","message":"hi","deadline":"2099-01-01T00:00:00Z","response_topic":"x"}}"#,
+        );
+        assert_eq!(request.request_id, "r-1");
+        assert!(
+            matches!(&request.target, Target::Tool { name, arguments } if name == "echo" && *arguments == json!({"message": "hi"}))
+        );
+        assert!(request.deadline.is_some());
+    }
+
+    #[test]
+    fn tool_invoke_names_the_tool() {
+        let request = request(
+            r#"{"id":"e-1","type":"tool.invoke","data":{"tool":"echo","arguments":"{\"message\":\"hi\"}"}}"#,
+        );
+        assert_eq!(request.request_id, "e-1");
+        assert!(
+            matches!(&request.target, Target::Tool { name, arguments } if name == "echo" && *arguments == json!({"message": "hi"}))
+        );
+        let request = request_of(r#"{"type":"tool.invoke","data":{}}"#);
+        assert!(matches!(request.target, Target::Invalid(_)));
+        assert_eq!(request.request_id, "m-1");
+    }
+
+    fn request_of(payload: &str) -> Request {
+        request(payload)
+    }
+
+    #[test]
+    fn unknown_events_and_malformed_envelopes_are_answerable() {
+        assert!(matches!(request(r#"{"type":"nope.requested"}"#).target, Target::Unknown(_)));
+        let request = request(r#"{"type":"echo.requested","correlation_id":5,"response_topic":"mine"}"#);
+        assert!(matches!(request.target, Target::Invalid(_)));
+        assert_eq!(request.envelope.response_topic.as_deref(), Some("mine"));
+    }
+
+    #[test]
+    fn timeout_ms_counts_from_the_envelope_time() {
+        let request =
+            request(r#"{"type":"echo.requested","time":"2026-11-22T10:00:00Z","data":{"timeout_ms":1000}}"#);
+        let expected =
+            chrono::DateTime::parse_from_rfc3339("2026-11-22T10:00:01Z").unwrap().timestamp_millis();
+        assert_eq!(request.deadline, Some(Duration::from_millis(expected as u64)));
+    }
+}

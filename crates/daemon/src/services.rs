@@ -1,0 +1,27 @@
+//! The handles every loop of the daemon shares, created once by `serve::run`.
+
+use std::sync::Arc;
+
+use toolhost_bus::{Bus, Keys};
+use toolhost_tools::Registry;
+
+use crate::shutdown::Shutdown;
+use crate::stats::Stats;
+use crate::telemetry::Telemetry;
+
+/// Shared handles: transport, tools, key names, statistics, telemetry and shutdown.
+#[derive(Clone)]
+pub struct Services {
+    /// The transport.
+    pub bus: Arc<dyn Bus>,
+    /// The tools of this toolbox.
+    pub registry: Arc<Registry>,
+    /// Key and topic names.
+    pub keys: Keys,
+    /// Per-tool statistics for `tools.stats`.
+    pub stats: Arc<Stats>,
+    /// Metrics and readiness.
+    pub telemetry: Telemetry,
+    /// The shutdown signal and task tracker.
+    pub shutdown: Shutdown,
+}

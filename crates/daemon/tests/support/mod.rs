@@ -1,0 +1,336 @@
+//! Test support: a real `redis-server` on a free loopback port, and the real `toolhost` binary.
+//!
+//! Both are killed on drop. Tests use their own servers, so they can stop, restart or pause them
+//! to inject faults without disturbing each other.
+
+#![allow(dead_code)]
+
+use std::io::Read;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use redis::aio::MultiplexedConnection;
+use serde_json::Value;
+
+/// A redis-server process owned by a test.
+pub struct RedisServer {
+    port: u16,
+    dir: PathBuf,
+    appendonly: bool,
+    child: Option<Child>,
+}
+
+/// A free loopback TCP port (bound, then released).
+pub fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
+    listener.local_addr().expect("local addr").port()
+}
+
+/// A fresh, unique temporary directory.
+pub fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("toolhost-test-{name}-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).expect("create temp dir");
+    dir
+}
+
+impl RedisServer {
+    /// Starts a server without persistence.
+    pub fn start() -> RedisServer {
+        RedisServer::start_with(false)
+    }
+
+    /// Starts a server; with `appendonly` it keeps an AOF in its own directory, so a restart
+    /// keeps the data.
+    pub fn start_with(appendonly: bool) -> RedisServer {
+        let mut server = RedisServer { port: free_port(), dir: temp_dir("redis"), appendonly, child: None };
+        server.spawn();
+        server
+    }
+
+    fn spawn(&mut self) {
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--save", ""])
+            .args(["--appendonly", if self.appendonly { "yes" } else { "no" }])
+            .args(["--appendfsync", "always", "--dir"])
+            .arg(&self.dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server must be installed (the justfile installs it)");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(client) = redis::Client::open(self.url())
+                && let Ok(mut connection) = client.get_connection()
+                && redis::cmd("PING").query::<String>(&mut connection).is_ok()
+            {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("redis-server did not start on port {}", self.port);
+    }
+
+    /// `redis://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// The port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// A new async connection.
+    pub async fn connection(&self) -> MultiplexedConnection {
+        redis::Client::open(self.url())
+            .expect("client")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect to test redis")
+    }
+
+    /// Kills the server (SIGKILL: no shutdown save).
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts it again on the same port and directory.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+
+    /// SIGSTOP: the server hangs without closing connections.
+    pub fn pause(&self) {
+        signal(self.pid(), libc::SIGSTOP);
+    }
+
+    /// SIGCONT.
+    pub fn resume(&self) {
+        signal(self.pid(), libc::SIGCONT);
+    }
+
+    fn pid(&self) -> i32 {
+        self.child.as_ref().map_or(0, |child| child.id() as i32)
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.resume();
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Sends a signal to a process this test started.
+pub fn signal(pid: i32, signal: i32) {
+    if pid > 0 {
+        let _ = Command::new("kill").arg(format!("-{signal}")).arg(pid.to_string()).status();
+    }
+}
+
+/// A `toolhost serve` process owned by a test.
+pub struct Daemon {
+    child: Option<Child>,
+    log: PathBuf,
+    dir: PathBuf,
+}
+
+impl Daemon {
+    /// Starts `toolhost serve` against `redis` with extra environment variables and waits until
+    /// it logs `ready`.
+    pub fn start(redis: &RedisServer, env: &[(&str, &str)]) -> Daemon {
+        Daemon::start_args(redis, env, &[])
+    }
+
+    /// Same as [`Daemon::start`] with extra `serve` arguments.
+    pub fn start_args(redis: &RedisServer, env: &[(&str, &str)], args: &[&str]) -> Daemon {
+        let dir = temp_dir("daemon");
+        let log = dir.join("toolhost.log");
+        let stdout = std::fs::File::create(&log).expect("log file");
+        let stderr = stdout.try_clone().expect("log file");
+        let mut command = Command::new(env!("CARGO_BIN_EXE_toolhost"));
+        command
+            .arg("serve")
+            .args(args)
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("REDIS_URL", redis.url())
+            .env("TOOLHOST__HTTP__LISTEN", "127.0.0.1:0")
+            .env("TOOLHOST__LOG__LEVEL", "info")
+            .stdout(stdout)
+            .stderr(stderr);
+        for (name, value) in env {
+            command.env(name, value);
+        }
+        let child = command.spawn().expect("spawn toolhost");
+        let daemon = Daemon { child: Some(child), log, dir };
+        daemon.wait_for_log("\"message\":\"ready\"", Duration::from_secs(20));
+        daemon
+    }
+
+    /// The daemon's log so far.
+    pub fn log(&self) -> String {
+        let mut text = String::new();
+        if let Ok(mut file) = std::fs::File::open(&self.log) {
+            let _ = file.read_to_string(&mut text);
+        }
+        text
+    }
+
+    /// Waits until the log contains `needle`, panicking with the log after `timeout`.
+    pub fn wait_for_log(&self, needle: &str, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if self.log().contains(needle) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("toolhost did not log {needle} within {timeout:?}; log:\n{}", self.log());
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().map_or(0, |child| child.id() as i32)
+    }
+
+    /// Sends a signal.
+    pub fn signal(&self, sig: i32) {
+        signal(self.pid(), sig);
+    }
+
+    /// SIGKILL, and reaps it.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGTERM, then waits up to `timeout` for the exit code.
+    pub fn terminate(&mut self, timeout: Duration) -> Option<i32> {
+        self.signal(libc::SIGTERM);
+        let mut child = self.child.take()?;
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = child.try_wait() {
+                return status.code();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        None
+    }
+
+    /// Resident memory in KiB, from /proc.
+    pub fn rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap_or_default();
+        status
+            .lines()
+            .find(|line| line.starts_with("VmRSS:"))
+            .and_then(|line| line.split_whitespace().nth(1))
+            .and_then(|kib| kib.parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// The directory holding the log.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.signal(libc::SIGCONT);
+        self.kill9();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A request envelope shaped exactly like contract section 2.
+pub fn request(event_type: &str, request_id: &str, data: Value) -> Value {
+    let mut data = data;
+    data["request_id"] = Value::String(request_id.to_owned());
+    serde_json::json!({
+        "id": uuid::Uuid::new_v4().to_string(),
+        "source": "agent:planner",
+        "specversion": "1.0",
+        "type": event_type,
+        "topic": "action-requests",
+        "time": chrono::Utc::now().to_rfc3339(),
+        "data": data,
+        "correlation_id": format!("c-{request_id}"),
+        "tenant_id": "acme",
+        "user_id": "u-7",
+        "session_id": "s-1",
+    })
+}
+
+/// XADDs a payload to a stream as the contract's `id` + `payload` entry.
+pub async fn xadd(connection: &mut MultiplexedConnection, stream: &str, payload: &str) -> String {
+    redis::cmd("XADD")
+        .arg(stream)
+        .arg("*")
+        .arg("id")
+        .arg(uuid::Uuid::new_v4().to_string())
+        .arg("payload")
+        .arg(payload)
+        .query_async(connection)
+        .await
+        .expect("XADD")
+}
+
+/// Every payload of a stream, parsed, oldest first.
+pub async fn payloads(connection: &mut MultiplexedConnection, stream: &str) -> Vec<Value> {
+    let entries: Vec<(String, Vec<(String, String)>)> =
+        redis::cmd("XRANGE").arg(stream).arg("-").arg("+").query_async(connection).await.expect("XRANGE");
+    entries
+        .into_iter()
+        .filter_map(|(_, fields)| fields.into_iter().find(|(name, _)| name == "payload"))
+        .map(|(_, payload)| serde_json::from_str(&payload).unwrap_or(Value::String(payload)))
+        .collect()
+}
+
+/// Waits until `stream` holds at least `count` entries; returns their payloads.
+pub async fn wait_for(
+    connection: &mut MultiplexedConnection,
+    stream: &str,
+    count: usize,
+    timeout: Duration,
+) -> Vec<Value> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let found = payloads(connection, stream).await;
+        if found.len() >= count || Instant::now() >= deadline {
+            return found;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The number of entries pending in a group.
+pub async fn pending(connection: &mut MultiplexedConnection, stream: &str, group: &str) -> u64 {
+    let reply: redis::Value =
+        redis::cmd("XPENDING").arg(stream).arg(group).query_async(connection).await.expect("XPENDING");
+    match reply {
+        redis::Value::Array(items) => match items.first() {
+            Some(redis::Value::Int(count)) => *count as u64,
+            _ => 0,
+        },
+        _ => 0,
+    }
+}
+
+/// The answers to `request_id` among result payloads.
+pub fn answers_to<'a>(results: &'a [Value], request_id: &str) -> Vec<&'a Value> {
+    results.iter().filter(|result| result["data"]["request_id"] == request_id).collect()
+}

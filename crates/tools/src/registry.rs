@@ -1,0 +1,439 @@
+//! The [`Registry`] of a toolbox and the one path every call takes through it.
+
+use std::collections::{HashMap, HashSet};
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::FutureExt;
+use jsonschema::Validator;
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use tokio::sync::Semaphore;
+use toolhost_envelope::{DiscoveryFormat, ErrorCode, ToolDescription};
+
+use crate::schema::{SchemaError, compile, describe_errors};
+use crate::{Context, Tool, ToolSpec};
+
+/// Every tool of a toolbox, looked up by name or by the event it consumes.
+#[derive(Default)]
+pub struct Registry {
+    /// Sorted by name, so listings are deterministic.
+    tools: Vec<Registered>,
+    by_name: HashMap<String, usize>,
+    by_event: HashMap<String, usize>,
+    disabled: HashSet<String>,
+}
+
+/// One registered tool with everything compiled once.
+struct Registered {
+    tool: Arc<dyn Tool>,
+    spec: ToolSpec,
+    description: ToolDescription,
+    arguments: Validator,
+    output: Validator,
+    /// Top-level arguments that may be left out; `null` for them means absent.
+    optional: Vec<String>,
+    permits: Option<Arc<Semaphore>>,
+}
+
+/// Why a tool cannot be registered.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RegistryError {
+    /// The name breaks the naming rule.
+    #[error("tool name '{0}' is invalid: use 1-64 of [a-z0-9_]")]
+    InvalidName(String),
+    /// Two tools share a name.
+    #[error("tool name '{0}' is registered twice")]
+    DuplicateName(String),
+    /// Two tools consume the same event.
+    #[error("event '{event}' is consumed by both '{first}' and '{second}'")]
+    DuplicateEvent {
+        /// The event.
+        event: String,
+        /// The tool registered first.
+        first: String,
+        /// The tool registered second.
+        second: String,
+    },
+    /// A schema does not compile.
+    #[error(transparent)]
+    Schema(#[from] SchemaError),
+}
+
+/// Why a call did not produce a valid result.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Failure {
+    /// The wire code.
+    pub code: ErrorCode,
+    /// One readable sentence.
+    pub message: String,
+    /// Structure for the caller to act on (validation failures).
+    pub details: Option<Value>,
+}
+
+impl Failure {
+    /// A failure without details.
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Failure {
+        Failure { code, message: message.into(), details: None }
+    }
+}
+
+/// A tool name: 1-64 of `[a-z0-9_]`.
+fn valid_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+}
+
+impl Registry {
+    /// An empty registry.
+    pub fn new() -> Registry {
+        Registry::default()
+    }
+
+    /// Adds a tool, compiling its schemas.
+    ///
+    /// # Errors
+    /// The name is invalid or taken, its event is taken, or a schema does not compile.
+    pub fn register(&mut self, tool: Arc<dyn Tool>) -> Result<(), RegistryError> {
+        let spec = tool.spec();
+        if !valid_name(&spec.name) {
+            return Err(RegistryError::InvalidName(spec.name));
+        }
+        if self.by_name.contains_key(&spec.name) {
+            return Err(RegistryError::DuplicateName(spec.name));
+        }
+        let description = describe(&spec);
+        if let Some(&other) = self.by_event.get(&description.consumed_event) {
+            return Err(RegistryError::DuplicateEvent {
+                event: description.consumed_event,
+                first: self.tools[other].spec.name.clone(),
+                second: spec.name,
+            });
+        }
+        let arguments = compile(&spec.name, "argument", &spec.argument_schema)?;
+        let output = compile(&spec.name, "output", &spec.output_schema)?;
+        let optional = optional_properties(&spec.argument_schema);
+        let permits = spec.max_concurrent.map(|n| Arc::new(Semaphore::new(n.max(1))));
+        self.tools.push(Registered { tool, spec, description, arguments, output, optional, permits });
+        self.tools.sort_by(|a, b| a.spec.name.cmp(&b.spec.name));
+        self.reindex();
+        Ok(())
+    }
+
+    fn reindex(&mut self) {
+        self.by_name = self.tools.iter().enumerate().map(|(i, t)| (t.spec.name.clone(), i)).collect();
+        self.by_event =
+            self.tools.iter().enumerate().map(|(i, t)| (t.description.consumed_event.clone(), i)).collect();
+    }
+
+    /// Disables tools by name; calls to them answer `tool_disabled`. Unknown names are returned.
+    pub fn disable(&mut self, names: &[String]) -> Vec<String> {
+        let mut unknown = Vec::new();
+        for name in names {
+            if self.by_name.contains_key(name) {
+                self.disabled.insert(name.clone());
+            } else {
+                unknown.push(name.clone());
+            }
+        }
+        unknown
+    }
+
+    /// The tool consuming `event`, by name.
+    pub fn by_event(&self, event: &str) -> Option<&str> {
+        self.by_event.get(event).map(|&i| self.tools[i].spec.name.as_str())
+    }
+
+    /// Whether a tool of that name exists.
+    pub fn contains(&self, name: &str) -> bool {
+        self.by_name.contains_key(name)
+    }
+
+    /// The annotations-bearing description of a tool.
+    pub fn description(&self, name: &str) -> Option<&ToolDescription> {
+        self.by_name.get(name).map(|&i| &self.tools[i].description)
+    }
+
+    /// Every tool's description, sorted by name.
+    pub fn descriptions(&self) -> impl Iterator<Item = &ToolDescription> {
+        self.tools.iter().map(|tool| &tool.description)
+    }
+
+    /// Names of every tool, sorted.
+    pub fn names(&self) -> Vec<&str> {
+        self.tools.iter().map(|tool| tool.spec.name.as_str()).collect()
+    }
+
+    /// Every enabled tool in `format`, sorted by name.
+    pub fn export(&self, format: DiscoveryFormat, requests_topic: &str, results_topic: &str) -> Vec<Value> {
+        self.tools
+            .iter()
+            .filter(|tool| !self.disabled.contains(&tool.spec.name))
+            .map(|tool| tool.description.export(format, requests_topic, results_topic))
+            .collect()
+    }
+
+    /// Calls tool `name`: validates the arguments, waits for a permit, runs the tool under its
+    /// timeout (shortened to `deadline` when that comes first), catches panics and validates the
+    /// output.
+    pub async fn invoke(
+        &self,
+        name: &str,
+        arguments: Value,
+        context: &Context,
+        deadline: Option<Duration>,
+    ) -> Result<Value, Failure> {
+        let Some(&index) = self.by_name.get(name) else {
+            return Err(Failure::new(ErrorCode::UnknownTool, format!("no tool named '{name}'")));
+        };
+        if self.disabled.contains(name) {
+            return Err(Failure::new(ErrorCode::ToolDisabled, format!("tool '{name}' is disabled")));
+        }
+        let tool = &self.tools[index];
+        let arguments = tool.prepare_arguments(arguments)?;
+        let _permit = match &tool.permits {
+            // The semaphore is never closed, so acquiring only waits.
+            Some(permits) => Some(
+                permits
+                    .clone()
+                    .acquire_owned()
+                    .await
+                    .map_err(|_| Failure::new(ErrorCode::Internal, "tool concurrency limit is closed"))?,
+            ),
+            None => None,
+        };
+        let timeout = deadline.map_or(tool.spec.timeout, |left| left.min(tool.spec.timeout));
+        let call = AssertUnwindSafe(tool.tool.call(arguments, context)).catch_unwind();
+        let output = match tokio::time::timeout(timeout, call).await {
+            Err(_elapsed) => {
+                context.cancel.cancel();
+                return Err(Failure::new(
+                    ErrorCode::Timeout,
+                    format!(
+                        "tool '{name}' did not finish within {} ms and was cancelled",
+                        timeout.as_millis()
+                    ),
+                ));
+            }
+            Ok(Err(panic)) => {
+                return Err(Failure::new(
+                    ErrorCode::ToolFailed,
+                    format!("tool '{name}' crashed: {}", panic_message(&panic)),
+                ));
+            }
+            Ok(Ok(Err(err))) => return Err(Failure::new(err.code(), err.to_string())),
+            Ok(Ok(Ok(output))) => output,
+        };
+        if !tool.output.is_valid(&output) {
+            let failures = describe_errors(&tool.output, &tool.spec.output_schema, &output);
+            return Err(Failure {
+                code: ErrorCode::InvalidOutput,
+                message: format!("tool '{name}' returned output that breaks its output schema"),
+                details: Some(json!({ "errors": failures })),
+            });
+        }
+        Ok(output)
+    }
+}
+
+impl Registered {
+    /// Drops `null` optional arguments (models send them for arguments they leave out in strict
+    /// mode), then checks the argument schema.
+    fn prepare_arguments(&self, mut arguments: Value) -> Result<Value, Failure> {
+        if let Value::Object(map) = &mut arguments {
+            map.retain(|key, value| !(value.is_null() && self.optional.iter().any(|name| name == key)));
+        }
+        if self.arguments.is_valid(&arguments) {
+            return Ok(arguments);
+        }
+        let failures = describe_errors(&self.arguments, &self.spec.argument_schema, &arguments);
+        let summary =
+            failures.iter().filter_map(|failure| failure["message"].as_str()).collect::<Vec<_>>().join("; ");
+        Err(Failure {
+            code: ErrorCode::InvalidArguments,
+            message: format!("invalid arguments for tool '{}': {summary}", self.spec.name),
+            details: Some(json!({ "errors": failures })),
+        })
+    }
+}
+
+/// The wire description of a spec, with its content hash.
+fn describe(spec: &ToolSpec) -> ToolDescription {
+    let mut description = ToolDescription {
+        name: spec.name.clone(),
+        description: spec.description.clone(),
+        argument_schema: spec.argument_schema.clone(),
+        output_schema: spec.output_schema.clone(),
+        consumed_event: spec.consumed_event.clone().unwrap_or_else(|| format!("{}.requested", spec.name)),
+        produced_event: spec.produced_event.clone().unwrap_or_else(|| format!("{}.completed", spec.name)),
+        annotations: spec.annotations,
+        timeout_ms: spec.timeout.as_millis() as u64,
+        hash: String::new(),
+    };
+    // serde_json's map is ordered by key, so this serialisation is canonical.
+    let canonical = serde_json::to_vec(&description).unwrap_or_default();
+    description.hash = Sha256::digest(&canonical).iter().map(|byte| format!("{byte:02x}")).collect();
+    description
+}
+
+fn optional_properties(schema: &Value) -> Vec<String> {
+    let required: Vec<&str> = schema
+        .get("required")
+        .and_then(Value::as_array)
+        .map(|names| names.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    schema
+        .get("properties")
+        .and_then(Value::as_object)
+        .map(|properties| {
+            properties.keys().filter(|name| !required.contains(&name.as_str())).cloned().collect()
+        })
+        .unwrap_or_default()
+}
+
+fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
+    if let Some(text) = panic.downcast_ref::<&str>() {
+        (*text).to_owned()
+    } else if let Some(text) = panic.downcast_ref::<String>() {
+        text.clone()
+    } else {
+        "panic".to_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use async_trait::async_trait;
+
+    use super::*;
+    use crate::ToolError;
+    use crate::builtin::Echo;
+
+    struct Misbehaving(&'static str);
+
+    #[async_trait]
+    impl Tool for Misbehaving {
+        fn spec(&self) -> ToolSpec {
+            let mut spec = ToolSpec::new(
+                self.0,
+                "test tool",
+                json!({"type": "object"}),
+                json!({"type": "object", "required": ["ok"]}),
+            );
+            spec.timeout = Duration::from_millis(50);
+            spec
+        }
+        async fn call(&self, _arguments: Value, _context: &Context) -> Result<Value, ToolError> {
+            match self.0 {
+                "panics" => panic!("boom"),
+                "sleeps" => {
+                    tokio::time::sleep(Duration::from_secs(60)).await;
+                    Ok(json!({"ok": true}))
+                }
+                "refuses" => Err(ToolError::Forbidden("no".into())),
+                _ => Ok(json!({"wrong": true})),
+            }
+        }
+    }
+
+    fn registry() -> Registry {
+        let mut registry = Registry::new();
+        registry.register(Arc::new(Echo)).unwrap();
+        for name in ["panics", "sleeps", "refuses", "broken_output"] {
+            registry.register(Arc::new(Misbehaving(name))).unwrap();
+        }
+        registry
+    }
+
+    async fn check(name: &str, arguments: Value, expected: Result<Value, ErrorCode>) -> Option<Value> {
+        let res = registry().invoke(name, arguments, &Context::default(), None).await;
+        match (res, expected) {
+            (Ok(value), Ok(expected)) => {
+                assert_eq!(value, expected);
+                None
+            }
+            (Err(failure), Err(code)) => {
+                assert_eq!(failure.code, code, "{failure:?}");
+                failure.details
+            }
+            (res, expected) => panic!("got {res:?}, expected {expected:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn echo_returns_its_message() {
+        check("echo", json!({"message": "hi"}), Ok(json!({"message": "hi"}))).await;
+    }
+
+    #[tokio::test]
+    async fn bad_arguments_list_pointers() {
+        let details = check("echo", json!({"message": 5}), Err(ErrorCode::InvalidArguments)).await.unwrap();
+        assert_eq!(details["errors"][0]["pointer"], "/message");
+        let details = check("echo", json!({}), Err(ErrorCode::InvalidArguments)).await.unwrap();
+        assert_eq!(details["errors"][0]["rule"], "required");
+    }
+
+    #[tokio::test]
+    async fn misbehaving_tools_get_their_codes() {
+        check("panics", json!({}), Err(ErrorCode::ToolFailed)).await;
+        check("sleeps", json!({}), Err(ErrorCode::Timeout)).await;
+        check("refuses", json!({}), Err(ErrorCode::Forbidden)).await;
+        let details = check("broken_output", json!({}), Err(ErrorCode::InvalidOutput)).await.unwrap();
+        assert_eq!(details["errors"][0]["rule"], "required");
+        check("missing", json!({}), Err(ErrorCode::UnknownTool)).await;
+    }
+
+    #[tokio::test]
+    async fn disabled_tools_answer_tool_disabled() {
+        let mut registry = registry();
+        assert_eq!(registry.disable(&["echo".into(), "nope".into()]), ["nope"]);
+        let failure =
+            registry.invoke("echo", json!({"message": "x"}), &Context::default(), None).await.unwrap_err();
+        assert_eq!(failure.code, ErrorCode::ToolDisabled);
+        assert!(registry.export(DiscoveryFormat::Native, "a", "b").iter().all(|tool| tool["name"] != "echo"));
+    }
+
+    #[test]
+    fn registration_rules() {
+        let mut registry = registry();
+        assert!(matches!(registry.register(Arc::new(Echo)), Err(RegistryError::DuplicateName(_))));
+        assert!(matches!(
+            registry.register(Arc::new(Misbehaving("Bad-Name"))),
+            Err(RegistryError::InvalidName(_))
+        ));
+        assert_eq!(registry.names(), ["broken_output", "echo", "panics", "refuses", "sleeps"]);
+        assert_eq!(registry.by_event("echo.requested"), Some("echo"));
+        let hash = &registry.description("echo").unwrap().hash;
+        assert_eq!(hash.len(), 64);
+        assert_eq!(hash, &describe(&Echo.spec()).hash);
+    }
+
+    #[tokio::test]
+    async fn null_optional_arguments_count_as_absent() {
+        struct Optional;
+        #[async_trait]
+        impl Tool for Optional {
+            fn spec(&self) -> ToolSpec {
+                ToolSpec::new(
+                    "optional",
+                    "t",
+                    json!({"type": "object", "properties": {
+                    "a": {"type": "string"}, "b": {"type": "string"}}, "required": ["a"],
+                    "additionalProperties": false}),
+                    json!({}),
+                )
+            }
+            async fn call(&self, arguments: Value, _context: &Context) -> Result<Value, ToolError> {
+                Ok(arguments)
+            }
+        }
+        let mut registry = Registry::new();
+        registry.register(Arc::new(Optional)).unwrap();
+        let res = registry.invoke("optional", json!({"a": "x", "b": null}), &Context::default(), None).await;
+        assert_eq!(res.unwrap(), json!({"a": "x"}));
+        let res = registry.invoke("optional", json!({"a": null}), &Context::default(), None).await;
+        assert_eq!(res.unwrap_err().code, ErrorCode::InvalidArguments);
+    }
+}

@@ -1,0 +1,337 @@
+//! Running one checked command: its own session and process group, stdin from
+//! `/dev/null`, a replaced environment, optional rlimits, stdout and stderr on
+//! one pipe read incrementally under a byte cap, and a wall-clock timeout that
+//! kills the whole group.
+//!
+//! The group is killed in every way the call can end: on timeout, after the
+//! main child exits (so background grandchildren do not outlive the call), and
+//! by [`GroupGuard`]'s `Drop` when the future is cancelled.
+
+use std::io;
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::process::{ExitStatus, Stdio};
+use std::time::Duration;
+
+use tokio::io::AsyncReadExt;
+use tokio::net::unix::pipe::Receiver;
+use tokio::process::{Child, Command};
+
+use super::Refusal;
+use super::parse::{FIXED_PATH, ParsedCommand};
+
+/// How long to keep reading after the group was killed, waiting for end of
+/// file. Only a process that left the group (and so survived the kill) can
+/// hold the pipe open longer; its output is then abandoned.
+const DRAIN_GRACE: Duration = Duration::from_millis(500);
+
+/// How long to wait for a SIGKILLed child to be reaped before leaving it to
+/// tokio's background orphan reaping.
+const REAP_GRACE: Duration = Duration::from_secs(5);
+
+/// Size of one read from the output pipe.
+const CHUNK_BYTES: usize = 8192;
+
+/// Everything needed to start one command.
+#[derive(Debug, Clone)]
+pub struct Spec {
+    /// Absolute path of the program, resolved through [`FIXED_PATH`].
+    pub program: PathBuf,
+    /// The checked command: `argv[0]` and the arguments.
+    pub parsed: ParsedCommand,
+    /// Working directory; `None` inherits the daemon's.
+    pub cwd: Option<PathBuf>,
+    /// Resource limits applied in the child before exec.
+    pub limits: Limits,
+    /// Wall-clock limit.
+    pub timeout: Duration,
+    /// Bytes of output kept.
+    pub output_cap_bytes: usize,
+}
+
+/// Optional rlimits; each is set as both soft and hard limit.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Limits {
+    /// `RLIMIT_NPROC`.
+    pub max_processes: Option<u64>,
+    /// `RLIMIT_CPU`, in seconds.
+    pub cpu_seconds: Option<u64>,
+    /// `RLIMIT_FSIZE`, in bytes.
+    pub file_size_bytes: Option<u64>,
+}
+
+/// What happened to a command that was started.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Execution {
+    /// Exit code; `None` after a timeout or when a signal ended the child.
+    pub exit_code: Option<i32>,
+    /// Whether the wall-clock limit was hit.
+    pub timeout: bool,
+    /// Whether output beyond the cap was discarded.
+    pub truncated: bool,
+    /// At most `output_cap_bytes` of combined stdout and stderr.
+    pub output: Vec<u8>,
+}
+
+/// Starts the command and waits for it, its output and its group.
+///
+/// # Errors
+///
+/// [`Refusal::SpawnFailed`] if the pipe cannot be made or the program cannot start.
+///
+/// # Cancel safety
+///
+/// Dropping the future kills the whole process group (see [`GroupGuard`]).
+pub async fn execute(spec: &Spec) -> Result<Execution, Refusal> {
+    let (mut child, mut receiver) = spawn(spec)?;
+    let mut guard = GroupGuard::new(&child)?;
+    let mut capture = Capture::new(spec.output_cap_bytes);
+    let ended = supervise(&mut child, &mut receiver, &mut capture, spec.timeout).await;
+    // Kill whatever is left of the group, including background grandchildren,
+    // before draining, so nothing can keep writing to (or holding) the pipe.
+    guard.kill_and_disarm();
+    drain(&mut receiver, &mut capture).await;
+    let exit_code = match ended {
+        Ended::Exited(status) => status.code(),
+        Ended::TimedOut | Ended::WaitFailed => {
+            reap(&mut child).await;
+            None
+        }
+    };
+    Ok(Execution {
+        exit_code,
+        timeout: matches!(ended, Ended::TimedOut),
+        truncated: capture.truncated,
+        output: capture.kept,
+    })
+}
+
+/// How the main child's run ended.
+#[derive(Debug)]
+enum Ended {
+    /// It exited (and was reaped) with this status.
+    Exited(ExitStatus),
+    /// The wall-clock limit passed first.
+    TimedOut,
+    /// Waiting for it failed; it is treated like an abnormal end.
+    WaitFailed,
+}
+
+/// Builds the command, with both output streams on one pipe, and starts it.
+fn spawn(spec: &Spec) -> Result<(Child, Receiver), Refusal> {
+    let spawn_failed = |err: io::Error| Refusal::SpawnFailed(err.to_string());
+    // One pipe for both streams keeps their output interleaved as produced.
+    let (reader, writer) = io::pipe().map_err(spawn_failed)?;
+    let stderr_writer = writer.try_clone().map_err(spawn_failed)?;
+    let receiver = Receiver::from_owned_fd(OwnedFd::from(reader)).map_err(spawn_failed)?;
+    let mut command = Command::new(&spec.program);
+    command
+        .arg0(&spec.parsed.name)
+        .args(&spec.parsed.args)
+        .env_clear()
+        .env("PATH", FIXED_PATH)
+        .env("LC_ALL", "C")
+        .stdin(Stdio::null())
+        .stdout(writer)
+        .stderr(stderr_writer)
+        .kill_on_drop(false);
+    if let Some(cwd) = &spec.cwd {
+        command.current_dir(cwd);
+    }
+    install_pre_exec(&mut command, spec.limits);
+    let child = command.spawn().map_err(spawn_failed)?;
+    // `command` still holds our copies of the pipe's write end; it must be
+    // dropped now, or end of file could never be seen.
+    drop(command);
+    Ok((child, receiver))
+}
+
+/// Makes the child a session (and process group) leader and applies the rlimits.
+#[allow(unsafe_code)]
+fn install_pre_exec(command: &mut Command, limits: Limits) {
+    let enter_sandbox = move || -> io::Result<()> {
+        // SAFETY: setsid takes no arguments and only affects the calling (child) process.
+        if unsafe { libc::setsid() } == -1 {
+            return Err(io::Error::last_os_error());
+        }
+        let wanted = [
+            (libc::RLIMIT_NPROC, limits.max_processes),
+            (libc::RLIMIT_CPU, limits.cpu_seconds),
+            (libc::RLIMIT_FSIZE, limits.file_size_bytes),
+        ];
+        for (resource, value) in wanted {
+            let Some(value) = value else { continue };
+            let limit = libc::rlimit { rlim_cur: value as libc::rlim_t, rlim_max: value as libc::rlim_t };
+            // SAFETY: `limit` is a valid rlimit that outlives the call.
+            if unsafe { libc::setrlimit(resource, &limit) } == -1 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        Ok(())
+    };
+    // SAFETY: the closure runs in the forked child before exec, where only
+    // async-signal-safe functions may be used. It calls only setsid and
+    // setrlimit (plain system calls) and reads errno; it allocates nothing and
+    // takes no locks.
+    unsafe {
+        command.pre_exec(enter_sandbox);
+    }
+}
+
+/// Reads output until the child exits or the timeout passes.
+async fn supervise(
+    child: &mut Child,
+    receiver: &mut Receiver,
+    capture: &mut Capture,
+    timeout: Duration,
+) -> Ended {
+    let deadline = tokio::time::sleep(timeout);
+    tokio::pin!(deadline);
+    let mut chunk = vec![0_u8; CHUNK_BYTES];
+    let mut reading = true;
+    // Not `biased`: a flooding child keeps the pipe always readable, and the
+    // deadline must still get its turn.
+    loop {
+        tokio::select! {
+            res = receiver.read(&mut chunk), if reading => match res {
+                Ok(0) | Err(_) => reading = false,
+                Ok(n_read) => capture.push(&chunk[..n_read]),
+            },
+            status = child.wait() => return match status {
+                Ok(status) => Ended::Exited(status),
+                Err(err) => {
+                    tracing::warn!(error = %err, "waiting for a terminal command failed");
+                    Ended::WaitFailed
+                }
+            },
+            () = &mut deadline => return Ended::TimedOut,
+        }
+    }
+}
+
+/// Reads what is left in the pipe, until end of file or [`DRAIN_GRACE`].
+async fn drain(receiver: &mut Receiver, capture: &mut Capture) {
+    let mut chunk = vec![0_u8; CHUNK_BYTES];
+    let read_to_end = async {
+        while let Ok(n_read @ 1..) = receiver.read(&mut chunk).await {
+            capture.push(&chunk[..n_read]);
+        }
+    };
+    // Hitting the grace period means a process outside the group holds the
+    // pipe; its further output is not ours to wait for.
+    let _ = tokio::time::timeout(DRAIN_GRACE, read_to_end).await;
+}
+
+/// Reaps a child that was killed, so it does not stay a zombie.
+async fn reap(child: &mut Child) {
+    match tokio::time::timeout(REAP_GRACE, child.wait()).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(err)) => tracing::warn!(error = %err, "reaping a terminal command failed"),
+        Err(_) => tracing::warn!("a killed terminal command was not reaped in time"),
+    }
+}
+
+/// Output kept under a byte cap; bytes beyond it are counted as truncation.
+#[derive(Debug)]
+struct Capture {
+    /// The first `cap` bytes.
+    kept: Vec<u8>,
+    /// Most bytes kept.
+    cap: usize,
+    /// Whether any byte was discarded.
+    truncated: bool,
+}
+
+impl Capture {
+    fn new(cap: usize) -> Self {
+        Capture { kept: Vec::with_capacity(cap.min(64 * 1024)), cap, truncated: false }
+    }
+
+    fn push(&mut self, bytes: &[u8]) {
+        let room = self.cap.saturating_sub(self.kept.len());
+        if bytes.len() > room {
+            self.truncated = true;
+        }
+        self.kept.extend_from_slice(&bytes[..bytes.len().min(room)]);
+    }
+}
+
+/// Kills the child's process group when dropped, unless disarmed.
+///
+/// The child is a session leader, so its pid is the group id. Disarming after
+/// the explicit kill avoids signalling a group id the kernel may have reused
+/// once every member has been reaped.
+#[derive(Debug)]
+pub struct GroupGuard {
+    /// Process group id of the command.
+    pgid: libc::pid_t,
+    /// Whether `Drop` still has to kill the group.
+    armed: bool,
+}
+
+impl GroupGuard {
+    fn new(child: &Child) -> Result<Self, Refusal> {
+        let pgid = child
+            .id()
+            .and_then(|pid| libc::pid_t::try_from(pid).ok())
+            .ok_or_else(|| Refusal::SpawnFailed("the child has no process id".to_owned()))?;
+        Ok(GroupGuard { pgid, armed: true })
+    }
+
+    fn kill_and_disarm(&mut self) {
+        kill_group(self.pgid);
+        self.armed = false;
+    }
+}
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        if self.armed {
+            kill_group(self.pgid);
+        }
+    }
+}
+
+/// Sends SIGKILL to every process in group `pgid`; a group already gone is fine.
+#[allow(unsafe_code)]
+fn kill_group(pgid: libc::pid_t) {
+    // A pgid of 0 or less would address our own group or every process.
+    if pgid <= 0 {
+        return;
+    }
+    // SAFETY: killpg only sends a signal; it touches no memory of ours.
+    unsafe {
+        libc::killpg(pgid, libc::SIGKILL);
+    }
+}
+
+#[cfg(test)]
+// A failed unwrap is a test failure with a clear message; that is what tests want.
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capture_keeps_at_most_cap_bytes() {
+        let mut capture = Capture::new(5);
+        capture.push(b"abc");
+        assert!(!capture.truncated);
+        capture.push(b"de");
+        assert!(!capture.truncated);
+        capture.push(b"f");
+        assert!(capture.truncated);
+        assert_eq!(capture.kept, b"abcde");
+        let mut zero = Capture::new(0);
+        zero.push(b"");
+        assert!(!zero.truncated);
+        zero.push(b"x");
+        assert!(zero.truncated && zero.kept.is_empty());
+    }
+
+    #[test]
+    fn nonpositive_groups_are_never_signalled() {
+        // Would kill the test runner's own group or everything if not guarded.
+        kill_group(0);
+        kill_group(-1);
+    }
+}

@@ -1,0 +1,36 @@
+# toolhost tasks. `just run` and `just test` are the README's quickstart.
+
+set shell := ["bash", "-euo", "pipefail", "-c"]
+
+redis_port := "6379"
+
+# Build and serve with the default config, starting a local Redis if none answers.
+run *ARGS: ensure-redis
+    cargo build --release --bin toolhost
+    ./target/release/toolhost serve {{ARGS}}
+
+# The whole suite: unit tests, integration tests against real redis-server processes.
+test: ensure-redis-installed
+    cargo test --workspace --all-targets
+
+# Benchmarks: toolhost beside a reference worker on the same Redis (see docs/PERFORMANCE.md).
+bench *ARGS: ensure-redis-installed
+    cargo build --release -p toolhost -p toolhost-bench
+    ./target/release/toolhost-bench {{ARGS}}
+
+# Formatting and lints, as CI checks them.
+lint:
+    cargo fmt --all -- --check
+    cargo clippy --all-targets -- -D warnings
+
+# Format the code.
+fmt:
+    cargo fmt --all
+
+# Install redis-server if it is missing.
+ensure-redis-installed:
+    scripts/ensure-redis.sh install
+
+# Make sure a Redis answers on 127.0.0.1:{{redis_port}}, starting one if needed.
+ensure-redis: ensure-redis-installed
+    scripts/ensure-redis.sh start {{redis_port}}
