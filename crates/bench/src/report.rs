@@ -159,14 +159,17 @@ impl Report {
             "Machine: {} ({} cores), kernel {}, {}, {}.  ",
             machine.cpu_model, machine.cores, machine.kernel, machine.redis_version, machine.date
         );
-        let _ = writeln!(
-            out,
-            "Settings: {} reps of {:.1} s after {:.1} s warm-up (median rep reported){}.\n",
-            settings.reps,
-            settings.duration_s,
-            settings.warmup_s,
-            if settings.quick { ", quick mode" } else { "" }
-        );
+        // A soak-only run has no repetitions, so the settings line would only mislead.
+        if !self.rows.is_empty() {
+            let _ = writeln!(
+                out,
+                "Settings: {} reps of {:.1} s after {:.1} s warm-up (median rep reported){}.\n",
+                settings.reps,
+                settings.duration_s,
+                settings.warmup_s,
+                if settings.quick { ", quick mode" } else { "" }
+            );
+        }
         if !self.rows.is_empty() {
             out.push_str(
                 "| target | scenario | in-flight | payload | req/s | p50 µs | p90 µs | p99 µs | max µs \
