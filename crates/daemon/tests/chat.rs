@@ -33,10 +33,11 @@ fn request_outside_conversations(event_type: &str, request_id: &str, data: Value
 
 /// Sends requests to `action-requests` and returns each one's `data` answer, in request order.
 async fn call_all(connection: &mut MultiplexedConnection, requests: &[Value]) -> Vec<Value> {
+    let before = payloads(connection, "action-results").await.len();
     for envelope in requests {
         xadd(connection, "action-requests", &envelope.to_string()).await;
     }
-    let results = wait_for(connection, "action-results", requests.len(), WAIT).await;
+    let results = wait_for(connection, "action-results", before + requests.len(), WAIT).await;
     requests
         .iter()
         .map(|envelope| {
@@ -120,6 +121,23 @@ async fn chat_send_publishes_and_validates_word_for_word() {
         "recipient": "agent:DevAgent", "type": "message", "content": "build it", "metadata": {},
         "created_at": to_dev["created_at"]});
     assert_eq!(to_dev, &expected);
+
+    // Models in strict mode see conversation_id as a nullable required argument and send null for it.
+    let listing = call_all(
+        &mut connection,
+        &[request_outside_conversations("tools.discover", "r-list", json!({"format": "openai"}))],
+    )
+    .await;
+    let tools = listing[0]["result"]["tools"].as_array().unwrap();
+    let chat_send = tools.iter().find(|tool| tool["function"]["name"] == "chat_send").unwrap();
+    assert_eq!(chat_send["function"]["strict"], true);
+    let parameters = &chat_send["function"]["parameters"];
+    assert_eq!(parameters["required"], json!(["content", "conversation_id", "recipient"]));
+    assert_eq!(parameters["properties"]["conversation_id"]["type"], json!(["string", "null"]));
+    let strict_call =
+        send("r-null", json!({"recipient": "chat:conv9", "content": "x", "conversation_id": null}));
+    let answer = call_all(&mut connection, &[strict_call]).await;
+    assert_eq!(answer[0]["result"]["published_to"], json!(["chat:conv9"]));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,3 +11,9 @@ mod skeleton;
 
 /// Chat: chat_send, tool calls by chat message on `chat:<AGENT_NAME>`, specialist agents as tools.
 mod chat;
+
+/// Tools as contracts: validation, misbehaving tools, discovery formats, the CLI client.
+mod contract;
+
+/// House rules over the workspace's source files.
+mod tidy;
