@@ -373,8 +373,8 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         if !toolhost_tools::valid_tool_name(&agent.name) {
             bad(&format!("agents[{index}].name"), "must be 1-64 of [a-z0-9_] (it becomes a tool name)");
         }
-        if agent.parameter.is_empty() {
-            bad(&format!("agents[{index}].parameter"), "must be non-empty");
+        if agent.parameter.is_empty() || agent.parameter == toolhost_tools::builtin::CONVERSATION_ID {
+            bad(&format!("agents[{index}].parameter"), "must be non-empty and not conversation_id");
         }
         if !(agent.timeout_s.is_finite() && agent.timeout_s > 0.0) {
             bad(&format!("agents[{index}].timeout_s"), "must be a positive number");

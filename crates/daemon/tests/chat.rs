@@ -364,6 +364,11 @@ async fn specialist_agents_answer_through_their_tools() {
                 "r-fallback",
                 json!({"recipient": "agent:DevAgent", "content": "x"}),
             ),
+            request_outside_conversations(
+                "coder.requested",
+                "r-explicit",
+                json!({"task": "review", "conversation_id": "conv-x"}),
+            ),
         ],
     )
     .await;
@@ -382,13 +387,14 @@ async fn specialist_agents_answer_through_their_tools() {
     );
     assert_eq!(answers[3]["result"], json!({"message": "not blocked"}));
     assert_eq!(answers[4]["result"]["published_to"], json!(["chat:fallback", "chat:DevAgent"]));
+    assert_eq!(answers[5]["result"], json!({"response": "coder did: review", "conversation_id": "conv-x"}));
 
     // The echo sent after the silent call was answered while the silent call still waited.
     let results = payloads(&mut connection, "action-results").await;
     let position = |id: &str| results.iter().position(|result| result["data"]["request_id"] == id).unwrap();
     assert!(position("r-meanwhile") < position("r-silent"));
     let asked = payloads(&mut connection, "chat:coder").await;
-    assert_eq!(asked.len(), 2);
+    assert_eq!(asked.len(), 3);
     let fresh = asked.iter().find(|sent| sent["content"] == "write hello").unwrap();
     assert_eq!(
         fresh,

@@ -67,7 +67,11 @@ pub(crate) fn classify(entry: &Entry, max_payload_bytes: usize, own_sender: &str
             return malformed(Value::String(payload.to_owned()), None, format!("payload is not JSON: {err}"));
         }
     };
-    let conversation_id = value.get("conversation_id").and_then(Value::as_str).map(str::to_owned);
+    let conversation_id = value
+        .get("conversation_id")
+        .and_then(Value::as_str)
+        .filter(|id| !id.trim().is_empty())
+        .map(str::to_owned);
     if !value.is_object() {
         return malformed(value, None, "payload is not a JSON object".to_owned());
     }

@@ -25,8 +25,11 @@ const TIMEOUT_MARGIN: Duration = Duration::from_secs(2);
 const READ_BLOCK: Duration = Duration::from_secs(1);
 /// Pause after a failed read before trying again.
 const READ_RETRY: Duration = Duration::from_millis(200);
+/// The optional argument that continues a conversation. It is also what `action-requests`
+/// callers put in `data` to continue one, so the schema must admit it.
+pub const CONVERSATION_ID: &str = "conversation_id";
 
-/// One specialist agent, as configured.
+/// One specialist agent, as configured. `parameter` must not be [`CONVERSATION_ID`].
 #[derive(Debug, Clone)]
 pub struct AgentSettings {
     /// The agent's name: the tool's name, `agent:<name>` and `chat:<name>`.
@@ -153,6 +156,7 @@ impl Tool for AgentTool {
                 "type": "object",
                 "properties": {
                     settings.parameter.as_str(): {"type": "string", "description": format!("What to send to the agent '{}'.", settings.name)},
+                    CONVERSATION_ID: {"type": "string", "description": "Continue this conversation (from an earlier answer) instead of starting a new one."},
                 },
                 "required": [settings.parameter],
                 "additionalProperties": false,
@@ -171,10 +175,12 @@ impl Tool for AgentTool {
 
     async fn call(&self, arguments: Value, context: &Context) -> Result<Value, ToolError> {
         let text = arguments.get(&self.settings.parameter).and_then(Value::as_str).unwrap_or_default();
-        let conversation_id = match context.conversation_id.as_deref() {
-            Some(id) if !id.trim().is_empty() => id.to_owned(),
-            _ => new_message_id(),
-        };
+        let explicit = arguments.get(CONVERSATION_ID).and_then(Value::as_str);
+        let conversation_id = [explicit, context.conversation_id.as_deref()]
+            .into_iter()
+            .flatten()
+            .find(|id| !id.trim().is_empty())
+            .map_or_else(new_message_id, str::to_owned);
         let response = self.ask(&conversation_id, text, context).await?;
         Ok(json!({"response": response, "conversation_id": conversation_id}))
     }
@@ -197,10 +203,11 @@ mod tests {
         AgentTool::new(bus.clone(), Keys::new(""), "ToolHost", settings)
     }
 
-    /// Answers the first message on `chat:coder` with `answer(conversation_id)` events.
-    fn specialist(bus: Arc<MemoryBus>, answer: impl Fn(&str) -> Vec<(String, Value)> + Send + 'static) {
+    /// Answers the next message on `chat:coder` with `answer(conversation_id)` events.
+    async fn specialist(bus: Arc<MemoryBus>, answer: impl Fn(&str) -> Vec<(String, Value)> + Send + 'static) {
+        let cursor = bus.last_entry_id("chat:coder").await.unwrap();
         tokio::spawn(async move {
-            let entries = bus.read("chat:coder", "0-0", 1, Some(Duration::from_secs(5))).await.unwrap();
+            let entries = bus.read("chat:coder", &cursor, 1, Some(Duration::from_secs(5))).await.unwrap();
             let message: ChatEnvelope = serde_json::from_str(entries[0].payload.as_deref().unwrap()).unwrap();
             assert_eq!(message.sender, "agent:ToolHost");
             assert_eq!(message.recipient, "agent:coder");
@@ -235,7 +242,8 @@ mod tests {
                 (stream.clone(), event(StreamEventKind::Token { text: "hel".into(), index: 0 })),
                 (stream, event(StreamEventKind::Output { text: String::new(), usage: None })),
             ]
-        });
+        })
+        .await;
         let res = invoke(tool(&bus, 2000), json!({"task": "greet"}), Some("conv-1")).await.unwrap();
         assert_eq!(res, json!({"response": "hello", "conversation_id": "conv-1"}));
         assert_eq!(bus.payloads("chat:conv-1").len(), 1);
@@ -247,10 +255,20 @@ mod tests {
         specialist(bus.clone(), |cid| {
             let reply = ChatEnvelope::message(cid, "agent:coder", "agent:ToolHost", "done".into(), json!({}));
             vec![(format!("chat:{cid}"), serde_json::to_value(reply).unwrap())]
-        });
+        })
+        .await;
         let res = invoke(tool(&bus, 2000), json!({"task": "build"}), None).await.unwrap();
         assert_eq!(res["response"], "done");
         assert!(uuid::Uuid::parse_str(res["conversation_id"].as_str().unwrap()).is_ok());
+        specialist(bus.clone(), |cid| {
+            let reply =
+                ChatEnvelope::message(cid, "agent:coder", "agent:ToolHost", "again".into(), json!({}));
+            vec![(format!("chat:{cid}"), serde_json::to_value(reply).unwrap())]
+        })
+        .await;
+        let arguments = json!({"task": "more", "conversation_id": "chosen"});
+        let res = invoke(tool(&bus, 2000), arguments, Some("context")).await.unwrap();
+        assert_eq!(res, json!({"response": "again", "conversation_id": "chosen"}));
     }
 
     #[tokio::test]

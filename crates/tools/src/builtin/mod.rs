@@ -6,7 +6,7 @@ mod echo;
 mod synthetic;
 mod terminal_run;
 
-pub use agent::{AgentSettings, AgentTool};
+pub use agent::{AgentSettings, AgentTool, CONVERSATION_ID};
 pub use chat_send::{BAD_RECIPIENT, ChatSend, EMPTY_CONTENT, NO_CONVERSATION, Route, route};
 pub use echo::Echo;
 pub use synthetic::Synthetic;
