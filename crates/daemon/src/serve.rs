@@ -145,12 +145,13 @@ pub async fn run_with_registry(
         tools = %registry.names().join(","),
         "ready"
     );
-    if let Err(err) = publisher.publish_once().await {
+    let fields = publisher.fields();
+    if let Err(err) = publisher.publish_once(&fields).await {
         warn!(error = %err, "cannot publish the tool registry yet; will retry");
     }
     let reader = tokio::spawn(dispatcher.clone().run_reader());
     let reclaimer = tokio::spawn(dispatcher.clone().run_reclaimer());
-    let beating = tokio::spawn(publisher.clone().run(shutdown.clone()));
+    let beating = tokio::spawn(publisher.clone().run(fields, shutdown.clone()));
 
     signal.await;
     info!(
