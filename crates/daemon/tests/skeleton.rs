@@ -98,8 +98,9 @@ async fn sigterm_exits_zero_and_removes_the_heartbeat() {
     let redis = RedisServer::start();
     let mut daemon = Daemon::start(&redis, &[]);
     let mut connection = redis.connection().await;
-    let registry: Vec<String> =
+    let mut registry: Vec<String> =
         redis::cmd("HKEYS").arg("toolhost:registry:toolhost").query_async(&mut connection).await.unwrap();
+    registry.sort();
     assert_eq!(registry, ["echo", "terminal_run"]);
     let beats: Vec<String> =
         redis::cmd("KEYS").arg("toolhost:heartbeat:toolhost:*").query_async(&mut connection).await.unwrap();
