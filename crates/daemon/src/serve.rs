@@ -190,12 +190,13 @@ async fn run_with_bus(
         tools = %registry.names().join(","),
         "ready"
     );
-    if let Err(err) = publisher.publish_once().await {
+    let fields = publisher.fields();
+    if let Err(err) = publisher.publish_once(&fields).await {
         warn!(error = %err, "cannot publish the tool registry yet; will retry");
     }
     let reader = tokio::spawn(dispatcher.clone().run_reader());
     let reclaimer = tokio::spawn(dispatcher.clone().run_reclaimer());
-    let beating = tokio::spawn(publisher.clone().run(shutdown.clone()));
+    let beating = tokio::spawn(publisher.clone().run(fields, shutdown.clone()));
     // Tracked, so the drain waits for them; both stop taking work when `stopping` fires.
     shutdown.tasks().spawn(inbox.clone().run_reader());
     shutdown.tasks().spawn(inbox.clone().run_reclaimer());
