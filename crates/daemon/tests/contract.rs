@@ -61,6 +61,25 @@ async fn invalid_and_missing_arguments_point_at_the_problem() {
     assert_eq!(answers["invoke-bad"]["details"]["errors"][0]["pointer"], "/message");
 }
 
+/// Waits until the consumer group exists: it is created at the stream's end, so requests sent
+/// before it would never be read.
+async fn wait_for_group(redis: &RedisServer, stream: &str, group: &str) {
+    let mut connection = redis.connection().await;
+    let deadline = std::time::Instant::now() + WAIT;
+    while std::time::Instant::now() < deadline {
+        let groups: redis::RedisResult<Vec<std::collections::HashMap<String, redis::Value>>> =
+            redis::cmd("XINFO").arg("GROUPS").arg(stream).query_async(&mut connection).await;
+        let found = groups.is_ok_and(|groups| {
+            groups.iter().any(|info| matches!(info.get("name"), Some(redis::Value::BulkString(name)) if name == group.as_bytes()))
+        });
+        if found {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("consumer group {group} never appeared on {stream}");
+}
+
 /// A tool that misbehaves the way its name says.
 struct Misbehaving(&'static str);
 
@@ -106,6 +125,7 @@ async fn misbehaving_tools_are_answered_and_the_daemon_keeps_serving() {
     let daemon = tokio::spawn(toolhost::serve::run_with_registry(config, registry, async {
         let _ = stopped.await;
     }));
+    wait_for_group(&redis, "action-requests", "toolhost").await;
     let answers = ask(
         &redis,
         &[
