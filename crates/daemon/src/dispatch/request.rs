@@ -65,16 +65,22 @@ pub(crate) fn admit(
             payload.len()
         ));
     }
-    let value: Value = match serde_json::from_str(payload) {
-        Ok(value) => value,
-        Err(err) => return Admission::DeadLetter(format!("payload is not JSON: {err}")),
+    // Parse straight into the envelope; only a payload that fails is parsed again to say why.
+    // (serde also reads a struct from a JSON array, so only objects take the direct path.)
+    let direct = if payload.trim_start().starts_with('{') {
+        serde_json::from_str::<EventEnvelope>(payload)
+    } else {
+        serde_json::from_str::<EventEnvelope>("[]")
     };
-    if !value.is_object() {
-        return Admission::DeadLetter("payload is not a JSON object".to_owned());
-    }
-    let (envelope, problem) = match serde_json::from_value::<EventEnvelope>(value.clone()) {
+    let (envelope, problem) = match direct {
         Ok(envelope) => (envelope, None),
-        Err(err) => (lenient_envelope(&value), Some(format!("malformed envelope: {err}"))),
+        Err(err) => match serde_json::from_str::<Value>(payload) {
+            Err(err) => return Admission::DeadLetter(format!("payload is not JSON: {err}")),
+            Ok(value) if !value.is_object() => {
+                return Admission::DeadLetter("payload is not a JSON object".to_owned());
+            }
+            Ok(value) => (lenient_envelope(&value), Some(format!("malformed envelope: {err}"))),
+        },
     };
     let has_response_event = envelope
         .response_event
