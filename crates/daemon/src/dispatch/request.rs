@@ -67,19 +67,23 @@ pub(crate) fn admit(
     }
     // Parse straight into the envelope; only a payload that fails is parsed again to say why.
     // (serde also reads a struct from a JSON array, so only objects take the direct path.)
-    let direct = if payload.trim_start().starts_with('{') {
-        serde_json::from_str::<EventEnvelope>(payload)
-    } else {
-        serde_json::from_str::<EventEnvelope>("[]")
-    };
+    let direct =
+        payload.trim_start().starts_with('{').then(|| serde_json::from_str::<EventEnvelope>(payload));
     let (envelope, problem) = match direct {
-        Ok(envelope) => (envelope, None),
-        Err(err) => match serde_json::from_str::<Value>(payload) {
+        Some(Ok(envelope)) => (envelope, None),
+        _ => match serde_json::from_str::<Value>(payload) {
             Err(err) => return Admission::DeadLetter(format!("payload is not JSON: {err}")),
             Ok(value) if !value.is_object() => {
                 return Admission::DeadLetter("payload is not a JSON object".to_owned());
             }
-            Ok(value) => (lenient_envelope(&value), Some(format!("malformed envelope: {err}"))),
+            Ok(value) => {
+                let err = serde_json::from_value::<EventEnvelope>(value.clone()).err();
+                let reason = err.map_or_else(
+                    || "malformed envelope".to_owned(),
+                    |err| format!("malformed envelope: {err}"),
+                );
+                (lenient_envelope(&value), Some(reason))
+            }
         },
     };
     let has_response_event = envelope
