@@ -1,4 +1,8 @@
 //! `toolhost serve`: builds the daemon from a validated [`Config`] and runs it until shutdown.
+//!
+//! Start-up order: the HTTP endpoint first (so `/healthz` answers and `/readyz` explains what is
+//! missing while Redis is still out of reach), then the readiness probe, then the consumer group,
+//! then the loops. Shutdown runs the other way round; the HTTP endpoint answers until the end.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -10,8 +14,10 @@ use toolhost_tools::builtin::{Echo, Synthetic, TerminalRun};
 use toolhost_tools::terminal::TerminalPolicy;
 use tracing::{info, warn};
 
-use crate::config::{Config, mask_url};
+use crate::config::{Config, ConfigError, KeyError, mask_url};
 use crate::dispatch::{DispatchSettings, Dispatcher};
+use crate::http::HttpServer;
+use crate::probe::{Probe, WatchedGroup};
 use crate::publish::Publisher;
 use crate::services::Services;
 use crate::shutdown::Shutdown;
@@ -28,7 +34,8 @@ pub struct ServeOptions {
 /// Builds the registry of built-in tools (plus synthetic ones) as configured.
 ///
 /// # Errors
-/// A tool cannot be registered, or a disabled tool name is unknown.
+/// A tool cannot be registered, or a disabled tool name is unknown (a [`ConfigError`] naming
+/// `tools.disabled`, so `main` exits 64 for it).
 pub fn build_registry(config: &Config, options: &ServeOptions) -> anyhow::Result<Registry> {
     let mut registry = Registry::new();
     registry.register(Arc::new(Echo))?;
@@ -42,7 +49,11 @@ pub fn build_registry(config: &Config, options: &ServeOptions) -> anyhow::Result
     }
     let unknown = registry.disable(&config.raw.tools.disabled);
     if !unknown.is_empty() {
-        anyhow::bail!("tools.disabled names unknown tools: {}", unknown.join(", "));
+        return Err(ConfigError(vec![KeyError {
+            key: "tools.disabled".to_owned(),
+            message: format!("names unknown tools: {}", unknown.join(", ")),
+        }])
+        .into());
     }
     Ok(registry)
 }
@@ -71,7 +82,7 @@ pub async fn run(
 /// Runs the daemon with a registry built by the caller (tests register their own tools).
 ///
 /// # Errors
-/// Redis URL unusable.
+/// Redis URL unusable, or `[http] listen` cannot be bound.
 pub async fn run_with_registry(
     config: Config,
     registry: Registry,
@@ -87,6 +98,8 @@ pub async fn run_with_registry(
     let consumer = consumer_name();
     let shutdown = Shutdown::new();
     let telemetry = Telemetry::new();
+    let http = HttpServer::start(config.http_listen, telemetry.clone()).context("http.listen")?;
+    info!(addr = %http.local_addr(), "http listening");
     let stats = Arc::new(Stats::default());
     let settings = DispatchSettings {
         toolbox_id: raw.daemon.toolbox_id.clone(),
@@ -122,6 +135,16 @@ pub async fn run_with_registry(
         results_topic: keys.topic(&raw.streams.results),
     });
 
+    let probe = Probe {
+        bus: bus.clone(),
+        telemetry: telemetry.clone(),
+        groups: vec![WatchedGroup {
+            stream: dispatcher.requests_key().to_owned(),
+            group: raw.daemon.toolbox_id.clone(),
+        }],
+    };
+    let probing = tokio::spawn(probe.run(shutdown.stopping().clone()));
+
     tokio::pin!(signal);
     let ready = tokio::select! {
         ready = dispatcher.ensure_group() => ready,
@@ -129,6 +152,8 @@ pub async fn run_with_registry(
     };
     if !ready {
         info!("stopped before the consumer group could be created");
+        shutdown.stopping().cancel();
+        let _ = probing.await;
         return Ok(());
     }
     telemetry.set_groups_ready(true);
@@ -142,7 +167,9 @@ pub async fn run_with_registry(
         requests = %dispatcher.requests_key(),
         group = %raw.daemon.toolbox_id,
         results = %keys.topic(&raw.streams.results),
+        dead_letters = %keys.dead_letters(&raw.daemon.toolbox_id),
         tools = %registry.names().join(","),
+        http = %http.local_addr(),
         "ready"
     );
     if let Err(err) = publisher.publish_once().await {
@@ -153,6 +180,7 @@ pub async fn run_with_registry(
     let beating = tokio::spawn(publisher.clone().run(shutdown.clone()));
 
     signal.await;
+    telemetry.set_draining();
     info!(
         grace_ms = config.shutdown_grace.as_millis() as u64,
         "shutting down: no new requests, finishing in-flight calls"
@@ -160,6 +188,7 @@ pub async fn run_with_registry(
     shutdown.stopping().cancel();
     let _ = reader.await;
     let _ = reclaimer.await;
+    let _ = probing.await;
     let finished = shutdown.drain(config.shutdown_grace).await;
     if !finished {
         warn!("grace period over; unfinished calls are left pending for another replica");
@@ -174,6 +203,7 @@ pub async fn run_with_registry(
         Err(err) => warn!(error = %err, "cannot delete this consumer"),
     }
     info!("stopped");
+    drop(http);
     Ok(())
 }
 
