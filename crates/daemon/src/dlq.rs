@@ -59,7 +59,8 @@ impl Letter {
     /// Reads a dead-letter entry; a letter that is not the dispatcher's JSON keeps its raw text
     /// as the error, so `list` still shows it.
     pub fn from_entry(entry: &Entry) -> Letter {
-        let value: Value = entry.payload.as_deref().and_then(|text| serde_json::from_str(text).ok()).unwrap_or_default();
+        let value: Value =
+            entry.payload.as_deref().and_then(|text| serde_json::from_str(text).ok()).unwrap_or_default();
         let text = |key: &str| value.get(key).and_then(Value::as_str).map(str::to_owned);
         let error = text("error").unwrap_or_else(|| {
             format!("unreadable dead letter: {}", entry.payload.as_deref().unwrap_or_default())
@@ -147,12 +148,17 @@ impl DeadLetters {
     ///
     /// # Errors
     /// Redis cannot be read.
-    pub async fn select(&self, entry_ids: &[String], all: bool) -> Result<(Vec<Letter>, Vec<String>), BusError> {
+    pub async fn select(
+        &self,
+        entry_ids: &[String],
+        all: bool,
+    ) -> Result<(Vec<Letter>, Vec<String>), BusError> {
         let letters = self.list(None).await?;
         if all {
             return Ok((letters, Vec::new()));
         }
-        let missing = entry_ids.iter().filter(|id| !letters.iter().any(|l| &l.entry_id == *id)).cloned().collect();
+        let missing =
+            entry_ids.iter().filter(|id| !letters.iter().any(|l| &l.entry_id == *id)).cloned().collect();
         let chosen = letters.into_iter().filter(|letter| entry_ids.contains(&letter.entry_id)).collect();
         Ok((chosen, missing))
     }
@@ -163,7 +169,8 @@ impl DeadLetters {
     /// # Errors
     /// The letter has no payload to replay, or Redis failed.
     pub async fn replay(&self, letter: &Letter) -> anyhow::Result<String> {
-        let payload = letter.payload.as_deref().context("the dead letter holds no request payload to replay")?;
+        let payload =
+            letter.payload.as_deref().context("the dead letter holds no request payload to replay")?;
         if let Some(request_id) = letter.request_id() {
             let forget = [
                 self.keys.answered(&self.toolbox_id, &request_id),
@@ -173,7 +180,8 @@ impl DeadLetters {
         }
         let stream = letter.stream.as_deref().unwrap_or(&self.requests);
         let message_id = letter.message_id.clone().unwrap_or_else(new_message_id);
-        let entry_id = self.bus.publish(stream, &message_id, payload).await.context("cannot re-queue the request")?;
+        let entry_id =
+            self.bus.publish(stream, &message_id, payload).await.context("cannot re-queue the request")?;
         self.bus
             .delete_entries(&self.topic, std::slice::from_ref(&letter.entry_id))
             .await

@@ -92,7 +92,8 @@ async fn serve(listener: std::net::TcpListener, telemetry: Telemetry, stop: Canc
             return;
         }
     };
-    let server = axum::serve(listener, router(telemetry)).with_graceful_shutdown(stop.clone().cancelled_owned());
+    let server =
+        axum::serve(listener, router(telemetry)).with_graceful_shutdown(stop.clone().cancelled_owned());
     // Graceful shutdown waits for open connections; a client that keeps one busy must not hold
     // up the daemon's exit for long.
     let deadline = async {

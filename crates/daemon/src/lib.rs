@@ -33,8 +33,8 @@ mod stats;
 mod telemetry;
 
 pub use client::{run_call, run_tools};
-pub use dlq::run_dlq;
 pub use dispatch::{DispatchSettings, Dispatcher};
+pub use dlq::run_dlq;
 pub use services::Services;
 pub use shutdown::Shutdown;
 pub use stats::Stats;

@@ -39,7 +39,9 @@ fn main() {
                 }
                 let options = serve::ServeOptions { synthetic_tools };
                 let res = match serve::build_registry(&config, &options) {
-                    Ok(registry) => serve::run_with_registry(config, registry, serve::shutdown_signal()).await,
+                    Ok(registry) => {
+                        serve::run_with_registry(config, registry, serve::shutdown_signal()).await
+                    }
                     Err(err) => Err(err),
                 };
                 match res {

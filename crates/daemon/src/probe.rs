@@ -119,6 +119,9 @@ mod tests {
         probe.once().await;
         assert!(telemetry.readiness().is_ready());
         let text = telemetry.render();
-        assert!(text.contains(r#"toolhost_group_lag{stream="action-requests",group="toolhost"} 1"#), "{text}");
+        assert!(
+            text.contains(r#"toolhost_group_lag{stream="action-requests",group="toolhost"} 1"#),
+            "{text}"
+        );
     }
 }

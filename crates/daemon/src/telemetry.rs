@@ -317,7 +317,9 @@ mod tests {
         assert!(text.contains(r#"toolhost_invocation_duration_seconds_bucket{tool="echo",le="0.005"} 1"#));
         assert!(text.contains(r#"toolhost_invocation_duration_seconds_bucket{tool="echo",le="+Inf"} 2"#));
         assert!(text.contains(r#"toolhost_invocation_duration_seconds_count{tool="echo"} 2"#));
-        assert!(text.contains(&format!(r#"toolhost_build_info{{version="{}"}} 1"#, env!("CARGO_PKG_VERSION"))));
+        assert!(
+            text.contains(&format!(r#"toolhost_build_info{{version="{}"}} 1"#, env!("CARGO_PKG_VERSION")))
+        );
         assert!(text.contains("toolhost_dead_letters_total 0"), "{text}");
     }
 
