@@ -8,3 +8,6 @@ mod support;
 
 /// The walking skeleton: requests in, exactly one answer out, bad input dead-lettered.
 mod skeleton;
+
+/// Operating it: health, readiness, metrics, configuration errors, secrets, dead letters, deploy files.
+mod ops;
