@@ -9,5 +9,11 @@ mod support;
 /// The walking skeleton: requests in, exactly one answer out, bad input dead-lettered.
 mod skeleton;
 
+/// Tools as contracts: validation, misbehaving tools, discovery formats, the CLI client.
+mod contract;
+
 /// Operating it: health, readiness, metrics, configuration errors, secrets, dead letters, deploy files.
 mod ops;
+
+/// House rules over the workspace's source files.
+mod tidy;
