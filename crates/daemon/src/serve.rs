@@ -158,6 +158,10 @@ pub async fn run_with_registry(
     }
     telemetry.set_groups_ready(true);
     telemetry.set_redis_up(true);
+    // Before `ready`, so whoever waits for that line finds the tools listed in Redis.
+    if let Err(err) = publisher.publish_once().await {
+        warn!(error = %err, "cannot publish the tool registry yet; will retry");
+    }
     info!(
         version = env!("CARGO_PKG_VERSION"),
         toolbox_id = %raw.daemon.toolbox_id,
@@ -172,9 +176,6 @@ pub async fn run_with_registry(
         http = %http.local_addr(),
         "ready"
     );
-    if let Err(err) = publisher.publish_once().await {
-        warn!(error = %err, "cannot publish the tool registry yet; will retry");
-    }
     let reader = tokio::spawn(dispatcher.clone().run_reader());
     let reclaimer = tokio::spawn(dispatcher.clone().run_reclaimer());
     let beating = tokio::spawn(publisher.clone().run(shutdown.clone()));

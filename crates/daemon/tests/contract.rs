@@ -11,7 +11,7 @@ use toolhost::config::Config;
 use toolhost_tools::builtin::Echo;
 use toolhost_tools::{Context, Registry, Tool, ToolError, ToolSpec};
 
-use crate::support::{Daemon, RedisServer, answers_to, pending, request, wait_for, xadd};
+use crate::support::{Daemon, RedisServer, answers_to, pending, request, wait_for, wait_for_group, xadd};
 
 const WAIT: Duration = Duration::from_secs(10);
 
@@ -106,6 +106,7 @@ async fn misbehaving_tools_are_answered_and_the_daemon_keeps_serving() {
     let daemon = tokio::spawn(toolhost::serve::run_with_registry(config, registry, async {
         let _ = stopped.await;
     }));
+    wait_for_group(&mut redis.connection().await, "action-requests", "toolhost", WAIT).await;
     let answers = ask(
         &redis,
         &[
