@@ -47,16 +47,30 @@ impl HttpServer {
             std::net::TcpListener::bind(listen).with_context(|| format!("cannot listen on {listen}"))?;
         listener.set_nonblocking(true).context("cannot make the HTTP listener non-blocking")?;
         let addr = listener.local_addr().context("cannot read the HTTP listener's address")?;
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .context("cannot build the HTTP runtime")?;
         let stop = CancellationToken::new();
         let stopping = stop.clone();
+        // The runtime is built and dropped on its own thread: dropping a runtime inside another
+        // runtime's context panics, and `run` is async.
+        let (started, start_result) = std::sync::mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("toolhost-http".to_owned())
-            .spawn(move || runtime.block_on(serve(listener, telemetry, stopping)))
+            .spawn(move || {
+                let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                    Ok(runtime) => runtime,
+                    Err(err) => {
+                        let _ = started.send(Err(err));
+                        return;
+                    }
+                };
+                let _ = started.send(Ok(()));
+                runtime.block_on(serve(listener, telemetry, stopping));
+            })
             .context("cannot start the HTTP thread")?;
+        match start_result.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => return Err(err).context("cannot build the HTTP runtime"),
+            Err(_disconnected) => anyhow::bail!("the HTTP thread ended before it started serving"),
+        }
         Ok(HttpServer { addr, stop, thread: Some(thread) })
     }
 
