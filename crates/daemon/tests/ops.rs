@@ -192,6 +192,30 @@ async fn metrics_count_calls_by_tool_and_outcome() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_answers_while_every_tool_slot_is_busy() {
+    let redis = RedisServer::start();
+    let env = [
+        ("TOOLHOST__DISPATCH__MAX_IN_FLIGHT", "1"),
+        ("TERMINAL_ALLOWED_COMMANDS", "sleep"),
+        ("TERMINAL_TIMEOUT_SECONDS", "10"),
+    ];
+    let daemon = Daemon::start(&redis, &env);
+    let addr = http_addr(&daemon.log());
+    let mut connection = redis.connection().await;
+    let slow =
+        request("tool.invoke", "slow", json!({"tool": "terminal_run", "arguments": {"command": "sleep 2"}}));
+    xadd(&mut connection, "action-requests", &slow.to_string()).await;
+    let (_, metrics) = wait_http(addr, "/metrics", WAIT, |_, body| body.contains("toolhost_in_flight 1"));
+    assert!(metrics.contains("toolhost_in_flight 1"), "{metrics}");
+    let started = Instant::now();
+    assert_eq!(http_get(addr, "/healthz").0, 200);
+    assert_eq!(http_get(addr, "/readyz").0, 200);
+    assert!(started.elapsed() < Duration::from_secs(1), "{:?}", started.elapsed());
+    let results = wait_for(&mut connection, "action-results", 1, WAIT).await;
+    assert_eq!(answers_to(&results, "slow")[0]["data"]["success"], true, "{results:?}");
+}
+
 #[test]
 fn bad_keys_and_values_exit_64_naming_the_key() {
     let dir = temp_dir("config");
