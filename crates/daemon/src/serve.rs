@@ -159,7 +159,8 @@ pub async fn run_with_registry(
     telemetry.set_groups_ready(true);
     telemetry.set_redis_up(true);
     // Before `ready`, so whoever waits for that line finds the tools listed in Redis.
-    if let Err(err) = publisher.publish_once().await {
+    let fields = publisher.fields();
+    if let Err(err) = publisher.publish_once(&fields).await {
         warn!(error = %err, "cannot publish the tool registry yet; will retry");
     }
     info!(
@@ -178,7 +179,7 @@ pub async fn run_with_registry(
     );
     let reader = tokio::spawn(dispatcher.clone().run_reader());
     let reclaimer = tokio::spawn(dispatcher.clone().run_reclaimer());
-    let beating = tokio::spawn(publisher.clone().run(shutdown.clone()));
+    let beating = tokio::spawn(publisher.clone().run(fields, shutdown.clone()));
 
     signal.await;
     telemetry.set_draining();
