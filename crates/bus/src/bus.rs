@@ -185,6 +185,9 @@ pub struct Finish<'a> {
     pub call: Option<CallKeys<'a>>,
     /// The answer, skipped if the request was answered already.
     pub answer: Option<Published<'a>>,
+    /// A second topic that receives the same answer (same id and payload) under the same
+    /// once-only rule, e.g. a chat reply that goes to the conversation and to an agent's inbox.
+    pub answer_copy: Option<&'a str>,
     /// A dead letter to publish in any case.
     pub dead_letter: Option<Published<'a>>,
 }

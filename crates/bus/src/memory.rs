@@ -378,6 +378,9 @@ impl Bus for MemoryBus {
             let mut published = false;
             if let (false, Some(answer)) = (answered, finish.answer) {
                 state.append(answer.topic, Some(answer.id.to_owned()), Some(answer.payload.to_owned()));
+                if let Some(copy) = finish.answer_copy {
+                    state.append(copy, Some(answer.id.to_owned()), Some(answer.payload.to_owned()));
+                }
                 published = true;
             }
             if let Some(call) = finish.call {
@@ -543,10 +546,17 @@ mod tests {
         assert!(!bus.renew_call(&call, "a", &entry, "c1").await.unwrap());
         assert!(bus.renew_call(&call, "b", &entry, "c1").await.unwrap());
         let answer = Published { topic: "results", id: "a1", payload: "{}" };
-        let finish = Finish { entry, call: Some(call), answer: Some(answer), dead_letter: None };
+        let finish = Finish {
+            entry,
+            call: Some(call),
+            answer: Some(answer),
+            answer_copy: Some("copies"),
+            dead_letter: None,
+        };
         assert!(bus.finish(&finish).await.unwrap());
         assert!(!bus.finish(&finish).await.unwrap());
         assert_eq!(bus.payloads("results").len(), 1);
+        assert_eq!(bus.payloads("copies").len(), 1);
         assert_eq!(bus.pending_count(TOPIC, GROUP), 0);
         assert_eq!(bus.begin_call(&call, "c", &entry_id).await.unwrap(), CallStart::Answered);
     }

@@ -321,6 +321,7 @@ impl Bus for RedisBus {
             .key(call)
             .key(answer.topic)
             .key(dead_letter.topic)
+            .key(finish.answer_copy.unwrap_or(answer.topic))
             .arg(entry.group)
             .arg(entry.entry_id)
             .arg(self.options.maxlen)
@@ -330,6 +331,7 @@ impl Bus for RedisBus {
             .arg(dead_letter.id)
             .arg(dead_letter.payload)
             .arg(if finish.call.is_some() { "1" } else { "0" })
+            .arg(if finish.answer_copy.is_some() { "1" } else { "0" })
             .invoke_async(&mut self.commands.clone())
             .await?;
         Ok(published == 1)

@@ -380,8 +380,12 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         bad("tools.terminal.output_cap_bytes", "must be greater than 0");
     }
     for (index, agent) in raw.agents.iter().enumerate() {
-        if agent.name.is_empty() || agent.parameter.is_empty() {
-            bad(&format!("agents[{index}].name"), "name and parameter must be non-empty");
+        // The agent becomes a tool of that name, so it follows the tool naming rule.
+        if !toolhost_tools::valid_tool_name(&agent.name) {
+            bad(&format!("agents[{index}].name"), "must be 1-64 of [a-z0-9_] (it becomes a tool name)");
+        }
+        if agent.parameter.is_empty() || agent.parameter == toolhost_tools::builtin::CONVERSATION_ID {
+            bad(&format!("agents[{index}].parameter"), "must be non-empty and not conversation_id");
         }
         if !(agent.timeout_s.is_finite() && agent.timeout_s > 0.0) {
             bad(&format!("agents[{index}].timeout_s"), "must be a positive number");
@@ -523,6 +527,23 @@ mod tests {
         assert!(err.to_string().contains("max_in_flight"), "{err}");
         let err = Config::load(None, &env(&[("TERMINAL_TIMEOUT_SECONDS", "soon")])).unwrap_err();
         assert!(err.to_string().contains("TERMINAL_TIMEOUT_SECONDS"), "{err}");
+    }
+
+    #[test]
+    fn agents_need_tool_names() {
+        let path = file(
+            "[[agents]]\nname = \"coder\"\ndescription = \"Writes code.\"\n\n\
+             [[agents]]\nname = \"DevAgent\"\ndescription = \"d\"\ntimeout_s = 0\n",
+        );
+        let err = Config::load(Some(&path.0), &env(&[])).unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("agents[1].name: must be 1-64 of [a-z0-9_]"), "{text}");
+        assert!(text.contains("agents[1].timeout_s"), "{text}");
+        assert!(!text.contains("agents[0]"), "{text}");
+        let path = file("[[agents]]\nname = \"coder\"\ndescription = \"Writes code.\"\n");
+        let config = Config::load(Some(&path.0), &env(&[])).unwrap();
+        assert_eq!(config.raw.agents[0].parameter, "message");
+        assert_eq!(config.raw.agents[0].timeout_s, 30.0);
     }
 
     #[test]

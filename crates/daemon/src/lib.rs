@@ -3,7 +3,10 @@
 //! - [`cli`]: the command line (`serve`, `call`, `tools`, `check-config`, `healthcheck`, `dlq`).
 //! - [`config`]: layered configuration (defaults, file, environment), validated once.
 //! - [`serve`]: builds everything from a [`config::Config`] and runs until shutdown.
-//! - `dispatch`: the request loop, admission, the ledger steps and answers.
+//! - `dispatch`: the request loop, admission and answers.
+//! - `inbox`: the chat inbox `chat:<AGENT_NAME>`: tool calls by chat message.
+//! - `group`: the consumer-group read and reclaim loops the inbox runs on.
+//! - `ledger`: the call-ledger steps (begin, renew, commit) the dispatcher and inbox share.
 //! - `publish`: the tool registry and heartbeat kept in Redis.
 //! - `client`: the `call` and `tools` commands.
 //! - `dlq`: the `dlq list|replay|purge` commands over `dlq:<toolbox_id>`.
@@ -22,7 +25,10 @@ mod client;
 pub mod config;
 mod dispatch;
 mod dlq;
+mod group;
 pub mod http;
+mod inbox;
+mod ledger;
 pub mod logging;
 mod probe;
 mod publish;

@@ -17,10 +17,8 @@ fn main() {
             std::process::exit(EXIT_CONFIG);
         }
     };
-    match &cli.command {
-        Command::CheckConfig => std::process::exit(check_config(&config)),
-        Command::Healthcheck { path, timeout } => std::process::exit(healthcheck(&config, path, *timeout)),
-        _ => {}
+    if let Command::Healthcheck { path, timeout } = &cli.command {
+        std::process::exit(healthcheck(&config, path, *timeout));
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
@@ -38,13 +36,7 @@ fn main() {
                     eprintln!("toolhost: cannot install logging: {err}");
                 }
                 let options = serve::ServeOptions { synthetic_tools };
-                let res = match serve::build_registry(&config, &options) {
-                    Ok(registry) => {
-                        serve::run_with_registry(config, registry, serve::shutdown_signal()).await
-                    }
-                    Err(err) => Err(err),
-                };
-                match res {
+                match serve::run(config, options, serve::shutdown_signal()).await {
                     Ok(()) => 0,
                     Err(err) => {
                         eprintln!("toolhost: {err:#}");
@@ -57,7 +49,9 @@ fn main() {
                 toolhost::run_tools(&config, &format, from_registry, timeout).await
             }
             Command::Dlq { action } => toolhost::run_dlq(&config, &action).await,
-            Command::CheckConfig | Command::Healthcheck { .. } => 0,
+            // In the runtime: preparing the bus, as `serve` does, needs one (nothing is sent).
+            Command::CheckConfig => check_config(&config),
+            Command::Healthcheck { .. } => 0,
         }
     });
     std::process::exit(code);
@@ -65,7 +59,9 @@ fn main() {
 
 /// `toolhost check-config`: what `serve` checks before it touches Redis, then the masked TOML.
 fn check_config(config: &Config) -> i32 {
-    if let Err(err) = serve::build_registry(config, &serve::ServeOptions::default()) {
+    let checked = serve::connect(config)
+        .and_then(|(bus, keys)| serve::build_registry(config, &serve::ServeOptions::default(), &bus, &keys));
+    if let Err(err) = checked {
         eprintln!("toolhost: {err:#}");
         return exit_code(&err);
     }

@@ -11,7 +11,7 @@ use toolhost::config::Config;
 use toolhost_tools::builtin::Echo;
 use toolhost_tools::{Context, Registry, Tool, ToolError, ToolSpec};
 
-use crate::support::{Daemon, RedisServer, answers_to, pending, request, wait_for, wait_for_group, xadd};
+use crate::support::{Daemon, RedisServer, answers_to, pending, request, wait_for, xadd};
 
 const WAIT: Duration = Duration::from_secs(10);
 
@@ -61,6 +61,25 @@ async fn invalid_and_missing_arguments_point_at_the_problem() {
     assert_eq!(answers["invoke-bad"]["details"]["errors"][0]["pointer"], "/message");
 }
 
+/// Waits until the consumer group exists: it is created at the stream's end, so requests sent
+/// before it would never be read.
+async fn wait_for_group(redis: &RedisServer, stream: &str, group: &str) {
+    let mut connection = redis.connection().await;
+    let deadline = std::time::Instant::now() + WAIT;
+    while std::time::Instant::now() < deadline {
+        let groups: redis::RedisResult<Vec<std::collections::HashMap<String, redis::Value>>> =
+            redis::cmd("XINFO").arg("GROUPS").arg(stream).query_async(&mut connection).await;
+        let found = groups.is_ok_and(|groups| {
+            groups.iter().any(|info| matches!(info.get("name"), Some(redis::Value::BulkString(name)) if name == group.as_bytes()))
+        });
+        if found {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("consumer group {group} never appeared on {stream}");
+}
+
 /// A tool that misbehaves the way its name says.
 struct Misbehaving(&'static str);
 
@@ -106,7 +125,7 @@ async fn misbehaving_tools_are_answered_and_the_daemon_keeps_serving() {
     let daemon = tokio::spawn(toolhost::serve::run_with_registry(config, registry, async {
         let _ = stopped.await;
     }));
-    wait_for_group(&mut redis.connection().await, "action-requests", "toolhost", WAIT).await;
+    wait_for_group(&redis, "action-requests", "toolhost").await;
     let answers = ask(
         &redis,
         &[
@@ -141,24 +160,25 @@ async fn discovery_answers_every_format_over_the_bus() {
         let result = &answers[format]["result"];
         assert_eq!(result["toolbox_id"], "toolhost");
         assert_eq!(result["format"], format);
-        assert_eq!(result["tools"].as_array().unwrap().len(), 2, "{result}");
+        assert_eq!(result["tools"].as_array().unwrap().len(), 3, "{result}");
     }
-    let native = &answers["native"]["result"]["tools"][0];
+    // Listings are sorted by name: chat_send, echo, terminal_run.
+    let native = &answers["native"]["result"]["tools"][1];
     assert_eq!(native["name"], "echo");
     assert_eq!(native["consumed_event"], "echo.requested");
     assert_eq!(native["produced_event"], "echo.completed");
     assert_eq!(native["annotations"], json!({"read_only": true, "idempotent": true, "destructive": false}));
     assert_eq!(native["hash"].as_str().unwrap().len(), 64);
-    let openai = &answers["openai"]["result"]["tools"][0];
+    let openai = &answers["openai"]["result"]["tools"][1];
     assert_eq!(openai["type"], "function");
     assert_eq!(openai["function"]["name"], "echo");
     assert_eq!(openai["function"]["strict"], true);
     assert_eq!(openai["function"]["parameters"], native["argument_schema"]);
-    let terminal = &answers["openai"]["result"]["tools"][1];
+    let terminal = &answers["openai"]["result"]["tools"][2];
     assert_eq!(terminal["function"]["name"], "terminal_run");
     assert_eq!(terminal["function"]["parameters"]["required"], json!(["command", "cwd"]));
     assert_eq!(terminal["function"]["parameters"]["properties"]["cwd"]["type"], json!(["string", "null"]));
-    let mcp = &answers["mcp"]["result"]["tools"][1];
+    let mcp = &answers["mcp"]["result"]["tools"][2];
     assert_eq!(mcp["name"], "terminal_run");
     assert_eq!(
         mcp["annotations"],
@@ -170,7 +190,7 @@ async fn discovery_answers_every_format_over_the_bus() {
         toolbox.as_object().unwrap().keys().collect::<Vec<_>>(),
         ["argument_schema", "description", "name", "output_schema"]
     );
-    let capability = &answers["capabilities"]["result"]["tools"][0];
+    let capability = &answers["capabilities"]["result"]["tools"][1];
     assert_eq!(capability["task_name"], "echo");
     assert_eq!(capability["consumed_event"]["event_name"], "echo.requested");
     assert_eq!(capability["consumed_event"]["topic"], "action-requests");
@@ -206,7 +226,7 @@ async fn stats_and_disabled_tools() {
         .iter()
         .map(|t| t["name"].as_str().unwrap())
         .collect();
-    assert_eq!(names, ["echo"]);
+    assert_eq!(names, ["chat_send", "echo"]);
 }
 
 /// Runs the `toolhost` binary as a client; returns exit code, stdout and stderr.
@@ -259,7 +279,7 @@ async fn tools_command_prints_the_live_registry() {
         let tools: Value = serde_json::from_str(&stdout).unwrap();
         let names: Vec<&str> =
             tools.as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect();
-        assert_eq!(names, ["echo", "terminal_run"]);
+        assert_eq!(names, ["chat_send", "echo", "terminal_run"]);
     }
 }
 

@@ -9,6 +9,9 @@ mod support;
 /// The walking skeleton: requests in, exactly one answer out, bad input dead-lettered.
 mod skeleton;
 
+/// Chat: chat_send, tool calls by chat message on `chat:<AGENT_NAME>`, specialist agents as tools.
+mod chat;
+
 /// Tools as contracts: validation, misbehaving tools, discovery formats, the CLI client.
 mod contract;
 

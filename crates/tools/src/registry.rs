@@ -93,8 +93,8 @@ impl Failure {
     }
 }
 
-/// A tool name: 1-64 of `[a-z0-9_]`.
-fn valid_name(name: &str) -> bool {
+/// Whether `name` is a valid tool name: 1-64 of `[a-z0-9_]`.
+pub fn valid_tool_name(name: &str) -> bool {
     (1..=64).contains(&name.len())
         && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
 }
@@ -111,7 +111,7 @@ impl Registry {
     /// The name is invalid or taken, its event is taken, or a schema does not compile.
     pub fn register(&mut self, tool: Arc<dyn Tool>) -> Result<(), RegistryError> {
         let mut spec = tool.spec();
-        if !valid_name(&spec.name) {
+        if !valid_tool_name(&spec.name) {
             return Err(RegistryError::InvalidName(spec.name));
         }
         if self.by_name.contains_key(&spec.name) {
@@ -197,6 +197,15 @@ impl Registry {
     /// Names of every tool, sorted.
     pub fn names(&self) -> Vec<&str> {
         self.tools.iter().map(|tool| tool.spec.name.as_str()).collect()
+    }
+
+    /// Names of the tools that are not disabled, sorted.
+    pub fn enabled_names(&self) -> Vec<&str> {
+        self.tools
+            .iter()
+            .map(|tool| tool.spec.name.as_str())
+            .filter(|name| !self.disabled.contains(*name))
+            .collect()
     }
 
     /// Every enabled tool in `format`, sorted by name.

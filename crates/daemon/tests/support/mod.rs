@@ -330,26 +330,6 @@ pub async fn pending(connection: &mut MultiplexedConnection, stream: &str, group
     }
 }
 
-/// Waits until `group` exists on `stream`. Groups are created at `$`, so a request sent before
-/// would never be read: tests that start a daemon without waiting for its `ready` line wait here.
-pub async fn wait_for_group(
-    connection: &mut MultiplexedConnection,
-    stream: &str,
-    group: &str,
-    timeout: Duration,
-) {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let groups: redis::RedisResult<redis::streams::StreamInfoGroupsReply> =
-            redis::cmd("XINFO").arg("GROUPS").arg(stream).query_async(connection).await;
-        if groups.is_ok_and(|groups| groups.groups.iter().any(|info| info.name == group)) {
-            return;
-        }
-        assert!(Instant::now() < deadline, "group {group} on {stream} not created within {timeout:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 /// The answers to `request_id` among result payloads.
 pub fn answers_to<'a>(results: &'a [Value], request_id: &str) -> Vec<&'a Value> {
     results.iter().filter(|result| result["data"]["request_id"] == request_id).collect()
