@@ -103,6 +103,25 @@ pub trait Bus: Send + Sync + 'static {
 
     /// Names of the keys matching a glob `pattern`.
     async fn keys_matching(&self, pattern: &str) -> Result<Vec<String>, Error>;
+
+    /// The consumer groups of `topic` with their pending counts and lag (`XINFO GROUPS`). A
+    /// topic that does not exist has no groups.
+    async fn group_info(&self, topic: &str) -> Result<Vec<GroupInfo>, Error>;
+
+    /// Deletes entries of `topic` by entry id (`XDEL`). Returns how many existed.
+    async fn delete_entries(&self, topic: &str, entry_ids: &[String]) -> Result<u64, Error>;
+}
+
+/// One consumer group of a topic, as [`Bus::group_info`] reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupInfo {
+    /// The group's name.
+    pub name: String,
+    /// Entries delivered to the group's consumers and not yet acked.
+    pub pending: u64,
+    /// Entries not yet delivered to the group; `None` when Redis cannot tell (after `XDEL` or
+    /// trimming past the group's position).
+    pub lag: Option<u64>,
 }
 
 /// The ledger keys of one request, with how long its records live.

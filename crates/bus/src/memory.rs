@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use tokio::sync::Notify;
 use toolhost_envelope::Entry;
 
-use crate::bus::{CallKeys, CallStart, EntryRef, Finish, Reclaimed, is_entry_id};
+use crate::bus::{CallKeys, CallStart, EntryRef, Finish, GroupInfo, Reclaimed, is_entry_id};
 use crate::{Bus, Error};
 
 /// The in-memory implementation of [`Bus`].
@@ -444,6 +444,39 @@ impl Bus for MemoryBus {
         keys.sort();
         Ok(keys)
     }
+
+    async fn group_info(&self, topic: &str) -> Result<Vec<GroupInfo>, Error> {
+        let state = self.lock();
+        let Some(stream) = state.streams.get(topic) else { return Ok(Vec::new()) };
+        let mut groups: Vec<GroupInfo> = stream
+            .groups
+            .iter()
+            .map(|(name, group)| GroupInfo {
+                name: name.clone(),
+                pending: group.pending.len() as u64,
+                lag: Some(
+                    stream
+                        .entries
+                        .range((std::ops::Bound::Excluded(group.last_delivered), std::ops::Bound::Unbounded))
+                        .count() as u64,
+                ),
+            })
+            .collect();
+        groups.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(groups)
+    }
+
+    async fn delete_entries(&self, topic: &str, entry_ids: &[String]) -> Result<u64, Error> {
+        let mut state = self.lock();
+        let Some(stream) = state.streams.get_mut(topic) else { return Ok(0) };
+        let mut deleted = 0;
+        for entry_id in entry_ids {
+            if stream.entries.remove(&parse_entry_id(entry_id)?).is_some() {
+                deleted += 1;
+            }
+        }
+        Ok(deleted)
+    }
 }
 
 /// A monotonic millisecond clock for lease deadlines.
@@ -526,5 +559,21 @@ mod tests {
         assert_eq!(bus.payloads("copies").len(), 1);
         assert_eq!(bus.pending_count(TOPIC, GROUP), 0);
         assert_eq!(bus.begin_call(&call, "c", &entry_id).await.unwrap(), CallStart::Answered);
+    }
+
+    #[tokio::test]
+    async fn group_info_counts_pending_and_lag_and_entries_can_be_deleted() {
+        let bus = MemoryBus::new();
+        assert!(bus.group_info(TOPIC).await.unwrap().is_empty());
+        bus.ensure_group(TOPIC, GROUP).await.unwrap();
+        let first = bus.publish(TOPIC, "m1", "{}").await.unwrap();
+        bus.publish(TOPIC, "m2", "{}").await.unwrap();
+        bus.publish(TOPIC, "m3", "{}").await.unwrap();
+        bus.read_group(TOPIC, GROUP, "c1", 1, Duration::ZERO).await.unwrap();
+        let info = bus.group_info(TOPIC).await.unwrap();
+        assert_eq!(info, [GroupInfo { name: GROUP.to_owned(), pending: 1, lag: Some(2) }]);
+        let deleted = bus.delete_entries(TOPIC, &[first, "9-9".to_owned()]).await.unwrap();
+        assert_eq!(deleted, 1);
+        assert_eq!(bus.payloads(TOPIC).len(), 2);
     }
 }

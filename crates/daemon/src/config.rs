@@ -85,13 +85,24 @@ pub struct RawConfig {
 }
 
 /// `[redis]`
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 #[allow(missing_docs)]
 pub struct RedisSection {
     pub url: String,
     pub key_prefix: String,
     pub response_timeout_ms: u64,
+}
+
+/// Masks the password, so a configuration printed with `{:?}` leaks nothing.
+impl std::fmt::Debug for RedisSection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisSection")
+            .field("url", &mask_url(&self.url))
+            .field("key_prefix", &self.key_prefix)
+            .field("response_timeout_ms", &self.response_timeout_ms)
+            .finish()
+    }
 }
 
 /// `[daemon]`
@@ -411,11 +422,13 @@ impl Config {
 }
 
 /// A Redis URL with its password replaced by `***`.
+///
+/// The user information ends at the last `@`, wherever it is: a password with an unescaped `/`,
+/// `?` or `#` is still masked whole, at worst together with some of what follows it.
 pub fn mask_url(url: &str) -> String {
     let Some(scheme_end) = url.find("://") else { return url.to_owned() };
     let rest = &url[scheme_end + 3..];
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    let Some(at) = rest[..authority_end].rfind('@') else { return url.to_owned() };
+    let Some(at) = rest.rfind('@') else { return url.to_owned() };
     let userinfo = &rest[..at];
     let masked = match userinfo.find(':') {
         Some(colon) => format!("{}:***", &userinfo[..colon]),
@@ -538,5 +551,23 @@ mod tests {
         assert_eq!(mask_url("redis://user:pw@host:6379/0"), "redis://user:***@host:6379/0");
         assert_eq!(mask_url("rediss://:pw@host"), "rediss://:***@host");
         assert_eq!(mask_url("redis://host:6379"), "redis://host:6379");
+        assert_eq!(mask_url("redis://:pa/ss@host:6379/0"), "redis://:***@host:6379/0");
+        assert_eq!(mask_url("redis://token@host"), "redis://***@host");
+    }
+
+    #[test]
+    fn acl_users_and_tls_urls_are_accepted() {
+        for url in [
+            "redis://ops:s3cret@10.0.0.1:6379/2",
+            "rediss://:s3cret@redis.example:6380",
+            "unix:///run/redis.sock",
+        ] {
+            let config = Config::load(None, &env(&[("REDIS_URL", url)])).unwrap();
+            assert_eq!(config.raw.redis.url, url);
+            assert!(!config.masked_toml().contains("s3cret"));
+            assert!(!format!("{config:?}").contains("s3cret"));
+        }
+        let err = Config::load(None, &env(&[("REDIS_URL", "http://:s3cret@host")])).unwrap_err();
+        assert!(err.to_string().contains("redis.url") && !err.to_string().contains("s3cret"), "{err}");
     }
 }

@@ -1,4 +1,8 @@
 //! `toolhost serve`: builds the daemon from a validated [`Config`] and runs it until shutdown.
+//!
+//! Start-up order: the HTTP endpoint first (so `/healthz` answers and `/readyz` explains what is
+//! missing while Redis is still out of reach), then the readiness probe, then the consumer group,
+//! then the loops. Shutdown runs the other way round; the HTTP endpoint answers until the end.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -10,10 +14,12 @@ use toolhost_tools::builtin::{AgentSettings, AgentTool, ChatSend, Echo, Syntheti
 use toolhost_tools::terminal::TerminalPolicy;
 use tracing::{info, warn};
 
-use crate::config::{Config, mask_url};
+use crate::config::{Config, ConfigError, KeyError, mask_url};
 use crate::dispatch::{DispatchSettings, Dispatcher};
 use crate::group::{GroupReader, GroupSettings};
+use crate::http::HttpServer;
 use crate::inbox::{Inbox, InboxSettings};
+use crate::probe::{Probe, WatchedGroup};
 use crate::publish::Publisher;
 use crate::services::Services;
 use crate::shutdown::Shutdown;
@@ -31,7 +37,8 @@ pub struct ServeOptions {
 /// agents) as configured; `bus` and `keys` serve the chat tools.
 ///
 /// # Errors
-/// A tool cannot be registered, or a disabled tool name is unknown.
+/// A tool cannot be registered, or a disabled tool name is unknown (a [`ConfigError`] naming
+/// `tools.disabled`, so `main` exits 64 for it).
 pub fn build_registry(
     config: &Config,
     options: &ServeOptions,
@@ -64,7 +71,11 @@ pub fn build_registry(
     }
     let unknown = registry.disable(&config.raw.tools.disabled);
     if !unknown.is_empty() {
-        anyhow::bail!("tools.disabled names unknown tools: {}", unknown.join(", "));
+        return Err(ConfigError(vec![KeyError {
+            key: "tools.disabled".to_owned(),
+            message: format!("names unknown tools: {}", unknown.join(", ")),
+        }])
+        .into());
     }
     Ok(registry)
 }
@@ -107,7 +118,7 @@ pub async fn run(
 /// Runs the daemon with a registry built by the caller (tests register their own tools).
 ///
 /// # Errors
-/// Redis URL unusable.
+/// Redis URL unusable, or `[http] listen` cannot be bound.
 pub async fn run_with_registry(
     config: Config,
     registry: Registry,
@@ -130,6 +141,8 @@ async fn run_with_bus(
     let consumer = consumer_name();
     let shutdown = Shutdown::new();
     let telemetry = Telemetry::new();
+    let http = HttpServer::start(config.http_listen, telemetry.clone()).context("http.listen")?;
+    info!(addr = %http.local_addr(), "http listening");
     let stats = Arc::new(Stats::default());
     let settings = DispatchSettings {
         toolbox_id: raw.daemon.toolbox_id.clone(),
@@ -166,6 +179,19 @@ async fn run_with_bus(
         results_topic: keys.topic(&raw.streams.results),
     });
 
+    let probe = Probe {
+        bus: bus.clone(),
+        telemetry: telemetry.clone(),
+        groups: vec![
+            WatchedGroup {
+                stream: dispatcher.requests_key().to_owned(),
+                group: raw.daemon.toolbox_id.clone(),
+            },
+            WatchedGroup { stream: inbox.topic().to_owned(), group: raw.daemon.toolbox_id.clone() },
+        ],
+    };
+    let probing = tokio::spawn(probe.run(shutdown.stopping().clone()));
+
     tokio::pin!(signal);
     let ready = tokio::select! {
         ready = async { dispatcher.ensure_group().await && inbox.ensure_group().await } => ready,
@@ -173,10 +199,17 @@ async fn run_with_bus(
     };
     if !ready {
         info!("stopped before the consumer group could be created");
+        shutdown.stopping().cancel();
+        let _ = probing.await;
         return Ok(());
     }
     telemetry.set_groups_ready(true);
     telemetry.set_redis_up(true);
+    // Before `ready`, so whoever waits for that line finds the tools listed in Redis.
+    let fields = publisher.fields();
+    if let Err(err) = publisher.publish_once(&fields).await {
+        warn!(error = %err, "cannot publish the tool registry yet; will retry");
+    }
     info!(
         version = env!("CARGO_PKG_VERSION"),
         toolbox_id = %raw.daemon.toolbox_id,
@@ -187,13 +220,11 @@ async fn run_with_bus(
         group = %raw.daemon.toolbox_id,
         results = %keys.topic(&raw.streams.results),
         inbox = %inbox.topic(),
+        dead_letters = %keys.dead_letters(&raw.daemon.toolbox_id),
         tools = %registry.names().join(","),
+        http = %http.local_addr(),
         "ready"
     );
-    let fields = publisher.fields();
-    if let Err(err) = publisher.publish_once(&fields).await {
-        warn!(error = %err, "cannot publish the tool registry yet; will retry");
-    }
     let reader = tokio::spawn(dispatcher.clone().run_reader());
     let reclaimer = tokio::spawn(dispatcher.clone().run_reclaimer());
     let beating = tokio::spawn(publisher.clone().run(fields, shutdown.clone()));
@@ -202,6 +233,7 @@ async fn run_with_bus(
     shutdown.tasks().spawn(inbox.clone().run_reclaimer());
 
     signal.await;
+    telemetry.set_draining();
     info!(
         grace_ms = config.shutdown_grace.as_millis() as u64,
         "shutting down: no new requests, finishing in-flight calls"
@@ -209,6 +241,7 @@ async fn run_with_bus(
     shutdown.stopping().cancel();
     let _ = reader.await;
     let _ = reclaimer.await;
+    let _ = probing.await;
     let finished = shutdown.drain(config.shutdown_grace).await;
     if !finished {
         warn!("grace period over; unfinished calls are left pending for another replica");
@@ -225,6 +258,7 @@ async fn run_with_bus(
         }
     }
     info!("stopped");
+    drop(http);
     Ok(())
 }
 

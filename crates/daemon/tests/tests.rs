@@ -15,5 +15,8 @@ mod chat;
 /// Tools as contracts: validation, misbehaving tools, discovery formats, the CLI client.
 mod contract;
 
+/// Operating it: health, readiness, metrics, configuration errors, secrets, dead letters, deploy files.
+mod ops;
+
 /// House rules over the workspace's source files.
 mod tidy;
