@@ -139,6 +139,25 @@ pub trait Bus: Send + Sync + 'static {
 
     /// Names of the keys matching a glob `pattern`.
     async fn keys_matching(&self, pattern: &str) -> Result<Vec<String>, Error>;
+
+    /// The consumer groups of `topic` with their pending counts and lag (`XINFO GROUPS`). A
+    /// topic that does not exist has no groups.
+    async fn group_info(&self, topic: &str) -> Result<Vec<GroupInfo>, Error>;
+
+    /// Deletes entries of `topic` by entry id (`XDEL`). Returns how many existed.
+    async fn delete_entries(&self, topic: &str, entry_ids: &[String]) -> Result<u64, Error>;
+}
+
+/// One consumer group of a topic, as [`Bus::group_info`] reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupInfo {
+    /// The group's name.
+    pub name: String,
+    /// Entries delivered to the group's consumers and not yet acked.
+    pub pending: u64,
+    /// Entries not yet delivered to the group; `None` when Redis cannot tell (after `XDEL` or
+    /// trimming past the group's position).
+    pub lag: Option<u64>,
 }
 
 /// The ledger keys of one request, with how long its records live.
@@ -202,6 +221,9 @@ pub struct Finish<'a> {
     pub call: Option<CallKeys<'a>>,
     /// The answer, skipped if the request was answered already.
     pub answer: Option<Published<'a>>,
+    /// A second topic that receives the same answer (same id and payload) under the same
+    /// once-only rule, e.g. a chat reply that goes to the conversation and to an agent's inbox.
+    pub answer_copy: Option<&'a str>,
     /// A dead letter to publish in any case.
     pub dead_letter: Option<Published<'a>>,
 }

@@ -1,7 +1,8 @@
 //! The transport: topics are Redis Streams, read through consumer groups.
 //!
-//! - [`Bus`]: the operations the daemon needs (publish, group read, ack, reclaim, plain read) and
-//!   the call ledger that makes answers exactly-once ([`Bus::begin_call`], [`Bus::finish`]).
+//! - [`Bus`]: the operations the daemon needs (publish, group read, ack, reclaim, plain read,
+//!   group statistics, entry deletion) and the call ledger that makes answers exactly-once
+//!   ([`Bus::begin_call`], [`Bus::finish`]).
 //! - [`RedisBus`]: the Redis implementation, over redis-rs connection managers.
 //! - [`MemoryBus`]: an in-memory implementation with the same semantics, for unit tests.
 //! - [`Keys`]: every Redis key and stream name, built in one place.
@@ -17,7 +18,7 @@ mod keys;
 mod memory;
 mod redis_bus;
 
-pub use bus::{Bus, CallKeys, CallStart, EntryRef, Finish, Published, Reclaimed};
+pub use bus::{Bus, CallKeys, CallStart, EntryRef, Finish, GroupInfo, Published, Reclaimed};
 pub use caller::{CallError, Caller};
 pub use error::Error;
 pub use keys::Keys;

@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use tokio::sync::Notify;
 use toolhost_envelope::Entry;
 
-use crate::bus::{CallKeys, CallStart, EntryRef, Finish, Reclaimed, is_entry_id};
+use crate::bus::{CallKeys, CallStart, EntryRef, Finish, GroupInfo, Reclaimed, is_entry_id};
 use crate::{Bus, Error};
 
 /// The in-memory implementation of [`Bus`].
@@ -84,13 +84,6 @@ impl MemoryBus {
         let entry_id = self.lock().append(topic, id.map(str::to_owned), payload.map(str::to_owned));
         self.published.notify_waiters();
         entry_id
-    }
-
-    /// Deletes one entry from `topic` (like `XDEL`, or trimming), leaving group state alone.
-    pub fn remove_entry(&self, topic: &str, entry_id: &str) {
-        if let (Some(stream), Ok(key)) = (self.lock().streams.get_mut(topic), parse_entry_id(entry_id)) {
-            stream.entries.remove(&key);
-        }
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -463,6 +456,9 @@ impl Bus for MemoryBus {
             if let Some(answer) = finish.answer {
                 if !answered {
                     state.append(answer.topic, Some(answer.id.to_owned()), Some(answer.payload.to_owned()));
+                    if let Some(copy) = finish.answer_copy {
+                        state.append(copy, Some(answer.id.to_owned()), Some(answer.payload.to_owned()));
+                    }
                     if let Some(call) = finish.call {
                         let expires = Instant::now() + call.retention;
                         state.values.insert(
@@ -531,6 +527,39 @@ impl Bus for MemoryBus {
         let mut keys: Vec<String> = names.into_iter().filter(|key| state.value(key).is_some()).collect();
         keys.sort();
         Ok(keys)
+    }
+
+    async fn group_info(&self, topic: &str) -> Result<Vec<GroupInfo>, Error> {
+        let state = self.lock();
+        let Some(stream) = state.streams.get(topic) else { return Ok(Vec::new()) };
+        let mut groups: Vec<GroupInfo> = stream
+            .groups
+            .iter()
+            .map(|(name, group)| GroupInfo {
+                name: name.clone(),
+                pending: group.pending.len() as u64,
+                lag: Some(
+                    stream
+                        .entries
+                        .range((std::ops::Bound::Excluded(group.last_delivered), std::ops::Bound::Unbounded))
+                        .count() as u64,
+                ),
+            })
+            .collect();
+        groups.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(groups)
+    }
+
+    async fn delete_entries(&self, topic: &str, entry_ids: &[String]) -> Result<u64, Error> {
+        let mut state = self.lock();
+        let Some(stream) = state.streams.get_mut(topic) else { return Ok(0) };
+        let mut deleted = 0;
+        for entry_id in entry_ids {
+            if stream.entries.remove(&parse_entry_id(entry_id)?).is_some() {
+                deleted += 1;
+            }
+        }
+        Ok(deleted)
     }
 }
 
@@ -604,7 +633,13 @@ mod tests {
         assert!(!bus.renew_call(&call, "a", &entry, "c1").await.unwrap());
         assert!(bus.renew_call(&call, "b", &entry, "c1").await.unwrap());
         let answer = Published { topic: "results", id: "a1", payload: "{}" };
-        let finish = Finish { entry, call: Some(call), answer: Some(answer), dead_letter: None };
+        let finish = Finish {
+            entry,
+            call: Some(call),
+            answer: Some(answer),
+            answer_copy: Some("copies"),
+            dead_letter: None,
+        };
         assert!(bus.finish(&finish).await.unwrap());
         // The same finish again (its reply was lost): nothing new, still reported as published.
         assert!(bus.finish(&finish).await.unwrap());
@@ -612,6 +647,7 @@ mod tests {
         let other = Published { topic: "results", id: "a2", payload: "{}" };
         assert!(!bus.finish(&Finish { answer: Some(other), ..finish }).await.unwrap());
         assert_eq!(bus.payloads("results").len(), 1);
+        assert_eq!(bus.payloads("copies").len(), 1);
         assert_eq!(bus.pending_count(TOPIC, GROUP), 0);
         assert_eq!(bus.begin_call(&call, "c", &entry_id).await.unwrap(), CallStart::Answered);
     }
@@ -624,7 +660,7 @@ mod tests {
         bus.read_group(TOPIC, GROUP, "c1", 10, Duration::ZERO).await.unwrap();
         let letter = Published { topic: "dlq", id: "d1", payload: "{}" };
         let entry = EntryRef { topic: TOPIC, group: GROUP, entry_id: &entry_id };
-        let finish = Finish { entry, call: None, answer: None, dead_letter: Some(letter) };
+        let finish = Finish { entry, call: None, answer: None, answer_copy: None, dead_letter: Some(letter) };
         bus.finish(&finish).await.unwrap();
         bus.finish(&finish).await.unwrap();
         assert_eq!(bus.payloads("dlq").len(), 1);
@@ -662,7 +698,7 @@ mod tests {
         bus.read_group(TOPIC, GROUP, "dead", 1, Duration::ZERO).await.unwrap();
         bus.publish(TOPIC, "m2", "{}").await.unwrap();
         bus.read_group(TOPIC, GROUP, "idle", 1, Duration::ZERO).await.unwrap();
-        bus.remove_entry(TOPIC, &trimmed);
+        bus.delete_entries(TOPIC, std::slice::from_ref(&trimmed)).await.unwrap();
         let reclaimed = bus.reclaim(TOPIC, GROUP, "me", Duration::ZERO, "0-0", 10).await.unwrap();
         assert_eq!(reclaimed.deleted, [trimmed]);
         assert_eq!(reclaimed.entries.len(), 1);
@@ -671,5 +707,21 @@ mod tests {
         let pruned = bus.prune_consumers(TOPIC, GROUP, "me", Duration::ZERO).await.unwrap();
         assert_eq!(pruned, ["dead", "idle"]);
         assert!(bus.prune_consumers(TOPIC, GROUP, "other", Duration::ZERO).await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn group_info_counts_pending_and_lag_and_entries_can_be_deleted() {
+        let bus = MemoryBus::new();
+        assert!(bus.group_info(TOPIC).await.unwrap().is_empty());
+        bus.ensure_group(TOPIC, GROUP).await.unwrap();
+        let first = bus.publish(TOPIC, "m1", "{}").await.unwrap();
+        bus.publish(TOPIC, "m2", "{}").await.unwrap();
+        bus.publish(TOPIC, "m3", "{}").await.unwrap();
+        bus.read_group(TOPIC, GROUP, "c1", 1, Duration::ZERO).await.unwrap();
+        let info = bus.group_info(TOPIC).await.unwrap();
+        assert_eq!(info, [GroupInfo { name: GROUP.to_owned(), pending: 1, lag: Some(2) }]);
+        let deleted = bus.delete_entries(TOPIC, &[first, "9-9".to_owned()]).await.unwrap();
+        assert_eq!(deleted, 1);
+        assert_eq!(bus.payloads(TOPIC).len(), 2);
     }
 }

@@ -13,7 +13,7 @@ use redis::streams::{StreamReadOptions, StreamReadReply};
 use redis::{AsyncCommands, Client, Script, Value};
 use toolhost_envelope::Entry;
 
-use crate::bus::{CallKeys, CallStart, EntryRef, Finish, Reclaimed, is_entry_id};
+use crate::bus::{CallKeys, CallStart, EntryRef, Finish, GroupInfo, Reclaimed, is_entry_id};
 use crate::{Bus, Error};
 
 /// How to reach Redis and how to write to it.
@@ -342,6 +342,7 @@ impl Bus for RedisBus {
             .key(call)
             .key(answer.topic)
             .key(dead_letter.topic)
+            .key(finish.answer_copy.unwrap_or(answer.topic))
             .arg(entry.group)
             .arg(entry.entry_id)
             .arg(self.options.maxlen)
@@ -351,6 +352,7 @@ impl Bus for RedisBus {
             .arg(dead_letter.id)
             .arg(dead_letter.payload)
             .arg(if finish.call.is_some() { "1" } else { "0" })
+            .arg(if finish.answer_copy.is_some() { "1" } else { "0" })
             .invoke_async(&mut self.commands.clone())
             .await?;
         Ok(published == 1)
@@ -412,6 +414,35 @@ impl Bus for RedisBus {
             }
             cursor = next;
         }
+    }
+
+    async fn group_info(&self, topic: &str) -> Result<Vec<GroupInfo>, Error> {
+        let mut connection = self.commands.clone();
+        let reply: Result<redis::streams::StreamInfoGroupsReply, _> = connection.xinfo_groups(topic).await;
+        let reply = match reply {
+            Ok(reply) => reply,
+            // XINFO on a missing key is an error, but a missing topic simply has no groups.
+            Err(err) if err.to_string().contains("no such key") => return Ok(Vec::new()),
+            Err(err) => return Err(err.into()),
+        };
+        Ok(reply
+            .groups
+            .into_iter()
+            .map(|group| GroupInfo {
+                name: group.name,
+                pending: group.pending as u64,
+                lag: group.lag.map(|lag| lag as u64),
+            })
+            .collect())
+    }
+
+    async fn delete_entries(&self, topic: &str, entry_ids: &[String]) -> Result<u64, Error> {
+        if entry_ids.is_empty() {
+            return Ok(0);
+        }
+        let mut connection = self.commands.clone();
+        let deleted: usize = connection.xdel(topic, entry_ids).await?;
+        Ok(deleted as u64)
     }
 }
 
@@ -479,4 +510,29 @@ fn reclaimed_from_value(value: Value) -> Result<Reclaimed, Error> {
         entries.push(entry);
     }
     Ok(Reclaimed { next_start, entries, deleted })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `rediss://` must reach a TLS handshake and fail it cleanly against a server that does not
+    /// speak TLS, rather than panic for want of a rustls crypto provider.
+    #[tokio::test]
+    async fn tls_urls_fail_cleanly_against_a_plain_server() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            for stream in listener.incoming().take(4) {
+                let Ok(mut stream) = stream else { return };
+                let _ = std::io::Write::write_all(&mut stream, b"-ERR not tls\r\n");
+            }
+        });
+        let mut options = RedisOptions::new(format!("rediss://user:secret@127.0.0.1:{port}/0"));
+        options.connect_timeout = Duration::from_millis(500);
+        options.response_timeout = Duration::from_millis(500);
+        let bus = RedisBus::new(options).unwrap();
+        let err = bus.ping().await.unwrap_err();
+        assert!(!err.to_string().contains("secret"), "{err}");
+    }
 }

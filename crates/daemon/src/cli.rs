@@ -52,8 +52,54 @@ pub enum Command {
         #[arg(long, default_value = "10s", value_parser = parse_duration)]
         timeout: Duration,
     },
-    /// Validate the effective configuration and print it with secrets masked.
+    /// Validate the effective configuration exactly as `serve` would and print it with secrets
+    /// masked; exits 64 naming every bad key.
     CheckConfig,
+    /// Exit 0 if the local daemon's HTTP endpoint answers 200, else 1 (for container health
+    /// checks: needs no curl).
+    Healthcheck {
+        /// The route to ask: /healthz (alive) or /readyz (ready).
+        #[arg(long, default_value = "/healthz")]
+        path: String,
+        /// How long to wait for the answer.
+        #[arg(long, default_value = "2s", value_parser = parse_duration)]
+        timeout: Duration,
+    },
+    /// Inspect, replay or purge the dead-letter stream `dlq:<toolbox_id>`.
+    Dlq {
+        /// What to do with the dead letters.
+        #[command(subcommand)]
+        action: DlqAction,
+    },
+}
+
+/// The `dlq` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum DlqAction {
+    /// Print the dead letters, oldest first, one JSON object per line.
+    List {
+        /// Print at most this many.
+        #[arg(long)]
+        limit: Option<usize>,
+    },
+    /// Put dead-lettered requests back on the requests stream, so they are answered (again).
+    Replay {
+        /// Entry ids of dead letters, as `list` prints them.
+        #[arg(required_unless_present = "all")]
+        entry_ids: Vec<String>,
+        /// Replay every dead letter.
+        #[arg(long, conflicts_with = "entry_ids")]
+        all: bool,
+    },
+    /// Delete dead letters without replaying them.
+    Purge {
+        /// Entry ids of dead letters, as `list` prints them.
+        #[arg(required_unless_present = "all")]
+        entry_ids: Vec<String>,
+        /// Delete every dead letter.
+        #[arg(long, conflicts_with = "entry_ids")]
+        all: bool,
+    },
 }
 
 /// Parses `30s`, `500ms`, `2m` or a bare number of seconds.
@@ -76,6 +122,14 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dlq_needs_ids_or_all() {
+        assert!(Cli::try_parse_from(["toolhost", "dlq", "replay"]).is_err());
+        assert!(Cli::try_parse_from(["toolhost", "dlq", "replay", "1-0", "--all"]).is_err());
+        let cli = Cli::try_parse_from(["toolhost", "dlq", "purge", "--all"]).unwrap();
+        assert!(matches!(cli.command, Command::Dlq { action: DlqAction::Purge { all: true, .. } }));
+    }
 
     #[test]
     fn durations_parse() {

@@ -85,13 +85,24 @@ pub struct RawConfig {
 }
 
 /// `[redis]`
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 #[allow(missing_docs)]
 pub struct RedisSection {
     pub url: String,
     pub key_prefix: String,
     pub response_timeout_ms: u64,
+}
+
+/// Masks the password, so a configuration printed with `{:?}` leaks nothing.
+impl std::fmt::Debug for RedisSection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisSection")
+            .field("url", &mask_url(&self.url))
+            .field("key_prefix", &self.key_prefix)
+            .field("response_timeout_ms", &self.response_timeout_ms)
+            .finish()
+    }
 }
 
 /// `[daemon]`
@@ -369,8 +380,12 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         bad("tools.terminal.output_cap_bytes", "must be greater than 0");
     }
     for (index, agent) in raw.agents.iter().enumerate() {
-        if agent.name.is_empty() || agent.parameter.is_empty() {
-            bad(&format!("agents[{index}].name"), "name and parameter must be non-empty");
+        // The agent becomes a tool of that name, so it follows the tool naming rule.
+        if !toolhost_tools::valid_tool_name(&agent.name) {
+            bad(&format!("agents[{index}].name"), "must be 1-64 of [a-z0-9_] (it becomes a tool name)");
+        }
+        if agent.parameter.is_empty() || agent.parameter == toolhost_tools::builtin::CONVERSATION_ID {
+            bad(&format!("agents[{index}].parameter"), "must be non-empty and not conversation_id");
         }
         if !(agent.timeout_s.is_finite() && agent.timeout_s > 0.0) {
             bad(&format!("agents[{index}].timeout_s"), "must be a positive number");
@@ -407,11 +422,13 @@ impl Config {
 }
 
 /// A Redis URL with its password replaced by `***`.
+///
+/// The user information ends at the last `@`, wherever it is: a password with an unescaped `/`,
+/// `?` or `#` is still masked whole, at worst together with some of what follows it.
 pub fn mask_url(url: &str) -> String {
     let Some(scheme_end) = url.find("://") else { return url.to_owned() };
     let rest = &url[scheme_end + 3..];
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    let Some(at) = rest[..authority_end].rfind('@') else { return url.to_owned() };
+    let Some(at) = rest.rfind('@') else { return url.to_owned() };
     let userinfo = &rest[..at];
     let masked = match userinfo.find(':') {
         Some(colon) => format!("{}:***", &userinfo[..colon]),
@@ -513,9 +530,44 @@ mod tests {
     }
 
     #[test]
+    fn agents_need_tool_names() {
+        let path = file(
+            "[[agents]]\nname = \"coder\"\ndescription = \"Writes code.\"\n\n\
+             [[agents]]\nname = \"DevAgent\"\ndescription = \"d\"\ntimeout_s = 0\n",
+        );
+        let err = Config::load(Some(&path.0), &env(&[])).unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("agents[1].name: must be 1-64 of [a-z0-9_]"), "{text}");
+        assert!(text.contains("agents[1].timeout_s"), "{text}");
+        assert!(!text.contains("agents[0]"), "{text}");
+        let path = file("[[agents]]\nname = \"coder\"\ndescription = \"Writes code.\"\n");
+        let config = Config::load(Some(&path.0), &env(&[])).unwrap();
+        assert_eq!(config.raw.agents[0].parameter, "message");
+        assert_eq!(config.raw.agents[0].timeout_s, 30.0);
+    }
+
+    #[test]
     fn urls_are_masked() {
         assert_eq!(mask_url("redis://user:pw@host:6379/0"), "redis://user:***@host:6379/0");
         assert_eq!(mask_url("rediss://:pw@host"), "rediss://:***@host");
         assert_eq!(mask_url("redis://host:6379"), "redis://host:6379");
+        assert_eq!(mask_url("redis://:pa/ss@host:6379/0"), "redis://:***@host:6379/0");
+        assert_eq!(mask_url("redis://token@host"), "redis://***@host");
+    }
+
+    #[test]
+    fn acl_users_and_tls_urls_are_accepted() {
+        for url in [
+            "redis://ops:s3cret@10.0.0.1:6379/2",
+            "rediss://:s3cret@redis.example:6380",
+            "unix:///run/redis.sock",
+        ] {
+            let config = Config::load(None, &env(&[("REDIS_URL", url)])).unwrap();
+            assert_eq!(config.raw.redis.url, url);
+            assert!(!config.masked_toml().contains("s3cret"));
+            assert!(!format!("{config:?}").contains("s3cret"));
+        }
+        let err = Config::load(None, &env(&[("REDIS_URL", "http://:s3cret@host")])).unwrap_err();
+        assert!(err.to_string().contains("redis.url") && !err.to_string().contains("s3cret"), "{err}");
     }
 }

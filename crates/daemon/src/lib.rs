@@ -1,11 +1,20 @@
 //! The `toolhost` daemon and its command-line client.
 //!
-//! - [`cli`]: the command line (`serve`, `call`, `tools`, `check-config`).
+//! - [`cli`]: the command line (`serve`, `call`, `tools`, `check-config`, `healthcheck`, `dlq`).
 //! - [`config`]: layered configuration (defaults, file, environment), validated once.
 //! - [`serve`]: builds everything from a [`config::Config`] and runs until shutdown.
-//! - `dispatch`: the request loop, admission, the ledger steps and answers.
+//! - `dispatch`: the request loop, admission and answers.
+//! - `inbox`: the chat inbox `chat:<AGENT_NAME>`: tool calls by chat message.
+//! - `group`: the consumer-group read and reclaim loops the inbox runs on.
+//! - `ledger`: the call-ledger steps (begin, renew, commit) the dispatcher and inbox share.
 //! - `publish`: the tool registry and heartbeat kept in Redis.
 //! - `client`: the `call` and `tools` commands.
+//! - `dlq`: the `dlq list|replay|purge` commands over `dlq:<toolbox_id>`.
+//! - [`http`]: `/healthz`, `/readyz` and `/metrics` on a thread of their own, and the
+//!   `healthcheck` client.
+//! - `probe`: pings Redis and reads the consumer groups for readiness and group metrics.
+//! - `telemetry`: the metrics (a Prometheus recorder created by `serve`, no globals) and the
+//!   readiness facts.
 //!
 //! **Invariant:** only this crate reads environment variables (in [`config`]) or installs a
 //! tracing subscriber (in [`logging`]).
@@ -15,7 +24,13 @@ pub mod cli;
 mod client;
 pub mod config;
 mod dispatch;
+mod dlq;
+mod group;
+pub mod http;
+mod inbox;
+mod ledger;
 pub mod logging;
+mod probe;
 mod publish;
 pub mod serve;
 mod services;
@@ -25,6 +40,7 @@ mod telemetry;
 
 pub use client::{run_call, run_tools};
 pub use dispatch::{DispatchSettings, Dispatcher};
+pub use dlq::run_dlq;
 pub use services::Services;
 pub use shutdown::Shutdown;
 pub use stats::Stats;

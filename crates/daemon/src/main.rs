@@ -1,9 +1,12 @@
 //! The `toolhost` binary: parse the command line, load configuration, install logging, run.
+//!
+//! Exit codes: 0 done, 1 failed (or the tool answered an error), 2 transport problem,
+//! 64 bad configuration (every command loads the configuration first, exactly as `serve` does).
 
 use clap::Parser;
 use toolhost::cli::{Cli, Command};
-use toolhost::config::{Config, ProcessEnv};
-use toolhost::{EXIT_CONFIG, logging, serve};
+use toolhost::config::{Config, ConfigError, ProcessEnv};
+use toolhost::{EXIT_CONFIG, http, logging, serve};
 
 fn main() {
     let cli = Cli::parse();
@@ -14,9 +17,8 @@ fn main() {
             std::process::exit(EXIT_CONFIG);
         }
     };
-    if let Command::CheckConfig = cli.command {
-        print!("{}", config.masked_toml());
-        return;
+    if let Command::Healthcheck { path, timeout } = &cli.command {
+        std::process::exit(healthcheck(&config, path, *timeout));
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
@@ -38,7 +40,7 @@ fn main() {
                     Ok(()) => 0,
                     Err(err) => {
                         eprintln!("toolhost: {err:#}");
-                        1
+                        exit_code(&err)
                     }
                 }
             }
@@ -46,8 +48,44 @@ fn main() {
             Command::Tools { format, from_registry, timeout } => {
                 toolhost::run_tools(&config, &format, from_registry, timeout).await
             }
-            Command::CheckConfig => 0,
+            Command::Dlq { action } => toolhost::run_dlq(&config, &action).await,
+            // In the runtime: preparing the bus, as `serve` does, needs one (nothing is sent).
+            Command::CheckConfig => check_config(&config),
+            Command::Healthcheck { .. } => 0,
         }
     });
     std::process::exit(code);
+}
+
+/// `toolhost check-config`: what `serve` checks before it touches Redis, then the masked TOML.
+fn check_config(config: &Config) -> i32 {
+    let checked = serve::connect(config)
+        .and_then(|(bus, keys)| serve::build_registry(config, &serve::ServeOptions::default(), &bus, &keys));
+    if let Err(err) = checked {
+        eprintln!("toolhost: {err:#}");
+        return exit_code(&err);
+    }
+    print!("{}", config.masked_toml());
+    0
+}
+
+/// `toolhost healthcheck`: 0 when the local HTTP endpoint answers 200 on `path`, else 1.
+fn healthcheck(config: &Config, path: &str, timeout: std::time::Duration) -> i32 {
+    let target = http::local_target(config.http_listen);
+    match http::get_status(target, path, timeout) {
+        Ok(200) => 0,
+        Ok(status) => {
+            eprintln!("toolhost: http://{target}{path} answered {status}");
+            1
+        }
+        Err(err) => {
+            eprintln!("toolhost: http://{target}{path}: {err}");
+            1
+        }
+    }
+}
+
+/// 64 for configuration errors, 1 for anything else.
+fn exit_code(err: &anyhow::Error) -> i32 {
+    if err.downcast_ref::<ConfigError>().is_some() { EXIT_CONFIG } else { 1 }
 }

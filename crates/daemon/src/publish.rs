@@ -16,6 +16,9 @@ use tracing::warn;
 
 use crate::shutdown::Shutdown;
 
+/// How many heartbeats pass between two writes of the whole registry hash.
+const REPUBLISH_EVERY: u64 = 12;
+
 /// Publishes the registry and the heartbeat of one replica.
 pub(crate) struct Publisher {
     pub bus: Arc<dyn Bus>,
@@ -37,15 +40,27 @@ impl Publisher {
         self.keys.heartbeat(&self.toolbox_id, &self.consumer)
     }
 
-    /// Writes the registry hash and the heartbeat once.
-    pub async fn publish_once(&self) -> Result<(), toolhost_bus::Error> {
-        let fields: Vec<(String, String)> = self
-            .registry
-            .export(DiscoveryFormat::Native, &self.requests_topic, &self.results_topic)
+    /// The registry hash's fields: tool name and native description JSON.
+    ///
+    /// One tool at a time, so the full descriptions (schemas as JSON values) never all sit in
+    /// memory at once: with a thousand tools that peak would stay in the process's RSS.
+    pub fn fields(&self) -> Vec<(String, String)> {
+        self.registry
+            .names()
             .into_iter()
-            .map(|tool| (tool["name"].as_str().unwrap_or_default().to_owned(), tool.to_string()))
-            .collect();
-        self.bus.replace_hash(&self.registry_key(), &fields).await?;
+            .filter(|name| self.registry.is_enabled(name))
+            .filter_map(|name| {
+                let description = self.registry.description(name)?;
+                let native =
+                    description.export(DiscoveryFormat::Native, &self.requests_topic, &self.results_topic);
+                Some((name.to_owned(), native.to_string()))
+            })
+            .collect()
+    }
+
+    /// Writes the registry hash (`fields`) and the heartbeat once.
+    pub async fn publish_once(&self, fields: &[(String, String)]) -> Result<(), toolhost_bus::Error> {
+        self.bus.replace_hash(&self.registry_key(), fields).await?;
         self.beat().await
     }
 
@@ -60,14 +75,23 @@ impl Publisher {
         self.bus.set_expiring(&self.heartbeat_key(), &heartbeat.to_string(), self.period * 3).await
     }
 
-    /// Refreshes the heartbeat (and the registry, in case Redis lost it) until shutdown.
-    pub async fn run(self: Arc<Self>, shutdown: Shutdown) {
+    /// Refreshes the heartbeat until shutdown, and every [`REPUBLISH_EVERY`] beats the registry
+    /// too, in case Redis lost it. The registry never changes while the daemon runs, so its fields
+    /// are serialised once.
+    pub async fn run(self: Arc<Self>, fields: Vec<(String, String)>, shutdown: Shutdown) {
+        let mut beats: u64 = 0;
         loop {
             tokio::select! {
                 () = tokio::time::sleep(self.period) => {}
                 () = shutdown.stopping().cancelled() => return,
             }
-            if let Err(err) = self.publish_once().await {
+            beats += 1;
+            let res = if beats.is_multiple_of(REPUBLISH_EVERY) {
+                self.publish_once(&fields).await
+            } else {
+                self.beat().await
+            };
+            if let Err(err) = res {
                 warn!(error = %err, "cannot refresh the registry heartbeat");
             }
         }

@@ -1,4 +1,8 @@
 //! `toolhost serve`: builds the daemon from a validated [`Config`] and runs it until shutdown.
+//!
+//! Start-up order: the HTTP endpoint first (so `/healthz` answers and `/readyz` explains what is
+//! missing while Redis is still out of reach), then the readiness probe, then the consumer group,
+//! then the loops. Shutdown runs the other way round; the HTTP endpoint answers until the end.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -6,12 +10,16 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use toolhost_bus::{Bus, Keys, RedisBus, RedisOptions};
 use toolhost_tools::Registry;
-use toolhost_tools::builtin::{Echo, Synthetic, TerminalRun};
+use toolhost_tools::builtin::{AgentSettings, AgentTool, ChatSend, Echo, Synthetic, TerminalRun};
 use toolhost_tools::terminal::TerminalPolicy;
 use tracing::{info, warn};
 
-use crate::config::{Config, mask_url};
+use crate::config::{Config, ConfigError, KeyError, mask_url};
 use crate::dispatch::{DispatchSettings, Dispatcher};
+use crate::group::{GroupReader, GroupSettings};
+use crate::http::HttpServer;
+use crate::inbox::{Inbox, InboxSettings};
+use crate::probe::{Probe, WatchedGroup};
 use crate::publish::Publisher;
 use crate::services::Services;
 use crate::shutdown::Shutdown;
@@ -25,11 +33,19 @@ pub struct ServeOptions {
     pub synthetic_tools: usize,
 }
 
-/// Builds the registry of built-in tools (plus synthetic ones) as configured.
+/// Builds the registry of built-in tools (plus synthetic ones and the configured specialist
+/// agents) as configured; `bus` and `keys` serve the chat tools.
 ///
 /// # Errors
-/// A tool cannot be registered, or a disabled tool name is unknown.
-pub fn build_registry(config: &Config, options: &ServeOptions) -> anyhow::Result<Registry> {
+/// A tool cannot be registered, or a disabled tool name is unknown (a [`ConfigError`] naming
+/// `tools.disabled`, so `main` exits 64 for it).
+pub fn build_registry(
+    config: &Config,
+    options: &ServeOptions,
+    bus: &Arc<dyn Bus>,
+    keys: &Keys,
+) -> anyhow::Result<Registry> {
+    let daemon = &config.raw.daemon;
     let mut registry = Registry::new();
     registry.register(Arc::new(Echo))?;
     let (policy, warnings) = TerminalPolicy::new(&config.raw.tools.terminal);
@@ -37,14 +53,44 @@ pub fn build_registry(config: &Config, options: &ServeOptions) -> anyhow::Result
         warn!(warning = %warning, "terminal policy");
     }
     registry.register(Arc::new(TerminalRun::new(policy)))?;
+    let chat_send =
+        ChatSend::new(bus.clone(), keys.clone(), &daemon.agent_name, &daemon.chat_conversation_id);
+    registry.register(Arc::new(chat_send))?;
+    for (index, agent) in config.raw.agents.iter().enumerate() {
+        let settings = AgentSettings {
+            name: agent.name.clone(),
+            description: agent.description.clone(),
+            parameter: agent.parameter.clone(),
+            timeout: std::time::Duration::from_secs_f64(agent.timeout_s),
+        };
+        let tool = AgentTool::new(bus.clone(), keys.clone(), &daemon.agent_name, settings);
+        registry.register(Arc::new(tool)).with_context(|| format!("agents[{index}]"))?;
+    }
     for index in 0..options.synthetic_tools {
         registry.register(Arc::new(Synthetic::new(index)))?;
     }
     let unknown = registry.disable(&config.raw.tools.disabled);
     if !unknown.is_empty() {
-        anyhow::bail!("tools.disabled names unknown tools: {}", unknown.join(", "));
+        return Err(ConfigError(vec![KeyError {
+            key: "tools.disabled".to_owned(),
+            message: format!("names unknown tools: {}", unknown.join(", ")),
+        }])
+        .into());
     }
     Ok(registry)
+}
+
+/// The bus and key names `config` asks for.
+///
+/// # Errors
+/// The Redis URL is unusable.
+pub fn connect(config: &Config) -> anyhow::Result<(Arc<dyn Bus>, Keys)> {
+    let raw = &config.raw;
+    let mut redis_options = RedisOptions::new(raw.redis.url.clone());
+    redis_options.maxlen = raw.streams.maxlen;
+    redis_options.response_timeout = std::time::Duration::from_millis(raw.redis.response_timeout_ms);
+    let bus: Arc<dyn Bus> = Arc::new(RedisBus::new(redis_options).context("redis.url")?);
+    Ok((bus, Keys::new(raw.redis.key_prefix.clone())))
 }
 
 /// A consumer name unique to this process: host, pid and a random suffix.
@@ -64,29 +110,39 @@ pub async fn run(
     options: ServeOptions,
     signal: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
-    let registry = build_registry(&config, &options)?;
-    run_with_registry(config, registry, signal).await
+    let (bus, keys) = connect(&config)?;
+    let registry = build_registry(&config, &options, &bus, &keys)?;
+    run_with_bus(config, bus, keys, registry, signal).await
 }
 
 /// Runs the daemon with a registry built by the caller (tests register their own tools).
 ///
 /// # Errors
-/// Redis URL unusable.
+/// Redis URL unusable, or `[http] listen` cannot be bound.
 pub async fn run_with_registry(
     config: Config,
     registry: Registry,
     signal: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
+    let (bus, keys) = connect(&config)?;
+    run_with_bus(config, bus, keys, registry, signal).await
+}
+
+/// Runs the daemon over `bus` with a registry built for it.
+async fn run_with_bus(
+    config: Config,
+    bus: Arc<dyn Bus>,
+    keys: Keys,
+    registry: Registry,
+    signal: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
     let raw = &config.raw;
-    let mut redis_options = RedisOptions::new(raw.redis.url.clone());
-    redis_options.maxlen = raw.streams.maxlen;
-    redis_options.response_timeout = std::time::Duration::from_millis(raw.redis.response_timeout_ms);
-    let bus: Arc<dyn Bus> = Arc::new(RedisBus::new(redis_options).context("redis.url")?);
-    let keys = Keys::new(raw.redis.key_prefix.clone());
     let registry = Arc::new(registry);
     let consumer = consumer_name();
     let shutdown = Shutdown::new();
     let telemetry = Telemetry::new();
+    let http = HttpServer::start(config.http_listen, telemetry.clone()).context("http.listen")?;
+    info!(addr = %http.local_addr(), "http listening");
     let stats = Arc::new(Stats::default());
     let settings = DispatchSettings {
         toolbox_id: raw.daemon.toolbox_id.clone(),
@@ -110,6 +166,7 @@ pub async fn run_with_registry(
         telemetry: telemetry.clone(),
         shutdown: shutdown.clone(),
     };
+    let inbox = chat_inbox(&config, services.clone(), &consumer);
     let dispatcher = Arc::new(Dispatcher::new(services, settings, raw.dispatch.max_in_flight));
     let publisher = Arc::new(Publisher {
         bus: bus.clone(),
@@ -122,17 +179,37 @@ pub async fn run_with_registry(
         results_topic: keys.topic(&raw.streams.results),
     });
 
+    let probe = Probe {
+        bus: bus.clone(),
+        telemetry: telemetry.clone(),
+        groups: vec![
+            WatchedGroup {
+                stream: dispatcher.requests_key().to_owned(),
+                group: raw.daemon.toolbox_id.clone(),
+            },
+            WatchedGroup { stream: inbox.topic().to_owned(), group: raw.daemon.toolbox_id.clone() },
+        ],
+    };
+    let probing = tokio::spawn(probe.run(shutdown.stopping().clone()));
+
     tokio::pin!(signal);
     let ready = tokio::select! {
-        ready = dispatcher.ensure_group() => ready,
+        ready = async { dispatcher.ensure_group().await && inbox.ensure_group().await } => ready,
         () = &mut signal => false,
     };
     if !ready {
         info!("stopped before the consumer group could be created");
+        shutdown.stopping().cancel();
+        let _ = probing.await;
         return Ok(());
     }
     telemetry.set_groups_ready(true);
     telemetry.set_redis_up(true);
+    // Before `ready`, so whoever waits for that line finds the tools listed in Redis.
+    let fields = publisher.fields();
+    if let Err(err) = publisher.publish_once(&fields).await {
+        warn!(error = %err, "cannot publish the tool registry yet; will retry");
+    }
     info!(
         version = env!("CARGO_PKG_VERSION"),
         toolbox_id = %raw.daemon.toolbox_id,
@@ -142,17 +219,21 @@ pub async fn run_with_registry(
         requests = %dispatcher.requests_key(),
         group = %raw.daemon.toolbox_id,
         results = %keys.topic(&raw.streams.results),
+        inbox = %inbox.topic(),
+        dead_letters = %keys.dead_letters(&raw.daemon.toolbox_id),
         tools = %registry.names().join(","),
+        http = %http.local_addr(),
         "ready"
     );
-    if let Err(err) = publisher.publish_once().await {
-        warn!(error = %err, "cannot publish the tool registry yet; will retry");
-    }
     let reader = tokio::spawn(dispatcher.clone().run_reader());
     let reclaimer = tokio::spawn(dispatcher.clone().run_reclaimer());
-    let beating = tokio::spawn(publisher.clone().run(shutdown.clone()));
+    let beating = tokio::spawn(publisher.clone().run(fields, shutdown.clone()));
+    // Tracked, so the drain waits for them; both stop taking work when `stopping` fires.
+    shutdown.tasks().spawn(inbox.clone().run_reader());
+    shutdown.tasks().spawn(inbox.clone().run_reclaimer());
 
     signal.await;
+    telemetry.set_draining();
     info!(
         grace_ms = config.shutdown_grace.as_millis() as u64,
         "shutting down: no new requests, finishing in-flight calls"
@@ -163,6 +244,7 @@ pub async fn run_with_registry(
     shutdown.stopping().cancel();
     let _ = reader.await;
     let _ = reclaimer.await;
+    let _ = probing.await;
     let finished = shutdown.drain(grace_ends.saturating_duration_since(tokio::time::Instant::now())).await;
     if !finished {
         warn!("grace period over; unfinished calls are left pending for another replica");
@@ -171,13 +253,51 @@ pub async fn run_with_registry(
     if let Err(err) = publisher.withdraw().await {
         warn!(error = %err, "cannot remove the registry heartbeat");
     }
-    match bus.delete_consumer(dispatcher.requests_key(), &raw.daemon.toolbox_id, &consumer).await {
-        Ok(true) => {}
-        Ok(false) => info!("consumer keeps pending entries; left for a replica to reclaim"),
-        Err(err) => warn!(error = %err, "cannot delete this consumer"),
+    for stream in [dispatcher.requests_key(), inbox.topic()] {
+        match bus.delete_consumer(stream, &raw.daemon.toolbox_id, &consumer).await {
+            Ok(true) => {}
+            Ok(false) => info!(stream, "consumer keeps pending entries; left for a replica to reclaim"),
+            Err(err) => warn!(error = %err, stream, "cannot delete this consumer"),
+        }
     }
     info!("stopped");
+    drop(http);
     Ok(())
+}
+
+/// The chat inbox of `[daemon] agent_name`, read through the toolbox's group.
+fn chat_inbox(config: &Config, services: Services, consumer: &str) -> Arc<GroupReader<Inbox>> {
+    let raw = &config.raw;
+    let (bus, shutdown, telemetry) =
+        (services.bus.clone(), services.shutdown.clone(), services.telemetry.clone());
+    let inbox = Inbox::new(
+        services,
+        InboxSettings {
+            agent_name: raw.daemon.agent_name.clone(),
+            toolbox_id: raw.daemon.toolbox_id.clone(),
+            consumer: consumer.to_owned(),
+            max_payload_bytes: raw.streams.max_payload_bytes,
+            claim_idle: config.claim_idle,
+            max_deliveries: raw.dispatch.max_deliveries,
+            answered_retention: config.answered_retention,
+        },
+    );
+    let settings = GroupSettings {
+        topic: inbox.topic().to_owned(),
+        group: raw.daemon.toolbox_id.clone(),
+        consumer: consumer.to_owned(),
+        read_batch: raw.dispatch.read_batch,
+        block: config.block,
+        claim_idle: config.claim_idle,
+    };
+    Arc::new(GroupReader::new(
+        bus,
+        settings,
+        Arc::new(inbox),
+        raw.dispatch.max_in_flight,
+        shutdown,
+        telemetry,
+    ))
 }
 
 /// Resolves on SIGINT or SIGTERM.

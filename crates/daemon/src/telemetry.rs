@@ -1,44 +1,159 @@
-//! What the daemon reports about itself: metrics and the readiness facts behind `/readyz`.
+//! What the daemon reports about itself: Prometheus metrics and the readiness facts behind `/readyz`.
 //!
-//! One [`Telemetry`] is created by `run` and handed to every loop; there are no globals.
+//! One [`Telemetry`] is created by `serve::run` and handed to every loop and to the HTTP server;
+//! there are no globals. Metrics are kept by a `metrics_exporter_prometheus::PrometheusRecorder`
+//! that is never installed as the process-wide `metrics` recorder: this module registers counters,
+//! gauges and histograms on it directly and renders it for `/metrics`. That crate was already a
+//! workspace dependency and renders real histogram buckets; `prometheus-client` would have served
+//! as well.
+//!
+//! Metric names are the constants below; `docs/OPERATIONS.md` explains each one.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use metrics::{Counter, Gauge, Histogram, Key, Label, Level, Metadata, Recorder, Unit};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
+
+/// Handled entries, by `tool` and `outcome` (`success`, an error code, `dead_letter`, ...).
+pub const INVOCATIONS: &str = "toolhost_invocations_total";
+/// How long handling an entry took, by `tool`.
+pub const INVOCATION_DURATION: &str = "toolhost_invocation_duration_seconds";
+/// Tool calls running now.
+pub const IN_FLIGHT: &str = "toolhost_in_flight";
+/// Entries moved to the dead-letter stream.
+pub const DEAD_LETTERS: &str = "toolhost_dead_letters_total";
+/// Entries taken over from another consumer after its lease lapsed.
+pub const RECLAIMS: &str = "toolhost_reclaims_total";
+/// Entries handled that had been delivered before.
+pub const REDELIVERIES: &str = "toolhost_redeliveries_total";
+/// Entries of a consumer group delivered and not acked, by `stream` and `group`.
+pub const GROUP_PENDING: &str = "toolhost_group_pending";
+/// Entries of a stream not yet delivered to a group, by `stream` and `group`.
+pub const GROUP_LAG: &str = "toolhost_group_lag";
+/// Times Redis answered again after it had stopped answering.
+pub const REDIS_RECONNECTS: &str = "toolhost_redis_reconnects_total";
+/// 1 while Redis answers, 0 otherwise.
+pub const REDIS_UP: &str = "toolhost_redis_up";
+/// Always 1, labelled with the `version`.
+pub const BUILD_INFO: &str = "toolhost_build_info";
+
+/// Histogram buckets of [`INVOCATION_DURATION`], in seconds: from a cache hit to a long command.
+const DURATION_BUCKETS: &[f64] =
+    &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0];
+
+/// The `tool` label of calls to tools that do not exist. The name comes from the caller, so
+/// using it as a label would let any caller grow the metrics without bound.
+const UNKNOWN_TOOL_LABEL: &str = "_unknown";
+
+/// With no probe result for this long, readiness no longer trusts the last one.
+const PROBE_STALE_AFTER: Duration = Duration::from_secs(5);
+
+static METADATA: Metadata<'static> = Metadata::new(module_path!(), Level::INFO, Some(module_path!()));
+
+/// `redis_state` values.
+const REDIS_UNKNOWN: u8 = 0;
+const REDIS_UP_STATE: u8 = 1;
+const REDIS_DOWN: u8 = 2;
 
 /// Shared handle to the daemon's metrics and readiness state.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct Telemetry {
     inner: Arc<Inner>,
 }
 
-#[derive(Default)]
 struct Inner {
-    redis_up: AtomicBool,
+    /// Where every metric lives; registered on directly, never installed globally.
+    recorder: PrometheusRecorder,
+    /// Renders the recorder for `/metrics`.
+    handle: PrometheusHandle,
+    /// `REDIS_UNKNOWN` until the first Redis operation, then up or down.
+    redis_state: AtomicU8,
+    /// Whether the consumer groups exist.
     groups_ready: AtomicBool,
-    in_flight: AtomicU64,
-    reclaims: AtomicU64,
-    redeliveries: AtomicU64,
-    dead_letters: AtomicU64,
+    /// Set once shutdown began: no new work is taken.
+    draining: AtomicBool,
+    /// Reference point for `last_probe_ms`.
+    started: Instant,
+    /// Milliseconds after `started` of the last completed probe; 0 before the first one.
+    last_probe_ms: AtomicU64,
+    in_flight: Gauge,
+    dead_letters: Counter,
+    reclaims: Counter,
+    redeliveries: Counter,
+    reconnects: Counter,
+    redis_up: Gauge,
+}
+
+/// Whether the daemon can take work, and if not, why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Readiness {
+    /// Every reason it is not ready; empty when it is.
+    pub reasons: Vec<&'static str>,
+}
+
+impl Readiness {
+    /// Whether there is no reason not to be ready.
+    pub fn is_ready(&self) -> bool {
+        self.reasons.is_empty()
+    }
+}
+
+impl Default for Telemetry {
+    fn default() -> Telemetry {
+        Telemetry::new()
+    }
 }
 
 impl Telemetry {
-    /// Fresh telemetry: Redis not yet seen, groups not yet created.
+    /// Fresh telemetry: Redis not yet seen, groups not yet created, every metric at zero.
     pub fn new() -> Telemetry {
-        Telemetry::default()
+        let recorder = PrometheusBuilder::new()
+            .set_buckets_for_metric(Matcher::Full(INVOCATION_DURATION.to_owned()), DURATION_BUCKETS)
+            // Only fails for an empty bucket list, and DURATION_BUCKETS is not empty.
+            .unwrap_or_else(|_| PrometheusBuilder::new())
+            .build_recorder();
+        describe(&recorder);
+        let counter = |name: &'static str| recorder.register_counter(&Key::from_static_name(name), &METADATA);
+        let gauge = |name: &'static str| recorder.register_gauge(&Key::from_static_name(name), &METADATA);
+        let build_info = Key::from_parts(BUILD_INFO, vec![Label::new("version", env!("CARGO_PKG_VERSION"))]);
+        recorder.register_gauge(&build_info, &METADATA).set(1.0);
+        let inner = Inner {
+            handle: recorder.handle(),
+            in_flight: gauge(IN_FLIGHT),
+            dead_letters: counter(DEAD_LETTERS),
+            reclaims: counter(RECLAIMS),
+            redeliveries: counter(REDELIVERIES),
+            reconnects: counter(REDIS_RECONNECTS),
+            redis_up: gauge(REDIS_UP),
+            recorder,
+            redis_state: AtomicU8::new(REDIS_UNKNOWN),
+            groups_ready: AtomicBool::new(false),
+            draining: AtomicBool::new(false),
+            started: Instant::now(),
+            last_probe_ms: AtomicU64::new(0),
+        };
+        Telemetry { inner: Arc::new(inner) }
     }
 
-    /// Records whether the last Redis operation reached the server.
+    /// Records whether the last Redis operation reached the server. Counts a reconnect when
+    /// Redis answers again after it had stopped answering.
     pub fn set_redis_up(&self, up: bool) {
-        self.inner.redis_up.store(up, Ordering::Relaxed);
+        let state = if up { REDIS_UP_STATE } else { REDIS_DOWN };
+        let before = self.inner.redis_state.swap(state, Ordering::Relaxed);
+        if up && before == REDIS_DOWN {
+            self.inner.reconnects.increment(1);
+        }
+        self.inner.redis_up.set(if up { 1.0 } else { 0.0 });
     }
 
     /// Whether the last Redis operation reached the server.
     pub fn redis_up(&self) -> bool {
-        self.inner.redis_up.load(Ordering::Relaxed)
+        self.inner.redis_state.load(Ordering::Relaxed) == REDIS_UP_STATE
     }
 
-    /// Records that the consumer groups exist.
+    /// Records that the consumer groups exist (or vanished).
     pub fn set_groups_ready(&self, ready: bool) {
         self.inner.groups_ready.store(ready, Ordering::Relaxed);
     }
@@ -48,29 +163,126 @@ impl Telemetry {
         self.inner.groups_ready.load(Ordering::Relaxed)
     }
 
-    /// Counts one handled entry.
-    pub fn invocation(&self, _tool: &str, _outcome: &str, _duration: Duration) {}
+    /// Records that shutdown began: the daemon takes no new work.
+    pub fn set_draining(&self) {
+        self.inner.draining.store(true, Ordering::Relaxed);
+    }
+
+    /// Records that a readiness probe just completed, whatever it found.
+    pub fn probed(&self) {
+        let millis = self.inner.started.elapsed().as_millis() as u64;
+        self.inner.last_probe_ms.store(millis.max(1), Ordering::Relaxed);
+    }
+
+    /// Whether the daemon can take work now, with every reason it cannot.
+    pub fn readiness(&self) -> Readiness {
+        let mut reasons = Vec::new();
+        if !self.redis_up() {
+            reasons.push("redis does not answer");
+        }
+        if !self.groups_ready() {
+            reasons.push("the consumer groups do not exist");
+        }
+        if self.inner.draining.load(Ordering::Relaxed) {
+            reasons.push("shutting down");
+        }
+        let last_probe = self.inner.last_probe_ms.load(Ordering::Relaxed);
+        let now = self.inner.started.elapsed().as_millis() as u64;
+        if last_probe > 0 && now.saturating_sub(last_probe) > PROBE_STALE_AFTER.as_millis() as u64 {
+            reasons.push("the redis probe has not completed recently");
+        }
+        Readiness { reasons }
+    }
+
+    /// Counts one handled entry and its duration.
+    pub fn invocation(&self, tool: &str, outcome: &str, duration: Duration) {
+        let tool = if outcome == "unknown_tool" { UNKNOWN_TOOL_LABEL } else { tool };
+        let labels = vec![Label::new("tool", tool.to_owned()), Label::new("outcome", outcome.to_owned())];
+        self.counter(Key::from_parts(INVOCATIONS, labels)).increment(1);
+        let labels = vec![Label::new("tool", tool.to_owned())];
+        self.histogram(Key::from_parts(INVOCATION_DURATION, labels)).record(duration.as_secs_f64());
+    }
 
     /// Counts an entry taken over from another consumer.
     pub fn reclaimed(&self) {
-        self.inner.reclaims.fetch_add(1, Ordering::Relaxed);
+        self.inner.reclaims.increment(1);
     }
 
     /// Counts an entry delivered more than once.
     pub fn redelivered(&self) {
-        self.inner.redeliveries.fetch_add(1, Ordering::Relaxed);
+        self.inner.redeliveries.increment(1);
     }
 
     /// Counts a dead letter.
     pub fn dead_lettered(&self) {
-        self.inner.dead_letters.fetch_add(1, Ordering::Relaxed);
+        self.inner.dead_letters.increment(1);
     }
 
     /// Counts a running call until the guard drops.
     pub fn in_flight_guard(&self) -> InFlight {
-        self.inner.in_flight.fetch_add(1, Ordering::Relaxed);
+        self.inner.in_flight.increment(1.0);
         InFlight { telemetry: self.clone() }
     }
+
+    /// Records the pending count and lag of a consumer group. An unknown lag is recorded as NaN,
+    /// which Prometheus shows as such rather than as a made-up number.
+    pub fn set_group(&self, stream: &str, group: &str, pending: u64, lag: Option<u64>) {
+        let labels = || vec![Label::new("stream", stream.to_owned()), Label::new("group", group.to_owned())];
+        self.gauge(Key::from_parts(GROUP_PENDING, labels())).set(pending as f64);
+        self.gauge(Key::from_parts(GROUP_LAG, labels())).set(lag.map_or(f64::NAN, |lag| lag as f64));
+    }
+
+    /// Every metric in the Prometheus text exposition format.
+    pub fn render(&self) -> String {
+        self.inner.handle.render()
+    }
+
+    /// Folds recorded histogram samples into their buckets, so memory stays bounded between
+    /// scrapes. The probe calls it periodically.
+    pub fn run_upkeep(&self) {
+        self.inner.handle.run_upkeep();
+    }
+
+    fn counter(&self, key: Key) -> Counter {
+        self.inner.recorder.register_counter(&key, &METADATA)
+    }
+
+    fn gauge(&self, key: Key) -> Gauge {
+        self.inner.recorder.register_gauge(&key, &METADATA)
+    }
+
+    fn histogram(&self, key: Key) -> Histogram {
+        self.inner.recorder.register_histogram(&key, &METADATA)
+    }
+}
+
+/// The `# HELP` lines.
+fn describe(recorder: &PrometheusRecorder) {
+    let counters = [
+        (INVOCATIONS, "Handled request entries, by tool and outcome."),
+        (DEAD_LETTERS, "Entries moved to the dead-letter stream."),
+        (RECLAIMS, "Entries taken over from another consumer after its lease lapsed."),
+        (REDELIVERIES, "Handled entries that had been delivered before."),
+        (REDIS_RECONNECTS, "Times Redis answered again after it had stopped answering."),
+    ];
+    for (name, help) in counters {
+        recorder.describe_counter(name.into(), None, help.into());
+    }
+    let gauges = [
+        (IN_FLIGHT, "Tool calls running now."),
+        (GROUP_PENDING, "Entries delivered to a consumer group and not yet acknowledged."),
+        (GROUP_LAG, "Entries of a stream not yet delivered to a consumer group (NaN when unknown)."),
+        (REDIS_UP, "1 while Redis answers, 0 otherwise."),
+        (BUILD_INFO, "Always 1; the version label names the running build."),
+    ];
+    for (name, help) in gauges {
+        recorder.describe_gauge(name.into(), None, help.into());
+    }
+    recorder.describe_histogram(
+        INVOCATION_DURATION.into(),
+        Some(Unit::Seconds),
+        "How long handling a request entry took, by tool.".into(),
+    );
 }
 
 /// Decrements the in-flight count on drop.
@@ -80,6 +292,76 @@ pub struct InFlight {
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.telemetry.inner.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.telemetry.inner.in_flight.decrement(1.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn invocations_are_counted_by_tool_and_outcome_with_buckets() {
+        let telemetry = Telemetry::new();
+        telemetry.invocation("echo", "success", Duration::from_millis(3));
+        telemetry.invocation("echo", "invalid_arguments", Duration::from_millis(30));
+        telemetry.invocation("no-such-tool-from-a-caller", "unknown_tool", Duration::from_millis(1));
+        let text = telemetry.render();
+        assert!(text.contains(r#"toolhost_invocations_total{tool="echo",outcome="success"} 1"#), "{text}");
+        assert!(
+            text.contains(r#"toolhost_invocations_total{tool="echo",outcome="invalid_arguments"} 1"#),
+            "{text}"
+        );
+        assert!(text.contains(r#"toolhost_invocations_total{tool="_unknown",outcome="unknown_tool"} 1"#));
+        assert!(!text.contains("no-such-tool-from-a-caller"), "{text}");
+        assert!(text.contains(r#"toolhost_invocation_duration_seconds_bucket{tool="echo",le="0.005"} 1"#));
+        assert!(text.contains(r#"toolhost_invocation_duration_seconds_bucket{tool="echo",le="+Inf"} 2"#));
+        assert!(text.contains(r#"toolhost_invocation_duration_seconds_count{tool="echo"} 2"#));
+        assert!(
+            text.contains(&format!(r#"toolhost_build_info{{version="{}"}} 1"#, env!("CARGO_PKG_VERSION")))
+        );
+        assert!(text.contains("toolhost_dead_letters_total 0"), "{text}");
+    }
+
+    #[test]
+    fn in_flight_follows_guards_and_groups_are_gauges() {
+        let telemetry = Telemetry::new();
+        let first = telemetry.in_flight_guard();
+        let second = telemetry.in_flight_guard();
+        assert!(telemetry.render().contains("toolhost_in_flight 2"));
+        drop((first, second));
+        assert!(telemetry.render().contains("toolhost_in_flight 0"));
+        telemetry.set_group("action-requests", "toolhost", 3, Some(7));
+        let text = telemetry.render();
+        assert!(text.contains(r#"toolhost_group_pending{stream="action-requests",group="toolhost"} 3"#));
+        assert!(text.contains(r#"toolhost_group_lag{stream="action-requests",group="toolhost"} 7"#));
+    }
+
+    #[test]
+    fn reconnects_count_recoveries_only() {
+        let telemetry = Telemetry::new();
+        telemetry.set_redis_up(true);
+        telemetry.set_redis_up(true);
+        assert!(telemetry.render().contains("toolhost_redis_reconnects_total 0"));
+        telemetry.set_redis_up(false);
+        telemetry.set_redis_up(false);
+        telemetry.set_redis_up(true);
+        assert!(telemetry.render().contains("toolhost_redis_reconnects_total 1"));
+        assert!(telemetry.render().contains("toolhost_redis_up 1"));
+    }
+
+    #[test]
+    fn readiness_names_every_reason() {
+        let telemetry = Telemetry::new();
+        assert_eq!(
+            telemetry.readiness().reasons,
+            ["redis does not answer", "the consumer groups do not exist"]
+        );
+        telemetry.set_redis_up(true);
+        telemetry.set_groups_ready(true);
+        telemetry.probed();
+        assert!(telemetry.readiness().is_ready());
+        telemetry.set_draining();
+        assert_eq!(telemetry.readiness().reasons, ["shutting down"]);
     }
 }

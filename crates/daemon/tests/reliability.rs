@@ -588,6 +588,7 @@ async fn ledger_steps_are_safe_to_repeat_against_redis() {
         entry,
         call: Some(call),
         answer: Some(Published { topic: RESULTS, id: "answer-1", payload: "{}" }),
+        answer_copy: None,
         dead_letter: Some(Published { topic: DEAD_LETTERS, id: "letter-1", payload: "{}" }),
     };
     // The first run's reply is lost; the retry changes nothing and reports the same outcome.
@@ -634,6 +635,7 @@ async fn ledger_steps_are_safe_to_repeat_against_redis() {
         entry: EntryRef { topic: REQUESTS, group: GROUP, entry_id: &late },
         call: Some(call),
         answer: Some(Published { topic: RESULTS, id: "answer-3", payload: "{}" }),
+        answer_copy: None,
         dead_letter: None,
     };
     assert!(bus.finish(&finish).await.unwrap());

@@ -9,5 +9,17 @@ mod support;
 /// The walking skeleton: requests in, exactly one answer out, bad input dead-lettered.
 mod skeleton;
 
+/// Chat: chat_send, tool calls by chat message on `chat:<AGENT_NAME>`, specialist agents as tools.
+mod chat;
+
+/// Tools as contracts: validation, misbehaving tools, discovery formats, the CLI client.
+mod contract;
+
+/// Operating it: health, readiness, metrics, configuration errors, secrets, dead letters, deploy files.
+mod ops;
+
+/// House rules over the workspace's source files.
+mod tidy;
+
 /// Issue 6: exactly one answer per request under kills, pauses, restarts and duplicate deliveries.
 mod reliability;

@@ -15,6 +15,6 @@ mod schema;
 pub mod terminal;
 mod tool;
 
-pub use registry::{Failure, Registry, RegistryError};
+pub use registry::{Failure, Registry, RegistryError, valid_tool_name};
 pub use schema::{SchemaError, describe_errors};
 pub use tool::{Context, Tool, ToolError, ToolSpec};

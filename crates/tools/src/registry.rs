@@ -10,7 +10,7 @@ use jsonschema::Validator;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use tokio::sync::Semaphore;
-use toolhost_envelope::{DiscoveryFormat, ErrorCode, ToolDescription};
+use toolhost_envelope::{Annotations, DiscoveryFormat, ErrorCode, ToolDescription};
 
 use crate::schema::{SchemaError, compile, describe_errors};
 use crate::{Context, Tool, ToolSpec};
@@ -23,18 +23,31 @@ pub struct Registry {
     by_name: HashMap<String, usize>,
     by_event: HashMap<String, usize>,
     disabled: HashSet<String>,
+    /// Schemas by canonical text: tools with the same schema share its value and validator.
+    schemas: HashMap<String, Schema>,
 }
 
 /// One registered tool with everything compiled once.
+///
+/// The schemas live only in `arguments` and `output`, shared between tools with equal schemas;
+/// `spec` and `description` hold `null` in their place. A schema as a JSON value with its compiled
+/// validator costs tens of KiB, which adds up with hundreds of generated tools.
 struct Registered {
     tool: Arc<dyn Tool>,
     spec: ToolSpec,
     description: ToolDescription,
-    arguments: Validator,
-    output: Validator,
+    arguments: Schema,
+    output: Schema,
     /// Top-level arguments that may be left out; `null` for them means absent.
     optional: Vec<String>,
     permits: Option<Arc<Semaphore>>,
+}
+
+/// A schema and its compiled validator.
+#[derive(Clone)]
+struct Schema {
+    value: Arc<Value>,
+    validator: Arc<Validator>,
 }
 
 /// Why a tool cannot be registered.
@@ -80,8 +93,8 @@ impl Failure {
     }
 }
 
-/// A tool name: 1-64 of `[a-z0-9_]`.
-fn valid_name(name: &str) -> bool {
+/// Whether `name` is a valid tool name: 1-64 of `[a-z0-9_]`.
+pub fn valid_tool_name(name: &str) -> bool {
     (1..=64).contains(&name.len())
         && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
 }
@@ -97,14 +110,14 @@ impl Registry {
     /// # Errors
     /// The name is invalid or taken, its event is taken, or a schema does not compile.
     pub fn register(&mut self, tool: Arc<dyn Tool>) -> Result<(), RegistryError> {
-        let spec = tool.spec();
-        if !valid_name(&spec.name) {
+        let mut spec = tool.spec();
+        if !valid_tool_name(&spec.name) {
             return Err(RegistryError::InvalidName(spec.name));
         }
         if self.by_name.contains_key(&spec.name) {
             return Err(RegistryError::DuplicateName(spec.name));
         }
-        let description = describe(&spec);
+        let mut description = describe(&spec);
         if let Some(&other) = self.by_event.get(&description.consumed_event) {
             return Err(RegistryError::DuplicateEvent {
                 event: description.consumed_event,
@@ -112,14 +125,29 @@ impl Registry {
                 second: spec.name,
             });
         }
-        let arguments = compile(&spec.name, "argument", &spec.argument_schema)?;
-        let output = compile(&spec.name, "output", &spec.output_schema)?;
-        let optional = optional_properties(&spec.argument_schema);
+        let arguments = self.schema(&spec.name, "argument", std::mem::take(&mut spec.argument_schema))?;
+        let output = self.schema(&spec.name, "output", std::mem::take(&mut spec.output_schema))?;
+        description.argument_schema = Value::Null;
+        description.output_schema = Value::Null;
+        let optional = optional_properties(&arguments.value);
         let permits = spec.max_concurrent.map(|n| Arc::new(Semaphore::new(n.max(1))));
         self.tools.push(Registered { tool, spec, description, arguments, output, optional, permits });
         self.tools.sort_by(|a, b| a.spec.name.cmp(&b.spec.name));
         self.reindex();
         Ok(())
+    }
+
+    /// The shared, compiled form of `schema`, compiled once per distinct schema.
+    fn schema(&mut self, tool: &str, which: &'static str, schema: Value) -> Result<Schema, SchemaError> {
+        // serde_json's map is ordered by key, so this text is canonical.
+        let canonical = schema.to_string();
+        if let Some(shared) = self.schemas.get(&canonical) {
+            return Ok(shared.clone());
+        }
+        let validator = Arc::new(compile(tool, which, &schema)?);
+        let shared = Schema { value: Arc::new(schema), validator };
+        self.schemas.insert(canonical, shared.clone());
+        Ok(shared)
     }
 
     fn reindex(&mut self) {
@@ -146,19 +174,24 @@ impl Registry {
         self.by_event.get(event).map(|&i| self.tools[i].spec.name.as_str())
     }
 
+    /// Whether a tool of that name exists and is not disabled.
+    pub fn is_enabled(&self, name: &str) -> bool {
+        self.by_name.contains_key(name) && !self.disabled.contains(name)
+    }
+
     /// Whether a tool of that name exists.
     pub fn contains(&self, name: &str) -> bool {
         self.by_name.contains_key(name)
     }
 
-    /// The annotations-bearing description of a tool.
-    pub fn description(&self, name: &str) -> Option<&ToolDescription> {
-        self.by_name.get(name).map(|&i| &self.tools[i].description)
+    /// The full description of a tool.
+    pub fn description(&self, name: &str) -> Option<ToolDescription> {
+        self.by_name.get(name).map(|&i| self.tools[i].full_description())
     }
 
-    /// Every tool's description, sorted by name.
-    pub fn descriptions(&self) -> impl Iterator<Item = &ToolDescription> {
-        self.tools.iter().map(|tool| &tool.description)
+    /// The annotations of a tool.
+    pub fn annotations(&self, name: &str) -> Option<Annotations> {
+        self.by_name.get(name).map(|&i| self.tools[i].description.annotations)
     }
 
     /// Names of every tool, sorted.
@@ -166,12 +199,21 @@ impl Registry {
         self.tools.iter().map(|tool| tool.spec.name.as_str()).collect()
     }
 
+    /// Names of the tools that are not disabled, sorted.
+    pub fn enabled_names(&self) -> Vec<&str> {
+        self.tools
+            .iter()
+            .map(|tool| tool.spec.name.as_str())
+            .filter(|name| !self.disabled.contains(*name))
+            .collect()
+    }
+
     /// Every enabled tool in `format`, sorted by name.
     pub fn export(&self, format: DiscoveryFormat, requests_topic: &str, results_topic: &str) -> Vec<Value> {
         self.tools
             .iter()
             .filter(|tool| !self.disabled.contains(&tool.spec.name))
-            .map(|tool| tool.description.export(format, requests_topic, results_topic))
+            .map(|tool| tool.full_description().export(format, requests_topic, results_topic))
             .collect()
     }
 
@@ -226,8 +268,8 @@ impl Registry {
             Ok(Ok(Err(err))) => return Err(Failure::new(err.code(), err.to_string())),
             Ok(Ok(Ok(output))) => output,
         };
-        if !tool.output.is_valid(&output) {
-            let failures = describe_errors(&tool.output, &tool.spec.output_schema, &output);
+        if !tool.output.validator.is_valid(&output) {
+            let failures = describe_errors(&tool.output.validator, &tool.output.value, &output);
             return Err(Failure {
                 code: ErrorCode::InvalidOutput,
                 message: format!("tool '{name}' returned output that breaks its output schema"),
@@ -239,16 +281,25 @@ impl Registry {
 }
 
 impl Registered {
+    /// The description with its schemas filled in.
+    fn full_description(&self) -> ToolDescription {
+        ToolDescription {
+            argument_schema: Value::clone(&self.arguments.value),
+            output_schema: Value::clone(&self.output.value),
+            ..self.description.clone()
+        }
+    }
+
     /// Drops `null` optional arguments (models send them for arguments they leave out in strict
     /// mode), then checks the argument schema.
     fn prepare_arguments(&self, mut arguments: Value) -> Result<Value, Failure> {
         if let Value::Object(map) = &mut arguments {
             map.retain(|key, value| !(value.is_null() && self.optional.iter().any(|name| name == key)));
         }
-        if self.arguments.is_valid(&arguments) {
+        if self.arguments.validator.is_valid(&arguments) {
             return Ok(arguments);
         }
-        let failures = describe_errors(&self.arguments, &self.spec.argument_schema, &arguments);
+        let failures = describe_errors(&self.arguments.validator, &self.arguments.value, &arguments);
         let summary =
             failures.iter().filter_map(|failure| failure["message"].as_str()).collect::<Vec<_>>().join("; ");
         Err(Failure {

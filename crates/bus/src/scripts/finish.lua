@@ -1,10 +1,11 @@
 -- Ends one delivered entry: dead letter, answer (once per request), answered mark, ack.
 -- KEYS[1] requests stream, KEYS[2] answered mark, KEYS[3] call record,
--- KEYS[4] answer topic, KEYS[5] dead-letter topic
+-- KEYS[4] answer topic, KEYS[5] dead-letter topic, KEYS[6] second answer topic
 -- ARGV[1] group, ARGV[2] entry id, ARGV[3] maxlen, ARGV[4] retention ms,
 -- ARGV[5] answer id, ARGV[6] answer payload ('' for none),
 -- ARGV[7] dead-letter id, ARGV[8] dead-letter payload ('' for none),
 -- ARGV[9] '1' when the request is identified (KEYS[2] and KEYS[3] are real)
+-- ARGV[10] '1' when the answer also goes to KEYS[6]
 -- Returns 1 when the answer is the one published for the request (now, or by an earlier run of
 -- this same finish whose reply was lost), 0 otherwise.
 --
@@ -28,6 +29,9 @@ local published = 0
 if ARGV[6] ~= '' then
   if not answered then
     redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[3], '*', 'id', ARGV[5], 'payload', ARGV[6])
+    if ARGV[10] == '1' then
+      redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[3], '*', 'id', ARGV[5], 'payload', ARGV[6])
+    end
     if identified then
       redis.call('SET', KEYS[2], ARGV[5], 'PX', ARGV[4])
     end

@@ -23,6 +23,7 @@ use tracing::{debug, error, info, warn};
 pub(crate) use request::{Admission, Request, Target, admit, entry_millis, now_since_epoch};
 
 use crate::backoff::Backoff;
+use crate::ledger;
 use crate::services::Services;
 use crate::shutdown::Shutdown;
 use crate::stats::Stats;
@@ -382,9 +383,7 @@ impl Dispatcher {
             retention: self.settings.answered_retention,
         };
         let poisoned = entry.deliveries > self.settings.max_deliveries;
-        // One owner per handling: a retried ledger step is recognised as this handling, and a
-        // later handling of the same entry (after this one left it pending) as another.
-        let owner = format!("{}/{}/{}", self.settings.consumer, entry.entry_id, &new_message_id()[..8]);
+        let owner = ledger::owner(&self.settings.consumer, &entry.entry_id);
         let result = match &request.target {
             Target::Tool { name, arguments } => match self.begin(entry, request, &call, name, &owner).await {
                 Begin::End(outcome) => return outcome,
@@ -494,22 +493,9 @@ impl Dispatcher {
         tool: &str,
         owner: &str,
     ) -> Begin {
-        let mut backoff = Backoff::new();
-        let start = loop {
-            match self.bus.begin_call(call, owner, &entry.entry_id).await {
-                Ok(start) => break start,
-                Err(err) if err.is_retryable() => {
-                    warn!(error = %err, request_id = %request.request_id, "cannot record call start; retrying");
-                    if !backoff.wait(self.shutdown.forced()).await {
-                        return Begin::End(Outcome::LeftPending);
-                    }
-                }
-                Err(err) => {
-                    error!(error = %err, request_id = %request.request_id, "cannot record call start");
-                    return Begin::End(Outcome::LeftPending);
-                }
-            }
-        };
+        let forced = self.shutdown.forced();
+        let begun = ledger::begin(&*self.bus, call, owner, &entry.entry_id, &request.request_id, forced);
+        let Some(start) = begun.await else { return Begin::End(Outcome::LeftPending) };
         match start {
             CallStart::Fresh => Begin::Run,
             CallStart::Answered => Begin::End(
@@ -531,17 +517,7 @@ impl Dispatcher {
             }
             CallStart::StartedBefore => {
                 let idempotent = self.registry.description(tool).is_some_and(|d| d.annotations.idempotent);
-                if idempotent {
-                    Begin::Run
-                } else {
-                    Begin::Answer(Err(Failure::new(
-                        ErrorCode::Interrupted,
-                        format!(
-                            "the tool host stopped while '{tool}' was running; the call was not repeated because \
-                             '{tool}' is not idempotent, so check its effects before calling it again"
-                        ),
-                    )))
-                }
+                if idempotent { Begin::Run } else { Begin::Answer(Err(ledger::interrupted(tool))) }
             }
             _ => Begin::End(Outcome::LeftPending),
         }
@@ -571,18 +547,16 @@ impl Dispatcher {
         let left = request.deadline.map(|deadline| deadline.saturating_sub(now_since_epoch()));
         let entry_ref =
             EntryRef { topic: &self.requests, group: &self.settings.toolbox_id, entry_id: &entry.entry_id };
-        let renew = async {
-            let mut tick = tokio::time::interval(self.settings.claim_idle / 3);
-            tick.tick().await;
-            loop {
-                tick.tick().await;
-                match self.bus.renew_call(call, owner, &entry_ref, &self.settings.consumer).await {
-                    Ok(true) => {}
-                    Ok(false) => warn!(request_id = %request.request_id, "lost the lease of a running call"),
-                    Err(err) => warn!(error = %err, request_id = %request.request_id, "cannot renew lease"),
-                }
-            }
-        };
+        let period = self.settings.claim_idle / 3;
+        let renew = ledger::renew(
+            &*self.bus,
+            call,
+            owner,
+            &entry_ref,
+            &self.settings.consumer,
+            &request.request_id,
+            period,
+        );
         let forced = self.shutdown.forced().clone();
         let _in_flight = self.telemetry.in_flight_guard();
         tokio::select! {
@@ -696,25 +670,10 @@ impl Dispatcher {
             },
             call,
             answer,
+            answer_copy: None,
             dead_letter,
         };
-        let mut backoff = Backoff::new();
-        loop {
-            match self.bus.finish(&finish).await {
-                Ok(published) => return Some(published),
-                Err(err) if err.is_retryable() => {
-                    self.telemetry.set_redis_up(false);
-                    warn!(error = %err, entry_id = %entry.entry_id, "cannot commit answer; retrying");
-                    if !backoff.wait(self.shutdown.forced()).await {
-                        return None;
-                    }
-                }
-                Err(err) => {
-                    error!(error = %err, entry_id = %entry.entry_id, "cannot commit answer; leaving the entry pending");
-                    return None;
-                }
-            }
-        }
+        ledger::finish(&*self.bus, &finish, self.shutdown.forced(), &self.telemetry).await
     }
 }
 

@@ -65,16 +65,26 @@ pub(crate) fn admit(
             payload.len()
         ));
     }
-    let value: Value = match serde_json::from_str(payload) {
-        Ok(value) => value,
-        Err(err) => return Admission::DeadLetter(format!("payload is not JSON: {err}")),
-    };
-    if !value.is_object() {
-        return Admission::DeadLetter("payload is not a JSON object".to_owned());
-    }
-    let (envelope, problem) = match serde_json::from_value::<EventEnvelope>(value.clone()) {
-        Ok(envelope) => (envelope, None),
-        Err(err) => (lenient_envelope(&value), Some(format!("malformed envelope: {err}"))),
+    // Parse straight into the envelope; only a payload that fails is parsed again to say why.
+    // (serde also reads a struct from a JSON array, so only objects take the direct path.)
+    let direct =
+        payload.trim_start().starts_with('{').then(|| serde_json::from_str::<EventEnvelope>(payload));
+    let (envelope, problem) = match direct {
+        Some(Ok(envelope)) => (envelope, None),
+        _ => match serde_json::from_str::<Value>(payload) {
+            Err(err) => return Admission::DeadLetter(format!("payload is not JSON: {err}")),
+            Ok(value) if !value.is_object() => {
+                return Admission::DeadLetter("payload is not a JSON object".to_owned());
+            }
+            Ok(value) => {
+                let err = serde_json::from_value::<EventEnvelope>(value.clone()).err();
+                let reason = err.map_or_else(
+                    || "malformed envelope".to_owned(),
+                    |err| format!("malformed envelope: {err}"),
+                );
+                (lenient_envelope(&value), Some(reason))
+            }
+        },
     };
     let has_response_event = envelope
         .response_event

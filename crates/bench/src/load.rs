@@ -1,0 +1,342 @@
+//! The closed-loop load generator: L lanes, each with one request in flight at a time.
+//!
+//! A lane registers a oneshot sender under its `request_id`, then `XADD`s the request
+//! and waits for the answer. One dispatcher task reads `action-results` with
+//! `XREAD BLOCK` after the last id it saw and routes each answer to its lane. Publishing
+//! and reading use separate connections so a blocked read never delays a publish.
+//! Latency runs from just before the `XADD` to the moment the dispatcher read the answer.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use hdrhistogram::Histogram;
+use redis::AsyncCommands as _;
+use redis::aio::MultiplexedConnection;
+use redis::streams::{
+    StreamAddOptions, StreamRangeReply, StreamReadOptions, StreamReadReply, StreamTrimStrategy,
+    StreamTrimmingMode,
+};
+use tokio::sync::oneshot;
+
+use crate::envelope::{self, AnswerSummary, DEFAULT_MAXLEN, REQUESTS_STREAM, RESULTS_STREAM, RequestKind};
+
+/// How long a lane waits for an answer before counting a timeout.
+pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Entries kept per stream are capped at this many bytes of payload, so 500 KiB messages
+/// cannot fill the machine's memory within one repetition.
+const STREAM_BYTES_BUDGET: usize = 128 * 1024 * 1024;
+
+/// One run of the load generator.
+#[derive(Clone, Debug)]
+pub struct LoadSpec {
+    /// Lanes, i.e. requests in flight.
+    pub in_flight: usize,
+    /// What each request asks.
+    pub kind: RequestKind,
+    /// Lanes stop sending new requests after this long.
+    pub duration: Duration,
+    /// Lanes also stop after this many requests in total, if set.
+    pub max_requests: Option<u64>,
+}
+
+/// What one run measured.
+#[derive(Debug)]
+pub struct LoadResult {
+    /// Answers with `success: true`.
+    pub n_ok: u64,
+    /// Answers with `success: false`.
+    pub n_failed: u64,
+    /// Requests with no answer within [`ANSWER_TIMEOUT`].
+    pub n_timeouts: u64,
+    /// Requests that could not be published.
+    pub n_send_errors: u64,
+    /// The first failure seen, for the report.
+    pub first_error: Option<String>,
+    /// From the first send to the last lane finishing.
+    pub elapsed: Duration,
+    /// Latency of answered requests, in microseconds.
+    pub histogram: Histogram<u64>,
+}
+
+impl LoadResult {
+    /// Requests answered (successfully or not).
+    pub fn n_answered(&self) -> u64 {
+        self.n_ok + self.n_failed
+    }
+
+    /// Answered requests per second.
+    pub fn rps(&self) -> f64 {
+        let seconds = self.elapsed.as_secs_f64();
+        if seconds > 0.0 { self.n_answered() as f64 / seconds } else { 0.0 }
+    }
+}
+
+/// Runs the closed loop against whatever worker consumes `action-requests` on `redis_url`.
+///
+/// # Errors
+///
+/// When Redis cannot be reached. Unanswered requests are counted, not errors.
+pub async fn run(redis_url: &str, spec: &LoadSpec) -> anyhow::Result<LoadResult> {
+    let client = redis::Client::open(redis_url).context("parsing the Redis URL")?;
+    let publish_config = redis::AsyncConnectionConfig::new().set_response_timeout(Some(ANSWER_TIMEOUT));
+    let publisher = client
+        .get_multiplexed_async_connection_with_config(&publish_config)
+        .await
+        .context("connecting the publisher")?;
+    let read_config = redis::AsyncConnectionConfig::new().set_response_timeout(None);
+    let mut reader = client
+        .get_multiplexed_async_connection_with_config(&read_config)
+        .await
+        .context("connecting the dispatcher")?;
+
+    let stream_cap = stream_cap(spec.kind.payload_bytes());
+    let last_id = last_entry_id(&mut reader, RESULTS_STREAM).await?;
+    let pending: Pending = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let dispatcher =
+        tokio::spawn(dispatch(reader, last_id, Arc::clone(&pending), Arc::clone(&stop), stream_cap));
+
+    let started = Instant::now();
+    let deadline = started + spec.duration;
+    let issued = Arc::new(AtomicU64::new(0));
+    let mut lanes = Vec::with_capacity(spec.in_flight);
+    for _ in 0..spec.in_flight {
+        let lane = Lane {
+            publisher: publisher.clone(),
+            pending: Arc::clone(&pending),
+            issued: Arc::clone(&issued),
+            kind: spec.kind.clone(),
+            deadline,
+            max_requests: spec.max_requests,
+            add_options: StreamAddOptions::default()
+                .trim(StreamTrimStrategy::maxlen(StreamTrimmingMode::Approx, stream_cap)),
+        };
+        lanes.push(tokio::spawn(lane.run()));
+    }
+    let mut res = LoadResult {
+        n_ok: 0,
+        n_failed: 0,
+        n_timeouts: 0,
+        n_send_errors: 0,
+        first_error: None,
+        elapsed: Duration::ZERO,
+        histogram: new_histogram(),
+    };
+    for lane in lanes {
+        let tally = lane.await.context("a load lane panicked")?;
+        res.n_ok += tally.n_ok;
+        res.n_failed += tally.n_failed;
+        res.n_timeouts += tally.n_timeouts;
+        res.n_send_errors += tally.n_send_errors;
+        if res.first_error.is_none() {
+            res.first_error = tally.first_error;
+        }
+        res.histogram.add(&tally.histogram).context("merging histograms")?;
+    }
+    res.elapsed = started.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    // The dispatcher notices `stop` within one BLOCK period; its own errors were already
+    // reported to the lanes as timeouts.
+    let _ = dispatcher.await;
+    Ok(res)
+}
+
+/// An empty latency histogram: 1 µs to 100 s at 3 significant digits.
+pub fn new_histogram() -> Histogram<u64> {
+    // The bounds are constants that hdrhistogram accepts (low >= 1, high >= 2 * low).
+    #[allow(clippy::unwrap_used)]
+    Histogram::new_with_bounds(1, 100_000_000, 3).unwrap()
+}
+
+/// The `MAXLEN ~` for streams carrying payloads of `payload_bytes`.
+pub fn stream_cap(payload_bytes: usize) -> usize {
+    (STREAM_BYTES_BUDGET / payload_bytes.max(1)).clamp(256, DEFAULT_MAXLEN)
+}
+
+/// The id of the newest entry of `stream`, or `0-0` when it is empty or missing.
+///
+/// # Errors
+///
+/// When Redis fails.
+pub async fn last_entry_id(connection: &mut MultiplexedConnection, stream: &str) -> anyhow::Result<String> {
+    let newest: StreamRangeReply = connection.xrevrange_count(stream, "+", "-", 1).await?;
+    Ok(newest.ids.into_iter().next().map(|entry| entry.id).unwrap_or_else(|| "0-0".to_owned()))
+}
+
+/// What the dispatcher tells a lane: when its answer was read and what it said.
+#[derive(Debug)]
+struct Answered {
+    at: Instant,
+    success: bool,
+    error: Option<String>,
+}
+
+type Pending = Arc<Mutex<HashMap<String, oneshot::Sender<Answered>>>>;
+
+struct Lane {
+    publisher: MultiplexedConnection,
+    pending: Pending,
+    issued: Arc<AtomicU64>,
+    kind: RequestKind,
+    deadline: Instant,
+    max_requests: Option<u64>,
+    add_options: StreamAddOptions,
+}
+
+struct Tally {
+    n_ok: u64,
+    n_failed: u64,
+    n_timeouts: u64,
+    n_send_errors: u64,
+    first_error: Option<String>,
+    histogram: Histogram<u64>,
+}
+
+impl Lane {
+    async fn run(mut self) -> Tally {
+        let mut tally = Tally {
+            n_ok: 0,
+            n_failed: 0,
+            n_timeouts: 0,
+            n_send_errors: 0,
+            first_error: None,
+            histogram: new_histogram(),
+        };
+        while Instant::now() < self.deadline {
+            if let Some(max_requests) = self.max_requests
+                && self.issued.fetch_add(1, Ordering::Relaxed) >= max_requests
+            {
+                break;
+            }
+            let request = match envelope::request(&self.kind) {
+                Ok(request) => request,
+                Err(err) => {
+                    tally.n_send_errors += 1;
+                    tally.first_error.get_or_insert_with(|| format!("building a request: {err}"));
+                    break;
+                }
+            };
+            let (answer_tx, answer_rx) = oneshot::channel();
+            self.lock_pending().insert(request.request_id.clone(), answer_tx);
+            let sent_at = Instant::now();
+            let added: redis::RedisResult<String> = self
+                .publisher
+                .xadd_options(
+                    REQUESTS_STREAM,
+                    "*",
+                    &[("id", request.id.as_str()), ("payload", request.payload.as_str())],
+                    &self.add_options,
+                )
+                .await;
+            if let Err(err) = added {
+                self.lock_pending().remove(&request.request_id);
+                tally.n_send_errors += 1;
+                tally.first_error.get_or_insert_with(|| format!("XADD failed: {err}"));
+                // A failing Redis would otherwise turn this lane into a busy loop.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+            match tokio::time::timeout(ANSWER_TIMEOUT, answer_rx).await {
+                Ok(Ok(answered)) => {
+                    let micros = answered.at.saturating_duration_since(sent_at).as_micros();
+                    tally.histogram.saturating_record(u64::try_from(micros).unwrap_or(u64::MAX).max(1));
+                    if answered.success {
+                        tally.n_ok += 1;
+                    } else {
+                        tally.n_failed += 1;
+                        if tally.first_error.is_none() {
+                            tally.first_error = answered.error;
+                        }
+                    }
+                }
+                // The sender is dropped only if the dispatcher died; both count as no answer.
+                Ok(Err(_)) | Err(_) => {
+                    self.lock_pending().remove(&request.request_id);
+                    tally.n_timeouts += 1;
+                    tally
+                        .first_error
+                        .get_or_insert_with(|| format!("no answer within {} s", ANSWER_TIMEOUT.as_secs()));
+                }
+            }
+        }
+        tally
+    }
+
+    fn lock_pending(&self) -> std::sync::MutexGuard<'_, HashMap<String, oneshot::Sender<Answered>>> {
+        // A poisoned map only means another lane panicked; its entries are still valid.
+        self.pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// Reads answers after `last_id` and hands each to the lane waiting for it.
+async fn dispatch(
+    mut reader: MultiplexedConnection,
+    mut last_id: String,
+    pending: Pending,
+    stop: Arc<AtomicBool>,
+    stream_cap: usize,
+) {
+    let options = StreamReadOptions::default().count(1024).block(100);
+    let mut n_since_trim = 0usize;
+    while !stop.load(Ordering::Relaxed) {
+        let reply: redis::RedisResult<Option<StreamReadReply>> =
+            reader.xread_options(&[RESULTS_STREAM], &[last_id.as_str()], &options).await;
+        let reply = match reply {
+            Ok(Some(reply)) => reply,
+            Ok(None) => continue,
+            Err(err) => {
+                eprintln!("bench: dispatcher read failed: {err}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let read_at = Instant::now();
+        for stream_key in reply.keys {
+            for entry in stream_key.ids {
+                if let Some(redis::Value::BulkString(payload)) = entry.map.get("payload")
+                    && let Ok(summary) = serde_json::from_slice::<AnswerSummary>(payload)
+                    && let Some(request_id) = summary.data.request_id
+                {
+                    let waiting =
+                        pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&request_id);
+                    if let Some(answer_tx) = waiting {
+                        let error = match (summary.data.error_code, summary.data.error) {
+                            (None, None) => None,
+                            (code, sentence) => Some(format!(
+                                "{}: {}",
+                                code.unwrap_or_default(),
+                                sentence.unwrap_or_default()
+                            )),
+                        };
+                        // The lane may have timed out meanwhile; then nobody wants this.
+                        let _ = answer_tx.send(Answered {
+                            at: read_at,
+                            success: summary.data.success == Some(true),
+                            error,
+                        });
+                    }
+                }
+                last_id = entry.id;
+                n_since_trim += 1;
+            }
+        }
+        // Large answers are trimmed here as well, since the worker under test chooses its
+        // own MAXLEN for the results stream.
+        if stream_cap < DEFAULT_MAXLEN && n_since_trim >= stream_cap / 4 {
+            n_since_trim = 0;
+            let trimmed: redis::RedisResult<usize> = reader
+                .xtrim_options(
+                    RESULTS_STREAM,
+                    &redis::streams::StreamTrimOptions::maxlen(StreamTrimmingMode::Approx, stream_cap),
+                )
+                .await;
+            if let Err(err) = trimmed {
+                eprintln!("bench: trimming results failed: {err}");
+            }
+        }
+    }
+}

@@ -1,0 +1,482 @@
+//! What the harness measures and in which order: the Redis floor, then each target's
+//! ready time and rows, or only the soak.
+//!
+//! Every row starts its target afresh against a flushed Redis, so no row inherits another's
+//! streams, groups or heap. A row that cannot start or gets no answer during warm-up
+//! becomes an error row; the run goes on.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use redis::aio::MultiplexedConnection;
+
+use crate::envelope::{REQUESTS_STREAM, RESULTS_STREAM, RequestKind};
+use crate::load::{self, LoadResult, LoadSpec};
+use crate::procfs::{self, MachineInfo, RssSampler};
+use crate::redis_server::RedisServer;
+use crate::report::{ReadyTime, Report, Row, Settings, Soak};
+use crate::target::{self, Launch, Worker};
+
+/// Sequential PINGs for the floor row.
+const N_PINGS: u32 = 20_000;
+/// The message size of the main echo rows.
+const DEFAULT_PAYLOAD: usize = 100;
+/// In-flight counts of the main echo rows.
+const IN_FLIGHT: [usize; 4] = [1, 8, 64, 256];
+
+/// What to run, as decided from the command line.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Shorter run for a smoke test.
+    pub quick: bool,
+    /// Measure the Redis PING floor.
+    pub floor: bool,
+    /// Workers to measure, in order.
+    pub workers: Vec<Worker>,
+    /// Length of one repetition.
+    pub duration: Duration,
+    /// Repetitions per row.
+    pub reps: usize,
+    /// Warm-up before the first repetition of a row.
+    pub warmup: Duration,
+    /// Starts for the ready-time median.
+    pub ready_starts: usize,
+    /// The `toolhost` executable.
+    pub toolhost_bin: PathBuf,
+    /// The `toolhost-refworker` executable.
+    pub refworker_bin: PathBuf,
+    /// Run only the soak, with this many requests.
+    pub soak: Option<u64>,
+    /// Where reports and target logs go.
+    pub out_dir: PathBuf,
+}
+
+/// Runs everything `options` asks for and returns the report (ratios included).
+///
+/// # Errors
+///
+/// Only when the harness itself cannot work: no redis-server, Redis unreachable. Failing
+/// targets become error rows instead.
+pub async fn run(options: &Options) -> anyhow::Result<Report> {
+    let redis = RedisServer::start()?;
+    let client = redis::Client::open(redis.url())?;
+    let admin_config =
+        redis::AsyncConnectionConfig::new().set_response_timeout(Some(Duration::from_secs(10)));
+    let admin = client
+        .get_multiplexed_async_connection_with_config(&admin_config)
+        .await
+        .context("connecting to the harness's redis-server")?;
+    let mut bench = Bench { options, redis, admin, ticks_per_second: procfs::ticks_per_second() };
+    let mut report = Report {
+        machine: MachineInfo::collect(),
+        settings: Settings {
+            quick: options.quick,
+            reps: options.reps,
+            duration_s: options.duration.as_secs_f64(),
+            warmup_s: options.warmup.as_secs_f64(),
+            ready_starts: options.ready_starts,
+        },
+        rows: Vec::new(),
+        ready: Vec::new(),
+        soak: Vec::new(),
+    };
+    if let Some(n_requests) = options.soak {
+        for &worker in &options.workers {
+            eprintln!("bench: soak of {} with {n_requests} requests", worker.name());
+            report.soak.push(bench.soak(worker, n_requests).await);
+        }
+        return Ok(report);
+    }
+    if options.floor {
+        eprintln!("bench: redis PING floor");
+        report.rows.push(bench.floor().await?);
+    }
+    for &worker in &options.workers {
+        eprintln!("bench: {} ready time", worker.name());
+        let ready = bench.ready_time(worker).await;
+        // A target that never started once will not start for the rows either; saying so
+        // beats waiting for the ready limit once per row.
+        let start_error = ready.error.clone().filter(|_| ready.samples_ms.is_empty());
+        report.ready.push(ready);
+        for scenario in scenarios(worker) {
+            if let Some(error) = &start_error {
+                report.rows.push(scenario.error_row(worker, format!("failed to start: {error}")));
+                continue;
+            }
+            eprintln!(
+                "bench: {} {} in-flight={} payload={}",
+                worker.name(),
+                scenario.name,
+                scenario.in_flight,
+                scenario.kind.payload_bytes()
+            );
+            let row = bench.measure(worker, &scenario).await;
+            if let Some(error) = &row.error {
+                eprintln!("bench:   error: {error}");
+            }
+            report.rows.push(row);
+        }
+    }
+    report.compute_ratios();
+    Ok(report)
+}
+
+/// One row to measure: a request kind at an in-flight count, and how to start the daemon.
+#[derive(Clone, Debug)]
+struct Scenario {
+    name: String,
+    baseline: Option<&'static str>,
+    in_flight: usize,
+    kind: RequestKind,
+    serve_args: Vec<String>,
+    env: Vec<(String, String)>,
+}
+
+impl Scenario {
+    fn echo(in_flight: usize, payload_bytes: usize) -> Self {
+        Scenario {
+            name: "echo".to_owned(),
+            baseline: Some("echo"),
+            in_flight,
+            kind: RequestKind::echo(payload_bytes),
+            serve_args: Vec::new(),
+            env: Vec::new(),
+        }
+    }
+
+    fn toolhost_only(name: &str, kind: RequestKind) -> Self {
+        Scenario {
+            name: name.to_owned(),
+            baseline: None,
+            in_flight: 8,
+            kind,
+            serve_args: Vec::new(),
+            env: Vec::new(),
+        }
+    }
+
+    fn with_tools(mut self, n_tools: usize) -> Self {
+        self.serve_args = vec!["--synthetic-tools".to_owned(), n_tools.to_string()];
+        self
+    }
+
+    /// An empty row for this scenario on `worker`.
+    fn row(&self, worker: Worker) -> Row {
+        Row {
+            target: worker.name().to_owned(),
+            scenario: self.name.clone(),
+            baseline: self.baseline.map(str::to_owned),
+            in_flight: self.in_flight,
+            payload_bytes: self.kind.payload_bytes(),
+            ..Row::default()
+        }
+    }
+
+    fn error_row(&self, worker: Worker, error: String) -> Row {
+        Row { error: Some(error), ..self.row(worker) }
+    }
+
+    fn log_name(&self, worker: Worker) -> String {
+        let slug: String =
+            self.name.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
+        format!("{}-{slug}-{}-{}.log", worker.name(), self.in_flight, self.kind.payload_bytes())
+    }
+}
+
+/// The rows of each worker. The reference only answers like echo, so it gets the echo rows.
+fn scenarios(worker: Worker) -> Vec<Scenario> {
+    let mut res: Vec<Scenario> =
+        IN_FLIGHT.iter().map(|&in_flight| Scenario::echo(in_flight, DEFAULT_PAYLOAD)).collect();
+    res.push(Scenario::echo(8, 10 * 1024));
+    res.push(Scenario::echo(8, 500 * 1024));
+    if worker == Worker::Toolhost {
+        let mut terminal = Scenario::toolhost_only("terminal_run", RequestKind::TerminalRun);
+        terminal.env = vec![("TERMINAL_ALLOWED_COMMANDS".to_owned(), "echo".to_owned())];
+        res.push(terminal);
+        res.push(Scenario::toolhost_only("tools.discover", RequestKind::Discover));
+        res.push(Scenario::toolhost_only("schema, 20 fields", RequestKind::synthetic()).with_tools(1));
+        for n_tools in [3, 1000] {
+            let mut count = Scenario::echo(64, DEFAULT_PAYLOAD).with_tools(n_tools);
+            count.name = format!("echo, {n_tools} synthetic tools");
+            res.push(count);
+        }
+    }
+    res
+}
+
+/// Shared state of one harness run.
+struct Bench<'a> {
+    options: &'a Options,
+    redis: RedisServer,
+    admin: MultiplexedConnection,
+    ticks_per_second: u64,
+}
+
+/// One repetition's numbers.
+struct Rep {
+    load: LoadResult,
+    cpu_us_per_request: Option<f64>,
+    redis_cpu_us_per_request: Option<f64>,
+    harness_cpu_us_per_request: Option<f64>,
+    rss_peak_kib: Option<u64>,
+}
+
+impl Bench<'_> {
+    async fn floor(&mut self) -> anyhow::Result<Row> {
+        let mut histogram = load::new_histogram();
+        let cpu_before = procfs::cpu_ticks(self.redis.pid()).ok();
+        let started = Instant::now();
+        for _ in 0..N_PINGS {
+            let sent_at = Instant::now();
+            let _: String = redis::cmd("PING").query_async(&mut self.admin).await.context("PING")?;
+            let micros = u64::try_from(sent_at.elapsed().as_micros()).unwrap_or(u64::MAX);
+            histogram.saturating_record(micros.max(1));
+        }
+        let elapsed = started.elapsed();
+        let cpu_after = procfs::cpu_ticks(self.redis.pid()).ok();
+        Ok(Row {
+            target: "redis".to_owned(),
+            scenario: "PING (floor)".to_owned(),
+            in_flight: 1,
+            rps: f64::from(N_PINGS) / elapsed.as_secs_f64(),
+            p50_us: histogram.value_at_quantile(0.5),
+            p90_us: histogram.value_at_quantile(0.9),
+            p99_us: histogram.value_at_quantile(0.99),
+            max_us: histogram.max(),
+            redis_cpu_us_per_request: self.cpu_per_request(cpu_before, cpu_after, u64::from(N_PINGS)),
+            n_answered: u64::from(N_PINGS),
+            ..Row::default()
+        })
+    }
+
+    async fn ready_time(&mut self, worker: Worker) -> ReadyTime {
+        let mut samples_ms = Vec::new();
+        let mut error = None;
+        for start_idx in 0..self.options.ready_starts {
+            let launch = self.launch(worker, &[], &[], format!("{}-ready-{start_idx}.log", worker.name()));
+            match self.start(&launch).await {
+                Ok(running) => {
+                    samples_ms.push(running.ready_after.as_secs_f64() * 1000.0);
+                    running.stop().await;
+                }
+                Err(err) => {
+                    error = Some(format!("{err:#}"));
+                    break;
+                }
+            }
+        }
+        ReadyTime { target: worker.name().to_owned(), median_ms: median(&samples_ms), samples_ms, error }
+    }
+
+    async fn measure(&mut self, worker: Worker, scenario: &Scenario) -> Row {
+        let mut row = scenario.row(worker);
+        let launch = self.launch(worker, &scenario.serve_args, &scenario.env, scenario.log_name(worker));
+        let mut running = match self.start(&launch).await {
+            Ok(running) => running,
+            Err(err) => {
+                row.error = Some(format!("failed to start: {err:#}"));
+                return row;
+            }
+        };
+        // Give the process a moment to finish whatever it does right after registering.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        row.rss_idle_kib = procfs::rss_kib(running.pid()).ok();
+        let url = self.redis.url();
+        let warmup = LoadSpec {
+            in_flight: scenario.in_flight,
+            kind: scenario.kind.clone(),
+            duration: self.options.warmup,
+            max_requests: None,
+        };
+        match load::run(&url, &warmup).await {
+            Ok(res) if res.n_answered() > 0 => {}
+            Ok(res) => {
+                row.n_timeouts = res.n_timeouts + res.n_send_errors;
+                row.error = Some(format!(
+                    "no answer during warm-up: {}; log tail: {}",
+                    res.first_error.unwrap_or_default(),
+                    running.log_tail()
+                ));
+                running.stop().await;
+                return row;
+            }
+            Err(err) => {
+                row.error = Some(format!("warm-up failed: {err:#}"));
+                running.stop().await;
+                return row;
+            }
+        }
+        let mut reps = Vec::new();
+        for _ in 0..self.options.reps {
+            match self.rep(&url, running.pid(), scenario).await {
+                Ok(rep) => reps.push(rep),
+                Err(err) => {
+                    row.error = Some(format!("repetition failed: {err:#}"));
+                    break;
+                }
+            }
+            if !running.is_alive() {
+                row.error = Some(format!("the target died; log tail: {}", running.log_tail()));
+                break;
+            }
+        }
+        running.stop().await;
+        reps.sort_by(|a, b| a.load.rps().total_cmp(&b.load.rps()));
+        let Some(rep) = reps.get(reps.len() / 2) else { return row };
+        let histogram = &rep.load.histogram;
+        row.rps = rep.load.rps();
+        row.p50_us = histogram.value_at_quantile(0.5);
+        row.p90_us = histogram.value_at_quantile(0.9);
+        row.p99_us = histogram.value_at_quantile(0.99);
+        row.max_us = histogram.max();
+        row.cpu_us_per_request = rep.cpu_us_per_request;
+        row.redis_cpu_us_per_request = rep.redis_cpu_us_per_request;
+        row.harness_cpu_us_per_request = rep.harness_cpu_us_per_request;
+        row.rss_peak_kib = rep.rss_peak_kib;
+        row.n_answered = rep.load.n_answered();
+        row.n_failed = rep.load.n_failed;
+        row.n_timeouts = rep.load.n_timeouts + rep.load.n_send_errors;
+        if row.error.is_none() {
+            row.error = rep.load.first_error.clone();
+        }
+        row
+    }
+
+    async fn rep(&mut self, url: &str, pid: u32, scenario: &Scenario) -> anyhow::Result<Rep> {
+        self.trim_streams().await?;
+        let spec = LoadSpec {
+            in_flight: scenario.in_flight,
+            kind: scenario.kind.clone(),
+            duration: self.options.duration,
+            max_requests: None,
+        };
+        let target_before = procfs::cpu_ticks(pid).ok();
+        let redis_before = procfs::cpu_ticks(self.redis.pid()).ok();
+        let harness_before = procfs::cpu_ticks(std::process::id()).ok();
+        let sampler = RssSampler::start(pid, Duration::from_millis(100));
+        let load = load::run(url, &spec).await?;
+        let samples = sampler.finish().await;
+        let target_after = procfs::cpu_ticks(pid).ok();
+        let redis_after = procfs::cpu_ticks(self.redis.pid()).ok();
+        let harness_after = procfs::cpu_ticks(std::process::id()).ok();
+        let n_answered = load.n_answered();
+        Ok(Rep {
+            cpu_us_per_request: self.cpu_per_request(target_before, target_after, n_answered),
+            redis_cpu_us_per_request: self.cpu_per_request(redis_before, redis_after, n_answered),
+            harness_cpu_us_per_request: self.cpu_per_request(harness_before, harness_after, n_answered),
+            rss_peak_kib: samples.iter().map(|&(_, kib)| kib).max(),
+            load,
+        })
+    }
+
+    async fn soak(&mut self, worker: Worker, n_requests: u64) -> Soak {
+        let mut soak = Soak {
+            target: worker.name().to_owned(),
+            requests: n_requests,
+            n_answered: 0,
+            n_timeouts: 0,
+            rps: 0.0,
+            rss_first_kib: 0,
+            rss_last_kib: 0,
+            rss_max_kib: 0,
+            rss_samples: Vec::new(),
+            error: None,
+        };
+        let launch = self.launch(worker, &[], &[], format!("{}-soak.log", worker.name()));
+        let running = match self.start(&launch).await {
+            Ok(running) => running,
+            Err(err) => {
+                soak.error = Some(format!("failed to start: {err:#}"));
+                return soak;
+            }
+        };
+        let spec = LoadSpec {
+            in_flight: 64,
+            kind: RequestKind::echo(DEFAULT_PAYLOAD),
+            duration: Duration::from_secs(7 * 24 * 3600),
+            max_requests: Some(n_requests),
+        };
+        let sampler = RssSampler::start(running.pid(), Duration::from_secs(1));
+        let res = load::run(&self.redis.url(), &spec).await;
+        let samples = sampler.finish().await;
+        running.stop().await;
+        match res {
+            Ok(load) => {
+                soak.n_answered = load.n_answered();
+                soak.n_timeouts = load.n_timeouts + load.n_send_errors;
+                soak.rps = load.rps();
+                soak.error = load.first_error;
+            }
+            Err(err) => soak.error = Some(format!("{err:#}")),
+        }
+        soak.rss_first_kib = samples.first().map_or(0, |&(_, kib)| kib);
+        soak.rss_last_kib = samples.last().map_or(0, |&(_, kib)| kib);
+        soak.rss_max_kib = samples.iter().map(|&(_, kib)| kib).max().unwrap_or(0);
+        soak.rss_samples = samples.iter().map(|&(at, kib)| (at.as_secs_f64(), kib)).collect();
+        soak
+    }
+
+    fn launch(&self, worker: Worker, args: &[String], env: &[(String, String)], log_name: String) -> Launch {
+        let program = match worker {
+            Worker::Reference => &self.options.refworker_bin,
+            Worker::Toolhost => &self.options.toolhost_bin,
+        };
+        let log_path = self.options.out_dir.join("logs").join(log_name);
+        Launch::new(worker, program, &self.redis.url(), args, env, log_path)
+    }
+
+    /// Flushes Redis and starts the target, so it begins from an empty database.
+    async fn start(&mut self, launch: &Launch) -> anyhow::Result<target::Running> {
+        let () = redis::cmd("FLUSHALL").query_async(&mut self.admin).await.context("FLUSHALL")?;
+        target::start(launch, &mut self.admin).await
+    }
+
+    /// Empties both streams between repetitions; the consumer group stays.
+    async fn trim_streams(&mut self) -> anyhow::Result<()> {
+        let mut pipeline = redis::pipe();
+        for stream in [REQUESTS_STREAM, RESULTS_STREAM] {
+            pipeline.cmd("XTRIM").arg(stream).arg("MAXLEN").arg(0).ignore();
+        }
+        pipeline.exec_async(&mut self.admin).await.context("trimming streams")?;
+        Ok(())
+    }
+
+    fn cpu_per_request(&self, before: Option<u64>, after: Option<u64>, n_requests: u64) -> Option<f64> {
+        let ticks = after?.checked_sub(before?)?;
+        if n_requests == 0 {
+            return None;
+        }
+        Some(ticks as f64 * 1e6 / self.ticks_per_second as f64 / n_requests as f64)
+    }
+}
+
+fn median(values: &[f64]) -> Option<f64> {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    sorted.get(sorted.len() / 2).copied()
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // A failed unwrap is a failed test, which is what we want.
+mod tests {
+    use super::*;
+
+    #[test]
+    fn toolhost_has_every_extra_row_and_the_reference_only_echo() {
+        let reference = scenarios(Worker::Reference);
+        assert!(reference.iter().all(|scenario| scenario.name == "echo"));
+        assert_eq!(reference.len(), 6);
+        let toolhost = scenarios(Worker::Toolhost);
+        let names: Vec<&str> = toolhost.iter().map(|scenario| scenario.name.as_str()).collect();
+        for name in ["terminal_run", "tools.discover", "schema, 20 fields", "echo, 1000 synthetic tools"] {
+            assert!(names.contains(&name), "{name} missing from {names:?}");
+        }
+    }
+
+    #[test]
+    fn median_takes_the_middle() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(&[]), None);
+    }
+}

@@ -1,0 +1,334 @@
+//! `toolhost dlq list|replay|purge`: the dead-letter stream `dlq:<toolbox_id>`, for operators.
+//!
+//! The dispatcher writes a dead letter as a JSON object with `payload` (the request entry's
+//! payload as sent, `null` if it had none), `stream` (the requests stream), `entry_id` and `id`
+//! (the request entry's ids), `error`, `deliveries`, `dead_lettered_at`, `toolbox_id` and `event`.
+//!
+//! Replaying a letter deletes the request's answered mark and call record first, then adds the
+//! payload to the requests stream (a fresh entry, keeping the message `id`), then deletes the
+//! letter. In that order a crash can leave a letter that was replayed already, but never a replay
+//! that the ledger takes for a duplicate and acks unanswered.
+
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use serde_json::{Value, json};
+use toolhost_bus::{Bus, Error as BusError, Keys, RedisBus, RedisOptions};
+use toolhost_envelope::{Entry, new_message_id};
+
+use crate::cli::DlqAction;
+use crate::client::{EXIT_TOOL_ERROR, EXIT_TRANSPORT};
+use crate::config::Config;
+
+/// How many letters one read fetches.
+const PAGE: usize = 500;
+/// How much of a payload `list` prints.
+const EXCERPT_CHARS: usize = 200;
+
+/// The dead letters of one toolbox.
+pub struct DeadLetters {
+    bus: Arc<dyn Bus>,
+    keys: Keys,
+    toolbox_id: String,
+    /// Full key of `dlq:<toolbox_id>`.
+    topic: String,
+    /// Full key of the configured requests stream, for letters that do not name theirs.
+    requests: String,
+}
+
+/// One dead letter as read back.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Letter {
+    /// The letter's entry id in the dead-letter stream.
+    pub entry_id: String,
+    /// Why it was dead-lettered.
+    pub error: String,
+    /// How often the request entry had been delivered.
+    pub deliveries: u64,
+    /// The requests stream it came from.
+    pub stream: Option<String>,
+    /// The request entry's `id` field, when it had its own.
+    pub message_id: Option<String>,
+    /// The request entry's payload as sent.
+    pub payload: Option<String>,
+    /// When it was dead-lettered (RFC 3339).
+    pub dead_lettered_at: Option<String>,
+}
+
+impl Letter {
+    /// Reads a dead-letter entry; a letter that is not the dispatcher's JSON keeps its raw text
+    /// as the error, so `list` still shows it.
+    pub fn from_entry(entry: &Entry) -> Letter {
+        let value: Value =
+            entry.payload.as_deref().and_then(|text| serde_json::from_str(text).ok()).unwrap_or_default();
+        let text = |key: &str| value.get(key).and_then(Value::as_str).map(str::to_owned);
+        let error = text("error").unwrap_or_else(|| {
+            format!("unreadable dead letter: {}", entry.payload.as_deref().unwrap_or_default())
+        });
+        // The dispatcher records the entry id as `id` when the entry had no `id` field.
+        let original_entry_id = text("entry_id");
+        let message_id = text("id").filter(|id| Some(id) != original_entry_id.as_ref());
+        Letter {
+            entry_id: entry.entry_id.clone(),
+            error,
+            deliveries: value.get("deliveries").and_then(Value::as_u64).unwrap_or(0),
+            stream: text("stream").filter(|stream| !stream.is_empty()),
+            message_id,
+            payload: text("payload"),
+            dead_lettered_at: text("dead_lettered_at"),
+        }
+    }
+
+    /// The request id the ledger knows the request by, derived as the dispatcher does:
+    /// `data.request_id`, else the envelope's `id`, else the entry's message id.
+    pub fn request_id(&self) -> Option<String> {
+        let envelope: Value = self.payload.as_deref().and_then(|text| serde_json::from_str(text).ok())?;
+        let from_data = envelope.get("data").and_then(|data| data.get("request_id")).and_then(Value::as_str);
+        let from_envelope = envelope.get("id").and_then(Value::as_str).filter(|id| !id.is_empty());
+        from_data.or(from_envelope).map(str::to_owned).or_else(|| self.message_id.clone())
+    }
+
+    /// The `list` line.
+    pub fn summary(&self) -> Value {
+        let payload = self.payload.as_deref().unwrap_or_default();
+        let mut excerpt: String = payload.chars().take(EXCERPT_CHARS).collect();
+        if excerpt.len() < payload.len() {
+            excerpt.push('…');
+        }
+        json!({
+            "entry_id": self.entry_id,
+            "dead_lettered_at": self.dead_lettered_at,
+            "error": self.error,
+            "deliveries": self.deliveries,
+            "stream": self.stream,
+            "request_id": self.request_id(),
+            "payload_bytes": payload.len(),
+            "payload_excerpt": self.payload.as_ref().map(|_| excerpt),
+        })
+    }
+}
+
+impl DeadLetters {
+    /// The dead letters of the configured toolbox, over `bus`.
+    pub fn new(bus: Arc<dyn Bus>, config: &Config) -> DeadLetters {
+        let raw = &config.raw;
+        let keys = Keys::new(raw.redis.key_prefix.clone());
+        DeadLetters {
+            topic: keys.dead_letters(&raw.daemon.toolbox_id),
+            requests: keys.topic(&raw.streams.requests),
+            toolbox_id: raw.daemon.toolbox_id.clone(),
+            keys,
+            bus,
+        }
+    }
+
+    /// The full key of the dead-letter stream.
+    pub fn topic(&self) -> &str {
+        &self.topic
+    }
+
+    /// Up to `limit` letters (all without one), oldest first.
+    ///
+    /// # Errors
+    /// Redis cannot be read.
+    pub async fn list(&self, limit: Option<usize>) -> Result<Vec<Letter>, BusError> {
+        let limit = limit.unwrap_or(usize::MAX);
+        let mut letters = Vec::new();
+        let mut cursor = "0-0".to_owned();
+        while letters.len() < limit {
+            let entries = self.bus.read(&self.topic, &cursor, PAGE.min(limit - letters.len()), None).await?;
+            let Some(last) = entries.last() else { break };
+            cursor = last.entry_id.clone();
+            letters.extend(entries.iter().map(Letter::from_entry));
+        }
+        Ok(letters)
+    }
+
+    /// The letters named by `entry_ids` (every letter with `all`), and the ids not found.
+    ///
+    /// # Errors
+    /// Redis cannot be read.
+    pub async fn select(
+        &self,
+        entry_ids: &[String],
+        all: bool,
+    ) -> Result<(Vec<Letter>, Vec<String>), BusError> {
+        let letters = self.list(None).await?;
+        if all {
+            return Ok((letters, Vec::new()));
+        }
+        let missing =
+            entry_ids.iter().filter(|id| !letters.iter().any(|l| &l.entry_id == *id)).cloned().collect();
+        let chosen = letters.into_iter().filter(|letter| entry_ids.contains(&letter.entry_id)).collect();
+        Ok((chosen, missing))
+    }
+
+    /// Puts a letter's request back on its requests stream and deletes the letter. Returns the
+    /// new entry's id.
+    ///
+    /// # Errors
+    /// The letter has no payload to replay, or Redis failed.
+    pub async fn replay(&self, letter: &Letter) -> anyhow::Result<String> {
+        let payload =
+            letter.payload.as_deref().context("the dead letter holds no request payload to replay")?;
+        if let Some(request_id) = letter.request_id() {
+            let forget = [
+                self.keys.answered(&self.toolbox_id, &request_id),
+                self.keys.call(&self.toolbox_id, &request_id),
+            ];
+            self.bus.delete(&forget).await.context("cannot delete the request's answered mark")?;
+        }
+        let stream = letter.stream.as_deref().unwrap_or(&self.requests);
+        let message_id = letter.message_id.clone().unwrap_or_else(new_message_id);
+        let entry_id =
+            self.bus.publish(stream, &message_id, payload).await.context("cannot re-queue the request")?;
+        self.bus
+            .delete_entries(&self.topic, std::slice::from_ref(&letter.entry_id))
+            .await
+            .context("re-queued, but cannot delete the dead letter")?;
+        Ok(entry_id)
+    }
+
+    /// Deletes letters; returns how many existed.
+    ///
+    /// # Errors
+    /// Redis failed.
+    pub async fn purge(&self, letters: &[Letter]) -> Result<u64, BusError> {
+        let ids: Vec<String> = letters.iter().map(|letter| letter.entry_id.clone()).collect();
+        self.bus.delete_entries(&self.topic, &ids).await
+    }
+}
+
+/// `toolhost dlq ...`: prints JSON lines and returns the exit code: 0, 1 when a named letter was
+/// not found or could not be replayed, 2 when Redis failed.
+pub async fn run_dlq(config: &Config, action: &DlqAction) -> i32 {
+    let mut options = RedisOptions::new(config.raw.redis.url.clone());
+    options.maxlen = config.raw.streams.maxlen;
+    options.response_timeout = std::time::Duration::from_millis(config.raw.redis.response_timeout_ms);
+    let bus: Arc<dyn Bus> = match RedisBus::new(options) {
+        Ok(bus) => Arc::new(bus),
+        Err(err) => {
+            eprintln!("toolhost: {err}");
+            return EXIT_TRANSPORT;
+        }
+    };
+    let letters = DeadLetters::new(bus, config);
+    let res = match action {
+        DlqAction::List { limit } => list(&letters, *limit).await,
+        DlqAction::Replay { entry_ids, all } => replay(&letters, entry_ids, *all).await,
+        DlqAction::Purge { entry_ids, all } => purge(&letters, entry_ids, *all).await,
+    };
+    res.unwrap_or_else(|err| {
+        eprintln!("toolhost: cannot read the dead letters of {}: {err}", letters.topic());
+        EXIT_TRANSPORT
+    })
+}
+
+async fn list(letters: &DeadLetters, limit: Option<usize>) -> Result<i32, BusError> {
+    for letter in letters.list(limit).await? {
+        println!("{}", letter.summary());
+    }
+    Ok(0)
+}
+
+async fn replay(letters: &DeadLetters, entry_ids: &[String], all: bool) -> Result<i32, BusError> {
+    let (chosen, missing) = letters.select(entry_ids, all).await?;
+    let mut code = report_missing(&missing);
+    for letter in &chosen {
+        match letters.replay(letter).await {
+            Ok(entry_id) => println!(
+                "{}",
+                json!({
+                    "entry_id": letter.entry_id,
+                    "replayed_as": entry_id,
+                    "stream": letter.stream.as_deref().unwrap_or(&letters.requests),
+                    "request_id": letter.request_id(),
+                })
+            ),
+            Err(err) => {
+                eprintln!("toolhost: cannot replay dead letter {}: {err:#}", letter.entry_id);
+                code = EXIT_TOOL_ERROR;
+            }
+        }
+    }
+    Ok(code)
+}
+
+async fn purge(letters: &DeadLetters, entry_ids: &[String], all: bool) -> Result<i32, BusError> {
+    let (chosen, missing) = letters.select(entry_ids, all).await?;
+    let code = report_missing(&missing);
+    letters.purge(&chosen).await?;
+    for letter in &chosen {
+        println!("{}", json!({"entry_id": letter.entry_id, "purged": true}));
+    }
+    Ok(code)
+}
+
+fn report_missing(missing: &[String]) -> i32 {
+    for entry_id in missing {
+        eprintln!("toolhost: no dead letter with entry id {entry_id}");
+    }
+    if missing.is_empty() { 0 } else { EXIT_TOOL_ERROR }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::time::Duration;
+
+    use toolhost_bus::MemoryBus;
+
+    use super::*;
+
+    fn setup() -> (Arc<MemoryBus>, DeadLetters) {
+        let bus = Arc::new(MemoryBus::new());
+        let config = Config::load(None, &HashMap::new()).unwrap();
+        let letters = DeadLetters::new(bus.clone(), &config);
+        (bus, letters)
+    }
+
+    /// A dead letter shaped like the dispatcher's.
+    async fn letter(bus: &MemoryBus, payload: Option<&str>, message_id: &str) -> String {
+        let letter = json!({
+            "event": "dead_letter", "toolbox_id": "toolhost", "stream": "action-requests",
+            "entry_id": "1-0", "id": message_id, "payload": payload, "deliveries": 6,
+            "error": "delivered 6 times", "dead_lettered_at": "2025-01-01T00:00:00Z",
+        });
+        bus.publish("dlq:toolhost", &new_message_id(), &letter.to_string()).await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn replay_requeues_forgets_the_answer_and_deletes_the_letter() {
+        let (bus, letters) = setup();
+        let request = json!({"id": "env-1", "type": "echo.requested", "data": {"request_id": "r-1"}});
+        let entry_id = letter(&bus, Some(&request.to_string()), "msg-1").await;
+        bus.set_expiring("toolhost:toolhost:answered:r-1", "1", Duration::from_secs(60)).await.unwrap();
+        let (chosen, missing) = letters.select(&[entry_id.clone(), "9-9".to_owned()], false).await.unwrap();
+        assert_eq!(missing, ["9-9"]);
+        assert_eq!(chosen.len(), 1);
+        assert_eq!(chosen[0].request_id().as_deref(), Some("r-1"));
+        assert_eq!(chosen[0].summary()["deliveries"], 6);
+        letters.replay(&chosen[0]).await.unwrap();
+        assert_eq!(bus.payloads("action-requests"), [request.to_string()]);
+        assert!(bus.keys_matching("toolhost:toolhost:answered:*").await.unwrap().is_empty());
+        assert!(letters.list(None).await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn letters_without_payload_are_listed_and_purged_but_not_replayed() {
+        let (bus, letters) = setup();
+        letter(&bus, None, "1-0").await;
+        letter(&bus, Some(&"x".repeat(500)), "msg-2").await;
+        let listed = letters.list(None).await.unwrap();
+        assert_eq!(listed.len(), 2);
+        assert!(letters.replay(&listed[0]).await.is_err());
+        let summary = listed[1].summary();
+        assert_eq!(summary["payload_bytes"], 500);
+        assert_eq!(summary["payload_excerpt"].as_str().unwrap().chars().count(), EXCERPT_CHARS + 1);
+        assert_eq!(listed[1].request_id().as_deref(), None, "not JSON: no request id");
+        assert_eq!(letters.list(Some(1)).await.unwrap().len(), 1);
+        let (all, _) = letters.select(&[], true).await.unwrap();
+        assert_eq!(letters.purge(&all).await.unwrap(), 2);
+        assert!(letters.list(None).await.unwrap().is_empty());
+    }
+}

@@ -1,0 +1,127 @@
+//! The readiness probe: every [`PERIOD`] it pings Redis and reads the consumer groups
+//! (`XINFO GROUPS`) through the bus, so `/readyz` and the group metrics tell the truth even while
+//! no request arrives.
+//!
+//! It only observes: re-creating a vanished group is the dispatcher's job (on `NOGROUP`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use toolhost_bus::Bus;
+use tracing::{info, warn};
+
+use crate::telemetry::Telemetry;
+
+/// How often the probe runs.
+pub const PERIOD: Duration = Duration::from_millis(500);
+/// How long one probe may wait for Redis before it counts as not answering.
+const TIMEOUT: Duration = Duration::from_secs(2);
+/// Histograms are folded into their buckets every this many probes.
+const UPKEEP_EVERY: u32 = 10;
+
+/// A consumer group the daemon reads through, and must exist for it to be ready.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WatchedGroup {
+    /// Full key of the stream.
+    pub stream: String,
+    /// The group's name.
+    pub group: String,
+}
+
+/// Probes Redis and the watched groups, recording what it finds in [`Telemetry`].
+pub struct Probe {
+    /// The transport.
+    pub bus: Arc<dyn Bus>,
+    /// Where readiness and group metrics go.
+    pub telemetry: Telemetry,
+    /// The groups that must exist.
+    pub groups: Vec<WatchedGroup>,
+}
+
+impl Probe {
+    /// Probes every [`PERIOD`] until `stop` fires.
+    pub async fn run(self, stop: CancellationToken) {
+        let mut tick = tokio::time::interval(PERIOD);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut was_up = None;
+        let mut n_probes: u32 = 0;
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                () = stop.cancelled() => return,
+            }
+            let up = self.once().await;
+            match (was_up, up) {
+                (Some(true), false) => warn!("redis does not answer; not ready"),
+                (Some(false), true) => info!("redis answers again"),
+                _ => {}
+            }
+            was_up = Some(up);
+            n_probes = n_probes.wrapping_add(1);
+            if n_probes.is_multiple_of(UPKEEP_EVERY) {
+                self.telemetry.run_upkeep();
+            }
+        }
+    }
+
+    /// One probe. Returns whether Redis answered.
+    pub async fn once(&self) -> bool {
+        let up = matches!(tokio::time::timeout(TIMEOUT, self.bus.ping()).await, Ok(Ok(())));
+        let mut groups_ready = up;
+        if up {
+            for watched in &self.groups {
+                groups_ready &= self.check_group(watched).await;
+            }
+        }
+        self.telemetry.set_redis_up(up);
+        self.telemetry.set_groups_ready(groups_ready);
+        self.telemetry.probed();
+        up
+    }
+
+    /// Records the group's pending count and lag; returns whether it exists.
+    async fn check_group(&self, watched: &WatchedGroup) -> bool {
+        let groups = match tokio::time::timeout(TIMEOUT, self.bus.group_info(&watched.stream)).await {
+            Ok(Ok(groups)) => groups,
+            Ok(Err(err)) => {
+                warn!(error = %err, stream = %watched.stream, "cannot read the consumer groups");
+                return false;
+            }
+            Err(_elapsed) => return false,
+        };
+        match groups.iter().find(|info| info.name == watched.group) {
+            Some(info) => {
+                self.telemetry.set_group(&watched.stream, &watched.group, info.pending, info.lag);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use toolhost_bus::MemoryBus;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn groups_must_exist_and_their_counts_are_recorded() {
+        let bus = Arc::new(MemoryBus::new());
+        let telemetry = Telemetry::new();
+        let watched = WatchedGroup { stream: "action-requests".to_owned(), group: "toolhost".to_owned() };
+        let probe = Probe { bus: bus.clone(), telemetry: telemetry.clone(), groups: vec![watched] };
+        assert!(probe.once().await);
+        assert_eq!(telemetry.readiness().reasons, ["the consumer groups do not exist"]);
+        bus.ensure_group("action-requests", "toolhost").await.unwrap();
+        bus.publish("action-requests", "m1", "{}").await.unwrap();
+        probe.once().await;
+        assert!(telemetry.readiness().is_ready());
+        let text = telemetry.render();
+        assert!(
+            text.contains(r#"toolhost_group_lag{stream="action-requests",group="toolhost"} 1"#),
+            "{text}"
+        );
+    }
+}

@@ -1,0 +1,497 @@
+//! Issue 7's promise: health, readiness, metrics, configuration errors, secrets, the dead-letter
+//! commands and the deployment files, against the real binary and real redis-server processes.
+
+use std::collections::HashMap;
+use std::io::{Read as _, Write as _};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use toolhost::config::{
+    Config, ENV_AGENT_NAME, ENV_CHAT_CONVERSATION_ID, ENV_PREFIX, ENV_REDIS_URL, ENV_TERMINAL,
+};
+
+use crate::support::{Daemon, RedisServer, answers_to, request, temp_dir, wait_for, xadd};
+
+const WAIT: Duration = Duration::from_secs(10);
+
+/// `GET path` with a raw HTTP/1.0 request: status and body.
+fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut stream =
+        TcpStream::connect_timeout(&addr, Duration::from_secs(2)).expect("connect to toolhost HTTP");
+    stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).unwrap();
+    let status = reply.get(9..12).and_then(|code| code.parse().ok()).unwrap_or(0);
+    let body = reply.split_once("\r\n\r\n").map(|(_, body)| body.to_owned()).unwrap_or_default();
+    (status, body)
+}
+
+/// The HTTP address a daemon logged (`"message":"http listening","addr":...`).
+fn http_addr(log: &str) -> SocketAddr {
+    log.lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .find(|line| line["message"] == "http listening")
+        .and_then(|line| line["addr"].as_str()?.parse().ok())
+        .unwrap_or_else(|| panic!("no http listening line in:\n{log}"))
+}
+
+/// Polls `GET path` until `check` accepts the reply; returns the last reply.
+fn wait_http(
+    addr: SocketAddr,
+    path: &str,
+    timeout: Duration,
+    check: impl Fn(u16, &str) -> bool,
+) -> (u16, String) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let (status, body) = http_get(addr, path);
+        if check(status, &body) || Instant::now() >= deadline {
+            return (status, body);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Runs the `toolhost` binary to completion with only `env` (and PATH) set.
+fn toolhost(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_toolhost"));
+    command.args(args).env_clear().env("PATH", std::env::var("PATH").unwrap_or_default());
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    command.output().expect("run toolhost")
+}
+
+fn text(output: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr))
+}
+
+/// A `toolhost serve` that is not expected to become ready; killed on drop.
+struct Unready {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Unready {
+    fn start(env: &[(&str, &str)]) -> Unready {
+        let log = temp_dir("unready").join("toolhost.log");
+        let stdout = std::fs::File::create(&log).unwrap();
+        let mut command = Command::new(env!("CARGO_BIN_EXE_toolhost"));
+        command
+            .arg("serve")
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("TOOLHOST__HTTP__LISTEN", "127.0.0.1:0")
+            .stdout(stdout.try_clone().unwrap())
+            .stderr(stdout);
+        for (name, value) in env {
+            command.env(name, value);
+        }
+        Unready { child: command.spawn().unwrap(), log }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn wait_for_log(&self, needle: &str) -> String {
+        let deadline = Instant::now() + WAIT;
+        while Instant::now() < deadline {
+            let log = self.log();
+            if log.contains(needle) {
+                return log;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("toolhost did not log {needle}; log:\n{}", self.log());
+    }
+}
+
+impl Drop for Unready {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if let Some(dir) = self.log.parent() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_follows_redis_while_healthz_stays_up() {
+    let mut redis = RedisServer::start();
+    let daemon = Daemon::start(&redis, &[]);
+    let addr = http_addr(&daemon.log());
+    assert_eq!(wait_http(addr, "/readyz", WAIT, |status, _| status == 200).0, 200);
+    assert_eq!(http_get(addr, "/healthz"), (200, "{\"status\":\"ok\"}\n".to_owned()));
+
+    redis.kill();
+    let (status, body) = wait_http(addr, "/readyz", WAIT, |status, _| status == 503);
+    assert_eq!(status, 503, "{body}");
+    let body: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(body["ready"], false);
+    assert!(body["reasons"].as_array().unwrap().contains(&json!("redis does not answer")), "{body}");
+    assert_eq!(http_get(addr, "/healthz").0, 200);
+    let (status, metrics) = http_get(addr, "/metrics");
+    assert_eq!(status, 200);
+    assert!(metrics.contains("toolhost_redis_up 0"), "{metrics}");
+
+    // The restarted server has no data: ready again only once the group was created again.
+    redis.restart();
+    let (status, body) = wait_http(addr, "/readyz", Duration::from_secs(20), |status, _| status == 200);
+    assert_eq!(status, 200, "{body}\n{}", daemon.log());
+    assert_eq!(http_get(addr, "/healthz").0, 200);
+    let metrics = http_get(addr, "/metrics").1;
+    assert!(metrics.contains("toolhost_redis_reconnects_total 1"), "{metrics}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_calls_by_tool_and_outcome() {
+    let redis = RedisServer::start();
+    let daemon = Daemon::start(&redis, &[]);
+    let addr = http_addr(&daemon.log());
+    let mut connection = redis.connection().await;
+    let ok = request("tool.invoke", "m-ok", json!({"tool": "echo", "arguments": {"message": "hi"}}));
+    xadd(&mut connection, "action-requests", &ok.to_string()).await;
+    let bad = request("tool.invoke", "m-bad", json!({"tool": "echo", "arguments": {"text": "no message"}}));
+    xadd(&mut connection, "action-requests", &bad.to_string()).await;
+    let results = wait_for(&mut connection, "action-results", 2, WAIT).await;
+    assert_eq!(answers_to(&results, "m-bad")[0]["data"]["error_code"], "invalid_arguments");
+
+    let expected = [
+        r#"toolhost_invocations_total{tool="echo",outcome="success"} 1"#,
+        r#"toolhost_invocations_total{tool="echo",outcome="invalid_arguments"} 1"#,
+        r#"toolhost_invocation_duration_seconds_bucket{tool="echo",le="+Inf"} 2"#,
+        r#"toolhost_invocation_duration_seconds_count{tool="echo"} 2"#,
+        r#"toolhost_group_pending{stream="action-requests",group="toolhost"} 0"#,
+        r#"toolhost_group_lag{stream="action-requests",group="toolhost"} 0"#,
+        "toolhost_in_flight 0",
+        "toolhost_dead_letters_total 0",
+        "toolhost_reclaims_total 0",
+        "toolhost_redeliveries_total 0",
+        "toolhost_redis_reconnects_total 0",
+        "# TYPE toolhost_invocation_duration_seconds histogram",
+    ];
+    let (status, metrics) =
+        wait_http(addr, "/metrics", WAIT, |_, body| expected.iter().all(|line| body.contains(line)));
+    assert_eq!(status, 200);
+    for line in expected {
+        assert!(metrics.contains(line), "{line} missing from:\n{metrics}");
+    }
+    let buckets = metrics
+        .lines()
+        .filter(|line| line.starts_with("toolhost_invocation_duration_seconds_bucket"))
+        .count();
+    assert!(buckets >= 10, "{metrics}");
+    assert!(
+        metrics.contains(&format!(r#"toolhost_build_info{{version="{}"}} 1"#, env!("CARGO_PKG_VERSION")))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_answers_while_every_tool_slot_is_busy() {
+    let redis = RedisServer::start();
+    let env = [
+        ("TOOLHOST__DISPATCH__MAX_IN_FLIGHT", "1"),
+        ("TERMINAL_ALLOWED_COMMANDS", "sleep"),
+        ("TERMINAL_TIMEOUT_SECONDS", "10"),
+    ];
+    let daemon = Daemon::start(&redis, &env);
+    let addr = http_addr(&daemon.log());
+    let mut connection = redis.connection().await;
+    let slow =
+        request("tool.invoke", "slow", json!({"tool": "terminal_run", "arguments": {"command": "sleep 2"}}));
+    xadd(&mut connection, "action-requests", &slow.to_string()).await;
+    let (_, metrics) = wait_http(addr, "/metrics", WAIT, |_, body| body.contains("toolhost_in_flight 1"));
+    assert!(metrics.contains("toolhost_in_flight 1"), "{metrics}");
+    let started = Instant::now();
+    assert_eq!(http_get(addr, "/healthz").0, 200);
+    assert_eq!(http_get(addr, "/readyz").0, 200);
+    assert!(started.elapsed() < Duration::from_secs(1), "{:?}", started.elapsed());
+    let results = wait_for(&mut connection, "action-results", 1, WAIT).await;
+    assert_eq!(answers_to(&results, "slow")[0]["data"]["success"], true, "{results:?}");
+}
+
+#[test]
+fn bad_keys_and_values_exit_64_naming_the_key() {
+    let dir = temp_dir("config");
+    let cases = [
+        ("[dispatch]\nmax_inflight = 8\n", "dispatch.max_inflight"),
+        ("[http]\nlisten = \"nowhere\"\n", "http.listen"),
+        ("[dispatch]\nmax_in_flight = \"lots\"\n", "dispatch.max_in_flight"),
+        ("[tools]\ndisabled = [\"no_such_tool\"]\n", "tools.disabled"),
+    ];
+    for (case_idx, (toml, key)) in cases.iter().enumerate() {
+        let path = dir.join(format!("bad-{case_idx}.toml"));
+        std::fs::write(&path, toml).unwrap();
+        let path = path.to_str().unwrap();
+        for command in ["check-config", "serve"] {
+            // No Redis anywhere: configuration is refused before anything is contacted.
+            let output = toolhost(&[command, "--config", path], &[("REDIS_URL", "redis://127.0.0.1:1")]);
+            assert_eq!(output.status.code(), Some(64), "{command} {toml}: {}", text(&output));
+            assert!(
+                String::from_utf8_lossy(&output.stderr).contains(key),
+                "{command} {toml}: {}",
+                text(&output)
+            );
+        }
+    }
+    let output = toolhost(&["serve"], &[("TOOLHOST__DISPATCH__MAX_IN_FLIGHT", "0")]);
+    assert_eq!(output.status.code(), Some(64));
+    assert!(text(&output).contains("dispatch.max_in_flight"), "{}", text(&output));
+    let output = toolhost(&["check-config", "--config", "/nonexistent/toolhost.toml"], &[]);
+    assert_eq!(output.status.code(), Some(64), "a missing file is bad configuration too");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passwords_never_reach_logs_or_check_config() {
+    const USER_PASSWORD: &str = "s3cret-user-pw";
+    const DEFAULT_PASSWORD: &str = "s3cret-default-pw";
+    let redis = RedisServer::start();
+    let mut connection = redis.connection().await;
+    let password_rule = format!(">{USER_PASSWORD}");
+    let _: () = redis::cmd("ACL")
+        .arg(&["SETUSER", "ops", "on", password_rule.as_str(), "~*", "&*", "+@all"][..])
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg(&["SET", "requirepass", DEFAULT_PASSWORD][..])
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    let port = redis.port();
+    let user_url = format!("redis://ops:{USER_PASSWORD}@127.0.0.1:{port}/0");
+
+    for url in [
+        user_url.clone(),
+        format!("redis://:{DEFAULT_PASSWORD}@127.0.0.1:{port}"),
+        format!("rediss://:{DEFAULT_PASSWORD}@127.0.0.1:{port}"),
+    ] {
+        let output = toolhost(&["check-config"], &[("REDIS_URL", &url)]);
+        assert_eq!(output.status.code(), Some(0), "{}", text(&output));
+        assert!(!text(&output).contains("s3cret"), "{}", text(&output));
+        assert!(String::from_utf8_lossy(&output.stdout).contains(":***@127.0.0.1"), "{}", text(&output));
+    }
+
+    let mut daemon = Daemon::start(&redis, &[("REDIS_URL", &user_url), ("TOOLHOST__LOG__LEVEL", "debug")]);
+    let mut authed =
+        redis::Client::open(user_url.as_str()).unwrap().get_multiplexed_async_connection().await.unwrap();
+    let call = request("echo.requested", "p-1", json!({"message": "hi"}));
+    xadd(&mut authed, "action-requests", &call.to_string()).await;
+    assert_eq!(wait_for(&mut authed, "action-results", 1, WAIT).await.len(), 1);
+    assert_eq!(daemon.terminate(Duration::from_secs(15)), Some(0));
+    let log = daemon.log();
+    assert!(log.contains("redis://ops:***@127.0.0.1"), "{log}");
+    assert!(!log.contains("s3cret"), "{log}");
+
+    // A wrong password: the daemon keeps retrying and says why, still without the secret.
+    let wrong = Unready::start(&[("REDIS_URL", &format!("redis://ops:s3cret-wrong@127.0.0.1:{port}"))]);
+    let log = wrong.wait_for_log("cannot create consumer group");
+    assert!(!log.contains("s3cret"), "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_urls_fail_cleanly_and_the_daemon_stays_up_unready() {
+    let redis = RedisServer::start();
+    let url = format!("rediss://:s3cret-tls@127.0.0.1:{}", redis.port());
+    let mut unready = Unready::start(&[("REDIS_URL", &url)]);
+    let log = unready.wait_for_log("cannot create consumer group");
+    assert!(!log.contains("panicked") && !log.contains("s3cret"), "{log}");
+    let addr = http_addr(&log);
+    assert_eq!(http_get(addr, "/healthz").0, 200);
+    let (status, body) = http_get(addr, "/readyz");
+    assert_eq!(status, 503, "{body}");
+    assert!(unready.child.try_wait().unwrap().is_none(), "toolhost exited:\n{}", unready.log());
+    let output = toolhost(
+        &["call", "echo", "--args", "{\"message\":\"x\"}", "--timeout", "1s"],
+        &[("REDIS_URL", &url)],
+    );
+    assert_eq!(output.status.code(), Some(2), "{}", text(&output));
+    assert!(!text(&output).contains("panicked") && !text(&output).contains("s3cret"), "{}", text(&output));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dlq_replay_requeues_a_dead_letter_that_then_gets_answered() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let env = [("REDIS_URL", url.as_str())];
+    let mut strict = Daemon::start(&redis, &[("TOOLHOST__STREAMS__MAX_PAYLOAD_BYTES", "1024")]);
+    let mut connection = redis.connection().await;
+    let big = request("echo.requested", "big", json!({"message": "x".repeat(4096)}));
+    xadd(&mut connection, "action-requests", &big.to_string()).await;
+    xadd(&mut connection, "action-requests", "not json").await;
+    assert_eq!(wait_for(&mut connection, "dlq:toolhost", 2, WAIT).await.len(), 2);
+    assert_eq!(strict.terminate(Duration::from_secs(15)), Some(0));
+
+    let output = toolhost(&["dlq", "list"], &env);
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output));
+    let letters: Vec<Value> = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    assert_eq!(letters.len(), 2, "{letters:?}");
+    // Entries are handled concurrently, so the letters may come in either order.
+    let big_letter = letters.iter().find(|letter| letter["request_id"] == "big").expect("the big request");
+    assert!(big_letter["error"].as_str().unwrap().contains("exceeds the limit of 1024 bytes"));
+    assert_eq!(big_letter["payload_bytes"], big.to_string().len());
+    let junk_letter =
+        letters.iter().find(|letter| letter["payload_excerpt"] == "not json").expect("the junk");
+    let big_letter = big_letter["entry_id"].as_str().unwrap();
+    let junk_letter = junk_letter["entry_id"].as_str().unwrap();
+
+    let output = toolhost(&["dlq", "purge", junk_letter], &env);
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output));
+    let output = toolhost(&["dlq", "replay", "1-0"], &env);
+    assert_eq!(output.status.code(), Some(1), "an unknown id: {}", text(&output));
+
+    let _lenient = Daemon::start(&redis, &[]);
+    let output = toolhost(&["dlq", "replay", big_letter], &env);
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output));
+    let replayed: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(replayed["request_id"], "big");
+    let results = wait_for(&mut connection, "action-results", 1, WAIT).await;
+    let answer = answers_to(&results, "big");
+    assert_eq!(answer.len(), 1, "{results:?}");
+    assert_eq!(answer[0]["data"]["success"], true);
+    assert_eq!(answer[0]["data"]["result"]["message"].as_str().unwrap().len(), 4096);
+    let output = toolhost(&["dlq", "list"], &env);
+    assert_eq!(String::from_utf8_lossy(&output.stdout), "", "{}", text(&output));
+}
+
+/// The repository root.
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn yaml_documents(path: &str) -> Vec<Value> {
+    let text = std::fs::read_to_string(repo().join(path)).unwrap_or_else(|err| panic!("{path}: {err}"));
+    serde_norway::Deserializer::from_str(&text)
+        .map(|document| {
+            serde::Deserialize::deserialize(document).unwrap_or_else(|err| panic!("{path}: {err}"))
+        })
+        .filter(|document: &Value| !document.is_null())
+        .collect()
+}
+
+/// Checks that every variable is one toolhost reads, and that together they load.
+fn check_env(context: &str, vars: &HashMap<String, String>, file: Option<&Path>) {
+    let known = [ENV_REDIS_URL, ENV_AGENT_NAME, ENV_CHAT_CONVERSATION_ID, "RUST_LOG"];
+    for name in vars.keys() {
+        let known = known.contains(&name.as_str())
+            || ENV_TERMINAL.iter().any(|(variable, _)| variable == name)
+            || name.starts_with(&format!("{ENV_PREFIX}__"));
+        assert!(known, "{context}: toolhost reads no variable {name}");
+    }
+    if let Err(err) = Config::load(file, vars) {
+        panic!("{context}: {err}");
+    }
+}
+
+/// The port `[http] listen` defaults to.
+fn default_http_port() -> u16 {
+    Config::load(None, &HashMap::new()).unwrap().http_listen.port()
+}
+
+#[test]
+fn compose_file_matches_the_configuration() {
+    let compose = yaml_documents("docker-compose.yml").remove(0);
+    let services = &compose["services"];
+    for name in ["redis", "toolhost", "worker"] {
+        assert!(services[name].is_object(), "service {name} missing");
+    }
+    let redis = &services["redis"];
+    assert!(redis["command"].to_string().contains("appendonly"), "{redis}");
+    let data = redis["volumes"][0].as_str().unwrap().split(':').next().unwrap();
+    assert!(compose["volumes"].get(data).is_some(), "redis data must be a named volume");
+    assert!(redis["healthcheck"]["test"].to_string().contains("ping"));
+
+    let toolhost = &services["toolhost"];
+    assert!(repo().join(toolhost["build"]["dockerfile"].as_str().unwrap()).is_file());
+    assert_eq!(toolhost["restart"], "unless-stopped");
+    assert_eq!(toolhost["depends_on"]["redis"]["condition"], "service_healthy");
+    assert!(toolhost["healthcheck"]["test"].to_string().contains("healthcheck"));
+    let port = default_http_port();
+    let ports: Vec<&str> = toolhost["ports"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
+    assert!(ports.iter().any(|mapping| mapping.ends_with(&format!(":{port}:{port}"))), "{ports:?}");
+    let env: HashMap<String, String> = serde_json::from_value(toolhost["environment"].clone()).unwrap();
+    assert_eq!(env["TOOLHOST__HTTP__LISTEN"], format!("0.0.0.0:{port}"));
+    assert_eq!(env["REDIS_URL"], "redis://redis:6379");
+
+    // Mounted directories exist in the repository, and the --config file is one of them.
+    let mut mounts = HashMap::new();
+    for volume in toolhost["volumes"].as_array().unwrap() {
+        let parts: Vec<&str> = volume.as_str().unwrap().split(':').collect();
+        assert!(repo().join(parts[0]).is_dir(), "{volume} mounts a missing directory");
+        assert_eq!(parts.get(2), Some(&"ro"), "{volume} must be read-only");
+        mounts.insert(parts[1].to_owned(), repo().join(parts[0]));
+    }
+    let command: Vec<&str> =
+        toolhost["command"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
+    let config = command[command.iter().position(|arg| *arg == "--config").unwrap() + 1];
+    let (dir, file) = config.rsplit_once('/').unwrap();
+    let local = mounts[dir].join(file);
+    assert!(local.is_file(), "{config} is not in the repository");
+    check_env("docker-compose.yml toolhost", &env, Some(&local));
+
+    let worker = &services["worker"];
+    assert_eq!(worker["depends_on"]["toolhost"]["condition"], "service_healthy");
+    let script = worker["volumes"][0].as_str().unwrap().split(':').next().unwrap();
+    assert!(repo().join(script).join("worker.py").is_file());
+    assert!(worker["command"].to_string().contains("worker.py"));
+}
+
+#[test]
+fn kubernetes_and_dockerfile_match_the_configuration() {
+    let documents = yaml_documents("deploy/kubernetes.yaml");
+    let kind =
+        |kind: &str| documents.iter().find(|doc| doc["kind"] == kind).unwrap_or_else(|| panic!("no {kind}"));
+    let port = default_http_port();
+    let container = &kind("Deployment")["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(container["ports"][0]["containerPort"], port);
+    assert_eq!(container["livenessProbe"]["httpGet"]["path"], "/healthz");
+    assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz");
+    for resource in ["cpu", "memory"] {
+        assert!(container["resources"]["limits"][resource].is_string(), "limits.{resource}");
+        assert!(container["resources"]["requests"][resource].is_string(), "requests.{resource}");
+    }
+    assert_eq!(kind("Service")["spec"]["ports"][0]["port"], port);
+
+    // Variables from secrets get a stand-in value of the right shape.
+    let mut env = HashMap::new();
+    for var in container["env"].as_array().unwrap() {
+        let name = var["name"].as_str().unwrap().to_owned();
+        let value = match var["value"].as_str() {
+            Some(value) => value.to_owned(),
+            None => {
+                kind("Secret")["stringData"][&name].as_str().unwrap_or_else(|| panic!("{name}")).to_owned()
+            }
+        };
+        env.insert(name, value);
+    }
+    assert_eq!(env["TOOLHOST__HTTP__LISTEN"], format!("0.0.0.0:{port}"));
+    let config = temp_dir("k8s").join("toolhost.toml");
+    std::fs::write(&config, kind("ConfigMap")["data"]["toolhost.toml"].as_str().unwrap()).unwrap();
+    check_env("deploy/kubernetes.yaml", &env, Some(&config));
+    let args = container["args"].to_string();
+    assert!(args.contains("/etc/toolhost/toolhost.toml"), "{args}");
+    assert_eq!(container["volumeMounts"][0]["mountPath"], "/etc/toolhost");
+
+    let dockerfile = std::fs::read_to_string(repo().join("deploy/Dockerfile")).unwrap();
+    for needle in ["FROM rust:1-slim-bookworm", "FROM debian:bookworm-slim", "USER 10001", "HEALTHCHECK"] {
+        assert!(dockerfile.contains(needle), "deploy/Dockerfile lacks {needle}");
+    }
+    assert!(dockerfile.contains(&format!("EXPOSE {port}")));
+    assert!(dockerfile.contains(&format!("TOOLHOST__HTTP__LISTEN=0.0.0.0:{port}")));
+    let unit = std::fs::read_to_string(repo().join("deploy/toolhost.service")).unwrap();
+    for needle in
+        ["DynamicUser=yes", "NoNewPrivileges=yes", "ProtectSystem=strict", "RestartPreventExitStatus=64"]
+    {
+        assert!(unit.contains(needle), "deploy/toolhost.service lacks {needle}");
+    }
+}
