@@ -2,10 +2,13 @@
 //! read loop, the reclaim loop and the bookkeeping around them, without knowing what the entries
 //! mean.
 //!
-//! The chat inbox runs on it. It follows the dispatcher's loops (`dispatch::Dispatcher`):
-//! reads ask Redis only for as many entries as there are free in-flight slots, an entry already
-//! being handled in this process is never started twice, a vanished group is created again, and
-//! every task is tracked by [`Shutdown::tasks`].
+//! The request dispatcher (`dispatch::Dispatcher`) and the chat inbox run on it. Slots are taken
+//! before a read or a claim, which asks Redis for no more entries than slots held, so a
+//! delivered entry never waits for a slot; an entry already being handled in this process is
+//! never started twice; every loop backs off with jitter while Redis is unavailable and never
+//! exits on an error; a vanished group is created again from the start of the stream; consumers
+//! of replicas that died without removing themselves are pruned; and every task is tracked by
+//! [`Shutdown::tasks`].
 
 use std::collections::HashSet;
 use std::future::Future;
@@ -15,7 +18,7 @@ use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use toolhost_bus::{Bus, Error as BusError};
 use toolhost_envelope::Entry;
-use tracing::{debug, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::backoff::Backoff;
 use crate::shutdown::Shutdown;
@@ -102,6 +105,10 @@ impl<H: EntryHandler> GroupReader<H> {
     }
 
     /// Reads new entries until shutdown, handling each in its own task.
+    ///
+    /// Slots are taken before the read and the read asks for no more entries than slots are
+    /// held, so a delivered entry never waits for a slot: its idle clock starts only when its
+    /// handling can start, and shutdown never waits on an undelivered slot.
     pub async fn run_reader(self: Arc<Self>) {
         let mut backoff = Backoff::new();
         let stopping = self.shutdown.stopping().clone();
@@ -113,7 +120,8 @@ impl<H: EntryHandler> GroupReader<H> {
                 },
                 () = stopping.cancelled() => return,
             };
-            let count = (self.in_flight.available_permits() + 1).min(self.settings.read_batch);
+            let mut permits = vec![first];
+            self.take_free_permits(&mut permits);
             // Not cancelled on shutdown: the read returns within `block`, and what it delivered
             // is then handled rather than left pending.
             let settings = &self.settings;
@@ -121,20 +129,23 @@ impl<H: EntryHandler> GroupReader<H> {
                 &settings.topic,
                 &settings.group,
                 &settings.consumer,
-                count,
+                permits.len(),
                 settings.block,
             );
             match read.await {
                 Ok(entries) => {
                     backoff.reset();
-                    self.spawn_all(entries, first).await;
+                    self.telemetry.set_redis_up(true);
+                    self.spawn_all(entries, permits);
                 }
                 Err(err) => {
-                    drop(first);
+                    drop(permits);
                     self.telemetry.set_redis_up(false);
                     if matches!(err, BusError::NoGroup(_)) {
-                        warn!(error = %err, stream = %settings.topic, "consumer group vanished; creating it again");
-                        let _ = self.bus.ensure_group(&settings.topic, &settings.group).await;
+                        // Entries callers added since Redis lost the group are new to it, so it
+                        // starts from the beginning; anything answered before is in the ledger.
+                        warn!(error = %err, stream = %settings.topic, "consumer group vanished (Redis lost its data?); creating it again");
+                        let _ = self.bus.ensure_group_at(&settings.topic, &settings.group, "0").await;
                     } else {
                         warn!(error = %err, stream = %settings.topic, "reading the stream failed; backing off");
                     }
@@ -146,64 +157,86 @@ impl<H: EntryHandler> GroupReader<H> {
         }
     }
 
-    async fn spawn_all(self: &Arc<Self>, entries: Vec<Entry>, first: OwnedSemaphorePermit) {
-        let mut first = Some(first);
+    /// Adds free in-flight slots to `permits`, without waiting, up to one read batch.
+    fn take_free_permits(&self, permits: &mut Vec<OwnedSemaphorePermit>) {
+        while permits.len() < self.settings.read_batch {
+            match self.in_flight.clone().try_acquire_owned() {
+                Ok(permit) => permits.push(permit),
+                Err(_no_permit) => break,
+            }
+        }
+    }
+
+    /// Spawns a task per entry, each with one of `permits`; the permits left over are freed.
+    fn spawn_all(self: &Arc<Self>, entries: Vec<Entry>, mut permits: Vec<OwnedSemaphorePermit>) {
         for entry in entries {
-            let permit = match first.take() {
-                Some(permit) => permit,
-                None => match self.in_flight.clone().acquire_owned().await {
-                    Ok(permit) => permit,
-                    Err(_closed) => return,
-                },
+            // Reads and claims ask for at most as many entries as permits are held.
+            let Some(permit) = permits.pop() else {
+                error!(entry_id = %entry.entry_id, "more entries delivered than asked for; left pending");
+                continue;
             };
             self.spawn(entry, permit);
         }
     }
 
     fn spawn(self: &Arc<Self>, entry: Entry, permit: OwnedSemaphorePermit) {
-        {
-            let mut active = self.active.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            if !active.insert(entry.entry_id.clone()) {
-                debug!(entry_id = %entry.entry_id, "entry is already being handled here");
-                return;
-            }
-        }
-        let reader = Arc::clone(self);
+        let Some(active) = Active::enter(self, &entry.entry_id) else {
+            debug!(entry_id = %entry.entry_id, "entry is already being handled here");
+            return;
+        };
+        let handler = Arc::clone(&self.handler);
         self.shutdown.tasks().spawn(async move {
-            let entry_id = entry.entry_id.clone();
-            reader.handler.handle(entry).await;
-            reader.active.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(&entry_id);
+            handler.handle(entry).await;
+            drop(active);
             drop(permit);
         });
     }
 
-    /// Periodically claims entries idle past the lease (left by crashed or stalled consumers).
+    /// Periodically claims entries idle past the lease (left by crashed or stalled consumers)
+    /// and removes the consumers of replicas that died without removing themselves.
     pub async fn run_reclaimer(self: Arc<Self>) {
         let period = (self.settings.claim_idle / 2).clamp(Duration::from_millis(50), Duration::from_secs(10));
         let stopping = self.shutdown.stopping().clone();
+        let mut backoff = Backoff::new();
         loop {
-            if let Err(err) = self.reclaim_once().await {
-                warn!(error = %err, stream = %self.settings.topic, "reclaiming idle entries failed");
-            }
-            tokio::select! {
-                () = tokio::time::sleep(period) => {}
-                () = stopping.cancelled() => return,
+            match self.reclaim_once().await {
+                Ok(()) => {
+                    backoff.reset();
+                    self.prune_dead_consumers().await;
+                    tokio::select! {
+                        () = tokio::time::sleep(period) => {}
+                        () = stopping.cancelled() => return,
+                    }
+                }
+                Err(err) => {
+                    warn!(error = %err, stream = %self.settings.topic, "reclaiming idle entries failed; backing off");
+                    if !backoff.wait(&stopping).await {
+                        return;
+                    }
+                }
             }
         }
     }
 
-    /// One full XAUTOCLAIM scan of the group.
+    /// One full XAUTOCLAIM scan of the group, claiming no more entries than it holds slots.
+    ///
+    /// It waits for its first slot rather than giving up when none is free: a reader blocked on
+    /// an idle stream can hold every free slot, and the semaphore is fair, so the reclaimer gets
+    /// its turn when that read returns instead of starving.
     async fn reclaim_once(self: &Arc<Self>) -> Result<(), BusError> {
         let settings = &self.settings;
+        let stopping = self.shutdown.stopping();
         let mut start = "0-0".to_owned();
         loop {
-            if self.shutdown.stopping().is_cancelled() {
-                return Ok(());
-            }
-            let free = self.in_flight.available_permits().min(settings.read_batch);
-            if free == 0 {
-                return Ok(());
-            }
+            let first = tokio::select! {
+                permit = self.in_flight.clone().acquire_owned() => match permit {
+                    Ok(permit) => permit,
+                    Err(_closed) => return Ok(()),
+                },
+                () = stopping.cancelled() => return Ok(()),
+            };
+            let mut permits = vec![first];
+            self.take_free_permits(&mut permits);
             let reclaimed = self
                 .bus
                 .reclaim(
@@ -212,18 +245,65 @@ impl<H: EntryHandler> GroupReader<H> {
                     &settings.consumer,
                     settings.claim_idle,
                     &start,
-                    free,
+                    permits.len(),
                 )
                 .await?;
-            for entry in reclaimed.entries {
-                self.telemetry.reclaimed();
-                let Ok(permit) = self.in_flight.clone().acquire_owned().await else { return Ok(()) };
-                self.spawn(entry, permit);
+            if !reclaimed.deleted.is_empty() {
+                error!(
+                    stream = %settings.topic,
+                    entries = %reclaimed.deleted.join(","),
+                    "pending entries were deleted from the stream (trimmed?) before they were handled; \
+                     they cannot be answered"
+                );
             }
+            for _ in &reclaimed.entries {
+                self.telemetry.reclaimed();
+            }
+            self.spawn_all(reclaimed.entries, permits);
             if reclaimed.next_start == "0-0" {
                 return Ok(());
             }
             start = reclaimed.next_start;
         }
+    }
+
+    /// Removes consumers that hold nothing and have not read for ten leases (and ten blocking
+    /// reads): replicas killed before they could remove themselves.
+    async fn prune_dead_consumers(&self) {
+        let settings = &self.settings;
+        let min_idle = (settings.claim_idle * 10).max(settings.block * 10);
+        let pruned =
+            self.bus.prune_consumers(&settings.topic, &settings.group, &settings.consumer, min_idle).await;
+        match pruned {
+            Ok(names) if !names.is_empty() => info!(
+                stream = %settings.topic,
+                consumers = %names.join(","),
+                "removed consumers of replicas that stopped without removing themselves"
+            ),
+            Ok(_) => {}
+            Err(err) => debug!(error = %err, stream = %settings.topic, "cannot prune idle consumers"),
+        }
+    }
+}
+
+/// Marks an entry as being handled by this process until dropped (also when its task panics).
+struct Active<H> {
+    reader: Arc<GroupReader<H>>,
+    entry_id: String,
+}
+
+impl<H> Active<H> {
+    /// `None` when the entry is being handled here already.
+    fn enter(reader: &Arc<GroupReader<H>>, entry_id: &str) -> Option<Active<H>> {
+        let mut active = reader.active.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        active
+            .insert(entry_id.to_owned())
+            .then(|| Active { reader: Arc::clone(reader), entry_id: entry_id.to_owned() })
+    }
+}
+
+impl<H> Drop for Active<H> {
+    fn drop(&mut self) {
+        self.reader.active.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(&self.entry_id);
     }
 }

@@ -167,7 +167,15 @@ async fn run_with_bus(
         shutdown: shutdown.clone(),
     };
     let inbox = chat_inbox(&config, services.clone(), &consumer);
-    let dispatcher = Arc::new(Dispatcher::new(services, settings, raw.dispatch.max_in_flight));
+    let dispatcher = Arc::new(Dispatcher::new(services, settings));
+    let requests = Arc::new(GroupReader::new(
+        bus.clone(),
+        dispatcher.group_settings(),
+        dispatcher.clone(),
+        raw.dispatch.max_in_flight,
+        shutdown.clone(),
+        telemetry.clone(),
+    ));
     let publisher = Arc::new(Publisher {
         bus: bus.clone(),
         registry: registry.clone(),
@@ -194,7 +202,7 @@ async fn run_with_bus(
 
     tokio::pin!(signal);
     let ready = tokio::select! {
-        ready = async { dispatcher.ensure_group().await && inbox.ensure_group().await } => ready,
+        ready = async { requests.ensure_group().await && inbox.ensure_group().await } => ready,
         () = &mut signal => false,
     };
     if !ready {
@@ -225,8 +233,8 @@ async fn run_with_bus(
         http = %http.local_addr(),
         "ready"
     );
-    let reader = tokio::spawn(dispatcher.clone().run_reader());
-    let reclaimer = tokio::spawn(dispatcher.clone().run_reclaimer());
+    let reader = tokio::spawn(requests.clone().run_reader());
+    let reclaimer = tokio::spawn(requests.clone().run_reclaimer());
     let beating = tokio::spawn(publisher.clone().run(fields, shutdown.clone()));
     // Tracked, so the drain waits for them; both stop taking work when `stopping` fires.
     shutdown.tasks().spawn(inbox.clone().run_reader());

@@ -227,6 +227,53 @@ async fn kill9_with_calls_in_flight_a_replica_answers_each_once() {
     assert_settled(&mut connection).await;
 }
 
+/// A chat message to toolhost's inbox carrying one tool call.
+fn chat_call(conversation_id: &str, tool: &str, arguments: Value) -> Value {
+    json!({
+        "id": uuid::Uuid::new_v4().to_string(),
+        "conversation_id": conversation_id,
+        "sender": "user:alice",
+        "recipient": "agent:ToolHost",
+        "type": "message",
+        "content": "",
+        "metadata": {"tool_call": {"name": tool, "arguments": arguments, "id": uuid::Uuid::new_v4().to_string()}},
+        "created_at": chrono::Utc::now().to_rfc3339(),
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_inbox_kill9_with_calls_in_flight_a_replica_replies_to_each_once() {
+    let _serial = SERIAL.lock().await;
+    let redis = RedisServer::start();
+    let mut first = Daemon::start(&redis, &env(&[]));
+    let mut connection = redis.connection().await;
+    let fast = chat_call("conv-r", "echo", json!({"message": "hi"}));
+    xadd(&mut connection, "chat:ToolHost", &fast.to_string()).await;
+    crate::support::wait_for(&mut connection, "chat:conv-r", 1, WAIT).await;
+    let slow: Vec<Value> =
+        (0..2).map(|_| chat_call("conv-r", "terminal_run", json!({"command": "sleep 3"}))).collect();
+    for message in &slow {
+        xadd(&mut connection, "chat:ToolHost", &message.to_string()).await;
+    }
+    wait_for_calls(&mut connection, slow.len()).await;
+    first.kill9();
+    let second = Daemon::start(&redis, &env(&[]));
+    crate::support::wait_for(&mut connection, "chat:conv-r", 3, WAIT).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let replies = crate::support::payloads(&mut connection, "chat:conv-r").await;
+    let replied_to: Vec<&str> =
+        replies.iter().filter_map(|reply| reply["metadata"]["in_reply_to"].as_str()).collect();
+    assert_eq!(replies.len(), 3, "{replies:#?}\n{}\n{}", first.log(), second.log());
+    for message in &slow {
+        let id = message["id"].as_str().unwrap();
+        assert_eq!(replied_to.iter().filter(|reply| **reply == id).count(), 1, "{replies:#?}");
+        let reply = replies.iter().find(|reply| reply["metadata"]["in_reply_to"] == id).unwrap();
+        assert_eq!(reply["metadata"]["error_code"], "interrupted", "{reply}");
+    }
+    assert_eq!(pending(&mut connection, "chat:ToolHost", GROUP).await, 0);
+    assert_eq!(count_keys(&mut connection, "toolhost:toolhost:call:*").await, 0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crashed_holders_call_is_run_again_only_if_idempotent() {
     let _serial = SERIAL.lock().await;

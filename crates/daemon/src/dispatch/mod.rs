@@ -1,28 +1,25 @@
 //! The request loop: read `action-requests` through the toolbox's consumer group, answer each
 //! request exactly once on its response topic, ack only after the answer is committed.
 //!
-//! One [`Dispatcher`] per daemon runs two loops: [`Dispatcher::run_reader`] reads new entries,
-//! asking Redis only for as many as there are free in-flight slots, and
-//! [`Dispatcher::run_reclaimer`] takes over entries other consumers left pending past the lease.
-//! Every entry is handled in its own task; its end (dead letter, answer, answered mark, ack) is
-//! committed by one atomic [`Bus::finish`].
+//! One [`Dispatcher`] per daemon handles the entries a `group::GroupReader` reads and reclaims
+//! for it (the reader's loops are shared with the chat inbox). Every entry is handled in its own
+//! task: admission, the ledger (`begin_call`), the tool run under a renewed lease, and its end
+//! (dead letter, answer, answered mark, ack) committed by one atomic [`Bus::finish`].
 
 mod request;
 
-use std::collections::HashSet;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use toolhost_bus::{Bus, CallKeys, CallStart, EntryRef, Error as BusError, Finish, Keys, Published};
+use toolhost_bus::{Bus, CallKeys, CallStart, EntryRef, Finish, Keys, Published};
 use toolhost_envelope::{DiscoveryFormat, Entry, ErrorCode, EventEnvelope, ResultData, new_message_id};
 use toolhost_tools::{Context, Failure, Registry};
-use tracing::{debug, error, info, warn};
+use tracing::{error, info, warn};
 
 pub(crate) use request::{Admission, Request, Target, admit, entry_millis, now_since_epoch};
 
-use crate::backoff::Backoff;
+use crate::group::{EntryHandler, GroupSettings};
 use crate::ledger;
 use crate::services::Services;
 use crate::shutdown::Shutdown;
@@ -70,9 +67,6 @@ pub struct Dispatcher {
     dead_letters: String,
     /// `toolhost:<toolbox_id>`.
     source: String,
-    in_flight: Arc<Semaphore>,
-    /// Entry ids being handled by this process, so a reclaim never starts a second copy.
-    active: Mutex<HashSet<String>>,
     stats: Arc<Stats>,
     telemetry: Telemetry,
     shutdown: Shutdown,
@@ -102,7 +96,7 @@ impl Outcome {
 
 impl Dispatcher {
     /// A dispatcher over `bus` for the tools of `registry`.
-    pub fn new(services: Services, settings: DispatchSettings, max_in_flight: usize) -> Dispatcher {
+    pub fn new(services: Services, settings: DispatchSettings) -> Dispatcher {
         let Services { bus, registry, keys, stats, telemetry, shutdown } = services;
         Dispatcher {
             requests: keys.topic(&settings.requests_topic),
@@ -112,8 +106,6 @@ impl Dispatcher {
             registry,
             keys,
             settings,
-            in_flight: Arc::new(Semaphore::new(max_in_flight)),
-            active: Mutex::new(HashSet::new()),
             stats,
             telemetry,
             shutdown,
@@ -125,205 +117,20 @@ impl Dispatcher {
         &self.requests
     }
 
-    /// Creates the consumer group, retrying while Redis is unavailable or until shutdown.
-    pub async fn ensure_group(&self) -> bool {
-        let mut backoff = Backoff::new();
-        loop {
-            match self.bus.ensure_group(&self.requests, &self.settings.toolbox_id).await {
-                Ok(()) => return true,
-                Err(err) => {
-                    warn!(error = %err, stream = %self.requests, "cannot create consumer group; retrying");
-                    if !backoff.wait(self.shutdown.stopping()).await {
-                        return false;
-                    }
-                }
-            }
-        }
-    }
-
-    /// Reads new entries until shutdown, handling each in its own task.
-    ///
-    /// Slots are taken before the read and the read asks for no more entries than slots are
-    /// held, so a delivered entry never waits for a slot: its idle clock starts only when its
-    /// handling can start, and shutdown never waits on an undelivered slot.
-    pub async fn run_reader(self: Arc<Self>) {
-        let mut backoff = Backoff::new();
-        let stopping = self.shutdown.stopping().clone();
-        while !stopping.is_cancelled() {
-            let first = tokio::select! {
-                permit = self.in_flight.clone().acquire_owned() => match permit {
-                    Ok(permit) => permit,
-                    Err(_closed) => return,
-                },
-                () = stopping.cancelled() => return,
-            };
-            let mut permits = vec![first];
-            self.take_free_permits(&mut permits);
-            // The read is not cancelled on shutdown: it returns within `block`, and what it
-            // delivered is then handled rather than left pending.
-            let read = self
-                .bus
-                .read_group(
-                    &self.requests,
-                    &self.settings.toolbox_id,
-                    &self.settings.consumer,
-                    permits.len(),
-                    self.settings.block,
-                )
-                .await;
-            match read {
-                Ok(entries) => {
-                    backoff.reset();
-                    self.telemetry.set_redis_up(true);
-                    self.spawn_all(entries, permits);
-                }
-                Err(err) => {
-                    drop(permits);
-                    self.telemetry.set_redis_up(false);
-                    if matches!(err, BusError::NoGroup(_)) {
-                        // Entries callers added since Redis lost the group are new to it, so it
-                        // starts from the beginning; anything answered before is in the ledger.
-                        warn!(error = %err, "consumer group vanished (Redis lost its data?); creating it again");
-                        let _ =
-                            self.bus.ensure_group_at(&self.requests, &self.settings.toolbox_id, "0").await;
-                    } else {
-                        warn!(error = %err, "reading requests failed; backing off");
-                    }
-                    if !backoff.wait(&stopping).await {
-                        return;
-                    }
-                }
-            }
-        }
-    }
-
-    /// Adds free in-flight slots to `permits`, without waiting, up to one read batch.
-    fn take_free_permits(&self, permits: &mut Vec<OwnedSemaphorePermit>) {
-        while permits.len() < self.settings.read_batch {
-            match self.in_flight.clone().try_acquire_owned() {
-                Ok(permit) => permits.push(permit),
-                Err(_no_permit) => break,
-            }
-        }
-    }
-
-    /// Spawns a task per entry, each with one of `permits`; the permits left over are freed.
-    fn spawn_all(self: &Arc<Self>, entries: Vec<Entry>, mut permits: Vec<OwnedSemaphorePermit>) {
-        for entry in entries {
-            // Reads and claims ask for at most as many entries as permits are held.
-            let Some(permit) = permits.pop() else {
-                error!(entry_id = %entry.entry_id, "more entries delivered than asked for; left pending");
-                continue;
-            };
-            self.spawn(entry, permit);
-        }
-    }
-
-    fn spawn(self: &Arc<Self>, entry: Entry, permit: OwnedSemaphorePermit) {
-        let Some(active) = Active::enter(self, &entry.entry_id) else {
-            debug!(entry_id = %entry.entry_id, "entry is already being handled here");
-            return;
-        };
-        let dispatcher = Arc::clone(self);
-        self.shutdown.tasks().spawn(async move {
-            dispatcher.handle(&entry).await;
-            drop(active);
-            drop(permit);
-        });
-    }
-
-    /// Periodically claims entries idle past the lease (left by crashed or stalled consumers)
-    /// and removes the consumers of replicas that died without removing themselves.
-    pub async fn run_reclaimer(self: Arc<Self>) {
-        let period = (self.settings.claim_idle / 2).clamp(Duration::from_millis(50), Duration::from_secs(10));
-        let stopping = self.shutdown.stopping().clone();
-        let mut backoff = Backoff::new();
-        loop {
-            match self.reclaim_once().await {
-                Ok(()) => {
-                    backoff.reset();
-                    self.prune_dead_consumers().await;
-                    tokio::select! {
-                        () = tokio::time::sleep(period) => {}
-                        () = stopping.cancelled() => return,
-                    }
-                }
-                Err(err) => {
-                    warn!(error = %err, "reclaiming idle entries failed; backing off");
-                    if !backoff.wait(&stopping).await {
-                        return;
-                    }
-                }
-            }
-        }
-    }
-
-    /// One full XAUTOCLAIM scan of the group, claiming no more entries than it holds slots.
-    ///
-    /// It waits for its first slot rather than giving up when none is free: a reader blocked on
-    /// an idle stream can hold every free slot, and the semaphore is fair, so the reclaimer gets
-    /// its turn when that read returns instead of starving.
-    pub async fn reclaim_once(self: &Arc<Self>) -> Result<(), BusError> {
-        let mut start = "0-0".to_owned();
-        let stopping = self.shutdown.stopping();
-        loop {
-            let first = tokio::select! {
-                permit = self.in_flight.clone().acquire_owned() => match permit {
-                    Ok(permit) => permit,
-                    Err(_closed) => return Ok(()),
-                },
-                () = stopping.cancelled() => return Ok(()),
-            };
-            let mut permits = vec![first];
-            self.take_free_permits(&mut permits);
-            let reclaimed = self
-                .bus
-                .reclaim(
-                    &self.requests,
-                    &self.settings.toolbox_id,
-                    &self.settings.consumer,
-                    self.settings.claim_idle,
-                    &start,
-                    permits.len(),
-                )
-                .await?;
-            if !reclaimed.deleted.is_empty() {
-                error!(
-                    entries = %reclaimed.deleted.join(","),
-                    "pending requests were deleted from the stream (trimmed?) before they were handled; \
-                     they cannot be answered"
-                );
-            }
-            for _ in &reclaimed.entries {
-                self.telemetry.reclaimed();
-            }
-            self.spawn_all(reclaimed.entries, permits);
-            if reclaimed.next_start == "0-0" {
-                return Ok(());
-            }
-            start = reclaimed.next_start;
-        }
-    }
-
-    /// Removes consumers that hold nothing and have not read for ten leases (and ten blocking
-    /// reads): replicas killed before they could remove themselves.
-    async fn prune_dead_consumers(&self) {
-        let min_idle = (self.settings.claim_idle * 10).max(self.settings.block * 10);
-        let pruned = self
-            .bus
-            .prune_consumers(&self.requests, &self.settings.toolbox_id, &self.settings.consumer, min_idle)
-            .await;
-        match pruned {
-            Ok(names) if !names.is_empty() => {
-                info!(consumers = %names.join(","), "removed consumers of replicas that stopped without removing themselves");
-            }
-            Ok(_) => {}
-            Err(err) => debug!(error = %err, "cannot prune idle consumers"),
+    /// How the requests stream is read: through the toolbox's group, as this replica.
+    pub(crate) fn group_settings(&self) -> GroupSettings {
+        GroupSettings {
+            topic: self.requests.clone(),
+            group: self.settings.toolbox_id.clone(),
+            consumer: self.settings.consumer.clone(),
+            read_batch: self.settings.read_batch,
+            block: self.settings.block,
+            claim_idle: self.settings.claim_idle,
         }
     }
 
     /// Handles one entry to its end and logs the outcome.
-    async fn handle(&self, entry: &Entry) {
+    async fn handle_entry(&self, entry: &Entry) {
         let started = Instant::now();
         if entry.deliveries > 1 {
             self.telemetry.redelivered();
@@ -677,25 +484,9 @@ impl Dispatcher {
     }
 }
 
-/// Marks an entry as being handled by this process until dropped (also when its task panics).
-struct Active {
-    dispatcher: Arc<Dispatcher>,
-    entry_id: String,
-}
-
-impl Active {
-    /// `None` when the entry is being handled here already.
-    fn enter(dispatcher: &Arc<Dispatcher>, entry_id: &str) -> Option<Active> {
-        let mut active = dispatcher.active.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        active
-            .insert(entry_id.to_owned())
-            .then(|| Active { dispatcher: Arc::clone(dispatcher), entry_id: entry_id.to_owned() })
-    }
-}
-
-impl Drop for Active {
-    fn drop(&mut self) {
-        self.dispatcher.active.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(&self.entry_id);
+impl EntryHandler for Dispatcher {
+    async fn handle(&self, entry: Entry) {
+        self.handle_entry(&entry).await;
     }
 }
 

@@ -153,19 +153,6 @@ impl Inbox {
                 debug!(entry_id = %entry.entry_id, reason, "chat message ignored");
                 (Outcome::Ignored.committed(acked.map(|_| true)), Some(envelope), None)
             }
-            Incoming::Message(envelope, _) if entry.deliveries > self.settings.max_deliveries => {
-                let error = format!(
-                    "delivered {} times without completing (limit {})",
-                    entry.deliveries, self.settings.max_deliveries
-                );
-                let envelope_value = serde_json::to_value(&envelope).unwrap_or(Value::Null);
-                let malformed = Malformed {
-                    envelope: envelope_value,
-                    conversation_id: Some(envelope.conversation_id.clone()),
-                    error,
-                };
-                (self.dead_letter(entry, malformed).await, Some(envelope), None)
-            }
             Incoming::Message(envelope, work) => {
                 let tool = match &work {
                     Work::Call(call) => Some(call.name.clone()),
@@ -204,8 +191,14 @@ impl Inbox {
         let owner = ledger::owner(&self.settings.consumer, &entry.entry_id);
         let forced = self.shutdown.forced();
         let begun = ledger::begin(&*self.bus, &call_keys, &owner, &entry.entry_id, &request_id, forced).await;
+        // The poison check comes after the ledger, so a copy of a message whose call is alive
+        // elsewhere is left to it rather than dead-lettered.
+        let poisoned = entry.deliveries > self.settings.max_deliveries;
         let rerun = match begun {
             None => return Outcome::LeftPending,
+            Some(CallStart::Fresh | CallStart::StartedBefore) if poisoned => {
+                return self.poison(entry, envelope, call_keys).await;
+            }
             Some(CallStart::Fresh) => true,
             Some(CallStart::StartedBefore) => match &work {
                 Work::Call(call) => {
@@ -223,7 +216,14 @@ impl Inbox {
             Some(_) => return Outcome::LeftPending,
         };
         let (reply, outcome) = match work {
-            Work::Call(call) => self.run_call(entry, envelope, &call, &call_keys, &owner, rerun).await,
+            Work::Call(call) => {
+                match self.run_call(entry, envelope, &call, &call_keys, &owner, rerun).await {
+                    Some(done) => done,
+                    // Shutdown was forced: the entry stays pending with a lapsing lease, and a
+                    // replica takes it over.
+                    None => return Outcome::LeftPending,
+                }
+            }
             Work::BadCall(error) => (
                 reply::bad_call_reply(&self.sender, envelope, &error),
                 Outcome::Error(ErrorCode::InvalidRequest),
@@ -236,7 +236,8 @@ impl Inbox {
     }
 
     /// Runs one tool call (or answers `interrupted` when it must not run again), reporting its
-    /// steps and output on the conversation stream. Returns the reply.
+    /// steps and output on the conversation stream. Returns the reply, or `None` when shutdown
+    /// was forced while the tool ran.
     async fn run_call(
         &self,
         entry: &Entry,
@@ -245,7 +246,7 @@ impl Inbox {
         call_keys: &CallKeys<'_>,
         owner: &str,
         run: bool,
-    ) -> (ChatEnvelope, Outcome) {
+    ) -> Option<(ChatEnvelope, Outcome)> {
         let conversation = &envelope.conversation_id;
         let step = |status, result_summary, error, duration_ms| StreamEventKind::ToolStep {
             name: call.name.clone(),
@@ -259,7 +260,7 @@ impl Inbox {
         let started = Instant::now();
         let res = if run {
             self.progress(conversation, step(StepStatus::Start, None, None, None)).await;
-            self.invoke(entry, envelope, call, call_keys, owner).await
+            self.invoke(entry, envelope, call, call_keys, owner).await?
         } else {
             Err(ledger::interrupted(&call.name))
         };
@@ -275,10 +276,11 @@ impl Inbox {
         let code = res.as_ref().err().map(|failure| failure.code);
         self.stats.record(&call.name, code.map(ErrorCode::as_str), duration);
         let reply = reply::call_reply(&self.sender, envelope, call, &res);
-        (reply, code.map_or(Outcome::Success, Outcome::Error))
+        Some((reply, code.map_or(Outcome::Success, Outcome::Error)))
     }
 
-    /// Runs the tool, renewing the lease while it runs; a forced shutdown cancels it.
+    /// Runs the tool, renewing the lease while it runs; a forced shutdown cancels it and returns
+    /// `None`, answering nothing.
     async fn invoke(
         &self,
         entry: &Entry,
@@ -286,7 +288,7 @@ impl Inbox {
         call: &ToolCall,
         call_keys: &CallKeys<'_>,
         owner: &str,
-    ) -> Result<Value, Failure> {
+    ) -> Option<Result<Value, Failure>> {
         let context = Context {
             request_id: envelope.id.clone(),
             correlation_id: Some(call.id.clone()),
@@ -302,11 +304,12 @@ impl Inbox {
         let forced = self.shutdown.forced().clone();
         let _in_flight = self.telemetry.in_flight_guard();
         tokio::select! {
-            res = self.registry.invoke(&call.name, call.arguments.clone(), &context, None) => res,
-            () = renew => Err(Failure::new(ErrorCode::Internal, "lease renewal stopped")),
+            res = self.registry.invoke(&call.name, call.arguments.clone(), &context, None) => Some(res),
+            () = renew => Some(Err(Failure::new(ErrorCode::Internal, "lease renewal stopped"))),
             () = forced.cancelled() => {
                 context.cancel.cancel();
-                Err(Failure::new(ErrorCode::Cancelled, "the tool host is shutting down"))
+                warn!(envelope_id = %envelope.id, tool = %call.name, "grace period over; call abandoned, left to a replica");
+                None
             }
         }
     }
@@ -323,8 +326,31 @@ impl Inbox {
         }
     }
 
+    /// A message delivered too often: dead-letter it, clearing its call record, and ack it.
+    async fn poison(&self, entry: &Entry, envelope: &ChatEnvelope, call_keys: CallKeys<'_>) -> Outcome {
+        let malformed = Malformed {
+            envelope: serde_json::to_value(envelope).unwrap_or(Value::Null),
+            conversation_id: Some(envelope.conversation_id.clone()),
+            error: format!(
+                "delivered {} times without completing (limit {})",
+                entry.deliveries, self.settings.max_deliveries
+            ),
+        };
+        self.dead_letter_with(entry, malformed, Some(call_keys)).await
+    }
+
     /// Dead-letters an entry to `dlq:<agent_name>`, acking it.
     async fn dead_letter(&self, entry: &Entry, malformed: Malformed) -> Outcome {
+        self.dead_letter_with(entry, malformed, None).await
+    }
+
+    /// Dead-letters an entry, acking it and deleting the call record of `call`, if any.
+    async fn dead_letter_with(
+        &self,
+        entry: &Entry,
+        malformed: Malformed,
+        call: Option<CallKeys<'_>>,
+    ) -> Outcome {
         warn!(entry_id = %entry.entry_id, reason = %malformed.error, "dead-lettering chat entry");
         let Malformed { envelope, conversation_id, error } = malformed;
         let letter = DeadLetterEvent::new(&self.settings.agent_name, conversation_id, envelope, error);
@@ -333,7 +359,7 @@ impl Inbox {
         let letter_id = new_message_id();
         let dead = Published { topic: &self.dead_letters, id: &letter_id, payload: &payload };
         self.telemetry.dead_lettered();
-        Outcome::DeadLetter.committed(self.commit(entry, None, None, Some(dead)).await.map(|_| true))
+        Outcome::DeadLetter.committed(self.commit(entry, call, None, Some(dead)).await.map(|_| true))
     }
 
     /// Commits the end of an entry: the reply (to the conversation, and to the agent's inbox for
