@@ -77,16 +77,18 @@ pub trait Bus: Send + Sync + 'static {
     /// its pending entries, which would lose them). Returns whether it was removed.
     async fn delete_consumer(&self, topic: &str, group: &str, consumer: &str) -> Result<bool, Error>;
 
-    /// Removes the consumers of `group` (other than `keep`) that hold no pending entries and have
-    /// not read for `min_idle`: replicas that were killed and never deleted themselves. A live
-    /// consumer removed by mistake is created again by its next read, and holds nothing to lose.
-    /// Returns the names removed.
+    /// Removes the consumers of `group` (other than `keep`) that hold no pending entries, have
+    /// had nothing delivered for `min_idle`, and have no heartbeat (the key `heartbeat_prefix`
+    /// followed by the consumer's name): replicas that were killed and never deleted themselves.
+    /// A live consumer removed by mistake holds nothing to lose and is created again by its next
+    /// read. Returns the names removed.
     async fn prune_consumers(
         &self,
         topic: &str,
         group: &str,
         keep: &str,
         min_idle: Duration,
+        heartbeat_prefix: &str,
     ) -> Result<Vec<String>, Error>;
 
     /// Records that `owner` starts the call of a request, unless it was answered already or

@@ -59,6 +59,12 @@ impl Keys {
         format!("{}toolhost:heartbeat:{toolbox_id}:{consumer}", self.prefix)
     }
 
+    /// The heartbeat key of a toolbox's replica without its consumer name, for scripts that
+    /// complete it with names they find.
+    pub fn heartbeat_prefix(&self, toolbox_id: &str) -> String {
+        format!("{}toolhost:heartbeat:{toolbox_id}:", self.prefix)
+    }
+
     /// The pattern matching every heartbeat of a toolbox.
     pub fn heartbeat_pattern(&self, toolbox_id: &str) -> String {
         format!("{}toolhost:heartbeat:{toolbox_id}:*", self.prefix)
@@ -82,5 +88,6 @@ mod tests {
         assert_eq!(keys.call("tb", "r-1"), "prod:toolhost:tb:call:r-1");
         assert_eq!(keys.registry("tb"), "prod:toolhost:registry:tb");
         assert_eq!(keys.heartbeat("tb", "c1"), "prod:toolhost:heartbeat:tb:c1");
+        assert_eq!(keys.heartbeat_prefix("tb") + "c1", keys.heartbeat("tb", "c1"));
     }
 }

@@ -353,8 +353,18 @@ impl Bus for MemoryBus {
         group: &str,
         keep: &str,
         min_idle: Duration,
+        heartbeat_prefix: &str,
     ) -> Result<Vec<String>, Error> {
         let mut state = self.lock();
+        let alive: Vec<String> = state
+            .values
+            .keys()
+            .filter_map(|key| key.strip_prefix(heartbeat_prefix).map(str::to_owned))
+            .collect();
+        let alive: Vec<String> = alive
+            .into_iter()
+            .filter(|name| state.value(&format!("{heartbeat_prefix}{name}")).is_some())
+            .collect();
         let stream = state.streams.get_mut(topic).ok_or_else(|| no_group(topic, group))?;
         let group_state = stream.groups.get_mut(group).ok_or_else(|| no_group(topic, group))?;
         let now = Instant::now();
@@ -363,6 +373,7 @@ impl Bus for MemoryBus {
             .iter()
             .filter(|(name, seen)| {
                 name.as_str() != keep
+                    && !alive.contains(name)
                     && now.duration_since(**seen) >= min_idle
                     && group_state.pending.values().all(|pending| &pending.consumer != *name)
             })
@@ -703,10 +714,13 @@ mod tests {
         assert_eq!(reclaimed.deleted, [trimmed]);
         assert_eq!(reclaimed.entries.len(), 1);
         assert_eq!(bus.pending_count(TOPIC, GROUP), 1);
-        // "dead" holds nothing now; "me" holds m2 and is kept anyway.
-        let pruned = bus.prune_consumers(TOPIC, GROUP, "me", Duration::ZERO).await.unwrap();
-        assert_eq!(pruned, ["dead", "idle"]);
-        assert!(bus.prune_consumers(TOPIC, GROUP, "other", Duration::ZERO).await.unwrap().is_empty());
+        // "dead" and "idle" hold nothing now, but "idle" has a heartbeat; "me" holds m2.
+        bus.set_expiring("beat:idle", "{}", Duration::from_secs(60)).await.unwrap();
+        let pruned = bus.prune_consumers(TOPIC, GROUP, "me", Duration::ZERO, "beat:").await.unwrap();
+        assert_eq!(pruned, ["dead"]);
+        assert!(
+            bus.prune_consumers(TOPIC, GROUP, "other", Duration::ZERO, "beat:").await.unwrap().is_empty()
+        );
     }
 
     #[tokio::test]

@@ -270,6 +270,7 @@ impl Bus for RedisBus {
         group: &str,
         keep: &str,
         min_idle: Duration,
+        heartbeat_prefix: &str,
     ) -> Result<Vec<String>, Error> {
         let deleted: Vec<String> = self
             .scripts
@@ -278,6 +279,7 @@ impl Bus for RedisBus {
             .arg(group)
             .arg(keep)
             .arg(min_idle.as_millis() as u64)
+            .arg(heartbeat_prefix)
             .invoke_async(&mut self.commands.clone())
             .await?;
         Ok(deleted)

@@ -46,6 +46,9 @@ pub(crate) struct GroupSettings {
     pub block: Duration,
     /// Idle time after which pending entries are reclaimed.
     pub claim_idle: Duration,
+    /// A replica's heartbeat key without its consumer name: consumers without a heartbeat that
+    /// hold nothing are pruned.
+    pub heartbeat_prefix: String,
 }
 
 /// Reads one stream through a consumer group and runs a handler per entry.
@@ -267,13 +270,14 @@ impl<H: EntryHandler> GroupReader<H> {
         }
     }
 
-    /// Removes consumers that hold nothing and have not read for ten leases (and ten blocking
-    /// reads): replicas killed before they could remove themselves.
+    /// Removes consumers that hold nothing, have had nothing delivered for ten leases (and ten
+    /// blocking reads) and have no heartbeat: replicas killed before they could remove themselves.
     async fn prune_dead_consumers(&self) {
         let settings = &self.settings;
         let min_idle = (settings.claim_idle * 10).max(settings.block * 10);
+        let (topic, group, consumer) = (&settings.topic, &settings.group, &settings.consumer);
         let pruned =
-            self.bus.prune_consumers(&settings.topic, &settings.group, &settings.consumer, min_idle).await;
+            self.bus.prune_consumers(topic, group, consumer, min_idle, &settings.heartbeat_prefix).await;
         match pruned {
             Ok(names) if !names.is_empty() => info!(
                 stream = %settings.topic,

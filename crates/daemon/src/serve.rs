@@ -278,6 +278,7 @@ fn chat_inbox(config: &Config, services: Services, consumer: &str) -> Arc<GroupR
     let raw = &config.raw;
     let (bus, shutdown, telemetry) =
         (services.bus.clone(), services.shutdown.clone(), services.telemetry.clone());
+    let heartbeat_prefix = services.keys.heartbeat_prefix(&raw.daemon.toolbox_id);
     let inbox = Inbox::new(
         services,
         InboxSettings {
@@ -297,6 +298,7 @@ fn chat_inbox(config: &Config, services: Services, consumer: &str) -> Arc<GroupR
         read_batch: raw.dispatch.read_batch,
         block: config.block,
         claim_idle: config.claim_idle,
+        heartbeat_prefix,
     };
     Arc::new(GroupReader::new(
         bus,

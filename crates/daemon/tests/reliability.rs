@@ -662,10 +662,14 @@ async fn ledger_steps_are_safe_to_repeat_against_redis() {
     assert!(reclaimed.entries.is_empty());
     assert_eq!(reclaimed.deleted, [trimmed]);
     assert_eq!(pending(&mut connection, REQUESTS, GROUP).await, 0);
-    // ...and the consumers that hold nothing and idle are pruned, except the caller's own.
-    let pruned = bus.prune_consumers(REQUESTS, GROUP, "c1", Duration::ZERO).await.unwrap();
+    // ...and consumers that hold nothing and have no heartbeat are pruned, except the caller's.
+    let _: () = redis::cmd("SET").arg("beat:alive").arg("{}").query_async(&mut connection).await.unwrap();
+    bus.publish(REQUESTS, "m-alive", "{}").await.unwrap();
+    let delivered = bus.read_group(REQUESTS, GROUP, "alive", 10, Duration::from_millis(10)).await.unwrap();
+    bus.ack(REQUESTS, GROUP, &[delivered[0].entry_id.clone()]).await.unwrap();
+    let pruned = bus.prune_consumers(REQUESTS, GROUP, "c1", Duration::ZERO, "beat:").await.unwrap();
     assert_eq!(pruned, ["dead"]);
-    assert_eq!(consumers(&mut connection).await, ["c1"]);
+    assert_eq!(consumers(&mut connection).await, ["alive", "c1"]);
 
     // With the group gone (Redis lost it), an unanswered request is still answered.
     let late = bus.publish(REQUESTS, "m-3", "{}").await.unwrap();
@@ -689,7 +693,7 @@ async fn ledger_steps_are_safe_to_repeat_against_redis() {
     // Re-created from the start, the group delivers what callers added meanwhile.
     bus.ensure_group_at(REQUESTS, GROUP, "0").await.unwrap();
     let entries = bus.read_group(REQUESTS, GROUP, "c1", 10, Duration::from_millis(10)).await.unwrap();
-    assert_eq!(entries.len(), 2);
+    assert_eq!(entries.iter().map(|entry| entry.id.as_str()).collect::<Vec<_>>(), ["m-1", "m-alive", "m-3"]);
 }
 
 /// Requests in the soak; 100,000 by hand (see docs/RELIABILITY.md), fewer in CI.
@@ -704,7 +708,9 @@ async fn soak_two_replicas_one_killed_and_restarted_every_few_seconds() {
     let redis = RedisServer::start();
     let maxlen = (total * 2 + 1000).to_string();
     // Results must not be trimmed before they are counted; one log line per call is noise here.
-    let mut settings: Vec<(&str, &str)> = env(&[("RUST_LOG", "info,toolhost::dispatch=warn")]);
+    // Heartbeats expire 3 s after a kill, so dead consumers are pruned during the run.
+    let mut settings: Vec<(&str, &str)> =
+        env(&[("RUST_LOG", "info,toolhost::dispatch=warn"), ("TOOLHOST__DAEMON__HEARTBEAT_MS", "1000")]);
     settings.push(("TOOLHOST__STREAMS__MAXLEN", &maxlen));
     let steady = Daemon::start(&redis, &settings);
     let mut victim = Daemon::start(&redis, &settings);

@@ -126,6 +126,7 @@ impl Dispatcher {
             read_batch: self.settings.read_batch,
             block: self.settings.block,
             claim_idle: self.settings.claim_idle,
+            heartbeat_prefix: self.keys.heartbeat_prefix(&self.settings.toolbox_id),
         }
     }
 
