@@ -3,9 +3,9 @@
 //! - [`cli`]: the command line (`serve`, `call`, `tools`, `check-config`, `healthcheck`, `dlq`).
 //! - [`config`]: layered configuration (defaults, file, environment), validated once.
 //! - [`serve`]: builds everything from a [`config::Config`] and runs until shutdown.
-//! - `dispatch`: the request loop, admission and answers.
+//! - `dispatch`: answers `action-requests`: admission, the ledger, tool runs and answers.
 //! - `inbox`: the chat inbox `chat:<AGENT_NAME>`: tool calls by chat message.
-//! - `group`: the consumer-group read and reclaim loops the inbox runs on.
+//! - `group`: the consumer-group read and reclaim loops the dispatcher and the inbox run on.
 //! - `ledger`: the call-ledger steps (begin, renew, commit) the dispatcher and inbox share.
 //! - `publish`: the tool registry and heartbeat kept in Redis.
 //! - `client`: the `call` and `tools` commands.
