@@ -11,6 +11,7 @@
 //! **Invariant:** nothing outside this crate talks to Redis directly, except the daemon's health
 //! probe and benchmarks.
 
+mod batch;
 mod bus;
 mod caller;
 mod error;

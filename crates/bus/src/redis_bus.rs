@@ -4,7 +4,7 @@
 //! wait, so they run on connections of their own, taken from a small pool; everything else is
 //! multiplexed on one connection. Every connection reconnects by itself after a failure.
 
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -13,6 +13,7 @@ use redis::streams::{StreamReadOptions, StreamReadReply};
 use redis::{AsyncCommands, Client, Script, Value};
 use toolhost_envelope::Entry;
 
+use crate::batch::Batcher;
 use crate::bus::{CallKeys, CallStart, EntryRef, Finish, GroupInfo, Reclaimed, is_entry_id};
 use crate::{Bus, Error};
 
@@ -49,12 +50,19 @@ pub struct RedisBus {
     /// Idle connections for blocking reads.
     blocking: Mutex<Vec<ConnectionManager>>,
     scripts: Scripts,
+    /// The ledger steps every call takes, batched across concurrent calls (started on first use,
+    /// inside the runtime).
+    batchers: Batchers,
+}
+
+#[derive(Default)]
+struct Batchers {
+    begin_call: OnceLock<Batcher>,
+    finish: OnceLock<Batcher>,
 }
 
 struct Scripts {
-    begin_call: Script,
     renew_call: Script,
-    finish: Script,
     reclaim: Script,
     delete_consumer: Script,
     prune_consumers: Script,
@@ -84,13 +92,12 @@ impl RedisBus {
             commands,
             blocking: Mutex::new(Vec::new()),
             scripts: Scripts {
-                begin_call: Script::new(include_str!("scripts/begin_call.lua")),
                 renew_call: Script::new(include_str!("scripts/renew_call.lua")),
-                finish: Script::new(include_str!("scripts/finish.lua")),
                 reclaim: Script::new(include_str!("scripts/reclaim.lua")),
                 delete_consumer: Script::new(include_str!("scripts/delete_consumer.lua")),
                 prune_consumers: Script::new(include_str!("scripts/prune_consumers.lua")),
             },
+            batchers: Batchers::default(),
         })
     }
 
@@ -286,17 +293,22 @@ impl Bus for RedisBus {
     }
 
     async fn begin_call(&self, call: &CallKeys<'_>, owner: &str, entry_id: &str) -> Result<CallStart, Error> {
-        let (state, entry): (u8, String) = self
-            .scripts
-            .begin_call
-            .key(call.answered)
-            .key(call.call)
-            .arg(owner)
-            .arg(call.lease.as_millis() as u64)
-            .arg(call.retention.as_millis() as u64)
-            .arg(entry_id)
-            .invoke_async(&mut self.commands.clone())
+        let batcher = self.batchers.begin_call.get_or_init(|| {
+            Batcher::new(include_str!("scripts/begin_call.lua"), 2, 4, self.commands.clone())
+        });
+        let reply = batcher
+            .invoke(
+                vec![call.answered.to_owned(), call.call.to_owned()],
+                vec![
+                    owner.to_owned(),
+                    call.lease.as_millis().to_string(),
+                    call.retention.as_millis().to_string(),
+                    entry_id.to_owned(),
+                ],
+            )
             .await?;
+        let (state, entry): (u8, String) =
+            redis::from_redis_value(reply).map_err(|err| Error::Protocol(err.to_string()))?;
         Ok(match state {
             0 => CallStart::Answered,
             1 => CallStart::Fresh,
@@ -336,27 +348,37 @@ impl Bus for RedisBus {
         let answer = finish.answer.unwrap_or(crate::Published { topic: entry.topic, id: "", payload: "" });
         let dead_letter =
             finish.dead_letter.unwrap_or(crate::Published { topic: entry.topic, id: "", payload: "" });
-        let published: u8 = self
-            .scripts
+        let batcher = self
+            .batchers
             .finish
-            .key(entry.topic)
-            .key(answered)
-            .key(call)
-            .key(answer.topic)
-            .key(dead_letter.topic)
-            .key(finish.answer_copy.unwrap_or(answer.topic))
-            .arg(entry.group)
-            .arg(entry.entry_id)
-            .arg(self.options.maxlen)
-            .arg(retention.as_millis() as u64)
-            .arg(answer.id)
-            .arg(answer.payload)
-            .arg(dead_letter.id)
-            .arg(dead_letter.payload)
-            .arg(if finish.call.is_some() { "1" } else { "0" })
-            .arg(if finish.answer_copy.is_some() { "1" } else { "0" })
-            .invoke_async(&mut self.commands.clone())
+            .get_or_init(|| Batcher::new(include_str!("scripts/finish.lua"), 6, 10, self.commands.clone()));
+        let keys = [
+            entry.topic,
+            answered,
+            call,
+            answer.topic,
+            dead_letter.topic,
+            finish.answer_copy.unwrap_or(answer.topic),
+        ];
+        let args = [
+            entry.group,
+            entry.entry_id,
+            &self.options.maxlen.to_string(),
+            &retention.as_millis().to_string(),
+            answer.id,
+            answer.payload,
+            dead_letter.id,
+            dead_letter.payload,
+            if finish.call.is_some() { "1" } else { "0" },
+            if finish.answer_copy.is_some() { "1" } else { "0" },
+        ];
+        let reply = batcher
+            .invoke(
+                keys.iter().map(|key| (*key).to_owned()).collect(),
+                args.iter().map(|arg| (*arg).to_owned()).collect(),
+            )
             .await?;
+        let published: u8 = redis::from_redis_value(reply).map_err(|err| Error::Protocol(err.to_string()))?;
         Ok(published == 1)
     }
 

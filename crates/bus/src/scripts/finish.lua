@@ -14,9 +14,13 @@
 -- the same script). When the group itself is gone (Redis lost its data), the answer is still
 -- published so a waiting caller gets it.
 local identified = ARGV[9] == '1'
-local pending = redis.pcall('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1)
-local group_missing = type(pending) == 'table' and pending.err ~= nil
-local still_pending = (not group_missing) and #pending > 0
+-- Only a dead letter needs to know whether the entry is still pending; skip the lookup otherwise.
+local group_missing, still_pending = false, false
+if ARGV[8] ~= '' then
+  local pending = redis.pcall('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1)
+  group_missing = type(pending) == 'table' and pending.err ~= nil
+  still_pending = (not group_missing) and #pending > 0
+end
 local mark = false
 if identified then
   mark = redis.call('GET', KEYS[2])
@@ -43,7 +47,6 @@ end
 if identified then
   redis.call('DEL', KEYS[3])
 end
-if not group_missing then
-  redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
-end
+-- A missing group (Redis lost its data) fails the ack; the answer above still stands.
+redis.pcall('XACK', KEYS[1], ARGV[1], ARGV[2])
 return published

@@ -1,0 +1,133 @@
+//! Coalesces concurrent invocations of one Lua script into a single `EVALSHA`.
+//!
+//! Under load many calls reach the same ledger step at once. Each on its own costs a round trip,
+//! a socket write and a script invocation in Redis; together they cost one. A [`Batcher`] queues
+//! invocations, and one task runs whatever is queued as one script call, without waiting for more:
+//! a lone call goes out at once, and calls that arrive while a batch is in flight form the next.
+//!
+//! The batch script is generated from the single-item script: its body becomes a Lua function
+//! with its own `KEYS` and `ARGV`, called once per item under `pcall`, so one item's error fails
+//! only that item. Redis runs the whole batch atomically, which is stronger than each item needs.
+
+use redis::aio::ConnectionManager;
+use redis::{Script, Value};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::Error;
+
+/// Most invocations in one batch.
+const MAX_BATCH: usize = 128;
+
+/// One queued invocation: its keys and arguments, and where its reply goes.
+struct Item {
+    keys: Vec<String>,
+    args: Vec<String>,
+    reply: oneshot::Sender<Result<Value, Error>>,
+}
+
+/// Runs invocations of one script, batched.
+pub(crate) struct Batcher {
+    queue: mpsc::UnboundedSender<Item>,
+    keys_per_item: usize,
+    args_per_item: usize,
+}
+
+impl Batcher {
+    /// Starts the batching task for `script` (the single-item source), whose invocations take
+    /// exactly `keys_per_item` keys and `args_per_item` arguments. Must be called inside a Tokio
+    /// runtime; the task ends when the batcher is dropped.
+    pub(crate) fn new(
+        source: &str,
+        keys_per_item: usize,
+        args_per_item: usize,
+        connection: ConnectionManager,
+    ) -> Batcher {
+        let (queue, receiver) = mpsc::unbounded_channel();
+        let script = Script::new(&batch_source(source, keys_per_item, args_per_item));
+        tokio::spawn(run(script, receiver, connection));
+        Batcher { queue, keys_per_item, args_per_item }
+    }
+
+    /// Runs one invocation and returns its reply.
+    pub(crate) async fn invoke(&self, keys: Vec<String>, args: Vec<String>) -> Result<Value, Error> {
+        debug_assert_eq!(keys.len(), self.keys_per_item);
+        debug_assert_eq!(args.len(), self.args_per_item);
+        let (reply, answer) = oneshot::channel();
+        self.queue
+            .send(Item { keys, args, reply })
+            .map_err(|_| Error::Protocol("the batching task has stopped".to_owned()))?;
+        answer.await.map_err(|_| Error::Protocol("the batching task dropped a call".to_owned()))?
+    }
+}
+
+async fn run(script: Script, mut receiver: mpsc::UnboundedReceiver<Item>, mut connection: ConnectionManager) {
+    let mut batch = Vec::with_capacity(MAX_BATCH);
+    while let Some(first) = receiver.recv().await {
+        batch.push(first);
+        while batch.len() < MAX_BATCH {
+            match receiver.try_recv() {
+                Ok(item) => batch.push(item),
+                Err(_) => break,
+            }
+        }
+        let mut invocation = script.prepare_invoke();
+        invocation.arg(batch.len());
+        for item in &batch {
+            for key in &item.keys {
+                invocation.key(key);
+            }
+            for arg in &item.args {
+                invocation.arg(arg);
+            }
+        }
+        let res: Result<Vec<Value>, Error> =
+            invocation.invoke_async(&mut connection).await.map_err(Error::from);
+        match res {
+            Ok(replies) if replies.len() == batch.len() => {
+                for (item, reply) in batch.drain(..).zip(replies) {
+                    let reply = match reply {
+                        Value::ServerError(err) => Err(Error::from(redis::RedisError::from(err))),
+                        reply => Ok(reply),
+                    };
+                    let _ = item.reply.send(reply);
+                }
+            }
+            Ok(replies) => {
+                let message = format!("batch of {} got {} replies", batch.len(), replies.len());
+                for item in batch.drain(..) {
+                    let _ = item.reply.send(Err(Error::Protocol(message.clone())));
+                }
+            }
+            Err(err) => {
+                // Every item shares the fate of the call; a retryable error stays retryable.
+                let retryable = err.is_retryable();
+                let message = err.to_string();
+                for item in batch.drain(..) {
+                    let err = if retryable {
+                        Error::Unavailable(redis::RedisError::from(std::io::Error::other(message.clone())))
+                    } else {
+                        Error::Protocol(message.clone())
+                    };
+                    let _ = item.reply.send(Err(err));
+                }
+            }
+        }
+    }
+}
+
+/// The batch form of a single-item script.
+fn batch_source(source: &str, keys_per_item: usize, args_per_item: usize) -> String {
+    format!(
+        "local function one(KEYS, ARGV)\n{source}\nend\n\
+         local n = tonumber(ARGV[1])\n\
+         local replies = {{}}\n\
+         for i = 1, n do\n\
+           local keys, argv = {{}}, {{}}\n\
+           for j = 1, {keys_per_item} do keys[j] = KEYS[(i - 1) * {keys_per_item} + j] end\n\
+           for j = 1, {args_per_item} do argv[j] = ARGV[1 + (i - 1) * {args_per_item} + j] end\n\
+           local ok, reply = pcall(one, keys, argv)\n\
+           if ok then replies[i] = reply else replies[i] = redis.error_reply(tostring(reply)) end\n\
+         end\n\
+         return replies\n"
+    )
+}
