@@ -212,7 +212,10 @@ async fn http_answers_while_every_tool_slot_is_busy() {
     assert_eq!(http_get(addr, "/readyz").0, 200);
     // Both answered while the only slot was still taken: the call has not been answered yet.
     let answered_meanwhile = wait_for(&mut connection, "action-results", 1, Duration::ZERO).await;
-    assert!(answered_meanwhile.is_empty(), "the slow call finished before HTTP answered: {answered_meanwhile:?}");
+    assert!(
+        answered_meanwhile.is_empty(),
+        "the slow call finished before HTTP answered: {answered_meanwhile:?}"
+    );
     let results = wait_for(&mut connection, "action-results", 1, WAIT).await;
     assert_eq!(answers_to(&results, "slow")[0]["data"]["success"], true, "{results:?}");
 }
