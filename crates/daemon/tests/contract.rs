@@ -11,26 +11,9 @@ use toolhost::config::Config;
 use toolhost_tools::builtin::Echo;
 use toolhost_tools::{Context, Registry, Tool, ToolError, ToolSpec};
 
-use crate::support::{Daemon, RedisServer, answers_to, pending, request, wait_for, xadd};
+use crate::support::{Daemon, RedisServer, ask, pending};
 
 const WAIT: Duration = Duration::from_secs(10);
-
-/// Sends `requests` (event type, request id, data) and returns one answer per request id.
-async fn ask(redis: &RedisServer, requests: &[(&str, &str, Value)]) -> HashMap<String, Value> {
-    let mut connection = redis.connection().await;
-    let before = wait_for(&mut connection, "action-results", 0, Duration::ZERO).await.len();
-    for (event, id, data) in requests {
-        xadd(&mut connection, "action-requests", &request(event, id, data.clone()).to_string()).await;
-    }
-    let results = wait_for(&mut connection, "action-results", before + requests.len(), WAIT).await;
-    let mut answers = HashMap::new();
-    for (_, id, _) in requests {
-        let found = answers_to(&results, id);
-        assert_eq!(found.len(), 1, "request {id}: {results:#?}");
-        answers.insert((*id).to_owned(), found[0]["data"].clone());
-    }
-    answers
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invalid_and_missing_arguments_point_at_the_problem() {

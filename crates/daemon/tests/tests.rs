@@ -23,3 +23,6 @@ mod tidy;
 
 /// Issue 6: exactly one answer per request under kills, pauses, restarts and duplicate deliveries.
 mod reliability;
+
+/// terminal_run through the daemon: policy, sandbox, environment, redaction, floods, timeouts.
+mod terminal;

@@ -5,6 +5,7 @@
 
 #![allow(dead_code)]
 
+use std::collections::HashMap;
 use std::io::Read;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -333,4 +334,22 @@ pub async fn pending(connection: &mut MultiplexedConnection, stream: &str, group
 /// The answers to `request_id` among result payloads.
 pub fn answers_to<'a>(results: &'a [Value], request_id: &str) -> Vec<&'a Value> {
     results.iter().filter(|result| result["data"]["request_id"] == request_id).collect()
+}
+
+/// Sends `requests` (event type, request id, data) and returns one answer per request id.
+pub async fn ask(redis: &RedisServer, requests: &[(&str, &str, Value)]) -> HashMap<String, Value> {
+    let mut connection = redis.connection().await;
+    let before = wait_for(&mut connection, "action-results", 0, Duration::ZERO).await.len();
+    for (event, id, data) in requests {
+        xadd(&mut connection, "action-requests", &request(event, id, data.clone()).to_string()).await;
+    }
+    let results =
+        wait_for(&mut connection, "action-results", before + requests.len(), Duration::from_secs(20)).await;
+    let mut answers = HashMap::new();
+    for (_, id, _) in requests {
+        let found = answers_to(&results, id);
+        assert_eq!(found.len(), 1, "request {id}: {results:#?}");
+        answers.insert((*id).to_owned(), found[0]["data"].clone());
+    }
+    answers
 }
