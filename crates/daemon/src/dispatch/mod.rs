@@ -338,7 +338,7 @@ impl Dispatcher {
                 )
             }
             CallStart::StartedBefore => {
-                let idempotent = self.registry.description(tool).is_some_and(|d| d.annotations.idempotent);
+                let idempotent = self.registry.annotations(tool).is_some_and(|a| a.idempotent);
                 if idempotent { Begin::Run } else { Begin::Answer(Err(ledger::interrupted(tool))) }
             }
             _ => Begin::End(Outcome::LeftPending),

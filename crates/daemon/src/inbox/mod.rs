@@ -201,9 +201,7 @@ impl Inbox {
             }
             Some(CallStart::Fresh) => true,
             Some(CallStart::StartedBefore) => match &work {
-                Work::Call(call) => {
-                    self.registry.description(&call.name).is_some_and(|d| d.annotations.idempotent)
-                }
+                Work::Call(call) => self.registry.annotations(&call.name).is_some_and(|a| a.idempotent),
                 // Help and error replies have no effects to repeat.
                 _ => true,
             },
