@@ -497,6 +497,13 @@ fn entries_from_read(value: Value) -> Result<Vec<Entry>, Error> {
     if matches!(value, Value::Nil) {
         return Ok(Vec::new());
     }
+    // The common RESP2 shape is decoded by hand: the generic decoder builds a hash map of
+    // fields per entry, which showed up in profiles of the read path.
+    let value = match entries_from_arrays(value) {
+        Ok(entries) => return Ok(entries),
+        Err(Value::Nil) => return Err(Error::Protocol("malformed stream read reply".to_owned())),
+        Err(value) => value,
+    };
     let reply: StreamReadReply =
         redis::from_redis_value(value).map_err(|err| Error::Protocol(err.to_string()))?;
     let mut entries = Vec::new();
@@ -507,6 +514,45 @@ fn entries_from_read(value: Value) -> Result<Vec<Entry>, Error> {
                 .into_iter()
                 .filter_map(|(name, value)| Some((name, redis::from_redis_value::<String>(value).ok()?)));
             entries.push(Entry::from_fields(&stream_id.id, fields));
+        }
+    }
+    Ok(entries)
+}
+
+/// Decodes `[[stream, [[entry id, [field, value, ...]], ...]], ...]` (RESP2), taking the strings
+/// out of the reply without copying them; gives the value back when it has another shape (RESP3).
+fn entries_from_arrays(value: Value) -> Result<Vec<Entry>, Value> {
+    fn text(value: Value) -> Option<String> {
+        match value {
+            Value::BulkString(bytes) => String::from_utf8(bytes).ok(),
+            Value::SimpleString(text) => Some(text),
+            _ => None,
+        }
+    }
+    fn array(value: Value) -> Option<Vec<Value>> {
+        match value {
+            Value::Array(items) => Some(items),
+            _ => None,
+        }
+    }
+    fn entry(item: Value) -> Option<Entry> {
+        let mut pair = array(item)?.into_iter();
+        let id = text(pair.next()?)?;
+        let mut fields = array(pair.next()?)?.into_iter();
+        let mut named = Vec::with_capacity(2);
+        while let (Some(name), Some(value)) = (fields.next(), fields.next()) {
+            named.push((text(name)?, text(value)?));
+        }
+        Some(Entry::from_fields(&id, named))
+    }
+    let Value::Array(streams) = value else { return Err(value) };
+    let mut entries = Vec::new();
+    for stream in streams {
+        let Some(items) = array(stream).and_then(|parts| parts.into_iter().nth(1)).and_then(array) else {
+            return Err(Value::Nil);
+        };
+        for item in items {
+            entries.push(entry(item).ok_or(Value::Nil)?);
         }
     }
     Ok(entries)

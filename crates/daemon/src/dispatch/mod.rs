@@ -469,10 +469,8 @@ impl Dispatcher {
         let topic = self
             .keys
             .topic(request.envelope.requested_response_topic().unwrap_or(&self.settings.results_topic));
-        let result = request.envelope.result(&self.source, &topic, data);
-        // Serialising an envelope of strings and JSON values cannot fail.
-        let payload = serde_json::to_string(&result).unwrap_or_default();
-        let answer = Published { topic: &topic, id: &result.id, payload: &payload };
+        let (id, payload) = request.envelope.result_json(&self.source, &topic, data);
+        let answer = Published { topic: &topic, id: &id, payload: &payload };
         self.commit(entry, Some(*call), Some(answer), dead_letter).await
     }
 
