@@ -7,7 +7,7 @@
 //!
 //! The batch script is generated from the single-item script: its body becomes a Lua function
 //! with its own `KEYS` and `ARGV`, called once per item under `pcall`, so one item's error fails
-//! only that item. Redis runs the whole batch atomically, which is stronger than each item needs.
+//! only that item (each reply comes back as `{1, reply}` or `{0, error}`). Redis runs the whole batch atomically, which is stronger than each item needs.
 
 use redis::aio::ConnectionManager;
 use redis::{Script, Value};
@@ -85,11 +85,7 @@ async fn run(script: Script, mut receiver: mpsc::UnboundedReceiver<Item>, mut co
         match res {
             Ok(replies) if replies.len() == batch.len() => {
                 for (item, reply) in batch.drain(..).zip(replies) {
-                    let reply = match reply {
-                        Value::ServerError(err) => Err(Error::from(redis::RedisError::from(err))),
-                        reply => Ok(reply),
-                    };
-                    let _ = item.reply.send(reply);
+                    let _ = item.reply.send(item_reply(reply));
                 }
             }
             Ok(replies) => {
@@ -115,6 +111,25 @@ async fn run(script: Script, mut receiver: mpsc::UnboundedReceiver<Item>, mut co
     }
 }
 
+/// Unwraps one item's `{1, reply}` or `{0, error message}`.
+///
+/// Errors are not returned as nested error replies: the client would turn the whole batch's
+/// reply into an error, failing every item for one item's fault.
+fn item_reply(reply: Value) -> Result<Value, Error> {
+    let Value::Array(parts) = reply else {
+        return Err(Error::Protocol("malformed batch item reply".to_owned()));
+    };
+    let mut parts = parts.into_iter();
+    match (parts.next(), parts.next()) {
+        (Some(Value::Int(1)), reply) => Ok(reply.unwrap_or(Value::Nil)),
+        (Some(Value::Int(0)), message) => {
+            let message = message.and_then(|m| redis::from_redis_value::<String>(m).ok()).unwrap_or_default();
+            Err(Error::Refused(redis::RedisError::from((redis::ErrorKind::Client, "script error", message))))
+        }
+        _ => Err(Error::Protocol("malformed batch item reply".to_owned())),
+    }
+}
+
 /// The batch form of a single-item script.
 fn batch_source(source: &str, keys_per_item: usize, args_per_item: usize) -> String {
     format!(
@@ -126,7 +141,7 @@ fn batch_source(source: &str, keys_per_item: usize, args_per_item: usize) -> Str
            for j = 1, {keys_per_item} do keys[j] = KEYS[(i - 1) * {keys_per_item} + j] end\n\
            for j = 1, {args_per_item} do argv[j] = ARGV[1 + (i - 1) * {args_per_item} + j] end\n\
            local ok, reply = pcall(one, keys, argv)\n\
-           if ok then replies[i] = reply else replies[i] = redis.error_reply(tostring(reply)) end\n\
+           if ok then replies[i] = {{1, reply}} else replies[i] = {{0, tostring(reply)}} end\n\
          end\n\
          return replies\n"
     )

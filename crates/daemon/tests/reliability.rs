@@ -274,20 +274,25 @@ async fn chat_inbox_kill9_with_calls_in_flight_a_replica_replies_to_each_once() 
     assert_eq!(count_keys(&mut connection, "toolhost:toolhost:call:*").await, 0);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_crashed_holders_call_is_run_again_only_if_idempotent() {
-    let _serial = SERIAL.lock().await;
-    let redis = RedisServer::start();
-    let mut connection = redis.connection().await;
+/// Creates the daemon's group before any daemon runs, as a crashed holder would have found it.
+async fn create_group(connection: &mut MultiplexedConnection) {
     let _: redis::Value = redis::cmd("XGROUP")
         .arg("CREATE")
         .arg(REQUESTS)
         .arg(GROUP)
         .arg("$")
         .arg("MKSTREAM")
-        .query_async(&mut connection)
+        .query_async(connection)
         .await
         .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_holders_call_is_run_again_only_if_idempotent() {
+    let _serial = SERIAL.lock().await;
+    let redis = RedisServer::start();
+    let mut connection = redis.connection().await;
+    create_group(&mut connection).await;
     // A holder that read two requests, began both calls and died: its entries stay pending and
     // its call records keep a lease that has lapsed.
     for (request_id, payload) in [("idem-1", echo("idem-1")), ("nonidem-1", sleep("nonidem-1", 1))] {
@@ -496,15 +501,7 @@ async fn a_poison_entry_is_dead_lettered_after_max_deliveries_and_the_stream_flo
     let _serial = SERIAL.lock().await;
     let redis = RedisServer::start();
     let mut connection = redis.connection().await;
-    let _: redis::Value = redis::cmd("XGROUP")
-        .arg("CREATE")
-        .arg(REQUESTS)
-        .arg(GROUP)
-        .arg("$")
-        .arg("MKSTREAM")
-        .query_async(&mut connection)
-        .await
-        .unwrap();
+    create_group(&mut connection).await;
     let poison = echo("poison-1");
     let entry_id = send(&mut connection, &poison).await;
     // Three consumers take the entry in turn and crash without acking.
@@ -810,4 +807,79 @@ async fn soak_two_replicas_one_killed_and_restarted_every_few_seconds() {
 async fn answered(connection: &mut MultiplexedConnection) -> usize {
     let length: usize = redis::cmd("XLEN").arg(RESULTS).query_async(connection).await.unwrap();
     length
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_ledger_steps_share_batches_and_keep_their_own_replies() {
+    let _serial = SERIAL.lock().await;
+    let redis = RedisServer::start();
+    let mut connection = redis.connection().await;
+    let bus = RedisBus::new(RedisOptions::new(redis.url())).unwrap();
+    bus.ensure_group(REQUESTS, GROUP).await.unwrap();
+    let n_calls = 200;
+    let mut entry_ids = Vec::new();
+    for call_idx in 0..n_calls {
+        entry_ids.push(bus.publish(REQUESTS, &format!("m-{call_idx}"), "{}").await.unwrap());
+    }
+    bus.read_group(REQUESTS, GROUP, "c1", n_calls, Duration::from_millis(10)).await.unwrap();
+    let keys: Vec<(String, String)> = (0..n_calls)
+        .map(|call_idx| {
+            (
+                format!("toolhost:toolhost:answered:b-{call_idx}"),
+                format!("toolhost:toolhost:call:b-{call_idx}"),
+            )
+        })
+        .collect();
+    let call = |call_idx: usize| CallKeys {
+        answered: &keys[call_idx].0,
+        call: &keys[call_idx].1,
+        lease: Duration::from_secs(30),
+        retention: Duration::from_secs(60),
+    };
+    // Every other request was answered before: its begin must say so, the others' must not.
+    for call_idx in (0..n_calls).step_by(2) {
+        let _: () = redis::cmd("SET")
+            .arg(&keys[call_idx].0)
+            .arg("earlier")
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+    }
+    let begins = futures::future::join_all((0..n_calls).map(|call_idx| {
+        let keys = call(call_idx);
+        let entry_id = entry_ids[call_idx].clone();
+        let bus = &bus;
+        async move { bus.begin_call(&keys, &format!("c1/{call_idx}"), &entry_id).await.unwrap() }
+    }))
+    .await;
+    for (call_idx, start) in begins.iter().enumerate() {
+        let expected = if call_idx % 2 == 0 { CallStart::Answered } else { CallStart::Fresh };
+        assert_eq!(*start, expected, "call {call_idx}");
+    }
+    // Finish them all at once; one item names a stream key that holds a string, so its XADD
+    // fails inside the batch. That item alone must fail.
+    let ids: Vec<String> = (0..n_calls).map(|call_idx| format!("answer-{call_idx}")).collect();
+    let _: () = redis::cmd("SET").arg("not-a-stream").arg("x").query_async(&mut connection).await.unwrap();
+    let finishes = futures::future::join_all((0..n_calls).map(|call_idx| {
+        let topic = if call_idx == 1 { "not-a-stream" } else { RESULTS };
+        let finish = Finish {
+            entry: EntryRef { topic: REQUESTS, group: GROUP, entry_id: &entry_ids[call_idx] },
+            call: Some(call(call_idx)),
+            answer: Some(Published { topic, id: &ids[call_idx], payload: "{}" }),
+            answer_copy: None,
+            dead_letter: None,
+        };
+        let bus = &bus;
+        async move { bus.finish(&finish).await }
+    }))
+    .await;
+    for (call_idx, res) in finishes.iter().enumerate() {
+        match call_idx {
+            1 => assert!(res.is_err(), "the broken item must fail: {res:?}"),
+            _ if call_idx % 2 == 0 => assert!(!res.as_ref().unwrap(), "call {call_idx} was answered before"),
+            _ => assert!(res.as_ref().unwrap(), "call {call_idx} publishes its answer"),
+        }
+    }
+    let published: u64 = redis::cmd("XLEN").arg(RESULTS).query_async(&mut connection).await.unwrap();
+    assert_eq!(published, (n_calls / 2 - 1) as u64);
 }
