@@ -115,14 +115,20 @@ pub trait Bus: Send + Sync + 'static {
         consumer: &str,
     ) -> Result<bool, Error>;
 
-    /// Atomically: publishes the dead letter (unless the entry was finished already) and the
-    /// answer (unless the request was answered already), marks the request answered and acks its
-    /// entry. Returns whether this answer is the one published for the request.
+    /// Atomically: publishes the answer (unless the request was answered already) and the dead
+    /// letter (unless the entry was finished already), marks the request answered when the answer
+    /// is final, and acks its entry. Reports whether this answer is the one published for the
+    /// request.
     ///
     /// Safe to retry after an error, also when the first attempt was applied and only its reply
-    /// was lost: the retry publishes nothing twice and still reports the answer as published,
-    /// because the answered mark holds the answer's message id.
-    async fn finish(&self, finish: &Finish<'_>) -> Result<bool, Error>;
+    /// was lost: the retry publishes nothing twice. A final answer is still reported as
+    /// published, because the answered mark holds the answer's message id; an answer that is not
+    /// final is guarded by its entry still being pending instead, and a retry reports it as a
+    /// duplicate.
+    ///
+    /// When an answer topic holds a key that is not a stream, nothing at all is written and
+    /// [`Committed::WrongType`] is returned: retrying the same finish can never succeed.
+    async fn finish(&self, finish: &Finish<'_>) -> Result<Committed, Error>;
 
     /// Checks that the server answers.
     async fn ping(&self) -> Result<(), Error>;
@@ -228,6 +234,26 @@ pub struct Finish<'a> {
     pub answer_copy: Option<&'a str>,
     /// A dead letter to publish in any case.
     pub dead_letter: Option<Published<'a>>,
+    /// Whether the answer ends the request for good, so the answered mark is set and a later
+    /// request with the same id is acked unanswered. Refusals that ran nothing (`overloaded`,
+    /// `forbidden`, ...) are not final: a caller retrying with the same request id is answered
+    /// again.
+    pub final_answer: bool,
+}
+
+/// What [`Bus::finish`] did with the answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Committed {
+    /// This answer is the one published for the request (now, or by an earlier attempt of the
+    /// same finish whose reply was lost).
+    Published,
+    /// Nothing was published: the request had been answered already, or there was no answer.
+    /// The entry is acked.
+    NotPublished,
+    /// An answer topic holds a key of another type; nothing was written and the entry is still
+    /// pending.
+    WrongType,
 }
 
 /// What [`Bus::reclaim`] returns.

@@ -6,14 +6,19 @@ use std::time::Duration;
 use serde_json::{Map, Value};
 use toolhost_envelope::{EventEnvelope, ResultData, SPEC_VERSION, new_message_id, now_rfc3339};
 
-use crate::{Bus, Error};
+use crate::{Bus, Error, Keys};
 
 /// Calls tools through a bus, the way an agent worker does.
 #[derive(Clone)]
 pub struct Caller {
     bus: Arc<dyn Bus>,
+    /// Full key of the requests stream.
     requests_topic: String,
+    /// Full key of the results stream, where answers are read.
     results_topic: String,
+    /// Bare name of the results topic, as written into `response_topic`: the tool host puts its
+    /// own key prefix in front of it.
+    response_topic: String,
     source: String,
 }
 
@@ -33,13 +38,23 @@ pub enum CallError {
 }
 
 impl Caller {
-    /// A caller publishing to `requests_topic` and reading answers from `results_topic` (full
-    /// key names, prefix included), writing `source` into its envelopes.
-    pub fn new(bus: Arc<dyn Bus>, requests_topic: &str, results_topic: &str, source: &str) -> Caller {
+    /// A caller publishing to the bare topic `requests_topic` and reading answers from the bare
+    /// topic `results_topic`, both under `keys`' prefix, writing `source` into its envelopes.
+    ///
+    /// The envelope names the results topic bare, as every caller does: the tool host adds the
+    /// key prefix itself.
+    pub fn new(
+        bus: Arc<dyn Bus>,
+        keys: &Keys,
+        requests_topic: &str,
+        results_topic: &str,
+        source: &str,
+    ) -> Caller {
         Caller {
             bus,
-            requests_topic: requests_topic.to_owned(),
-            results_topic: results_topic.to_owned(),
+            requests_topic: keys.topic(requests_topic),
+            results_topic: keys.topic(results_topic),
+            response_topic: results_topic.to_owned(),
             source: source.to_owned(),
         }
     }
@@ -73,7 +88,7 @@ impl Caller {
             time: Some(now_rfc3339()),
             data: Value::Object(data),
             correlation_id: Some(request_id.clone()),
-            response_topic: Some(self.results_topic.clone()),
+            response_topic: Some(self.response_topic.clone()),
             ..EventEnvelope::default()
         };
         // Start reading after the newest answer that exists before the request is sent.

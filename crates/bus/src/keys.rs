@@ -71,9 +71,130 @@ impl Keys {
     }
 }
 
+/// The prefixes of toolhost's own keys. A caller never names one of these as a response topic,
+/// whatever the configured patterns say: an answer published there would inject messages into an
+/// agent's inbox, forge dead letters, or break the exactly-once ledger.
+pub const RESERVED_TOPIC_PREFIXES: &[&str] = &["toolhost:", "dlq:", "audit:", "chat:", "stream:"];
+
+/// The response topics callers may name, as glob patterns over bare topic names (before the key
+/// prefix).
+#[derive(Debug, Clone)]
+pub struct ResponseTopics {
+    patterns: Vec<glob::Pattern>,
+    /// Bare name of the default results topic: always allowed.
+    default_topic: String,
+    /// Bare name of the requests topic: never allowed.
+    requests_topic: String,
+}
+
+/// Why a response topic is refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TopicRefusal {
+    /// The topic is the empty string.
+    Empty,
+    /// One of toolhost's own keys, or the requests stream.
+    Reserved(String),
+    /// No configured pattern matches it.
+    NotAllowed(String),
+}
+
+impl std::fmt::Display for TopicRefusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TopicRefusal::Empty => f.write_str("response_topic is empty"),
+            TopicRefusal::Reserved(topic) => {
+                write!(f, "response_topic '{topic}' is reserved by the tool host and cannot receive answers")
+            }
+            TopicRefusal::NotAllowed(topic) => write!(
+                f,
+                "response_topic '{topic}' matches none of the allowed response topics ([streams] response_topics)"
+            ),
+        }
+    }
+}
+
+impl ResponseTopics {
+    /// The policy for `patterns` (globs: `*`, `?`, `[...]`), with the default results topic always
+    /// allowed and the requests topic never.
+    ///
+    /// # Errors
+    /// A pattern is not a valid glob; the message names it.
+    pub fn new(
+        patterns: &[String],
+        default_topic: &str,
+        requests_topic: &str,
+    ) -> Result<ResponseTopics, String> {
+        let patterns = patterns
+            .iter()
+            .map(|pattern| glob::Pattern::new(pattern).map_err(|err| format!("'{pattern}': {err}")))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(ResponseTopics {
+            patterns,
+            default_topic: default_topic.to_owned(),
+            requests_topic: requests_topic.to_owned(),
+        })
+    }
+
+    /// The bare default results topic.
+    pub fn default_topic(&self) -> &str {
+        &self.default_topic
+    }
+
+    /// Checks a caller-named bare topic.
+    ///
+    /// # Errors
+    /// The topic is empty, reserved, or matches no pattern.
+    pub fn check(&self, topic: &str) -> Result<(), TopicRefusal> {
+        if topic.is_empty() {
+            return Err(TopicRefusal::Empty);
+        }
+        if topic == self.requests_topic
+            || RESERVED_TOPIC_PREFIXES.iter().any(|prefix| topic.starts_with(prefix))
+        {
+            return Err(TopicRefusal::Reserved(topic.to_owned()));
+        }
+        if topic == self.default_topic || self.patterns.iter().any(|pattern| pattern.matches(topic)) {
+            return Ok(());
+        }
+        Err(TopicRefusal::NotAllowed(topic.to_owned()))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn response_topics_follow_the_patterns_and_never_reach_reserved_keys() {
+        let patterns: Vec<String> = ["action-results", "action-results:*", "results:*", "*"]
+            .iter()
+            .map(|p| (*p).to_owned())
+            .collect();
+        let policy = ResponseTopics::new(&patterns[..3], "action-results", "action-requests").unwrap();
+        for allowed in ["action-results", "action-results:worker-7", "results:me"] {
+            assert_eq!(policy.check(allowed), Ok(()), "{allowed}");
+        }
+        assert_eq!(policy.check(""), Err(TopicRefusal::Empty));
+        assert!(matches!(policy.check("other-tenant"), Err(TopicRefusal::NotAllowed(_))));
+        // Even a pattern that matches everything leaves toolhost's own keys alone.
+        let open = ResponseTopics::new(&patterns, "action-results", "action-requests").unwrap();
+        for reserved in [
+            "chat:ToolHost",
+            "dlq:toolhost",
+            "toolhost:tb:answered:r-1",
+            "audit:x",
+            "stream:c1",
+            "action-requests",
+        ] {
+            assert!(matches!(open.check(reserved), Err(TopicRefusal::Reserved(_))), "{reserved}");
+        }
+        assert_eq!(open.check("anything"), Ok(()));
+        // The configured default topic is always allowed, even when no pattern names it.
+        let custom = ResponseTopics::new(&[], "my-results", "my-requests").unwrap();
+        assert_eq!(custom.check("my-results"), Ok(()));
+        assert!(ResponseTopics::new(&["[".to_owned()], "a", "b").is_err());
+    }
 
     #[test]
     fn names_carry_the_prefix() {

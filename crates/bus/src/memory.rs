@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use tokio::sync::Notify;
 use toolhost_envelope::Entry;
 
-use crate::bus::{CallKeys, CallStart, EntryRef, Finish, GroupInfo, Reclaimed, is_entry_id};
+use crate::bus::{CallKeys, CallStart, Committed, EntryRef, Finish, GroupInfo, Reclaimed, is_entry_id};
 use crate::{Bus, Error};
 
 /// The in-memory implementation of [`Bus`].
@@ -447,7 +447,7 @@ impl Bus for MemoryBus {
         Ok(true)
     }
 
-    async fn finish(&self, finish: &Finish<'_>) -> Result<bool, Error> {
+    async fn finish(&self, finish: &Finish<'_>) -> Result<Committed, Error> {
         // The same steps, in the same order, as `scripts/finish.lua`.
         let published = {
             let mut state = self.lock();
@@ -458,19 +458,14 @@ impl Bus for MemoryBus {
             let still_pending = group.is_some_and(|group| group.pending.contains_key(&key));
             let mark = finish.call.and_then(|call| state.text(call.answered).map(str::to_owned));
             let answered = mark.is_some();
-            if let Some(letter) = finish.dead_letter
-                && (still_pending || (group_missing && !answered))
-            {
-                state.append(letter.topic, Some(letter.id.to_owned()), Some(letter.payload.to_owned()));
-            }
             let mut published = false;
             if let Some(answer) = finish.answer {
-                if !answered {
+                if !answered && (finish.final_answer || still_pending || group_missing) {
                     state.append(answer.topic, Some(answer.id.to_owned()), Some(answer.payload.to_owned()));
                     if let Some(copy) = finish.answer_copy {
                         state.append(copy, Some(answer.id.to_owned()), Some(answer.payload.to_owned()));
                     }
-                    if let Some(call) = finish.call {
+                    if let Some(call) = finish.call.filter(|_| finish.final_answer) {
                         let expires = Instant::now() + call.retention;
                         state.values.insert(
                             call.answered.to_owned(),
@@ -481,6 +476,11 @@ impl Bus for MemoryBus {
                 } else {
                     published = mark.as_deref() == Some(answer.id);
                 }
+            }
+            if let Some(letter) = finish.dead_letter
+                && (still_pending || (group_missing && !answered))
+            {
+                state.append(letter.topic, Some(letter.id.to_owned()), Some(letter.payload.to_owned()));
             }
             if let Some(call) = finish.call {
                 state.values.remove(call.call);
@@ -493,7 +493,7 @@ impl Bus for MemoryBus {
             published
         };
         self.published.notify_waiters();
-        Ok(published)
+        Ok(if published { Committed::Published } else { Committed::NotPublished })
     }
 
     async fn ping(&self) -> Result<(), Error> {
@@ -650,13 +650,17 @@ mod tests {
             answer: Some(answer),
             answer_copy: Some("copies"),
             dead_letter: None,
+            final_answer: true,
         };
-        assert!(bus.finish(&finish).await.unwrap());
+        assert_eq!(bus.finish(&finish).await.unwrap(), Committed::Published);
         // The same finish again (its reply was lost): nothing new, still reported as published.
-        assert!(bus.finish(&finish).await.unwrap());
+        assert_eq!(bus.finish(&finish).await.unwrap(), Committed::Published);
         // Another answer to the same request is not published.
         let other = Published { topic: "results", id: "a2", payload: "{}" };
-        assert!(!bus.finish(&Finish { answer: Some(other), ..finish }).await.unwrap());
+        assert_eq!(
+            bus.finish(&Finish { answer: Some(other), ..finish }).await.unwrap(),
+            Committed::NotPublished
+        );
         assert_eq!(bus.payloads("results").len(), 1);
         assert_eq!(bus.payloads("copies").len(), 1);
         assert_eq!(bus.pending_count(TOPIC, GROUP), 0);
@@ -671,7 +675,14 @@ mod tests {
         bus.read_group(TOPIC, GROUP, "c1", 10, Duration::ZERO).await.unwrap();
         let letter = Published { topic: "dlq", id: "d1", payload: "{}" };
         let entry = EntryRef { topic: TOPIC, group: GROUP, entry_id: &entry_id };
-        let finish = Finish { entry, call: None, answer: None, answer_copy: None, dead_letter: Some(letter) };
+        let finish = Finish {
+            entry,
+            call: None,
+            answer: None,
+            answer_copy: None,
+            dead_letter: Some(letter),
+            final_answer: true,
+        };
         bus.finish(&finish).await.unwrap();
         bus.finish(&finish).await.unwrap();
         assert_eq!(bus.payloads("dlq").len(), 1);

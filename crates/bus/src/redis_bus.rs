@@ -14,7 +14,7 @@ use redis::{AsyncCommands, Client, Script, Value};
 use toolhost_envelope::Entry;
 
 use crate::batch::Batcher;
-use crate::bus::{CallKeys, CallStart, EntryRef, Finish, GroupInfo, Reclaimed, is_entry_id};
+use crate::bus::{CallKeys, CallStart, Committed, EntryRef, Finish, GroupInfo, Reclaimed, is_entry_id};
 use crate::{Bus, Error};
 
 /// How to reach Redis and how to write to it.
@@ -339,7 +339,7 @@ impl Bus for RedisBus {
         Ok(renewed == 1)
     }
 
-    async fn finish(&self, finish: &Finish<'_>) -> Result<bool, Error> {
+    async fn finish(&self, finish: &Finish<'_>) -> Result<Committed, Error> {
         let entry = finish.entry;
         let (answered, call, retention) = match finish.call {
             Some(call) => (call.answered, call.call, call.retention),
@@ -351,7 +351,7 @@ impl Bus for RedisBus {
         let batcher = self
             .batchers
             .finish
-            .get_or_init(|| Batcher::new(include_str!("scripts/finish.lua"), 6, 10, self.commands.clone()));
+            .get_or_init(|| Batcher::new(include_str!("scripts/finish.lua"), 6, 11, self.commands.clone()));
         let keys = [
             entry.topic,
             answered,
@@ -371,6 +371,7 @@ impl Bus for RedisBus {
             dead_letter.payload,
             if finish.call.is_some() { "1" } else { "0" },
             if finish.answer_copy.is_some() { "1" } else { "0" },
+            if finish.final_answer { "1" } else { "0" },
         ];
         let reply = batcher
             .invoke(
@@ -378,8 +379,12 @@ impl Bus for RedisBus {
                 args.iter().map(|arg| (*arg).to_owned()).collect(),
             )
             .await?;
-        let published: u8 = redis::from_redis_value(reply).map_err(|err| Error::Protocol(err.to_string()))?;
-        Ok(published == 1)
+        let published: i8 = redis::from_redis_value(reply).map_err(|err| Error::Protocol(err.to_string()))?;
+        Ok(match published {
+            1 => Committed::Published,
+            -1 => Committed::WrongType,
+            _ => Committed::NotPublished,
+        })
     }
 
     async fn ping(&self) -> Result<(), Error> {

@@ -20,12 +20,7 @@ fn caller(config: &Config) -> Result<(Arc<dyn Bus>, Caller), String> {
     options.maxlen = raw.streams.maxlen;
     let bus: Arc<dyn Bus> = Arc::new(RedisBus::new(options).map_err(|err| err.to_string())?);
     let keys = Keys::new(raw.redis.key_prefix.clone());
-    let caller = Caller::new(
-        bus.clone(),
-        &keys.topic(&raw.streams.requests),
-        &keys.topic(&raw.streams.results),
-        "toolhost:cli",
-    );
+    let caller = Caller::new(bus.clone(), &keys, &raw.streams.requests, &raw.streams.results, "toolhost:cli");
     Ok((bus, caller))
 }
 

@@ -125,6 +125,8 @@ pub struct StreamsSection {
     pub results: String,
     pub maxlen: usize,
     pub max_payload_bytes: usize,
+    /// Glob patterns a caller's `response_topic` must match (bare names, before `key_prefix`).
+    pub response_topics: Vec<String>,
 }
 
 /// `[dispatch]`
@@ -169,6 +171,19 @@ pub struct ToolsSection {
     pub disabled: Vec<String>,
     #[serde(default)]
     pub terminal: TerminalSettings,
+    /// `[tools.limits."<tool name>"]`: per-tool concurrency limits and wait queues.
+    #[serde(default)]
+    pub limits: std::collections::BTreeMap<String, ToolLimitSection>,
+}
+
+/// One `[tools.limits."<tool name>"]` table.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolLimitSection {
+    /// Calls of the tool running at once; unset keeps the tool's own limit (if any).
+    pub max_concurrent: Option<usize>,
+    /// Calls waiting for a run slot before more are answered `overloaded`.
+    pub max_queue: Option<usize>,
 }
 
 /// One `[[agents]]` entry: a specialist agent exposed as a tool.
@@ -357,6 +372,18 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
     ] {
         if value == 0 {
             bad(key, "must be greater than 0");
+        }
+    }
+    if let Err(err) = toolhost_bus::ResponseTopics::new(
+        &raw.streams.response_topics,
+        &raw.streams.results,
+        &raw.streams.requests,
+    ) {
+        bad("streams.response_topics", &format!("not a glob pattern: {err}"));
+    }
+    for (name, limit) in &raw.tools.limits {
+        if limit.max_concurrent == Some(0) {
+            bad(&format!("tools.limits.{name}.max_concurrent"), "must be greater than 0");
         }
     }
     if raw.dispatch.claim_idle_ms < 100 && raw.dispatch.claim_idle_ms > 0 {

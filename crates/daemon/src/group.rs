@@ -27,8 +27,26 @@ use crate::telemetry::Telemetry;
 /// Handles one delivered entry to its end: committed (answered, dead-lettered, acked) or left
 /// pending for a reclaim.
 pub(crate) trait EntryHandler: Send + Sync + 'static {
-    /// Handles `entry`; errors are logged and answered inside, never returned.
-    fn handle(&self, entry: Entry) -> impl Future<Output = ()> + Send;
+    /// Handles `entry`, holding `slot` (one of the reader's in-flight slots) until it ends or
+    /// gives the slot back; errors are logged and answered inside, never returned.
+    fn handle(&self, entry: Entry, slot: Slot) -> impl Future<Output = ()> + Send;
+}
+
+/// One of a reader's in-flight slots, held by the handling of one entry.
+///
+/// A handling that must wait for something other than the host's capacity (a tool's own
+/// concurrency limit) gives its slot back with [`Slot::release`], so the reader can take other
+/// work meanwhile.
+#[derive(Debug)]
+pub(crate) struct Slot {
+    permit: Option<OwnedSemaphorePermit>,
+}
+
+impl Slot {
+    /// Gives the slot back to the reader now rather than when the handling ends.
+    pub(crate) fn release(&mut self) {
+        self.permit = None;
+    }
 }
 
 /// Where and how a [`GroupReader`] reads.
@@ -189,9 +207,8 @@ impl<H: EntryHandler> GroupReader<H> {
         };
         let handler = Arc::clone(&self.handler);
         self.shutdown.tasks().spawn(async move {
-            handler.handle(entry).await;
+            handler.handle(entry, Slot { permit: Some(permit) }).await;
             drop(active);
-            drop(permit);
         });
     }
 

@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
-use toolhost_bus::{Bus, CallKeys, CallStart, EntryRef, Finish};
+use toolhost_bus::{Bus, CallKeys, CallStart, Committed, EntryRef, Finish};
 use toolhost_envelope::ErrorCode;
 use toolhost_tools::Failure;
 use tracing::{error, warn};
@@ -77,15 +77,14 @@ pub(crate) async fn renew(
     }
 }
 
-/// Runs [`Bus::finish`] until it succeeds, Redis refuses it, or `forced` fires. Returns whether
-/// the answer was published now (`Some(false)`: it had been already), or `None` when nothing
-/// could be committed and the entry stays pending.
+/// Runs [`Bus::finish`] until it succeeds, Redis refuses it, or `forced` fires. Returns what was
+/// committed, or `None` when nothing could be committed and the entry stays pending.
 pub(crate) async fn finish(
     bus: &dyn Bus,
     finish: &Finish<'_>,
     forced: &CancellationToken,
     telemetry: &Telemetry,
-) -> Option<bool> {
+) -> Option<Committed> {
     let entry_id = finish.entry.entry_id;
     let mut backoff = Backoff::new();
     loop {

@@ -4,14 +4,15 @@
 //! missing while Redis is still out of reach), then the readiness probe, then the consumer group,
 //! then the loops. Shutdown runs the other way round; the HTTP endpoint answers until the end.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
 
 use anyhow::Context as _;
-use toolhost_bus::{Bus, Keys, RedisBus, RedisOptions};
-use toolhost_tools::Registry;
+use toolhost_bus::{Bus, Keys, RedisBus, RedisOptions, ResponseTopics};
 use toolhost_tools::builtin::{AgentSettings, AgentTool, ChatSend, Echo, Synthetic, TerminalRun};
 use toolhost_tools::terminal::TerminalPolicy;
+use toolhost_tools::{DEFAULT_MAX_QUEUE, LimitSettings, Registry, ToolLimits};
 use tracing::{info, warn};
 
 use crate::config::{Config, ConfigError, KeyError, mask_url};
@@ -69,15 +70,45 @@ pub fn build_registry(
     for index in 0..options.synthetic_tools {
         registry.register(Arc::new(Synthetic::new(index)))?;
     }
+    let mut errors = Vec::new();
     let unknown = registry.disable(&config.raw.tools.disabled);
     if !unknown.is_empty() {
-        return Err(ConfigError(vec![KeyError {
+        errors.push(KeyError {
             key: "tools.disabled".to_owned(),
             message: format!("names unknown tools: {}", unknown.join(", ")),
-        }])
-        .into());
+        });
+    }
+    for name in config.raw.tools.limits.keys().filter(|name| !registry.contains(name)) {
+        errors.push(KeyError {
+            key: format!("tools.limits.{name}"),
+            message: "no tool has this name".to_owned(),
+        });
+    }
+    if !errors.is_empty() {
+        return Err(ConfigError(errors).into());
     }
     Ok(registry)
+}
+
+/// The per-tool limits: each tool's own `max_concurrent` (the terminal's setting, for one),
+/// overridden by `[tools.limits."<name>"]`, with a queue of [`DEFAULT_MAX_QUEUE`] unless set.
+pub fn tool_limits(config: &Config, registry: &Registry) -> ToolLimits {
+    let configured = &config.raw.tools.limits;
+    let mut limits: BTreeMap<String, LimitSettings> = registry
+        .spec_limits()
+        .into_iter()
+        .map(|(name, max_concurrent)| (name, LimitSettings { max_concurrent, max_queue: DEFAULT_MAX_QUEUE }))
+        .collect();
+    for (name, section) in configured {
+        let spec = limits.get(name).copied();
+        let Some(max_concurrent) = section.max_concurrent.or(spec.map(|limit| limit.max_concurrent)) else {
+            // A queue length alone limits nothing: the tool runs unlimited.
+            continue;
+        };
+        let max_queue = section.max_queue.unwrap_or(DEFAULT_MAX_QUEUE);
+        limits.insert(name.clone(), LimitSettings { max_concurrent, max_queue });
+    }
+    ToolLimits::new(limits)
 }
 
 /// The bus and key names `config` asks for.
@@ -137,6 +168,7 @@ async fn run_with_bus(
     signal: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let raw = &config.raw;
+    let limits = Arc::new(tool_limits(&config, &registry));
     let registry = Arc::new(registry);
     let consumer = consumer_name();
     let shutdown = Shutdown::new();
@@ -157,10 +189,19 @@ async fn run_with_bus(
         answered_retention: config.answered_retention,
         max_request_age: config.max_request_age,
         answer_unknown_tools: raw.dispatch.answer_unknown_tools,
+        response_topics: ResponseTopics::new(
+            &raw.streams.response_topics,
+            &raw.streams.results,
+            &raw.streams.requests,
+        )
+        .map_err(|err| {
+            ConfigError(vec![KeyError { key: "streams.response_topics".to_owned(), message: err }])
+        })?,
     };
     let services = Services {
         bus: bus.clone(),
         registry: registry.clone(),
+        limits,
         keys: keys.clone(),
         stats,
         telemetry: telemetry.clone(),

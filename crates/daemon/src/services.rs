@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use toolhost_bus::{Bus, Keys};
-use toolhost_tools::Registry;
+use toolhost_tools::{Registry, ToolLimits};
 
 use crate::shutdown::Shutdown;
 use crate::stats::Stats;
@@ -16,6 +16,8 @@ pub struct Services {
     pub bus: Arc<dyn Bus>,
     /// The tools of this toolbox.
     pub registry: Arc<Registry>,
+    /// Per-tool concurrency limits and wait queues, outside the registry.
+    pub limits: Arc<ToolLimits>,
     /// Key and topic names.
     pub keys: Keys,
     /// Per-tool statistics for `tools.stats`.

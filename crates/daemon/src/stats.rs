@@ -48,6 +48,13 @@ impl Stats {
         }
     }
 
+    /// The mean duration of `tool`'s calls so far, if it had any.
+    pub fn mean(&self, tool: &str) -> Option<Duration> {
+        let tools = self.tools.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let stats = tools.get(tool).filter(|stats| stats.requests > 0)?;
+        Some(stats.total / u32::try_from(stats.requests).unwrap_or(u32::MAX))
+    }
+
     /// `{"tools": {"<name>": {"requests", "errors": {"<code>": n}, "mean_ms", "p99_ms"}}}`, the p99
     /// over the most recent 2048 calls of each tool.
     pub fn snapshot(&self) -> Value {

@@ -2,8 +2,6 @@
 //! commands and the deployment files, against the real binary and real redis-server processes.
 
 use std::collections::HashMap;
-use std::io::{Read as _, Write as _};
-use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output};
 use std::time::{Duration, Instant};
@@ -13,48 +11,11 @@ use toolhost::config::{
     Config, ENV_AGENT_NAME, ENV_CHAT_CONVERSATION_ID, ENV_PREFIX, ENV_REDIS_URL, ENV_TERMINAL,
 };
 
-use crate::support::{Daemon, RedisServer, answers_to, request, temp_dir, wait_for, xadd};
+use crate::support::{
+    Daemon, RedisServer, answers_to, http_addr, http_get, request, temp_dir, wait_for, wait_http, xadd,
+};
 
 const WAIT: Duration = Duration::from_secs(10);
-
-/// `GET path` with a raw HTTP/1.0 request: status and body.
-fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
-    let mut stream =
-        TcpStream::connect_timeout(&addr, Duration::from_secs(2)).expect("connect to toolhost HTTP");
-    stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
-    let mut reply = String::new();
-    stream.read_to_string(&mut reply).unwrap();
-    let status = reply.get(9..12).and_then(|code| code.parse().ok()).unwrap_or(0);
-    let body = reply.split_once("\r\n\r\n").map(|(_, body)| body.to_owned()).unwrap_or_default();
-    (status, body)
-}
-
-/// The HTTP address a daemon logged (`"message":"http listening","addr":...`).
-fn http_addr(log: &str) -> SocketAddr {
-    log.lines()
-        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
-        .find(|line| line["message"] == "http listening")
-        .and_then(|line| line["addr"].as_str()?.parse().ok())
-        .unwrap_or_else(|| panic!("no http listening line in:\n{log}"))
-}
-
-/// Polls `GET path` until `check` accepts the reply; returns the last reply.
-fn wait_http(
-    addr: SocketAddr,
-    path: &str,
-    timeout: Duration,
-    check: impl Fn(u16, &str) -> bool,
-) -> (u16, String) {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let (status, body) = http_get(addr, path);
-        if check(status, &body) || Instant::now() >= deadline {
-            return (status, body);
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
 
 /// Runs the `toolhost` binary to completion with only `env` (and PATH) set.
 fn toolhost(args: &[&str], env: &[(&str, &str)]) -> Output {

@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 use redis::aio::MultiplexedConnection;
 use serde_json::{Value, json};
 use tokio::sync::Mutex;
-use toolhost_bus::{Bus, CallKeys, CallStart, EntryRef, Finish, Published, RedisBus, RedisOptions};
+use toolhost_bus::{
+    Bus, CallKeys, CallStart, Committed, EntryRef, Finish, Published, RedisBus, RedisOptions,
+};
 
 use crate::support::{Daemon, RedisServer, pending, request, xadd};
 
@@ -634,13 +636,14 @@ async fn ledger_steps_are_safe_to_repeat_against_redis() {
         answer: Some(Published { topic: RESULTS, id: "answer-1", payload: "{}" }),
         answer_copy: None,
         dead_letter: Some(Published { topic: DEAD_LETTERS, id: "letter-1", payload: "{}" }),
+        final_answer: true,
     };
     // The first run's reply is lost; the retry changes nothing and reports the same outcome.
-    assert!(bus.finish(&finish).await.unwrap());
-    assert!(bus.finish(&finish).await.unwrap());
+    assert_eq!(bus.finish(&finish).await.unwrap(), Committed::Published);
+    assert_eq!(bus.finish(&finish).await.unwrap(), Committed::Published);
     let other =
         Finish { answer: Some(Published { topic: RESULTS, id: "answer-2", payload: "{}" }), ..finish };
-    assert!(!bus.finish(&other).await.unwrap());
+    assert_eq!(bus.finish(&other).await.unwrap(), Committed::NotPublished);
     let lengths: (u64, u64) = redis::pipe()
         .cmd("XLEN")
         .arg(RESULTS)
@@ -685,8 +688,9 @@ async fn ledger_steps_are_safe_to_repeat_against_redis() {
         answer: Some(Published { topic: RESULTS, id: "answer-3", payload: "{}" }),
         answer_copy: None,
         dead_letter: None,
+        final_answer: true,
     };
-    assert!(bus.finish(&finish).await.unwrap());
+    assert_eq!(bus.finish(&finish).await.unwrap(), Committed::Published);
     // Re-created from the start, the group delivers what callers added meanwhile.
     bus.ensure_group_at(REQUESTS, GROUP, "0").await.unwrap();
     let entries = bus.read_group(REQUESTS, GROUP, "c1", 10, Duration::from_millis(10)).await.unwrap();
@@ -857,7 +861,7 @@ async fn concurrent_ledger_steps_share_batches_and_keep_their_own_replies() {
         assert_eq!(*start, expected, "call {call_idx}");
     }
     // Finish them all at once; one item names a stream key that holds a string, so its XADD
-    // fails inside the batch. That item alone must fail.
+    // cannot succeed. That item alone must say so, having written nothing.
     let ids: Vec<String> = (0..n_calls).map(|call_idx| format!("answer-{call_idx}")).collect();
     let _: () = redis::cmd("SET").arg("not-a-stream").arg("x").query_async(&mut connection).await.unwrap();
     let finishes = futures::future::join_all((0..n_calls).map(|call_idx| {
@@ -868,6 +872,7 @@ async fn concurrent_ledger_steps_share_batches_and_keep_their_own_replies() {
             answer: Some(Published { topic, id: &ids[call_idx], payload: "{}" }),
             answer_copy: None,
             dead_letter: None,
+            final_answer: true,
         };
         let bus = &bus;
         async move { bus.finish(&finish).await }
@@ -875,9 +880,20 @@ async fn concurrent_ledger_steps_share_batches_and_keep_their_own_replies() {
     .await;
     for (call_idx, res) in finishes.iter().enumerate() {
         match call_idx {
-            1 => assert!(res.is_err(), "the broken item must fail: {res:?}"),
-            _ if call_idx % 2 == 0 => assert!(!res.as_ref().unwrap(), "call {call_idx} was answered before"),
-            _ => assert!(res.as_ref().unwrap(), "call {call_idx} publishes its answer"),
+            // A topic that is not a stream is reported, for that item alone, with nothing written.
+            1 => assert_eq!(res.as_ref().unwrap(), &Committed::WrongType, "the broken item"),
+            _ if call_idx % 2 == 0 => {
+                assert_eq!(
+                    res.as_ref().unwrap(),
+                    &Committed::NotPublished,
+                    "call {call_idx} was answered before"
+                )
+            }
+            _ => assert_eq!(
+                res.as_ref().unwrap(),
+                &Committed::Published,
+                "call {call_idx} publishes its answer"
+            ),
         }
     }
     let published: u64 = redis::cmd("XLEN").arg(RESULTS).query_async(&mut connection).await.unwrap();

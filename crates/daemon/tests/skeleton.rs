@@ -22,7 +22,7 @@ async fn requests_are_answered_once_and_bad_input_is_dead_lettered() {
         request("tool.invoke", "r-2", json!({"tool": "echo", "arguments": {"message": "via invoke"}}));
     xadd(&mut connection, "action-requests", &invoke.to_string()).await;
     let mut custom = request("echo.requested", "r-3", json!({"message": "elsewhere"}));
-    custom["response_topic"] = json!("my-results");
+    custom["response_topic"] = json!("results:mine");
     xadd(&mut connection, "action-requests", &custom.to_string()).await;
     xadd(&mut connection, "action-requests", "not json").await;
     xadd(&mut connection, "action-requests", "[1,2,3]").await;
@@ -58,9 +58,9 @@ async fn requests_are_answered_once_and_bad_input_is_dead_lettered() {
     assert_eq!(unknown["data"]["error_code"], "unknown_tool");
     assert_eq!(answers_to(&results, "r-5")[0]["data"]["result"], json!({"message": "still serving"}));
 
-    let custom = wait_for(&mut connection, "my-results", 1, WAIT).await;
+    let custom = wait_for(&mut connection, "results:mine", 1, WAIT).await;
     assert_eq!(custom.len(), 1);
-    assert_eq!(custom[0]["topic"], "my-results");
+    assert_eq!(custom[0]["topic"], "results:mine");
     assert_eq!(custom[0]["data"]["result"], json!({"message": "elsewhere"}));
 
     let dead = wait_for(&mut connection, "dlq:toolhost", 2, WAIT).await;

@@ -24,5 +24,8 @@ mod tidy;
 /// Issue 6: exactly one answer per request under kills, pauses, restarts and duplicate deliveries.
 mod reliability;
 
+/// Issue 12: response topics, per-tool queues, refusals and retries, hostile names and ids.
+mod hardening;
+
 /// terminal_run through the daemon: policy, sandbox, environment, redaction, floods, timeouts.
 mod terminal;

@@ -260,6 +260,33 @@ impl ErrorCode {
     }
 }
 
+impl ErrorCode {
+    /// Whether an answer with this code ends its request id for good.
+    ///
+    /// Final answers are remembered for the retention window: a request re-sent with the same
+    /// id is not run again. The others are refusals given before the tool started (the request
+    /// could not run, yet), so a caller that retries with the same request id, as it should, is
+    /// answered again. `internal` is not final either: it names a fault of the host, not of the
+    /// request.
+    pub fn is_final(self) -> bool {
+        match self {
+            ErrorCode::Timeout
+            | ErrorCode::ToolFailed
+            | ErrorCode::InvalidOutput
+            | ErrorCode::Cancelled
+            | ErrorCode::Interrupted => true,
+            ErrorCode::InvalidRequest
+            | ErrorCode::UnknownTool
+            | ErrorCode::ToolDisabled
+            | ErrorCode::InvalidArguments
+            | ErrorCode::Forbidden
+            | ErrorCode::Expired
+            | ErrorCode::Overloaded
+            | ErrorCode::Internal => false,
+        }
+    }
+}
+
 impl std::fmt::Display for ErrorCode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())

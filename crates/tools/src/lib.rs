@@ -3,18 +3,22 @@
 //! - [`Tool`]: what a tool is (a [`ToolSpec`] and an async `call`), with its [`Context`].
 //! - [`Registry`]: every tool of a toolbox, its compiled schemas, and [`Registry::invoke`], which
 //!   validates arguments, runs the tool under its timeout, catches panics and validates output.
+//! - [`ToolLimits`]: per-tool concurrency limits and bounded wait queues, kept outside the
+//!   registry and keyed by tool name.
 //! - [`builtin`]: the tools toolhost ships.
 //!
 //! **Invariant:** `tools` reaches Redis only through `toolhost_bus::Bus`, reads no environment
 //! variables and installs no logging subscriber: the daemon hands every setting in.
 
 pub mod builtin;
+mod limits;
 mod registry;
 mod schema;
 /// The `terminal_run` engine: policy, sandboxed execution, capture, redaction, summary.
 pub mod terminal;
 mod tool;
 
+pub use limits::{Admit, DEFAULT_MAX_QUEUE, Full, LimitSettings, Running, ToolLimits, Waiting};
 pub use registry::{Failure, Registry, RegistryError, valid_tool_name};
 pub use schema::{SchemaError, describe_errors};
 pub use tool::{Context, Tool, ToolError, ToolSpec};

@@ -9,7 +9,6 @@ use futures::FutureExt;
 use jsonschema::Validator;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
-use tokio::sync::Semaphore;
 use toolhost_envelope::{Annotations, DiscoveryFormat, ErrorCode, ToolDescription};
 
 use crate::schema::{SchemaError, compile, describe_errors};
@@ -40,7 +39,6 @@ struct Registered {
     output: Schema,
     /// Top-level arguments that may be left out; `null` for them means absent.
     optional: Vec<String>,
-    permits: Option<Arc<Semaphore>>,
 }
 
 /// A schema and its compiled validator.
@@ -130,8 +128,7 @@ impl Registry {
         description.argument_schema = Value::Null;
         description.output_schema = Value::Null;
         let optional = optional_properties(&arguments.value);
-        let permits = spec.max_concurrent.map(|n| Arc::new(Semaphore::new(n.max(1))));
-        self.tools.push(Registered { tool, spec, description, arguments, output, optional, permits });
+        self.tools.push(Registered { tool, spec, description, arguments, output, optional });
         self.tools.sort_by(|a, b| a.spec.name.cmp(&b.spec.name));
         self.reindex();
         Ok(())
@@ -217,10 +214,46 @@ impl Registry {
             .collect()
     }
 
-    /// Calls tool `name`: validates the arguments, waits for a permit, runs the tool under its
-    /// timeout (shortened to `deadline` when that comes first), catches panics and validates the
-    /// output.
+    /// The concurrency limit each tool's spec asks for (`max_concurrent`), by name. The limits
+    /// themselves live in a `ToolLimits` outside the registry.
+    pub fn spec_limits(&self) -> Vec<(String, usize)> {
+        self.tools
+            .iter()
+            .filter_map(|tool| tool.spec.max_concurrent.map(|n| (tool.spec.name.clone(), n)))
+            .collect()
+    }
+
+    /// Calls tool `name`: [`Registry::prepare`]s the arguments, then [`Registry::run`]s it.
     pub async fn invoke(
+        &self,
+        name: &str,
+        arguments: Value,
+        context: &Context,
+        deadline: Option<Duration>,
+    ) -> Result<Value, Failure> {
+        let arguments = self.prepare(name, arguments)?;
+        self.run(name, arguments, context, deadline).await
+    }
+
+    /// Checks that tool `name` exists and is enabled, drops `null` optional arguments and
+    /// validates the rest against the tool's argument schema.
+    ///
+    /// # Errors
+    /// `unknown_tool`, `tool_disabled` or `invalid_arguments`.
+    pub fn prepare(&self, name: &str, arguments: Value) -> Result<Value, Failure> {
+        let Some(&index) = self.by_name.get(name) else {
+            return Err(Failure::new(ErrorCode::UnknownTool, format!("no tool named '{name}'")));
+        };
+        if self.disabled.contains(name) {
+            return Err(Failure::new(ErrorCode::ToolDisabled, format!("tool '{name}' is disabled")));
+        }
+        self.tools[index].prepare_arguments(arguments)
+    }
+
+    /// Runs tool `name` with arguments from [`Registry::prepare`], under its timeout (shortened
+    /// to `deadline` when that comes first), catching panics and validating the output.
+    /// Concurrency limits are the caller's (see `ToolLimits`).
+    pub async fn run(
         &self,
         name: &str,
         arguments: Value,
@@ -230,22 +263,7 @@ impl Registry {
         let Some(&index) = self.by_name.get(name) else {
             return Err(Failure::new(ErrorCode::UnknownTool, format!("no tool named '{name}'")));
         };
-        if self.disabled.contains(name) {
-            return Err(Failure::new(ErrorCode::ToolDisabled, format!("tool '{name}' is disabled")));
-        }
         let tool = &self.tools[index];
-        let arguments = tool.prepare_arguments(arguments)?;
-        let _permit = match &tool.permits {
-            // The semaphore is never closed, so acquiring only waits.
-            Some(permits) => Some(
-                permits
-                    .clone()
-                    .acquire_owned()
-                    .await
-                    .map_err(|_| Failure::new(ErrorCode::Internal, "tool concurrency limit is closed"))?,
-            ),
-            None => None,
-        };
         let timeout = deadline.map_or(tool.spec.timeout, |left| left.min(tool.spec.timeout));
         let call = AssertUnwindSafe(tool.tool.call(arguments, context)).catch_unwind();
         let output = match tokio::time::timeout(timeout, call).await {

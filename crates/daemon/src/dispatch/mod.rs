@@ -12,14 +12,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use toolhost_bus::{Bus, CallKeys, CallStart, EntryRef, Finish, Keys, Published};
+use toolhost_bus::{Bus, CallKeys, CallStart, Committed, EntryRef, Finish, Keys, Published, ResponseTopics};
 use toolhost_envelope::{DiscoveryFormat, Entry, ErrorCode, EventEnvelope, ResultData, new_message_id};
-use toolhost_tools::{Context, Failure, Registry};
+use toolhost_tools::{Admit, Context, Failure, Full, Registry, Running, ToolLimits};
 use tracing::{error, info, warn};
 
 pub(crate) use request::{Admission, Request, Target, admit, entry_millis, now_since_epoch};
 
-use crate::group::{EntryHandler, GroupSettings};
+use crate::group::{EntryHandler, GroupSettings, Slot};
 use crate::ledger;
 use crate::services::Services;
 use crate::shutdown::Shutdown;
@@ -53,12 +53,16 @@ pub struct DispatchSettings {
     pub max_request_age: Option<Duration>,
     /// Whether events no tool consumes get an `unknown_tool` answer.
     pub answer_unknown_tools: bool,
+    /// The response topics callers may name.
+    pub response_topics: ResponseTopics,
 }
 
 /// Reads requests and answers them.
 pub struct Dispatcher {
     bus: Arc<dyn Bus>,
     registry: Arc<Registry>,
+    /// Per-tool concurrency limits and wait queues.
+    limits: Arc<ToolLimits>,
     keys: Keys,
     settings: DispatchSettings,
     /// Full key of the requests stream.
@@ -71,6 +75,9 @@ pub struct Dispatcher {
     telemetry: Telemetry,
     shutdown: Shutdown,
 }
+
+/// The tool label of calls naming a tool that does not exist, in `tools.stats` and metrics.
+const UNKNOWN_TOOL_LABEL: &str = "_unknown";
 
 /// How a handled entry ended, for logs and metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,13 +104,14 @@ impl Outcome {
 impl Dispatcher {
     /// A dispatcher over `bus` for the tools of `registry`.
     pub fn new(services: Services, settings: DispatchSettings) -> Dispatcher {
-        let Services { bus, registry, keys, stats, telemetry, shutdown } = services;
+        let Services { bus, registry, limits, keys, stats, telemetry, shutdown } = services;
         Dispatcher {
             requests: keys.topic(&settings.requests_topic),
             dead_letters: keys.dead_letters(&settings.toolbox_id),
             source: format!("toolhost:{}", settings.toolbox_id),
             bus,
             registry,
+            limits,
             keys,
             settings,
             stats,
@@ -131,24 +139,29 @@ impl Dispatcher {
     }
 
     /// Handles one entry to its end and logs the outcome.
-    async fn handle_entry(&self, entry: &Entry) {
+    async fn handle_entry(&self, entry: &Entry, slot: &mut Slot) {
         let started = Instant::now();
         if entry.deliveries > 1 {
             self.telemetry.redelivered();
         }
-        let admission = admit(entry, self.settings.max_payload_bytes, |event| {
-            self.registry.by_event(event).map(str::to_owned)
-        });
+        let admission =
+            admit(entry, self.settings.max_payload_bytes, &self.settings.response_topics, |event| {
+                self.registry.by_event(event).map(str::to_owned)
+            });
         let (outcome, tool, request) = match admission {
             Admission::DeadLetter(reason) => (self.dead_letter(entry, &reason, None).await, None, None),
             Admission::Request(request) => {
+                // Caller-chosen names that no tool has share one label, on every path, so they
+                // cannot grow `tools.stats` or the metric series without bound.
                 let tool = match &request.target {
-                    Target::Tool { name, .. } => Some(name.clone()),
-                    Target::Discover => Some("tools.discover".to_owned()),
-                    Target::Stats => Some("tools.stats".to_owned()),
-                    _ => None,
-                };
-                let outcome = self.answer(entry, &request).await;
+                    Target::Tool { name, .. } if self.registry.contains(name) => Some(name.as_str()),
+                    Target::Tool { .. } | Target::Unknown(_) => Some(UNKNOWN_TOOL_LABEL),
+                    Target::Discover => Some("tools.discover"),
+                    Target::Stats => Some("tools.stats"),
+                    Target::Invalid(_) | Target::Forbidden(_) => None,
+                }
+                .map(str::to_owned);
+                let outcome = self.answer(entry, &request, slot).await;
                 (outcome, tool, Some(request))
             }
         };
@@ -181,7 +194,7 @@ impl Dispatcher {
     /// For tool calls the ledger is consulted first, so a copy of a request that is answered or
     /// running elsewhere is neither dead-lettered as poison nor answered `expired` over the live
     /// call's answer.
-    async fn answer(&self, entry: &Entry, request: &Request) -> Outcome {
+    async fn answer(&self, entry: &Entry, request: &Request, slot: &mut Slot) -> Outcome {
         let answered_key = self.keys.answered(&self.settings.toolbox_id, &request.request_id);
         let call_key = self.keys.call(&self.settings.toolbox_id, &request.request_id);
         let call = CallKeys {
@@ -199,7 +212,9 @@ impl Dispatcher {
                 Begin::Answer(result) => result,
                 Begin::Run => match self.expired(entry, request) {
                     Some(failure) => Err(failure),
-                    None => match self.run_tool(entry, request, &call, name, arguments.clone(), &owner).await
+                    None => match self
+                        .run_tool(entry, request, &call, name, arguments.clone(), &owner, slot)
+                        .await
                     {
                         Some(result) => result,
                         // Shutdown was forced: the entry stays pending with a lapsing lease, and
@@ -210,10 +225,7 @@ impl Dispatcher {
             },
             Target::Unknown(_) if !self.settings.answer_unknown_tools => {
                 // Another toolbox sharing the stream answers it; only ack here.
-                return self
-                    .commit(entry, None, None, None)
-                    .await
-                    .map_or(Outcome::LeftPending, |_| Outcome::Duplicate);
+                return self.ack_unanswered(entry).await;
             }
             _ if poisoned => return self.poison(entry, request).await,
             target => match self.expired(entry, request) {
@@ -236,6 +248,7 @@ impl Dispatcher {
                 format!("no tool consumes the event '{event}'; send tools.discover to list the tools"),
             )),
             Target::Invalid(reason) => Err(Failure::new(ErrorCode::InvalidRequest, reason.clone())),
+            Target::Forbidden(reason) => Err(Failure::new(ErrorCode::Forbidden, reason.clone())),
             // `answer` runs tools itself; this arm only keeps the match total.
             Target::Tool { name, .. } => {
                 Err(Failure::new(ErrorCode::Internal, format!("tool '{name}' was not run")))
@@ -260,15 +273,12 @@ impl Dispatcher {
         {
             error!(request_id = %request.request_id, details = ?failure.details, "tool bug: output breaks the tool's output schema");
         }
+        let final_answer = result.as_ref().err().is_none_or(|failure| failure.code.is_final());
         let data = match result {
             Ok(value) => ResultData::ok(&request.request_id, value),
             Err(failure) => failure_data(&request.request_id, failure),
         };
-        match self.commit_answer(entry, request, call, &data, None).await {
-            Some(true) => outcome,
-            Some(false) => Outcome::Duplicate,
-            None => Outcome::LeftPending,
-        }
+        self.commit_answer(entry, request, call, &data, None, final_answer).await.unwrap_or(outcome)
     }
 
     /// An `expired` failure when the request's deadline or the maximum age has passed.
@@ -320,22 +330,14 @@ impl Dispatcher {
         let Some(start) = begun.await else { return Begin::End(Outcome::LeftPending) };
         match start {
             CallStart::Fresh => Begin::Run,
-            CallStart::Answered => Begin::End(
-                self.commit(entry, None, None, None)
-                    .await
-                    .map_or(Outcome::LeftPending, |_| Outcome::Duplicate),
-            ),
+            CallStart::Answered => Begin::End(self.ack_unanswered(entry).await),
             CallStart::Busy { entry_id } if entry_id == entry.entry_id => {
                 // The owner is alive and will ack this very entry.
                 Begin::End(Outcome::LeftPending)
             }
             CallStart::Busy { .. } => {
                 // A re-sent copy while the original runs: the original's answer is the one.
-                Begin::End(
-                    self.commit(entry, None, None, None)
-                        .await
-                        .map_or(Outcome::LeftPending, |_| Outcome::Duplicate),
-                )
+                Begin::End(self.ack_unanswered(entry).await)
             }
             CallStart::StartedBefore => {
                 let idempotent = self.registry.annotations(tool).is_some_and(|a| a.idempotent);
@@ -345,8 +347,9 @@ impl Dispatcher {
         }
     }
 
-    /// Runs a tool, renewing the lease while it runs. `None` when shutdown was forced first: the
-    /// tool is cancelled and nothing is answered.
+    /// Runs a tool, renewing the lease while it waits for a run slot and runs. `None` when
+    /// shutdown was forced first: the tool is cancelled and nothing is answered.
+    #[allow(clippy::too_many_arguments)]
     async fn run_tool(
         &self,
         entry: &Entry,
@@ -355,6 +358,7 @@ impl Dispatcher {
         tool: &str,
         arguments: Value,
         owner: &str,
+        slot: &mut Slot,
     ) -> Option<Result<Value, Failure>> {
         let context = Context {
             request_id: request.request_id.clone(),
@@ -366,7 +370,6 @@ impl Dispatcher {
                 .map(str::to_owned),
             cancel: self.shutdown.forced().child_token(),
         };
-        let left = request.deadline.map(|deadline| deadline.saturating_sub(now_since_epoch()));
         let entry_ref =
             EntryRef { topic: &self.requests, group: &self.settings.toolbox_id, entry_id: &entry.entry_id };
         let period = self.settings.claim_idle / 3;
@@ -380,9 +383,17 @@ impl Dispatcher {
             period,
         );
         let forced = self.shutdown.forced().clone();
-        let _in_flight = self.telemetry.in_flight_guard();
+        let wait_until = self.wait_deadline(entry, request);
+        let call = async {
+            // Arguments are checked before the call waits: a bad request never takes a queue slot.
+            let arguments = self.registry.prepare(tool, arguments)?;
+            let _running = self.wait_for_tool(tool, wait_until, slot).await?;
+            let _in_flight = self.telemetry.in_flight_guard();
+            let left = request.deadline.map(|deadline| deadline.saturating_sub(now_since_epoch()));
+            self.registry.run(tool, arguments, &context, left).await
+        };
         tokio::select! {
-            res = self.registry.invoke(tool, arguments, &context, left) => Some(res),
+            res = call => Some(res),
             () = renew => Some(unreachable_renew()),
             () = forced.cancelled() => {
                 context.cancel.cancel();
@@ -411,18 +422,7 @@ impl Dispatcher {
         answer: Option<(&Request, ResultData)>,
     ) -> Outcome {
         warn!(entry_id = %entry.entry_id, reason, "dead-lettering entry");
-        let letter = json!({
-            "event": "dead_letter",
-            "toolbox_id": self.settings.toolbox_id,
-            "stream": self.requests,
-            "entry_id": entry.entry_id,
-            "id": entry.id,
-            "payload": entry.payload,
-            "deliveries": entry.deliveries,
-            "error": reason,
-            "dead_lettered_at": toolhost_envelope::now_rfc3339(),
-        });
-        let letter = letter.to_string();
+        let letter = self.letter(entry, reason);
         let letter_id = new_message_id();
         let dead = Published { topic: &self.dead_letters, id: &letter_id, payload: &letter };
         self.telemetry.dead_lettered();
@@ -436,11 +436,31 @@ impl Dispatcher {
                     lease: self.settings.claim_idle,
                     retention: self.settings.answered_retention,
                 };
-                self.commit_answer(entry, request, &call, &data, Some(dead)).await.map(|_| ())
+                match self.commit_answer(entry, request, &call, &data, Some(dead), false).await {
+                    None | Some(Outcome::Duplicate) => Some(()),
+                    Some(Outcome::DeadLetter) => return Outcome::DeadLetter,
+                    Some(_) => None,
+                }
             }
-            None => self.commit(entry, None, None, Some(dead)).await.map(|_| ()),
+            None => self.commit(entry, None, None, Some(dead), false).await.map(|_| ()),
         };
         committed.map_or(Outcome::LeftPending, |()| Outcome::DeadLetter)
+    }
+
+    /// The dead letter of a request entry.
+    fn letter(&self, entry: &Entry, reason: &str) -> String {
+        json!({
+            "event": "dead_letter",
+            "toolbox_id": self.settings.toolbox_id,
+            "stream": self.requests,
+            "entry_id": entry.entry_id,
+            "id": entry.id,
+            "payload": entry.payload,
+            "deliveries": entry.deliveries,
+            "error": reason,
+            "dead_lettered_at": toolhost_envelope::now_rfc3339(),
+        })
+        .to_string()
     }
 
     /// An entry delivered too often: dead-letter it and answer `internal`.
@@ -457,7 +477,9 @@ impl Dispatcher {
         self.dead_letter(entry, &reason, Some((request, data))).await
     }
 
-    /// Commits a request's answer. `None` when it could not be committed (left pending).
+    /// Commits a request's answer on its response topic. `None` when this answer is the one
+    /// published; otherwise how the entry ended instead (a duplicate, left pending, or
+    /// dead-lettered because the response topic holds a key that is not a stream).
     async fn commit_answer(
         &self,
         entry: &Entry,
@@ -465,13 +487,65 @@ impl Dispatcher {
         call: &CallKeys<'_>,
         data: &ResultData,
         dead_letter: Option<Published<'_>>,
-    ) -> Option<bool> {
-        let topic = self
-            .keys
-            .topic(request.envelope.requested_response_topic().unwrap_or(&self.settings.results_topic));
+        final_answer: bool,
+    ) -> Option<Outcome> {
+        let topic = self.keys.topic(&request.response_topic);
         let (id, payload) = request.envelope.result_json(&self.source, &topic, data);
         let answer = Published { topic: &topic, id: &id, payload: &payload };
-        self.commit(entry, Some(*call), Some(answer), dead_letter).await
+        match self.commit(entry, Some(*call), Some(answer), dead_letter, final_answer).await {
+            Some(Committed::Published) => None,
+            Some(Committed::NotPublished) => Some(Outcome::Duplicate),
+            Some(Committed::WrongType) => Some(self.wrong_type(entry, request, call, dead_letter).await),
+            Some(_) | None => Some(Outcome::LeftPending),
+        }
+    }
+
+    /// The response topic holds a key that is not a stream, so no answer can ever be published
+    /// there: answer `internal` once on the default results topic and dead-letter the request,
+    /// rather than let the entry loop through redeliveries.
+    async fn wrong_type(
+        &self,
+        entry: &Entry,
+        request: &Request,
+        call: &CallKeys<'_>,
+        dead_letter: Option<Published<'_>>,
+    ) -> Outcome {
+        let topic = self.keys.topic(&request.response_topic);
+        error!(request_id = %request.request_id, topic, "response topic holds a key that is not a stream; dead-lettering");
+        let reason = format!("response topic '{}' holds a key that is not a stream", request.response_topic);
+        let letter = self.letter(entry, &reason);
+        let letter_id = new_message_id();
+        let dead =
+            dead_letter.unwrap_or(Published { topic: &self.dead_letters, id: &letter_id, payload: &letter });
+        self.telemetry.dead_lettered();
+        let default_topic = self.keys.topic(&self.settings.results_topic);
+        let data = ResultData::err(
+            &request.request_id,
+            ErrorCode::Internal,
+            format!("the answer could not be published: {reason}; it was moved to the dead-letter stream"),
+        );
+        let committed = if topic == default_topic {
+            // Even the default topic is unusable: only the dead letter can be written.
+            self.commit(entry, Some(*call), None, Some(dead), false).await
+        } else {
+            let (id, payload) = request.envelope.result_json(&self.source, &default_topic, &data);
+            let answer = Published { topic: &default_topic, id: &id, payload: &payload };
+            self.commit(entry, Some(*call), Some(answer), Some(dead), false).await
+        };
+        match committed {
+            Some(Committed::WrongType) => {
+                let retry = self.commit(entry, Some(*call), None, Some(dead), false).await;
+                retry.map_or(Outcome::LeftPending, |_| Outcome::DeadLetter)
+            }
+            Some(_) => Outcome::DeadLetter,
+            None => Outcome::LeftPending,
+        }
+    }
+
+    /// Acks an entry without answering it: its request was answered, or is being answered, by
+    /// another entry.
+    async fn ack_unanswered(&self, entry: &Entry) -> Outcome {
+        self.commit(entry, None, None, None, false).await.map_or(Outcome::LeftPending, |_| Outcome::Duplicate)
     }
 
     /// Runs [`Bus::finish`] until it succeeds, Redis refuses it, or shutdown is forced.
@@ -481,7 +555,8 @@ impl Dispatcher {
         call: Option<CallKeys<'_>>,
         answer: Option<Published<'_>>,
         dead_letter: Option<Published<'_>>,
-    ) -> Option<bool> {
+        final_answer: bool,
+    ) -> Option<Committed> {
         let finish = Finish {
             entry: EntryRef {
                 topic: &self.requests,
@@ -492,14 +567,77 @@ impl Dispatcher {
             answer,
             answer_copy: None,
             dead_letter,
+            final_answer,
         };
         ledger::finish(&*self.bus, &finish, self.shutdown.forced(), &self.telemetry).await
+    }
+
+    /// When a call waiting for its tool's run slot gives up: its deadline, else the maximum
+    /// request age counted from the entry's time; `None` waits as long as it takes (the queue is
+    /// bounded, so memory is too).
+    fn wait_deadline(&self, entry: &Entry, request: &Request) -> Option<Duration> {
+        let max_age = self.settings.max_request_age.and_then(|max_age| {
+            entry_millis(&entry.entry_id).map(|sent| Duration::from_millis(sent) + max_age)
+        });
+        match (request.deadline, max_age) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Takes a run slot of `tool`: at once, or after a wait in its queue during which the call
+    /// gives back its global slot, so calls of other tools are not held up behind it.
+    ///
+    /// # Errors
+    /// `overloaded` when the tool's queue is full, `expired` when `wait_until` passes first.
+    async fn wait_for_tool(
+        &self,
+        tool: &str,
+        wait_until: Option<Duration>,
+        slot: &mut Slot,
+    ) -> Result<Running, Failure> {
+        let waiting = match self.limits.admit(tool) {
+            Admit::Run(running) => return Ok(running),
+            Admit::Full(full) => return Err(self.overloaded(tool, full)),
+            Admit::Wait(waiting) => waiting,
+        };
+        slot.release();
+        let Some(until) = wait_until else { return Ok(waiting.ready().await) };
+        let left = until.saturating_sub(now_since_epoch());
+        tokio::time::timeout(left, waiting.ready()).await.map_err(|_elapsed| {
+            Failure::new(
+                ErrorCode::Expired,
+                format!("the request's deadline passed while it waited for a free slot of '{tool}'"),
+            )
+        })
+    }
+
+    /// The `overloaded` answer for a tool whose queue is full, with a hint of when a retry may
+    /// find room: the time the calls ahead take at the tool's recent mean duration.
+    fn overloaded(&self, tool: &str, full: Full) -> Failure {
+        let settings = full.settings;
+        let mean = self.stats.mean(tool).unwrap_or(Duration::from_millis(100));
+        let ahead = (settings.max_queue + settings.max_concurrent) as u32;
+        let retry_after = (mean * ahead / settings.max_concurrent.max(1) as u32)
+            .clamp(Duration::from_millis(100), Duration::from_secs(30));
+        Failure {
+            code: ErrorCode::Overloaded,
+            message: format!(
+                "'{tool}' is at its limit of {} running and {} waiting calls; retry later",
+                settings.max_concurrent, settings.max_queue
+            ),
+            details: Some(json!({
+                "retry_after_ms": retry_after.as_millis() as u64,
+                "max_concurrent": settings.max_concurrent,
+                "max_queue": settings.max_queue,
+            })),
+        }
     }
 }
 
 impl EntryHandler for Dispatcher {
-    async fn handle(&self, entry: Entry) {
-        self.handle_entry(&entry).await;
+    async fn handle(&self, entry: Entry, mut slot: Slot) {
+        self.handle_entry(&entry, &mut slot).await;
     }
 }
 

@@ -3,6 +3,7 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::{Map, Value};
+use toolhost_bus::{ResponseTopics, TopicRefusal};
 use toolhost_envelope::{Entry, EventEnvelope, RESERVED_DATA_KEYS};
 
 /// What the dispatcher should do with an entry.
@@ -24,6 +25,9 @@ pub(crate) struct Request {
     pub request_id: String,
     /// What was asked for.
     pub target: Target,
+    /// The bare topic the answer goes to: the caller's `response_topic` when allowed, else the
+    /// default results topic (where a refused topic is answered `forbidden`).
+    pub response_topic: String,
     /// When the request stops being worth running, as time since the UNIX epoch.
     pub deadline: Option<Duration>,
 }
@@ -41,6 +45,9 @@ pub(crate) enum Target {
     Stats,
     /// The envelope can be answered but not run; the sentence says why.
     Invalid(String),
+    /// The caller asked for something it may not have (a reserved or unlisted response topic);
+    /// the sentence says what.
+    Forbidden(String),
 }
 
 /// The generic invocation event: `data.tool` and `data.arguments`.
@@ -50,10 +57,12 @@ pub(crate) const TOOLS_DISCOVER: &str = "tools.discover";
 /// Statistics.
 pub(crate) const TOOLS_STATS: &str = "tools.stats";
 
-/// Decodes an entry; `resolve` maps an event type to the tool consuming it.
+/// Decodes an entry; `resolve` maps an event type to the tool consuming it, `topics` says which
+/// response topics a caller may name.
 pub(crate) fn admit(
     entry: &Entry,
     max_payload_bytes: usize,
+    topics: &ResponseTopics,
     resolve: impl Fn(&str) -> Option<String>,
 ) -> Admission {
     let Some(payload) = entry.payload.as_deref() else {
@@ -72,7 +81,12 @@ pub(crate) fn admit(
     let (envelope, problem) = match direct {
         Some(Ok(envelope)) => (envelope, None),
         _ => match serde_json::from_str::<Value>(payload) {
-            Err(err) => return Admission::DeadLetter(format!("payload is not JSON: {err}")),
+            // Valid JSON this parser cannot hold (a number out of range, nesting past its
+            // limit): answerable when the fields that say where to answer can still be read.
+            Err(err) => match header_envelope(payload) {
+                Some(envelope) => (envelope, Some(format!("payload cannot be read: {err}"))),
+                None => return Admission::DeadLetter(format!("payload is not JSON: {err}")),
+            },
             Ok(value) if !value.is_object() => {
                 return Admission::DeadLetter("payload is not a JSON object".to_owned());
             }
@@ -94,17 +108,108 @@ pub(crate) fn admit(
     if envelope.event_type.is_empty() && !has_response_event {
         return Admission::DeadLetter("envelope has no type and no response_event to answer with".to_owned());
     }
-    let request_id = envelope
-        .data_str("request_id")
-        .map(str::to_owned)
-        .or_else(|| (!envelope.id.is_empty()).then(|| envelope.id.clone()))
-        .unwrap_or_else(|| entry.id.clone());
-    let target = match problem {
-        Some(problem) => Target::Invalid(problem),
-        None => target(&envelope, resolve),
+    let (request_id, id_problem) = match request_id(&envelope, entry) {
+        Ok(request_id) => (request_id, None),
+        Err((request_id, problem)) => (request_id, Some(problem)),
+    };
+    let (response_topic, topic_problem) = match envelope.requested_response_topic() {
+        None => (topics.default_topic().to_owned(), None),
+        Some(topic) => match topics.check(topic) {
+            Ok(()) => (topic.to_owned(), None),
+            Err(refusal) => (topics.default_topic().to_owned(), Some(refusal)),
+        },
+    };
+    let target = match (problem.or(id_problem), topic_problem) {
+        (Some(problem), _) => Target::Invalid(problem),
+        (None, Some(TopicRefusal::Empty)) => Target::Invalid(TopicRefusal::Empty.to_string()),
+        (None, Some(refusal)) => Target::Forbidden(refusal.to_string()),
+        (None, None) => target(&envelope, resolve),
     };
     let deadline = deadline(&envelope, entry);
-    Admission::Request(Box::new(Request { envelope, request_id, target, deadline }))
+    Admission::Request(Box::new(Request { envelope, request_id, target, response_topic, deadline }))
+}
+
+/// The request id: `data.request_id`, else the envelope's `id`, else the entry's message id.
+///
+/// A `data.request_id` that is present must be a non-empty string: an empty one would be
+/// remembered as answered for the whole retention window, and a number would have to be
+/// replaced by something the caller never sent. Either is refused (`invalid_request`), answered
+/// with the id as the caller wrote it.
+fn request_id(envelope: &EventEnvelope, entry: &Entry) -> Result<String, (String, String)> {
+    let fallback = || if envelope.id.is_empty() { entry.id.clone() } else { envelope.id.clone() };
+    match envelope.data.get("request_id") {
+        None | Some(Value::Null) => Ok(fallback()),
+        Some(Value::String(id)) if !id.is_empty() => Ok(id.clone()),
+        Some(Value::String(_)) => Err((String::new(), "data.request_id must not be empty".to_owned())),
+        Some(other) => Err((other.to_string(), "data.request_id must be a string".to_owned())),
+    }
+}
+
+/// The fields that say where and how to answer, read from a payload whose other values this
+/// parser cannot hold (skipped values are scanned, not converted, so no number is out of range
+/// and no depth limit applies to them). `None` when even these cannot be read.
+fn header_envelope(payload: &str) -> Option<EventEnvelope> {
+    #[derive(serde::Deserialize)]
+    struct Header {
+        #[serde(default)]
+        id: Option<String>,
+        #[serde(default, rename = "type", alias = "event_type")]
+        event_type: Option<String>,
+        #[serde(default)]
+        correlation_id: Option<String>,
+        #[serde(default)]
+        response_event: Option<String>,
+        #[serde(default)]
+        response_topic: Option<String>,
+        #[serde(default)]
+        tenant_id: Option<String>,
+        #[serde(default)]
+        user_id: Option<String>,
+        #[serde(default)]
+        session_id: Option<String>,
+        #[serde(default)]
+        trace_id: Option<String>,
+        #[serde(default)]
+        data: Option<HeaderData>,
+    }
+    #[derive(serde::Deserialize)]
+    struct HeaderData {
+        #[serde(default)]
+        request_id: Option<String>,
+        #[serde(default)]
+        correlation_id: Option<String>,
+        #[serde(default)]
+        response_event: Option<String>,
+        #[serde(default)]
+        response_topic: Option<String>,
+    }
+    let header: Header = serde_json::from_str(payload).ok()?;
+    let mut data = Map::new();
+    if let Some(fields) = header.data {
+        for (key, value) in [
+            ("request_id", fields.request_id),
+            ("correlation_id", fields.correlation_id),
+            ("response_event", fields.response_event),
+            ("response_topic", fields.response_topic),
+        ] {
+            if let Some(value) = value {
+                data.insert(key.to_owned(), Value::String(value));
+            }
+        }
+    }
+    Some(EventEnvelope {
+        id: header.id.unwrap_or_default(),
+        event_type: header.event_type.unwrap_or_default(),
+        data: Value::Object(data),
+        correlation_id: header.correlation_id,
+        response_event: header.response_event,
+        response_topic: header.response_topic,
+        tenant_id: header.tenant_id,
+        user_id: header.user_id,
+        session_id: header.session_id,
+        trace_id: header.trace_id,
+        ..EventEnvelope::default()
+    })
 }
 
 fn target(envelope: &EventEnvelope, resolve: impl Fn(&str) -> Option<String>) -> Target {
@@ -207,7 +312,9 @@ mod tests {
     }
 
     fn check(payload: &str) -> Admission {
-        admit(&entry(payload), 1024, |event| (event == "echo.requested").then(|| "echo".to_owned()))
+        let patterns = ["action-results".to_owned(), "results:*".to_owned()];
+        let topics = ResponseTopics::new(&patterns, "action-results", "action-requests").unwrap();
+        admit(&entry(payload), 1024, &topics, |event| (event == "echo.requested").then(|| "echo".to_owned()))
     }
 
     fn request(payload: &str) -> Request {
@@ -238,7 +345,7 @@ mod tests {
     #[test]
     fn tool_events_strip_reserved_keys() {
         let request = request(
-            r#"{"id":"e-1","type":"echo.requested","data":{"request_id":"r-1","message":"hi","deadline":"2099-01-01T00:00:00Z","response_topic":"x"}}"#,
+            r#"{"id":"e-1","type":"echo.requested","data":{"request_id":"r-1","message":"hi","deadline":"2099-01-01T00:00:00Z","response_topic":"results:x"}}"#,
         );
         assert_eq!(request.request_id, "r-1");
         assert!(
@@ -268,9 +375,72 @@ mod tests {
     #[test]
     fn unknown_events_and_malformed_envelopes_are_answerable() {
         assert!(matches!(request(r#"{"type":"nope.requested"}"#).target, Target::Unknown(_)));
-        let request = request(r#"{"type":"echo.requested","correlation_id":5,"response_topic":"mine"}"#);
+        let request =
+            request(r#"{"type":"echo.requested","correlation_id":5,"response_topic":"results:mine"}"#);
         assert!(matches!(request.target, Target::Invalid(_)));
-        assert_eq!(request.envelope.response_topic.as_deref(), Some("mine"));
+        assert_eq!(request.response_topic, "results:mine");
+    }
+
+    #[test]
+    fn response_topics_outside_the_allow_list_are_forbidden_and_answered_on_the_default() {
+        for (topic, forbidden) in [
+            ("results:mine", false),
+            ("action-results", false),
+            ("other-tenant-results", true),
+            ("chat:ToolHost", true),
+            ("dlq:toolhost", true),
+            ("toolhost:toolhost:answered:r-1", true),
+            ("action-requests", true),
+        ] {
+            let request = request(&format!(r#"{{"type":"echo.requested","response_topic":"{topic}"}}"#));
+            if forbidden {
+                assert!(
+                    matches!(&request.target, Target::Forbidden(text) if text.contains(topic)),
+                    "{topic}"
+                );
+                assert_eq!(request.response_topic, "action-results", "{topic}");
+            } else {
+                assert!(matches!(request.target, Target::Tool { .. }), "{topic}");
+                assert_eq!(request.response_topic, topic);
+            }
+        }
+        // The same rule holds for data.response_topic, and "" is an invalid request.
+        let in_data = request(r#"{"type":"echo.requested","data":{"response_topic":"chat:x"}}"#);
+        assert!(matches!(in_data.target, Target::Forbidden(_)));
+        let empty = request(r#"{"type":"echo.requested","response_topic":""}"#);
+        assert!(matches!(&empty.target, Target::Invalid(text) if text.contains("empty")));
+    }
+
+    #[test]
+    fn request_ids_must_be_non_empty_strings() {
+        let empty = request(r#"{"id":"e-1","type":"echo.requested","data":{"request_id":""}}"#);
+        assert!(matches!(&empty.target, Target::Invalid(text) if text.contains("must not be empty")));
+        assert_eq!(empty.request_id, "");
+        let number = request(r#"{"id":"e-1","type":"echo.requested","data":{"request_id":42}}"#);
+        assert!(matches!(&number.target, Target::Invalid(text) if text.contains("must be a string")));
+        assert_eq!(number.request_id, "42");
+        let null = request(r#"{"id":"e-1","type":"echo.requested","data":{"request_id":null}}"#);
+        assert_eq!(null.request_id, "e-1");
+        assert!(matches!(null.target, Target::Tool { .. }));
+    }
+
+    #[test]
+    fn numbers_out_of_range_and_deep_nesting_are_answered_when_the_header_reads() {
+        let deep = format!("{}1{}", "[".repeat(200), "]".repeat(200));
+        for value in ["1e400", &"9".repeat(400), &deep] {
+            let payload = format!(
+                r#"{{"id":"e-1","type":"echo.requested","data":{{"request_id":"r-9","message":{value}}},"response_topic":"results:me"}}"#
+            );
+            let request = request(&payload);
+            assert!(
+                matches!(&request.target, Target::Invalid(text) if text.contains("cannot be read")),
+                "{value}"
+            );
+            assert_eq!(request.request_id, "r-9");
+            assert_eq!(request.response_topic, "results:me");
+        }
+        // Without a type or response_event there is nowhere to answer.
+        assert!(matches!(check(r#"{"data":{"x":1e400}}"#), Admission::DeadLetter(_)));
     }
 
     #[test]

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use toolhost_bus::{Bus, CallKeys, CallStart, EntryRef, Keys, Published};
+use toolhost_bus::{Bus, CallKeys, CallStart, Committed, EntryRef, Keys, Published};
 use toolhost_envelope::{
     ChatEnvelope, DeadLetterEvent, Entry, ErrorCode, StepStatus, StreamEvent, StreamEventKind, new_message_id,
 };
@@ -28,7 +28,7 @@ use toolhost_tools::{Context, Failure, Registry};
 use tracing::{debug, info, warn};
 
 use self::message::{Incoming, Malformed, ToolCall, Work, classify};
-use crate::group::EntryHandler;
+use crate::group::{EntryHandler, Slot};
 use crate::ledger;
 use crate::services::Services;
 use crate::shutdown::Shutdown;
@@ -97,11 +97,11 @@ impl Outcome {
     }
 
     /// The outcome of committing an answer whose own outcome is `self`.
-    fn committed(self, published: Option<bool>) -> Outcome {
-        match published {
-            Some(true) => self,
-            Some(false) => Outcome::Duplicate,
-            None => Outcome::LeftPending,
+    fn committed(self, committed: Option<Committed>) -> Outcome {
+        match committed {
+            Some(Committed::Published) => self,
+            Some(Committed::NotPublished) => Outcome::Duplicate,
+            Some(_) | None => Outcome::LeftPending,
         }
     }
 }
@@ -112,7 +112,7 @@ fn ledger_id(message_id: &str) -> String {
 }
 
 impl EntryHandler for Inbox {
-    async fn handle(&self, entry: Entry) {
+    async fn handle(&self, entry: Entry, _slot: Slot) {
         self.handle_entry(&entry).await;
     }
 }
@@ -120,7 +120,7 @@ impl EntryHandler for Inbox {
 impl Inbox {
     /// The inbox of `settings.agent_name`.
     pub fn new(services: Services, settings: InboxSettings) -> Inbox {
-        let Services { bus, registry, keys, stats, telemetry, shutdown } = services;
+        let Services { bus, registry, limits: _, keys, stats, telemetry, shutdown } = services;
         Inbox {
             topic: keys.chat(&settings.agent_name),
             dead_letters: keys.dead_letters(&settings.agent_name),
@@ -151,11 +151,14 @@ impl Inbox {
             Incoming::Ignored(envelope, reason) => {
                 let acked = self.commit(entry, None, None, None).await;
                 debug!(entry_id = %entry.entry_id, reason, "chat message ignored");
-                (Outcome::Ignored.committed(acked.map(|_| true)), Some(envelope), None)
+                let acked = acked.map(|_| Committed::Published);
+                (Outcome::Ignored.committed(acked), Some(envelope), None)
             }
             Incoming::Message(envelope, work) => {
+                // Names no tool has share one label, so callers cannot grow the metric series.
                 let tool = match &work {
-                    Work::Call(call) => Some(call.name.clone()),
+                    Work::Call(call) if self.registry.contains(&call.name) => Some(call.name.clone()),
+                    Work::Call(_) => Some("_unknown".to_owned()),
                     _ => None,
                 };
                 (self.answer(entry, &envelope, work).await, Some(envelope), tool)
@@ -208,8 +211,8 @@ impl Inbox {
             // The owner is alive and will ack this very entry.
             Some(CallStart::Busy { entry_id }) if entry_id == entry.entry_id => return Outcome::LeftPending,
             Some(CallStart::Answered | CallStart::Busy { .. }) => {
-                return Outcome::Duplicate
-                    .committed(self.commit(entry, None, None, None).await.map(|_| true));
+                let acked = self.commit(entry, None, None, None).await.map(|_| Committed::Published);
+                return Outcome::Duplicate.committed(acked);
             }
             Some(_) => return Outcome::LeftPending,
         };
@@ -230,7 +233,19 @@ impl Inbox {
                 (reply::help_reply(&self.sender, envelope, &self.registry.enabled_names()), Outcome::Help)
             }
         };
-        outcome.committed(self.commit(entry, Some(call_keys), Some(&reply), None).await)
+        match self.commit(entry, Some(call_keys), Some(&reply), None).await {
+            // A conversation or inbox key of another type can never take the reply: dead-letter
+            // the message rather than let it loop through redeliveries.
+            Some(Committed::WrongType) => {
+                let malformed = Malformed {
+                    envelope: serde_json::to_value(envelope).unwrap_or(Value::Null),
+                    conversation_id: Some(envelope.conversation_id.clone()),
+                    error: "the reply's chat topic holds a key that is not a stream".to_owned(),
+                };
+                self.dead_letter_with(entry, malformed, Some(call_keys)).await
+            }
+            committed => outcome.committed(committed),
+        }
     }
 
     /// Runs one tool call (or answers `interrupted` when it must not run again), reporting its
@@ -357,7 +372,8 @@ impl Inbox {
         let letter_id = new_message_id();
         let dead = Published { topic: &self.dead_letters, id: &letter_id, payload: &payload };
         self.telemetry.dead_lettered();
-        Outcome::DeadLetter.committed(self.commit(entry, call, None, Some(dead)).await.map(|_| true))
+        let committed = self.commit(entry, call, None, Some(dead)).await.map(|_| Committed::Published);
+        Outcome::DeadLetter.committed(committed)
     }
 
     /// Commits the end of an entry: the reply (to the conversation, and to the agent's inbox for
@@ -368,7 +384,7 @@ impl Inbox {
         call: Option<CallKeys<'_>>,
         reply: Option<&ChatEnvelope>,
         dead_letter: Option<Published<'_>>,
-    ) -> Option<bool> {
+    ) -> Option<Committed> {
         let conversation_topic = reply.map(|reply| self.keys.chat(&reply.conversation_id));
         let agent_topic = reply
             .and_then(|reply| reply.recipient.strip_prefix("agent:"))
@@ -391,6 +407,8 @@ impl Inbox {
             answer,
             answer_copy: agent_topic.as_deref(),
             dead_letter,
+            // A chat reply ends its message for good.
+            final_answer: true,
         };
         ledger::finish(&*self.bus, &finish, self.shutdown.forced(), &self.telemetry).await
     }

@@ -6,8 +6,8 @@
 #![allow(dead_code)]
 
 use std::collections::HashMap;
-use std::io::Read;
-use std::net::TcpListener;
+use std::io::{Read, Write as _};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -352,4 +352,43 @@ pub async fn ask(redis: &RedisServer, requests: &[(&str, &str, Value)]) -> HashM
         answers.insert((*id).to_owned(), found[0]["data"].clone());
     }
     answers
+}
+
+/// `GET path` with a raw HTTP/1.0 request: status and body.
+pub fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut stream =
+        TcpStream::connect_timeout(&addr, Duration::from_secs(2)).expect("connect to toolhost HTTP");
+    stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).unwrap();
+    let status = reply.get(9..12).and_then(|code| code.parse().ok()).unwrap_or(0);
+    let body = reply.split_once("\r\n\r\n").map(|(_, body)| body.to_owned()).unwrap_or_default();
+    (status, body)
+}
+
+/// The HTTP address a daemon logged (`"message":"http listening","addr":...`).
+pub fn http_addr(log: &str) -> SocketAddr {
+    log.lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .find(|line| line["message"] == "http listening")
+        .and_then(|line| line["addr"].as_str()?.parse().ok())
+        .unwrap_or_else(|| panic!("no http listening line in:\n{log}"))
+}
+
+/// Polls `GET path` until `check` accepts the reply; returns the last reply.
+pub fn wait_http(
+    addr: SocketAddr,
+    path: &str,
+    timeout: Duration,
+    check: impl Fn(u16, &str) -> bool,
+) -> (u16, String) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let (status, body) = http_get(addr, path);
+        if check(status, &body) || Instant::now() >= deadline {
+            return (status, body);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
