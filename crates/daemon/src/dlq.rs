@@ -83,9 +83,10 @@ impl Letter {
     /// `data.request_id`, else the envelope's `id`, else the entry's message id.
     pub fn request_id(&self) -> Option<String> {
         let envelope: Value = self.payload.as_deref().and_then(|text| serde_json::from_str(text).ok())?;
-        let from_data = envelope.get("data").and_then(|data| data.get("request_id")).and_then(Value::as_str);
-        let from_envelope = envelope.get("id").and_then(Value::as_str).filter(|id| !id.is_empty());
-        from_data.or(from_envelope).map(str::to_owned).or_else(|| self.message_id.clone())
+        let data = envelope.get("data").unwrap_or(&Value::Null);
+        let envelope_id = envelope.get("id").and_then(Value::as_str).unwrap_or_default();
+        let message_id = self.message_id.as_deref().unwrap_or_default();
+        toolhost_envelope::request_id(data, envelope_id, message_id).ok().filter(|id| !id.is_empty())
     }
 
     /// The `list` line.

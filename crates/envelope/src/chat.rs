@@ -174,6 +174,47 @@ impl DeadLetterEvent {
     }
 }
 
+/// A chat address: `chat:<conversation_id>` or `agent:<Name>`, each with a suffix that is not
+/// blank. The one place the two prefixes are parsed and written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Address<'a> {
+    /// `chat:<conversation_id>`: a conversation.
+    Chat(&'a str),
+    /// `agent:<Name>`: an agent, whose inbox is `chat:<Name>`.
+    Agent(&'a str),
+}
+
+impl<'a> Address<'a> {
+    /// Parses an address; `None` for another prefix or a blank suffix.
+    pub fn parse(text: &'a str) -> Option<Address<'a>> {
+        let suffix = |prefix: &str| text.strip_prefix(prefix).filter(|rest| !rest.trim().is_empty());
+        suffix(CHAT_PREFIX).map(Address::Chat).or_else(|| suffix(AGENT_PREFIX).map(Address::Agent))
+    }
+
+    /// The agent's name, for an agent address.
+    pub fn agent(self) -> Option<&'a str> {
+        match self {
+            Address::Agent(name) => Some(name),
+            Address::Chat(_) => None,
+        }
+    }
+
+    /// `agent:<name>`.
+    pub fn agent_of(name: &str) -> String {
+        format!("{AGENT_PREFIX}{name}")
+    }
+
+    /// `chat:<conversation_id>`.
+    pub fn chat_of(conversation_id: &str) -> String {
+        format!("{CHAT_PREFIX}{conversation_id}")
+    }
+}
+
+/// The prefix of a conversation address (and of chat topics).
+pub const CHAT_PREFIX: &str = "chat:";
+/// The prefix of an agent address.
+pub const AGENT_PREFIX: &str = "agent:";
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;
@@ -230,5 +271,17 @@ mod tests {
             json!({"event": "dead_letter", "agent": "ToolHost", "conversation_id": null,
                    "envelope": "not json", "error": "payload is not JSON"})
         );
+    }
+
+    #[test]
+    fn addresses_need_a_known_prefix_and_a_suffix() {
+        assert_eq!(Address::parse("chat:conv1"), Some(Address::Chat("conv1")));
+        assert_eq!(Address::parse("agent:DevAgent"), Some(Address::Agent("DevAgent")));
+        assert_eq!(Address::parse("agent:DevAgent").and_then(Address::agent), Some("DevAgent"));
+        for bad in ["conv1", "chat:", "agent:", "agent:  ", "user:bob", ""] {
+            assert_eq!(Address::parse(bad), None, "{bad}");
+        }
+        assert_eq!(Address::agent_of("X"), "agent:X");
+        assert_eq!(Address::chat_of("c"), "chat:c");
     }
 }

@@ -64,6 +64,14 @@ impl EventEnvelope {
         self.data.get(key).and_then(Value::as_str)
     }
 
+    /// The request id: see [`request_id`].
+    ///
+    /// # Errors
+    /// `data.request_id` is present but not a non-empty string.
+    pub fn request_id(&self, message_id: &str) -> Result<String, BadRequestId> {
+        request_id(&self.data, &self.id, message_id)
+    }
+
     /// The correlation id: the envelope's, else `data.correlation_id`.
     pub fn effective_correlation_id(&self) -> Option<&str> {
         self.correlation_id.as_deref().or_else(|| self.data_str("correlation_id"))
@@ -293,6 +301,39 @@ impl std::fmt::Display for ErrorCode {
     }
 }
 
+/// The id a request is known by, in the ledger and in its answer: `data.request_id`, else (when
+/// absent or `null`) the envelope's `id`, else the stream entry's message id.
+///
+/// A `data.request_id` that is present must be a non-empty string: an empty one would be
+/// remembered as answered for the whole retention window, and a number would have to be
+/// replaced by an id the caller never sent.
+///
+/// # Errors
+/// [`BadRequestId`], holding the id as the caller wrote it, to answer with.
+pub fn request_id(data: &Value, envelope_id: &str, message_id: &str) -> Result<String, BadRequestId> {
+    let fallback = || if envelope_id.is_empty() { message_id } else { envelope_id }.to_owned();
+    match data.get("request_id") {
+        None | Some(Value::Null) => Ok(fallback()),
+        Some(Value::String(id)) if !id.is_empty() => Ok(id.clone()),
+        Some(Value::String(_)) => {
+            Err(BadRequestId { as_sent: String::new(), reason: "data.request_id must not be empty" })
+        }
+        Some(other) => {
+            Err(BadRequestId { as_sent: other.to_string(), reason: "data.request_id must be a string" })
+        }
+    }
+}
+
+/// A `data.request_id` that breaks the rule of [`request_id`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{reason}")]
+pub struct BadRequestId {
+    /// The id as the caller wrote it (a number's JSON text), for the answer's `request_id`.
+    pub as_sent: String,
+    /// Why it is refused.
+    pub reason: &'static str,
+}
+
 /// A fresh UUID v4 as a string, for message and event ids.
 pub fn new_message_id() -> String {
     uuid::Uuid::new_v4().to_string()
@@ -394,5 +435,18 @@ mod tests {
         .unwrap();
         assert_eq!(request.effective_correlation_id(), Some("c-2"));
         assert_eq!(request.result_type(), "x.done");
+    }
+
+    #[test]
+    fn request_ids_fall_back_and_must_be_non_empty_strings() {
+        let check = |data: Value, envelope_id: &str| request_id(&data, envelope_id, "m-1");
+        assert_eq!(check(json!({"request_id": "r-1"}), "e-1"), Ok("r-1".to_owned()));
+        assert_eq!(check(json!({"request_id": null}), "e-1"), Ok("e-1".to_owned()));
+        assert_eq!(check(json!({}), ""), Ok("m-1".to_owned()));
+        assert_eq!(check(Value::Null, ""), Ok("m-1".to_owned()));
+        let empty = check(json!({"request_id": ""}), "e-1").unwrap_err();
+        assert_eq!((empty.as_sent.as_str(), empty.reason), ("", "data.request_id must not be empty"));
+        let number = check(json!({"request_id": 42}), "e-1").unwrap_err();
+        assert_eq!((number.as_sent.as_str(), number.reason), ("42", "data.request_id must be a string"));
     }
 }

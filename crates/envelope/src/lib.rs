@@ -12,9 +12,13 @@ mod entry;
 mod event;
 mod tool;
 
-pub use chat::{ChatEnvelope, ChatKind, DeadLetterEvent, StepStatus, StreamEvent, StreamEventKind};
+pub use chat::{
+    AGENT_PREFIX, Address, CHAT_PREFIX, ChatEnvelope, ChatKind, DeadLetterEvent, StepStatus, StreamEvent,
+    StreamEventKind,
+};
 pub use entry::{Entry, FIELD_ID, FIELD_PAYLOAD};
 pub use event::{
-    ErrorCode, EventEnvelope, RESERVED_DATA_KEYS, ResultData, SPEC_VERSION, new_message_id, now_rfc3339,
+    BadRequestId, ErrorCode, EventEnvelope, RESERVED_DATA_KEYS, ResultData, SPEC_VERSION, new_message_id,
+    now_rfc3339, request_id,
 };
 pub use tool::{Annotations, DiscoveryFormat, ToolDescription};

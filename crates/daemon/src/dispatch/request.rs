@@ -108,9 +108,9 @@ pub(crate) fn admit(
     if envelope.event_type.is_empty() && !has_response_event {
         return Admission::DeadLetter("envelope has no type and no response_event to answer with".to_owned());
     }
-    let (request_id, id_problem) = match request_id(&envelope, entry) {
+    let (request_id, id_problem) = match envelope.request_id(&entry.id) {
         Ok(request_id) => (request_id, None),
-        Err((request_id, problem)) => (request_id, Some(problem)),
+        Err(bad) => (bad.as_sent, Some(bad.reason.to_owned())),
     };
     let (response_topic, topic_problem) = match envelope.requested_response_topic() {
         None => (topics.default_topic().to_owned(), None),
@@ -127,22 +127,6 @@ pub(crate) fn admit(
     };
     let deadline = deadline(&envelope, entry);
     Admission::Request(Box::new(Request { envelope, request_id, target, response_topic, deadline }))
-}
-
-/// The request id: `data.request_id`, else the envelope's `id`, else the entry's message id.
-///
-/// A `data.request_id` that is present must be a non-empty string: an empty one would be
-/// remembered as answered for the whole retention window, and a number would have to be
-/// replaced by something the caller never sent. Either is refused (`invalid_request`), answered
-/// with the id as the caller wrote it.
-fn request_id(envelope: &EventEnvelope, entry: &Entry) -> Result<String, (String, String)> {
-    let fallback = || if envelope.id.is_empty() { entry.id.clone() } else { envelope.id.clone() };
-    match envelope.data.get("request_id") {
-        None | Some(Value::Null) => Ok(fallback()),
-        Some(Value::String(id)) if !id.is_empty() => Ok(id.clone()),
-        Some(Value::String(_)) => Err((String::new(), "data.request_id must not be empty".to_owned())),
-        Some(other) => Err((other.to_string(), "data.request_id must be a string".to_owned())),
-    }
 }
 
 /// The fields that say where and how to answer, read from a payload whose other values this

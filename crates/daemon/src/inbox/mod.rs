@@ -22,7 +22,8 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use toolhost_bus::{Bus, CallKeys, CallStart, Committed, EntryRef, Keys, Published};
 use toolhost_envelope::{
-    ChatEnvelope, DeadLetterEvent, Entry, ErrorCode, StepStatus, StreamEvent, StreamEventKind, new_message_id,
+    Address, ChatEnvelope, DeadLetterEvent, Entry, ErrorCode, StepStatus, StreamEvent, StreamEventKind,
+    new_message_id,
 };
 use toolhost_tools::{Context, Failure, Registry};
 use tracing::{debug, info, warn};
@@ -124,7 +125,7 @@ impl Inbox {
         Inbox {
             topic: keys.chat(&settings.agent_name),
             dead_letters: keys.dead_letters(&settings.agent_name),
-            sender: format!("agent:{}", settings.agent_name),
+            sender: Address::agent_of(&settings.agent_name),
             bus,
             registry,
             keys,
@@ -387,7 +388,7 @@ impl Inbox {
     ) -> Option<Committed> {
         let conversation_topic = reply.map(|reply| self.keys.chat(&reply.conversation_id));
         let agent_topic = reply
-            .and_then(|reply| reply.recipient.strip_prefix("agent:"))
+            .and_then(|reply| Address::parse(&reply.recipient).and_then(Address::agent))
             .map(|agent| self.keys.chat(agent))
             .filter(|topic| Some(topic) != conversation_topic.as_ref());
         // Serialising a struct of strings and JSON values cannot fail.

@@ -2,7 +2,7 @@
 //! the short result text of `tool_step` events.
 
 use serde_json::{Value, json};
-use toolhost_envelope::ChatEnvelope;
+use toolhost_envelope::{Address, ChatEnvelope};
 use toolhost_tools::Failure;
 
 use super::message::ToolCall;
@@ -15,9 +15,9 @@ pub(crate) const HELP_TOOLS: usize = 40;
 /// Who a reply goes to: `agent:<X>` when the sender was `agent:<X>` (with `X` for its topic),
 /// else the conversation.
 pub(crate) fn reply_recipient(incoming: &ChatEnvelope) -> (String, Option<String>) {
-    match incoming.sender.strip_prefix("agent:").filter(|name| !name.trim().is_empty()) {
+    match Address::parse(&incoming.sender).and_then(Address::agent) {
         Some(agent) => (incoming.sender.clone(), Some(agent.to_owned())),
-        None => (format!("chat:{}", incoming.conversation_id), None),
+        None => (Address::chat_of(&incoming.conversation_id), None),
     }
 }
 
@@ -56,7 +56,7 @@ pub(crate) fn bad_call_reply(own: &str, incoming: &ChatEnvelope, error: &str) ->
 /// The reply to a message that is not a tool call: what this agent does and how to call it,
 /// naming at most [`HELP_TOOLS`] tools.
 pub(crate) fn help_reply(own: &str, incoming: &ChatEnvelope, tools: &[&str]) -> ChatEnvelope {
-    let name = own.strip_prefix("agent:").unwrap_or(own);
+    let name = Address::parse(own).and_then(Address::agent).unwrap_or(own);
     let shown = &tools[..tools.len().min(HELP_TOOLS)];
     let more = match tools.len() - shown.len() {
         0 => String::new(),

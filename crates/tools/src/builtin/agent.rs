@@ -14,7 +14,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde_json::{Value, json};
 use toolhost_bus::{Bus, Keys};
-use toolhost_envelope::{Annotations, ChatEnvelope, ChatKind, StreamEvent, StreamEventKind, new_message_id};
+use toolhost_envelope::{
+    Address, Annotations, ChatEnvelope, ChatKind, StreamEvent, StreamEventKind, new_message_id,
+};
 
 use crate::{Context, Tool, ToolError, ToolSpec};
 
@@ -54,7 +56,7 @@ pub struct AgentTool {
 impl AgentTool {
     /// The tool for `settings`, speaking as `agent:<agent_name>`.
     pub fn new(bus: Arc<dyn Bus>, keys: Keys, agent_name: &str, settings: AgentSettings) -> AgentTool {
-        AgentTool { bus, keys, sender: format!("agent:{agent_name}"), settings }
+        AgentTool { bus, keys, sender: Address::agent_of(agent_name), settings }
     }
 
     /// Sends `text` and waits for the answer in `conversation_id`.
@@ -67,7 +69,7 @@ impl AgentTool {
         let stream_cursor =
             self.bus.last_entry_id(&stream).await.map_err(|err| failed("read the stream", err))?;
         let chat_cursor = self.bus.last_entry_id(&chat).await.map_err(|err| failed("read the chat", err))?;
-        let recipient = format!("agent:{name}");
+        let recipient = Address::agent_of(name);
         let envelope =
             ChatEnvelope::message(conversation_id, &self.sender, &recipient, text.to_owned(), json!({}));
         // Serialising a struct of strings and JSON values cannot fail.

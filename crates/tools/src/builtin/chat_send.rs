@@ -9,7 +9,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use serde_json::{Value, json};
 use toolhost_bus::{Bus, Keys};
-use toolhost_envelope::{Annotations, ChatEnvelope};
+use toolhost_envelope::{Address, Annotations, ChatEnvelope};
 
 use crate::{Context, Tool, ToolError, ToolSpec};
 
@@ -47,7 +47,7 @@ impl ChatSend {
         ChatSend {
             bus,
             keys,
-            sender: format!("agent:{name}"),
+            sender: Address::agent_of(name),
             default_conversation: (!default_conversation.is_empty()).then(|| default_conversation.to_owned()),
         }
     }
@@ -67,23 +67,22 @@ pub fn route(
     default: Option<&str>,
 ) -> Result<Route, ToolError> {
     let invalid = |message: &str| ToolError::InvalidArguments(message.to_owned());
-    let suffix = |prefix: &str| recipient.strip_prefix(prefix).filter(|rest| !rest.trim().is_empty());
-    let (chat, agent) = (suffix("chat:"), suffix("agent:"));
-    if chat.is_none() && agent.is_none() {
-        return Err(invalid(BAD_RECIPIENT));
-    }
+    let Some(address) = Address::parse(recipient) else { return Err(invalid(BAD_RECIPIENT)) };
     if content.trim().is_empty() {
         return Err(invalid(EMPTY_CONTENT));
     }
-    if let Some(conversation_id) = chat {
-        return Ok(Route { conversation_id: conversation_id.to_owned(), agent: None });
-    }
+    let agent = match address {
+        Address::Chat(conversation_id) => {
+            return Ok(Route { conversation_id: conversation_id.to_owned(), agent: None });
+        }
+        Address::Agent(agent) => agent,
+    };
     let conversation_id = [explicit, context, default]
         .into_iter()
         .flatten()
         .find(|candidate| !candidate.trim().is_empty())
         .ok_or_else(|| invalid(NO_CONVERSATION))?;
-    Ok(Route { conversation_id: conversation_id.to_owned(), agent: agent.map(str::to_owned) })
+    Ok(Route { conversation_id: conversation_id.to_owned(), agent: Some(agent.to_owned()) })
 }
 
 #[async_trait]
