@@ -24,6 +24,9 @@ mod tidy;
 /// Issue 6: exactly one answer per request under kills, pauses, restarts and duplicate deliveries.
 mod reliability;
 
+/// Golden samples of the wire output, metric names and log fields, to hold refactorings to them.
+mod golden;
+
 /// Issue 12: response topics, per-tool queues, refusals and retries, hostile names and ids.
 mod hardening;
 
