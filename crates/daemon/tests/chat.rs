@@ -6,7 +6,9 @@ use std::time::Duration;
 use redis::aio::MultiplexedConnection;
 use serde_json::{Value, json};
 
-use crate::support::{Daemon, RedisServer, answers_to, payloads, pending, request, temp_dir, wait_for, xadd};
+use crate::support::{
+    Daemon, RedisServer, answers_to, payloads, pending, request, settled, temp_dir, wait_for, xadd,
+};
 
 const WAIT: Duration = Duration::from_secs(10);
 
@@ -227,7 +229,7 @@ async fn tool_calls_by_chat_report_steps_output_and_reply_both_ways() {
     xadd(&mut connection, "chat:ToolHost", &chat_message("conv-marker", "user:bob", "", marker).to_string())
         .await;
     assert_eq!(wait_for(&mut connection, "chat:conv-marker", 1, WAIT).await.len(), 1);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    settled(&mut connection, "chat:ToolHost", "toolhost").await;
     assert_eq!(payloads(&mut connection, "chat:conv1").await.len(), 1);
     assert_eq!(payloads(&mut connection, "stream:conv1").await.len(), 3);
     assert_eq!(payloads(&mut connection, "chat:Planner").await.len(), 2);
@@ -298,7 +300,7 @@ async fn plain_control_malformed_and_own_messages() {
     assert_eq!(answered[0]["content"], r#"{"message":"ok"}"#);
     assert_eq!(pending(&mut connection, "chat:ToolHost", "toolhost").await, 0);
     // Control and own messages got nothing: no reply, no events, no second help.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    settled(&mut connection, "chat:ToolHost", "toolhost").await;
     for topic in ["chat:conv-control", "stream:conv-control", "chat:conv-own", "stream:conv-own"] {
         assert!(payloads(&mut connection, topic).await.is_empty(), "{topic}");
     }

@@ -145,35 +145,50 @@ async fn discovery_answers_every_format_over_the_bus() {
         assert_eq!(result["format"], format);
         assert_eq!(result["tools"].as_array().unwrap().len(), 3, "{result}");
     }
-    // Listings are sorted by name: chat_send, echo, terminal_run.
-    let native = &answers["native"]["result"]["tools"][1];
+    // Listings are sorted by name.
+    for format in formats {
+        let tools = answers[format]["result"]["tools"].as_array().unwrap();
+        let names: Vec<&str> = tools.iter().map(tool_name).collect();
+        let mut sorted = names.clone();
+        sorted.sort_unstable();
+        assert_eq!(names, sorted, "{format}");
+    }
+    let tool = |format: &str, name: &str| -> Value {
+        let tools = answers[format]["result"]["tools"].as_array().unwrap();
+        tools
+            .iter()
+            .find(|tool| tool_name(tool) == name)
+            .unwrap_or_else(|| panic!("{format}: no {name}"))
+            .clone()
+    };
+    let native = &tool("native", "echo");
     assert_eq!(native["name"], "echo");
     assert_eq!(native["consumed_event"], "echo.requested");
     assert_eq!(native["produced_event"], "echo.completed");
     assert_eq!(native["annotations"], json!({"read_only": true, "idempotent": true, "destructive": false}));
     assert_eq!(native["hash"].as_str().unwrap().len(), 64);
-    let openai = &answers["openai"]["result"]["tools"][1];
+    let openai = &tool("openai", "echo");
     assert_eq!(openai["type"], "function");
     assert_eq!(openai["function"]["name"], "echo");
     assert_eq!(openai["function"]["strict"], true);
     assert_eq!(openai["function"]["parameters"], native["argument_schema"]);
-    let terminal = &answers["openai"]["result"]["tools"][2];
+    let terminal = &tool("openai", "terminal_run");
     assert_eq!(terminal["function"]["name"], "terminal_run");
     assert_eq!(terminal["function"]["parameters"]["required"], json!(["command", "cwd"]));
     assert_eq!(terminal["function"]["parameters"]["properties"]["cwd"]["type"], json!(["string", "null"]));
-    let mcp = &answers["mcp"]["result"]["tools"][2];
+    let mcp = &tool("mcp", "terminal_run");
     assert_eq!(mcp["name"], "terminal_run");
     assert_eq!(
         mcp["annotations"],
         json!({"readOnlyHint": false, "idempotentHint": false, "destructiveHint": true})
     );
     assert!(mcp["inputSchema"].is_object() && mcp["outputSchema"].is_object());
-    let toolbox = &answers["toolbox"]["result"]["tools"][0];
+    let toolbox = &tool("toolbox", "chat_send");
     assert_eq!(
         toolbox.as_object().unwrap().keys().collect::<Vec<_>>(),
         ["argument_schema", "description", "name", "output_schema"]
     );
-    let capability = &answers["capabilities"]["result"]["tools"][1];
+    let capability = &tool("capabilities", "echo");
     assert_eq!(capability["task_name"], "echo");
     assert_eq!(capability["consumed_event"]["event_name"], "echo.requested");
     assert_eq!(capability["consumed_event"]["topic"], "action-requests");
@@ -307,4 +322,12 @@ async fn openai_agents_sdk_accepts_the_openai_list() {
     assert!(output.status.success(), "{report}\n{}", String::from_utf8_lossy(&output.stderr));
     assert!(report.contains("ok echo strict=True"), "{report}");
     assert!(report.contains("ok terminal_run strict=True"), "{report}");
+}
+
+/// A listed tool's name, in any discovery format.
+fn tool_name(tool: &Value) -> &str {
+    [&tool["name"], &tool["function"]["name"], &tool["task_name"]]
+        .into_iter()
+        .find_map(Value::as_str)
+        .unwrap_or_default()
 }

@@ -9,51 +9,11 @@ use redis::aio::MultiplexedConnection;
 use serde_json::{Value, json};
 
 use crate::support::{
-    Daemon, RedisServer, answers_to, http_addr, http_get, payloads, pending, request, temp_dir, wait_for,
+    Daemon, RedisServer, answers_to, http_addr, http_get, payloads, request, settled, temp_dir, wait_for,
     xadd,
 };
 
 const WAIT: Duration = Duration::from_secs(15);
-
-/// Waits until every entry of the requests stream was delivered to the toolbox's group and
-/// acked: then every answer that will ever be published for them has been (answers commit
-/// atomically with the ack).
-async fn settled(connection: &mut MultiplexedConnection, stream: &str) {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let groups: Vec<Vec<Value>> =
-            match redis::cmd("XINFO").arg("GROUPS").arg(stream).query_async(connection).await {
-                Ok(redis::Value::Array(groups)) => groups
-                    .into_iter()
-                    .map(|group| match group {
-                        redis::Value::Array(fields) => fields.into_iter().map(value_json).collect(),
-                        redis::Value::Map(fields) => {
-                            fields.into_iter().flat_map(|(k, v)| [value_json(k), value_json(v)]).collect()
-                        }
-                        _ => Vec::new(),
-                    })
-                    .collect(),
-                _ => Vec::new(),
-            };
-        let lag_zero =
-            groups.iter().all(|fields| fields.chunks(2).any(|pair| pair[0] == "lag" && pair[1] == json!(0)));
-        if !groups.is_empty() && lag_zero && pending(connection, stream, "toolhost").await == 0 {
-            return;
-        }
-        assert!(Instant::now() < deadline, "{stream} did not settle: {groups:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-fn value_json(value: redis::Value) -> Value {
-    match value {
-        redis::Value::BulkString(bytes) => Value::String(String::from_utf8_lossy(&bytes).into_owned()),
-        redis::Value::SimpleString(text) => Value::String(text),
-        redis::Value::Int(number) => json!(number),
-        redis::Value::Nil => Value::Null,
-        other => Value::String(format!("{other:?}")),
-    }
-}
 
 /// Waits for the one answer to `request_id` on `stream`.
 async fn answer(connection: &mut MultiplexedConnection, stream: &str, request_id: &str) -> Value {
@@ -101,7 +61,7 @@ async fn response_topics_outside_the_allow_list_are_refused_on_the_default_topic
         assert_eq!(refusal["data"]["error_code"], code, "{topic}: {refusal}");
         assert_eq!(refusal["topic"], "action-results");
     }
-    settled(&mut connection, "action-requests").await;
+    settled(&mut connection, "action-requests", "toolhost").await;
     // Nothing reached the reserved keys.
     assert_eq!(xlen(&mut connection, "chat:ToolHost").await, 0);
     assert_eq!(xlen(&mut connection, "dlq:toolhost").await, 0);
@@ -138,7 +98,7 @@ async fn a_response_topic_of_another_type_is_answered_internal_once_and_dead_let
     assert_eq!(internal["data"]["error_code"], "internal", "{internal}");
     let served = answer(&mut connection, "action-results", "r-after").await;
     assert_eq!(served["data"]["success"], true);
-    settled(&mut connection, "action-requests").await;
+    settled(&mut connection, "action-requests", "toolhost").await;
     let results = payloads(&mut connection, "action-results").await;
     assert_eq!(answers_to(&results, "r-broken").len(), 1, "{results:#?}");
     let letters = payloads(&mut connection, "dlq:toolhost").await;
@@ -211,10 +171,10 @@ async fn a_full_tool_queue_answers_overloaded_without_holding_up_other_tools_and
     assert!(overloaded[0]["data"]["details"]["retry_after_ms"].as_u64().unwrap() >= 100, "{overloaded:#?}");
 
     // Everything admitted runs; the refused call, retried with the same id, is answered too.
-    settled(&mut connection, "action-requests").await;
+    settled(&mut connection, "action-requests", "toolhost").await;
     let retry = sleep(&refused_id, json!({"command": "sleep 0"}));
     xadd(&mut connection, "action-requests", &retry.to_string()).await;
-    settled(&mut connection, "action-requests").await;
+    settled(&mut connection, "action-requests", "toolhost").await;
     let results = payloads(&mut connection, "action-results").await;
     for call_idx in 0..4 {
         let answers = answers_to(&results, &format!("r-sleep-{call_idx}"));
@@ -251,7 +211,7 @@ async fn tool_names_no_tool_has_never_become_stats_rows_or_metric_series() {
         let by_event = request(&format!("{name}.requested"), &format!("r-event-{call_idx}"), json!({}));
         xadd(&mut connection, "action-requests", &by_event.to_string()).await;
     }
-    settled(&mut connection, "action-requests").await;
+    settled(&mut connection, "action-requests", "toolhost").await;
     xadd(&mut connection, "action-requests", &request("tools.stats", "r-stats", json!({})).to_string()).await;
     let stats = answer(&mut connection, "action-results", "r-stats").await;
     let rows: Vec<&String> = stats["data"]["result"]["tools"].as_object().unwrap().keys().collect();
@@ -285,7 +245,7 @@ async fn empty_and_numeric_request_ids_and_unreadable_numbers_are_answered_inval
         let payload = header.replace("REQ", request_id).replace("VALUE", value);
         xadd(&mut connection, "action-requests", &payload).await;
     }
-    settled(&mut connection, "action-requests").await;
+    settled(&mut connection, "action-requests", "toolhost").await;
     let results = payloads(&mut connection, "action-results").await;
     let empties = answers_to(&results, "");
     assert_eq!(empties.len(), 2, "{results:#?}");

@@ -77,12 +77,12 @@ async fn answer_counts(connection: &mut MultiplexedConnection) -> BTreeMap<Strin
     }
 }
 
-/// Waits until every id in `ids` is answered, lets `settle` pass so late duplicates would show,
-/// then asserts each was answered exactly once and nothing else was. Returns the answers.
+/// Waits until every id in `ids` is answered and every request entry is handled and acked (so
+/// no late duplicate can still come), then asserts each was answered exactly once and nothing
+/// else was. Returns the answers.
 async fn assert_answered_once(
     connection: &mut MultiplexedConnection,
     ids: &[String],
-    settle: Duration,
     daemons: &[&Daemon],
 ) -> BTreeMap<String, Value> {
     let deadline = Instant::now() + WAIT;
@@ -93,7 +93,7 @@ async fn assert_answered_once(
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    tokio::time::sleep(settle).await;
+    crate::support::settled_within(connection, REQUESTS, GROUP, WAIT).await;
     let answers = answer_counts(connection).await;
     let missing: Vec<&String> = ids.iter().filter(|id| !answers.contains_key(*id)).collect();
     let doubled: Vec<(&String, usize)> =
@@ -220,8 +220,7 @@ async fn kill9_with_calls_in_flight_a_replica_answers_each_once() {
     }
     let second = Daemon::start(&redis, &env(&[]));
     let all: Vec<String> = [slow.clone(), fast, late].concat();
-    let answers =
-        assert_answered_once(&mut connection, &all, Duration::from_millis(1500), &[&first, &second]).await;
+    let answers = assert_answered_once(&mut connection, &all, &[&first, &second]).await;
     for id in &slow {
         // Started by the killed daemon: not repeated, since terminal_run is not idempotent.
         assert_eq!(error_code(&answers[id]), "interrupted", "{}", answers[id]);
@@ -261,7 +260,7 @@ async fn chat_inbox_kill9_with_calls_in_flight_a_replica_replies_to_each_once() 
     first.kill9();
     let second = Daemon::start(&redis, &env(&[]));
     crate::support::wait_for(&mut connection, "chat:conv-r", 3, WAIT).await;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    crate::support::settled_within(&mut connection, "chat:ToolHost", GROUP, WAIT).await;
     let replies = crate::support::payloads(&mut connection, "chat:conv-r").await;
     let replied_to: Vec<&str> =
         replies.iter().filter_map(|reply| reply["metadata"]["in_reply_to"].as_str()).collect();
@@ -327,7 +326,7 @@ async fn a_crashed_holders_call_is_run_again_only_if_idempotent() {
     // the reclaimer must still get its turn.
     let daemon = Daemon::start(&redis, &env(&[("TOOLHOST__DISPATCH__MAX_IN_FLIGHT", "2")]));
     let all = ["idem-1".to_owned(), "nonidem-1".to_owned()];
-    let answers = assert_answered_once(&mut connection, &all, Duration::from_millis(500), &[&daemon]).await;
+    let answers = assert_answered_once(&mut connection, &all, &[&daemon]).await;
     assert_eq!(answers["idem-1"]["data"]["result"], json!({"message": "idem-1"}));
     assert_eq!(error_code(&answers["nonidem-1"]), "interrupted");
     assert_settled(&mut connection).await;
@@ -349,6 +348,8 @@ async fn redis_restarted_with_aof_mid_stream_every_request_is_answered_once() {
         send(&mut connection, &echo(id)).await;
     }
     redis.kill();
+    // The fault itself: Redis stays down this long while the daemons retry. No condition to
+    // await; the point is that time passes.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     redis.restart();
     let mut connection = redis.connection().await;
@@ -357,7 +358,7 @@ async fn redis_restarted_with_aof_mid_stream_every_request_is_answered_once() {
         send(&mut connection, &echo(id)).await;
     }
     let all: Vec<String> = [before, slow, after].concat();
-    assert_answered_once(&mut connection, &all, Duration::from_millis(1500), &[&first, &second]).await;
+    assert_answered_once(&mut connection, &all, &[&first, &second]).await;
     assert_settled(&mut connection).await;
 }
 
@@ -375,7 +376,7 @@ async fn redis_restarted_without_its_data_the_group_is_recreated_and_nothing_is_
         send(&mut connection, &echo(id)).await;
     }
     daemon.signal(libc::SIGCONT);
-    assert_answered_once(&mut connection, &all, Duration::from_millis(500), &[&daemon]).await;
+    assert_answered_once(&mut connection, &all, &[&daemon]).await;
     assert_settled(&mut connection).await;
     assert!(daemon.log().contains("consumer group vanished"));
 }
@@ -395,6 +396,7 @@ async fn redis_stalled_mid_stream_nothing_is_lost_or_answered_twice() {
     // Commands time out on the client but run when the server wakes up: replies are lost after
     // their effects, and the retries must notice.
     redis.pause();
+    // The fault itself: the server stays stalled past the clients' response timeout.
     tokio::time::sleep(Duration::from_secs(3)).await;
     redis.resume();
     let after = ids("after", 100);
@@ -402,7 +404,7 @@ async fn redis_stalled_mid_stream_nothing_is_lost_or_answered_twice() {
         send(&mut connection, &echo(id)).await;
     }
     let all: Vec<String> = [before, after].concat();
-    assert_answered_once(&mut connection, &all, Duration::from_millis(1500), &[&first, &second]).await;
+    assert_answered_once(&mut connection, &all, &[&first, &second]).await;
     assert_settled(&mut connection).await;
     for daemon in [&first, &second] {
         assert!(
@@ -428,8 +430,7 @@ async fn a_daemon_paused_past_its_lease_still_answers_once() {
     paused.signal(libc::SIGCONT);
     // Its call ends after the replica answered: the answered mark keeps its answer out.
     wait_for_outcome(&[&paused], "paused-1", "duplicate").await;
-    let answers =
-        assert_answered_once(&mut connection, &all, Duration::from_millis(500), &[&paused, &replica]).await;
+    let answers = assert_answered_once(&mut connection, &all, &[&paused, &replica]).await;
     assert_eq!(error_code(&answers["paused-1"]), "interrupted");
     assert_settled(&mut connection).await;
 }
@@ -447,10 +448,9 @@ async fn a_request_sent_twice_runs_once_and_is_answered_once() {
     send(&mut connection, &payload).await;
     send(&mut connection, &payload).await;
     let all = ["twice-1".to_owned()];
-    assert_answered_once(&mut connection, &all, Duration::from_millis(200), &[&first, &second]).await;
+    assert_answered_once(&mut connection, &all, &[&first, &second]).await;
     send(&mut connection, &payload).await;
-    let answers =
-        assert_answered_once(&mut connection, &all, Duration::from_millis(1000), &[&first, &second]).await;
+    let answers = assert_answered_once(&mut connection, &all, &[&first, &second]).await;
     assert_eq!(answers["twice-1"]["data"]["success"], true, "{}", answers["twice-1"]);
     assert_eq!(outcomes_of(&[&first, &second], "twice-1"), ["duplicate", "duplicate", "success"]);
     assert_settled(&mut connection).await;
@@ -489,8 +489,7 @@ async fn an_entry_redelivered_while_it_runs_is_answered_once() {
     // The holder's lease is live: the replica leaves the entry to it (not poison, not a rerun).
     assert_eq!(outcomes_of(&[&replica], "again-1"), ["left_pending"]);
     let all = ["again-1".to_owned()];
-    let answers =
-        assert_answered_once(&mut connection, &all, Duration::from_millis(1000), &[&holder, &replica]).await;
+    let answers = assert_answered_once(&mut connection, &all, &[&holder, &replica]).await;
     assert_eq!(answers["again-1"]["data"]["success"], true, "{}", answers["again-1"]);
     assert_eq!(outcomes_of(&[&holder], "again-1"), ["success"]);
     let dead: u64 = redis::cmd("XLEN").arg(DEAD_LETTERS).query_async(&mut connection).await.unwrap();
@@ -531,7 +530,7 @@ async fn a_poison_entry_is_dead_lettered_after_max_deliveries_and_the_stream_flo
     let daemon = Daemon::start(&redis, &env(&[("TOOLHOST__DISPATCH__MAX_DELIVERIES", "3")]));
     send(&mut connection, &echo("after-1")).await;
     let all = ["poison-1".to_owned(), "after-1".to_owned()];
-    let answers = assert_answered_once(&mut connection, &all, Duration::from_millis(500), &[&daemon]).await;
+    let answers = assert_answered_once(&mut connection, &all, &[&daemon]).await;
     assert_eq!(error_code(&answers["poison-1"]), "internal");
     assert_eq!(answers["after-1"]["data"]["success"], true);
     let dead = crate::support::payloads(&mut connection, DEAD_LETTERS).await;
@@ -571,9 +570,7 @@ async fn sigterm_under_load_loses_nothing_and_exits_within_the_grace() {
         send(&mut connection, &echo(id)).await;
     }
     let all: Vec<String> = [slow, before, after].concat();
-    let answers =
-        assert_answered_once(&mut connection, &all, Duration::from_millis(1000), &[&stopping, &staying])
-            .await;
+    let answers = assert_answered_once(&mut connection, &all, &[&stopping, &staying]).await;
     assert!(answers.values().all(|answer| answer["data"]["success"] == true));
     assert_settled(&mut connection).await;
     // It finished everything it held, so it removed its consumer on the way out.
@@ -598,8 +595,7 @@ async fn sigterm_past_the_grace_leaves_the_call_to_a_replica() {
         started.elapsed()
     );
     let all = ["long-1".to_owned()];
-    let answers =
-        assert_answered_once(&mut connection, &all, Duration::from_millis(500), &[&stopping, &replica]).await;
+    let answers = assert_answered_once(&mut connection, &all, &[&stopping, &replica]).await;
     // Not `cancelled` by the stopping daemon: the replica found it started and not finished.
     assert_eq!(error_code(&answers["long-1"]), "interrupted");
     assert_eq!(outcomes_of(&[&stopping], "long-1"), ["left_pending"]);
@@ -773,7 +769,7 @@ async fn soak_two_replicas_one_killed_and_restarted_every_few_seconds() {
     let elapsed = started.elapsed();
     rss.push((elapsed, steady.rss_kib()));
     // Anything in flight at the last kill is reclaimed within a lease or two.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    crate::support::settled_within(&mut connection, REQUESTS, GROUP, Duration::from_secs(60)).await;
     let answers = answer_counts(&mut connection).await;
     let doubled = answers.values().filter(|all| all.len() > 1).count();
     let missing = (0..total).filter(|index| !answers.contains_key(&format!("soak-{index}"))).count();

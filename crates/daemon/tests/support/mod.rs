@@ -331,6 +331,56 @@ pub async fn pending(connection: &mut MultiplexedConnection, stream: &str, group
     }
 }
 
+/// Waits until every entry of `stream` was delivered to `group` and acked: then every answer
+/// that will ever be published for them has been (answers commit atomically with the ack), so a
+/// test can count answers without waiting "long enough" for a duplicate that might come late.
+pub async fn settled(connection: &mut MultiplexedConnection, stream: &str, group: &str) {
+    settled_within(connection, stream, group, Duration::from_secs(20)).await;
+}
+
+/// [`settled`] with its own deadline.
+pub async fn settled_within(
+    connection: &mut MultiplexedConnection,
+    stream: &str,
+    group: &str,
+    timeout: Duration,
+) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let lag = group_lag(connection, stream, group).await;
+        if lag == Some(0) && pending(connection, stream, group).await == 0 {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{stream} did not settle for {group}: lag {lag:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The entries of `stream` not yet delivered to `group` (`XINFO GROUPS` lag), if Redis can tell.
+pub async fn group_lag(connection: &mut MultiplexedConnection, stream: &str, group: &str) -> Option<u64> {
+    let reply: redis::Value =
+        redis::cmd("XINFO").arg("GROUPS").arg(stream).query_async(connection).await.ok()?;
+    let redis::Value::Array(groups) = reply else { return None };
+    groups.into_iter().find_map(|group_info| {
+        let fields: Vec<redis::Value> = match group_info {
+            redis::Value::Array(fields) => fields,
+            redis::Value::Map(pairs) => pairs.into_iter().flat_map(|(key, value)| [key, value]).collect(),
+            _ => return None,
+        };
+        let text = |value: &redis::Value| match value {
+            redis::Value::BulkString(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+            redis::Value::SimpleString(text) => text.clone(),
+            _ => String::new(),
+        };
+        let named = fields.chunks(2).any(|pair| text(&pair[0]) == "name" && text(&pair[1]) == group);
+        let lag = fields.chunks(2).find(|pair| text(&pair[0]) == "lag").and_then(|pair| match pair[1] {
+            redis::Value::Int(lag) => u64::try_from(lag).ok(),
+            _ => None,
+        });
+        if named { lag } else { None }
+    })
+}
+
 /// The answers to `request_id` among result payloads.
 pub fn answers_to<'a>(results: &'a [Value], request_id: &str) -> Vec<&'a Value> {
     results.iter().filter(|result| result["data"]["request_id"] == request_id).collect()
