@@ -74,7 +74,7 @@ pub(crate) struct GroupReader<H> {
     bus: Arc<dyn Bus>,
     settings: GroupSettings,
     handler: Arc<H>,
-    /// Free slots for entries being handled.
+    /// Free slots for entries being handled, shared with the readers of the other doors.
     in_flight: Arc<Semaphore>,
     /// Entry ids being handled by this process, so a reclaim never starts a second copy.
     active: Mutex<HashSet<String>>,
@@ -83,12 +83,13 @@ pub(crate) struct GroupReader<H> {
 }
 
 impl<H: EntryHandler> GroupReader<H> {
-    /// A reader handling at most `max_in_flight` entries at once.
+    /// A reader whose entries each hold one slot of `budget` while they are handled. Readers of
+    /// different streams share one budget, the process's `max_in_flight`.
     pub fn new(
         bus: Arc<dyn Bus>,
         settings: GroupSettings,
         handler: Arc<H>,
-        max_in_flight: usize,
+        budget: Arc<Semaphore>,
         shutdown: Shutdown,
         telemetry: Telemetry,
     ) -> GroupReader<H> {
@@ -96,7 +97,7 @@ impl<H: EntryHandler> GroupReader<H> {
             bus,
             settings,
             handler,
-            in_flight: Arc::new(Semaphore::new(max_in_flight.max(1))),
+            in_flight: budget,
             active: Mutex::new(HashSet::new()),
             shutdown,
             telemetry,

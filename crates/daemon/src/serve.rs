@@ -9,6 +9,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use anyhow::Context as _;
+use tokio::sync::Semaphore;
 use toolhost_bus::{Bus, Keys, RedisBus, RedisOptions, ResponseTopics};
 use toolhost_tools::builtin::{AgentSettings, AgentTool, ChatSend, Echo, Synthetic, TerminalRun};
 use toolhost_tools::terminal::TerminalPolicy;
@@ -207,13 +208,16 @@ async fn run_with_bus(
         telemetry: telemetry.clone(),
         shutdown: shutdown.clone(),
     };
-    let inbox = chat_inbox(&config, services.clone(), &consumer);
+    // One budget of `max_in_flight` slots over every door, so the configured limit is the
+    // process's limit however many doors there are.
+    let budget = Arc::new(Semaphore::new(raw.dispatch.max_in_flight.max(1)));
+    let inbox = chat_inbox(&config, services.clone(), &consumer, budget.clone());
     let dispatcher = Arc::new(Dispatcher::new(services, settings));
     let requests = Arc::new(GroupReader::new(
         bus.clone(),
         dispatcher.group_settings(),
         dispatcher.clone(),
-        raw.dispatch.max_in_flight,
+        budget.clone(),
         shutdown.clone(),
         telemetry.clone(),
     ));
@@ -315,7 +319,12 @@ async fn run_with_bus(
 }
 
 /// The chat inbox of `[daemon] agent_name`, read through the toolbox's group.
-fn chat_inbox(config: &Config, services: Services, consumer: &str) -> Arc<GroupReader<Inbox>> {
+fn chat_inbox(
+    config: &Config,
+    services: Services,
+    consumer: &str,
+    budget: Arc<Semaphore>,
+) -> Arc<GroupReader<Inbox>> {
     let raw = &config.raw;
     let (bus, shutdown, telemetry) =
         (services.bus.clone(), services.shutdown.clone(), services.telemetry.clone());
@@ -341,14 +350,7 @@ fn chat_inbox(config: &Config, services: Services, consumer: &str) -> Arc<GroupR
         claim_idle: config.claim_idle,
         heartbeat_prefix,
     };
-    Arc::new(GroupReader::new(
-        bus,
-        settings,
-        Arc::new(inbox),
-        raw.dispatch.max_in_flight,
-        shutdown,
-        telemetry,
-    ))
+    Arc::new(GroupReader::new(bus, settings, Arc::new(inbox), budget, shutdown, telemetry))
 }
 
 /// Resolves on SIGINT or SIGTERM.
