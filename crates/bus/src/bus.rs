@@ -154,6 +154,12 @@ pub trait Bus: Send + Sync + 'static {
 
     /// Deletes entries of `topic` by entry id (`XDEL`). Returns how many existed.
     async fn delete_entries(&self, topic: &str, entry_ids: &[String]) -> Result<u64, Error>;
+
+    /// The server's eviction policy (`maxmemory-policy`), `None` when the transport has none.
+    /// Managed Redis services may refuse `CONFIG`: that is an error, not `None`.
+    async fn eviction_policy(&self) -> Result<Option<String>, Error> {
+        Ok(None)
+    }
 }
 
 /// One consumer group of a topic, as [`Bus::group_info`] reports it.

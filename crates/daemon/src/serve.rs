@@ -14,7 +14,7 @@ use toolhost_bus::{Bus, Keys, RedisBus, RedisOptions, ResponseTopics};
 use toolhost_tools::builtin::{AgentSettings, AgentTool, ChatSend, Echo, Synthetic, TerminalRun};
 use toolhost_tools::terminal::TerminalPolicy;
 use toolhost_tools::{DEFAULT_MAX_QUEUE, LimitSettings, Registry, ToolLimits};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::config::{Config, ConfigError, KeyError, mask_url};
 use crate::dispatch::{DispatchSettings, Dispatcher};
@@ -121,6 +121,8 @@ pub fn connect(config: &Config) -> anyhow::Result<(Arc<dyn Bus>, Keys)> {
     let mut redis_options = RedisOptions::new(raw.redis.url.clone());
     redis_options.maxlen = raw.streams.maxlen;
     redis_options.response_timeout = std::time::Duration::from_millis(raw.redis.response_timeout_ms);
+    // Group reads deliver larger values only as head, size and digest, so one read stays small.
+    redis_options.max_field_bytes = raw.streams.max_payload_bytes;
     let bus: Arc<dyn Bus> = Arc::new(RedisBus::new(redis_options).context("redis.url")?);
     Ok((bus, Keys::new(raw.redis.key_prefix.clone())))
 }
@@ -258,6 +260,7 @@ async fn run_with_bus(
     }
     telemetry.set_groups_ready(true);
     telemetry.set_redis_up(true);
+    check_eviction_policy(&*bus).await;
     // Before `ready`, so whoever waits for that line finds the tools listed in Redis.
     let fields = publisher.fields();
     if let Err(err) = publisher.publish_once(&fields).await {
@@ -316,6 +319,20 @@ async fn run_with_bus(
     info!("stopped");
     drop(http);
     Ok(())
+}
+
+/// Warns when Redis may evict keys: eviction silently drops answered marks and call records, so
+/// a request could be answered twice. Managed services often refuse `CONFIG`; that is only noted.
+async fn check_eviction_policy(bus: &dyn Bus) {
+    match bus.eviction_policy().await {
+        Ok(Some(policy)) if policy != "noeviction" => warn!(
+            maxmemory_policy = %policy,
+            "Redis may evict keys (maxmemory-policy is not noeviction): evicted answered marks and call \
+             records let a request be answered twice; set maxmemory-policy noeviction"
+        ),
+        Ok(_) => {}
+        Err(err) => debug!(error = %err, "cannot read maxmemory-policy (CONFIG GET refused?); eviction not checked"),
+    }
 }
 
 /// The chat inbox of `[daemon] agent_name`, read through the toolbox's group.

@@ -448,19 +448,27 @@ impl Dispatcher {
     }
 
     /// The dead letter of a request entry.
+    ///
+    /// An unreadable payload (not UTF-8, or over `max_payload_bytes`) is never copied whole:
+    /// `payload` is then `null` and `defect` holds its first 64 KiB (base64), size and SHA-1.
     fn letter(&self, entry: &Entry, reason: &str) -> String {
-        json!({
+        let defect = entry.unreadable(self.settings.max_payload_bytes);
+        let readable = defect.as_ref().is_none_or(|defect| defect.field != toolhost_envelope::FIELD_PAYLOAD);
+        let mut letter = json!({
             "event": "dead_letter",
             "toolbox_id": self.settings.toolbox_id,
             "stream": self.requests,
             "entry_id": entry.entry_id,
             "id": entry.id,
-            "payload": entry.payload,
+            "payload": if readable { entry.payload.as_deref() } else { None },
             "deliveries": entry.deliveries,
             "error": reason,
             "dead_lettered_at": toolhost_envelope::now_rfc3339(),
-        })
-        .to_string()
+        });
+        if let Some(defect) = defect {
+            letter["defect"] = defect.to_json();
+        }
+        letter.to_string()
     }
 
     /// An entry delivered too often: dead-letter it and answer `internal`.
