@@ -331,7 +331,9 @@ async fn check_eviction_policy(bus: &dyn Bus) {
              records let a request be answered twice; set maxmemory-policy noeviction"
         ),
         Ok(_) => {}
-        Err(err) => debug!(error = %err, "cannot read maxmemory-policy (CONFIG GET refused?); eviction not checked"),
+        Err(err) => {
+            debug!(error = %err, "cannot read maxmemory-policy (CONFIG GET refused?); eviction not checked")
+        }
     }
 }
 

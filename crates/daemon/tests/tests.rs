@@ -32,3 +32,6 @@ mod hardening;
 
 /// terminal_run through the daemon: policy, sandbox, environment, redaction, floods, timeouts.
 mod terminal;
+
+/// Issue 12, items 1, 3 and 4: undecodable and oversized entries, Redis out of memory.
+mod read_faults;
