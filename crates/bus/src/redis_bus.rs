@@ -626,13 +626,13 @@ fn entry_from_raw(entry_id: &[u8], fields: Value, cut: Value, limit: usize) -> O
             cuts.push((name, size, sha1));
         }
     }
-    let mut cut_of = |name: &[u8]| {
+    let cut_of = |name: &[u8]| {
         cuts.iter().position(|(cut, _, _)| cut.as_slice() == name).map(|at| {
             let (_, size, sha1) = cuts.swap_remove(at);
             (size, sha1)
         })
     };
-    Some(Entry::from_raw_fields(&entry_id, pairs, limit, &mut cut_of))
+    Some(Entry::from_raw_fields(&entry_id, pairs, limit, cut_of))
 }
 
 /// The bytes of a string reply.

@@ -141,7 +141,7 @@ impl Entry {
         entry_id: &str,
         fields: impl IntoIterator<Item = (Vec<u8>, Vec<u8>)>,
         limit: usize,
-        cut: &mut dyn FnMut(&[u8]) -> Option<(u64, String)>,
+        mut cut: impl FnMut(&[u8]) -> Option<(u64, String)>,
     ) -> Entry {
         let mut defect = None;
         let mut named = Vec::with_capacity(2);
@@ -206,7 +206,7 @@ mod tests {
     #[test]
     fn a_field_that_is_not_utf8_becomes_the_defect_with_its_raw_bytes() {
         let fields = raw(&[("id", b"m-1"), ("payload", b"{\"x\":\"\xff\xfe\"}")]);
-        let entry = Entry::from_raw_fields("1-0", fields, 1024, &mut |_| None);
+        let entry = Entry::from_raw_fields("1-0", fields, 1024, |_| None);
         assert_eq!(entry.id, "m-1");
         assert_eq!(entry.payload, None);
         let defect = entry.defect.unwrap();
@@ -221,7 +221,7 @@ mod tests {
     #[test]
     fn values_over_the_limit_keep_their_head_size_and_digest() {
         let big = vec![b'a'; DEFECT_HEAD_BYTES * 2];
-        let entry = Entry::from_raw_fields("1-0", raw(&[("payload", &big)]), 1024, &mut |_| None);
+        let entry = Entry::from_raw_fields("1-0", raw(&[("payload", &big)]), 1024, |_| None);
         let defect = entry.defect.unwrap();
         assert_eq!(
             (defect.kind, defect.size, defect.head.len()),
@@ -230,7 +230,7 @@ mod tests {
         assert_eq!(defect.sha1, sha1_smol::Sha1::from(&big).digest().to_string());
         assert_eq!(defect.to_json()["truncated"], true);
         // Cut by the server: the head as sent, the size and digest it reported.
-        let entry = Entry::from_raw_fields("1-0", raw(&[("payload", b"abc")]), 1024, &mut |name| {
+        let entry = Entry::from_raw_fields("1-0", raw(&[("payload", b"abc")]), 1024, |name| {
             (name == b"payload").then(|| (9_000_000, "ab".repeat(20)))
         });
         let defect = entry.defect.unwrap();
