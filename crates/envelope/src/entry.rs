@@ -85,6 +85,15 @@ impl EntryDefect {
         EntryDefect { field: field.to_owned(), kind: DefectKind::TooLarge, size, sha1, head }
     }
 
+    /// The whole value as text, when the head is all of it and it is UTF-8 (a value over a
+    /// limit below [`DEFECT_HEAD_BYTES`]), so a dead letter can keep it replayable.
+    pub fn whole_text(&self) -> Option<&str> {
+        if self.head.len() as u64 != self.size {
+            return None;
+        }
+        std::str::from_utf8(&self.head).ok()
+    }
+
     /// A sentence for logs and the dead letter's `error`.
     pub fn describe(&self, limit: usize) -> String {
         match self.kind {
@@ -212,6 +221,7 @@ mod tests {
         let defect = entry.defect.unwrap();
         assert_eq!((defect.field.as_str(), defect.kind, defect.size), ("payload", DefectKind::NotUtf8, 10));
         assert_eq!(defect.head, b"{\"x\":\"\xff\xfe\"}");
+        assert_eq!(defect.whole_text(), None);
         let letter = defect.to_json();
         assert_eq!(letter["head_base64"], "eyJ4Ijoi//4ifQ==");
         assert_eq!(letter["truncated"], false);
@@ -239,6 +249,7 @@ mod tests {
         let entry = Entry::from_fields("1-0", [("payload", "x".repeat(2000))]);
         let defect = entry.unreadable(1024).unwrap();
         assert_eq!((defect.kind, defect.size, defect.head.len()), (DefectKind::TooLarge, 2000, 2000));
+        assert_eq!(defect.whole_text(), entry.payload.as_deref(), "small enough to keep whole");
         assert!(entry.unreadable(4096).is_none());
     }
 }

@@ -450,17 +450,21 @@ impl Dispatcher {
     /// The dead letter of a request entry.
     ///
     /// An unreadable payload (not UTF-8, or over `max_payload_bytes`) is never copied whole:
-    /// `payload` is then `null` and `defect` holds its first 64 KiB (base64), size and SHA-1.
+    /// `defect` holds its first 64 KiB (base64), size and SHA-1, and `payload` is `null` unless
+    /// that head is the whole payload as text (then it stays replayable).
     fn letter(&self, entry: &Entry, reason: &str) -> String {
         let defect = entry.unreadable(self.settings.max_payload_bytes);
-        let readable = defect.as_ref().is_none_or(|defect| defect.field != toolhost_envelope::FIELD_PAYLOAD);
+        let payload = match &defect {
+            Some(defect) if defect.field == toolhost_envelope::FIELD_PAYLOAD => defect.whole_text(),
+            _ => entry.payload.as_deref(),
+        };
         let mut letter = json!({
             "event": "dead_letter",
             "toolbox_id": self.settings.toolbox_id,
             "stream": self.requests,
             "entry_id": entry.entry_id,
             "id": entry.id,
-            "payload": if readable { entry.payload.as_deref() } else { None },
+            "payload": payload,
             "deliveries": entry.deliveries,
             "error": reason,
             "dead_lettered_at": toolhost_envelope::now_rfc3339(),
