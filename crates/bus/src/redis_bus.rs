@@ -216,7 +216,13 @@ impl Bus for RedisBus {
             .arg(limit)
             .arg(DEFECT_HEAD_BYTES)
             .invoke_async(&mut self.commands.clone())
-            .await?;
+            .await
+            .map_err(|err| match Error::from(err) {
+                // Redis 7 keeps the code of an error raised by `redis.call`; 6.2 reports it as
+                // `ERR Error running script ... NOGROUP ...`.
+                Error::Refused(cause) if cause.message().contains("NOGROUP") => Error::NoGroup(cause),
+                err => err,
+            })?;
         let entries = entries_from_script(value, limit)?;
         if !entries.is_empty() || block.is_zero() {
             return Ok(entries);
