@@ -16,11 +16,12 @@ use toolhost_tools::terminal::TerminalPolicy;
 use toolhost_tools::{DEFAULT_MAX_QUEUE, LimitSettings, Registry, ToolLimits};
 use tracing::{info, warn};
 
+use crate::call::{Door, Lifecycle};
 use crate::config::{Config, ConfigError, KeyError, mask_url};
-use crate::dispatch::{DispatchSettings, Dispatcher};
-use crate::group::{GroupReader, GroupSettings};
+use crate::doors::chat::{Inbox, InboxSettings};
+use crate::doors::requests::{DispatchSettings, Requests};
+use crate::group::{GroupReader, StreamSettings};
 use crate::http::HttpServer;
-use crate::inbox::{Inbox, InboxSettings};
 use crate::probe::{Probe, WatchedGroup};
 use crate::publish::Publisher;
 use crate::services::Services;
@@ -173,9 +174,10 @@ pub struct App {
     shutdown: Shutdown,
     telemetry: Telemetry,
     http: HttpServer,
-    dispatcher: Arc<Dispatcher>,
-    requests: Arc<GroupReader<Dispatcher>>,
-    inbox: Arc<GroupReader<Inbox>>,
+    /// The requests door's reader.
+    requests: Arc<GroupReader<Lifecycle<Requests>>>,
+    /// The chat door's reader.
+    inbox: Arc<GroupReader<Lifecycle<Inbox>>>,
     publisher: Arc<Publisher>,
 }
 
@@ -245,31 +247,34 @@ impl App {
         // One budget of `max_in_flight` slots over every door, so the configured limit is the
         // process's limit however many doors there are.
         let budget = Arc::new(Semaphore::new(raw.dispatch.max_in_flight.max(1)));
-        let inbox = chat_inbox(&config, services.clone(), &consumer, budget.clone());
-        let settings = DispatchSettings {
-            toolbox_id: raw.daemon.toolbox_id.clone(),
+        let stream = |topic: String| StreamSettings {
+            topic,
+            group: raw.daemon.toolbox_id.clone(),
             consumer: consumer.clone(),
-            requests_topic: raw.streams.requests.clone(),
-            results_topic: raw.streams.results.clone(),
-            max_payload_bytes: raw.streams.max_payload_bytes,
             read_batch: raw.dispatch.read_batch,
             block: config.block,
             claim_idle: config.claim_idle,
             max_deliveries: raw.dispatch.max_deliveries,
             answered_retention: config.answered_retention,
+            heartbeat_prefix: keys.heartbeat_prefix(&raw.daemon.toolbox_id),
+        };
+        let chat = InboxSettings {
+            agent_name: raw.daemon.agent_name.clone(),
+            max_payload_bytes: raw.streams.max_payload_bytes,
+        };
+        let door = Inbox::new(bus.clone(), keys.clone(), chat);
+        let inbox = reader(door, stream(keys.chat(&raw.daemon.agent_name)), &services, &budget);
+        let settings = DispatchSettings {
+            toolbox_id: raw.daemon.toolbox_id.clone(),
+            requests_topic: raw.streams.requests.clone(),
+            results_topic: raw.streams.results.clone(),
+            max_payload_bytes: raw.streams.max_payload_bytes,
             max_request_age: config.max_request_age,
             answer_unknown_tools: raw.dispatch.answer_unknown_tools,
             response_topics,
         };
-        let dispatcher = Arc::new(Dispatcher::new(services, settings));
-        let requests = Arc::new(GroupReader::new(
-            bus.clone(),
-            dispatcher.group_settings(),
-            dispatcher.clone(),
-            budget,
-            shutdown.clone(),
-            telemetry.clone(),
-        ));
+        let door = Requests::new(keys.clone(), services.stats.clone(), settings);
+        let requests = reader(door, stream(keys.topic(&raw.streams.requests)), &services, &budget);
         let publisher = Arc::new(Publisher {
             bus: bus.clone(),
             registry: registry.clone(),
@@ -289,7 +294,6 @@ impl App {
             shutdown,
             telemetry,
             http,
-            dispatcher,
             requests,
             inbox,
             publisher,
@@ -311,11 +315,11 @@ impl App {
             shutdown,
             telemetry,
             http,
-            dispatcher,
             requests,
             inbox,
             publisher,
         } = self;
+        let requests_key = requests.topic().to_owned();
         let raw = &config.raw;
         info!(addr = %http.local_addr(), "http listening");
         let tasks = shutdown.tasks();
@@ -323,10 +327,7 @@ impl App {
             bus: bus.clone(),
             telemetry: telemetry.clone(),
             groups: vec![
-                WatchedGroup {
-                    stream: dispatcher.requests_key().to_owned(),
-                    group: raw.daemon.toolbox_id.clone(),
-                },
+                WatchedGroup { stream: requests_key.clone(), group: raw.daemon.toolbox_id.clone() },
                 WatchedGroup { stream: inbox.topic().to_owned(), group: raw.daemon.toolbox_id.clone() },
             ],
         };
@@ -355,7 +356,7 @@ impl App {
             agent_name = %raw.daemon.agent_name,
             consumer = %consumer,
             redis = %mask_url(&raw.redis.url),
-            requests = %dispatcher.requests_key(),
+            requests = %requests_key,
             group = %raw.daemon.toolbox_id,
             results = %keys.topic(&raw.streams.results),
             inbox = %inbox.topic(),
@@ -384,7 +385,7 @@ impl App {
         if let Err(err) = publisher.withdraw().await {
             warn!(error = %err, "cannot remove the registry heartbeat");
         }
-        for stream in [dispatcher.requests_key(), inbox.topic()] {
+        for stream in [requests_key.as_str(), inbox.topic()] {
             match bus.delete_consumer(stream, &raw.daemon.toolbox_id, &consumer).await {
                 Ok(true) => {}
                 Ok(false) => info!(stream, "consumer keeps pending entries; left for a replica to reclaim"),
@@ -397,39 +398,18 @@ impl App {
     }
 }
 
-/// The chat inbox of `[daemon] agent_name`, read through the toolbox's group.
-fn chat_inbox(
-    config: &Config,
-    services: Services,
-    consumer: &str,
-    budget: Arc<Semaphore>,
-) -> Arc<GroupReader<Inbox>> {
-    let raw = &config.raw;
+/// The reader of one door's stream, driving the door's entries through the call lifecycle and
+/// taking its slots from the shared `budget`.
+fn reader<D: Door>(
+    door: D,
+    stream: StreamSettings,
+    services: &Services,
+    budget: &Arc<Semaphore>,
+) -> Arc<GroupReader<Lifecycle<D>>> {
+    let lifecycle = Arc::new(Lifecycle::new(door, services.clone(), stream.clone()));
     let (bus, shutdown, telemetry) =
         (services.bus.clone(), services.shutdown.clone(), services.telemetry.clone());
-    let heartbeat_prefix = services.keys.heartbeat_prefix(&raw.daemon.toolbox_id);
-    let inbox = Inbox::new(
-        services,
-        InboxSettings {
-            agent_name: raw.daemon.agent_name.clone(),
-            toolbox_id: raw.daemon.toolbox_id.clone(),
-            consumer: consumer.to_owned(),
-            max_payload_bytes: raw.streams.max_payload_bytes,
-            claim_idle: config.claim_idle,
-            max_deliveries: raw.dispatch.max_deliveries,
-            answered_retention: config.answered_retention,
-        },
-    );
-    let settings = GroupSettings {
-        topic: inbox.topic().to_owned(),
-        group: raw.daemon.toolbox_id.clone(),
-        consumer: consumer.to_owned(),
-        read_batch: raw.dispatch.read_batch,
-        block: config.block,
-        claim_idle: config.claim_idle,
-        heartbeat_prefix,
-    };
-    Arc::new(GroupReader::new(bus, settings, Arc::new(inbox), budget, shutdown, telemetry))
+    Arc::new(GroupReader::new(bus, stream, lifecycle, budget.clone(), shutdown, telemetry))
 }
 
 /// Resolves on SIGINT or SIGTERM.
