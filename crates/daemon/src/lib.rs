@@ -25,6 +25,7 @@ mod client;
 pub mod config;
 mod dispatch;
 mod dlq;
+pub mod dumpable;
 mod group;
 pub mod http;
 mod inbox;

@@ -18,7 +18,7 @@ use tracing::{info, warn};
 use crate::config::{Config, ConfigError, KeyError, mask_url};
 use crate::dispatch::{DispatchSettings, Dispatcher};
 use crate::group::{GroupReader, GroupSettings};
-use crate::http::HttpServer;
+use crate::http::{HttpLimits, HttpServer};
 use crate::inbox::{Inbox, InboxSettings};
 use crate::probe::{Probe, WatchedGroup};
 use crate::publish::Publisher;
@@ -52,6 +52,13 @@ pub fn build_registry(
     let (policy, warnings) = TerminalPolicy::new(&config.raw.tools.terminal);
     for warning in warnings {
         warn!(warning = %warning, "terminal policy");
+    }
+    // Commands must not print the daemon's own secrets, and a root daemon's commands run as an
+    // unprivileged user (resolved once, when the configuration was loaded).
+    let policy = policy.with_secrets(&config.secrets()).with_identity(config.terminal_identity);
+    match config.terminal_identity {
+        Some(identity) => info!(uid = identity.uid, gid = identity.gid, "terminal commands run as"),
+        None => info!("terminal commands run as the daemon's own user"),
     }
     registry.register(Arc::new(TerminalRun::new(policy)))?;
     let chat_send =
@@ -173,7 +180,10 @@ async fn run_with_bus(
     let consumer = consumer_name();
     let shutdown = Shutdown::new();
     let telemetry = Telemetry::new();
-    let http = HttpServer::start(config.http_listen, telemetry.clone()).context("http.listen")?;
+    let http_limits =
+        HttpLimits { max_connections: raw.http.max_connections, idle_timeout: config.http_idle_timeout };
+    let http =
+        HttpServer::start(config.http_listen, telemetry.clone(), http_limits).context("http.listen")?;
     info!(addr = %http.local_addr(), "http listening");
     let stats = Arc::new(Stats::default());
     let settings = DispatchSettings {
