@@ -84,6 +84,10 @@ async fn policy_parsing_and_exit_codes() {
 async fn working_directories_stay_in_the_sandbox() {
     let sandbox = temp_dir("sandbox");
     std::fs::create_dir_all(sandbox.join("inside/deeper")).unwrap();
+    // Commands of a root daemon run as nobody, who must be able to enter the sandbox.
+    for dir in [sandbox.clone(), sandbox.join("inside"), sandbox.join("inside/deeper")] {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
     std::os::unix::fs::symlink("/etc", sandbox.join("escape")).unwrap();
     let redis = RedisServer::start();
     let root = sandbox.to_str().unwrap().to_owned();
@@ -230,6 +234,7 @@ async fn all_answers(redis: &RedisServer) -> String {
 /// A file a command may `cat`, holding the daemon's Redis URL and password, readable by all.
 fn leaky_file(redis: &RedisServer) -> std::path::PathBuf {
     let dir = temp_dir("leaky");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
     let path = dir.join("settings.env");
     std::fs::write(&path, format!("REDIS_URL={}\nREDIS_PASSWORD={CANARY}\n", redis.url())).unwrap();
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
@@ -319,6 +324,7 @@ async fn error_answers_name_no_host_path() {
     assert_eq!(absolute_paths("at /tmp/x and (/etc) ok"), ["/tmp/x", "/etc)"]);
     assert!(absolute_paths("a/b 1/2 http 6/7 (os error 2)").is_empty());
     let sandbox = temp_dir("paths");
+    std::fs::set_permissions(&sandbox, std::fs::Permissions::from_mode(0o755)).unwrap();
     std::fs::write(sandbox.join("file"), "x").unwrap();
     // Root may enter it; the commands' user (nobody, the default for a root daemon) may not.
     std::fs::create_dir(sandbox.join("locked")).unwrap();

@@ -200,7 +200,7 @@ impl Daemon {
         let mut command = match wrapper.split_first() {
             Some((program, wrapper_args)) => {
                 let mut command = Command::new(program);
-                command.args(wrapper_args).arg(env!("CARGO_BIN_EXE_toolhost"));
+                command.args(wrapper_args).arg(reachable_binary(&dir));
                 command
             }
             None => Command::new(env!("CARGO_BIN_EXE_toolhost")),
@@ -294,6 +294,21 @@ impl Daemon {
     pub fn dir(&self) -> &Path {
         &self.dir
     }
+}
+
+/// The toolhost binary at a path every user can reach: the build directory may sit below one
+/// that only root may enter, and a wrapper may start the daemon as another user. A hard link
+/// (or, across file systems, a copy) in `dir`, which is made world-searchable.
+fn reachable_binary(dir: &Path) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).expect("open the daemon dir");
+    let binary = dir.join("toolhost");
+    if std::fs::hard_link(env!("CARGO_BIN_EXE_toolhost"), &binary).is_err() {
+        std::fs::copy(env!("CARGO_BIN_EXE_toolhost"), &binary).expect("copy the toolhost binary");
+    }
+    std::fs::set_permissions(&binary, std::fs::Permissions::from_mode(0o755))
+        .expect("make toolhost executable");
+    binary
 }
 
 impl Drop for Daemon {
