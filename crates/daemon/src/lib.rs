@@ -27,6 +27,7 @@ mod client;
 pub mod config;
 mod dlq;
 mod doors;
+pub mod dumpable;
 mod group;
 pub mod http;
 pub mod logging;

@@ -21,7 +21,7 @@ use crate::config::{Config, ConfigError, KeyError, mask_url};
 use crate::doors::chat::{Inbox, InboxSettings};
 use crate::doors::requests::{DispatchSettings, Requests};
 use crate::group::{GroupReader, StreamSettings};
-use crate::http::HttpServer;
+use crate::http::{HttpLimits, HttpServer};
 use crate::probe::{Probe, WatchedGroup};
 use crate::publish::Publisher;
 use crate::services::Services;
@@ -54,6 +54,13 @@ pub fn build_registry(
     let (policy, warnings) = TerminalPolicy::new(&config.raw.tools.terminal);
     for warning in warnings {
         warn!(warning = %warning, "terminal policy");
+    }
+    // Commands must not print the daemon's own secrets, and a root daemon's commands run as an
+    // unprivileged user (resolved once, when the configuration was loaded).
+    let policy = policy.with_secrets(&config.secrets()).with_identity(config.terminal_identity);
+    match config.terminal_identity {
+        Some(identity) => info!(uid = identity.uid, gid = identity.gid, "terminal commands run as"),
+        None => info!("terminal commands run as the daemon's own user"),
     }
     registry.register(Arc::new(TerminalRun::new(policy)))?;
     let chat_send =
@@ -220,7 +227,9 @@ impl App {
                 })
                 .ok();
         let telemetry = Telemetry::new();
-        let http = HttpServer::start(config.http_listen, telemetry.clone())
+        let http_limits =
+            HttpLimits { max_connections: raw.http.max_connections, idle_timeout: config.http_idle_timeout };
+        let http = HttpServer::start(config.http_listen, telemetry.clone(), http_limits)
             .map_err(|err| {
                 errors.push(KeyError { key: "http.listen".to_owned(), message: format!("{err:#}") })
             })

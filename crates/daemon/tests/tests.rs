@@ -32,3 +32,6 @@ mod hardening;
 
 /// terminal_run through the daemon: policy, sandbox, environment, redaction, floods, timeouts.
 mod terminal;
+
+/// Issue 12: the HTTP endpoint's connection cap and idle timeout.
+mod http_limits;
