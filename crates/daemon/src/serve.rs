@@ -13,7 +13,7 @@ use tokio::sync::Semaphore;
 use toolhost_bus::{Bus, Keys, RedisBus, RedisOptions, ResponseTopics};
 use toolhost_tools::builtin::{AgentSettings, AgentTool, ChatSend, Echo, Synthetic, TerminalRun};
 use toolhost_tools::terminal::TerminalPolicy;
-use toolhost_tools::{DEFAULT_MAX_QUEUE, LimitSettings, Registry, ToolLimits};
+use toolhost_tools::{DEFAULT_MAX_QUEUE, LimitSettings, Registry, SharedRegistry, ToolLimits};
 use tracing::{info, warn};
 
 use crate::call::{Door, Lifecycle};
@@ -176,7 +176,7 @@ pub struct App {
     config: Config,
     bus: Arc<dyn Bus>,
     keys: Keys,
-    registry: Arc<Registry>,
+    registry: Arc<SharedRegistry>,
     consumer: String,
     shutdown: Shutdown,
     telemetry: Telemetry,
@@ -241,7 +241,7 @@ impl App {
         };
 
         let limits = Arc::new(tool_limits(&config, &registry));
-        let registry = Arc::new(registry);
+        let registry = Arc::new(SharedRegistry::new(registry));
         let consumer = consumer_name();
         let shutdown = Shutdown::new();
         let services = Services {
@@ -370,13 +370,13 @@ impl App {
             results = %keys.topic(&raw.streams.results),
             inbox = %inbox.topic(),
             dead_letters = %keys.dead_letters(&raw.daemon.toolbox_id),
-            tools = %registry.names().join(","),
+            tools = %registry.snapshot().names().join(","),
             http = %http.local_addr(),
             "ready"
         );
         tasks.spawn(requests.clone().run_reader());
         tasks.spawn(requests.clone().run_reclaimer());
-        tasks.spawn(publisher.clone().run(fields, shutdown.clone()));
+        tasks.spawn(publisher.clone().run(shutdown.clone()));
         tasks.spawn(inbox.clone().run_reader());
         tasks.spawn(inbox.clone().run_reclaimer());
 
@@ -459,7 +459,7 @@ mod tests {
         let config =
             config("", &[("REDIS_URL", "redis://127.0.0.1:1"), ("TOOLHOST__HTTP__LISTEN", "127.0.0.1:0")]);
         let app = App::build(config, &ServeOptions::default()).unwrap();
-        assert_eq!(app.registry.names(), ["chat_send", "echo", "terminal_run"]);
+        assert_eq!(app.registry.snapshot().names(), ["chat_send", "echo", "terminal_run"]);
     }
 
     #[tokio::test]
