@@ -192,6 +192,25 @@ pub struct CallKeys<'a> {
     pub retention: Duration,
 }
 
+impl CallKeys<'_> {
+    /// How often a holder renews its lease: every third of it. A live holder therefore always
+    /// has more than two thirds left, and `begin_call` counts a lease with less than a third left
+    /// as lapsed.
+    pub fn renew_period(&self) -> Duration {
+        self.lease / 3
+    }
+}
+
+/// The owner of one handling of one entry: consumer, entry id and a random token.
+///
+/// [`Bus::begin_call`] gives the same owner the same answer again (so a retry after a lost reply
+/// is safe), so each handling needs its own: an entry handled again by the same process, after
+/// an earlier handling left it pending, must find that handling's record "started before".
+pub fn call_owner(consumer: &str, entry_id: &str) -> String {
+    let token = uuid::Uuid::new_v4().simple().to_string();
+    format!("{consumer}/{entry_id}/{}", &token[..8])
+}
+
 /// One entry of a consumer group.
 #[derive(Debug, Clone, Copy)]
 pub struct EntryRef<'a> {

@@ -19,7 +19,9 @@ mod keys;
 mod memory;
 mod redis_bus;
 
-pub use bus::{Bus, CallKeys, CallStart, Committed, EntryRef, Finish, GroupInfo, Published, Reclaimed};
+pub use bus::{
+    Bus, CallKeys, CallStart, Committed, EntryRef, Finish, GroupInfo, Published, Reclaimed, call_owner,
+};
 pub use caller::{CallError, Caller};
 pub use error::{Cause, Error};
 pub use keys::{Keys, RESERVED_TOPIC_PREFIXES, ResponseTopics, TopicRefusal};

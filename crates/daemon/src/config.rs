@@ -13,7 +13,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use toolhost_tools::terminal::TerminalSettings;
+use toolhost_tools::terminal::{Identity, TerminalSettings};
 
 /// The built-in defaults, the same text as `config/default.toml`.
 pub const DEFAULT_TOML: &str = include_str!("../../../config/default.toml");
@@ -151,6 +151,10 @@ pub struct DispatchSection {
 #[allow(missing_docs)]
 pub struct HttpSection {
     pub listen: String,
+    /// Connections served at once; a new one past it closes the oldest.
+    pub max_connections: usize,
+    /// How long a connection may go without sending a complete request header.
+    pub idle_timeout_ms: u64,
 }
 
 /// `[log]`
@@ -226,6 +230,11 @@ pub struct Config {
     pub shutdown_grace: Duration,
     /// `[daemon] heartbeat_ms`.
     pub heartbeat: Duration,
+    /// `[http] idle_timeout_ms`.
+    pub http_idle_timeout: Duration,
+    /// `[tools.terminal] run_as`, resolved once: whom terminal commands run as (`None`: the
+    /// daemon's own user).
+    pub terminal_identity: Option<Identity>,
 }
 
 /// One bad key.
@@ -369,6 +378,8 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         ("streams.maxlen", raw.streams.maxlen as u64),
         ("streams.max_payload_bytes", raw.streams.max_payload_bytes as u64),
         ("redis.response_timeout_ms", raw.redis.response_timeout_ms),
+        ("http.max_connections", raw.http.max_connections as u64),
+        ("http.idle_timeout_ms", raw.http.idle_timeout_ms),
     ] {
         if value == 0 {
             bad(key, "must be greater than 0");
@@ -406,6 +417,9 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
     if terminal.output_cap_bytes == 0 {
         bad("tools.terminal.output_cap_bytes", "must be greater than 0");
     }
+    let terminal_identity = toolhost_tools::terminal::resolve_run_as(terminal.run_as.as_deref())
+        .map_err(|message| bad("tools.terminal.run_as", &message))
+        .unwrap_or(None);
     for (index, agent) in raw.agents.iter().enumerate() {
         // The agent becomes a tool of that name, so it follows the tool naming rule.
         if !toolhost_tools::valid_tool_name(&agent.name) {
@@ -431,6 +445,8 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         max_request_age: (raw.dispatch.max_request_age_ms > 0).then(|| ms(raw.dispatch.max_request_age_ms)),
         shutdown_grace: ms(raw.dispatch.shutdown_grace_ms),
         heartbeat: ms(raw.daemon.heartbeat_ms),
+        http_idle_timeout: ms(raw.http.idle_timeout_ms),
+        terminal_identity,
         raw,
     })
 }
@@ -446,6 +462,61 @@ impl Config {
         terminal.redact_patterns = terminal.redact_patterns.iter().map(|_| "***".to_owned()).collect();
         toml::to_string_pretty(&raw).unwrap_or_else(|err| format!("# cannot print configuration: {err}\n"))
     }
+}
+
+impl Config {
+    /// The daemon's own secrets that a child process could print: the Redis URL's password (or
+    /// its whole user information when it has no `:`), as written and percent-decoded, and a
+    /// `pass`/`password` query parameter. Empty when the URL carries none.
+    pub fn secrets(&self) -> Vec<String> {
+        let url = &self.raw.redis.url;
+        let mut res = Vec::new();
+        if let Some(scheme_end) = url.find("://") {
+            let rest = &url[scheme_end + 3..];
+            if let Some(at) = rest.rfind('@') {
+                let userinfo = &rest[..at];
+                res.push(userinfo.split_once(':').map_or(userinfo, |(_, password)| password).to_owned());
+            }
+        }
+        if let Some((_, query)) = url.split_once('?') {
+            for pair in query.split('&') {
+                if let Some(("pass" | "password", value)) = pair.split_once('=') {
+                    res.push(value.to_owned());
+                }
+            }
+        }
+        let decoded: Vec<String> = res.iter().map(|secret| percent_decode(secret)).collect();
+        res.extend(decoded);
+        res.retain(|secret| !secret.is_empty());
+        res.sort();
+        res.dedup();
+        res
+    }
+}
+
+/// `%XX` escapes decoded; anything that is not a valid escape, or decodes to invalid UTF-8, is
+/// kept as written.
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut res = Vec::with_capacity(bytes.len());
+    let mut index = 0;
+    while index < bytes.len() {
+        let escaped = (bytes[index] == b'%')
+            .then(|| text.get(index + 1..index + 3))
+            .flatten()
+            .and_then(|hex| u8::from_str_radix(hex, 16).ok());
+        match escaped {
+            Some(byte) => {
+                res.push(byte);
+                index += 3;
+            }
+            None => {
+                res.push(bytes[index]);
+                index += 1;
+            }
+        }
+    }
+    String::from_utf8(res).unwrap_or_else(|_| text.to_owned())
 }
 
 /// A Redis URL with its password replaced by `***`.
@@ -580,6 +651,30 @@ mod tests {
         assert_eq!(mask_url("redis://host:6379"), "redis://host:6379");
         assert_eq!(mask_url("redis://:pa/ss@host:6379/0"), "redis://:***@host:6379/0");
         assert_eq!(mask_url("redis://token@host"), "redis://***@host");
+    }
+
+    #[test]
+    fn secrets_are_the_url_password_as_written_and_decoded() {
+        let secrets = |url: &str| Config::load(None, &env(&[("REDIS_URL", url)])).unwrap().secrets();
+        assert_eq!(secrets("redis://:hunter2@127.0.0.1:6379/0"), ["hunter2"]);
+        assert_eq!(secrets("redis://ops:p%40ss%2Fw@127.0.0.1"), ["p%40ss%2Fw", "p@ss/w"]);
+        assert_eq!(secrets("redis://token@127.0.0.1"), ["token"]);
+        assert_eq!(secrets("unix:///run/redis.sock?db=1&pass=s3cret"), ["s3cret"]);
+        assert_eq!(secrets("redis://127.0.0.1:6379"), Vec::<String>::new());
+        assert_eq!(percent_decode("%zz%4"), "%zz%4");
+    }
+
+    #[test]
+    fn unknown_run_as_users_are_named() {
+        let err = Config::load(None, &env(&[("TOOLHOST__TOOLS__TERMINAL__RUN_AS", "toolhost-no-such-user")]))
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("tools.terminal.run_as: no user named 'toolhost-no-such-user'"),
+            "{err}"
+        );
+        let path = file("[http]\nmax_connections = 0\nidle_timeout_ms = 0\n");
+        let err = Config::load(Some(&path.0), &env(&[])).unwrap_err().to_string();
+        assert!(err.contains("http.max_connections") && err.contains("http.idle_timeout_ms"), "{err}");
     }
 
     #[test]

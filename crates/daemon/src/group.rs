@@ -2,7 +2,7 @@
 //! read loop, the reclaim loop and the bookkeeping around them, without knowing what the entries
 //! mean.
 //!
-//! The request dispatcher (`dispatch::Dispatcher`) and the chat inbox run on it. Slots are taken
+//! Every door's call lifecycle (`call::Lifecycle`) runs on it. Slots are taken
 //! before a read or a claim, which asks Redis for no more entries than slots held, so a
 //! delivered entry never waits for a slot; an entry already being handled in this process is
 //! never started twice; every loop backs off with jitter while Redis is unavailable and never
@@ -49,12 +49,13 @@ impl Slot {
     }
 }
 
-/// Where and how a [`GroupReader`] reads.
+/// Where and how a door's stream is read, and how its entries are handled: the same for every
+/// door but the topic.
 #[derive(Debug, Clone)]
-pub(crate) struct GroupSettings {
+pub(crate) struct StreamSettings {
     /// Full key of the stream.
     pub topic: String,
-    /// The consumer group.
+    /// The consumer group, and the ledger's namespace: the toolbox id.
     pub group: String,
     /// This replica's consumer name.
     pub consumer: String,
@@ -62,8 +63,12 @@ pub(crate) struct GroupSettings {
     pub read_batch: usize,
     /// How long a read blocks.
     pub block: Duration,
-    /// Idle time after which pending entries are reclaimed.
+    /// The lease of a call; idle time after which pending entries are reclaimed.
     pub claim_idle: Duration,
+    /// Deliveries after which an entry is dead-lettered.
+    pub max_deliveries: u64,
+    /// How long final answers are remembered.
+    pub answered_retention: Duration,
     /// A replica's heartbeat key without its consumer name: consumers without a heartbeat that
     /// hold nothing are pruned.
     pub heartbeat_prefix: String,
@@ -72,7 +77,7 @@ pub(crate) struct GroupSettings {
 /// Reads one stream through a consumer group and runs a handler per entry.
 pub(crate) struct GroupReader<H> {
     bus: Arc<dyn Bus>,
-    settings: GroupSettings,
+    settings: StreamSettings,
     handler: Arc<H>,
     /// Free slots for entries being handled, shared with the readers of the other doors.
     in_flight: Arc<Semaphore>,
@@ -87,7 +92,7 @@ impl<H: EntryHandler> GroupReader<H> {
     /// different streams share one budget, the process's `max_in_flight`.
     pub fn new(
         bus: Arc<dyn Bus>,
-        settings: GroupSettings,
+        settings: StreamSettings,
         handler: Arc<H>,
         budget: Arc<Semaphore>,
         shutdown: Shutdown,

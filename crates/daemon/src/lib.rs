@@ -3,10 +3,11 @@
 //! - [`cli`]: the command line (`serve`, `call`, `tools`, `check-config`, `healthcheck`, `dlq`).
 //! - [`config`]: layered configuration (defaults, file, environment), validated once.
 //! - [`serve`]: builds everything from a [`config::Config`] and runs until shutdown.
-//! - `dispatch`: answers `action-requests`: admission, the ledger, tool runs and answers.
-//! - `inbox`: the chat inbox `chat:<AGENT_NAME>`: tool calls by chat message.
-//! - `group`: the consumer-group read and reclaim loops the dispatcher and the inbox run on.
-//! - `ledger`: the call-ledger steps (begin, renew, commit) the dispatcher and inbox share.
+//! - `call`: the one call lifecycle every door drives: admission, the ledger, limits, the tool
+//!   run, the answer committed once, the ack.
+//! - `doors`: how calls come in: `doors::requests` (`action-requests`) and `doors::chat` (the
+//!   inbox `chat:<AGENT_NAME>`).
+//! - `group`: the consumer-group read and reclaim loops every door runs on.
 //! - `publish`: the tool registry and heartbeat kept in Redis.
 //! - `client`: the `call` and `tools` commands.
 //! - `dlq`: the `dlq list|replay|purge` commands over `dlq:<toolbox_id>`.
@@ -20,15 +21,15 @@
 //! tracing subscriber (in [`logging`]).
 
 mod backoff;
+mod call;
 pub mod cli;
 mod client;
 pub mod config;
-mod dispatch;
 mod dlq;
+mod doors;
+pub mod dumpable;
 mod group;
 pub mod http;
-mod inbox;
-mod ledger;
 pub mod logging;
 mod probe;
 mod publish;
@@ -39,8 +40,8 @@ mod stats;
 mod telemetry;
 
 pub use client::{run_call, run_tools};
-pub use dispatch::{DispatchSettings, Dispatcher};
 pub use dlq::run_dlq;
+pub use doors::requests::{DispatchSettings, Requests};
 pub use services::Services;
 pub use shutdown::Shutdown;
 pub use stats::Stats;

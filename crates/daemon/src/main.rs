@@ -6,7 +6,7 @@
 use clap::Parser;
 use toolhost::cli::{Cli, Command};
 use toolhost::config::{Config, ConfigError, ProcessEnv};
-use toolhost::{EXIT_CONFIG, http, logging, serve};
+use toolhost::{EXIT_CONFIG, dumpable, http, logging, serve};
 
 // The daemon allocates many small, short-lived buffers per request (JSON values, Redis frames)
 // from several threads; glibc malloc spent about a third of the daemon's CPU on them under load.
@@ -14,6 +14,11 @@ use toolhost::{EXIT_CONFIG, http, logging, serve};
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 fn main() {
+    // First of all, before any secret is read: commands the daemon runs as its own user must
+    // not be able to read its environment or memory through /proc.
+    if let Err(err) = dumpable::forbid_dumps() {
+        eprintln!("toolhost: warning: cannot make the process non-dumpable: {err}");
+    }
     let cli = Cli::parse();
     let config = match Config::load(cli.config.as_deref(), &ProcessEnv) {
         Ok(config) => config,

@@ -13,14 +13,15 @@ use tokio::sync::Semaphore;
 use toolhost_bus::{Bus, Keys, RedisBus, RedisOptions, ResponseTopics};
 use toolhost_tools::builtin::{AgentSettings, AgentTool, ChatSend, Echo, Synthetic, TerminalRun};
 use toolhost_tools::terminal::TerminalPolicy;
-use toolhost_tools::{DEFAULT_MAX_QUEUE, LimitSettings, Registry, ToolLimits};
+use toolhost_tools::{DEFAULT_MAX_QUEUE, LimitSettings, Registry, SharedRegistry, ToolLimits};
 use tracing::{debug, info, warn};
 
+use crate::call::{Door, Lifecycle};
 use crate::config::{Config, ConfigError, KeyError, mask_url};
-use crate::dispatch::{DispatchSettings, Dispatcher};
-use crate::group::{GroupReader, GroupSettings};
-use crate::http::HttpServer;
-use crate::inbox::{Inbox, InboxSettings};
+use crate::doors::chat::{Inbox, InboxSettings};
+use crate::doors::requests::{DispatchSettings, Requests};
+use crate::group::{GroupReader, StreamSettings};
+use crate::http::{HttpLimits, HttpServer};
 use crate::probe::{Probe, WatchedGroup};
 use crate::publish::Publisher;
 use crate::services::Services;
@@ -53,6 +54,13 @@ pub fn build_registry(
     let (policy, warnings) = TerminalPolicy::new(&config.raw.tools.terminal);
     for warning in warnings {
         warn!(warning = %warning, "terminal policy");
+    }
+    // Commands must not print the daemon's own secrets, and a root daemon's commands run as an
+    // unprivileged user (resolved once, when the configuration was loaded).
+    let policy = policy.with_secrets(&config.secrets()).with_identity(config.terminal_identity);
+    match config.terminal_identity {
+        Some(identity) => info!(uid = identity.uid, gid = identity.gid, "terminal commands run as"),
+        None => info!("terminal commands run as the daemon's own user"),
     }
     registry.register(Arc::new(TerminalRun::new(policy)))?;
     let chat_send =
@@ -138,187 +146,282 @@ pub fn consumer_name() -> String {
 /// Runs the daemon until `signal` resolves, then drains within the grace period.
 ///
 /// # Errors
-/// Redis URL unusable or a tool cannot be registered.
+/// The configuration cannot be built into a daemon (see [`App::build`]).
 pub async fn run(
     config: Config,
     options: ServeOptions,
     signal: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
-    let (bus, keys) = connect(&config)?;
-    let registry = build_registry(&config, &options, &bus, &keys)?;
-    run_with_bus(config, bus, keys, registry, signal).await
+    App::build(config, &options)?.run(signal).await
 }
 
 /// Runs the daemon with a registry built by the caller (tests register their own tools).
 ///
 /// # Errors
-/// Redis URL unusable, or `[http] listen` cannot be bound.
+/// As [`App::build`].
 pub async fn run_with_registry(
     config: Config,
     registry: Registry,
     signal: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let (bus, keys) = connect(&config)?;
-    run_with_bus(config, bus, keys, registry, signal).await
+    App::assemble(config, bus, keys, Ok(registry))?.run(signal).await
 }
 
-/// Runs the daemon over `bus` with a registry built for it.
-async fn run_with_bus(
+/// The daemon, built and not yet running: every part made from the configuration, the HTTP
+/// endpoint bound, nothing sent to Redis.
+///
+/// Building and running are apart (as in linkerd2-proxy): [`App::build`] finds every problem of
+/// the configuration before anything runs, and works while Redis is down; only [`App::run`]
+/// talks to Redis.
+pub struct App {
     config: Config,
     bus: Arc<dyn Bus>,
     keys: Keys,
-    registry: Registry,
-    signal: impl Future<Output = ()>,
-) -> anyhow::Result<()> {
-    let raw = &config.raw;
-    let limits = Arc::new(tool_limits(&config, &registry));
-    let registry = Arc::new(registry);
-    let consumer = consumer_name();
-    let shutdown = Shutdown::new();
-    let telemetry = Telemetry::new();
-    let http = HttpServer::start(config.http_listen, telemetry.clone()).context("http.listen")?;
-    info!(addr = %http.local_addr(), "http listening");
-    let stats = Arc::new(Stats::default());
-    let settings = DispatchSettings {
-        toolbox_id: raw.daemon.toolbox_id.clone(),
-        consumer: consumer.clone(),
-        requests_topic: raw.streams.requests.clone(),
-        results_topic: raw.streams.results.clone(),
-        max_payload_bytes: raw.streams.max_payload_bytes,
-        read_batch: raw.dispatch.read_batch,
-        block: config.block,
-        claim_idle: config.claim_idle,
-        max_deliveries: raw.dispatch.max_deliveries,
-        answered_retention: config.answered_retention,
-        max_request_age: config.max_request_age,
-        answer_unknown_tools: raw.dispatch.answer_unknown_tools,
-        response_topics: ResponseTopics::new(
-            &raw.streams.response_topics,
-            &raw.streams.results,
-            &raw.streams.requests,
-        )
-        .map_err(|err| {
-            ConfigError(vec![KeyError { key: "streams.response_topics".to_owned(), message: err }])
-        })?,
-    };
-    let services = Services {
-        bus: bus.clone(),
-        registry: registry.clone(),
-        limits,
-        keys: keys.clone(),
-        stats,
-        telemetry: telemetry.clone(),
-        shutdown: shutdown.clone(),
-    };
-    // One budget of `max_in_flight` slots over every door, so the configured limit is the
-    // process's limit however many doors there are.
-    let budget = Arc::new(Semaphore::new(raw.dispatch.max_in_flight.max(1)));
-    let inbox = chat_inbox(&config, services.clone(), &consumer, budget.clone());
-    let dispatcher = Arc::new(Dispatcher::new(services, settings));
-    let requests = Arc::new(GroupReader::new(
-        bus.clone(),
-        dispatcher.group_settings(),
-        dispatcher.clone(),
-        budget.clone(),
-        shutdown.clone(),
-        telemetry.clone(),
-    ));
-    let publisher = Arc::new(Publisher {
-        bus: bus.clone(),
-        registry: registry.clone(),
-        keys: keys.clone(),
-        toolbox_id: raw.daemon.toolbox_id.clone(),
-        consumer: consumer.clone(),
-        period: config.heartbeat,
-        requests_topic: keys.topic(&raw.streams.requests),
-        results_topic: keys.topic(&raw.streams.results),
-    });
+    registry: Arc<SharedRegistry>,
+    consumer: String,
+    shutdown: Shutdown,
+    telemetry: Telemetry,
+    http: HttpServer,
+    /// The requests door's reader.
+    requests: Arc<GroupReader<Lifecycle<Requests>>>,
+    /// The chat door's reader.
+    inbox: Arc<GroupReader<Lifecycle<Inbox>>>,
+    publisher: Arc<Publisher>,
+}
 
-    let probe = Probe {
-        bus: bus.clone(),
-        telemetry: telemetry.clone(),
-        groups: vec![
-            WatchedGroup {
-                stream: dispatcher.requests_key().to_owned(),
-                group: raw.daemon.toolbox_id.clone(),
+impl App {
+    /// Builds every part of the daemon from `config`.
+    ///
+    /// # Errors
+    /// Every problem found, together, as one [`ConfigError`] naming the keys: unknown disabled or
+    /// limited tools, bad response-topic patterns, an HTTP address that cannot be bound; or a tool
+    /// that cannot be registered.
+    pub fn build(config: Config, options: &ServeOptions) -> anyhow::Result<App> {
+        let (bus, keys) = connect(&config)?;
+        let registry = build_registry(&config, options, &bus, &keys);
+        App::assemble(config, bus, keys, registry)
+    }
+
+    /// Builds the parts around a registry (or the error building it), collecting every error.
+    fn assemble(
+        config: Config,
+        bus: Arc<dyn Bus>,
+        keys: Keys,
+        registry: anyhow::Result<Registry>,
+    ) -> anyhow::Result<App> {
+        let raw = &config.raw;
+        let mut errors = Vec::new();
+        let registry = match registry {
+            Ok(registry) => Some(registry),
+            Err(err) => match err.downcast::<ConfigError>() {
+                Ok(ConfigError(found)) => {
+                    errors.extend(found);
+                    None
+                }
+                Err(err) => return Err(err),
             },
-            WatchedGroup { stream: inbox.topic().to_owned(), group: raw.daemon.toolbox_id.clone() },
-        ],
-    };
-    let probing = tokio::spawn(probe.run(shutdown.stopping().clone()));
+        };
+        let response_topics =
+            ResponseTopics::new(&raw.streams.response_topics, &raw.streams.results, &raw.streams.requests)
+                .map_err(|message| {
+                    errors.push(KeyError { key: "streams.response_topics".to_owned(), message })
+                })
+                .ok();
+        let telemetry = Telemetry::new();
+        let http_limits =
+            HttpLimits { max_connections: raw.http.max_connections, idle_timeout: config.http_idle_timeout };
+        let http = HttpServer::start(config.http_listen, telemetry.clone(), http_limits)
+            .map_err(|err| {
+                errors.push(KeyError { key: "http.listen".to_owned(), message: format!("{err:#}") })
+            })
+            .ok();
+        let (Some(registry), Some(response_topics), Some(http), true) =
+            (registry, response_topics, http, errors.is_empty())
+        else {
+            return Err(ConfigError(errors).into());
+        };
 
-    tokio::pin!(signal);
-    let ready = tokio::select! {
-        ready = async { requests.ensure_group().await && inbox.ensure_group().await } => ready,
-        () = &mut signal => false,
-    };
-    if !ready {
-        info!("stopped before the consumer group could be created");
-        shutdown.stopping().cancel();
-        let _ = probing.await;
-        return Ok(());
+        let limits = Arc::new(tool_limits(&config, &registry));
+        let registry = Arc::new(SharedRegistry::new(registry));
+        let consumer = consumer_name();
+        let shutdown = Shutdown::new();
+        let services = Services {
+            bus: bus.clone(),
+            registry: registry.clone(),
+            limits,
+            keys: keys.clone(),
+            stats: Arc::new(Stats::default()),
+            telemetry: telemetry.clone(),
+            shutdown: shutdown.clone(),
+        };
+        // One budget of `max_in_flight` slots over every door, so the configured limit is the
+        // process's limit however many doors there are.
+        let budget = Arc::new(Semaphore::new(raw.dispatch.max_in_flight.max(1)));
+        let stream = |topic: String| StreamSettings {
+            topic,
+            group: raw.daemon.toolbox_id.clone(),
+            consumer: consumer.clone(),
+            read_batch: raw.dispatch.read_batch,
+            block: config.block,
+            claim_idle: config.claim_idle,
+            max_deliveries: raw.dispatch.max_deliveries,
+            answered_retention: config.answered_retention,
+            heartbeat_prefix: keys.heartbeat_prefix(&raw.daemon.toolbox_id),
+        };
+        let chat = InboxSettings {
+            agent_name: raw.daemon.agent_name.clone(),
+            max_payload_bytes: raw.streams.max_payload_bytes,
+        };
+        let door = Inbox::new(bus.clone(), keys.clone(), chat);
+        let inbox = reader(door, stream(keys.chat(&raw.daemon.agent_name)), &services, &budget);
+        let settings = DispatchSettings {
+            toolbox_id: raw.daemon.toolbox_id.clone(),
+            requests_topic: raw.streams.requests.clone(),
+            results_topic: raw.streams.results.clone(),
+            max_payload_bytes: raw.streams.max_payload_bytes,
+            max_request_age: config.max_request_age,
+            answer_unknown_tools: raw.dispatch.answer_unknown_tools,
+            response_topics,
+        };
+        let door = Requests::new(keys.clone(), services.stats.clone(), settings);
+        let requests = reader(door, stream(keys.topic(&raw.streams.requests)), &services, &budget);
+        let publisher = Arc::new(Publisher {
+            bus: bus.clone(),
+            registry: registry.clone(),
+            keys: keys.clone(),
+            toolbox_id: raw.daemon.toolbox_id.clone(),
+            consumer: consumer.clone(),
+            period: config.heartbeat,
+            requests_topic: keys.topic(&raw.streams.requests),
+            results_topic: keys.topic(&raw.streams.results),
+        });
+        Ok(App {
+            config,
+            bus,
+            keys,
+            registry,
+            consumer,
+            shutdown,
+            telemetry,
+            http,
+            requests,
+            inbox,
+            publisher,
+        })
     }
-    telemetry.set_groups_ready(true);
-    telemetry.set_redis_up(true);
-    check_eviction_policy(&*bus).await;
-    // Before `ready`, so whoever waits for that line finds the tools listed in Redis.
-    let fields = publisher.fields();
-    if let Err(err) = publisher.publish_once(&fields).await {
-        warn!(error = %err, "cannot publish the tool registry yet; will retry");
-    }
-    info!(
-        version = env!("CARGO_PKG_VERSION"),
-        toolbox_id = %raw.daemon.toolbox_id,
-        agent_name = %raw.daemon.agent_name,
-        consumer = %consumer,
-        redis = %mask_url(&raw.redis.url),
-        requests = %dispatcher.requests_key(),
-        group = %raw.daemon.toolbox_id,
-        results = %keys.topic(&raw.streams.results),
-        inbox = %inbox.topic(),
-        dead_letters = %keys.dead_letters(&raw.daemon.toolbox_id),
-        tools = %registry.names().join(","),
-        http = %http.local_addr(),
-        "ready"
-    );
-    let reader = tokio::spawn(requests.clone().run_reader());
-    let reclaimer = tokio::spawn(requests.clone().run_reclaimer());
-    let beating = tokio::spawn(publisher.clone().run(fields, shutdown.clone()));
-    // Tracked, so the drain waits for them; both stop taking work when `stopping` fires.
-    shutdown.tasks().spawn(inbox.clone().run_reader());
-    shutdown.tasks().spawn(inbox.clone().run_reclaimer());
 
-    signal.await;
-    telemetry.set_draining();
-    info!(
-        grace_ms = config.shutdown_grace.as_millis() as u64,
-        "shutting down: no new requests, finishing in-flight calls"
-    );
-    // The grace counts from the signal: in-flight calls run on while the reader's last blocking
-    // read returns (what it delivered is handled, not left pending).
-    let grace_ends = tokio::time::Instant::now() + config.shutdown_grace;
-    shutdown.stopping().cancel();
-    let _ = reader.await;
-    let _ = reclaimer.await;
-    let _ = probing.await;
-    let finished = shutdown.drain(grace_ends.saturating_duration_since(tokio::time::Instant::now())).await;
-    if !finished {
-        warn!("grace period over; unfinished calls are left pending for another replica");
-    }
-    let _ = beating.await;
-    if let Err(err) = publisher.withdraw().await {
-        warn!(error = %err, "cannot remove the registry heartbeat");
-    }
-    for stream in [dispatcher.requests_key(), inbox.topic()] {
-        match bus.delete_consumer(stream, &raw.daemon.toolbox_id, &consumer).await {
-            Ok(true) => {}
-            Ok(false) => info!(stream, "consumer keeps pending entries; left for a replica to reclaim"),
-            Err(err) => warn!(error = %err, stream, "cannot delete this consumer"),
+    /// Runs until `signal` resolves, then drains within the grace period. Every loop is spawned
+    /// on the shutdown's one task tracker, so the drain waits for all of them.
+    ///
+    /// # Errors
+    /// None today: Redis faults are waited out, never returned.
+    pub async fn run(self, signal: impl Future<Output = ()>) -> anyhow::Result<()> {
+        let App {
+            config,
+            bus,
+            keys,
+            registry,
+            consumer,
+            shutdown,
+            telemetry,
+            http,
+            requests,
+            inbox,
+            publisher,
+        } = self;
+        let requests_key = requests.topic().to_owned();
+        let raw = &config.raw;
+        info!(addr = %http.local_addr(), "http listening");
+        let tasks = shutdown.tasks();
+        let probe = Probe {
+            bus: bus.clone(),
+            telemetry: telemetry.clone(),
+            groups: vec![
+                WatchedGroup { stream: requests_key.clone(), group: raw.daemon.toolbox_id.clone() },
+                WatchedGroup { stream: inbox.topic().to_owned(), group: raw.daemon.toolbox_id.clone() },
+            ],
+        };
+        tasks.spawn(probe.run(shutdown.stopping().clone()));
+
+        tokio::pin!(signal);
+        let ready = tokio::select! {
+            ready = async { requests.ensure_group().await && inbox.ensure_group().await } => ready,
+            () = &mut signal => false,
+        };
+        if !ready {
+            info!("stopped before the consumer group could be created");
+            shutdown.drain(config.shutdown_grace).await;
+            return Ok(());
         }
+        telemetry.set_groups_ready(true);
+        telemetry.set_redis_up(true);
+        check_eviction_policy(&*bus).await;
+        // Before `ready`, so whoever waits for that line finds the tools listed in Redis.
+        let fields = publisher.fields();
+        if let Err(err) = publisher.publish_once(&fields).await {
+            warn!(error = %err, "cannot publish the tool registry yet; will retry");
+        }
+        info!(
+            version = env!("CARGO_PKG_VERSION"),
+            toolbox_id = %raw.daemon.toolbox_id,
+            agent_name = %raw.daemon.agent_name,
+            consumer = %consumer,
+            redis = %mask_url(&raw.redis.url),
+            requests = %requests_key,
+            group = %raw.daemon.toolbox_id,
+            results = %keys.topic(&raw.streams.results),
+            inbox = %inbox.topic(),
+            dead_letters = %keys.dead_letters(&raw.daemon.toolbox_id),
+            tools = %registry.snapshot().names().join(","),
+            http = %http.local_addr(),
+            "ready"
+        );
+        tasks.spawn(requests.clone().run_reader());
+        tasks.spawn(requests.clone().run_reclaimer());
+        tasks.spawn(publisher.clone().run(shutdown.clone()));
+        tasks.spawn(inbox.clone().run_reader());
+        tasks.spawn(inbox.clone().run_reclaimer());
+
+        signal.await;
+        telemetry.set_draining();
+        info!(
+            grace_ms = config.shutdown_grace.as_millis() as u64,
+            "shutting down: no new requests, finishing in-flight calls"
+        );
+        // The grace counts from the signal: in-flight calls run on while the readers' last
+        // blocking reads return (what they delivered is handled, not left pending).
+        if !shutdown.drain(config.shutdown_grace).await {
+            warn!("grace period over; unfinished calls are left pending for another replica");
+        }
+        if let Err(err) = publisher.withdraw().await {
+            warn!(error = %err, "cannot remove the registry heartbeat");
+        }
+        for stream in [requests_key.as_str(), inbox.topic()] {
+            match bus.delete_consumer(stream, &raw.daemon.toolbox_id, &consumer).await {
+                Ok(true) => {}
+                Ok(false) => info!(stream, "consumer keeps pending entries; left for a replica to reclaim"),
+                Err(err) => warn!(error = %err, stream, "cannot delete this consumer"),
+            }
+        }
+        info!("stopped");
+        drop(http);
+        Ok(())
     }
-    info!("stopped");
-    drop(http);
-    Ok(())
+}
+
+/// The reader of one door's stream, driving the door's entries through the call lifecycle and
+/// taking its slots from the shared `budget`.
+fn reader<D: Door>(
+    door: D,
+    stream: StreamSettings,
+    services: &Services,
+    budget: &Arc<Semaphore>,
+) -> Arc<GroupReader<Lifecycle<D>>> {
+    let lifecycle = Arc::new(Lifecycle::new(door, services.clone(), stream.clone()));
+    let (bus, shutdown, telemetry) =
+        (services.bus.clone(), services.shutdown.clone(), services.telemetry.clone());
+    Arc::new(GroupReader::new(bus, stream, lifecycle, budget.clone(), shutdown, telemetry))
 }
 
 /// Warns when Redis may evict keys: eviction silently drops answered marks and call records, so
@@ -337,41 +440,6 @@ async fn check_eviction_policy(bus: &dyn Bus) {
     }
 }
 
-/// The chat inbox of `[daemon] agent_name`, read through the toolbox's group.
-fn chat_inbox(
-    config: &Config,
-    services: Services,
-    consumer: &str,
-    budget: Arc<Semaphore>,
-) -> Arc<GroupReader<Inbox>> {
-    let raw = &config.raw;
-    let (bus, shutdown, telemetry) =
-        (services.bus.clone(), services.shutdown.clone(), services.telemetry.clone());
-    let heartbeat_prefix = services.keys.heartbeat_prefix(&raw.daemon.toolbox_id);
-    let inbox = Inbox::new(
-        services,
-        InboxSettings {
-            agent_name: raw.daemon.agent_name.clone(),
-            toolbox_id: raw.daemon.toolbox_id.clone(),
-            consumer: consumer.to_owned(),
-            max_payload_bytes: raw.streams.max_payload_bytes,
-            claim_idle: config.claim_idle,
-            max_deliveries: raw.dispatch.max_deliveries,
-            answered_retention: config.answered_retention,
-        },
-    );
-    let settings = GroupSettings {
-        topic: inbox.topic().to_owned(),
-        group: raw.daemon.toolbox_id.clone(),
-        consumer: consumer.to_owned(),
-        read_batch: raw.dispatch.read_batch,
-        block: config.block,
-        claim_idle: config.claim_idle,
-        heartbeat_prefix,
-    };
-    Arc::new(GroupReader::new(bus, settings, Arc::new(inbox), budget, shutdown, telemetry))
-}
-
 /// Resolves on SIGINT or SIGTERM.
 pub async fn shutdown_signal() {
     let mut terminate = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
@@ -385,5 +453,49 @@ pub async fn shutdown_signal() {
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = terminate.recv() => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    fn config(file: &str, env: &[(&str, &str)]) -> Config {
+        let path = std::env::temp_dir().join(format!("toolhost-app-{}.toml", uuid::Uuid::new_v4().simple()));
+        std::fs::write(&path, file).unwrap();
+        let env: HashMap<String, String> =
+            env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
+        let config = Config::load(Some(&path), &env).unwrap();
+        let _ = std::fs::remove_file(&path);
+        config
+    }
+
+    #[tokio::test]
+    async fn the_app_builds_while_redis_is_down() {
+        // Nothing listens on port 1: building must not need Redis.
+        let config =
+            config("", &[("REDIS_URL", "redis://127.0.0.1:1"), ("TOOLHOST__HTTP__LISTEN", "127.0.0.1:0")]);
+        let app = App::build(config, &ServeOptions::default()).unwrap();
+        assert_eq!(app.registry.snapshot().names(), ["chat_send", "echo", "terminal_run"]);
+    }
+
+    #[tokio::test]
+    async fn building_reports_every_problem_at_once() {
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let listen = taken.local_addr().unwrap().to_string();
+        let config = config(
+            "[tools]\ndisabled = [\"nope\"]\n[tools.limits.\"ghost\"]\nmax_concurrent = 1\n",
+            &[("REDIS_URL", "redis://127.0.0.1:1"), ("TOOLHOST__HTTP__LISTEN", &listen)],
+        );
+        let Err(err) = App::build(config, &ServeOptions::default()) else {
+            panic!("built with bad settings")
+        };
+        let text = format!("{err:#}");
+        for key in ["tools.disabled", "tools.limits.ghost", "http.listen"] {
+            assert!(text.contains(key), "{key} missing from {text}");
+        }
+        assert!(err.downcast_ref::<ConfigError>().is_some(), "exit 64 needs a ConfigError: {text}");
     }
 }

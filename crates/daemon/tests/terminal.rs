@@ -1,10 +1,12 @@
-//! Issue 4: `terminal_run` through the daemon against real processes, rule by rule.
+//! Issue 4: `terminal_run` through the daemon against real processes, rule by rule; issue 12:
+//! commands cannot read the daemon's secrets, and error answers name no host path.
 
+use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::support::{Daemon, RedisServer, ask, temp_dir};
+use crate::support::{Daemon, RedisServer, ask, payloads, temp_dir};
 
 /// Runs one command through the daemon and returns the answer's `data`.
 async fn run(redis: &RedisServer, id: &str, arguments: Value) -> Value {
@@ -82,6 +84,10 @@ async fn policy_parsing_and_exit_codes() {
 async fn working_directories_stay_in_the_sandbox() {
     let sandbox = temp_dir("sandbox");
     std::fs::create_dir_all(sandbox.join("inside/deeper")).unwrap();
+    // Commands of a root daemon run as nobody, who must be able to enter the sandbox.
+    for dir in [sandbox.clone(), sandbox.join("inside"), sandbox.join("inside/deeper")] {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
     std::os::unix::fs::symlink("/etc", sandbox.join("escape")).unwrap();
     let redis = RedisServer::start();
     let root = sandbox.to_str().unwrap().to_owned();
@@ -209,4 +215,160 @@ async fn floods_are_capped_and_timeouts_leave_nothing_behind() {
         cut["summary"],
         format!("ok=true exit=0 timeout=false truncated=false\noutput:\n{}", "é".repeat(20))
     );
+}
+
+/// The Redis password of the secret tests: it must never reach an answer.
+const CANARY: &str = "canary-pw-5e1d0c";
+
+/// Every answer on the results stream, as text.
+async fn all_answers(redis: &RedisServer) -> String {
+    let mut connection = redis.connection().await;
+    payloads(&mut connection, "action-results")
+        .await
+        .iter()
+        .map(Value::to_string)
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// A file a command may `cat`, holding the daemon's Redis URL and password, readable by all.
+fn leaky_file(redis: &RedisServer) -> std::path::PathBuf {
+    let dir = temp_dir("leaky");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = dir.join("settings.env");
+    std::fs::write(&path, format!("REDIS_URL={}\nREDIS_PASSWORD={CANARY}\n", redis.url())).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+    path
+}
+
+/// Checks that `cat /proc/<daemon>/environ` fails and that `cat` of a file holding the password
+/// prints it redacted; then that no answer holds the password.
+async fn secrets_stay_hidden(redis: &RedisServer, daemon: &Daemon) {
+    let environ = format!("/proc/{}/environ", daemon.pid());
+    // Non-dumpable: the daemon's /proc files that expose secrets belong to root, whatever its uid.
+    assert_eq!(std::fs::metadata(&environ).unwrap().uid(), 0, "{environ} is not root's");
+    let read = outcome(&run(redis, "environ", json!({"command": format!("cat {environ}")})).await).clone();
+    assert_eq!(read["ok"], false, "{read}");
+    assert!(read["output"].as_str().unwrap().contains("Permission denied"), "{read}");
+
+    let file = leaky_file(redis);
+    let printed =
+        outcome(&run(redis, "leaky", json!({"command": format!("cat {}", file.display())})).await).clone();
+    assert_eq!(printed["ok"], true, "{printed}");
+    let output = printed["output"].as_str().unwrap();
+    assert!(output.contains("REDIS_URL=redis://:[REDACTED]@127.0.0.1:"), "{output}");
+    assert!(output.contains("REDIS_PASSWORD=[REDACTED]"), "{output}");
+    let _ = std::fs::remove_dir_all(file.parent().unwrap());
+
+    let answers = all_answers(redis).await;
+    assert!(!answers.contains(CANARY), "the password reached an answer: {answers}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_non_root_daemons_commands_cannot_read_its_environment() {
+    assert!(
+        std::path::Path::new("/usr/bin/setpriv").exists(),
+        "setpriv (util-linux) is needed to start the daemon as another user"
+    );
+    let redis = RedisServer::start_with_password(CANARY);
+    let daemon = Daemon::start_wrapped(
+        &redis,
+        &[("TERMINAL_ALLOWED_COMMANDS", "cat,id")],
+        &[],
+        &["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"],
+    );
+    // The daemon and its commands share the uid: only non-dumpability keeps them apart.
+    let who = outcome(&run(&redis, "id", json!({"command": "id -u"})).await).clone();
+    assert_eq!(who["output"], "65534\n", "{who}");
+    let status = std::fs::read_to_string(format!("/proc/{}/status", daemon.pid())).unwrap();
+    assert!(status.lines().any(|line| line.starts_with("Uid:\t65534")), "{status}");
+    secrets_stay_hidden(&redis, &daemon).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_root_daemons_commands_run_as_run_as_and_cannot_read_its_environment() {
+    let redis = RedisServer::start_with_password(CANARY);
+    let daemon = Daemon::start(
+        &redis,
+        &[("TERMINAL_ALLOWED_COMMANDS", "cat,id"), ("TOOLHOST__TOOLS__TERMINAL__RUN_AS", "nobody")],
+    );
+    let status = std::fs::read_to_string(format!("/proc/{}/status", daemon.pid())).unwrap();
+    assert!(status.lines().any(|line| line.starts_with("Uid:\t0")), "these tests run as root: {status}");
+    let user = outcome(&run(&redis, "uid", json!({"command": "id -u"})).await).clone();
+    assert_eq!(user["output"], "65534\n", "{user}");
+    // No supplementary group of root's is kept.
+    let groups = outcome(&run(&redis, "groups", json!({"command": "id -G"})).await).clone();
+    assert_eq!(groups["output"], "65534\n", "{groups}");
+    secrets_stay_hidden(&redis, &daemon).await;
+}
+
+/// Substrings of `text` that look like absolute paths: a `/` at the start of a word, followed
+/// by a name character.
+fn absolute_paths(text: &str) -> Vec<String> {
+    let chars: Vec<char> = text.chars().collect();
+    let mut res = Vec::new();
+    for (index, window) in chars.windows(2).enumerate() {
+        let starts_word = index == 0 || matches!(chars[index - 1], ' ' | '\'' | '"' | '(' | '=' | ':' | '\n');
+        if starts_word
+            && window[0] == '/'
+            && (window[1].is_alphanumeric() || window[1] == '_' || window[1] == '.')
+        {
+            res.push(chars[index..].iter().take_while(|c| !c.is_whitespace()).collect());
+        }
+    }
+    res
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn error_answers_name_no_host_path() {
+    assert_eq!(absolute_paths("at /tmp/x and (/etc) ok"), ["/tmp/x", "/etc)"]);
+    assert!(absolute_paths("a/b 1/2 http 6/7 (os error 2)").is_empty());
+    let sandbox = temp_dir("paths");
+    std::fs::set_permissions(&sandbox, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::write(sandbox.join("file"), "x").unwrap();
+    // Root may enter it; the commands' user (nobody, the default for a root daemon) may not.
+    std::fs::create_dir(sandbox.join("locked")).unwrap();
+    std::fs::set_permissions(sandbox.join("locked"), std::fs::Permissions::from_mode(0o700)).unwrap();
+    let root = sandbox.to_str().unwrap().to_owned();
+    let redis = RedisServer::start();
+    let _daemon = Daemon::start(
+        &redis,
+        &[
+            ("TERMINAL_ALLOWED_COMMANDS", "pwd,id,toolhost-no-such-program"),
+            ("TERMINAL_SANDBOX_CWD", root.as_str()),
+        ],
+    );
+    let who = outcome(&run(&redis, "id", json!({"command": "id -u"})).await).clone();
+    assert_eq!(who["output"], "65534\n", "a root daemon runs commands as nobody by default: {who}");
+    let mut answers = vec![
+        run(&redis, "missing", json!({"command": "pwd", "cwd": "missing/deeper"})).await,
+        run(&redis, "file", json!({"command": "pwd", "cwd": "file"})).await,
+        run(&redis, "locked", json!({"command": "pwd", "cwd": "locked"})).await,
+        run(&redis, "uninstalled", json!({"command": "toolhost-no-such-program"})).await,
+    ];
+    std::fs::remove_dir_all(&sandbox).unwrap();
+    answers.push(run(&redis, "no-sandbox", json!({"command": "pwd"})).await);
+    let seen: Vec<(String, String)> = answers
+        .iter()
+        .map(|answer| {
+            assert_eq!(answer["success"], false, "{answer}");
+            (answer["error_code"].as_str().unwrap().to_owned(), answer["error"].as_str().unwrap().to_owned())
+        })
+        .collect();
+    let expected = [
+        ("invalid_arguments", "Working directory is not usable: No such file or directory (os error 2)"),
+        ("invalid_arguments", "Working directory is not usable: not a directory"),
+        ("tool_failed", "Command could not be started: Permission denied (os error 13)"),
+        (
+            "tool_failed",
+            "Command could not be started: program 'toolhost-no-such-program' is not installed on this host",
+        ),
+        ("invalid_arguments", "Working directory is not usable: the sandbox root is not available"),
+    ];
+    assert_eq!(seen, expected.map(|(code, error)| (code.to_owned(), error.to_owned())));
+    for answer in &answers {
+        let text = format!("{} {}", answer["error"], answer["details"]);
+        assert!(!text.contains(&root), "{answer}");
+        assert_eq!(absolute_paths(&text), Vec::<String>::new(), "{answer}");
+    }
 }

@@ -33,5 +33,8 @@ mod hardening;
 /// terminal_run through the daemon: policy, sandbox, environment, redaction, floods, timeouts.
 mod terminal;
 
+/// Issue 12: the HTTP endpoint's connection cap and idle timeout.
+mod http_limits;
+
 /// Issue 12, items 1, 3 and 4: undecodable and oversized entries, Redis out of memory.
 mod read_faults;

@@ -3,6 +3,7 @@
 //! - [`Tool`]: what a tool is (a [`ToolSpec`] and an async `call`), with its [`Context`].
 //! - [`Registry`]: every tool of a toolbox, its compiled schemas, and [`Registry::invoke`], which
 //!   validates arguments, runs the tool under its timeout, catches panics and validates output.
+//! - [`SharedRegistry`]: the current registry snapshot, swapped whole on reload.
 //! - [`ToolLimits`]: per-tool concurrency limits and bounded wait queues, kept outside the
 //!   registry and keyed by tool name.
 //! - [`builtin`]: the tools toolhost ships.
@@ -14,6 +15,7 @@ pub mod builtin;
 mod limits;
 mod registry;
 mod schema;
+mod shared;
 /// The `terminal_run` engine: policy, sandboxed execution, capture, redaction, summary.
 pub mod terminal;
 mod tool;
@@ -21,4 +23,5 @@ mod tool;
 pub use limits::{Admit, DEFAULT_MAX_QUEUE, Full, LimitSettings, Running, ToolLimits, Waiting};
 pub use registry::{Failure, Registry, RegistryError, valid_tool_name};
 pub use schema::{SchemaError, describe_errors};
+pub use shared::SharedRegistry;
 pub use tool::{Context, Tool, ToolError, ToolSpec};

@@ -20,6 +20,7 @@ pub struct RedisServer {
     port: u16,
     dir: PathBuf,
     appendonly: bool,
+    password: Option<String>,
     child: Option<Child>,
 }
 
@@ -45,13 +46,37 @@ impl RedisServer {
     /// Starts a server; with `appendonly` it keeps an AOF in its own directory, so a restart
     /// keeps the data.
     pub fn start_with(appendonly: bool) -> RedisServer {
-        let mut server = RedisServer { port: free_port(), dir: temp_dir("redis"), appendonly, child: None };
+        let mut server = RedisServer {
+            port: free_port(),
+            dir: temp_dir("redis"),
+            appendonly,
+            password: None,
+            child: None,
+        };
+        server.spawn();
+        server
+    }
+
+    /// Starts a server without persistence that requires `password` (`requirepass`); its
+    /// [`RedisServer::url`] carries the password.
+    pub fn start_with_password(password: &str) -> RedisServer {
+        let mut server = RedisServer {
+            port: free_port(),
+            dir: temp_dir("redis"),
+            appendonly: false,
+            password: Some(password.to_owned()),
+            child: None,
+        };
         server.spawn();
         server
     }
 
     fn spawn(&mut self) {
-        let child = Command::new("redis-server")
+        let mut command = Command::new("redis-server");
+        if let Some(password) = &self.password {
+            command.args(["--requirepass", password]);
+        }
+        let child = command
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--save", ""])
             .args(["--appendonly", if self.appendonly { "yes" } else { "no" }])
             .args(["--appendfsync", "always", "--dir"])
@@ -74,9 +99,12 @@ impl RedisServer {
         panic!("redis-server did not start on port {}", self.port);
     }
 
-    /// `redis://127.0.0.1:<port>`.
+    /// `redis://127.0.0.1:<port>`, or `redis://:<password>@127.0.0.1:<port>` with a password.
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        match &self.password {
+            Some(password) => format!("redis://:{password}@127.0.0.1:{}", self.port),
+            None => format!("redis://127.0.0.1:{}", self.port),
+        }
     }
 
     /// The port.
@@ -153,11 +181,30 @@ impl Daemon {
 
     /// Same as [`Daemon::start`] with extra `serve` arguments.
     pub fn start_args(redis: &RedisServer, env: &[(&str, &str)], args: &[&str]) -> Daemon {
+        Daemon::start_wrapped(redis, env, args, &[])
+    }
+
+    /// Same as [`Daemon::start_args`], run through `wrapper` (a program and its arguments that
+    /// exec the rest of the command line, such as `setpriv --reuid=65534 ...`); the daemon keeps
+    /// the wrapper's process id.
+    pub fn start_wrapped(
+        redis: &RedisServer,
+        env: &[(&str, &str)],
+        args: &[&str],
+        wrapper: &[&str],
+    ) -> Daemon {
         let dir = temp_dir("daemon");
         let log = dir.join("toolhost.log");
         let stdout = std::fs::File::create(&log).expect("log file");
         let stderr = stdout.try_clone().expect("log file");
-        let mut command = Command::new(env!("CARGO_BIN_EXE_toolhost"));
+        let mut command = match wrapper.split_first() {
+            Some((program, wrapper_args)) => {
+                let mut command = Command::new(program);
+                command.args(wrapper_args).arg(reachable_binary(&dir));
+                command
+            }
+            None => Command::new(env!("CARGO_BIN_EXE_toolhost")),
+        };
         command
             .arg("serve")
             .args(args)
@@ -247,6 +294,21 @@ impl Daemon {
     pub fn dir(&self) -> &Path {
         &self.dir
     }
+}
+
+/// The toolhost binary at a path every user can reach: the build directory may sit below one
+/// that only root may enter, and a wrapper may start the daemon as another user. A hard link
+/// (or, across file systems, a copy) in `dir`, which is made world-searchable.
+fn reachable_binary(dir: &Path) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).expect("open the daemon dir");
+    let binary = dir.join("toolhost");
+    if std::fs::hard_link(env!("CARGO_BIN_EXE_toolhost"), &binary).is_err() {
+        std::fs::copy(env!("CARGO_BIN_EXE_toolhost"), &binary).expect("copy the toolhost binary");
+    }
+    std::fs::set_permissions(&binary, std::fs::Permissions::from_mode(0o755))
+        .expect("make toolhost executable");
+    binary
 }
 
 impl Drop for Daemon {

@@ -18,6 +18,7 @@ use tokio::net::unix::pipe::Receiver;
 use tokio::process::{Child, Command};
 
 use super::Refusal;
+use super::identity::Identity;
 use super::parse::{FIXED_PATH, ParsedCommand};
 
 /// How long to keep reading after the group was killed, waiting for end of
@@ -47,6 +48,8 @@ pub struct Spec {
     pub timeout: Duration,
     /// Bytes of output kept.
     pub output_cap_bytes: usize,
+    /// The user and group the command runs as; `None` runs it as this process.
+    pub identity: Option<Identity>,
 }
 
 /// Optional rlimits; each is set as both soft and hard limit.
@@ -74,6 +77,9 @@ pub struct Execution {
 }
 
 /// Starts the command and waits for it, its output and its group.
+///
+/// This is the engine other hosted children can reuse: a [`Spec`] says what to run and as
+/// whom, and nothing here knows about the terminal policy.
 ///
 /// # Errors
 ///
@@ -137,6 +143,13 @@ fn spawn(spec: &Spec) -> Result<(Child, Receiver), Refusal> {
         .kill_on_drop(false);
     if let Some(cwd) = &spec.cwd {
         command.current_dir(cwd);
+    }
+    if let Some(identity) = spec.identity {
+        // In the child the standard library calls setgroups(0) (when this process is root, as it
+        // must be to switch), then setgid, then setuid, all before it enters the working
+        // directory and runs `install_pre_exec`'s closure: the command keeps no supplementary
+        // group of ours, and the directory is entered with the command's own rights.
+        command.uid(identity.uid).gid(identity.gid);
     }
     install_pre_exec(&mut command, spec.limits);
     let child = command.spawn().map_err(spawn_failed)?;

@@ -30,12 +30,21 @@
 //!   cut in half by the cap may escape the built-in patterns; the part that
 //!   survives is shorter than the whole secret.
 //!
+//! - **No host paths in refusals.** A refusal's text reaches the caller, so it
+//!   never names a host path (the sandbox root, a resolved working directory,
+//!   the directories searched for a program); those go to the log.
+//! - **Identity.** With [`TerminalPolicy::with_identity`], the command runs as
+//!   that user and group, with no supplementary groups, so it cannot read the
+//!   host process's files or `/proc/<pid>/environ`. The working directory is
+//!   entered as that user, so it must be reachable by it.
+//!
 //! The process runs in its own session and process group with stdin from
 //! `/dev/null` and only `PATH` and `LC_ALL=C` in its environment; see the
 //! `exec` module for how the group is killed on timeout, after exit and on
 //! cancellation.
 
 mod exec;
+mod identity;
 mod parse;
 mod policy;
 mod redact;
@@ -49,6 +58,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 
+pub use identity::{DEFAULT_RUN_AS, Identity, resolve_run_as};
 pub use policy::{TerminalPolicy, TerminalSettings};
 
 /// Why a command was not run. Each variant maps to one error code (see
@@ -142,6 +152,7 @@ pub async fn run(policy: &TerminalPolicy, command: &str, cwd: Option<&str>) -> R
         },
         timeout: policy.timeout(),
         output_cap_bytes: settings.output_cap_bytes,
+        identity: policy.identity(),
     };
     let started = Instant::now();
     let execution = exec::execute(&spec).await?;

@@ -68,7 +68,9 @@ pub fn resolve_program(name: &str) -> Result<PathBuf, Refusal> {
             return Ok(candidate);
         }
     }
-    Err(Refusal::SpawnFailed(format!("program '{name}' was not found in {FIXED_PATH}")))
+    // The answer names no host directory; the log says where it was looked for.
+    tracing::info!(program = name, path = FIXED_PATH, "terminal program not found");
+    Err(Refusal::SpawnFailed(format!("program '{name}' is not installed on this host")))
 }
 
 /// Resolves the working directory for a command.
@@ -90,8 +92,12 @@ pub fn resolve_cwd(settings: &TerminalSettings, cwd: Option<&str>) -> Result<Opt
             Some(cwd) => usable_dir(Path::new(cwd)).map(Some),
         };
     };
-    let root = std::fs::canonicalize(root)
-        .map_err(|err| Refusal::CwdInvalid(format!("sandbox root {}: {err}", root.display())))?;
+    let root = std::fs::canonicalize(root).map_err(|err| {
+        // An operator's mistake: the log names the directory, the caller learns only that the
+        // sandbox is unusable.
+        tracing::warn!(sandbox_cwd = %root.display(), error = %err, "terminal sandbox root is unusable");
+        Refusal::CwdInvalid("the sandbox root is not available".to_owned())
+    })?;
     let Some(cwd) = cwd else {
         return Ok(Some(root));
     };
@@ -109,11 +115,17 @@ pub fn resolve_cwd(settings: &TerminalSettings, cwd: Option<&str>) -> Result<Opt
 }
 
 /// Canonicalizes `path` and checks that it is a directory.
+///
+/// The refusal says what is wrong, never where: `path` may lie under the sandbox root, which
+/// the caller must not learn. The log names it.
 fn usable_dir(path: &Path) -> Result<PathBuf, Refusal> {
-    let describe = |err: io::Error| Refusal::CwdInvalid(format!("{}: {err}", path.display()));
-    let resolved = std::fs::canonicalize(path).map_err(describe)?;
+    let refuse = |reason: String| {
+        tracing::info!(cwd = %path.display(), reason = %reason, "terminal working directory refused");
+        Refusal::CwdInvalid(reason)
+    };
+    let resolved = std::fs::canonicalize(path).map_err(|err: io::Error| refuse(err.to_string()))?;
     if !resolved.is_dir() {
-        return Err(Refusal::CwdInvalid(format!("{}: not a directory", path.display())));
+        return Err(refuse("not a directory".to_owned()));
     }
     Ok(resolved)
 }

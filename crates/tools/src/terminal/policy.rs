@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use super::identity::Identity;
 use super::redact::Redactor;
 
 /// Default for [`TerminalSettings::timeout_seconds`].
@@ -49,6 +50,10 @@ pub struct TerminalSettings {
     pub file_size_bytes: Option<u64>,
     /// Commands that may run at once (default 4); the tool wrapper enforces it.
     pub max_concurrent: usize,
+    /// The user commands run as: a user name or a numeric uid. Unset, a root daemon runs them as
+    /// `nobody`. The daemon resolves it once at start (see `resolve_run_as`) and hands the result
+    /// to [`TerminalPolicy::with_identity`].
+    pub run_as: Option<String>,
 }
 
 impl Default for TerminalSettings {
@@ -66,6 +71,7 @@ impl Default for TerminalSettings {
             cpu_seconds: None,
             file_size_bytes: None,
             max_concurrent: DEFAULT_MAX_CONCURRENT,
+            run_as: None,
         }
     }
 }
@@ -79,6 +85,8 @@ pub struct TerminalPolicy {
     timeout: Duration,
     /// Configured and built-in redaction rules, compiled.
     redactor: Redactor,
+    /// The user and group commands run as; `None` runs them as the host process.
+    identity: Option<Identity>,
 }
 
 impl TerminalPolicy {
@@ -108,8 +116,29 @@ impl TerminalPolicy {
             settings.max_concurrent = 1;
         }
         let redactor = Redactor::new(&settings.redact_substrings, &settings.redact_patterns, &mut warnings);
-        let policy = TerminalPolicy { settings, timeout, redactor };
+        let policy = TerminalPolicy { settings, timeout, redactor, identity: None };
         (policy, warnings)
+    }
+
+    /// The policy with commands run as `identity` (`None`: as the host process). The host
+    /// resolves [`TerminalSettings::run_as`] once, with `resolve_run_as`, and passes the result.
+    #[must_use]
+    pub fn with_identity(mut self, identity: Option<Identity>) -> TerminalPolicy {
+        self.identity = identity;
+        self
+    }
+
+    /// The policy with the host process's own secrets (such as the Redis password) added to the
+    /// redaction rules; they are hidden in every output before any other rule runs.
+    #[must_use]
+    pub fn with_secrets(mut self, secrets: &[String]) -> TerminalPolicy {
+        self.redactor.add_secrets(secrets);
+        self
+    }
+
+    /// The user and group commands run as; `None` runs them as the host process.
+    pub fn identity(&self) -> Option<Identity> {
+        self.identity
     }
 
     /// The effective settings (after the corrections reported by [`TerminalPolicy::new`]).

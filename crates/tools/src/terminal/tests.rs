@@ -369,3 +369,75 @@ fn temp_dirs_are_unique_and_removed() {
     drop(first);
     assert!(!Path::new(&path).exists());
 }
+
+#[tokio::test]
+async fn refusals_name_no_host_path() {
+    let root = TempDir::new();
+    let sandbox = root.0.join("sandbox");
+    std::fs::create_dir(&sandbox).unwrap();
+    std::fs::write(sandbox.join("file"), "x").unwrap();
+    let sandboxed =
+        policy_with(&["pwd", "toolhost-no-such-program"], |s| s.sandbox_cwd = Some(sandbox.clone()));
+    let plain = policy(&["pwd"]);
+    let root_text = root.0.display().to_string();
+    let mut refusals = vec![
+        run(&sandboxed, "pwd", Some("missing/deeper")).await.unwrap_err(),
+        run(&sandboxed, "pwd", Some("file")).await.unwrap_err(),
+        run(&sandboxed, "toolhost-no-such-program", None).await.unwrap_err(),
+        run(&plain, "pwd", Some("/toolhost/no/such/dir")).await.unwrap_err(),
+    ];
+    std::fs::remove_file(sandbox.join("file")).unwrap();
+    std::fs::remove_dir(&sandbox).unwrap();
+    refusals.push(run(&sandboxed, "pwd", None).await.unwrap_err());
+    assert_eq!(
+        refusals.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        [
+            "Working directory is not usable: No such file or directory (os error 2)",
+            "Working directory is not usable: not a directory",
+            "Command could not be started: program 'toolhost-no-such-program' is not installed on this host",
+            "Working directory is not usable: No such file or directory (os error 2)",
+            "Working directory is not usable: the sandbox root is not available",
+        ]
+    );
+    for refusal in &refusals {
+        let text = refusal.to_string();
+        assert!(!text.contains('/'), "{text}");
+        assert!(!refusal.summary(&sandboxed).contains(&root_text), "{refusal:?}");
+    }
+}
+
+#[tokio::test]
+async fn host_secrets_are_redacted_from_output() {
+    let policy = policy(&["echo"]).with_secrets(&["pw-7f3a9".to_owned()]);
+    let outcome = run(&policy, "echo REDIS_URL=redis://:pw-7f3a9@10.0.0.1:6379 and pw-7f3a9 alone", None)
+        .await
+        .unwrap();
+    assert_eq!(outcome.output, "REDIS_URL=redis://:[REDACTED]@10.0.0.1:6379 and [REDACTED] alone\n");
+    assert!(!outcome.summary.contains("pw-7f3a9"));
+}
+
+/// Whether this test process is root, and so may switch users.
+#[allow(unsafe_code)]
+fn running_as_root() -> bool {
+    // SAFETY: geteuid takes no arguments, cannot fail and touches no memory of ours.
+    unsafe { libc::geteuid() == 0 }
+}
+
+#[tokio::test]
+async fn commands_run_as_the_configured_identity_without_extra_groups() {
+    let identity = Identity { uid: 65534, gid: 65534 };
+    let policy = policy(&["id"]).with_identity(Some(identity));
+    if !running_as_root() {
+        // Only root may switch users; anything else must fail to start, never run as itself.
+        let err = run(&policy, "id -u", None).await.unwrap_err();
+        assert!(matches!(err, Refusal::SpawnFailed(_)), "{err:?}");
+        return;
+    }
+    let user = run(&policy, "id -u", None).await.unwrap();
+    assert_eq!(user.output, "65534\n");
+    let group = run(&policy, "id -g", None).await.unwrap();
+    assert_eq!(group.output, "65534\n");
+    // Root's supplementary groups are not kept.
+    let groups = run(&policy, "id -G", None).await.unwrap();
+    assert_eq!(groups.output, "65534\n");
+}

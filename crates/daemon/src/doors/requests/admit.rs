@@ -1,6 +1,6 @@
 //! Admission: from a raw stream entry to a request the dispatcher can answer, or a dead letter.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use serde_json::{Map, Value};
 use toolhost_bus::{ResponseTopics, TopicRefusal};
@@ -276,11 +276,6 @@ fn deadline(envelope: &EventEnvelope, entry: &Entry) -> Option<Duration> {
 /// The millisecond timestamp in a stream entry id.
 pub(crate) fn entry_millis(entry_id: &str) -> Option<u64> {
     entry_id.split('-').next()?.parse().ok()
-}
-
-/// Now, as time since the UNIX epoch.
-pub(crate) fn now_since_epoch() -> Duration {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default()
 }
 
 #[cfg(test)]

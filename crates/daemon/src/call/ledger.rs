@@ -1,11 +1,6 @@
-//! The call-ledger steps every consumer-group reader shares: record a call's start, keep its
-//! lease alive while it runs, and commit its end, each retried while Redis is unavailable.
-//!
-//! The dispatcher (`action-requests`) and the chat inbox (`chat:<agent>`) both answer each
-//! delivered entry exactly once through these steps; what they answer differs, how they commit it
-//! does not.
-
-use std::time::Duration;
+//! The call-ledger steps of the lifecycle: record a call's start, keep its lease alive while it
+//! runs, and commit its end, each retried while Redis is unavailable. The rules themselves (who
+//! owns a call, when a lease lapses, what a commit does atomically) are the bus crate's.
 
 use tokio_util::sync::CancellationToken;
 use toolhost_bus::{Bus, CallKeys, CallStart, Committed, EntryRef, Finish};
@@ -15,16 +10,6 @@ use tracing::{error, warn};
 
 use crate::backoff::Backoff;
 use crate::telemetry::Telemetry;
-
-/// The owner of one handling of one entry: consumer, entry id and a random token.
-///
-/// [`Bus::begin_call`] gives the same owner the same answer again (so a retry after a lost reply
-/// is safe), so each handling needs its own: an entry handled again by the same process, after
-/// an earlier handling left it pending, must find that handling's record "started before".
-pub(crate) fn owner(consumer: &str, entry_id: &str) -> String {
-    let token = uuid::Uuid::new_v4().simple().to_string();
-    format!("{consumer}/{entry_id}/{}", &token[..8])
-}
 
 /// Records that `owner` starts the call under `call`, retrying while Redis is unavailable.
 /// `None` when it cannot be recorded (Redis refused, or `forced` fired): leave the entry pending.
@@ -66,9 +51,8 @@ pub(crate) async fn renew(
     entry: &EntryRef<'_>,
     consumer: &str,
     request_id: &str,
-    period: Duration,
 ) {
-    let mut tick = tokio::time::interval(period);
+    let mut tick = tokio::time::interval(call.renew_period());
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
     // Never cancelled: the caller drops this future when the call ends.

@@ -1,0 +1,583 @@
+//! The one call lifecycle every door drives.
+//!
+//! A delivered entry goes through the same states whichever door it came in by:
+//!
+//! ```text
+//! delivered ─ admit ─┬─ dead-lettered (nothing says where to answer) ──────────────── acked
+//!                    ├─ ignored (the door answers nothing, e.g. a control message) ─── acked
+//!                    └─ admitted ─ ledger ─┬─ duplicate (answered, or running elsewhere) ─ acked
+//!                                          ├─ left pending (owner alive, or Redis refused)
+//!                                          ├─ poison (delivered too often) ─ dead-lettered + answered
+//!                                          ├─ interrupted (a non-idempotent call's holder died) ─┐
+//!                                          └─ running ─┬─ finished(outcome) ────────────────────┤
+//!                                                      └─ left pending (shutdown forced)         │
+//!                                          answered once + answered mark (if final) + acked ◄────┘
+//! ```
+//!
+//! A [`Door`] says how its entries are read (admission), what running one means (a tool with
+//! arguments, or an answer made without a tool), what the answer looks like and where it goes,
+//! and how its dead letters look. [`Lifecycle`] does the rest, the same for every door: the
+//! ledger (begin, lease renewal, commit), the per-tool limits and the global slot, deadlines,
+//! poison, forced shutdown, a response topic of the wrong type, and the outcome's metrics.
+
+pub(crate) mod ledger;
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use toolhost_bus::{CallKeys, CallStart, Committed, EntryRef, Finish, Published, call_owner};
+use toolhost_envelope::{Entry, ErrorCode};
+use toolhost_tools::{Admit, Context, Failure, Full, Registry, Running};
+use tracing::{error, warn};
+
+use crate::group::{EntryHandler, Slot, StreamSettings};
+use crate::services::Services;
+
+/// The tool label of calls naming a tool that does not exist, in `tools.stats` and metrics.
+pub(crate) const UNKNOWN_TOOL_LABEL: &str = "_unknown";
+
+/// What admission made of an entry.
+pub(crate) enum Admission<R> {
+    /// Nothing tells where to answer: publish this dead letter; the reason is for the log.
+    DeadLetter(Letter, String),
+    /// Ack it without answering; the reason is for the log.
+    Ignore(R, &'static str),
+    /// Answer it.
+    Request(R),
+}
+
+/// What answering an admitted request takes.
+pub(crate) enum Work {
+    /// Run a tool.
+    Tool {
+        /// The tool's name, as the caller gave it.
+        name: String,
+        /// The arguments, not yet validated.
+        arguments: Value,
+    },
+    /// Answer without running a tool (discovery, statistics, refusals, help).
+    Answer(Result<Value, Failure>, Reply),
+    /// Ack without answering: another toolbox answers it.
+    AckOnly,
+}
+
+/// What kind of answer a [`Work::Answer`] is, for logs and metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Reply {
+    /// A result or an error, counted by its outcome.
+    Result,
+    /// A help text for a message that asked for no tool.
+    Help,
+}
+
+/// An answer ready to publish.
+pub(crate) struct Answer {
+    /// Full key of the topic it goes to.
+    pub topic: String,
+    /// Full key of a second topic that gets the same answer, if any.
+    pub copy: Option<String>,
+    /// Its message id.
+    pub id: String,
+    /// Its JSON payload.
+    pub payload: String,
+}
+
+/// A dead letter ready to publish.
+pub(crate) struct Letter {
+    /// Full key of the dead-letter topic.
+    pub topic: String,
+    /// Its message id.
+    pub id: String,
+    /// Its JSON payload.
+    pub payload: String,
+}
+
+/// How a handled entry ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// Answered with a tool's result.
+    Success,
+    /// Answered with an error (`interrupted` included).
+    Error(ErrorCode),
+    /// Answered with help.
+    Help,
+    /// Acked unanswered, by the door's choice.
+    Ignored,
+    /// Moved to the dead-letter stream (and answered when it could be).
+    DeadLetter,
+    /// Acked unanswered: the request was answered, or is being answered, by another entry.
+    Duplicate,
+    /// Left pending: its owner is alive elsewhere, Redis refused the commit, or shutdown was
+    /// forced; a replica (or this one) takes it over after the lease.
+    LeftPending,
+}
+
+impl Outcome {
+    /// The label of metrics and logs.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Outcome::Success => "success",
+            Outcome::Error(code) => code.as_str(),
+            Outcome::Help => "help",
+            Outcome::Ignored => "ignored",
+            Outcome::DeadLetter => "dead_letter",
+            Outcome::Duplicate => "duplicate",
+            Outcome::LeftPending => "left_pending",
+        }
+    }
+}
+
+/// One way calls come in: how an entry is read and answered.
+pub(crate) trait Door: Send + Sync + 'static {
+    /// An admitted entry.
+    type Request: Send + Sync;
+
+    /// Reads an entry.
+    fn admit(&self, entry: &Entry, registry: &Registry) -> Admission<Self::Request>;
+
+    /// The id the ledger remembers the request by.
+    fn ledger_id(&self, request: &Self::Request) -> String;
+
+    /// What answering the request takes.
+    fn work(&self, request: &Self::Request, registry: &Registry) -> Work;
+
+    /// When the request stops being worth running, as time since the UNIX epoch.
+    fn deadline(&self, entry: &Entry, request: &Self::Request) -> Option<Duration>;
+
+    /// What the tool is told about the call.
+    fn context(&self, request: &Self::Request) -> Context;
+
+    /// The answer to publish for `result`, and whether it is final for the request id.
+    fn answer(&self, request: &Self::Request, result: &Result<Value, Failure>) -> Answer;
+
+    /// An answer to publish instead when the answer's topic cannot take it (it holds another
+    /// type of key), on a topic that can; `None` when there is no such topic.
+    fn fallback(&self, request: &Self::Request, reason: &str) -> Option<Answer>;
+
+    /// The dead letter of an admitted request's entry.
+    fn letter(&self, entry: &Entry, request: &Self::Request, reason: &str) -> Letter;
+
+    /// Whether every tool call takes a call record, even of read-only, idempotent tools: a door
+    /// whose calls have effects of their own (progress events) must not run a duplicate.
+    fn tracks_every_call(&self) -> bool {
+        false
+    }
+
+    /// Called before a tool runs (progress events).
+    fn started(&self, _request: &Self::Request, _tool: &str) -> impl Future<Output = ()> + Send {
+        async {}
+    }
+
+    /// Called after a tool ran or was answered without running (progress events).
+    fn finished(
+        &self,
+        _request: &Self::Request,
+        _tool: &str,
+        _result: &Result<Value, Failure>,
+        _duration: Duration,
+    ) -> impl Future<Output = ()> + Send {
+        async {}
+    }
+
+    /// The tool label of the request for stats and metrics; `None` when it names no tool.
+    fn tool_label(&self, request: &Self::Request, registry: &Registry) -> Option<String>;
+
+    /// Logs the end of an entry's handling.
+    fn log(
+        &self,
+        entry: &Entry,
+        request: Option<&Self::Request>,
+        tool: &str,
+        outcome: Outcome,
+        duration: Duration,
+    );
+}
+
+/// Drives the entries of one door through the call lifecycle.
+pub(crate) struct Lifecycle<D> {
+    door: D,
+    services: Services,
+    settings: StreamSettings,
+}
+
+impl<D: Door> Lifecycle<D> {
+    /// The lifecycle of `door`'s entries.
+    pub(crate) fn new(door: D, services: Services, settings: StreamSettings) -> Lifecycle<D> {
+        Lifecycle { door, services, settings }
+    }
+
+    /// Handles one entry to its end, then counts and logs how it ended.
+    async fn handle_entry(&self, entry: &Entry, slot: &mut Slot) {
+        let started = Instant::now();
+        let services = &self.services;
+        if entry.deliveries > 1 {
+            services.telemetry.redelivered();
+        }
+        // One snapshot for the whole call: a reload meanwhile does not change its tools.
+        let registry = services.registry.snapshot();
+        let (outcome, request) = match self.door.admit(entry, &registry) {
+            Admission::DeadLetter(letter, reason) => {
+                (self.dead_letter(entry, None, letter, &reason, None).await, None)
+            }
+            Admission::Ignore(request, reason) => {
+                tracing::debug!(entry_id = %entry.entry_id, reason, "entry ignored");
+                let outcome = self.ack(entry, None).await.map_or(Outcome::LeftPending, |_| Outcome::Ignored);
+                (outcome, Some(request))
+            }
+            Admission::Request(request) => {
+                (self.answer(entry, &request, &registry, slot).await, Some(request))
+            }
+        };
+        let duration = started.elapsed();
+        let tool = request.as_ref().and_then(|request| self.door.tool_label(request, &registry));
+        let tool = tool.as_deref().unwrap_or("-");
+        if let Outcome::Success | Outcome::Error(_) = outcome {
+            let code = match outcome {
+                Outcome::Error(code) => Some(code.as_str()),
+                _ => None,
+            };
+            services.stats.record(tool, code, duration);
+        }
+        services.telemetry.invocation(tool, outcome.label(), duration);
+        self.door.log(entry, request.as_ref(), tool, outcome, duration);
+    }
+
+    /// Takes an admitted request to its end.
+    ///
+    /// For tool calls the ledger is consulted first, so a copy of a request that is answered or
+    /// running elsewhere is neither dead-lettered as poison nor answered `expired` over the live
+    /// call's answer.
+    async fn answer(
+        &self,
+        entry: &Entry,
+        request: &D::Request,
+        registry: &Registry,
+        slot: &mut Slot,
+    ) -> Outcome {
+        let ledger_id = self.door.ledger_id(request);
+        let keys = &self.services.keys;
+        let answered = keys.answered(&self.settings.group, &ledger_id);
+        let record = keys.call(&self.settings.group, &ledger_id);
+        let call = CallKeys {
+            answered: &answered,
+            call: &record,
+            lease: self.settings.claim_idle,
+            retention: self.settings.answered_retention,
+        };
+        let poisoned = entry.deliveries > self.settings.max_deliveries;
+        let (result, reply) = match self.door.work(request, registry) {
+            Work::AckOnly => {
+                return self.ack(entry, None).await.map_or(Outcome::LeftPending, |_| Outcome::Duplicate);
+            }
+            Work::Answer(_, _) if poisoned => return self.poison(entry, request, &call).await,
+            Work::Answer(result, reply) => match self.expired(entry, request) {
+                Some(failure) => (Err(failure), Reply::Result),
+                None => (result, reply),
+            },
+            Work::Tool { name, arguments } => {
+                let owner = call_owner(&self.settings.consumer, &entry.entry_id);
+                let result = match self.begin(entry, &call, &ledger_id, &name, &owner, registry).await {
+                    Begin::End(outcome) => return outcome,
+                    _ if poisoned => return self.poison(entry, request, &call).await,
+                    Begin::Interrupted => {
+                        let result = Err(ledger::interrupted(&name));
+                        self.door.finished(request, &name, &result, Duration::ZERO).await;
+                        result
+                    }
+                    Begin::Run => match self.expired(entry, request) {
+                        Some(failure) => Err(failure),
+                        None => {
+                            let running = self.run_tool(
+                                entry, request, &call, &ledger_id, registry, &name, arguments, &owner, slot,
+                            );
+                            match running.await {
+                                Some(result) => result,
+                                // Shutdown was forced: the entry stays pending with a lapsing
+                                // lease, and a replica takes it over.
+                                None => return Outcome::LeftPending,
+                            }
+                        }
+                    },
+                };
+                (result, Reply::Result)
+            }
+        };
+        let outcome = match (&result, reply) {
+            (_, Reply::Help) => Outcome::Help,
+            (Ok(_), Reply::Result) => Outcome::Success,
+            (Err(failure), Reply::Result) => Outcome::Error(failure.code),
+        };
+        if let Err(failure) = &result
+            && failure.code == ErrorCode::InvalidOutput
+        {
+            error!(entry_id = %entry.entry_id, details = ?failure.details, "tool bug: output breaks the tool's output schema");
+        }
+        let final_answer = result.as_ref().err().is_none_or(|failure| failure.code.is_final());
+        let answer = self.door.answer(request, &result);
+        match self.commit(entry, Some(call), Some(&answer), None, final_answer).await {
+            Some(Committed::Published) => outcome,
+            Some(Committed::NotPublished) => Outcome::Duplicate,
+            Some(Committed::WrongType) => self.wrong_type(entry, request, &call, &answer).await,
+            Some(_) | None => Outcome::LeftPending,
+        }
+    }
+
+    /// Consults the ledger before running a tool.
+    async fn begin(
+        &self,
+        entry: &Entry,
+        call: &CallKeys<'_>,
+        ledger_id: &str,
+        tool: &str,
+        owner: &str,
+        registry: &Registry,
+    ) -> Begin {
+        // A read-only, idempotent tool needs no call record: running it twice has no effect a
+        // caller can see, and its answer is still published once, because the answered mark is
+        // checked when the answer is committed. This saves a script and five commands per call.
+        let annotations = registry.annotations(tool);
+        if !self.door.tracks_every_call() && annotations.is_some_and(|a| a.read_only && a.idempotent) {
+            return Begin::Run;
+        }
+        let forced = self.services.shutdown.forced();
+        let bus = &*self.services.bus;
+        let Some(start) = ledger::begin(bus, call, owner, &entry.entry_id, ledger_id, forced).await else {
+            return Begin::End(Outcome::LeftPending);
+        };
+        match start {
+            CallStart::Fresh => Begin::Run,
+            // The owner is alive and will ack this very entry.
+            CallStart::Busy { entry_id } if entry_id == entry.entry_id => Begin::End(Outcome::LeftPending),
+            // Answered, or a re-sent copy while the original runs: the original's answer is the one.
+            CallStart::Answered | CallStart::Busy { .. } => {
+                Begin::End(self.ack(entry, None).await.map_or(Outcome::LeftPending, |_| Outcome::Duplicate))
+            }
+            CallStart::StartedBefore if annotations.is_some_and(|a| a.idempotent) => Begin::Run,
+            CallStart::StartedBefore => Begin::Interrupted,
+            _ => Begin::End(Outcome::LeftPending),
+        }
+    }
+
+    /// Runs a tool: waits for a run slot of the tool, renewing the lease while it waits and runs,
+    /// and reports its steps to the door. `None` when shutdown was forced first: the tool is
+    /// cancelled and nothing is answered.
+    #[allow(clippy::too_many_arguments)]
+    async fn run_tool(
+        &self,
+        entry: &Entry,
+        request: &D::Request,
+        call: &CallKeys<'_>,
+        ledger_id: &str,
+        registry: &Registry,
+        tool: &str,
+        arguments: Value,
+        owner: &str,
+        slot: &mut Slot,
+    ) -> Option<Result<Value, Failure>> {
+        let services = &self.services;
+        let mut context = self.door.context(request);
+        context.cancel = services.shutdown.forced().child_token();
+        let entry_ref =
+            EntryRef { topic: &self.settings.topic, group: &self.settings.group, entry_id: &entry.entry_id };
+        let renew =
+            ledger::renew(&*services.bus, call, owner, &entry_ref, &self.settings.consumer, ledger_id);
+        let forced = services.shutdown.forced().clone();
+        let deadline = self.door.deadline(entry, request);
+        let started = Instant::now();
+        let run = async {
+            self.door.started(request, tool).await;
+            // Arguments are checked before the call waits: a bad request never takes a queue slot.
+            let arguments = registry.prepare(tool, arguments)?;
+            let _running = self.wait_for_tool(tool, deadline, slot).await?;
+            let _in_flight = services.telemetry.in_flight_guard();
+            let left = deadline.map(|deadline| deadline.saturating_sub(now_since_epoch()));
+            registry.run(tool, arguments, &context, left).await
+        };
+        let result = tokio::select! {
+            res = run => res,
+            () = renew => Err(Failure::new(ErrorCode::Internal, "lease renewal stopped")),
+            () = forced.cancelled() => {
+                context.cancel.cancel();
+                warn!(entry_id = %entry.entry_id, tool, "grace period over; call abandoned, left to a replica");
+                return None;
+            }
+        };
+        self.door.finished(request, tool, &result, started.elapsed()).await;
+        Some(result)
+    }
+
+    /// Takes a run slot of `tool`: at once, or after a wait in its queue during which the call
+    /// gives back its global slot, so calls of other tools are not held up behind it.
+    ///
+    /// # Errors
+    /// `overloaded` when the tool's queue is full, `expired` when `deadline` passes first.
+    async fn wait_for_tool(
+        &self,
+        tool: &str,
+        deadline: Option<Duration>,
+        slot: &mut Slot,
+    ) -> Result<Running, Failure> {
+        let waiting = match self.services.limits.admit(tool) {
+            Admit::Run(running) => return Ok(running),
+            Admit::Full(full) => return Err(self.overloaded(tool, full)),
+            Admit::Wait(waiting) => waiting,
+        };
+        slot.release();
+        let Some(until) = deadline else { return Ok(waiting.ready().await) };
+        let left = until.saturating_sub(now_since_epoch());
+        tokio::time::timeout(left, waiting.ready()).await.map_err(|_elapsed| {
+            Failure::new(
+                ErrorCode::Expired,
+                format!("the request's deadline passed while it waited for a free slot of '{tool}'"),
+            )
+        })
+    }
+
+    /// The `overloaded` answer for a tool whose queue is full, with a hint of when a retry may
+    /// find room: the time the calls ahead take at the tool's recent mean duration.
+    fn overloaded(&self, tool: &str, full: Full) -> Failure {
+        let settings = full.settings;
+        let mean = self.services.stats.mean(tool).unwrap_or(Duration::from_millis(100));
+        let ahead = (settings.max_queue + settings.max_concurrent) as u32;
+        let retry_after = (mean * ahead / settings.max_concurrent.max(1) as u32)
+            .clamp(Duration::from_millis(100), Duration::from_secs(30));
+        Failure {
+            code: ErrorCode::Overloaded,
+            message: format!(
+                "'{tool}' is at its limit of {} running and {} waiting calls; retry later",
+                settings.max_concurrent, settings.max_queue
+            ),
+            details: Some(json!({
+                "retry_after_ms": retry_after.as_millis() as u64,
+                "max_concurrent": settings.max_concurrent,
+                "max_queue": settings.max_queue,
+            })),
+        }
+    }
+
+    /// An `expired` failure when the request's deadline has passed.
+    fn expired(&self, entry: &Entry, request: &D::Request) -> Option<Failure> {
+        let deadline = self.door.deadline(entry, request)?;
+        (deadline <= now_since_epoch())
+            .then(|| Failure::new(ErrorCode::Expired, "the request's deadline passed before it could run"))
+    }
+
+    /// An entry delivered too often: dead-letter it and answer `internal` when it can be.
+    async fn poison(&self, entry: &Entry, request: &D::Request, call: &CallKeys<'_>) -> Outcome {
+        let reason = format!(
+            "delivered {} times without completing (limit {}); each holder stopped or failed before answering",
+            entry.deliveries, self.settings.max_deliveries
+        );
+        let failure = Failure::new(
+            ErrorCode::Internal,
+            "the request failed repeatedly inside the tool host and was moved to the dead-letter stream",
+        );
+        let answer = self.door.answer(request, &Err(failure));
+        let letter = self.door.letter(entry, request, &reason);
+        self.dead_letter(entry, Some(call), letter, &reason, Some(&answer)).await
+    }
+
+    /// The answer's topic holds a key that is not a stream, so no answer can ever be published
+    /// there: publish the door's fallback answer (not final) and dead-letter the request, rather
+    /// than let the entry loop through redeliveries.
+    async fn wrong_type(
+        &self,
+        entry: &Entry,
+        request: &D::Request,
+        call: &CallKeys<'_>,
+        answer: &Answer,
+    ) -> Outcome {
+        error!(entry_id = %entry.entry_id, topic = %answer.topic, "answer topic holds a key that is not a stream; dead-lettering");
+        let reason =
+            format!("the answer's topic '{}' holds a key that is not a stream", self.bare(&answer.topic));
+        let fallback = self.door.fallback(request, &reason);
+        let letter = self.door.letter(entry, request, &reason);
+        self.dead_letter(entry, Some(call), letter, &reason, fallback.as_ref()).await
+    }
+
+    /// A full key without the configured prefix, for sentences callers read.
+    fn bare<'a>(&self, key: &'a str) -> &'a str {
+        key.strip_prefix(self.services.keys.prefix()).unwrap_or(key)
+    }
+
+    /// Dead-letters an entry, acking it, with an answer (not final) when one is given.
+    async fn dead_letter(
+        &self,
+        entry: &Entry,
+        call: Option<&CallKeys<'_>>,
+        letter: Letter,
+        reason: &str,
+        answer: Option<&Answer>,
+    ) -> Outcome {
+        warn!(entry_id = %entry.entry_id, reason, "dead-lettering entry");
+        self.services.telemetry.dead_lettered();
+        let call = call.copied();
+        let committed = match self.commit(entry, call, answer, Some(&letter), false).await {
+            // Even the fallback topic cannot take an answer: write the dead letter alone.
+            Some(Committed::WrongType) => self.commit(entry, call, None, Some(&letter), false).await,
+            committed => committed,
+        };
+        committed.map_or(Outcome::LeftPending, |_| Outcome::DeadLetter)
+    }
+
+    /// Acks an entry without answering it.
+    async fn ack(&self, entry: &Entry, call: Option<CallKeys<'_>>) -> Option<Committed> {
+        self.commit(entry, call, None, None, false).await
+    }
+
+    /// Commits the end of an entry through [`ledger::finish`]: the answer, the dead letter, the
+    /// answered mark (when final) and the ack, atomically.
+    async fn commit(
+        &self,
+        entry: &Entry,
+        call: Option<CallKeys<'_>>,
+        answer: Option<&Answer>,
+        letter: Option<&Letter>,
+        final_answer: bool,
+    ) -> Option<Committed> {
+        let finish = Finish {
+            entry: EntryRef {
+                topic: &self.settings.topic,
+                group: &self.settings.group,
+                entry_id: &entry.entry_id,
+            },
+            call,
+            answer: answer.map(|answer| Published {
+                topic: &answer.topic,
+                id: &answer.id,
+                payload: &answer.payload,
+            }),
+            answer_copy: answer.and_then(|answer| answer.copy.as_deref()),
+            dead_letter: letter.map(|letter| Published {
+                topic: &letter.topic,
+                id: &letter.id,
+                payload: &letter.payload,
+            }),
+            final_answer,
+        };
+        let services = &self.services;
+        ledger::finish(&*services.bus, &finish, services.shutdown.forced(), &services.telemetry).await
+    }
+}
+
+impl<D: Door> EntryHandler for Lifecycle<D> {
+    async fn handle(&self, entry: Entry, mut slot: Slot) {
+        self.handle_entry(&entry, &mut slot).await;
+    }
+}
+
+/// What the ledger decided before a tool call.
+enum Begin {
+    /// Run the tool.
+    Run,
+    /// A holder started it and died, and the tool is not idempotent: answer `interrupted`.
+    Interrupted,
+    /// Nothing to answer; the entry ended this way.
+    End(Outcome),
+}
+
+/// Now, as time since the UNIX epoch.
+pub(crate) fn now_since_epoch() -> Duration {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default()
+}

@@ -1,0 +1,281 @@
+//! The chat door: reads `chat:<AGENT_NAME>` through the toolbox's consumer group and answers
+//! each message, so agents can call tools by chatting with toolhost.
+//!
+//! A message carrying a tool call (`metadata.tool_call`, or `content` as
+//! `{"tool", "arguments"}`) runs the tool, reports `tool_step` and `output` events on
+//! `stream:<conversation_id>`, and is answered with a reply envelope on
+//! `chat:<conversation_id>` (and `chat:<X>` when the sender was `agent:<X>`). Any other message
+//! gets a short help reply. Control messages, replies and the daemon's own messages are acked
+//! unanswered; malformed entries go to `dlq:<AGENT_NAME>`.
+//!
+//! The no-loss rules are the call lifecycle's ([`crate::call`]), under the ledger id
+//! `chat:<envelope id>`, so a redelivered message is never answered twice. Progress events are
+//! published before the commit and may repeat after a crash.
+
+mod message;
+mod reply;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+use toolhost_bus::{Bus, Keys};
+use toolhost_envelope::{
+    Address, ChatEnvelope, DeadLetterEvent, Entry, StepStatus, StreamEvent, StreamEventKind, new_message_id,
+};
+use toolhost_tools::{Context, Failure, Registry};
+use tracing::{info, warn};
+
+use self::message::{Incoming, Malformed, ToolCall, classify};
+use crate::call::{Admission, Answer, Door, Letter, Outcome, Reply, UNKNOWN_TOOL_LABEL, Work};
+
+/// What the chat door needs to know, resolved from configuration.
+#[derive(Debug, Clone)]
+pub struct InboxSettings {
+    /// The name toolhost speaks as: reads `chat:<agent_name>`, writes as `agent:<agent_name>`.
+    pub agent_name: String,
+    /// Larger payloads are dead-lettered.
+    pub max_payload_bytes: usize,
+}
+
+/// The chat door of one agent inbox.
+pub struct Inbox {
+    bus: Arc<dyn Bus>,
+    keys: Keys,
+    settings: InboxSettings,
+    /// Full key of `dlq:<agent_name>`.
+    dead_letters: String,
+    /// `agent:<agent_name>`.
+    sender: String,
+}
+
+/// An admitted chat message: the envelope and what answering it takes.
+pub struct Message {
+    envelope: Box<ChatEnvelope>,
+    /// `None` for messages that are acked unanswered.
+    work: Option<message::Work>,
+}
+
+impl Inbox {
+    /// The inbox of `settings.agent_name`.
+    pub fn new(bus: Arc<dyn Bus>, keys: Keys, settings: InboxSettings) -> Inbox {
+        Inbox {
+            dead_letters: keys.dead_letters(&settings.agent_name),
+            sender: Address::agent_of(&settings.agent_name),
+            bus,
+            keys,
+            settings,
+        }
+    }
+
+    /// Publishes a progress event to `stream:<conversation_id>`. Progress is best effort: a
+    /// failure is logged and the call goes on, since the reply is what must not be lost.
+    async fn progress(&self, conversation_id: &str, kind: StreamEventKind) {
+        let event = StreamEvent::new(conversation_id, kind);
+        let topic = self.keys.conversation_stream(conversation_id);
+        // Serialising a struct of strings and JSON values cannot fail.
+        let payload = serde_json::to_string(&event).unwrap_or_default();
+        if let Err(err) = self.bus.publish(&topic, &event.id, &payload).await {
+            warn!(error = %err, topic = %topic, "cannot publish a progress event");
+        }
+    }
+
+    /// A `tool_step` event of `call`.
+    fn step(
+        call: &ToolCall,
+        status: StepStatus,
+        res: Option<(&Result<Value, Failure>, Duration)>,
+    ) -> StreamEventKind {
+        let (result_summary, error, duration_ms) = match res {
+            None => (None, None, None),
+            Some((Ok(value), duration)) => {
+                (Some(reply::summary(&value.to_string())), None, Some(duration.as_millis() as u64))
+            }
+            Some((Err(failure), duration)) => {
+                (None, Some(failure.message.clone()), Some(duration.as_millis() as u64))
+            }
+        };
+        StreamEventKind::ToolStep {
+            name: call.name.clone(),
+            args: call.arguments.clone(),
+            status,
+            result_summary,
+            error,
+            duration_ms,
+            tool_call_id: Some(call.id.clone()),
+        }
+    }
+
+    /// The tool call of a message, if it carries one.
+    fn call(message: &Message) -> Option<&ToolCall> {
+        match &message.work {
+            Some(message::Work::Call(call)) => Some(call),
+            _ => None,
+        }
+    }
+
+    /// The dead letter of a chat entry, in the contract's `dlq:<agent>` shape.
+    fn dead_letter(&self, malformed: Malformed) -> Letter {
+        let Malformed { envelope, conversation_id, error } = malformed;
+        let letter = DeadLetterEvent::new(&self.settings.agent_name, conversation_id, envelope, error);
+        // Serialising a struct of strings and JSON values cannot fail.
+        let payload = serde_json::to_string(&letter).unwrap_or_default();
+        Letter { topic: self.dead_letters.clone(), id: new_message_id(), payload }
+    }
+}
+
+/// The ledger's request id of a chat message, kept apart from action-request ids.
+fn ledger_id(message_id: &str) -> String {
+    Address::chat_of(message_id)
+}
+
+impl Door for Inbox {
+    type Request = Message;
+
+    fn admit(&self, entry: &Entry, _registry: &Registry) -> Admission<Message> {
+        match classify(entry, self.settings.max_payload_bytes, &self.sender) {
+            Incoming::Malformed(malformed) => {
+                let reason = malformed.error.clone();
+                Admission::DeadLetter(self.dead_letter(malformed), reason)
+            }
+            Incoming::Ignored(envelope, reason) => {
+                Admission::Ignore(Message { envelope, work: None }, reason)
+            }
+            Incoming::Message(envelope, work) => Admission::Request(Message { envelope, work: Some(work) }),
+        }
+    }
+
+    fn ledger_id(&self, message: &Message) -> String {
+        ledger_id(&message.envelope.id)
+    }
+
+    fn work(&self, message: &Message, registry: &Registry) -> Work {
+        match &message.work {
+            Some(message::Work::Call(call)) => {
+                Work::Tool { name: call.name.clone(), arguments: call.arguments.clone() }
+            }
+            Some(message::Work::BadCall(error)) => Work::Answer(
+                Err(Failure::new(toolhost_envelope::ErrorCode::InvalidRequest, error.clone())),
+                Reply::Result,
+            ),
+            Some(message::Work::Text) => {
+                let tools: Vec<Value> = registry.enabled_names().into_iter().map(Value::from).collect();
+                Work::Answer(Ok(Value::Array(tools)), Reply::Help)
+            }
+            None => Work::AckOnly,
+        }
+    }
+
+    fn deadline(&self, _entry: &Entry, _message: &Message) -> Option<Duration> {
+        None
+    }
+
+    fn context(&self, message: &Message) -> Context {
+        Context {
+            request_id: message.envelope.id.clone(),
+            correlation_id: Inbox::call(message).map(|call| call.id.clone()),
+            conversation_id: Some(message.envelope.conversation_id.clone()),
+            cancel: Default::default(),
+        }
+    }
+
+    /// Progress events are seen by the conversation, so a copy of an answered message must not
+    /// run again, even for a read-only tool.
+    fn tracks_every_call(&self) -> bool {
+        true
+    }
+
+    async fn started(&self, message: &Message, _tool: &str) {
+        if let Some(call) = Inbox::call(message) {
+            let step = Inbox::step(call, StepStatus::Start, None);
+            self.progress(&message.envelope.conversation_id, step).await;
+        }
+    }
+
+    async fn finished(
+        &self,
+        message: &Message,
+        _tool: &str,
+        result: &Result<Value, Failure>,
+        duration: Duration,
+    ) {
+        let Some(call) = Inbox::call(message) else { return };
+        let conversation = &message.envelope.conversation_id;
+        let status = if result.is_ok() { StepStatus::Success } else { StepStatus::Error };
+        self.progress(conversation, Inbox::step(call, status, Some((result, duration)))).await;
+        let text = reply::result_text(result);
+        self.progress(conversation, StreamEventKind::Output { text, usage: None }).await;
+    }
+
+    fn answer(&self, message: &Message, result: &Result<Value, Failure>) -> Answer {
+        let envelope = &message.envelope;
+        let reply = match (&message.work, result) {
+            (Some(message::Work::Call(call)), _) => reply::call_reply(&self.sender, envelope, call, result),
+            (Some(message::Work::Text), Ok(Value::Array(tools))) => {
+                let names: Vec<&str> = tools.iter().filter_map(Value::as_str).collect();
+                reply::help_reply(&self.sender, envelope, &names)
+            }
+            (_, Err(failure)) => reply::bad_call_reply(&self.sender, envelope, &failure.message),
+            (_, Ok(_)) => reply::help_reply(&self.sender, envelope, &[]),
+        };
+        let topic = self.keys.chat(&reply.conversation_id);
+        let copy = Address::parse(&reply.recipient)
+            .and_then(Address::agent)
+            .map(|agent| self.keys.chat(agent))
+            .filter(|copy| *copy != topic);
+        // Serialising a struct of strings and JSON values cannot fail.
+        let payload = serde_json::to_string(&reply).unwrap_or_default();
+        Answer { topic, copy, id: reply.id, payload }
+    }
+
+    /// A chat reply has nowhere else to go.
+    fn fallback(&self, _message: &Message, _reason: &str) -> Option<Answer> {
+        None
+    }
+
+    fn letter(&self, _entry: &Entry, message: &Message, reason: &str) -> Letter {
+        self.dead_letter(Malformed {
+            envelope: serde_json::to_value(&*message.envelope).unwrap_or(Value::Null),
+            conversation_id: Some(message.envelope.conversation_id.clone()),
+            error: reason.to_owned(),
+        })
+    }
+
+    /// Names no tool has share one label, so callers cannot grow the metric series.
+    fn tool_label(&self, message: &Message, registry: &Registry) -> Option<String> {
+        let call = Inbox::call(message)?;
+        Some(if registry.contains(&call.name) { call.name.clone() } else { UNKNOWN_TOOL_LABEL.to_owned() })
+    }
+
+    fn log(
+        &self,
+        entry: &Entry,
+        message: Option<&Message>,
+        tool: &str,
+        outcome: Outcome,
+        duration: Duration,
+    ) {
+        let envelope = message.map(|message| &message.envelope);
+        info!(
+            envelope_id = envelope.map_or("-", |e| e.id.as_str()),
+            conversation_id = envelope.map_or("-", |e| e.conversation_id.as_str()),
+            sender = envelope.map_or("-", |e| e.sender.as_str()),
+            tool,
+            outcome = outcome.label(),
+            duration_ms = duration.as_secs_f64() * 1000.0,
+            entry_id = %entry.entry_id,
+            deliveries = entry.deliveries,
+            "chat message"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chat_ledger_ids_are_kept_apart_from_request_ids() {
+        assert_eq!(ledger_id("7f9c"), "chat:7f9c");
+    }
+}

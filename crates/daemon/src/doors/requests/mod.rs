@@ -1,0 +1,245 @@
+//! The requests door: `action-requests`, read through the toolbox's consumer group, each request
+//! answered once on its response topic.
+//!
+//! Admission (`admit`) turns an entry into a [`Request`]: the envelope, its request id, what it
+//! asks for and where the answer goes. Everything after that is the call lifecycle's
+//! ([`crate::call`]); this door only says what answering means: a tool call, a discovery or
+//! statistics answer, or a refusal, published as a result envelope.
+
+mod admit;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use toolhost_bus::{Keys, ResponseTopics};
+use toolhost_envelope::{DiscoveryFormat, Entry, ErrorCode, EventEnvelope, ResultData, new_message_id};
+use toolhost_tools::{Context, Failure, Registry};
+use tracing::info;
+
+pub(crate) use self::admit::{Request, Target, entry_millis};
+use crate::call::{Admission, Answer, Door, Letter, Outcome, Reply, UNKNOWN_TOOL_LABEL, Work};
+use crate::stats::Stats;
+
+/// What the requests door needs to know, resolved from configuration.
+#[derive(Debug, Clone)]
+pub struct DispatchSettings {
+    /// The toolbox id: ledger namespace and `source` of results.
+    pub toolbox_id: String,
+    /// Bare name of the requests topic.
+    pub requests_topic: String,
+    /// Bare name of the default results topic.
+    pub results_topic: String,
+    /// Larger payloads are dead-lettered.
+    pub max_payload_bytes: usize,
+    /// Requests older than this answer `expired`.
+    pub max_request_age: Option<Duration>,
+    /// Whether events no tool consumes get an `unknown_tool` answer.
+    pub answer_unknown_tools: bool,
+    /// The response topics callers may name.
+    pub response_topics: ResponseTopics,
+}
+
+/// The requests door.
+pub struct Requests {
+    keys: Keys,
+    settings: DispatchSettings,
+    /// Full key of the requests stream.
+    requests: String,
+    /// Full key of the dead-letter stream.
+    dead_letters: String,
+    /// `toolhost:<toolbox_id>`.
+    source: String,
+    /// Per-tool statistics, for `tools.stats`.
+    stats: Arc<Stats>,
+}
+
+impl Requests {
+    /// The door of the requests stream.
+    pub fn new(keys: Keys, stats: Arc<Stats>, settings: DispatchSettings) -> Requests {
+        Requests {
+            requests: keys.topic(&settings.requests_topic),
+            dead_letters: keys.dead_letters(&settings.toolbox_id),
+            source: format!("toolhost:{}", settings.toolbox_id),
+            keys,
+            settings,
+            stats,
+        }
+    }
+
+    /// The discovery answer in the requested format.
+    fn discover(&self, envelope: &EventEnvelope, registry: &Registry) -> Value {
+        let format = envelope.data_str("format").and_then(DiscoveryFormat::parse).unwrap_or_default();
+        let tools = registry.export(
+            format,
+            &self.keys.topic(&self.settings.requests_topic),
+            &self.keys.topic(&self.settings.results_topic),
+        );
+        json!({"toolbox_id": self.settings.toolbox_id, "format": format.as_str(), "tools": tools})
+    }
+
+    /// The result envelope of `request` on the bare `topic`.
+    fn result_on(&self, request: &Request, topic: &str, data: &ResultData) -> Answer {
+        let topic = self.keys.topic(topic);
+        let (id, payload) = request.envelope.result_json(&self.source, &topic, data);
+        Answer { topic, copy: None, id, payload }
+    }
+
+    /// The dead letter of an entry.
+    ///
+    /// An unreadable payload (not UTF-8, or over `max_payload_bytes`) is never copied whole:
+    /// `defect` holds its first 64 KiB (base64), size and SHA-1, and `payload` is `null` unless
+    /// that head is the whole payload as text (then it stays replayable).
+    fn dead_letter(&self, entry: &Entry, reason: &str) -> Letter {
+        let defect = entry.unreadable(self.settings.max_payload_bytes);
+        let kept = match &defect {
+            Some(defect) if defect.field == toolhost_envelope::FIELD_PAYLOAD => defect.whole_text(),
+            _ => entry.payload.as_deref(),
+        };
+        let mut letter = json!({
+            "event": "dead_letter",
+            "toolbox_id": self.settings.toolbox_id,
+            "stream": self.requests,
+            "entry_id": entry.entry_id,
+            "id": entry.id,
+            "payload": kept,
+            "deliveries": entry.deliveries,
+            "error": reason,
+            "dead_lettered_at": toolhost_envelope::now_rfc3339(),
+        });
+        if let Some(defect) = defect {
+            letter["defect"] = defect.to_json();
+        }
+        Letter { topic: self.dead_letters.clone(), id: new_message_id(), payload: letter.to_string() }
+    }
+}
+
+impl Door for Requests {
+    type Request = Request;
+
+    fn admit(&self, entry: &Entry, registry: &Registry) -> Admission<Request> {
+        let topics = &self.settings.response_topics;
+        let resolve = |event: &str| registry.by_event(event).map(str::to_owned);
+        match admit::admit(entry, self.settings.max_payload_bytes, topics, resolve) {
+            admit::Admission::DeadLetter(reason) => {
+                Admission::DeadLetter(self.dead_letter(entry, &reason), reason)
+            }
+            admit::Admission::Request(request) => Admission::Request(*request),
+        }
+    }
+
+    fn ledger_id(&self, request: &Request) -> String {
+        request.request_id.clone()
+    }
+
+    fn work(&self, request: &Request, registry: &Registry) -> Work {
+        let answer = |result| Work::Answer(result, Reply::Result);
+        match &request.target {
+            Target::Tool { name, arguments } => {
+                Work::Tool { name: name.clone(), arguments: arguments.clone() }
+            }
+            // Another toolbox sharing the stream answers it; only ack here.
+            Target::Unknown(_) if !self.settings.answer_unknown_tools => Work::AckOnly,
+            Target::Unknown(event) => answer(Err(Failure::new(
+                ErrorCode::UnknownTool,
+                format!("no tool consumes the event '{event}'; send tools.discover to list the tools"),
+            ))),
+            Target::Discover => answer(Ok(self.discover(&request.envelope, registry))),
+            Target::Stats => answer(Ok(
+                json!({"toolbox_id": self.settings.toolbox_id, "tools": self.stats.snapshot()["tools"]}),
+            )),
+            Target::Invalid(reason) => answer(Err(Failure::new(ErrorCode::InvalidRequest, reason.clone()))),
+            Target::Forbidden(reason) => answer(Err(Failure::new(ErrorCode::Forbidden, reason.clone()))),
+        }
+    }
+
+    /// The caller's deadline, or the maximum request age counted from the entry's time,
+    /// whichever comes first.
+    fn deadline(&self, entry: &Entry, request: &Request) -> Option<Duration> {
+        let max_age = self.settings.max_request_age.and_then(|max_age| {
+            entry_millis(&entry.entry_id).map(|sent| Duration::from_millis(sent) + max_age)
+        });
+        match (request.deadline, max_age) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    fn context(&self, request: &Request) -> Context {
+        let envelope = &request.envelope;
+        Context {
+            request_id: request.request_id.clone(),
+            correlation_id: envelope.effective_correlation_id().map(str::to_owned),
+            conversation_id: envelope
+                .data_str("conversation_id")
+                .or(envelope.session_id.as_deref())
+                .map(str::to_owned),
+            cancel: Default::default(),
+        }
+    }
+
+    fn answer(&self, request: &Request, result: &Result<Value, Failure>) -> Answer {
+        let data = match result {
+            Ok(value) => ResultData::ok(&request.request_id, value.clone()),
+            Err(failure) => {
+                let data = ResultData::err(&request.request_id, failure.code, failure.message.clone());
+                match &failure.details {
+                    Some(details) => data.with_details(details.clone()),
+                    None => data,
+                }
+            }
+        };
+        self.result_on(request, &request.response_topic, &data)
+    }
+
+    /// `internal`, once, on the default results topic (unless that is the topic that failed).
+    fn fallback(&self, request: &Request, reason: &str) -> Option<Answer> {
+        if request.response_topic == self.settings.results_topic {
+            return None;
+        }
+        let data = ResultData::err(
+            &request.request_id,
+            ErrorCode::Internal,
+            format!("the answer could not be published: {reason}; it was moved to the dead-letter stream"),
+        );
+        Some(self.result_on(request, &self.settings.results_topic, &data))
+    }
+
+    fn letter(&self, entry: &Entry, _request: &Request, reason: &str) -> Letter {
+        self.dead_letter(entry, reason)
+    }
+
+    /// Caller-chosen names that no tool has share one label, on every path, so they cannot grow
+    /// `tools.stats` or the metric series without bound.
+    fn tool_label(&self, request: &Request, registry: &Registry) -> Option<String> {
+        match &request.target {
+            Target::Tool { name, .. } if registry.contains(name) => Some(name.clone()),
+            Target::Tool { .. } | Target::Unknown(_) => Some(UNKNOWN_TOOL_LABEL.to_owned()),
+            Target::Discover => Some(admit::TOOLS_DISCOVER.to_owned()),
+            Target::Stats => Some(admit::TOOLS_STATS.to_owned()),
+            Target::Invalid(_) | Target::Forbidden(_) => None,
+        }
+    }
+
+    fn log(
+        &self,
+        entry: &Entry,
+        request: Option<&Request>,
+        tool: &str,
+        outcome: Outcome,
+        duration: Duration,
+    ) {
+        let envelope = request.map(|request| &request.envelope);
+        info!(
+            request_id = request.map_or("-", |request| request.request_id.as_str()),
+            correlation_id = envelope.and_then(EventEnvelope::effective_correlation_id).unwrap_or("-"),
+            tenant_id = envelope.and_then(|e| e.tenant_id.as_deref()).unwrap_or("-"),
+            tool,
+            outcome = outcome.label(),
+            duration_ms = duration.as_secs_f64() * 1000.0,
+            entry_id = %entry.entry_id,
+            deliveries = entry.deliveries,
+            "invocation"
+        );
+    }
+}
