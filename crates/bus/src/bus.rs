@@ -1,4 +1,5 @@
-//! The [`Bus`] trait and the values its operations exchange.
+//! The transport's traits, each what one consumer needs ([`Streams`], [`Groups`], [`Ledger`],
+//! [`Store`]), the [`Bus`] that is all of them, and the values their operations exchange.
 
 use std::time::Duration;
 
@@ -7,18 +8,46 @@ use toolhost_envelope::Entry;
 
 use crate::Error;
 
-/// The operations toolhost needs from its transport.
+/// The whole transport: every narrow trait at once.
 ///
-/// Implementations: [`crate::RedisBus`] for production and [`crate::MemoryBus`] for unit tests.
-/// Both keep the Redis Streams semantics: entries read through a group stay pending until acked,
-/// pending entries idle past a limit can be claimed by another consumer, and delivery counts grow
-/// with each delivery.
+/// Implementations: [`crate::RedisBus`] for production, against Redis or nothing. A consumer asks
+/// for the narrowest trait it needs ([`Streams`], [`Groups`], [`Ledger`], [`Store`]); the daemon
+/// holds one `Arc<dyn Bus>` and hands out views of it. Entries read through a group stay pending
+/// until acked, pending entries idle past a limit can be claimed by another consumer, and
+/// delivery counts grow with each delivery.
+pub trait Bus: Streams + Groups + Ledger + Store {}
+
+impl<T: Streams + Groups + Ledger + Store> Bus for T {}
+
+/// Plain streams: append, read after a cursor, delete entries. What callers, chat tools and the
+/// dead-letter commands need.
 #[async_trait]
-pub trait Bus: Send + Sync + 'static {
+pub trait Streams: Send + Sync + 'static {
     /// Appends one message (`id`, `payload`) to `topic`, trimming it to about the configured
     /// length. Returns the new entry id.
     async fn publish(&self, topic: &str, id: &str, payload: &str) -> Result<String, Error>;
 
+    /// Reads up to `count` entries after `cursor` (an entry id, or the message id of an entry in
+    /// the topic), waiting up to `block` when `Some` and there are none.
+    async fn read(
+        &self,
+        topic: &str,
+        cursor: &str,
+        count: usize,
+        block: Option<Duration>,
+    ) -> Result<Vec<Entry>, Error>;
+
+    /// The id of the newest entry of `topic`, or `0-0` when it is empty.
+    async fn last_entry_id(&self, topic: &str) -> Result<String, Error>;
+
+    /// Deletes entries of `topic` by entry id (`XDEL`). Returns how many existed.
+    async fn delete_entries(&self, topic: &str, entry_ids: &[String]) -> Result<u64, Error>;
+}
+
+/// Consumer groups: create, read new entries, ack, claim idle ones, remove consumers. What a
+/// door's reader needs.
+#[async_trait]
+pub trait Groups: Send + Sync + 'static {
     /// Creates `group` on `topic` (and the topic itself) if missing, reading new entries only.
     async fn ensure_group(&self, topic: &str, group: &str) -> Result<(), Error> {
         self.ensure_group_at(topic, group, "$").await
@@ -52,19 +81,6 @@ pub trait Bus: Send + Sync + 'static {
     /// Acknowledges entries of `group`.
     async fn ack(&self, topic: &str, group: &str, entry_ids: &[String]) -> Result<(), Error>;
 
-    /// Reads up to `count` entries after `cursor` (an entry id, or the message id of an entry in
-    /// the topic), waiting up to `block` when `Some` and there are none.
-    async fn read(
-        &self,
-        topic: &str,
-        cursor: &str,
-        count: usize,
-        block: Option<Duration>,
-    ) -> Result<Vec<Entry>, Error>;
-
-    /// The id of the newest entry of `topic`, or `0-0` when it is empty.
-    async fn last_entry_id(&self, topic: &str) -> Result<String, Error>;
-
     /// Claims for `consumer` up to `count` entries of `group` pending for at least `min_idle`,
     /// scanning from `start`. The entries carry their delivery counts, and defects as
     /// [`Bus::read_group`] reports them.
@@ -95,7 +111,12 @@ pub trait Bus: Send + Sync + 'static {
         min_idle: Duration,
         heartbeat_prefix: &str,
     ) -> Result<Vec<String>, Error>;
+}
 
+/// The exactly-once call ledger: record a call's start, keep its lease, commit its end. What the
+/// call lifecycle needs; implemented against Redis only and tested against a real server.
+#[async_trait]
+pub trait Ledger: Send + Sync + 'static {
     /// Records that `owner` starts the call of a request, unless it was answered already or
     /// another owner holds a live lease on it.
     ///
@@ -134,7 +155,12 @@ pub trait Bus: Send + Sync + 'static {
     /// When an answer topic holds a key that is not a stream, nothing at all is written and
     /// [`Committed::WrongType`] is returned: retrying the same finish can never succeed.
     async fn finish(&self, finish: &Finish<'_>) -> Result<Committed, Error>;
+}
 
+/// Keys, hashes and facts about the server: the registry and heartbeats, readiness probes, the
+/// dead-letter commands' bookkeeping.
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
     /// Checks that the server answers.
     async fn ping(&self) -> Result<(), Error>;
 
@@ -156,9 +182,6 @@ pub trait Bus: Send + Sync + 'static {
     /// The consumer groups of `topic` with their pending counts and lag (`XINFO GROUPS`). A
     /// topic that does not exist has no groups.
     async fn group_info(&self, topic: &str) -> Result<Vec<GroupInfo>, Error>;
-
-    /// Deletes entries of `topic` by entry id (`XDEL`). Returns how many existed.
-    async fn delete_entries(&self, topic: &str, entry_ids: &[String]) -> Result<u64, Error>;
 
     /// The server's eviction policy (`maxmemory-policy`), `None` when the transport has none.
     /// Managed Redis services may refuse `CONFIG`: that is an error, not `None`.

@@ -6,12 +6,12 @@ use std::time::Duration;
 use serde_json::{Map, Value};
 use toolhost_envelope::{EventEnvelope, ResultData, SPEC_VERSION, new_message_id, now_rfc3339};
 
-use crate::{Bus, Error, Keys};
+use crate::{Error, Keys, Streams};
 
 /// Calls tools through a bus, the way an agent worker does.
 #[derive(Clone)]
 pub struct Caller {
-    bus: Arc<dyn Bus>,
+    bus: Arc<dyn Streams>,
     /// Full key of the requests stream.
     requests_topic: String,
     /// Full key of the results stream, where answers are read.
@@ -44,7 +44,7 @@ impl Caller {
     /// The envelope names the results topic bare, as every caller does: the tool host adds the
     /// key prefix itself.
     pub fn new(
-        bus: Arc<dyn Bus>,
+        bus: Arc<dyn Streams>,
         keys: &Keys,
         requests_topic: &str,
         results_topic: &str,

@@ -1,10 +1,13 @@
 //! The transport: topics are Redis Streams, read through consumer groups.
 //!
-//! - [`Bus`]: the operations the daemon needs (publish, group read, ack, reclaim, plain read,
-//!   group statistics, entry deletion) and the call ledger that makes answers exactly-once
-//!   ([`Bus::begin_call`], [`Bus::finish`]).
+//! - Narrow traits, each what one consumer needs: [`Streams`] (publish, plain read: callers,
+//!   chat tools, dead-letter commands), [`Groups`] (consumer-group reads, acks, claims: a door's
+//!   reader), [`Ledger`] (the exactly-once call ledger: [`Ledger::begin_call`],
+//!   [`Ledger::finish`]) and [`Store`] (keys, hashes, server facts: registry, probes); [`Bus`] is
+//!   all four.
 //! - [`RedisBus`]: the Redis implementation, over redis-rs connection managers.
-//! - [`MemoryBus`]: an in-memory implementation with the same semantics, for unit tests.
+//! - [`MemoryBus`]: a test double of [`Streams`] and [`Store`] only; groups and the ledger are
+//!   tested against a real Redis.
 //! - [`Keys`]: every Redis key and stream name, built in one place.
 //! - [`Caller`]: publish a request and await its answer, for clients and agents written in Rust.
 //!
@@ -20,7 +23,8 @@ mod memory;
 mod redis_bus;
 
 pub use bus::{
-    Bus, CallKeys, CallStart, Committed, EntryRef, Finish, GroupInfo, Published, Reclaimed, call_owner,
+    Bus, CallKeys, CallStart, Committed, EntryRef, Finish, GroupInfo, Groups, Ledger, Published, Reclaimed,
+    Store, Streams, call_owner,
 };
 pub use caller::{CallError, Caller};
 pub use error::{Cause, Error};

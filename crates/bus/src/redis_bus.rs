@@ -24,7 +24,7 @@ use toolhost_envelope::{DEFECT_HEAD_BYTES, Entry};
 
 use crate::batch::Batcher;
 use crate::bus::{CallKeys, CallStart, Committed, EntryRef, Finish, GroupInfo, Reclaimed, is_entry_id};
-use crate::{Bus, Error};
+use crate::{Error, Groups, Ledger, Store, Streams};
 
 /// How to reach Redis and how to write to it.
 #[derive(Debug, Clone)]
@@ -173,7 +173,7 @@ fn manager_config(options: &RedisOptions, response_timeout: Option<Duration>) ->
 }
 
 #[async_trait]
-impl Bus for RedisBus {
+impl Streams for RedisBus {
     async fn publish(&self, topic: &str, id: &str, payload: &str) -> Result<String, Error> {
         let mut connection = self.commands.clone();
         let entry_id: String = connection
@@ -187,6 +187,47 @@ impl Bus for RedisBus {
         Ok(entry_id)
     }
 
+    async fn read(
+        &self,
+        topic: &str,
+        cursor: &str,
+        count: usize,
+        block: Option<Duration>,
+    ) -> Result<Vec<Entry>, Error> {
+        let after =
+            if is_entry_id(cursor) { cursor.to_owned() } else { self.find_message(topic, cursor).await? };
+        let mut cmd = redis::cmd("XREAD");
+        cmd.arg("COUNT").arg(count);
+        if let Some(block) = block {
+            cmd.arg("BLOCK").arg(block.as_millis() as u64);
+        }
+        cmd.arg("STREAMS").arg(topic).arg(after);
+        let value = match block {
+            Some(block) => self.blocking_read(cmd, block).await?,
+            None => cmd.query_async(&mut self.commands.clone()).await?,
+        };
+        // Plain reads (answers, chat streams) are not cut: only group reads guard the daemon.
+        entries_from_read(value, usize::MAX)
+    }
+
+    async fn last_entry_id(&self, topic: &str) -> Result<String, Error> {
+        let mut connection = self.commands.clone();
+        let reply: redis::streams::StreamRangeReply = connection.xrevrange_count(topic, "+", "-", 1).await?;
+        Ok(reply.ids.first().map_or_else(|| "0-0".to_owned(), |entry| entry.id.clone()))
+    }
+
+    async fn delete_entries(&self, topic: &str, entry_ids: &[String]) -> Result<u64, Error> {
+        if entry_ids.is_empty() {
+            return Ok(0);
+        }
+        let mut connection = self.commands.clone();
+        let deleted: usize = connection.xdel(topic, entry_ids).await?;
+        Ok(deleted as u64)
+    }
+}
+
+#[async_trait]
+impl Groups for RedisBus {
     async fn ensure_group_at(&self, topic: &str, group: &str, start: &str) -> Result<(), Error> {
         let mut connection = self.commands.clone();
         match connection.xgroup_create_mkstream::<_, _, _, ()>(topic, group, start).await {
@@ -246,35 +287,6 @@ impl Bus for RedisBus {
         Ok(())
     }
 
-    async fn read(
-        &self,
-        topic: &str,
-        cursor: &str,
-        count: usize,
-        block: Option<Duration>,
-    ) -> Result<Vec<Entry>, Error> {
-        let after =
-            if is_entry_id(cursor) { cursor.to_owned() } else { self.find_message(topic, cursor).await? };
-        let mut cmd = redis::cmd("XREAD");
-        cmd.arg("COUNT").arg(count);
-        if let Some(block) = block {
-            cmd.arg("BLOCK").arg(block.as_millis() as u64);
-        }
-        cmd.arg("STREAMS").arg(topic).arg(after);
-        let value = match block {
-            Some(block) => self.blocking_read(cmd, block).await?,
-            None => cmd.query_async(&mut self.commands.clone()).await?,
-        };
-        // Plain reads (answers, chat streams) are not cut: only group reads guard the daemon.
-        entries_from_read(value, usize::MAX)
-    }
-
-    async fn last_entry_id(&self, topic: &str) -> Result<String, Error> {
-        let mut connection = self.commands.clone();
-        let reply: redis::streams::StreamRangeReply = connection.xrevrange_count(topic, "+", "-", 1).await?;
-        Ok(reply.ids.first().map_or_else(|| "0-0".to_owned(), |entry| entry.id.clone()))
-    }
-
     async fn reclaim(
         &self,
         topic: &str,
@@ -332,7 +344,10 @@ impl Bus for RedisBus {
             .await?;
         Ok(deleted)
     }
+}
 
+#[async_trait]
+impl Ledger for RedisBus {
     async fn begin_call(&self, call: &CallKeys<'_>, owner: &str, entry_id: &str) -> Result<CallStart, Error> {
         let batcher = self.batchers.begin_call.get_or_init(|| {
             Batcher::new(include_str!("scripts/begin_call.lua"), 2, 4, self.commands.clone())
@@ -427,7 +442,10 @@ impl Bus for RedisBus {
             _ => Committed::NotPublished,
         })
     }
+}
 
+#[async_trait]
+impl Store for RedisBus {
     async fn ping(&self) -> Result<(), Error> {
         let _: String = redis::cmd("PING").query_async(&mut self.commands.clone()).await?;
         Ok(())
@@ -504,15 +522,6 @@ impl Bus for RedisBus {
                 lag: group.lag.map(|lag| lag as u64),
             })
             .collect())
-    }
-
-    async fn delete_entries(&self, topic: &str, entry_ids: &[String]) -> Result<u64, Error> {
-        if entry_ids.is_empty() {
-            return Ok(0);
-        }
-        let mut connection = self.commands.clone();
-        let deleted: usize = connection.xdel(topic, entry_ids).await?;
-        Ok(deleted as u64)
     }
 
     async fn eviction_policy(&self) -> Result<Option<String>, Error> {

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Map, Value};
-use toolhost_bus::{Bus, CallError, Caller, Keys, RedisBus, RedisOptions};
+use toolhost_bus::{Bus, CallError, Caller, Keys, RedisBus, RedisOptions, Store};
 use toolhost_envelope::DiscoveryFormat;
 
 use crate::config::Config;
@@ -102,7 +102,7 @@ pub async fn run_tools(config: &Config, format: &str, from_registry: bool, timeo
     }
 }
 
-async fn print_registry(config: &Config, bus: &dyn Bus, format: DiscoveryFormat) -> i32 {
+async fn print_registry(config: &Config, bus: &dyn Store, format: DiscoveryFormat) -> i32 {
     let raw = &config.raw;
     let keys = Keys::new(raw.redis.key_prefix.clone());
     let fields = match bus.hash_fields(&keys.registry(&raw.daemon.toolbox_id)).await {

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use serde_json::{Value, json};
-use toolhost_bus::{Bus, Error as BusError, Keys, RedisBus, RedisOptions};
+use toolhost_bus::{Error as BusError, Keys, RedisBus, RedisOptions, Store, Streams};
 use toolhost_envelope::{Entry, new_message_id};
 
 use crate::cli::DlqAction;
@@ -27,7 +27,10 @@ const EXCERPT_CHARS: usize = 200;
 
 /// The dead letters of one toolbox.
 pub struct DeadLetters {
-    bus: Arc<dyn Bus>,
+    /// The dead-letter and requests streams.
+    streams: Arc<dyn Streams>,
+    /// The ledger's marks, forgotten on replay.
+    store: Arc<dyn Store>,
     keys: Keys,
     toolbox_id: String,
     /// Full key of `dlq:<toolbox_id>`.
@@ -125,8 +128,8 @@ impl Letter {
 }
 
 impl DeadLetters {
-    /// The dead letters of the configured toolbox, over `bus`.
-    pub fn new(bus: Arc<dyn Bus>, config: &Config) -> DeadLetters {
+    /// The dead letters of the configured toolbox, over `streams` and `store`.
+    pub fn new(streams: Arc<dyn Streams>, store: Arc<dyn Store>, config: &Config) -> DeadLetters {
         let raw = &config.raw;
         let keys = Keys::new(raw.redis.key_prefix.clone());
         DeadLetters {
@@ -134,7 +137,8 @@ impl DeadLetters {
             requests: keys.topic(&raw.streams.requests),
             toolbox_id: raw.daemon.toolbox_id.clone(),
             keys,
-            bus,
+            streams,
+            store,
         }
     }
 
@@ -152,7 +156,8 @@ impl DeadLetters {
         let mut letters = Vec::new();
         let mut cursor = "0-0".to_owned();
         while letters.len() < limit {
-            let entries = self.bus.read(&self.topic, &cursor, PAGE.min(limit - letters.len()), None).await?;
+            let entries =
+                self.streams.read(&self.topic, &cursor, PAGE.min(limit - letters.len()), None).await?;
             let Some(last) = entries.last() else { break };
             cursor = last.entry_id.clone();
             letters.extend(entries.iter().map(Letter::from_entry));
@@ -192,13 +197,16 @@ impl DeadLetters {
                 self.keys.answered(&self.toolbox_id, &request_id),
                 self.keys.call(&self.toolbox_id, &request_id),
             ];
-            self.bus.delete(&forget).await.context("cannot delete the request's answered mark")?;
+            self.store.delete(&forget).await.context("cannot delete the request's answered mark")?;
         }
         let stream = letter.stream.as_deref().unwrap_or(&self.requests);
         let message_id = letter.message_id.clone().unwrap_or_else(new_message_id);
-        let entry_id =
-            self.bus.publish(stream, &message_id, payload).await.context("cannot re-queue the request")?;
-        self.bus
+        let entry_id = self
+            .streams
+            .publish(stream, &message_id, payload)
+            .await
+            .context("cannot re-queue the request")?;
+        self.streams
             .delete_entries(&self.topic, std::slice::from_ref(&letter.entry_id))
             .await
             .context("re-queued, but cannot delete the dead letter")?;
@@ -211,7 +219,7 @@ impl DeadLetters {
     /// Redis failed.
     pub async fn purge(&self, letters: &[Letter]) -> Result<u64, BusError> {
         let ids: Vec<String> = letters.iter().map(|letter| letter.entry_id.clone()).collect();
-        self.bus.delete_entries(&self.topic, &ids).await
+        self.streams.delete_entries(&self.topic, &ids).await
     }
 }
 
@@ -221,14 +229,14 @@ pub async fn run_dlq(config: &Config, action: &DlqAction) -> i32 {
     let mut options = RedisOptions::new(config.raw.redis.url.clone());
     options.maxlen = config.raw.streams.maxlen;
     options.response_timeout = std::time::Duration::from_millis(config.raw.redis.response_timeout_ms);
-    let bus: Arc<dyn Bus> = match RedisBus::new(options) {
+    let bus = match RedisBus::new(options) {
         Ok(bus) => Arc::new(bus),
         Err(err) => {
             eprintln!("toolhost: {err}");
             return EXIT_TRANSPORT;
         }
     };
-    let letters = DeadLetters::new(bus, config);
+    let letters = DeadLetters::new(bus.clone(), bus, config);
     let res = match action {
         DlqAction::List { limit } => list(&letters, *limit).await,
         DlqAction::Replay { entry_ids, all } => replay(&letters, entry_ids, *all).await,
@@ -292,14 +300,14 @@ mod tests {
     use std::collections::HashMap;
     use std::time::Duration;
 
-    use toolhost_bus::MemoryBus;
+    use toolhost_bus::{MemoryBus, Store, Streams};
 
     use super::*;
 
     fn setup() -> (Arc<MemoryBus>, DeadLetters) {
         let bus = Arc::new(MemoryBus::new());
         let config = Config::load(None, &HashMap::new()).unwrap();
-        let letters = DeadLetters::new(bus.clone(), &config);
+        let letters = DeadLetters::new(bus.clone(), bus.clone(), &config);
         (bus, letters)
     }
 

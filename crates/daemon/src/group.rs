@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use toolhost_bus::{Bus, Error as BusError};
+use toolhost_bus::{Error as BusError, Groups};
 use toolhost_envelope::Entry;
 use tracing::{debug, error, info, warn};
 
@@ -76,7 +76,7 @@ pub(crate) struct StreamSettings {
 
 /// Reads one stream through a consumer group and runs a handler per entry.
 pub(crate) struct GroupReader<H> {
-    bus: Arc<dyn Bus>,
+    bus: Arc<dyn Groups>,
     settings: StreamSettings,
     handler: Arc<H>,
     /// Free slots for entries being handled, shared with the readers of the other doors.
@@ -91,7 +91,7 @@ impl<H: EntryHandler> GroupReader<H> {
     /// A reader whose entries each hold one slot of `budget` while they are handled. Readers of
     /// different streams share one budget, the process's `max_in_flight`.
     pub fn new(
-        bus: Arc<dyn Bus>,
+        bus: Arc<dyn Groups>,
         settings: StreamSettings,
         handler: Arc<H>,
         budget: Arc<Semaphore>,

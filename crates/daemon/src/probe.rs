@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
-use toolhost_bus::Bus;
+use toolhost_bus::Store;
 use tracing::{info, warn};
 
 use crate::telemetry::Telemetry;
@@ -32,7 +32,7 @@ pub struct WatchedGroup {
 /// Probes Redis and the watched groups, recording what it finds in [`Telemetry`].
 pub struct Probe {
     /// The transport.
-    pub bus: Arc<dyn Bus>,
+    pub bus: Arc<dyn Store>,
     /// Where readiness and group metrics go.
     pub telemetry: Telemetry,
     /// The groups that must exist.
@@ -102,7 +102,7 @@ impl Probe {
 
 #[cfg(test)]
 mod tests {
-    use toolhost_bus::MemoryBus;
+    use toolhost_bus::{MemoryBus, Streams};
 
     use super::*;
 
@@ -114,7 +114,7 @@ mod tests {
         let probe = Probe { bus: bus.clone(), telemetry: telemetry.clone(), groups: vec![watched] };
         assert!(probe.once().await);
         assert_eq!(telemetry.readiness().reasons, ["the consumer groups do not exist"]);
-        bus.ensure_group("action-requests", "toolhost").await.unwrap();
+        bus.create_group("action-requests", "toolhost");
         bus.publish("action-requests", "m1", "{}").await.unwrap();
         probe.once().await;
         assert!(telemetry.readiness().is_ready());

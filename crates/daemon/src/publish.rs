@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
-use toolhost_bus::{Bus, Keys};
+use toolhost_bus::{Keys, Store};
 use toolhost_envelope::DiscoveryFormat;
 use toolhost_tools::SharedRegistry;
 use tracing::warn;
@@ -21,7 +21,7 @@ const REPUBLISH_EVERY: u64 = 12;
 
 /// Publishes the registry and the heartbeat of one replica.
 pub(crate) struct Publisher {
-    pub bus: Arc<dyn Bus>,
+    pub bus: Arc<dyn Store>,
     pub registry: Arc<SharedRegistry>,
     pub keys: Keys,
     pub toolbox_id: String,

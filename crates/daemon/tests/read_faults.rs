@@ -11,7 +11,8 @@ use base64::Engine as _;
 use redis::aio::MultiplexedConnection;
 use serde_json::{Value, json};
 use toolhost_bus::{
-    Bus, CallKeys, CallStart, Committed, EntryRef, Finish, Published, RedisBus, RedisOptions,
+    CallKeys, CallStart, Committed, EntryRef, Finish, Groups, Ledger, Published, RedisBus, RedisOptions,
+    Streams,
 };
 use toolhost_envelope::{DEFECT_HEAD_BYTES, DefectKind};
 

@@ -13,7 +13,8 @@ use redis::aio::MultiplexedConnection;
 use serde_json::{Value, json};
 use tokio::sync::Mutex;
 use toolhost_bus::{
-    Bus, CallKeys, CallStart, Committed, EntryRef, Finish, Published, RedisBus, RedisOptions,
+    CallKeys, CallStart, Committed, EntryRef, Finish, Groups, Ledger, Published, RedisBus, RedisOptions,
+    Streams,
 };
 
 use crate::support::{Daemon, RedisServer, pending, request, xadd};

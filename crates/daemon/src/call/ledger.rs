@@ -3,7 +3,7 @@
 //! owns a call, when a lease lapses, what a commit does atomically) are the bus crate's.
 
 use tokio_util::sync::CancellationToken;
-use toolhost_bus::{Bus, CallKeys, CallStart, Committed, EntryRef, Finish};
+use toolhost_bus::{CallKeys, CallStart, Committed, EntryRef, Finish, Ledger};
 use toolhost_envelope::ErrorCode;
 use toolhost_tools::Failure;
 use tracing::{error, warn};
@@ -14,7 +14,7 @@ use crate::telemetry::Telemetry;
 /// Records that `owner` starts the call under `call`, retrying while Redis is unavailable.
 /// `None` when it cannot be recorded (Redis refused, or `forced` fired): leave the entry pending.
 pub(crate) async fn begin(
-    bus: &dyn Bus,
+    bus: &dyn Ledger,
     call: &CallKeys<'_>,
     owner: &str,
     entry_id: &str,
@@ -45,7 +45,7 @@ pub(crate) async fn begin(
 /// thirds of it (renewal itself works while Redis is out of memory). Never returns: select it
 /// against the call.
 pub(crate) async fn renew(
-    bus: &dyn Bus,
+    bus: &dyn Ledger,
     call: &CallKeys<'_>,
     owner: &str,
     entry: &EntryRef<'_>,
@@ -83,7 +83,7 @@ pub(crate) async fn renew(
 /// Runs [`Bus::finish`] until it succeeds, Redis refuses it, or `forced` fires. Returns what was
 /// committed, or `None` when nothing could be committed and the entry stays pending.
 pub(crate) async fn finish(
-    bus: &dyn Bus,
+    bus: &dyn Ledger,
     finish: &Finish<'_>,
     forced: &CancellationToken,
     telemetry: &Telemetry,

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use serde_json::{Value, json};
-use toolhost_bus::{Bus, Keys};
+use toolhost_bus::{Keys, Streams};
 use toolhost_envelope::{
     Address, Annotations, ChatEnvelope, ChatKind, StreamEvent, StreamEventKind, new_message_id,
 };
@@ -46,7 +46,7 @@ pub struct AgentSettings {
 
 /// Asks a specialist agent over chat and returns its answer.
 pub struct AgentTool {
-    bus: Arc<dyn Bus>,
+    bus: Arc<dyn Streams>,
     keys: Keys,
     /// `agent:<AGENT_NAME>`.
     sender: String,
@@ -55,7 +55,7 @@ pub struct AgentTool {
 
 impl AgentTool {
     /// The tool for `settings`, speaking as `agent:<agent_name>`.
-    pub fn new(bus: Arc<dyn Bus>, keys: Keys, agent_name: &str, settings: AgentSettings) -> AgentTool {
+    pub fn new(bus: Arc<dyn Streams>, keys: Keys, agent_name: &str, settings: AgentSettings) -> AgentTool {
         AgentTool { bus, keys, sender: Address::agent_of(agent_name), settings }
     }
 
@@ -190,7 +190,7 @@ impl Tool for AgentTool {
 
 #[cfg(test)]
 mod tests {
-    use toolhost_bus::MemoryBus;
+    use toolhost_bus::{MemoryBus, Streams};
 
     use super::*;
     use crate::Registry;

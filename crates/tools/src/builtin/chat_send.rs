@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use serde_json::{Value, json};
-use toolhost_bus::{Bus, Keys};
+use toolhost_bus::{Keys, Streams};
 use toolhost_envelope::{Address, Annotations, ChatEnvelope};
 
 use crate::{Context, Tool, ToolError, ToolSpec};
@@ -22,7 +22,7 @@ pub const NO_CONVERSATION: &str = "conversation_id not available for agent recip
 
 /// Sends chat messages as `agent:<agent name>`.
 pub struct ChatSend {
-    bus: Arc<dyn Bus>,
+    bus: Arc<dyn Streams>,
     keys: Keys,
     /// `agent:<AGENT_NAME>`.
     sender: String,
@@ -42,7 +42,7 @@ pub struct Route {
 impl ChatSend {
     /// The tool, speaking as `agent:<agent_name>` (`agent:unknown` when the name is empty) and
     /// falling back to `default_conversation` (empty: none) for agent recipients.
-    pub fn new(bus: Arc<dyn Bus>, keys: Keys, agent_name: &str, default_conversation: &str) -> ChatSend {
+    pub fn new(bus: Arc<dyn Streams>, keys: Keys, agent_name: &str, default_conversation: &str) -> ChatSend {
         let name = if agent_name.is_empty() { "unknown" } else { agent_name };
         ChatSend {
             bus,

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
-use toolhost_bus::{Bus, Keys};
+use toolhost_bus::{Keys, Streams};
 use toolhost_envelope::{
     Address, ChatEnvelope, DeadLetterEvent, Entry, StepStatus, StreamEvent, StreamEventKind, new_message_id,
 };
@@ -40,7 +40,7 @@ pub struct InboxSettings {
 
 /// The chat door of one agent inbox.
 pub struct Inbox {
-    bus: Arc<dyn Bus>,
+    bus: Arc<dyn Streams>,
     keys: Keys,
     settings: InboxSettings,
     /// Full key of `dlq:<agent_name>`.
@@ -58,7 +58,7 @@ pub struct Message {
 
 impl Inbox {
     /// The inbox of `settings.agent_name`.
-    pub fn new(bus: Arc<dyn Bus>, keys: Keys, settings: InboxSettings) -> Inbox {
+    pub fn new(bus: Arc<dyn Streams>, keys: Keys, settings: InboxSettings) -> Inbox {
         Inbox {
             dead_letters: keys.dead_letters(&settings.agent_name),
             sender: Address::agent_of(&settings.agent_name),
