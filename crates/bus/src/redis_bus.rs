@@ -106,9 +106,15 @@ impl RedisBus {
             commands,
             blocking: Mutex::new(Vec::new()),
             scripts: Scripts {
-                read_group: Script::new(include_str!("scripts/read_group.lua")),
+                read_group: Script::new(concat!(
+                    include_str!("scripts/cut_fields.lua"),
+                    include_str!("scripts/read_group.lua")
+                )),
                 renew_call: Script::new(include_str!("scripts/renew_call.lua")),
-                reclaim: Script::new(include_str!("scripts/reclaim.lua")),
+                reclaim: Script::new(concat!(
+                    include_str!("scripts/cut_fields.lua"),
+                    include_str!("scripts/reclaim.lua")
+                )),
                 delete_consumer: Script::new(include_str!("scripts/delete_consumer.lua")),
                 prune_consumers: Script::new(include_str!("scripts/prune_consumers.lua")),
             },

@@ -1,5 +1,6 @@
 -- Reads new entries for a consumer without blocking, cutting every field value longer than the
--- reader's limit down to its head, so one read never ships a large entry whole.
+-- reader's limit down to its head (cut_fields.lua, prepended), so one read never ships a large
+-- entry whole.
 -- KEYS[1] stream; ARGV[1] group, ARGV[2] consumer, ARGV[3] count, ARGV[4] limit (bytes),
 -- ARGV[5] head (bytes kept of a value over the limit)
 -- Returns {{entry_id, {field, value, ...}, {{field, full size, sha1 of the whole}, ...}}, ...}.
@@ -16,13 +17,7 @@ local limit, head = tonumber(ARGV[4]), tonumber(ARGV[5])
 for _, entry in ipairs(res[1][2]) do
   local fields, cut = entry[2], {}
   if type(fields) == 'table' then
-    for i = 2, #fields, 2 do
-      local value = fields[i]
-      if #value > limit then
-        cut[#cut + 1] = {fields[i - 1], #value, redis.sha1hex(value)}
-        fields[i] = string.sub(value, 1, head)
-      end
-    end
+    cut = cut_fields(fields, limit, head)
   else
     fields = {}
   end

@@ -1,5 +1,5 @@
 -- Claims idle pending entries and returns them with their delivery counts, cutting every field
--- value longer than the reader's limit down to its head (as read_group.lua does).
+-- value longer than the reader's limit down to its head (cut_fields.lua, prepended).
 -- KEYS[1] stream; ARGV[1] group, ARGV[2] consumer, ARGV[3] min idle ms, ARGV[4] start, ARGV[5] count,
 -- ARGV[6] limit (bytes), ARGV[7] head (bytes kept of a value over the limit)
 -- Returns {next_start, {{entry_id, deliveries, {field, value, ...}, {{field, size, sha1}, ...}}, ...},
@@ -17,14 +17,8 @@ for _, entry in ipairs(res[2]) do
     local pending = redis.call('XPENDING', KEYS[1], ARGV[1], entry[1], entry[1], 1)
     local deliveries = 1
     if pending[1] then deliveries = pending[1][4] end
-    local fields, cut = entry[2], {}
-    for i = 2, #fields, 2 do
-      local value = fields[i]
-      if #value > limit then
-        cut[#cut + 1] = {fields[i - 1], #value, redis.sha1hex(value)}
-        fields[i] = string.sub(value, 1, head)
-      end
-    end
+    local fields = entry[2]
+    local cut = cut_fields(fields, limit, head)
     out[#out + 1] = {entry[1], deliveries, fields, cut}
   elseif type(entry) == 'table' and entry[1] then
     redis.call('XACK', KEYS[1], ARGV[1], entry[1])
