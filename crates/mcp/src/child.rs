@@ -1,0 +1,226 @@
+//! A stdio MCP server as a managed child process.
+//!
+//! The child starts through the terminal engine's [`confine`]: a session and process group of
+//! its own (its pid is the group id) under the terminal tool's rlimits. Its environment is
+//! cleared; only `PATH`, `HOME` and `LANG` from the daemon's environment map and the configured
+//! `env` reach it. Stdin and stdout carry MCP; stderr goes to the log, line by line, at most
+//! [`STDERR_BURST`] lines at once and [`STDERR_LINES_PER_SECOND`] a second after that, with a
+//! count of the lines left out.
+//!
+//! Ending: [`ManagedChild::kill_and_wait`] kills the whole group and waits for the child,
+//! explicitly. If a `ManagedChild` is dropped without it (a task aborted while the runtime
+//! stops), its `Drop` still kills the group, synchronously, with no task to spawn; tokio then
+//! reaps the child in the background.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::path::PathBuf;
+use std::process::{ExitStatus, Stdio};
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command};
+use tokio::time::Instant;
+use toolhost_tools::terminal::{Limits, confine, kill_group};
+
+use crate::config::Secret;
+
+/// Variables of the daemon's environment that reach every child.
+pub const INHERITED_VARIABLES: [&str; 3] = ["PATH", "HOME", "LANG"];
+/// Stderr lines logged at once before the rate applies.
+pub const STDERR_BURST: u32 = 50;
+/// Stderr lines logged per second after a burst.
+pub const STDERR_LINES_PER_SECOND: u32 = 10;
+/// Longest stderr line logged; longer lines are cut.
+const STDERR_LINE_CHARS: usize = 2000;
+/// How long to wait for a killed child to be reaped before giving up on it (it stays in the
+/// kernel's hands only if it is stuck in uninterruptible sleep).
+const REAP_GRACE: Duration = Duration::from_secs(10);
+
+/// What starts one stdio server.
+#[derive(Debug, Clone)]
+pub struct ChildSpec<'a> {
+    /// The source's name, for log lines.
+    pub source: &'a str,
+    /// The program.
+    pub command: &'a str,
+    /// Its arguments.
+    pub args: &'a [String],
+    /// The configured environment.
+    pub env: &'a BTreeMap<String, Secret>,
+    /// The working directory.
+    pub cwd: Option<&'a PathBuf>,
+    /// The daemon's environment, for `PATH`, `HOME` and `LANG`.
+    pub base_env: &'a BTreeMap<String, String>,
+    /// The terminal tool's rlimits.
+    pub limits: Limits,
+}
+
+/// A running stdio server, its group killed when it ends.
+#[derive(Debug)]
+pub struct ManagedChild {
+    child: Child,
+    /// The child's pid, which is its process group's id; `None` once the group was killed.
+    group: Option<u32>,
+}
+
+/// The started child and its MCP pipes.
+pub type Started = (ManagedChild, ChildStdout, ChildStdin);
+
+impl ManagedChild {
+    /// Starts the server.
+    ///
+    /// # Errors
+    /// The program could not be started.
+    pub fn spawn(spec: &ChildSpec<'_>) -> io::Result<Started> {
+        let mut command = Command::new(spec.command);
+        command.args(spec.args).env_clear();
+        for name in INHERITED_VARIABLES {
+            if let Some(value) = spec.base_env.get(name) {
+                command.env(name, value);
+            }
+        }
+        for (name, value) in spec.env {
+            command.env(name, value.expose());
+        }
+        if let Some(cwd) = spec.cwd {
+            command.current_dir(cwd);
+        }
+        command.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(false);
+        confine(&mut command, spec.limits);
+        let mut child = command.spawn()?;
+        let group = child.id();
+        let missing = || io::Error::other("the child's pipes were not set up");
+        let stdin = child.stdin.take().ok_or_else(missing)?;
+        let stdout = child.stdout.take().ok_or_else(missing)?;
+        if let Some(stderr) = child.stderr.take() {
+            tokio::spawn(log_stderr(spec.source.to_owned(), stderr));
+        }
+        Ok((ManagedChild { child, group }, stdout, stdin))
+    }
+
+    /// The child's pid (its process group's id), while it has not been killed.
+    pub fn pid(&self) -> Option<u32> {
+        self.group
+    }
+
+    /// Waits until the child exits.
+    pub async fn exited(&mut self) -> io::Result<ExitStatus> {
+        self.child.wait().await
+    }
+
+    /// Kills the child's whole process group and waits for the child, so none stays a zombie.
+    pub async fn kill_and_wait(mut self, source: &str) {
+        if let Some(group) = self.group.take() {
+            kill_group(group);
+        }
+        match tokio::time::timeout(REAP_GRACE, self.child.wait()).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(err)) => tracing::warn!(source, error = %err, "reaping an MCP server failed"),
+            Err(_) => tracing::warn!(source, "a killed MCP server was not reaped in time"),
+        }
+    }
+}
+
+impl Drop for ManagedChild {
+    fn drop(&mut self) {
+        if let Some(group) = self.group.take() {
+            kill_group(group);
+        }
+    }
+}
+
+/// Logs the child's stderr lines under a rate limit, counting the lines left out.
+async fn log_stderr(source: String, stderr: ChildStderr) {
+    let mut lines = BufReader::new(stderr).lines();
+    let mut limiter = RateLimit::new(STDERR_BURST, STDERR_LINES_PER_SECOND);
+    loop {
+        match lines.next_line().await {
+            Ok(Some(line)) => match limiter.admit(Instant::now()) {
+                Admitted::Yes { skipped } => {
+                    let line: String = line.chars().take(STDERR_LINE_CHARS).collect();
+                    if skipped > 0 {
+                        tracing::warn!(source = %source, skipped, "MCP server stderr lines were left out of the log");
+                    }
+                    tracing::info!(source = %source, line = %line, "MCP server stderr");
+                }
+                Admitted::No => {}
+            },
+            Ok(None) | Err(_) => break,
+        }
+    }
+    if limiter.skipped > 0 {
+        tracing::warn!(source = %source, skipped = limiter.skipped, "MCP server stderr lines were left out of the log");
+    }
+}
+
+/// A token bucket: `burst` lines at once, `per_second` after that.
+#[derive(Debug)]
+struct RateLimit {
+    tokens: f64,
+    burst: f64,
+    per_second: f64,
+    last: Option<Instant>,
+    /// Lines refused since the last admitted one.
+    skipped: u64,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Admitted {
+    /// Log it, and say first how many lines were left out before it.
+    Yes { skipped: u64 },
+    /// Leave it out.
+    No,
+}
+
+impl RateLimit {
+    fn new(burst: u32, per_second: u32) -> RateLimit {
+        RateLimit {
+            tokens: f64::from(burst),
+            burst: f64::from(burst),
+            per_second: f64::from(per_second),
+            last: None,
+            skipped: 0,
+        }
+    }
+
+    fn admit(&mut self, now: Instant) -> Admitted {
+        if let Some(last) = self.last {
+            let earned = now.saturating_duration_since(last).as_secs_f64() * self.per_second;
+            self.tokens = (self.tokens + earned).min(self.burst);
+        }
+        self.last = Some(now);
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            Admitted::Yes { skipped: std::mem::take(&mut self.skipped) }
+        } else {
+            self.skipped += 1;
+            Admitted::No
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stderr_lines_past_the_burst_are_left_out_until_the_rate_refills_and_then_counted() {
+        let mut limit = RateLimit::new(3, 2);
+        let start = Instant::now();
+        for _ in 0..3 {
+            assert_eq!(limit.admit(start), Admitted::Yes { skipped: 0 });
+        }
+        assert_eq!(limit.admit(start), Admitted::No);
+        assert_eq!(limit.admit(start), Admitted::No);
+        // Half a second at 2 lines a second earns one line, which reports the two left out.
+        assert_eq!(limit.admit(start + Duration::from_millis(500)), Admitted::Yes { skipped: 2 });
+        assert_eq!(limit.admit(start + Duration::from_millis(500)), Admitted::No);
+        // The bucket never holds more than the burst.
+        let later = start + Duration::from_secs(60);
+        for _ in 0..3 {
+            assert!(matches!(limit.admit(later), Admitted::Yes { .. }));
+        }
+        assert_eq!(limit.admit(later), Admitted::No);
+    }
+}
