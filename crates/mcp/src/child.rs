@@ -8,7 +8,11 @@
 //! count of the lines left out.
 //!
 //! Ending: [`ManagedChild::kill_and_wait`] kills the whole group and waits for the child,
-//! explicitly. If a `ManagedChild` is dropped without it (a task aborted while the runtime
+//! explicitly. Grandchildren in the group (a `uvx` or `npx` wrapper's server, a shell pipeline)
+//! are reparented when their parent dies: to init, which reaps them, or to this process when it
+//! is PID 1 in a container without an init, or a subreaper. Those that became ours are reaped
+//! too, by pid, so none stays a zombie; tokio's own reaping, which waits only for the pids it
+//! spawned, is not disturbed. If a `ManagedChild` is dropped without it (a task aborted while the runtime
 //! stops), its `Drop` still kills the group, synchronously, with no task to spawn; tokio then
 //! reaps the child in the background.
 
@@ -62,6 +66,8 @@ pub struct ManagedChild {
     child: Child,
     /// The child's pid, which is its process group's id; `None` once the group was killed.
     group: Option<u32>,
+    /// The pid, kept after the child was reaped (tokio forgets it then).
+    pid_at_spawn: Option<u32>,
 }
 
 /// The started child and its MCP pipes.
@@ -96,7 +102,7 @@ impl ManagedChild {
         if let Some(stderr) = child.stderr.take() {
             tokio::spawn(log_stderr(spec.source.to_owned(), stderr));
         }
-        Ok((ManagedChild { child, group }, stdout, stdin))
+        Ok((ManagedChild { child, group, pid_at_spawn: group }, stdout, stdin))
     }
 
     /// The child's pid (its process group's id), while it has not been killed.
@@ -112,13 +118,104 @@ impl ManagedChild {
     /// Kills the child's whole process group and waits for the child, so none stays a zombie.
     pub async fn kill_and_wait(mut self, source: &str) {
         if let Some(group) = self.group.take() {
-            kill_group(group);
+            // A leader already reaped (it exited by itself) with no member left: its pid is free
+            // for reuse, so nothing is signalled.
+            let gone = matches!(self.child.try_wait(), Ok(Some(_))) && group_members(group).is_empty();
+            if !gone {
+                kill_group(group);
+            }
         }
         match tokio::time::timeout(REAP_GRACE, self.child.wait()).await {
             Ok(Ok(_)) => {}
             Ok(Err(err)) => tracing::warn!(source, error = %err, "reaping an MCP server failed"),
             Err(_) => tracing::warn!(source, "a killed MCP server was not reaped in time"),
         }
+        if let Some(pid) = self.pid_at_spawn {
+            reap_orphans(source, pid).await;
+        }
+    }
+}
+
+/// How long to wait for the killed members of a group to die and be reparented.
+const ORPHAN_GRACE: Duration = Duration::from_secs(5);
+/// How often the group is looked at meanwhile (reparenting sends no event of its own).
+const ORPHAN_POLL: Duration = Duration::from_millis(20);
+
+/// Reaps every member of group `pgid` that became this process's child; returns when no member
+/// is ours or alive, or after [`ORPHAN_GRACE`].
+async fn reap_orphans(source: &str, pgid: u32) {
+    let me = std::process::id();
+    let deadline = Instant::now() + ORPHAN_GRACE;
+    loop {
+        let members = group_members(pgid);
+        let mut waiting = false;
+        for member in &members {
+            if member.parent == me {
+                reap(member.pid);
+                waiting = true;
+            } else if member.state != 'Z' {
+                // Still dying, or not yet reparented.
+                waiting = true;
+            }
+        }
+        if !waiting {
+            return;
+        }
+        if Instant::now() >= deadline {
+            tracing::warn!(
+                source,
+                pgid,
+                members = members.len(),
+                "members of a killed MCP server's group linger"
+            );
+            return;
+        }
+        tokio::time::sleep(ORPHAN_POLL).await;
+    }
+}
+
+/// One process of a group, from `/proc/<pid>/stat`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Member {
+    pid: u32,
+    parent: u32,
+    state: char,
+}
+
+/// The processes whose process group is `pgid`.
+fn group_members(pgid: u32) -> Vec<Member> {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    entries
+        .flatten()
+        .filter_map(|entry| {
+            let pid = entry.file_name().to_str()?.parse::<u32>().ok()?;
+            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+            let (state, parent, group) = parse_stat(&stat)?;
+            (group == pgid).then_some(Member { pid, parent, state })
+        })
+        .collect()
+}
+
+/// State, parent pid and process group of a `/proc/<pid>/stat` line.
+fn parse_stat(stat: &str) -> Option<(char, u32, u32)> {
+    // The command sits in parentheses and may hold spaces or parentheses itself.
+    let after = stat.get(stat.rfind(')')? + 2..)?;
+    let mut fields = after.split_whitespace();
+    let state = fields.next()?.chars().next()?;
+    let parent = fields.next()?.parse().ok()?;
+    let group = fields.next()?.parse().ok()?;
+    Some((state, parent, group))
+}
+
+/// Collects the exit status of our child `pid` if it has ended, without blocking.
+#[allow(unsafe_code)]
+fn reap(pid: u32) {
+    let Ok(pid) = libc::pid_t::try_from(pid) else { return };
+    let mut status = 0;
+    // SAFETY: waitpid writes only to `status`, which outlives the call; WNOHANG never blocks.
+    // `pid` is a process reparented to us that tokio did not spawn, so no tokio handle waits on it.
+    unsafe {
+        libc::waitpid(pid, &mut status, libc::WNOHANG);
     }
 }
 
@@ -203,6 +300,13 @@ impl RateLimit {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stat_lines_give_state_parent_and_group_even_with_odd_commands() {
+        let stat = "4242 (node (worker) x) Z 17 4240 4240 0 -1 4194560 0";
+        assert_eq!(parse_stat(stat), Some(('Z', 17, 4240)));
+        assert_eq!(parse_stat("garbage"), None);
+    }
 
     #[test]
     fn stderr_lines_past_the_burst_are_left_out_until_the_rate_refills_and_then_counted() {

@@ -181,7 +181,10 @@ pub struct ConfigErrors(pub Vec<ConfigError>);
 /// Every problem found, each naming its key: names invalid or repeated, no transport or both,
 /// keys of the other transport, a bad URL, prefix, header or variable name, a zero timeout or
 /// concurrency, and `${VAR}` references to variables `env` lacks.
-pub fn resolve(configs: &[McpServerConfig], env: &BTreeMap<String, String>) -> Result<Vec<ServerSpec>, ConfigErrors> {
+pub fn resolve(
+    configs: &[McpServerConfig],
+    env: &BTreeMap<String, String>,
+) -> Result<Vec<ServerSpec>, ConfigErrors> {
     let mut errors = Vec::new();
     let mut specs = Vec::new();
     for (index, config) in configs.iter().enumerate() {
@@ -242,7 +245,10 @@ fn resolve_one(
                 bad(key("command"), "must not be empty".to_owned());
             }
             for (name, _) in &config.headers {
-                bad(key(&format!("headers.{name}")), "headers are for url servers; this one has a command".to_owned());
+                bad(
+                    key(&format!("headers.{name}")),
+                    "headers are for url servers; this one has a command".to_owned(),
+                );
             }
             let mut expanded = BTreeMap::new();
             for (name, value) in &config.env {
@@ -265,9 +271,11 @@ fn resolve_one(
             })
         }
         (None, Some(url)) => {
-            for (field, present) in
-                [("args", !config.args.is_empty()), ("env", !config.env.is_empty()), ("cwd", config.cwd.is_some())]
-            {
+            for (field, present) in [
+                ("args", !config.args.is_empty()),
+                ("env", !config.env.is_empty()),
+                ("cwd", config.cwd.is_some()),
+            ] {
                 if present {
                     bad(key(field), format!("{field} is for command servers; this one has a url"));
                 }
@@ -458,7 +466,8 @@ mod tests {
 
     #[test]
     fn unknown_keys_are_refused() {
-        let err = toml::from_str::<McpServerConfig>("name = \"a\"\ncommand = \"x\"\ntimeout = 5\n").unwrap_err();
+        let err =
+            toml::from_str::<McpServerConfig>("name = \"a\"\ncommand = \"x\"\ntimeout = 5\n").unwrap_err();
         assert!(err.to_string().contains("unknown field `timeout`"), "{err}");
     }
 

@@ -32,15 +32,13 @@ pub fn permissive_output_schema() -> Value {
 
 /// The toolhost spec of `tool` under the name `name`.
 pub fn spec(server: &ServerSpec, name: &str, tool: &McpTool) -> ToolSpec {
-    let description = tool
-        .description
-        .as_deref()
-        .map(str::to_owned)
-        .or_else(|| tool.title.clone())
-        .unwrap_or_default();
+    let description =
+        tool.description.as_deref().map(str::to_owned).or_else(|| tool.title.clone()).unwrap_or_default();
     let argument_schema = Value::Object((*tool.input_schema).clone());
-    let output_schema =
-        tool.output_schema.as_ref().map_or_else(permissive_output_schema, |schema| Value::Object((**schema).clone()));
+    let output_schema = tool
+        .output_schema
+        .as_ref()
+        .map_or_else(permissive_output_schema, |schema| Value::Object((**schema).clone()));
     let mut spec = ToolSpec::new(name, &description, argument_schema, output_schema);
     spec.annotations = annotations(tool);
     spec.timeout = server.timeout;
@@ -78,7 +76,9 @@ fn complete(result: CallToolResult) -> Result<Value, ToolError> {
     if result.is_error == Some(true) {
         let text = texts(&result.content).unwrap_or_default();
         let text = if text.is_empty() {
-            result.structured_content.map_or_else(|| "the MCP tool reported an error".to_owned(), |s| s.to_string())
+            result
+                .structured_content
+                .map_or_else(|| "the MCP tool reported an error".to_owned(), |s| s.to_string())
         } else {
             text
         };
@@ -111,7 +111,10 @@ fn texts(content: &[ContentBlock]) -> Option<String> {
 pub fn service_error(tool: &str, source: &str, error: ServiceError) -> (ToolError, bool) {
     match error {
         ServiceError::McpError(error) if error.code == ErrorCode::INVALID_PARAMS => (
-            ToolError::InvalidArguments(format!("MCP tool '{tool}' refused its arguments: {}", error.message)),
+            ToolError::InvalidArguments(format!(
+                "MCP tool '{tool}' refused its arguments: {}",
+                error.message
+            )),
             false,
         ),
         ServiceError::McpError(error) => (
@@ -151,13 +154,22 @@ mod tests {
     #[test]
     fn absent_hints_take_mcp_defaults_and_read_only_tools_are_never_destructive() {
         let bare = tool(json!({"name": "t", "inputSchema": {"type": "object"}}));
-        assert_eq!(annotations(&bare), Annotations { read_only: false, idempotent: false, destructive: true });
+        assert_eq!(
+            annotations(&bare),
+            Annotations { read_only: false, idempotent: false, destructive: true }
+        );
         let read_only = tool(json!({"name": "t", "inputSchema": {"type": "object"},
             "annotations": {"readOnlyHint": true}}));
-        assert_eq!(annotations(&read_only), Annotations { read_only: true, idempotent: false, destructive: false });
+        assert_eq!(
+            annotations(&read_only),
+            Annotations { read_only: true, idempotent: false, destructive: false }
+        );
         let safe = tool(json!({"name": "t", "inputSchema": {"type": "object"},
             "annotations": {"idempotentHint": true, "destructiveHint": false}}));
-        assert_eq!(annotations(&safe), Annotations { read_only: false, idempotent: true, destructive: false });
+        assert_eq!(
+            annotations(&safe),
+            Annotations { read_only: false, idempotent: true, destructive: false }
+        );
     }
 
     #[test]
@@ -165,7 +177,8 @@ mod tests {
         let structured = result(json!({"content": [{"type": "text", "text": "{\"a\":1}"}],
             "structuredContent": {"a": 1}}));
         assert_eq!(answer("t", structured).unwrap(), json!({"a": 1}));
-        let text = result(json!({"content": [{"type": "text", "text": "one"}, {"type": "text", "text": "two"}]}));
+        let text =
+            result(json!({"content": [{"type": "text", "text": "one"}, {"type": "text", "text": "two"}]}));
         assert_eq!(answer("t", text).unwrap(), json!("one\ntwo"));
         let image = json!([{"type": "text", "text": "see"}, {"type": "image", "data": "AAAA", "mimeType": "image/png"}]);
         let mixed = result(json!({"content": image}));
@@ -174,7 +187,8 @@ mod tests {
 
     #[test]
     fn is_error_answers_tool_failed_with_the_servers_text() {
-        let failed = result(json!({"content": [{"type": "text", "text": "Invalid timezone: Mars"}], "isError": true}));
+        let failed =
+            result(json!({"content": [{"type": "text", "text": "Invalid timezone: Mars"}], "isError": true}));
         assert_eq!(answer("t", failed).unwrap_err(), ToolError::Failed("Invalid timezone: Mars".into()));
     }
 
@@ -182,7 +196,9 @@ mod tests {
     fn json_rpc_invalid_params_answers_invalid_arguments() {
         let error = ServiceError::McpError(rmcp::ErrorData::invalid_params("a must be a number", None));
         let (mapped, went_away) = service_error("t", "s", error);
-        assert!(matches!(mapped, ToolError::InvalidArguments(ref text) if text.contains("a must be a number")));
+        assert!(
+            matches!(mapped, ToolError::InvalidArguments(ref text) if text.contains("a must be a number"))
+        );
         assert!(!went_away);
         let (mapped, went_away) = service_error("t", "s", ServiceError::TransportClosed);
         assert_eq!(mapped.code(), toolhost_envelope::ErrorCode::ToolFailed);

@@ -378,7 +378,9 @@ pub(crate) async fn supervise(
                     match ended {
                         Ended::Shutdown => break,
                         Ended::Lost(error) => {
-                            let _ = common.events.send(McpEvent::Down { source: name.clone(), error: error.clone() });
+                            let _ = common
+                                .events
+                                .send(McpEvent::Down { source: name.clone(), error: error.clone() });
                             error
                         }
                     }
@@ -442,8 +444,9 @@ async fn connect(shared: &Shared, common: &Common) -> Result<Connection, String>
                 base_env: &common.base_env,
                 limits: common.limits,
             };
-            let (child, stdout, stdin) = ManagedChild::spawn(&child_spec)
-                .map_err(|err| format!("MCP server '{}' could not be started ({command}): {err}", spec.name))?;
+            let (child, stdout, stdin) = ManagedChild::spawn(&child_spec).map_err(|err| {
+                format!("MCP server '{}' could not be started ({command}): {err}", spec.name)
+            })?;
             lock(&shared.status).pid = child.pid();
             match tokio::time::timeout(CONNECT_TIMEOUT, handler.serve((stdout, stdin))).await {
                 Ok(Ok(service)) => Ok(Connection { service, child: Some(child), changed }),
@@ -478,9 +481,10 @@ async fn connect(shared: &Shared, common: &Common) -> Result<Connection, String>
             match tokio::time::timeout(CONNECT_TIMEOUT, handler.serve(transport)).await {
                 Ok(Ok(service)) => Ok(Connection { service, child: None, changed }),
                 Ok(Err(err)) => Err(format!("MCP server '{}' at {url} did not initialise: {err}", spec.name)),
-                Err(_elapsed) => {
-                    Err(format!("MCP server '{}' at {url} did not initialise within {CONNECT_TIMEOUT:?}", spec.name))
-                }
+                Err(_elapsed) => Err(format!(
+                    "MCP server '{}' at {url} did not initialise within {CONNECT_TIMEOUT:?}",
+                    spec.name
+                )),
             }
         }
     }
@@ -493,18 +497,30 @@ enum ListFailure {
 
 /// Lists the tools (every page) and takes them in, unless a name collides with another
 /// source's. `initial` lists never emit `ToolsChanged`.
-async fn list(shared: &Arc<Shared>, common: &Common, connection: &Connection, initial: bool) -> Result<(), ListFailure> {
+async fn list(
+    shared: &Arc<Shared>,
+    common: &Common,
+    connection: &Connection,
+    initial: bool,
+) -> Result<(), ListFailure> {
     let spec = &shared.spec;
     let listed = match tokio::time::timeout(LIST_TIMEOUT, connection.service.peer().list_all_tools()).await {
         Ok(Ok(listed)) => listed,
-        Ok(Err(err)) => return Err(ListFailure::Failed(format!("MCP server '{}': tools/list failed: {err}", spec.name))),
+        Ok(Err(err)) => {
+            return Err(ListFailure::Failed(format!("MCP server '{}': tools/list failed: {err}", spec.name)));
+        }
         Err(_elapsed) => {
-            return Err(ListFailure::Failed(format!("MCP server '{}': tools/list did not answer in time", spec.name)));
+            return Err(ListFailure::Failed(format!(
+                "MCP server '{}': tools/list did not answer in time",
+                spec.name
+            )));
         }
     };
     let allowed: Vec<_> = listed
         .into_iter()
-        .filter(|tool| spec.tools.as_ref().is_none_or(|allow| allow.iter().any(|name| name == tool.name.as_ref())))
+        .filter(|tool| {
+            spec.tools.as_ref().is_none_or(|allow| allow.iter().any(|name| name == tool.name.as_ref()))
+        })
         .collect();
     let fingerprint = serde_json::to_string(&allowed).unwrap_or_default();
     if !initial && *lock(&shared.listing) == fingerprint && !shared.tools().is_empty() {
@@ -569,7 +585,9 @@ async fn watch(shared: &Arc<Shared>, common: &Common, connection: &mut Connectio
     loop {
         let child_exit = async {
             match connection.child.as_mut() {
-                Some(child) => child.exited().await.map_or_else(|err| err.to_string(), |status| status.to_string()),
+                Some(child) => {
+                    child.exited().await.map_or_else(|err| err.to_string(), |status| status.to_string())
+                }
                 None => std::future::pending().await,
             }
         };

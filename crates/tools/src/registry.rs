@@ -93,7 +93,8 @@ impl Failure {
 
 /// Whether `name` is a valid tool name: `^[a-zA-Z0-9_-]{1,64}$`, what OpenAI accepts.
 pub fn valid_tool_name(name: &str) -> bool {
-    (1..=64).contains(&name.len()) && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    (1..=64).contains(&name.len())
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
 impl Registry {
