@@ -231,19 +231,13 @@ impl Drop for ManagedChild {
 async fn log_stderr(source: String, stderr: ChildStderr) {
     let mut lines = BufReader::new(stderr).lines();
     let mut limiter = RateLimit::new(STDERR_BURST, STDERR_LINES_PER_SECOND);
-    loop {
-        match lines.next_line().await {
-            Ok(Some(line)) => match limiter.admit(Instant::now()) {
-                Admitted::Yes { skipped } => {
-                    let line: String = line.chars().take(STDERR_LINE_CHARS).collect();
-                    if skipped > 0 {
-                        tracing::warn!(source = %source, skipped, "MCP server stderr lines were left out of the log");
-                    }
-                    tracing::info!(source = %source, line = %line, "MCP server stderr");
-                }
-                Admitted::No => {}
-            },
-            Ok(None) | Err(_) => break,
+    while let Ok(Some(line)) = lines.next_line().await {
+        if let Admitted::Yes { skipped } = limiter.admit(Instant::now()) {
+            let line: String = line.chars().take(STDERR_LINE_CHARS).collect();
+            if skipped > 0 {
+                tracing::warn!(source = %source, skipped, "MCP server stderr lines were left out of the log");
+            }
+            tracing::info!(source = %source, line = %line, "MCP server stderr");
         }
     }
     if limiter.skipped > 0 {

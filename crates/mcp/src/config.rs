@@ -244,7 +244,7 @@ fn resolve_one(
             if command.is_empty() {
                 bad(key("command"), "must not be empty".to_owned());
             }
-            for (name, _) in &config.headers {
+            for name in config.headers.keys() {
                 bad(
                     key(&format!("headers.{name}")),
                     "headers are for url servers; this one has a command".to_owned(),

@@ -603,18 +603,22 @@ async fn watch(shared: &Arc<Shared>, common: &Common, connection: &mut Connectio
                 }
             }
             Some(()) = connection.changed.recv() => {
-                // Debounce: wait for a quiet spell before listing again.
-                loop {
-                    tokio::select! {
-                        Some(()) = connection.changed.recv() => continue,
-                        () = tokio::time::sleep(LIST_CHANGED_DEBOUNCE) => break,
-                    }
-                }
+                quiet(&mut connection.changed, LIST_CHANGED_DEBOUNCE).await;
                 tracing::info!(source = %name, "MCP server's tools changed; listing them again");
                 if let Err(ListFailure::Failed(error) | ListFailure::Collision(error)) = list(shared, common, connection, false).await {
                     tracing::warn!(source = %name, error = %error, "listing the changed tools failed; the old list stays");
                 }
             }
+        }
+    }
+}
+
+/// Returns once `changes` has been quiet for `spell`: a burst of notifications is one.
+async fn quiet(changes: &mut mpsc::Receiver<()>, spell: Duration) {
+    loop {
+        tokio::select! {
+            Some(()) = changes.recv() => continue,
+            () = tokio::time::sleep(spell) => return,
         }
     }
 }
@@ -625,5 +629,34 @@ async fn closed(service: &RunningService<RoleClient, Handler>) {
     let peer = service.peer().clone();
     while !peer.is_transport_closed() {
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_burst_of_list_changed_waits_for_one_quiet_spell_after_the_last() {
+        let spell = Duration::from_millis(200);
+        let gap = Duration::from_millis(40);
+        let (changed, mut changes) = mpsc::channel(1);
+        let burst = tokio::spawn(async move {
+            for _ in 0..5 {
+                let _ = changed.try_send(());
+                tokio::time::sleep(gap).await;
+            }
+            changed
+        });
+        changes.recv().await.unwrap();
+        let started = Instant::now();
+        quiet(&mut changes, spell).await;
+        // The burst's notifications came less than a spell apart, so the wait ends only a
+        // spell after the last of them, and nothing of the burst is left over.
+        assert!(started.elapsed() >= gap * 4 + spell, "{:?}", started.elapsed());
+        let changed = burst.await.unwrap();
+        assert!(changes.try_recv().is_err());
+        drop(changed);
     }
 }
