@@ -95,8 +95,8 @@ async fn everything_tools_keep_hyphens_and_answer_text_structured_content_and_co
     // No outputSchema: the documented permissive schema.
     let sum = registry.description("everything__get-sum").unwrap();
     assert_eq!(sum.output_schema, mapping::permissive_output_schema());
-    // Hints absent on the server take MCP's defaults: not read-only, not idempotent, destructive.
-    // (server-everything gives every tool hints, so check the mapping keeps them.)
+    // The server's hints, as given (absent ones would take MCP's defaults; see the mapping's
+    // unit tests, since every tool of these servers has hints).
     assert_eq!(sum.annotations, Annotations { read_only: true, idempotent: true, destructive: false });
 
     // Text-only content: the text.
@@ -116,6 +116,35 @@ async fn everything_tools_keep_hyphens_and_answer_text_structured_content_and_co
     assert!(picture["data"].as_str().unwrap().starts_with("iVBOR"), "base64 PNG data");
     assert!(blocks.iter().any(|block| block["type"] == "text"));
     sources.stop().await;
+}
+
+#[tokio::test]
+#[ignore = "needs the MCP servers of scripts/ensure-mcp-servers.sh; run `just test-mcp`"]
+async fn toolhost_advertises_no_client_capabilities_and_says_so_when_a_tool_needs_more() {
+    let dir = temp_dir("capabilities");
+    let tap = dir.join("stdin.jsonl");
+    let config = format!(
+        "[[mcp_servers]]\nname = \"everything\"\n{}",
+        tapped(&tap, "node", &[&everything(), "stdio"])
+    );
+    let sources = Sources::start(&config, &env(&[])).await;
+    let initialize = tap_lines(&tap).into_iter().find(|line| line["method"] == "initialize").unwrap();
+    assert_eq!(initialize["params"]["capabilities"], json!({}), "{initialize}");
+    assert_eq!(initialize["params"]["clientInfo"]["name"], "toolhost");
+    // server-everything registers these only for clients that declare sampling, elicitation or
+    // roots.
+    let registry = sources.registry();
+    for name in ["trigger-sampling-request", "trigger-elicitation-request", "get-roots-list"] {
+        assert!(!registry.contains(&format!("everything__{name}")), "{name} offered: {:?}", registry.names());
+    }
+    // A tool that must run as an MCP task (which toolhost does not offer) fails with the
+    // server's sentence.
+    let failure =
+        call(&registry, "everything__simulate-research-query", json!({"topic": "tides"})).await.unwrap_err();
+    assert_eq!(failure.code, ErrorCode::ToolFailed);
+    assert!(failure.message.contains("requires task augmentation"), "{failure:?}");
+    sources.stop().await;
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[tokio::test]
