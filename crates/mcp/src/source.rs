@@ -12,6 +12,7 @@
 //! [`ToolError::Unavailable`] (`overloaded`, with `retry_after_ms` until the next attempt).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -22,7 +23,7 @@ use rmcp::model::{
     CallToolRequestParams, ClientCapabilities, ClientConfig, CreateMessageRequestParams, CreateMessageResult,
     ElicitRequestParams, ElicitResult, ErrorCode, Implementation, ListRootsResult, ProtocolVersion,
 };
-use rmcp::service::{NotificationContext, RequestContext, RunningService};
+use rmcp::service::{NotificationContext, RequestContext, RunningService, RunningServiceCancellationToken};
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::{ClientHandler, ErrorData, Peer, RoleClient, ServiceExt};
@@ -315,15 +316,38 @@ impl ClientHandler for Handler {
 
 /// A live connection: the session and, for stdio, the child.
 struct Connection {
-    service: RunningService<RoleClient, Handler>,
+    peer: Peer<RoleClient>,
+    /// Stops the session; taken when used.
+    stop: Option<RunningServiceCancellationToken>,
+    /// Resolves when the session has ended; not polled again once it has.
+    ended: Pin<Box<dyn Future<Output = ()> + Send>>,
+    has_ended: bool,
     child: Option<ManagedChild>,
     changed: mpsc::Receiver<()>,
 }
 
 impl Connection {
+    fn new(
+        service: RunningService<RoleClient, Handler>,
+        child: Option<ManagedChild>,
+        changed: mpsc::Receiver<()>,
+    ) -> Connection {
+        let peer = service.peer().clone();
+        let stop = Some(service.cancellation_token());
+        let ended = Box::pin(async move {
+            let _ = service.waiting().await;
+        });
+        Connection { peer, stop, ended, has_ended: false, child, changed }
+    }
+
     /// Closes the session, then kills the child's group and waits for it.
     async fn close(mut self, source: &str) {
-        let _ = self.service.close_with_timeout(CLOSE_TIMEOUT).await;
+        if let Some(stop) = self.stop.take() {
+            stop.cancel();
+        }
+        if !self.has_ended && tokio::time::timeout(CLOSE_TIMEOUT, &mut self.ended).await.is_err() {
+            tracing::warn!(source, "an MCP session did not close in time");
+        }
         if let Some(child) = self.child.take() {
             child.kill_and_wait(source).await;
         }
@@ -351,10 +375,10 @@ pub(crate) async fn supervise(
             () = common.shutdown.cancelled() => break,
         };
         let failure = match attempt {
-            Ok(mut connection) => match list(&shared, &common, &connection, first.is_some()).await {
+            Ok(mut connection) => match list(&shared, &common, &connection.peer, first.is_some()).await {
                 Ok(()) => {
                     backoff = self::backoff();
-                    shared.set_peer(Some(connection.service.peer().clone()));
+                    shared.set_peer(Some(connection.peer.clone()));
                     {
                         let mut status = lock(&shared.status);
                         status.up = true;
@@ -449,7 +473,7 @@ async fn connect(shared: &Shared, common: &Common) -> Result<Connection, String>
             })?;
             lock(&shared.status).pid = child.pid();
             match tokio::time::timeout(CONNECT_TIMEOUT, handler.serve((stdout, stdin))).await {
-                Ok(Ok(service)) => Ok(Connection { service, child: Some(child), changed }),
+                Ok(Ok(service)) => Ok(Connection::new(service, Some(child), changed)),
                 Ok(Err(err)) => {
                     child.kill_and_wait(&spec.name).await;
                     Err(format!("MCP server '{}' did not initialise: {err}", spec.name))
@@ -479,7 +503,7 @@ async fn connect(shared: &Shared, common: &Common) -> Result<Connection, String>
                 .reinit_on_expired_session(true);
             let transport = StreamableHttpClientTransport::with_client(client, config);
             match tokio::time::timeout(CONNECT_TIMEOUT, handler.serve(transport)).await {
-                Ok(Ok(service)) => Ok(Connection { service, child: None, changed }),
+                Ok(Ok(service)) => Ok(Connection::new(service, None, changed)),
                 Ok(Err(err)) => Err(format!("MCP server '{}' at {url} did not initialise: {err}", spec.name)),
                 Err(_elapsed) => Err(format!(
                     "MCP server '{}' at {url} did not initialise within {CONNECT_TIMEOUT:?}",
@@ -500,11 +524,11 @@ enum ListFailure {
 async fn list(
     shared: &Arc<Shared>,
     common: &Common,
-    connection: &Connection,
+    peer: &Peer<RoleClient>,
     initial: bool,
 ) -> Result<(), ListFailure> {
     let spec = &shared.spec;
-    let listed = match tokio::time::timeout(LIST_TIMEOUT, connection.service.peer().list_all_tools()).await {
+    let listed = match tokio::time::timeout(LIST_TIMEOUT, peer.list_all_tools()).await {
         Ok(Ok(listed)) => listed,
         Ok(Err(err)) => {
             return Err(ListFailure::Failed(format!("MCP server '{}': tools/list failed: {err}", spec.name)));
@@ -516,21 +540,50 @@ async fn list(
             )));
         }
     };
-    let allowed: Vec<_> = listed
-        .into_iter()
-        .filter(|tool| {
-            spec.tools.as_ref().is_none_or(|allow| allow.iter().any(|name| name == tool.name.as_ref()))
-        })
-        .collect();
+    let allowed = allowed(spec, listed);
     let fingerprint = serde_json::to_string(&allowed).unwrap_or_default();
     if !initial && *lock(&shared.listing) == fingerprint && !shared.tools().is_empty() {
         return Ok(());
     }
+    let (tools, taken) = build_tools(shared, &allowed);
+    if let Err(error) = claim(&common.names, &spec.name, taken) {
+        if initial {
+            return Err(ListFailure::Collision(error));
+        }
+        lock(&shared.status).rejected_lists += 1;
+        tracing::error!(source = %spec.name, error = %error, "new tool list refused; the old one stays");
+        return Ok(());
+    }
+    let count = tools.len();
+    *shared.tools.write().unwrap_or_else(std::sync::PoisonError::into_inner) = tools;
+    *lock(&shared.listing) = fingerprint;
+    lock(&shared.status).tools = count;
+    if !initial {
+        let _ = common.events.send(McpEvent::ToolsChanged { source: spec.name.clone() });
+    }
+    Ok(())
+}
+
+/// The listed tools the allow list lets through (all without one).
+fn allowed(spec: &ServerSpec, listed: Vec<rmcp::model::Tool>) -> Vec<rmcp::model::Tool> {
+    listed
+        .into_iter()
+        .filter(|tool| {
+            spec.tools.as_ref().is_none_or(|allow| allow.iter().any(|name| name == tool.name.as_ref()))
+        })
+        .collect()
+}
+
+/// The toolhost tools of a listing and their names. A tool whose mapped name another tool of
+/// the same listing took first, or whose schemas the registry does not compile, is skipped with
+/// a log line; the others are kept.
+fn build_tools(shared: &Arc<Shared>, listed: &[rmcp::model::Tool]) -> (Vec<Arc<dyn Tool>>, BTreeSet<String>) {
+    let spec = &shared.spec;
     let mut tools: Vec<Arc<dyn Tool>> = Vec::new();
     let mut taken = BTreeSet::new();
-    for tool in &allowed {
+    for tool in listed {
         let name = names::tool_name(&spec.prefix, &tool.name);
-        if !taken.insert(name.clone()) {
+        if taken.contains(&name) {
             tracing::warn!(source = %spec.name, tool = %tool.name, name = %name,
                 "MCP tool skipped: its mapped name is taken by another tool of the same server");
             continue;
@@ -542,40 +595,34 @@ async fn list(
         });
         // The registry's own compilation decides: a schema it refuses skips the tool alone.
         if let Err(err) = Registry::new().register(mcp_tool.clone()) {
-            tracing::warn!(source = %spec.name, tool = %tool.name, error = %err, "MCP tool skipped: its schema does not compile");
-            taken.remove(&name);
+            tracing::warn!(source = %spec.name, tool = %tool.name, error = %err,
+                "MCP tool skipped: its schema does not compile");
             continue;
         }
+        taken.insert(name);
         tools.push(mcp_tool);
     }
-    {
-        let mut all = lock(&common.names);
-        for (other, their) in all.iter() {
-            if other == &spec.name {
-                continue;
-            }
-            if let Some(clash) = taken.intersection(their).next() {
-                let error = format!(
-                    "tool name '{clash}' is served by both MCP server '{other}' and MCP server '{}'",
-                    spec.name
-                );
-                if !initial {
-                    lock(&shared.status).rejected_lists += 1;
-                    tracing::error!(source = %spec.name, error = %error, "new tool list refused; the old one stays");
-                    return Ok(());
-                }
-                return Err(ListFailure::Collision(error));
-            }
+    (tools, taken)
+}
+
+/// Records `taken` as the names `source` serves, unless another source serves one of them.
+///
+/// # Errors
+/// A sentence naming the tool and both sources.
+fn claim(
+    names: &Mutex<BTreeMap<String, BTreeSet<String>>>,
+    source: &str,
+    taken: BTreeSet<String>,
+) -> Result<(), String> {
+    let mut all = lock(names);
+    for (other, theirs) in all.iter().filter(|(other, _)| other.as_str() != source) {
+        if let Some(clash) = taken.intersection(theirs).next() {
+            return Err(format!(
+                "tool name '{clash}' is served by both MCP server '{other}' and MCP server '{source}'"
+            ));
         }
-        all.insert(spec.name.clone(), taken);
     }
-    let count = tools.len();
-    *shared.tools.write().unwrap_or_else(std::sync::PoisonError::into_inner) = tools;
-    *lock(&shared.listing) = fingerprint;
-    lock(&shared.status).tools = count;
-    if !initial {
-        let _ = common.events.send(McpEvent::ToolsChanged { source: spec.name.clone() });
-    }
+    all.insert(source.to_owned(), taken);
     Ok(())
 }
 
@@ -594,9 +641,12 @@ async fn watch(shared: &Arc<Shared>, common: &Common, connection: &mut Connectio
         tokio::select! {
             () = common.shutdown.cancelled() => return Ended::Shutdown,
             status = child_exit => return Ended::Lost(format!("MCP server '{name}' exited ({status})")),
-            () = closed(&connection.service) => return Ended::Lost(format!("MCP server '{name}' closed the session")),
+            () = &mut connection.ended, if !connection.has_ended => {
+                connection.has_ended = true;
+                return Ended::Lost(format!("MCP server '{name}' closed the session"));
+            }
             () = shared.recheck.notified() => {
-                let peer = connection.service.peer().clone();
+                let peer = connection.peer.clone();
                 let alive = tokio::time::timeout(PING_TIMEOUT, peer.send_request(rmcp::model::ClientRequest::PingRequest(Default::default()))).await;
                 if !matches!(alive, Ok(Ok(_))) {
                     return Ended::Lost(format!("MCP server '{name}' stopped answering"));
@@ -605,7 +655,7 @@ async fn watch(shared: &Arc<Shared>, common: &Common, connection: &mut Connectio
             Some(()) = connection.changed.recv() => {
                 quiet(&mut connection.changed, LIST_CHANGED_DEBOUNCE).await;
                 tracing::info!(source = %name, "MCP server's tools changed; listing them again");
-                if let Err(ListFailure::Failed(error) | ListFailure::Collision(error)) = list(shared, common, connection, false).await {
+                if let Err(ListFailure::Failed(error) | ListFailure::Collision(error)) = list(shared, common, &connection.peer, false).await {
                     tracing::warn!(source = %name, error = %error, "listing the changed tools failed; the old list stays");
                 }
             }
@@ -620,15 +670,6 @@ async fn quiet(changes: &mut mpsc::Receiver<()>, spell: Duration) {
             Some(()) = changes.recv() => continue,
             () = tokio::time::sleep(spell) => return,
         }
-    }
-}
-
-/// Resolves when the session's transport is closed.
-async fn closed(service: &RunningService<RoleClient, Handler>) {
-    // rmcp offers no future for this; the peer's sender closes with the session.
-    let peer = service.peer().clone();
-    while !peer.is_transport_closed() {
-        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
@@ -658,5 +699,63 @@ mod tests {
         let changed = burst.await.unwrap();
         assert!(changes.try_recv().is_err());
         drop(changed);
+    }
+
+    fn shared(prefix: &str, allow: Option<&[&str]>) -> Arc<Shared> {
+        Shared::new(ServerSpec {
+            name: "s".into(),
+            transport: Transport::Http { url: "http://127.0.0.1:1/mcp".into(), headers: BTreeMap::new() },
+            prefix: prefix.into(),
+            timeout: Duration::from_secs(5),
+            max_concurrent: 1,
+            tools: allow.map(|names| names.iter().map(|name| (*name).to_owned()).collect()),
+        })
+    }
+
+    fn listed(tools: serde_json::Value) -> Vec<rmcp::model::Tool> {
+        serde_json::from_value(tools).unwrap()
+    }
+
+    #[test]
+    fn tools_with_broken_schemas_or_taken_names_are_skipped_and_the_rest_kept() {
+        let shared = shared("p__", None);
+        let tools = listed(serde_json::json!([
+            {"name": "a.b", "inputSchema": {"type": "object"}},
+            {"name": "a/b", "inputSchema": {"type": "object"}},
+            {"name": "broken", "inputSchema": {"type": 5}},
+            {"name": "bad-output", "inputSchema": {"type": "object"}, "outputSchema": {"type": "object", "minProperties": "x"}},
+            {"name": "fine", "inputSchema": {"type": "object"}}
+        ]));
+        let (tools, names) = build_tools(&shared, &tools);
+        assert_eq!(names, BTreeSet::from(["p__a_b".to_owned(), "p__fine".to_owned()]));
+        let specs: Vec<String> = tools.iter().map(|tool| tool.spec().name).collect();
+        assert_eq!(specs, ["p__a_b", "p__fine"]);
+    }
+
+    #[test]
+    fn the_allow_list_filters_by_original_names() {
+        let shared = shared("", Some(&["keep.me"]));
+        let tools = allowed(
+            &shared.spec,
+            listed(serde_json::json!([
+                {"name": "keep.me", "inputSchema": {"type": "object"}},
+                {"name": "keep_me", "inputSchema": {"type": "object"}}
+            ])),
+        );
+        assert_eq!(tools.len(), 1);
+        assert_eq!(tools[0].name, "keep.me");
+    }
+
+    #[test]
+    fn a_name_another_source_serves_is_refused_naming_both_and_a_source_may_replace_its_own() {
+        let names = Mutex::new(BTreeMap::new());
+        let set = |items: &[&str]| items.iter().map(|item| (*item).to_owned()).collect::<BTreeSet<_>>();
+        claim(&names, "first", set(&["x", "y"])).unwrap();
+        let refused = claim(&names, "second", set(&["z", "y"])).unwrap_err();
+        assert_eq!(refused, "tool name 'y' is served by both MCP server 'first' and MCP server 'second'");
+        assert!(!lock(&names).contains_key("second"), "a refused list claims nothing");
+        claim(&names, "first", set(&["x", "y", "w"])).unwrap();
+        claim(&names, "second", set(&["z"])).unwrap();
+        assert_eq!(lock(&names)["first"], set(&["w", "x", "y"]));
     }
 }

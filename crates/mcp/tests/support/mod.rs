@@ -149,6 +149,11 @@ pub fn process_exists(pid: u32) -> bool {
 
 /// Every process whose process group is `pgid`, with its state letter (`Z` for a zombie).
 pub fn group_members(pgid: u32) -> Vec<(u32, char)> {
+    group_members_with_parents(pgid).into_iter().map(|(pid, state, _)| (pid, state)).collect()
+}
+
+/// Every process whose process group is `pgid`: pid, state letter and parent pid.
+pub fn group_members_with_parents(pgid: u32) -> Vec<(u32, char, u32)> {
     let mut members = Vec::new();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
         let Some(pid) = entry.file_name().to_str().and_then(|name| name.parse::<u32>().ok()) else {
@@ -159,7 +164,8 @@ pub fn group_members(pgid: u32) -> Vec<(u32, char)> {
         let Some(after) = stat.rfind(')').map(|end| &stat[end + 2..]) else { continue };
         let fields: Vec<&str> = after.split_whitespace().collect();
         if fields.get(2).and_then(|group| group.parse::<u32>().ok()) == Some(pgid) {
-            members.push((pid, fields[0].chars().next().unwrap_or('?')));
+            let parent = fields.get(1).and_then(|parent| parent.parse::<u32>().ok()).unwrap_or(0);
+            members.push((pid, fields[0].chars().next().unwrap_or('?'), parent));
         }
     }
     members
