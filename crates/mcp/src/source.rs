@@ -370,56 +370,67 @@ pub(crate) async fn supervise(
     let mut first = Some(first);
     let mut backoff = backoff();
     loop {
-        let attempt = tokio::select! {
-            attempt = connect(&shared, &common) => attempt,
-            () = common.shutdown.cancelled() => break,
-        };
+        // connect() watches the shutdown itself, so that a child it started is killed and
+        // waited for rather than dropped.
+        let attempt = connect(&shared, &common).await;
+        if common.shutdown.is_cancelled() {
+            if let Ok(connection) = attempt {
+                connection.close(&name).await;
+            }
+            break;
+        }
         let failure = match attempt {
-            Ok(mut connection) => match list(&shared, &common, &connection.peer, first.is_some()).await {
-                Ok(()) => {
-                    backoff = self::backoff();
-                    shared.set_peer(Some(connection.peer.clone()));
-                    {
-                        let mut status = lock(&shared.status);
-                        status.up = true;
-                        status.last_error = None;
-                        status.pid = connection.child.as_ref().and_then(ManagedChild::pid);
-                    }
-                    tracing::info!(source = %name, tools = shared.status().tools, "MCP server is up");
-                    if let Some(first) = first.take() {
-                        let _ = first.send(FirstAttempt::Up);
-                    } else {
-                        let _ = common.events.send(McpEvent::Up { source: name.clone() });
-                    }
-                    let ended = watch(&shared, &common, &mut connection).await;
-                    shared.set_peer(None);
-                    {
-                        let mut status = lock(&shared.status);
-                        status.up = false;
-                        status.pid = None;
-                    }
+            Ok(mut connection) => match listed(&shared, &common, &connection.peer, first.is_some()).await {
+                None => {
                     connection.close(&name).await;
-                    match ended {
-                        Ended::Shutdown => break,
-                        Ended::Lost(error) => {
-                            let _ = common
-                                .events
-                                .send(McpEvent::Down { source: name.clone(), error: error.clone() });
-                            error
-                        }
-                    }
-                }
-                Err(ListFailure::Collision(error)) if first.is_some() => {
-                    connection.close(&name).await;
-                    if let Some(first) = first.take() {
-                        let _ = first.send(FirstAttempt::Collision(error));
-                    }
                     break;
                 }
-                Err(ListFailure::Collision(error) | ListFailure::Failed(error)) => {
-                    connection.close(&name).await;
-                    error
-                }
+                Some(listed) => match listed {
+                    Ok(()) => {
+                        backoff = self::backoff();
+                        shared.set_peer(Some(connection.peer.clone()));
+                        {
+                            let mut status = lock(&shared.status);
+                            status.up = true;
+                            status.last_error = None;
+                            status.pid = connection.child.as_ref().and_then(ManagedChild::pid);
+                        }
+                        tracing::info!(source = %name, tools = shared.status().tools, "MCP server is up");
+                        if let Some(first) = first.take() {
+                            let _ = first.send(FirstAttempt::Up);
+                        } else {
+                            let _ = common.events.send(McpEvent::Up { source: name.clone() });
+                        }
+                        let ended = watch(&shared, &common, &mut connection).await;
+                        shared.set_peer(None);
+                        {
+                            let mut status = lock(&shared.status);
+                            status.up = false;
+                            status.pid = None;
+                        }
+                        connection.close(&name).await;
+                        match ended {
+                            Ended::Shutdown => break,
+                            Ended::Lost(error) => {
+                                let _ = common
+                                    .events
+                                    .send(McpEvent::Down { source: name.clone(), error: error.clone() });
+                                error
+                            }
+                        }
+                    }
+                    Err(ListFailure::Collision(error)) if first.is_some() => {
+                        connection.close(&name).await;
+                        if let Some(first) = first.take() {
+                            let _ = first.send(FirstAttempt::Collision(error));
+                        }
+                        break;
+                    }
+                    Err(ListFailure::Collision(error) | ListFailure::Failed(error)) => {
+                        connection.close(&name).await;
+                        error
+                    }
+                },
             },
             Err(error) => error,
         };
@@ -428,7 +439,8 @@ pub(crate) async fn supervise(
         if let Some(first) = first.take() {
             let _ = first.send(FirstAttempt::Down(failure));
         }
-        let delay = backoff.next().unwrap_or(MAX_BACKOFF);
+        // backon's jitter may add up to the delay itself; the cap holds after it.
+        let delay = backoff.next().unwrap_or(MAX_BACKOFF).min(MAX_BACKOFF);
         *lock(&shared.next_attempt) = Some(Instant::now() + delay);
         tokio::select! {
             () = tokio::time::sleep(delay) => {}
@@ -440,6 +452,19 @@ pub(crate) async fn supervise(
     shared.set_peer(None);
     lock(&common.names).remove(&name);
     tracing::info!(source = %name, "MCP source stopped");
+}
+
+/// [`list`], or `None` when the daemon stops first.
+async fn listed(
+    shared: &Arc<Shared>,
+    common: &Common,
+    peer: &Peer<RoleClient>,
+    initial: bool,
+) -> Option<Result<(), ListFailure>> {
+    tokio::select! {
+        listed = list(shared, common, peer, initial) => Some(listed),
+        () = common.shutdown.cancelled() => None,
+    }
 }
 
 fn backoff() -> impl Iterator<Item = Duration> {
@@ -472,7 +497,14 @@ async fn connect(shared: &Shared, common: &Common) -> Result<Connection, String>
                 format!("MCP server '{}' could not be started ({command}): {err}", spec.name)
             })?;
             lock(&shared.status).pid = child.pid();
-            match tokio::time::timeout(CONNECT_TIMEOUT, handler.serve((stdout, stdin))).await {
+            let served = tokio::select! {
+                served = tokio::time::timeout(CONNECT_TIMEOUT, handler.serve((stdout, stdin))) => served,
+                () = common.shutdown.cancelled() => {
+                    child.kill_and_wait(&spec.name).await;
+                    return Err(format!("MCP server '{}' was stopped while it started", spec.name));
+                }
+            };
+            match served {
                 Ok(Ok(service)) => Ok(Connection::new(service, Some(child), changed)),
                 Ok(Err(err)) => {
                     child.kill_and_wait(&spec.name).await;
@@ -502,7 +534,13 @@ async fn connect(shared: &Shared, common: &Common) -> Result<Connection, String>
                 .custom_headers(custom)
                 .reinit_on_expired_session(true);
             let transport = StreamableHttpClientTransport::with_client(client, config);
-            match tokio::time::timeout(CONNECT_TIMEOUT, handler.serve(transport)).await {
+            let served = tokio::select! {
+                served = tokio::time::timeout(CONNECT_TIMEOUT, handler.serve(transport)) => served,
+                () = common.shutdown.cancelled() => {
+                    return Err(format!("MCP server '{}' was stopped while it connected", spec.name));
+                }
+            };
+            match served {
                 Ok(Ok(service)) => Ok(Connection::new(service, None, changed)),
                 Ok(Err(err)) => Err(format!("MCP server '{}' at {url} did not initialise: {err}", spec.name)),
                 Err(_elapsed) => Err(format!(
