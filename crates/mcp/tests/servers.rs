@@ -149,6 +149,37 @@ async fn toolhost_advertises_no_client_capabilities_and_says_so_when_a_tool_need
 
 #[tokio::test]
 #[ignore = "needs the MCP servers of scripts/ensure-mcp-servers.sh; run `just test-mcp`"]
+async fn the_servers_list_changed_makes_toolhost_list_again() {
+    // server-everything registers simulate-research-query once initialised and then sends
+    // notifications/tools/list_changed.
+    let dir = temp_dir("list-changed");
+    let tap = dir.join("stdin.jsonl");
+    let config = format!(
+        "[[mcp_servers]]\nname = \"everything\"\n{}",
+        tapped(&tap, "node", &[&everything(), "stdio"])
+    );
+    let mut sources = Sources::start(&config, &env(&[])).await;
+    eventually("a second tools/list on the wire", Duration::from_secs(10), || {
+        (tap_lines(&tap).iter().filter(|line| line["method"] == "tools/list").count() == 2).then_some(())
+    })
+    .await;
+    // The new list is taken in: the late tool is there, announced if the first list lacked it.
+    let names = eventually("the late tool in the list", Duration::from_secs(10), || {
+        let names: Vec<String> = sources.sources().tools().iter().map(|tool| tool.spec().name).collect();
+        names.iter().any(|name| name == "everything__simulate-research-query").then_some(names)
+    })
+    .await;
+    assert!(names.contains(&"everything__get-sum".to_owned()), "{names:?}");
+    if let Ok(event) = sources.started.events.try_recv() {
+        assert_eq!(event, McpEvent::ToolsChanged { source: "everything".into() });
+    }
+    assert_eq!(sources.sources().status()[0].restarts, 0, "listed again without a restart");
+    sources.stop().await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test]
+#[ignore = "needs the MCP servers of scripts/ensure-mcp-servers.sh; run `just test-mcp`"]
 async fn the_allow_list_takes_original_names_and_an_empty_prefix_is_allowed() {
     let config =
         everything_config("everything", "prefix = \"\"\ntools = [\"get-sum\", \"echo\", \"no-such-tool\"]\n");
