@@ -1,7 +1,8 @@
 //! A stdio MCP server as a managed child process.
 //!
 //! The child starts through the terminal engine's [`confine`]: a session and process group of
-//! its own (its pid is the group id) under the terminal tool's rlimits. Its environment is
+//! its own (its pid is the group id) under the terminal tool's rlimits, as its `run_as` user
+//! when the daemon runs as root. Its environment is
 //! cleared; only `PATH`, `HOME` and `LANG` from the daemon's environment map and the configured
 //! `env` reach it. Stdin and stdout carry MCP; stderr goes to the log, line by line, at most
 //! [`STDERR_BURST`] lines at once and [`STDERR_LINES_PER_SECOND`] a second after that, with a
@@ -25,7 +26,7 @@ use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command};
 use tokio::time::Instant;
-use toolhost_tools::terminal::{Limits, confine, kill_group};
+use toolhost_tools::terminal::{Identity, Limits, confine, kill_group};
 
 use crate::config::Secret;
 
@@ -58,6 +59,8 @@ pub struct ChildSpec<'a> {
     pub base_env: &'a BTreeMap<String, String>,
     /// The terminal tool's rlimits.
     pub limits: Limits,
+    /// The terminal tool's `run_as` identity, when the daemon runs as root.
+    pub identity: Option<Identity>,
 }
 
 /// A running stdio server, its group killed when it ends.
@@ -93,7 +96,7 @@ impl ManagedChild {
             command.current_dir(cwd);
         }
         command.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(false);
-        confine(&mut command, spec.limits);
+        confine(&mut command, spec.limits, spec.identity);
         let mut child = command.spawn()?;
         let group = child.id();
         let missing = || io::Error::other("the child's pipes were not set up");

@@ -9,7 +9,8 @@
 //! # Entry point
 //!
 //! ```ignore
-//! let started = McpSources::start(&configs, &env, limits, shutdown.clone()).await?;
+//! let children = Children { limits: Limits::from_settings(&terminal), run_as: terminal_identity };
+//! let started = McpSources::start(&configs, &env, children, shutdown.clone()).await?;
 //! for tool in started.sources.tools() { registry.register(tool)?; }
 //! // on started.events: McpEvent::ToolsChanged → rebuild the registry from sources.tools()
 //! // and republish it; Up/Down → log; sources.status() → /status and toolhost_source_up{source}
@@ -18,9 +19,9 @@
 //!
 //! - `configs` are the `[[mcp_servers]]` entries ([`McpServerConfig`], serde, unknown keys
 //!   refused), `env` the daemon's environment (for `${VAR}` and the children's `PATH`, `HOME`,
-//!   `LANG`), `limits` the terminal tool's rlimits
-//!   ([`toolhost_tools::terminal::Limits::from_settings`]), `shutdown` the token that stops
-//!   every source.
+//!   `LANG`), `children` the terminal tool's rlimits
+//!   ([`toolhost_tools::terminal::Limits::from_settings`]) and resolved `run_as` identity (the
+//!   one `terminal_run` uses), `shutdown` the token that stops every source.
 //! - [`McpSources::start`] checks every entry (all errors, each naming its key), starts one
 //!   supervisor per server and waits for each first attempt. A server that cannot be reached
 //!   is not an error: it has no tools yet, keeps being retried, and announces its tools with
@@ -47,10 +48,9 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use toolhost_tools::Tool;
-use toolhost_tools::terminal::Limits;
 
 pub use config::{ConfigError, ConfigErrors, McpServerConfig, Secret, ServerSpec, Transport};
-pub use source::{LIST_CHANGED_DEBOUNCE, MAX_BACKOFF, McpEvent, SourceStatus};
+pub use source::{Children, LIST_CHANGED_DEBOUNCE, MAX_BACKOFF, McpEvent, SourceStatus};
 
 use source::{Common, FirstAttempt, Shared};
 
@@ -90,7 +90,7 @@ impl McpSources {
     pub async fn start(
         configs: &[McpServerConfig],
         env: &BTreeMap<String, String>,
-        limits: Limits,
+        children: Children,
         shutdown: CancellationToken,
     ) -> Result<Started, StartError> {
         let specs = config::resolve(configs, env)?;
@@ -100,7 +100,7 @@ impl McpSources {
         let stop = shutdown.child_token();
         let common = Arc::new(Common {
             base_env: env.clone(),
-            limits,
+            children,
             names: std::sync::Mutex::new(BTreeMap::new()),
             events,
             shutdown: stop.clone(),

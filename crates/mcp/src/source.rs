@@ -32,7 +32,7 @@ use serde_json::Value;
 use tokio::sync::{Notify, Semaphore, mpsc};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use toolhost_tools::terminal::Limits;
+use toolhost_tools::terminal::{Identity, Limits};
 use toolhost_tools::{Context, Registry, Tool, ToolError, ToolSpec};
 
 use crate::child::{ChildSpec, ManagedChild};
@@ -100,11 +100,22 @@ pub struct SourceStatus {
     pub last_error: Option<String>,
 }
 
+/// How stdio children run: the terminal tool's rlimits and its resolved `run_as` identity.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Children {
+    /// `[terminal]` `max_processes`, `cpu_seconds`, `file_size_bytes`
+    /// ([`Limits::from_settings`]).
+    pub limits: Limits,
+    /// The user children run as ([`toolhost_tools::terminal::resolve_run_as`]); `None` runs them
+    /// as the daemon's own user (what a daemon not started as root does anyway).
+    pub run_as: Option<Identity>,
+}
+
 /// What every source shares: the daemon's environment, the children's limits, the names each
 /// source serves (to refuse collisions), the event channel and the shutdown token.
 pub(crate) struct Common {
     pub(crate) base_env: BTreeMap<String, String>,
-    pub(crate) limits: Limits,
+    pub(crate) children: Children,
     pub(crate) names: Mutex<BTreeMap<String, BTreeSet<String>>>,
     pub(crate) events: mpsc::UnboundedSender<McpEvent>,
     pub(crate) shutdown: CancellationToken,
@@ -491,7 +502,8 @@ async fn connect(shared: &Shared, common: &Common) -> Result<Connection, String>
                 env,
                 cwd: cwd.as_ref(),
                 base_env: &common.base_env,
-                limits: common.limits,
+                limits: common.children.limits,
+                identity: common.children.run_as,
             };
             let (child, stdout, stdin) = ManagedChild::spawn(&child_spec).map_err(|err| {
                 format!("MCP server '{}' could not be started ({command}): {err}", spec.name)

@@ -13,9 +13,8 @@ use serde_json::{Value, json};
 use support::*;
 use tokio_util::sync::CancellationToken;
 use toolhost_envelope::{Annotations, DiscoveryFormat, ErrorCode};
-use toolhost_mcp::{McpEvent, McpSources, StartError, mapping};
+use toolhost_mcp::{Children, McpEvent, McpSources, StartError, mapping};
 use toolhost_tools::Context;
-use toolhost_tools::terminal::Limits;
 
 fn time_config() -> String {
     format!(
@@ -403,7 +402,7 @@ async fn two_servers_serving_the_same_tool_name_are_refused_naming_both() {
         everything_config("second", "prefix = \"\"\ntools = [\"get-sum\", \"echo\"]\n")
     );
     let shutdown = CancellationToken::new();
-    let refused = McpSources::start(&configs(&config), &env(&[]), Limits::default(), shutdown).await;
+    let refused = McpSources::start(&configs(&config), &env(&[]), Children::default(), shutdown).await;
     let Err(StartError::Collision(message)) = refused else { panic!("a collision is a configuration error") };
     assert!(
         message.contains("'get-sum'") && message.contains("'first'") && message.contains("'second'"),

@@ -14,7 +14,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
-use toolhost_mcp::{McpServerConfig, McpSources, Started};
+use toolhost_mcp::{Children, McpServerConfig, McpSources, Started};
 use toolhost_tools::terminal::Limits;
 use toolhost_tools::{Context, Failure, Registry};
 
@@ -96,7 +96,8 @@ impl Sources {
         init_logging();
         let shutdown = CancellationToken::new();
         let limits = Limits { file_size_bytes: Some(FILE_SIZE_LIMIT), ..Limits::default() };
-        let started = McpSources::start(&configs(toml_text), env, limits, shutdown.clone()).await.unwrap();
+        let children = Children { limits, run_as: None };
+        let started = McpSources::start(&configs(toml_text), env, children, shutdown.clone()).await.unwrap();
         Sources { started, shutdown }
     }
 

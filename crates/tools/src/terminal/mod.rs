@@ -74,9 +74,15 @@ impl Limits {
 }
 
 /// Makes `command` start the way terminal commands start: in a session and process group of
-/// its own (its pid is the group id), under `limits`. For other hosts of child processes (MCP
+/// its own (its pid is the group id), under `limits`, and as `identity` when one is given (the
+/// resolved `run_as` of a daemon started as root). For other hosts of child processes (MCP
 /// servers), which choose their own program, arguments, environment and stdio.
-pub fn confine(command: &mut tokio::process::Command, limits: Limits) {
+pub fn confine(command: &mut tokio::process::Command, limits: Limits, identity: Option<Identity>) {
+    if let Some(identity) = identity {
+        // As for terminal commands: setgroups(0), setgid, setuid in the child, before the
+        // working directory is entered and the rlimits are set.
+        command.uid(identity.uid).gid(identity.gid);
+    }
     exec::install_pre_exec(command, limits);
 }
 
