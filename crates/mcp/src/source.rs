@@ -103,7 +103,7 @@ pub struct SourceStatus {
 /// How stdio children run: the terminal tool's rlimits and its resolved `run_as` identity.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Children {
-    /// `[terminal]` `max_processes`, `cpu_seconds`, `file_size_bytes`
+    /// `[tools.terminal]` `max_processes`, `cpu_seconds`, `file_size_bytes`
     /// ([`Limits::from_settings`]).
     pub limits: Limits,
     /// The user children run as ([`toolhost_tools::terminal::resolve_run_as`]); `None` runs them
