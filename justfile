@@ -40,3 +40,8 @@ ensure-redis: ensure-redis-installed
 # The reliability soak with the issue's 100,000 requests (CI runs 30,000; see docs/RELIABILITY.md).
 soak requests="100000": ensure-redis-installed
     TOOLHOST_SOAK_REQUESTS={{requests}} cargo test -p toolhost --test tests reliability::soak -- --nocapture
+
+# The MCP tool-source tests against real MCP servers (installed pinned into ~/.cache/toolhost).
+test-mcp:
+    scripts/ensure-mcp-servers.sh >/dev/null
+    cargo test -p toolhost-mcp -- --include-ignored

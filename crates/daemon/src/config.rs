@@ -423,7 +423,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
     for (index, agent) in raw.agents.iter().enumerate() {
         // The agent becomes a tool of that name, so it follows the tool naming rule.
         if !toolhost_tools::valid_tool_name(&agent.name) {
-            bad(&format!("agents[{index}].name"), "must be 1-64 of [a-z0-9_] (it becomes a tool name)");
+            bad(&format!("agents[{index}].name"), "must be 1-64 of [a-zA-Z0-9_-] (it becomes a tool name)");
         }
         if agent.parameter.is_empty() || agent.parameter == toolhost_tools::builtin::CONVERSATION_ID {
             bad(&format!("agents[{index}].parameter"), "must be non-empty and not conversation_id");
@@ -631,11 +631,11 @@ mod tests {
     fn agents_need_tool_names() {
         let path = file(
             "[[agents]]\nname = \"coder\"\ndescription = \"Writes code.\"\n\n\
-             [[agents]]\nname = \"DevAgent\"\ndescription = \"d\"\ntimeout_s = 0\n",
+             [[agents]]\nname = \"dev.agent\"\ndescription = \"d\"\ntimeout_s = 0\n",
         );
         let err = Config::load(Some(&path.0), &env(&[])).unwrap_err();
         let text = err.to_string();
-        assert!(text.contains("agents[1].name: must be 1-64 of [a-z0-9_]"), "{text}");
+        assert!(text.contains("agents[1].name: must be 1-64 of [a-zA-Z0-9_-]"), "{text}");
         assert!(text.contains("agents[1].timeout_s"), "{text}");
         assert!(!text.contains("agents[0]"), "{text}");
         let path = file("[[agents]]\nname = \"coder\"\ndescription = \"Writes code.\"\n");

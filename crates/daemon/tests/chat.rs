@@ -415,7 +415,7 @@ async fn specialist_agents_answer_through_their_tools() {
 fn agent_names_must_be_tool_names() {
     let dir = temp_dir("bad-agents");
     let config = dir.join("toolhost.toml");
-    std::fs::write(&config, "[[agents]]\nname = \"DevAgent\"\ndescription = \"d\"\n").unwrap();
+    std::fs::write(&config, "[[agents]]\nname = \"dev.agent\"\ndescription = \"d\"\n").unwrap();
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_toolhost"))
         .args(["check-config", "--config", config.to_str().unwrap()])
         .env_clear()
@@ -423,6 +423,6 @@ fn agent_names_must_be_tool_names() {
         .unwrap();
     assert_eq!(output.status.code(), Some(64));
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(stderr.contains("agents[0].name: must be 1-64 of [a-z0-9_]"), "{stderr}");
+    assert!(stderr.contains("agents[0].name: must be 1-64 of [a-zA-Z0-9_-]"), "{stderr}");
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -6,7 +6,7 @@ use serde_json::{Map, Value, json};
 /// Everything a caller needs to know to call one tool.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ToolDescription {
-    /// Unique snake_case name, 1-64 of `[a-z0-9_]`.
+    /// Unique name, 1-64 of `[a-zA-Z0-9_-]`.
     pub name: String,
     /// What the tool does, for a model to read.
     pub description: String,

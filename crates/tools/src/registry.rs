@@ -53,7 +53,7 @@ struct Schema {
 #[non_exhaustive]
 pub enum RegistryError {
     /// The name breaks the naming rule.
-    #[error("tool name '{0}' is invalid: use 1-64 of [a-z0-9_]")]
+    #[error("tool name '{0}' is invalid: use 1-64 of [a-zA-Z0-9_-]")]
     InvalidName(String),
     /// Two tools share a name.
     #[error("tool name '{0}' is registered twice")]
@@ -91,10 +91,10 @@ impl Failure {
     }
 }
 
-/// Whether `name` is a valid tool name: 1-64 of `[a-z0-9_]`.
+/// Whether `name` is a valid tool name: `^[a-zA-Z0-9_-]{1,64}$`, what OpenAI accepts.
 pub fn valid_tool_name(name: &str) -> bool {
     (1..=64).contains(&name.len())
-        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
 impl Registry {
@@ -283,7 +283,9 @@ impl Registry {
                     format!("tool '{name}' crashed: {}", panic_message(&panic)),
                 ));
             }
-            Ok(Ok(Err(err))) => return Err(Failure::new(err.code(), err.to_string())),
+            Ok(Ok(Err(err))) => {
+                return Err(Failure { code: err.code(), message: err.to_string(), details: err.details() });
+            }
             Ok(Ok(Ok(output))) => output,
         };
         if !tool.output.validator.is_valid(&output) {
@@ -402,6 +404,10 @@ mod tests {
                     Ok(json!({"ok": true}))
                 }
                 "refuses" => Err(ToolError::Forbidden("no".into())),
+                "unavailable" => Err(ToolError::Unavailable {
+                    message: "the server is restarting".into(),
+                    retry_after: Duration::from_millis(1500),
+                }),
                 _ => Ok(json!({"wrong": true})),
             }
         }
@@ -410,7 +416,7 @@ mod tests {
     fn registry() -> Registry {
         let mut registry = Registry::new();
         registry.register(Arc::new(Echo)).unwrap();
-        for name in ["panics", "sleeps", "refuses", "broken_output"] {
+        for name in ["panics", "sleeps", "refuses", "unavailable", "broken_output"] {
             registry.register(Arc::new(Misbehaving(name))).unwrap();
         }
         registry
@@ -455,6 +461,27 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn an_unavailable_tool_answers_overloaded_with_retry_after_in_details() {
+        let failure =
+            registry().invoke("unavailable", json!({}), &Context::default(), None).await.unwrap_err();
+        assert_eq!(failure.code, ErrorCode::Overloaded);
+        assert_eq!(failure.message, "the server is restarting");
+        assert_eq!(failure.details, Some(json!({"retry_after_ms": 1500})));
+        // Errors without structure carry no details.
+        assert_eq!(check("refuses", json!({}), Err(ErrorCode::Forbidden)).await, None);
+    }
+
+    #[test]
+    fn tool_names_are_1_to_64_of_letters_digits_underscore_and_hyphen() {
+        for good in ["get-sum", "Get_Sum2", "a", "time__get_current_time", &"x".repeat(64)] {
+            assert!(valid_tool_name(good), "{good}");
+        }
+        for bad in ["", "a.b", "a/b", "a b", "é", &"x".repeat(65)] {
+            assert!(!valid_tool_name(bad), "{bad}");
+        }
+    }
+
+    #[tokio::test]
     async fn disabled_tools_answer_tool_disabled() {
         let mut registry = registry();
         assert_eq!(registry.disable(&["echo".into(), "nope".into()]), ["nope"]);
@@ -469,10 +496,10 @@ mod tests {
         let mut registry = registry();
         assert!(matches!(registry.register(Arc::new(Echo)), Err(RegistryError::DuplicateName(_))));
         assert!(matches!(
-            registry.register(Arc::new(Misbehaving("Bad-Name"))),
+            registry.register(Arc::new(Misbehaving("bad.name"))),
             Err(RegistryError::InvalidName(_))
         ));
-        assert_eq!(registry.names(), ["broken_output", "echo", "panics", "refuses", "sleeps"]);
+        assert_eq!(registry.names(), ["broken_output", "echo", "panics", "refuses", "sleeps", "unavailable"]);
         assert_eq!(registry.by_event("echo.requested"), Some("echo"));
         let hash = &registry.description("echo").unwrap().hash;
         assert_eq!(hash.len(), 64);

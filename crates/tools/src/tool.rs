@@ -3,14 +3,14 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use serde_json::Value;
+use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use toolhost_envelope::{Annotations, ErrorCode};
 
 /// What a tool declares about itself.
 #[derive(Debug, Clone)]
 pub struct ToolSpec {
-    /// Unique snake_case name, 1-64 of `[a-z0-9_]`.
+    /// Unique name, 1-64 of `[a-zA-Z0-9_-]` (see [`crate::valid_tool_name`]).
     pub name: String,
     /// What the tool does, for a model to read.
     pub description: String,
@@ -94,6 +94,16 @@ pub enum ToolError {
     /// The tool gave up waiting on something it depends on.
     #[error("{0}")]
     Timeout(String),
+    /// What the tool depends on is down for now (an MCP server restarting): the call was not
+    /// started, and a retry after `retry_after` may succeed. Answers `overloaded` with
+    /// `retry_after_ms` in the details.
+    #[error("{message}")]
+    Unavailable {
+        /// One readable sentence.
+        message: String,
+        /// When a retry may find it back.
+        retry_after: Duration,
+    },
 }
 
 impl ToolError {
@@ -104,6 +114,18 @@ impl ToolError {
             ToolError::Forbidden(_) => ErrorCode::Forbidden,
             ToolError::Failed(_) => ErrorCode::ToolFailed,
             ToolError::Timeout(_) => ErrorCode::Timeout,
+            ToolError::Unavailable { .. } => ErrorCode::Overloaded,
+        }
+    }
+
+    /// Structure for the caller to act on, carried into the answer's `details`:
+    /// `{"retry_after_ms"}` for [`ToolError::Unavailable`], nothing for the others.
+    pub fn details(&self) -> Option<Value> {
+        match self {
+            ToolError::Unavailable { retry_after, .. } => {
+                Some(json!({ "retry_after_ms": u64::try_from(retry_after.as_millis()).unwrap_or(u64::MAX) }))
+            }
+            _ => None,
         }
     }
 }

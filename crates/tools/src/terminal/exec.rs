@@ -161,7 +161,7 @@ fn spawn(spec: &Spec) -> Result<(Child, Receiver), Refusal> {
 
 /// Makes the child a session (and process group) leader and applies the rlimits.
 #[allow(unsafe_code)]
-fn install_pre_exec(command: &mut Command, limits: Limits) {
+pub(super) fn install_pre_exec(command: &mut Command, limits: Limits) {
     let enter_sandbox = move || -> io::Result<()> {
         // SAFETY: setsid takes no arguments and only affects the calling (child) process.
         if unsafe { libc::setsid() } == -1 {
@@ -307,7 +307,7 @@ impl Drop for GroupGuard {
 
 /// Sends SIGKILL to every process in group `pgid`; a group already gone is fine.
 #[allow(unsafe_code)]
-fn kill_group(pgid: libc::pid_t) {
+pub(super) fn kill_group(pgid: libc::pid_t) {
     // A pgid of 0 or less would address our own group or every process.
     if pgid <= 0 {
         return;

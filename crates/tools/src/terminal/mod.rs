@@ -58,8 +58,41 @@ use std::time::Instant;
 
 use serde::Serialize;
 
+pub use exec::Limits;
 pub use identity::{DEFAULT_RUN_AS, Identity, resolve_run_as};
 pub use policy::{TerminalPolicy, TerminalSettings};
+
+impl Limits {
+    /// The rlimits of `settings` (`max_processes`, `cpu_seconds`, `file_size_bytes`).
+    pub fn from_settings(settings: &TerminalSettings) -> Limits {
+        Limits {
+            max_processes: settings.max_processes,
+            cpu_seconds: settings.cpu_seconds,
+            file_size_bytes: settings.file_size_bytes,
+        }
+    }
+}
+
+/// Makes `command` start the way terminal commands start: in a session and process group of
+/// its own (its pid is the group id), under `limits`, and as `identity` when one is given (the
+/// resolved `run_as` of a daemon started as root). For other hosts of child processes (MCP
+/// servers), which choose their own program, arguments, environment and stdio.
+pub fn confine(command: &mut tokio::process::Command, limits: Limits, identity: Option<Identity>) {
+    if let Some(identity) = identity {
+        // As for terminal commands: setgroups(0), setgid, setuid in the child, before the
+        // working directory is entered and the rlimits are set.
+        command.uid(identity.uid).gid(identity.gid);
+    }
+    exec::install_pre_exec(command, limits);
+}
+
+/// Sends SIGKILL to every process in the group a [`confine`]d child leads (its pid); a group
+/// that is gone already, and a pid of 0 or one that does not fit a `pid_t`, are ignored.
+pub fn kill_group(pid: u32) {
+    if let Ok(pgid) = libc::pid_t::try_from(pid) {
+        exec::kill_group(pgid);
+    }
+}
 
 /// Why a command was not run. Each variant maps to one error code (see
 /// [`Refusal::is_forbidden`]).

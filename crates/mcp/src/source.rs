@@ -1,0 +1,811 @@
+//! One MCP server as a tool source: its supervisor (connect, list, watch, restart) and its tools.
+//!
+//! The supervisor is one task per server. It connects (starting the stdio child, or opening a
+//! streamable HTTP session), lists the tools following pagination, and then watches: for the
+//! child's exit, the session's end, a call that saw the connection break (checked with a ping),
+//! and `notifications/tools/list_changed` (debounced by [`LIST_CHANGED_DEBOUNCE`], then re-listed).
+//! When the connection is lost it kills the child's group and waits for it, marks the source
+//! down, and tries again after a capped exponential backoff with jitter (250 ms up to
+//! [`MAX_BACKOFF`]). On shutdown it does the same and stops.
+//!
+//! The tools of a source stay listed while it is down; a call then answers at once with
+//! [`ToolError::Unavailable`] (`overloaded`, with `retry_after_ms` until the next attempt).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use backon::{BackoffBuilder, ExponentialBuilder};
+#[allow(deprecated)]
+use rmcp::model::{
+    CallToolRequestParams, ClientCapabilities, ClientConfig, CreateMessageRequestParams, CreateMessageResult,
+    ElicitRequestParams, ElicitResult, ErrorCode, Implementation, ListRootsResult, ProtocolVersion,
+};
+use rmcp::service::{NotificationContext, RequestContext, RunningService, RunningServiceCancellationToken};
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::{ClientHandler, ErrorData, Peer, RoleClient, ServiceExt};
+use serde::Serialize;
+use serde_json::Value;
+use tokio::sync::{Notify, Semaphore, mpsc};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use toolhost_tools::terminal::{Identity, Limits};
+use toolhost_tools::{Context, Registry, Tool, ToolError, ToolSpec};
+
+use crate::child::{ChildSpec, ManagedChild};
+use crate::config::{ServerSpec, Transport};
+use crate::{mapping, names};
+
+/// Quiet time after a `list_changed` before the tools are listed again, so a burst is one list.
+pub const LIST_CHANGED_DEBOUNCE: Duration = Duration::from_millis(300);
+/// Longest wait between two attempts to reach a server that is down.
+pub const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// Shortest wait before the first attempt after a loss.
+const MIN_BACKOFF: Duration = Duration::from_millis(250);
+/// How long connecting and initialising may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long listing the tools may take.
+const LIST_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a ping that checks a connection may take.
+const PING_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long the session may take to close before the supervisor stops waiting for it.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
+/// The retry hint while a connection attempt is under way.
+const CONNECTING_RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// What the daemon hears from its sources.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum McpEvent {
+    /// The tools of `source` changed (after `list_changed` or a restart): rebuild the registry
+    /// from [`crate::McpSources::tools`] and republish it.
+    ToolsChanged {
+        /// The source's name.
+        source: String,
+    },
+    /// `source` is connected and its tools answer.
+    Up {
+        /// The source's name.
+        source: String,
+    },
+    /// `source` was lost; its tools answer `overloaded` until it is back.
+    Down {
+        /// The source's name.
+        source: String,
+        /// Why, in one sentence.
+        error: String,
+    },
+}
+
+/// A source's state, for `/status` and metrics (`toolhost_source_up{source}`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SourceStatus {
+    /// The source's name.
+    pub name: String,
+    /// `stdio` or `http`.
+    pub transport: &'static str,
+    /// Whether it is connected.
+    pub up: bool,
+    /// Connection attempts after the first.
+    pub restarts: u64,
+    /// Tools it serves (listed, allowed, with compiling schemas).
+    pub tools: usize,
+    /// Listings refused because a name collided with another source's tool.
+    pub rejected_lists: u64,
+    /// The stdio child's pid while it runs.
+    pub pid: Option<u32>,
+    /// The last failure, if any.
+    pub last_error: Option<String>,
+}
+
+/// How stdio children run: the terminal tool's rlimits and its resolved `run_as` identity.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Children {
+    /// `[tools.terminal]` `max_processes`, `cpu_seconds`, `file_size_bytes`
+    /// ([`Limits::from_settings`]).
+    pub limits: Limits,
+    /// The user children run as ([`toolhost_tools::terminal::resolve_run_as`]); `None` runs them
+    /// as the daemon's own user (what a daemon not started as root does anyway).
+    pub run_as: Option<Identity>,
+}
+
+/// What every source shares: the daemon's environment, the children's limits, the names each
+/// source serves (to refuse collisions), the event channel and the shutdown token.
+pub(crate) struct Common {
+    pub(crate) base_env: BTreeMap<String, String>,
+    pub(crate) children: Children,
+    pub(crate) names: Mutex<BTreeMap<String, BTreeSet<String>>>,
+    pub(crate) events: mpsc::UnboundedSender<McpEvent>,
+    pub(crate) shutdown: CancellationToken,
+}
+
+/// One source's shared state: read by its tools, written by its supervisor.
+pub(crate) struct Shared {
+    pub(crate) spec: ServerSpec,
+    peer: RwLock<Option<Peer<RoleClient>>>,
+    status: Mutex<SourceStatus>,
+    /// When the next connection attempt starts, while the source is down and waiting.
+    next_attempt: Mutex<Option<Instant>>,
+    tools: RwLock<Vec<Arc<dyn Tool>>>,
+    /// Fingerprint of the listing the current tools come from.
+    listing: Mutex<String>,
+    permits: Semaphore,
+    /// A call saw the connection break.
+    recheck: Notify,
+}
+
+/// How the first connection attempt of a source ended.
+pub(crate) enum FirstAttempt {
+    /// Connected and listed.
+    Up,
+    /// Not reached (it keeps trying).
+    Down(String),
+    /// Its names collide with another source's: a configuration error.
+    Collision(String),
+}
+
+impl Shared {
+    pub(crate) fn new(spec: ServerSpec) -> Arc<Shared> {
+        let status = SourceStatus {
+            name: spec.name.clone(),
+            transport: match spec.transport {
+                Transport::Stdio { .. } => "stdio",
+                Transport::Http { .. } => "http",
+            },
+            up: false,
+            restarts: 0,
+            tools: 0,
+            rejected_lists: 0,
+            pid: None,
+            last_error: None,
+        };
+        Arc::new(Shared {
+            permits: Semaphore::new(spec.max_concurrent.max(1)),
+            spec,
+            peer: RwLock::new(None),
+            status: Mutex::new(status),
+            next_attempt: Mutex::new(None),
+            tools: RwLock::new(Vec::new()),
+            listing: Mutex::new(String::new()),
+            recheck: Notify::new(),
+        })
+    }
+
+    pub(crate) fn status(&self) -> SourceStatus {
+        lock(&self.status).clone()
+    }
+
+    pub(crate) fn tools(&self) -> Vec<Arc<dyn Tool>> {
+        self.tools.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    fn peer(&self) -> Option<Peer<RoleClient>> {
+        self.peer.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    fn set_peer(&self, peer: Option<Peer<RoleClient>>) {
+        *self.peer.write().unwrap_or_else(std::sync::PoisonError::into_inner) = peer;
+    }
+
+    /// The answer of a call while the source is down.
+    fn unavailable(&self) -> ToolError {
+        let retry_after = lock(&self.next_attempt)
+            .map(|at| at.saturating_duration_since(Instant::now()))
+            .unwrap_or(CONNECTING_RETRY_AFTER)
+            .max(Duration::from_millis(100));
+        ToolError::Unavailable {
+            message: format!("MCP server '{}' is down and being restarted; retry later", self.spec.name),
+            retry_after,
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// One tool of an MCP server.
+struct McpTool {
+    spec: ToolSpec,
+    /// The server's own name of the tool.
+    original: String,
+    source: Arc<Shared>,
+}
+
+#[async_trait]
+impl Tool for McpTool {
+    fn spec(&self) -> ToolSpec {
+        self.spec.clone()
+    }
+
+    /// Calls the tool on the server. A call cut short (the future dropped at a timeout, or
+    /// `context.cancel` fired) sends `notifications/cancelled` for its request.
+    async fn call(&self, arguments: Value, context: &Context) -> Result<Value, ToolError> {
+        let source = &self.source;
+        let Some(peer) = source.peer() else { return Err(source.unavailable()) };
+        let cancelled = || {
+            ToolError::Timeout(format!(
+                "the call of '{}' was cancelled; MCP server '{}' was told so",
+                self.spec.name, source.spec.name
+            ))
+        };
+        let _permit = tokio::select! {
+            permit = source.permits.acquire() => permit.ok(),
+            () = context.cancel.cancelled() => return Err(cancelled()),
+        };
+        let mut params = CallToolRequestParams::new(self.original.clone());
+        params.arguments = match arguments {
+            Value::Object(map) => Some(map),
+            Value::Null => None,
+            other => {
+                return Err(ToolError::InvalidArguments(format!("arguments must be an object, not {other}")));
+            }
+        };
+        // Dropping this future before its answer makes rmcp send notifications/cancelled.
+        let call = peer.call_tool_once(params);
+        tokio::select! {
+            biased;
+            () = context.cancel.cancelled() => Err(cancelled()),
+            response = call => match response {
+                Ok(response) => mapping::answer(&self.spec.name, response),
+                Err(error) => {
+                    let (error, went_away) = mapping::service_error(&self.spec.name, &source.spec.name, error);
+                    if went_away {
+                        source.recheck.notify_one();
+                    }
+                    Err(error)
+                }
+            },
+        }
+    }
+}
+
+/// The client side toolhost shows a server: no capabilities, and a note of `list_changed`.
+struct Handler {
+    info: ClientConfig,
+    changed: mpsc::Sender<()>,
+}
+
+impl Handler {
+    fn new(changed: mpsc::Sender<()>) -> Handler {
+        // No sampling, elicitation or roots. The last protocol version with `initialize`, so
+        // that list_changed arrives as a plain notification.
+        let info = ClientConfig::new(
+            ClientCapabilities::default(),
+            Implementation::new("toolhost", env!("CARGO_PKG_VERSION")),
+        )
+        .with_protocol_version(ProtocolVersion::LATEST_WITH_INITIALIZE);
+        Handler { info, changed }
+    }
+}
+
+fn not_offered(what: &str) -> ErrorData {
+    ErrorData::new(ErrorCode::METHOD_NOT_FOUND, format!("toolhost offers MCP servers no {what}"), None)
+}
+
+// Sampling and roots are deprecated in MCP (SEP-2577); they are refused here all the same.
+#[allow(deprecated)]
+impl ClientHandler for Handler {
+    fn get_info(&self) -> ClientConfig {
+        self.info.clone()
+    }
+
+    fn on_tool_list_changed(
+        &self,
+        _context: NotificationContext<RoleClient>,
+    ) -> impl Future<Output = ()> + Send + '_ {
+        // A full channel already holds a change to handle; this one joins it.
+        let _ = self.changed.try_send(());
+        std::future::ready(())
+    }
+
+    fn create_message(
+        &self,
+        _params: CreateMessageRequestParams,
+        _context: RequestContext<RoleClient>,
+    ) -> impl Future<Output = Result<CreateMessageResult, ErrorData>> + Send + '_ {
+        std::future::ready(Err(not_offered("sampling")))
+    }
+
+    fn list_roots(
+        &self,
+        _context: RequestContext<RoleClient>,
+    ) -> impl Future<Output = Result<ListRootsResult, ErrorData>> + Send + '_ {
+        std::future::ready(Err(not_offered("roots")))
+    }
+
+    fn create_elicitation(
+        &self,
+        _request: ElicitRequestParams,
+        _context: RequestContext<RoleClient>,
+    ) -> impl Future<Output = Result<ElicitResult, ErrorData>> + Send + '_ {
+        std::future::ready(Err(not_offered("elicitation")))
+    }
+}
+
+/// A live connection: the session and, for stdio, the child.
+struct Connection {
+    peer: Peer<RoleClient>,
+    /// Stops the session; taken when used.
+    stop: Option<RunningServiceCancellationToken>,
+    /// Resolves when the session has ended; not polled again once it has.
+    ended: Pin<Box<dyn Future<Output = ()> + Send>>,
+    has_ended: bool,
+    child: Option<ManagedChild>,
+    changed: mpsc::Receiver<()>,
+}
+
+impl Connection {
+    fn new(
+        service: RunningService<RoleClient, Handler>,
+        child: Option<ManagedChild>,
+        changed: mpsc::Receiver<()>,
+    ) -> Connection {
+        let peer = service.peer().clone();
+        let stop = Some(service.cancellation_token());
+        let ended = Box::pin(async move {
+            let _ = service.waiting().await;
+        });
+        Connection { peer, stop, ended, has_ended: false, child, changed }
+    }
+
+    /// Closes the session, then kills the child's group and waits for it.
+    async fn close(mut self, source: &str) {
+        if let Some(stop) = self.stop.take() {
+            stop.cancel();
+        }
+        if !self.has_ended && tokio::time::timeout(CLOSE_TIMEOUT, &mut self.ended).await.is_err() {
+            tracing::warn!(source, "an MCP session did not close in time");
+        }
+        if let Some(child) = self.child.take() {
+            child.kill_and_wait(source).await;
+        }
+    }
+}
+
+/// Why a connection ended.
+enum Ended {
+    Shutdown,
+    Lost(String),
+}
+
+/// Runs one source until shutdown. `first` hears how the first attempt ended.
+pub(crate) async fn supervise(
+    shared: Arc<Shared>,
+    common: Arc<Common>,
+    first: tokio::sync::oneshot::Sender<FirstAttempt>,
+) {
+    let name = shared.spec.name.clone();
+    let mut first = Some(first);
+    let mut backoff = backoff();
+    loop {
+        // connect() watches the shutdown itself, so that a child it started is killed and
+        // waited for rather than dropped.
+        let attempt = connect(&shared, &common).await;
+        if common.shutdown.is_cancelled() {
+            if let Ok(connection) = attempt {
+                connection.close(&name).await;
+            }
+            break;
+        }
+        let failure = match attempt {
+            Ok(mut connection) => match listed(&shared, &common, &connection.peer, first.is_some()).await {
+                None => {
+                    connection.close(&name).await;
+                    break;
+                }
+                Some(listed) => match listed {
+                    Ok(()) => {
+                        backoff = self::backoff();
+                        shared.set_peer(Some(connection.peer.clone()));
+                        {
+                            let mut status = lock(&shared.status);
+                            status.up = true;
+                            status.last_error = None;
+                            status.pid = connection.child.as_ref().and_then(ManagedChild::pid);
+                        }
+                        tracing::info!(source = %name, tools = shared.status().tools, "MCP server is up");
+                        if let Some(first) = first.take() {
+                            let _ = first.send(FirstAttempt::Up);
+                        } else {
+                            let _ = common.events.send(McpEvent::Up { source: name.clone() });
+                        }
+                        let ended = watch(&shared, &common, &mut connection).await;
+                        shared.set_peer(None);
+                        {
+                            let mut status = lock(&shared.status);
+                            status.up = false;
+                            status.pid = None;
+                        }
+                        connection.close(&name).await;
+                        match ended {
+                            Ended::Shutdown => break,
+                            Ended::Lost(error) => {
+                                let _ = common
+                                    .events
+                                    .send(McpEvent::Down { source: name.clone(), error: error.clone() });
+                                error
+                            }
+                        }
+                    }
+                    Err(ListFailure::Collision(error)) if first.is_some() => {
+                        connection.close(&name).await;
+                        if let Some(first) = first.take() {
+                            let _ = first.send(FirstAttempt::Collision(error));
+                        }
+                        break;
+                    }
+                    Err(ListFailure::Collision(error) | ListFailure::Failed(error)) => {
+                        connection.close(&name).await;
+                        error
+                    }
+                },
+            },
+            Err(error) => error,
+        };
+        tracing::warn!(source = %name, error = %failure, "MCP server is down");
+        lock(&shared.status).last_error = Some(failure.clone());
+        if let Some(first) = first.take() {
+            let _ = first.send(FirstAttempt::Down(failure));
+        }
+        // backon's jitter may add up to the delay itself; the cap holds after it.
+        let delay = backoff.next().unwrap_or(MAX_BACKOFF).min(MAX_BACKOFF);
+        *lock(&shared.next_attempt) = Some(Instant::now() + delay);
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            () = common.shutdown.cancelled() => break,
+        }
+        *lock(&shared.next_attempt) = None;
+        lock(&shared.status).restarts += 1;
+    }
+    shared.set_peer(None);
+    lock(&common.names).remove(&name);
+    tracing::info!(source = %name, "MCP source stopped");
+}
+
+/// [`list`], or `None` when the daemon stops first.
+async fn listed(
+    shared: &Arc<Shared>,
+    common: &Common,
+    peer: &Peer<RoleClient>,
+    initial: bool,
+) -> Option<Result<(), ListFailure>> {
+    tokio::select! {
+        listed = list(shared, common, peer, initial) => Some(listed),
+        () = common.shutdown.cancelled() => None,
+    }
+}
+
+fn backoff() -> impl Iterator<Item = Duration> {
+    ExponentialBuilder::default()
+        .with_min_delay(MIN_BACKOFF)
+        .with_max_delay(MAX_BACKOFF)
+        .with_factor(2.0)
+        .with_jitter()
+        .without_max_times()
+        .build()
+}
+
+/// Connects and initialises.
+async fn connect(shared: &Shared, common: &Common) -> Result<Connection, String> {
+    let spec = &shared.spec;
+    let (changed_tx, changed) = mpsc::channel(1);
+    let handler = Handler::new(changed_tx);
+    match &spec.transport {
+        Transport::Stdio { command, args, env, cwd } => {
+            let child_spec = ChildSpec {
+                source: &spec.name,
+                command,
+                args,
+                env,
+                cwd: cwd.as_ref(),
+                base_env: &common.base_env,
+                limits: common.children.limits,
+                identity: common.children.run_as,
+            };
+            let (child, stdout, stdin) = ManagedChild::spawn(&child_spec).map_err(|err| {
+                format!("MCP server '{}' could not be started ({command}): {err}", spec.name)
+            })?;
+            lock(&shared.status).pid = child.pid();
+            let served = tokio::select! {
+                served = tokio::time::timeout(CONNECT_TIMEOUT, handler.serve((stdout, stdin))) => served,
+                () = common.shutdown.cancelled() => {
+                    child.kill_and_wait(&spec.name).await;
+                    return Err(format!("MCP server '{}' was stopped while it started", spec.name));
+                }
+            };
+            match served {
+                Ok(Ok(service)) => Ok(Connection::new(service, Some(child), changed)),
+                Ok(Err(err)) => {
+                    child.kill_and_wait(&spec.name).await;
+                    Err(format!("MCP server '{}' did not initialise: {err}", spec.name))
+                }
+                Err(_elapsed) => {
+                    child.kill_and_wait(&spec.name).await;
+                    Err(format!("MCP server '{}' did not initialise within {CONNECT_TIMEOUT:?}", spec.name))
+                }
+            }
+        }
+        Transport::Http { url, headers } => {
+            let mut custom = HashMap::new();
+            for (name, value) in headers {
+                let name = reqwest::header::HeaderName::from_bytes(name.as_bytes())
+                    .map_err(|err| format!("header {name}: {err}"))?;
+                let mut value = reqwest::header::HeaderValue::from_str(value.expose())
+                    .map_err(|_| format!("header {name} has an invalid value"))?;
+                value.set_sensitive(true);
+                custom.insert(name, value);
+            }
+            let client = reqwest::Client::builder()
+                .redirect(reqwest::redirect::Policy::none())
+                .build()
+                .map_err(|err| format!("MCP server '{}': HTTP client: {err}", spec.name))?;
+            let config = StreamableHttpClientTransportConfig::with_uri(url.as_str())
+                .custom_headers(custom)
+                .reinit_on_expired_session(true);
+            let transport = StreamableHttpClientTransport::with_client(client, config);
+            let served = tokio::select! {
+                served = tokio::time::timeout(CONNECT_TIMEOUT, handler.serve(transport)) => served,
+                () = common.shutdown.cancelled() => {
+                    return Err(format!("MCP server '{}' was stopped while it connected", spec.name));
+                }
+            };
+            match served {
+                Ok(Ok(service)) => Ok(Connection::new(service, None, changed)),
+                Ok(Err(err)) => Err(format!("MCP server '{}' at {url} did not initialise: {err}", spec.name)),
+                Err(_elapsed) => Err(format!(
+                    "MCP server '{}' at {url} did not initialise within {CONNECT_TIMEOUT:?}",
+                    spec.name
+                )),
+            }
+        }
+    }
+}
+
+enum ListFailure {
+    Collision(String),
+    Failed(String),
+}
+
+/// Lists the tools (every page) and takes them in, unless a name collides with another
+/// source's. `initial` lists never emit `ToolsChanged`.
+async fn list(
+    shared: &Arc<Shared>,
+    common: &Common,
+    peer: &Peer<RoleClient>,
+    initial: bool,
+) -> Result<(), ListFailure> {
+    let spec = &shared.spec;
+    let listed = match tokio::time::timeout(LIST_TIMEOUT, peer.list_all_tools()).await {
+        Ok(Ok(listed)) => listed,
+        Ok(Err(err)) => {
+            return Err(ListFailure::Failed(format!("MCP server '{}': tools/list failed: {err}", spec.name)));
+        }
+        Err(_elapsed) => {
+            return Err(ListFailure::Failed(format!(
+                "MCP server '{}': tools/list did not answer in time",
+                spec.name
+            )));
+        }
+    };
+    let allowed = allowed(spec, listed);
+    let fingerprint = serde_json::to_string(&allowed).unwrap_or_default();
+    if !initial && *lock(&shared.listing) == fingerprint && !shared.tools().is_empty() {
+        return Ok(());
+    }
+    let (tools, taken) = build_tools(shared, &allowed);
+    if let Err(error) = claim(&common.names, &spec.name, taken) {
+        if initial {
+            return Err(ListFailure::Collision(error));
+        }
+        lock(&shared.status).rejected_lists += 1;
+        tracing::error!(source = %spec.name, error = %error, "new tool list refused; the old one stays");
+        return Ok(());
+    }
+    let count = tools.len();
+    *shared.tools.write().unwrap_or_else(std::sync::PoisonError::into_inner) = tools;
+    *lock(&shared.listing) = fingerprint;
+    lock(&shared.status).tools = count;
+    if !initial {
+        let _ = common.events.send(McpEvent::ToolsChanged { source: spec.name.clone() });
+    }
+    Ok(())
+}
+
+/// The listed tools the allow list lets through (all without one).
+fn allowed(spec: &ServerSpec, listed: Vec<rmcp::model::Tool>) -> Vec<rmcp::model::Tool> {
+    listed
+        .into_iter()
+        .filter(|tool| {
+            spec.tools.as_ref().is_none_or(|allow| allow.iter().any(|name| name == tool.name.as_ref()))
+        })
+        .collect()
+}
+
+/// The toolhost tools of a listing and their names. A tool whose mapped name another tool of
+/// the same listing took first, or whose schemas the registry does not compile, is skipped with
+/// a log line; the others are kept.
+fn build_tools(shared: &Arc<Shared>, listed: &[rmcp::model::Tool]) -> (Vec<Arc<dyn Tool>>, BTreeSet<String>) {
+    let spec = &shared.spec;
+    let mut tools: Vec<Arc<dyn Tool>> = Vec::new();
+    let mut taken = BTreeSet::new();
+    for tool in listed {
+        let name = names::tool_name(&spec.prefix, &tool.name);
+        if taken.contains(&name) {
+            tracing::warn!(source = %spec.name, tool = %tool.name, name = %name,
+                "MCP tool skipped: its mapped name is taken by another tool of the same server");
+            continue;
+        }
+        let mcp_tool: Arc<dyn Tool> = Arc::new(McpTool {
+            spec: mapping::spec(spec, &name, tool),
+            original: tool.name.to_string(),
+            source: shared.clone(),
+        });
+        // The registry's own compilation decides: a schema it refuses skips the tool alone.
+        if let Err(err) = Registry::new().register(mcp_tool.clone()) {
+            tracing::warn!(source = %spec.name, tool = %tool.name, error = %err,
+                "MCP tool skipped: its schema does not compile");
+            continue;
+        }
+        taken.insert(name);
+        tools.push(mcp_tool);
+    }
+    (tools, taken)
+}
+
+/// Records `taken` as the names `source` serves, unless another source serves one of them.
+///
+/// # Errors
+/// A sentence naming the tool and both sources.
+fn claim(
+    names: &Mutex<BTreeMap<String, BTreeSet<String>>>,
+    source: &str,
+    taken: BTreeSet<String>,
+) -> Result<(), String> {
+    let mut all = lock(names);
+    for (other, theirs) in all.iter().filter(|(other, _)| other.as_str() != source) {
+        if let Some(clash) = taken.intersection(theirs).next() {
+            return Err(format!(
+                "tool name '{clash}' is served by both MCP server '{other}' and MCP server '{source}'"
+            ));
+        }
+    }
+    all.insert(source.to_owned(), taken);
+    Ok(())
+}
+
+/// Watches a live connection until it is lost or the daemon stops.
+async fn watch(shared: &Arc<Shared>, common: &Common, connection: &mut Connection) -> Ended {
+    let name = &shared.spec.name;
+    loop {
+        let child_exit = async {
+            match connection.child.as_mut() {
+                Some(child) => {
+                    child.exited().await.map_or_else(|err| err.to_string(), |status| status.to_string())
+                }
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = common.shutdown.cancelled() => return Ended::Shutdown,
+            status = child_exit => return Ended::Lost(format!("MCP server '{name}' exited ({status})")),
+            () = &mut connection.ended, if !connection.has_ended => {
+                connection.has_ended = true;
+                return Ended::Lost(format!("MCP server '{name}' closed the session"));
+            }
+            () = shared.recheck.notified() => {
+                let peer = connection.peer.clone();
+                let alive = tokio::time::timeout(PING_TIMEOUT, peer.send_request(rmcp::model::ClientRequest::PingRequest(Default::default()))).await;
+                if !matches!(alive, Ok(Ok(_))) {
+                    return Ended::Lost(format!("MCP server '{name}' stopped answering"));
+                }
+            }
+            Some(()) = connection.changed.recv() => {
+                quiet(&mut connection.changed, LIST_CHANGED_DEBOUNCE).await;
+                tracing::info!(source = %name, "MCP server's tools changed; listing them again");
+                if let Err(ListFailure::Failed(error) | ListFailure::Collision(error)) = list(shared, common, &connection.peer, false).await {
+                    tracing::warn!(source = %name, error = %error, "listing the changed tools failed; the old list stays");
+                }
+            }
+        }
+    }
+}
+
+/// Returns once `changes` has been quiet for `spell`: a burst of notifications is one.
+async fn quiet(changes: &mut mpsc::Receiver<()>, spell: Duration) {
+    loop {
+        tokio::select! {
+            Some(()) = changes.recv() => continue,
+            () = tokio::time::sleep(spell) => return,
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_burst_of_list_changed_waits_for_one_quiet_spell_after_the_last() {
+        let spell = Duration::from_millis(200);
+        let gap = Duration::from_millis(40);
+        let (changed, mut changes) = mpsc::channel(1);
+        let burst = tokio::spawn(async move {
+            for _ in 0..5 {
+                let _ = changed.try_send(());
+                tokio::time::sleep(gap).await;
+            }
+            changed
+        });
+        changes.recv().await.unwrap();
+        let started = Instant::now();
+        quiet(&mut changes, spell).await;
+        // The burst's notifications came less than a spell apart, so the wait ends only a
+        // spell after the last of them, and nothing of the burst is left over.
+        assert!(started.elapsed() >= gap * 4 + spell, "{:?}", started.elapsed());
+        let changed = burst.await.unwrap();
+        assert!(changes.try_recv().is_err());
+        drop(changed);
+    }
+
+    fn shared(prefix: &str, allow: Option<&[&str]>) -> Arc<Shared> {
+        Shared::new(ServerSpec {
+            name: "s".into(),
+            transport: Transport::Http { url: "http://127.0.0.1:1/mcp".into(), headers: BTreeMap::new() },
+            prefix: prefix.into(),
+            timeout: Duration::from_secs(5),
+            max_concurrent: 1,
+            tools: allow.map(|names| names.iter().map(|name| (*name).to_owned()).collect()),
+        })
+    }
+
+    fn listed(tools: serde_json::Value) -> Vec<rmcp::model::Tool> {
+        serde_json::from_value(tools).unwrap()
+    }
+
+    #[test]
+    fn tools_with_broken_schemas_or_taken_names_are_skipped_and_the_rest_kept() {
+        let shared = shared("p__", None);
+        let tools = listed(serde_json::json!([
+            {"name": "a.b", "inputSchema": {"type": "object"}},
+            {"name": "a/b", "inputSchema": {"type": "object"}},
+            {"name": "broken", "inputSchema": {"type": 5}},
+            {"name": "bad-output", "inputSchema": {"type": "object"}, "outputSchema": {"type": "object", "minProperties": "x"}},
+            {"name": "fine", "inputSchema": {"type": "object"}}
+        ]));
+        let (tools, names) = build_tools(&shared, &tools);
+        assert_eq!(names, BTreeSet::from(["p__a_b".to_owned(), "p__fine".to_owned()]));
+        let specs: Vec<String> = tools.iter().map(|tool| tool.spec().name).collect();
+        assert_eq!(specs, ["p__a_b", "p__fine"]);
+    }
+
+    #[test]
+    fn the_allow_list_filters_by_original_names() {
+        let shared = shared("", Some(&["keep.me"]));
+        let tools = allowed(
+            &shared.spec,
+            listed(serde_json::json!([
+                {"name": "keep.me", "inputSchema": {"type": "object"}},
+                {"name": "keep_me", "inputSchema": {"type": "object"}}
+            ])),
+        );
+        assert_eq!(tools.len(), 1);
+        assert_eq!(tools[0].name, "keep.me");
+    }
+
+    #[test]
+    fn a_name_another_source_serves_is_refused_naming_both_and_a_source_may_replace_its_own() {
+        let names = Mutex::new(BTreeMap::new());
+        let set = |items: &[&str]| items.iter().map(|item| (*item).to_owned()).collect::<BTreeSet<_>>();
+        claim(&names, "first", set(&["x", "y"])).unwrap();
+        let refused = claim(&names, "second", set(&["z", "y"])).unwrap_err();
+        assert_eq!(refused, "tool name 'y' is served by both MCP server 'first' and MCP server 'second'");
+        assert!(!lock(&names).contains_key("second"), "a refused list claims nothing");
+        claim(&names, "first", set(&["x", "y", "w"])).unwrap();
+        claim(&names, "second", set(&["z"])).unwrap();
+        assert_eq!(lock(&names)["first"], set(&["w", "x", "y"]));
+    }
+}

@@ -1,0 +1,479 @@
+//! toolhost-mcp against real, unmodified MCP servers: `mcp-server-time` (PyPI, stdio) and
+//! `@modelcontextprotocol/server-everything` (npm, stdio and streamable HTTP), installed by
+//! `scripts/ensure-mcp-servers.sh`. Ignored by a plain `cargo test`; `just test-mcp` runs them.
+
+#![allow(clippy::unwrap_used, missing_docs)]
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use support::*;
+use tokio_util::sync::CancellationToken;
+use toolhost_envelope::{Annotations, DiscoveryFormat, ErrorCode};
+use toolhost_mcp::{Children, McpEvent, McpSources, StartError, mapping};
+use toolhost_tools::Context;
+
+fn time_config() -> String {
+    format!(
+        "[[mcp_servers]]\nname = \"time\"\ncommand = \"{}\"\nargs = [\"--local-timezone\", \"UTC\"]\n",
+        time_server()
+    )
+}
+
+fn everything_config(name: &str, extra: &str) -> String {
+    format!(
+        "[[mcp_servers]]\nname = \"{name}\"\ncommand = \"node\"\nargs = [\"{}\", \"stdio\"]\n{extra}",
+        everything()
+    )
+}
+
+async fn next_event(
+    events: &mut tokio::sync::mpsc::UnboundedReceiver<McpEvent>,
+    limit: Duration,
+) -> McpEvent {
+    tokio::time::timeout(limit, events.recv())
+        .await
+        .unwrap_or_else(|_| panic!("no MCP event within {limit:?}"))
+        .expect("the event channel closed")
+}
+
+#[tokio::test]
+#[ignore = "needs the MCP servers of scripts/ensure-mcp-servers.sh; run `just test-mcp`"]
+async fn stdio_time_server_tools_are_prefixed_mapped_and_answer_structured_content() {
+    let sources = Sources::start(&time_config(), &env(&[])).await;
+    let registry = sources.registry();
+    assert_eq!(registry.names(), ["time__convert_time", "time__get_current_time"]);
+    let description = registry.description("time__get_current_time").unwrap();
+    // readOnlyHint: true from the server; a read-only tool is never destructive.
+    assert_eq!(
+        description.annotations,
+        Annotations { read_only: true, idempotent: true, destructive: false }
+    );
+    assert_eq!(description.output_schema["title"], "TimeResult", "outputSchema is the output schema");
+    assert_eq!(
+        description.argument_schema["required"],
+        json!(["timezone"]),
+        "inputSchema is the argument schema"
+    );
+    assert_eq!(description.timeout_ms, 60_000);
+
+    // structuredContent is the answer, and it passed the output schema in the registry.
+    let now = call(&registry, "time__get_current_time", json!({"timezone": "UTC"})).await.unwrap();
+    assert_eq!(now["timezone"], "UTC");
+    assert!(now["datetime"].as_str().unwrap().ends_with("+00:00"), "{now}");
+    let exported = registry.export(DiscoveryFormat::Openai, "requests", "results");
+    assert!(exported.iter().any(|tool| tool["function"]["name"] == "time__get_current_time"), "{exported:?}");
+    sources.stop().await;
+}
+
+#[tokio::test]
+#[ignore = "needs the MCP servers of scripts/ensure-mcp-servers.sh; run `just test-mcp`"]
+async fn an_is_error_result_answers_tool_failed_with_the_servers_text() {
+    let sources = Sources::start(&time_config(), &env(&[])).await;
+    let registry = sources.registry();
+    let failure = call(&registry, "time__get_current_time", json!({"timezone": "Mars/Olympus_Mons"}))
+        .await
+        .unwrap_err();
+    assert_eq!(failure.code, ErrorCode::ToolFailed);
+    assert!(failure.message.contains("Invalid timezone"), "{failure:?}");
+    assert!(failure.message.contains("Mars/Olympus_Mons"), "{failure:?}");
+    sources.stop().await;
+}
+
+#[tokio::test]
+#[ignore = "needs the MCP servers of scripts/ensure-mcp-servers.sh; run `just test-mcp`"]
+async fn everything_tools_keep_hyphens_and_answer_text_structured_content_and_content_lists() {
+    let sources = Sources::start(&everything_config("everything", ""), &env(&[])).await;
+    let registry = sources.registry();
+    for name in ["everything__get-sum", "everything__get-tiny-image", "everything__get-structured-content"] {
+        assert!(registry.contains(name), "{name} missing from {:?}", registry.names());
+    }
+    // No outputSchema: the documented permissive schema.
+    let sum = registry.description("everything__get-sum").unwrap();
+    assert_eq!(sum.output_schema, mapping::permissive_output_schema());
+    // The server's hints, as given (absent ones would take MCP's defaults; see the mapping's
+    // unit tests, since every tool of these servers has hints).
+    assert_eq!(sum.annotations, Annotations { read_only: true, idempotent: true, destructive: false });
+
+    // Text-only content: the text.
+    let text = call(&registry, "everything__get-sum", json!({"a": 2, "b": 3})).await.unwrap();
+    assert_eq!(text, json!("The sum of 2 and 3 is 5."));
+    // structuredContent, validated against the declared outputSchema.
+    let weather =
+        call(&registry, "everything__get-structured-content", json!({"location": "Chicago"})).await.unwrap();
+    for key in ["temperature", "conditions", "humidity"] {
+        assert!(weather.get(key).is_some(), "{weather}");
+    }
+    // Other content: the content list as the server gave it.
+    let image = call(&registry, "everything__get-tiny-image", json!({})).await.unwrap();
+    let blocks = image.as_array().expect("a content list");
+    let picture = blocks.iter().find(|block| block["type"] == "image").expect("an image block");
+    assert_eq!(picture["mimeType"], "image/png");
+    assert!(picture["data"].as_str().unwrap().starts_with("iVBOR"), "base64 PNG data");
+    assert!(blocks.iter().any(|block| block["type"] == "text"));
+    sources.stop().await;
+}
+
+#[tokio::test]
+#[ignore = "needs the MCP servers of scripts/ensure-mcp-servers.sh; run `just test-mcp`"]
+async fn toolhost_advertises_no_client_capabilities_and_says_so_when_a_tool_needs_more() {
+    let dir = temp_dir("capabilities");
+    let tap = dir.join("stdin.jsonl");
+    let config = format!(
+        "[[mcp_servers]]\nname = \"everything\"\n{}",
+        tapped(&tap, "node", &[&everything(), "stdio"])
+    );
+    let sources = Sources::start(&config, &env(&[])).await;
+    let initialize = tap_lines(&tap).into_iter().find(|line| line["method"] == "initialize").unwrap();
+    assert_eq!(initialize["params"]["capabilities"], json!({}), "{initialize}");
+    assert_eq!(initialize["params"]["clientInfo"]["name"], "toolhost");
+    // server-everything registers these only for clients that declare sampling, elicitation or
+    // roots.
+    let registry = sources.registry();
+    for name in ["trigger-sampling-request", "trigger-elicitation-request", "get-roots-list"] {
+        assert!(!registry.contains(&format!("everything__{name}")), "{name} offered: {:?}", registry.names());
+    }
+    // A tool that must run as an MCP task (which toolhost does not offer) fails with the
+    // server's sentence.
+    let failure =
+        call(&registry, "everything__simulate-research-query", json!({"topic": "tides"})).await.unwrap_err();
+    assert_eq!(failure.code, ErrorCode::ToolFailed);
+    assert!(failure.message.contains("requires task augmentation"), "{failure:?}");
+    sources.stop().await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test]
+#[ignore = "needs the MCP servers of scripts/ensure-mcp-servers.sh; run `just test-mcp`"]
+async fn the_servers_list_changed_makes_toolhost_list_again() {
+    // server-everything registers simulate-research-query once initialised and then sends
+    // notifications/tools/list_changed.
+    let dir = temp_dir("list-changed");
+    let tap = dir.join("stdin.jsonl");
+    let config = format!(
+        "[[mcp_servers]]\nname = \"everything\"\n{}",
+        tapped(&tap, "node", &[&everything(), "stdio"])
+    );
+    let mut sources = Sources::start(&config, &env(&[])).await;
+    eventually("a second tools/list on the wire", Duration::from_secs(10), || {
+        (tap_lines(&tap).iter().filter(|line| line["method"] == "tools/list").count() == 2).then_some(())
+    })
+    .await;
+    // The new list is taken in: the late tool is there, announced if the first list lacked it.
+    let names = eventually("the late tool in the list", Duration::from_secs(10), || {
+        let names: Vec<String> = sources.sources().tools().iter().map(|tool| tool.spec().name).collect();
+        names.iter().any(|name| name == "everything__simulate-research-query").then_some(names)
+    })
+    .await;
+    assert!(names.contains(&"everything__get-sum".to_owned()), "{names:?}");
+    if let Ok(event) = sources.started.events.try_recv() {
+        assert_eq!(event, McpEvent::ToolsChanged { source: "everything".into() });
+    }
+    assert_eq!(sources.sources().status()[0].restarts, 0, "listed again without a restart");
+    sources.stop().await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test]
+#[ignore = "needs the MCP servers of scripts/ensure-mcp-servers.sh; run `just test-mcp`"]
+async fn the_allow_list_takes_original_names_and_an_empty_prefix_is_allowed() {
+    let config =
+        everything_config("everything", "prefix = \"\"\ntools = [\"get-sum\", \"echo\", \"no-such-tool\"]\n");
+    let sources = Sources::start(&config, &env(&[])).await;
+    assert_eq!(sources.registry().names(), ["echo", "get-sum"]);
+    assert_eq!(sources.sources().status()[0].tools, 2);
+    sources.stop().await;
+}
+
+#[tokio::test]
+#[ignore = "needs the MCP servers of scripts/ensure-mcp-servers.sh; run `just test-mcp`"]
+async fn arguments_the_schema_refuses_never_reach_the_server() {
+    let dir = temp_dir("validation");
+    let tap = dir.join("stdin.jsonl");
+    let config = format!(
+        "[[mcp_servers]]\nname = \"everything\"\n{}",
+        tapped(&tap, "node", &[&everything(), "stdio"])
+    );
+    let sources = Sources::start(&config, &env(&[])).await;
+    let registry = sources.registry();
+    let failure = call(&registry, "everything__get-sum", json!({"a": "two", "b": 3})).await.unwrap_err();
+    assert_eq!(failure.code, ErrorCode::InvalidArguments);
+    assert_eq!(failure.details.unwrap()["errors"][0]["pointer"], "/a");
+    // A valid call afterwards is on the wire, the refused one is not.
+    call(&registry, "everything__get-sum", json!({"a": 1, "b": 3})).await.unwrap();
+    let calls: Vec<Value> = eventually("the valid call on the wire", Duration::from_secs(10), || {
+        let calls: Vec<Value> =
+            tap_lines(&tap).into_iter().filter(|line| line["method"] == "tools/call").collect();
+        (!calls.is_empty()).then_some(calls)
+    })
+    .await;
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    assert_eq!(calls[0]["params"]["arguments"], json!({"a": 1, "b": 3}));
+    sources.stop().await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test]
+#[ignore = "needs the MCP servers of scripts/ensure-mcp-servers.sh; run `just test-mcp`"]
+async fn children_get_only_their_env_plus_path_home_lang_and_the_terminal_rlimits() {
+    let config = everything_config("everything", "env = { GREETING = \"hello ${WHO}\" }\n");
+    let sources = Sources::start(&config, &env(&[("WHO", "world")])).await;
+    let registry = sources.registry();
+    let text = call(&registry, "everything__get-env", json!({})).await.unwrap();
+    let child_env: serde_json::Map<String, Value> = serde_json::from_str(text.as_str().unwrap()).unwrap();
+    let names: BTreeSet<&str> = child_env.keys().map(String::as_str).collect();
+    assert_eq!(names, BTreeSet::from(["GREETING", "HOME", "LANG", "PATH"]), "{child_env:?}");
+    assert_eq!(child_env["GREETING"], "hello world", "${{VAR}} is expanded from the daemon's environment");
+    assert_eq!(child_env["PATH"], std::env::var("PATH").unwrap());
+
+    let pid = sources.sources().status()[0].pid.unwrap();
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let file_size = limits.lines().find(|line| line.starts_with("Max file size")).unwrap();
+    assert!(file_size.contains(&FILE_SIZE_LIMIT.to_string()), "{file_size}");
+    // Its own process group and session: the child leads its group.
+    assert!(group_members(pid).iter().any(|(member, _)| *member == pid));
+    sources.stop().await;
+}
+
+#[tokio::test]
+#[ignore = "needs the MCP servers of scripts/ensure-mcp-servers.sh; run `just test-mcp`"]
+async fn a_call_cut_by_its_deadline_or_cancelled_sends_notifications_cancelled_to_the_server() {
+    let dir = temp_dir("cancel");
+    let tap = dir.join("stdin.jsonl");
+    let config = format!(
+        "[[mcp_servers]]\nname = \"everything\"\n{}",
+        tapped(&tap, "node", &[&everything(), "stdio"])
+    );
+    let sources = Sources::start(&config, &env(&[])).await;
+    let registry = sources.registry();
+    let long = json!({"duration": 30, "steps": 30});
+
+    // Cut by the request's deadline (the registry drops the call).
+    let context = Context { request_id: "deadline".into(), ..Context::default() };
+    let cut = registry
+        .invoke(
+            "everything__trigger-long-running-operation",
+            long.clone(),
+            &context,
+            Some(Duration::from_millis(300)),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(cut.code, ErrorCode::Timeout, "{cut:?}");
+
+    // Cancelled through the context (shutdown or a timeout elsewhere).
+    let cancel = CancellationToken::new();
+    let context = Context { request_id: "cancelled".into(), cancel: cancel.clone(), ..Context::default() };
+    let registry = std::sync::Arc::new(registry);
+    let running = {
+        let registry = registry.clone();
+        tokio::spawn(async move {
+            registry.invoke("everything__trigger-long-running-operation", long, &context, None).await
+        })
+    };
+    eventually("the second call on the wire", Duration::from_secs(10), || {
+        (tap_lines(&tap).iter().filter(|line| line["method"] == "tools/call").count() == 2).then_some(())
+    })
+    .await;
+    cancel.cancel();
+    let cancelled =
+        tokio::time::timeout(Duration::from_secs(10), running).await.unwrap().unwrap().unwrap_err();
+    assert_eq!(cancelled.code, ErrorCode::Timeout, "{cancelled:?}");
+
+    // Both requests were cancelled on the wire, by their JSON-RPC ids.
+    let (calls, cancellations) =
+        eventually("two notifications/cancelled on the wire", Duration::from_secs(10), || {
+            let lines = tap_lines(&tap);
+            let calls: Vec<Value> = lines
+                .iter()
+                .filter(|line| line["method"] == "tools/call")
+                .map(|line| line["id"].clone())
+                .collect();
+            let cancelled: Vec<Value> = lines
+                .iter()
+                .filter(|line| line["method"] == "notifications/cancelled")
+                .map(|line| line["params"]["requestId"].clone())
+                .collect();
+            (cancelled.len() == 2).then_some((calls, cancelled))
+        })
+        .await;
+    assert_eq!(calls, cancellations);
+    // The server is still up and answers after the cancellations.
+    call(&registry, "everything__get-sum", json!({"a": 1, "b": 1})).await.unwrap();
+    sources.stop().await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test]
+#[ignore = "needs the MCP servers of scripts/ensure-mcp-servers.sh; run `just test-mcp`"]
+async fn a_killed_child_is_restarted_and_its_tools_answer_overloaded_meanwhile() {
+    let dir = temp_dir("restart");
+    // The server starts only while the gate file exists, so the test holds it down at will; its
+    // stdin is tapped, so the test sees when a call has reached it.
+    let tap = dir.join("stdin.jsonl");
+    let gate = dir.join("stdin.jsonl.gate");
+    std::fs::write(&gate, "open").unwrap();
+    let config = format!(
+        "[[mcp_servers]]\nname = \"everything\"\ncommand = \"/bin/sh\"\nargs = {}\n",
+        serde_json::to_string(&json!([
+            "-c",
+            r#"test -e "$0.gate" || exit 3; tee -a "$0" | exec "$@""#,
+            tap.display().to_string(),
+            "node",
+            everything(),
+            "stdio"
+        ]))
+        .unwrap()
+    );
+    let mut sources = Sources::start(&config, &env(&[])).await;
+    let registry = std::sync::Arc::new(sources.registry());
+    let first_pid = sources.sources().status()[0].pid.unwrap();
+    call(&registry, "everything__get-sum", json!({"a": 1, "b": 2})).await.unwrap();
+
+    // A call running when the child dies answers tool_failed (and is not run again).
+    let running = {
+        let registry = registry.clone();
+        tokio::spawn(async move {
+            call(
+                &registry,
+                "everything__trigger-long-running-operation",
+                json!({"duration": 30, "steps": 30}),
+            )
+            .await
+        })
+    };
+    eventually("the long call on the wire", Duration::from_secs(10), || {
+        tap_lines(&tap)
+            .iter()
+            .any(|line| line["params"]["name"] == "trigger-long-running-operation")
+            .then_some(())
+    })
+    .await;
+    std::fs::remove_file(&gate).unwrap();
+    let killed =
+        std::process::Command::new("kill").args(["-KILL", "--", &format!("-{first_pid}")]).status().unwrap();
+    assert!(killed.success());
+    let died = tokio::time::timeout(Duration::from_secs(10), running).await.unwrap().unwrap().unwrap_err();
+    assert_eq!(died.code, ErrorCode::ToolFailed, "{died:?}");
+    assert!(died.message.contains("went away"), "{died:?}");
+    let down = next_event(&mut sources.started.events, Duration::from_secs(10)).await;
+    assert!(matches!(&down, McpEvent::Down { source, .. } if source == "everything"), "{down:?}");
+
+    // Down: its tools stay listed and answer at once, overloaded, with a retry hint.
+    assert!(sources.sources().tools().iter().any(|tool| tool.spec().name == "everything__get-sum"));
+    let started = std::time::Instant::now();
+    let failure = call(&registry, "everything__get-sum", json!({"a": 1, "b": 2})).await.unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(1), "answered at once");
+    assert_eq!(failure.code, ErrorCode::Overloaded, "{failure:?}");
+    assert!(failure.details.unwrap()["retry_after_ms"].as_u64().unwrap() >= 100);
+    let status = eventually("a failed restart", Duration::from_secs(20), || {
+        let status = sources.sources().status().remove(0);
+        (status.restarts >= 1 && !status.up).then_some(status)
+    })
+    .await;
+    assert!(status.last_error.is_some(), "{status:?}");
+    // The killed group is dead and what is ours of it was reaped. tee and node, orphaned when
+    // sh died, belong to init (tests/shutdown.rs shows them reaped when they come to us).
+    let me = std::process::id();
+    let left = group_members_with_parents(first_pid);
+    assert!(left.iter().all(|&(_, state, parent)| state == 'Z' && parent != me), "{left:?}");
+    assert!(!process_exists(first_pid), "the leader was waited for");
+
+    std::fs::write(&gate, "open").unwrap();
+    let up = next_event(&mut sources.started.events, Duration::from_secs(45)).await;
+    assert_eq!(up, McpEvent::Up { source: "everything".into() });
+    let status = sources.sources().status().remove(0);
+    assert!(status.up && status.restarts >= 1 && status.pid != Some(first_pid), "{status:?}");
+    let sum = call(&registry, "everything__get-sum", json!({"a": 1, "b": 2})).await.unwrap();
+    assert_eq!(sum, json!("The sum of 1 and 2 is 3."));
+    sources.stop().await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test]
+#[ignore = "needs the MCP servers of scripts/ensure-mcp-servers.sh; run `just test-mcp`"]
+async fn two_servers_serving_the_same_tool_name_are_refused_naming_both() {
+    let config = format!(
+        "{}\n{}",
+        everything_config("first", "prefix = \"\"\ntools = [\"get-sum\"]\n"),
+        everything_config("second", "prefix = \"\"\ntools = [\"get-sum\", \"echo\"]\n")
+    );
+    let shutdown = CancellationToken::new();
+    let refused = McpSources::start(&configs(&config), &env(&[]), Children::default(), shutdown).await;
+    let Err(StartError::Collision(message)) = refused else { panic!("a collision is a configuration error") };
+    assert!(
+        message.contains("'get-sum'") && message.contains("'first'") && message.contains("'second'"),
+        "{message}"
+    );
+}
+
+/// A server-everything over streamable HTTP on a free port, killed on drop.
+struct HttpServer {
+    child: tokio::process::Child,
+    port: u16,
+}
+
+impl HttpServer {
+    async fn start(port: u16) -> HttpServer {
+        let child = tokio::process::Command::new("node")
+            .args([everything().as_str(), "streamableHttp"])
+            .env("PORT", port.to_string())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_err() {
+            assert!(tokio::time::Instant::now() < deadline, "server-everything did not listen on {port}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        HttpServer { child, port }
+    }
+
+    async fn stop(mut self) {
+        self.child.kill().await.unwrap();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+#[tokio::test]
+#[ignore = "needs the MCP servers of scripts/ensure-mcp-servers.sh; run `just test-mcp`"]
+async fn a_streamable_http_server_is_called_fails_open_while_down_and_comes_back() {
+    let server = HttpServer::start(free_port()).await;
+    let port = server.port;
+    let config = format!(
+        "[[mcp_servers]]\nname = \"remote\"\nurl = \"http://127.0.0.1:{port}/mcp\"\nheaders = {{ X-Toolhost-Test = \"${{TOKEN}}\" }}\n"
+    );
+    let mut sources = Sources::start(&config, &env(&[("TOKEN", "t0ken")])).await;
+    assert_eq!(sources.sources().status()[0].transport, "http");
+    let registry = sources.registry();
+    assert!(registry.contains("remote__get-sum"), "{:?}", registry.names());
+    let sum = call(&registry, "remote__get-sum", json!({"a": 20, "b": 22})).await.unwrap();
+    assert_eq!(sum, json!("The sum of 20 and 22 is 42."));
+
+    // The server goes away: the next call fails, the source goes down, and its tools answer
+    // overloaded (fail open: they stay listed).
+    server.stop().await;
+    let lost = call(&registry, "remote__get-sum", json!({"a": 1, "b": 1})).await.unwrap_err();
+    assert!(matches!(lost.code, ErrorCode::ToolFailed | ErrorCode::Overloaded), "{lost:?}");
+    let down = next_event(&mut sources.started.events, Duration::from_secs(20)).await;
+    assert!(matches!(down, McpEvent::Down { .. }), "{down:?}");
+    let failure = call(&registry, "remote__get-sum", json!({"a": 1, "b": 1})).await.unwrap_err();
+    assert_eq!(failure.code, ErrorCode::Overloaded, "{failure:?}");
+
+    // Back on the same port: the source reconnects and answers again.
+    let server = HttpServer::start(port).await;
+    let up = next_event(&mut sources.started.events, Duration::from_secs(45)).await;
+    assert_eq!(up, McpEvent::Up { source: "remote".into() });
+    let sum = call(&registry, "remote__get-sum", json!({"a": 2, "b": 2})).await.unwrap();
+    assert_eq!(sum, json!("The sum of 2 and 2 is 4."));
+    sources.stop().await;
+    server.stop().await;
+}

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Installs the real, unmodified MCP servers the toolhost-mcp tests run against, pinned to exact
+# versions, into a cache directory (default ~/.cache/toolhost/mcp-servers; override with
+# TOOLHOST_MCP_SERVERS). Idempotent: a server already installed at its pinned version is kept.
+# Prints the cache directory on stdout.
+#
+#   <cache>/time/bin/mcp-server-time                     mcp-server-time from PyPI, in a venv (stdio)
+#   <cache>/everything/node_modules/.bin/mcp-server-everything   server-everything from npm
+#
+# Needs python3 (with venv) and npm (Node.js 18 or newer).
+set -euo pipefail
+
+TIME_VERSION="2026.10.19"
+EVERYTHING_VERSION="2026.8.31"
+cache="${TOOLHOST_MCP_SERVERS:-${XDG_CACHE_HOME:-$HOME/.cache}/toolhost/mcp-servers}"
+mkdir -p "$cache"
+
+need() {
+    command -v "$1" >/dev/null 2>&1 || { echo "$1 is missing: $2" >&2; exit 1; }
+}
+
+install_time() {
+    local venv="$cache/time" stamp="$cache/time/.installed-$TIME_VERSION"
+    [ -f "$stamp" ] && [ -x "$venv/bin/mcp-server-time" ] && return 0
+    need python3 "install Python 3.10 or newer with the venv module"
+    echo "installing mcp-server-time==$TIME_VERSION into $venv" >&2
+    rm -rf "$venv"
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check "mcp-server-time==$TIME_VERSION" >&2
+    touch "$stamp"
+}
+
+install_everything() {
+    local dir="$cache/everything" stamp="$cache/everything/.installed-$EVERYTHING_VERSION"
+    [ -f "$stamp" ] && [ -x "$dir/node_modules/.bin/mcp-server-everything" ] && return 0
+    need npm "install Node.js 18 or newer with npm"
+    echo "installing @modelcontextprotocol/server-everything@$EVERYTHING_VERSION into $dir" >&2
+    rm -rf "$dir"
+    mkdir -p "$dir"
+    (cd "$dir" && echo '{"private": true}' >package.json \
+        && npm install --silent --no-audit --no-fund --save-exact \
+            "@modelcontextprotocol/server-everything@$EVERYTHING_VERSION" >&2)
+    touch "$stamp"
+}
+
+install_time
+install_everything
+echo "$cache"
