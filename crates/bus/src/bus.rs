@@ -209,6 +209,9 @@ pub struct CallKeys<'a> {
     pub answered: &'a str,
     /// The call in progress: owner, lease deadline, entry.
     pub call: &'a str,
+    /// Set when the entry was answered by a refusal (an answer that is not final), by any
+    /// toolbox reading the stream; lives for `retention`.
+    pub entry: &'a str,
     /// How long a lease lasts without renewal. Holders renew every third of it.
     pub lease: Duration,
     /// How long the answered mark and the call record are kept.

@@ -39,14 +39,22 @@ impl Keys {
         format!("{}stream:{conversation_id}", self.prefix)
     }
 
-    /// Marks a request as answered, for the idempotency window.
-    pub fn answered(&self, toolbox_id: &str, request_id: &str) -> String {
-        format!("{}toolhost:{toolbox_id}:answered:{request_id}", self.prefix)
+    /// Marks a request of `stream` (its bare name) as answered for good, for the idempotency
+    /// window. The ledger is the stream's, not a toolbox's: every toolbox reading the stream
+    /// shares it, so a request is answered once across the fleet.
+    pub fn answered(&self, stream: &str, request_id: &str) -> String {
+        format!("{}toolhost:ledger:{stream}:answered:{request_id}", self.prefix)
+    }
+
+    /// Marks one entry of `stream` as answered by a refusal (an answer that is not final), so no
+    /// other toolbox reading the stream answers the same entry again.
+    pub fn answered_entry(&self, stream: &str, entry_id: &str) -> String {
+        format!("{}toolhost:ledger:{stream}:entry:{entry_id}", self.prefix)
     }
 
     /// The record of a call in progress: owner, lease and entry.
-    pub fn call(&self, toolbox_id: &str, request_id: &str) -> String {
-        format!("{}toolhost:{toolbox_id}:call:{request_id}", self.prefix)
+    pub fn call(&self, stream: &str, request_id: &str) -> String {
+        format!("{}toolhost:ledger:{stream}:call:{request_id}", self.prefix)
     }
 
     /// The hash of a toolbox's tool descriptions, one field per tool.
@@ -205,8 +213,15 @@ mod tests {
         assert_eq!(keys.conversation_stream("conv1"), "stream:conv1");
         let keys = Keys::new("prod:");
         assert_eq!(keys.topic("action-requests"), "prod:action-requests");
-        assert_eq!(keys.answered("tb", "r-1"), "prod:toolhost:tb:answered:r-1");
-        assert_eq!(keys.call("tb", "r-1"), "prod:toolhost:tb:call:r-1");
+        assert_eq!(
+            keys.answered("action-requests", "r-1"),
+            "prod:toolhost:ledger:action-requests:answered:r-1"
+        );
+        assert_eq!(
+            keys.answered_entry("action-requests", "1-0"),
+            "prod:toolhost:ledger:action-requests:entry:1-0"
+        );
+        assert_eq!(keys.call("action-requests", "r-1"), "prod:toolhost:ledger:action-requests:call:r-1");
         assert_eq!(keys.registry("tb"), "prod:toolhost:registry:tb");
         assert_eq!(keys.heartbeat("tb", "c1"), "prod:toolhost:heartbeat:tb:c1");
         assert_eq!(keys.heartbeat_prefix("tb") + "c1", keys.heartbeat("tb", "c1"));

@@ -356,11 +356,11 @@ impl Groups for RedisBus {
 impl Ledger for RedisBus {
     async fn begin_call(&self, call: &CallKeys<'_>, owner: &str, entry_id: &str) -> Result<CallStart, Error> {
         let batcher = self.batchers.begin_call.get_or_init(|| {
-            Batcher::new(include_str!("scripts/begin_call.lua"), 2, 4, self.commands.clone())
+            Batcher::new(include_str!("scripts/begin_call.lua"), 3, 4, self.commands.clone())
         });
         let reply = batcher
             .invoke(
-                vec![call.answered.to_owned(), call.call.to_owned()],
+                vec![call.answered.to_owned(), call.call.to_owned(), call.entry.to_owned()],
                 vec![
                     owner.to_owned(),
                     call.lease.as_millis().to_string(),
@@ -403,9 +403,9 @@ impl Ledger for RedisBus {
 
     async fn finish(&self, finish: &Finish<'_>) -> Result<Committed, Error> {
         let entry = finish.entry;
-        let (answered, call, retention) = match finish.call {
-            Some(call) => (call.answered, call.call, call.retention),
-            None => (entry.topic, entry.topic, Duration::ZERO),
+        let (answered, call, refused, retention) = match finish.call {
+            Some(call) => (call.answered, call.call, call.entry, call.retention),
+            None => (entry.topic, entry.topic, entry.topic, Duration::ZERO),
         };
         let answer = finish.answer.unwrap_or(crate::Published { topic: entry.topic, id: "", payload: "" });
         let dead_letter =
@@ -413,7 +413,7 @@ impl Ledger for RedisBus {
         let batcher = self
             .batchers
             .finish
-            .get_or_init(|| Batcher::new(include_str!("scripts/finish.lua"), 6, 11, self.commands.clone()));
+            .get_or_init(|| Batcher::new(include_str!("scripts/finish.lua"), 7, 11, self.commands.clone()));
         let keys = [
             entry.topic,
             answered,
@@ -421,6 +421,7 @@ impl Ledger for RedisBus {
             answer.topic,
             dead_letter.topic,
             finish.answer_copy.unwrap_or(answer.topic),
+            refused,
         ];
         let args = [
             entry.group,

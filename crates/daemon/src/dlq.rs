@@ -32,7 +32,8 @@ pub struct DeadLetters {
     /// The ledger's marks, forgotten on replay.
     store: Arc<dyn Store>,
     keys: Keys,
-    toolbox_id: String,
+    /// Bare name of the requests stream: the ledger's namespace.
+    requests_stream: String,
     /// Full key of `dlq:<toolbox_id>`.
     topic: String,
     /// Full key of the configured requests stream, for letters that do not name theirs.
@@ -135,7 +136,7 @@ impl DeadLetters {
         DeadLetters {
             topic: keys.dead_letters(&raw.daemon.toolbox_id),
             requests: keys.topic(&raw.streams.requests),
-            toolbox_id: raw.daemon.toolbox_id.clone(),
+            requests_stream: raw.streams.requests.clone(),
             keys,
             streams,
             store,
@@ -194,8 +195,8 @@ impl DeadLetters {
             letter.payload.as_deref().context("the dead letter holds no request payload to replay")?;
         if let Some(request_id) = letter.request_id() {
             let forget = [
-                self.keys.answered(&self.toolbox_id, &request_id),
-                self.keys.call(&self.toolbox_id, &request_id),
+                self.keys.answered(&self.requests_stream, &request_id),
+                self.keys.call(&self.requests_stream, &request_id),
             ];
             self.store.delete(&forget).await.context("cannot delete the request's answered mark")?;
         }
@@ -326,7 +327,9 @@ mod tests {
         let (bus, letters) = setup();
         let request = json!({"id": "env-1", "type": "echo.requested", "data": {"request_id": "r-1"}});
         let entry_id = letter(&bus, Some(&request.to_string()), "msg-1").await;
-        bus.set_expiring("toolhost:toolhost:answered:r-1", "1", Duration::from_secs(60)).await.unwrap();
+        bus.set_expiring("toolhost:ledger:action-requests:answered:r-1", "1", Duration::from_secs(60))
+            .await
+            .unwrap();
         let (chosen, missing) = letters.select(&[entry_id.clone(), "9-9".to_owned()], false).await.unwrap();
         assert_eq!(missing, ["9-9"]);
         assert_eq!(chosen.len(), 1);
@@ -334,7 +337,7 @@ mod tests {
         assert_eq!(chosen[0].summary()["deliveries"], 6);
         letters.replay(&chosen[0]).await.unwrap();
         assert_eq!(bus.payloads("action-requests"), [request.to_string()]);
-        assert!(bus.keys_matching("toolhost:toolhost:answered:*").await.unwrap().is_empty());
+        assert!(bus.keys_matching("toolhost:ledger:action-requests:answered:*").await.unwrap().is_empty());
         assert!(letters.list(None).await.unwrap().is_empty());
     }
 

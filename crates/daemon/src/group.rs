@@ -55,8 +55,10 @@ impl Slot {
 pub(crate) struct StreamSettings {
     /// Full key of the stream.
     pub topic: String,
-    /// The consumer group, and the ledger's namespace: the toolbox id.
+    /// The consumer group: the toolbox id.
     pub group: String,
+    /// The ledger's namespace: the stream's bare name, shared by every toolbox reading it.
+    pub ledger: String,
     /// This replica's consumer name.
     pub consumer: String,
     /// Most entries per read.

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use tokio::sync::Semaphore;
 use toolhost_bus::{Bus, Keys, RedisBus, RedisOptions, ResponseTopics};
+use toolhost_envelope::Address;
 use toolhost_tools::builtin::{AgentSettings, AgentTool, ChatSend, Echo, Synthetic, TerminalRun};
 use toolhost_tools::terminal::TerminalPolicy;
 use toolhost_tools::{DEFAULT_MAX_QUEUE, LimitSettings, Registry, SharedRegistry, ToolLimits};
@@ -258,8 +259,9 @@ impl App {
         // One budget of `max_in_flight` slots over every door, so the configured limit is the
         // process's limit however many doors there are.
         let budget = Arc::new(Semaphore::new(raw.dispatch.max_in_flight.max(1)));
-        let stream = |topic: String| StreamSettings {
+        let stream = |bare: &str, topic: String| StreamSettings {
             topic,
+            ledger: bare.to_owned(),
             group: raw.daemon.toolbox_id.clone(),
             consumer: consumer.clone(),
             read_batch: raw.dispatch.read_batch,
@@ -274,7 +276,12 @@ impl App {
             max_payload_bytes: raw.streams.max_payload_bytes,
         };
         let door = Inbox::new(bus.clone(), keys.clone(), chat);
-        let inbox = reader(door, stream(keys.chat(&raw.daemon.agent_name)), &services, &budget);
+        let inbox = reader(
+            door,
+            stream(&Address::chat_of(&raw.daemon.agent_name), keys.chat(&raw.daemon.agent_name)),
+            &services,
+            &budget,
+        );
         let settings = DispatchSettings {
             toolbox_id: raw.daemon.toolbox_id.clone(),
             requests_topic: raw.streams.requests.clone(),
@@ -285,7 +292,12 @@ impl App {
             response_topics,
         };
         let door = Requests::new(keys.clone(), services.stats.clone(), settings);
-        let requests = reader(door, stream(keys.topic(&raw.streams.requests)), &services, &budget);
+        let requests = reader(
+            door,
+            stream(&raw.streams.requests, keys.topic(&raw.streams.requests)),
+            &services,
+            &budget,
+        );
         let publisher = Arc::new(Publisher {
             bus: bus.clone(),
             registry: registry.clone(),

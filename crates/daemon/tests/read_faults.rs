@@ -329,6 +329,7 @@ async fn out_of_memory_inside_ledger_scripts_is_retryable_and_renewal_and_reads_
     let call = CallKeys {
         answered: "toolhost:toolhost:answered:r-1",
         call: "toolhost:toolhost:call:r-1",
+        entry: "toolhost:toolhost:entry:r-1",
         lease: Duration::from_secs(30),
         retention: Duration::from_secs(60),
     };

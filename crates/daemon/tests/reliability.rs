@@ -124,7 +124,7 @@ async fn count_keys(connection: &mut MultiplexedConnection, pattern: &str) -> us
 /// Waits until `count` calls have been begun (their call records exist).
 async fn wait_for_calls(connection: &mut MultiplexedConnection, count: usize) {
     let deadline = Instant::now() + WAIT;
-    while count_keys(connection, "toolhost:toolhost:call:*").await < count {
+    while count_keys(connection, "toolhost:ledger:*:call:*").await < count {
         assert!(Instant::now() < deadline, "calls did not start");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -191,7 +191,7 @@ async fn consumers(connection: &mut MultiplexedConnection) -> Vec<String> {
 
 async fn assert_settled(connection: &mut MultiplexedConnection) {
     assert_eq!(pending(connection, REQUESTS, GROUP).await, 0, "entries left pending");
-    assert_eq!(count_keys(connection, "toolhost:toolhost:call:*").await, 0, "call records left behind");
+    assert_eq!(count_keys(connection, "toolhost:ledger:*:call:*").await, 0, "call records left behind");
 }
 
 fn error_code(answer: &Value) -> &str {
@@ -273,7 +273,7 @@ async fn chat_inbox_kill9_with_calls_in_flight_a_replica_replies_to_each_once() 
         assert_eq!(reply["metadata"]["error_code"], "interrupted", "{reply}");
     }
     assert_eq!(pending(&mut connection, "chat:ToolHost", GROUP).await, 0);
-    assert_eq!(count_keys(&mut connection, "toolhost:toolhost:call:*").await, 0);
+    assert_eq!(count_keys(&mut connection, "toolhost:ledger:*:call:*").await, 0);
 }
 
 /// Creates the daemon's group before any daemon runs, as a crashed holder would have found it.
@@ -312,7 +312,7 @@ async fn a_crashed_holders_call_is_run_again_only_if_idempotent() {
             .await
             .unwrap();
         let _: redis::Value = redis::cmd("HSET")
-            .arg(format!("toolhost:toolhost:call:{request_id}"))
+            .arg(format!("toolhost:ledger:action-requests:call:{request_id}"))
             .arg("owner")
             .arg(format!("crashed/{entry_id}"))
             .arg("lease_until")
@@ -615,6 +615,7 @@ async fn ledger_steps_are_safe_to_repeat_against_redis() {
     let call = CallKeys {
         answered: "toolhost:toolhost:answered:r-1",
         call: "toolhost:toolhost:call:r-1",
+        entry: "toolhost:toolhost:entry:r-1",
         lease: Duration::from_secs(1),
         retention: Duration::from_secs(60),
     };
@@ -831,9 +832,12 @@ async fn concurrent_ledger_steps_share_batches_and_keep_their_own_replies() {
             )
         })
         .collect();
+    let entries: Vec<String> =
+        (0..n_calls).map(|call_idx| format!("toolhost:toolhost:entry:b-{call_idx}")).collect();
     let call = |call_idx: usize| CallKeys {
         answered: &keys[call_idx].0,
         call: &keys[call_idx].1,
+        entry: &entries[call_idx],
         lease: Duration::from_secs(30),
         retention: Duration::from_secs(60),
     };

@@ -1,12 +1,13 @@
 -- Records that ARGV[1] starts the call of a request, unless it was answered or is owned.
--- KEYS[1] answered mark, KEYS[2] call record (hash: owner, lease_until, entry, state)
+-- KEYS[1] answered mark, KEYS[2] call record (hash: owner, lease_until, entry, state),
+-- KEYS[3] the entry's refusal mark (another toolbox of the fleet answered this entry already)
 -- ARGV[1] owner, ARGV[2] lease ms, ARGV[3] retention ms, ARGV[4] entry id
 -- Returns {state, entry}: 0 answered, 1 fresh, 2 started before (lease lapsed), 3 busy.
 --
 -- Holders renew every third of the lease, so a live one always has more than two thirds left;
 -- a lease with less than a third left counts as lapsed (its holder missed renewals).
 -- The same owner again is a retry after a lost reply: it gets the state it got then.
-if redis.call('EXISTS', KEYS[1]) == 1 then
+if redis.call('EXISTS', KEYS[1], KEYS[3]) > 0 then
   return {0, ''}
 end
 local t = redis.call('TIME')

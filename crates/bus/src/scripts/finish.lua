@@ -1,6 +1,7 @@
 -- Ends one delivered entry: answer (once per request), dead letter, answered mark, ack.
 -- KEYS[1] requests stream, KEYS[2] answered mark, KEYS[3] call record,
--- KEYS[4] answer topic, KEYS[5] dead-letter topic, KEYS[6] second answer topic
+-- KEYS[4] answer topic, KEYS[5] dead-letter topic, KEYS[6] second answer topic,
+-- KEYS[7] the entry's refusal mark
 -- ARGV[1] group, ARGV[2] entry id, ARGV[3] maxlen, ARGV[4] retention ms,
 -- ARGV[5] answer id, ARGV[6] answer payload ('' for none),
 -- ARGV[7] dead-letter id, ARGV[8] dead-letter payload ('' for none),
@@ -12,30 +13,32 @@
 -- that is not a stream: then nothing at all was written and the entry is still pending.
 --
 -- Running it twice publishes nothing twice. A final answer is guarded by the answered mark
--- (which holds the answer's id); an answer that is not final (a refusal that ran nothing) sets no
--- mark, so a caller may retry with the same request id, and is guarded by its entry still being
--- pending instead, as the dead letter is (the ack is part of the same script). When the group
--- itself is gone (Redis lost its data), the answer is still published so a waiting caller gets it.
+-- (which holds the answer's id). An answer that is not final (a refusal that ran nothing) sets
+-- no answered mark, so a caller may retry with the same request id; it sets the entry's refusal
+-- mark instead (also holding the answer's id), so neither a retry of this finish nor another
+-- toolbox reading the same stream answers this entry again. The dead letter is guarded by the
+-- entry still being pending (the ack is part of the same script). When the group itself is gone
+-- (Redis lost its data), the answer is still published so a waiting caller gets it.
 local identified = ARGV[9] == '1'
 local final = ARGV[11] == '1'
 local has_answer = ARGV[6] ~= ''
 local has_letter = ARGV[8] ~= ''
--- Only a dead letter or an answer that is not final needs to know whether the entry is still
--- pending; skip the lookup otherwise.
+-- Only a dead letter needs to know whether the entry is still pending; skip the lookup otherwise.
 local group_missing, still_pending = false, false
-if has_letter or (has_answer and not final) then
+if has_letter then
   local pending = redis.pcall('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1)
   group_missing = type(pending) == 'table' and pending.err ~= nil
   still_pending = (not group_missing) and #pending > 0
 end
-local mark = false
+local mark, entry_mark = false, false
 if identified then
-  mark = redis.call('GET', KEYS[2])
+  local marks = redis.call('MGET', KEYS[2], KEYS[7])
+  mark, entry_mark = marks[1], marks[2]
 end
-local answered = mark ~= false
+local answered = mark ~= false or entry_mark ~= false
 local published = 0
 if has_answer then
-  if not answered and (final or still_pending or group_missing) then
+  if not answered then
     -- Scripts are not transactions: check every answer topic before the first write, so a topic
     -- holding another type of key leaves nothing half done.
     if ARGV[10] == '1' then
@@ -56,9 +59,11 @@ if has_answer then
     end
     if identified and final then
       redis.call('SET', KEYS[2], ARGV[5], 'PX', ARGV[4])
+    elseif identified then
+      redis.call('SET', KEYS[7], ARGV[5], 'PX', ARGV[4])
     end
     published = 1
-  elseif mark == ARGV[5] then
+  elseif mark == ARGV[5] or entry_mark == ARGV[5] then
     published = 1
   end
 end

@@ -257,11 +257,13 @@ impl<D: Door> Lifecycle<D> {
     ) -> Outcome {
         let ledger_id = self.door.ledger_id(request);
         let keys = &self.services.keys;
-        let answered = keys.answered(&self.settings.group, &ledger_id);
-        let record = keys.call(&self.settings.group, &ledger_id);
+        let answered = keys.answered(&self.settings.ledger, &ledger_id);
+        let record = keys.call(&self.settings.ledger, &ledger_id);
+        let refused = keys.answered_entry(&self.settings.ledger, &entry.entry_id);
         let call = CallKeys {
             answered: &answered,
             call: &record,
+            entry: &refused,
             lease: self.settings.claim_idle,
             retention: self.settings.answered_retention,
         };
