@@ -9,7 +9,7 @@
 //! ([`FieldError`]), so the daemon can report every bad key of every source together.
 
 pub mod command;
-// pub mod http;
+pub mod http;
 mod template;
 
 use std::path::Path;
