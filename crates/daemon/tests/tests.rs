@@ -35,3 +35,6 @@ mod terminal;
 
 /// Issue 12: the HTTP endpoint's connection cap and idle timeout.
 mod http_limits;
+
+/// Issue 15: `[[commands]]` and `[[http_tools]]` hosted as tools, through the daemon.
+mod sources;
