@@ -118,10 +118,18 @@ fn register_sources(
     for (index, agent) in config.raw.agents.iter().enumerate() {
         origins.insert(agent.name.clone(), format!("agents[{index}]"));
     }
-    let mut tools: Vec<(String, Result<Arc<dyn Tool>, Vec<FieldError>>)> = Vec::new();
+    let mut tools: Vec<(String, Arc<dyn Tool>)> = Vec::new();
+    let mut add = |place: String, tool: Result<Arc<dyn Tool>, Vec<FieldError>>| match tool {
+        Ok(tool) => tools.push((place, tool)),
+        Err(found) => errors.extend(
+            found
+                .into_iter()
+                .map(|error| KeyError { key: format!("{place}.{}", error.field), message: error.message }),
+        ),
+    };
     for (index, command) in config.raw.commands.iter().enumerate() {
         let tool = CommandTool::new(command, policy).map(|tool| Arc::new(tool) as Arc<dyn Tool>);
-        tools.push((format!("commands[{index}]"), tool));
+        add(format!("commands[{index}]"), tool);
     }
     let secrets = config.secrets();
     match toolhost_tools::sources::http::client() {
@@ -130,28 +138,19 @@ fn register_sources(
                 let headers = config.http_headers.of(index);
                 let tool = HttpTool::new(settings, headers, client.clone(), &secrets)
                     .map(|tool| Arc::new(tool) as Arc<dyn Tool>);
-                tools.push((format!("http_tools[{index}]"), tool));
+                add(format!("http_tools[{index}]"), tool);
             }
         }
-        Err(message) if !config.raw.http_tools.is_empty() => {
-            errors.push(KeyError {
-                key: "http_tools".to_owned(),
+        Err(message) if !config.raw.http_tools.is_empty() => add(
+            "http_tools".to_owned(),
+            Err(vec![FieldError {
+                field: "client".to_owned(),
                 message: format!("cannot build an HTTP client: {message}"),
-            });
-        }
+            }]),
+        ),
         Err(_) => {}
     }
     for (place, tool) in tools {
-        let tool = match tool {
-            Ok(tool) => tool,
-            Err(found) => {
-                errors.extend(found.into_iter().map(|error| KeyError {
-                    key: format!("{place}.{}", error.field),
-                    message: error.message,
-                }));
-                continue;
-            }
-        };
         let name = tool.spec().name;
         if let Some(other) = origins.get(&name) {
             errors.push(KeyError {

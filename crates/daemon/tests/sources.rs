@@ -202,7 +202,7 @@ fn service() -> Router {
         .route("/missing", get(|| async { (StatusCode::NOT_FOUND, "no such\n  order 42") }))
         .route("/endless", get(endless))
         .route("/moved", get(|| async { (StatusCode::FOUND, [(header::LOCATION, "/text")]) }))
-        .route("/never", get(|| std::future::pending::<String>()))
+        .route("/never", get(std::future::pending::<String>))
 }
 
 /// Serves [`service`] on `port` until the test ends.
