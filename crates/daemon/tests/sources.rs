@@ -14,7 +14,7 @@ use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use serde_json::{Value, json};
 
-use crate::support::{Daemon, RedisServer, ask, free_port, temp_dir};
+use crate::support::{Daemon, RedisServer, ask, free_port, processes, temp_dir};
 
 /// Calls `tool` with `arguments` and returns the answer's `data`.
 async fn call(redis: &RedisServer, tool: &str, id: &str, arguments: Value) -> Value {
@@ -36,16 +36,6 @@ fn failure<'a>(answer: &'a Value, code: &str) -> &'a str {
     assert_eq!(answer["success"], false, "{answer}");
     assert_eq!(answer["error_code"], code, "{answer}");
     answer["error"].as_str().unwrap()
-}
-
-/// Process ids whose command line is exactly `words`, zombies aside (they have none).
-fn processes(words: &[&str]) -> Vec<u32> {
-    let wanted: Vec<u8> = words.iter().flat_map(|word| word.bytes().chain([0])).collect();
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|cmdline| cmdline == wanted))
-        .collect()
 }
 
 /// Starts a daemon with `config` as its configuration file.
