@@ -535,6 +535,29 @@ mod tests {
         assert!(errors.iter().all(|error| !error.message.contains("s3cret")), "{errors:?}");
     }
 
+    #[tokio::test]
+    async fn tls_runs_on_ring_and_a_bad_handshake_is_tool_failed() {
+        // A server that answers a TLS client hello with plain text: the handshake starts (which
+        // panics when rustls has no provider) and fails.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            use tokio::io::AsyncWriteExt as _;
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let _ = stream.write_all(b"HTTP/1.1 200 OK\r\n\r\nnot tls").await;
+            }
+        });
+        let tool = tool("GET", &format!("https://127.0.0.1:{port}/x"), schema(&[]));
+        let err = tool.call(json!({}), &Context::default()).await.unwrap_err();
+        let ToolError::Failed(message) = err else { panic!("{err:?}") };
+        // rustls read the reply as a TLS record and found it corrupt.
+        assert!(
+            message.starts_with("the HTTP request failed: ") && message.contains("corrupt message"),
+            "{message}"
+        );
+        assert!(!message.contains("127.0.0.1"), "{message}");
+    }
+
     #[test]
     fn excerpts_are_short_and_json_is_recognised() {
         assert_eq!(excerpt(b"  not\n  found  "), "not found");
