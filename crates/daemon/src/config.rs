@@ -425,6 +425,17 @@ fn error_key(err: &config::ConfigError) -> String {
     if let Some(position) = text.find(" for key `") {
         return text[position + " for key `".len()..].split('`').next().unwrap_or_default().to_owned();
     }
+    // `missing configuration field "commands[0]description"`: the path lacks the dot after `]`.
+    if let Some(start) = text.find("missing configuration field \"") {
+        let path =
+            text[start + "missing configuration field \"".len()..].split('"').next().unwrap_or_default();
+        return path
+            .replace("]", "].")
+            .replace("].[", "][")
+            .replace("]..", "].")
+            .trim_end_matches('.')
+            .to_owned();
+    }
     "config".to_owned()
 }
 
@@ -443,7 +454,7 @@ fn validate_sources(
         }
     }
     let mut expanded = ExpandedHeaders::default();
-    let client = toolhost_tools::sources::http::client();
+    let client = (!raw.http_tools.is_empty()).then(toolhost_tools::sources::http::client);
     for (index, tool) in raw.http_tools.iter().enumerate() {
         let mut headers = Vec::new();
         for (name, template) in &tool.headers {
@@ -456,12 +467,13 @@ fn validate_sources(
             }
         }
         match &client {
-            Ok(client) => {
+            None => {}
+            Some(Ok(client)) => {
                 for error in HttpTool::new(tool, &headers, client.clone(), &[]).err().unwrap_or_default() {
                     bad(format!("http_tools[{index}].{}", error.field), error.message);
                 }
             }
-            Err(message) => {
+            Some(Err(message)) => {
                 bad(format!("http_tools[{index}]"), format!("cannot build an HTTP client: {message}"))
             }
         }
@@ -789,7 +801,7 @@ mod tests {
     #[test]
     fn http_headers_are_expanded_and_masked() {
         let path = file(
-            "[[http_tools]]\nname = \"lookup\"\nurl = \"http://127.0.0.1:9/orders/{id}\"\n\
+            "[[http_tools]]\nname = \"lookup\"\ndescription = \"d\"\nurl = \"http://127.0.0.1:9/orders/{id}\"\n\
              headers = { Authorization = \"Bearer ${ORDERS_TOKEN}\", X-Team = \"ops-literal\" }\n",
         );
         let config = Config::load(Some(&path.0), &env(&[("ORDERS_TOKEN", "s3cret-tok")])).unwrap();
@@ -827,18 +839,21 @@ mod tests {
         std::fs::write(
             &path,
             "[dispatch]\nmax_in_flight = 0\n\n\
-             [[commands]]\nname = \"word_count\"\nargv = [\"wc\", \"-w\", \"{file}\"]\nargument_schema_file = \"schemas/wc.json\"\n\n\
-             [[commands]]\nname = \"broken\"\nargv = [\"{prog}\"]\ntimeout_ms = 0\nbogus = 1\n",
+             [[commands]]\nname = \"word_count\"\ndescription = \"d\"\nargv = [\"wc\", \"-w\", \"{file}\"]\nargument_schema_file = \"schemas/wc.json\"\n\n\
+             [[commands]]\nname = \"broken\"\ndescription = \"d\"\nargv = [\"{prog}\"]\ntimeout_ms = 0\nbogus = 1\n",
         )
         .unwrap();
         let err = Config::load(Some(&path), &env(&[])).unwrap_err().to_string();
         assert!(err.contains("bogus"), "{err}");
+        std::fs::write(&path, "[[commands]]\nname = \"nameless\"\nargv = [\"wc\"]\n").unwrap();
+        let err = Config::load(Some(&path), &env(&[])).unwrap_err().to_string();
+        assert!(err.contains("commands[0].description: missing configuration field"), "{err}");
         std::fs::write(
             &path,
             "[dispatch]\nmax_in_flight = 0\n\n\
-             [[commands]]\nname = \"word_count\"\nargv = [\"wc\", \"-w\", \"{file}\"]\nargument_schema_file = \"schemas/wc.json\"\n\n\
-             [[commands]]\nname = \"broken\"\nargv = [\"{prog}\"]\ntimeout_ms = 0\n\n\
-             [[http_tools]]\nname = \"h\"\nmethod = \"TRACE\"\nurl = \"http://{host}/x\"\n",
+             [[commands]]\nname = \"word_count\"\ndescription = \"d\"\nargv = [\"wc\", \"-w\", \"{file}\"]\nargument_schema_file = \"schemas/wc.json\"\n\n\
+             [[commands]]\nname = \"broken\"\ndescription = \"d\"\nargv = [\"{prog}\"]\ntimeout_ms = 0\n\n\
+             [[http_tools]]\nname = \"h\"\ndescription = \"d\"\nmethod = \"TRACE\"\nurl = \"http://{host}/x\"\n",
         )
         .unwrap();
         let err = Config::load(Some(&path), &env(&[])).unwrap_err().to_string();

@@ -533,10 +533,10 @@ mod tests {
     async fn two_tools_of_one_name_are_refused_naming_both() {
         let config = config(
             "[[agents]]\nname = \"coder\"\ndescription = \"d\"\n\n\
-             [[commands]]\nname = \"echo\"\nargv = [\"echo\"]\n\n\
-             [[commands]]\nname = \"coder\"\nargv = [\"echo\"]\n\n\
-             [[commands]]\nname = \"words\"\nargv = [\"wc\", \"-w\"]\n\n\
-             [[http_tools]]\nname = \"words\"\nurl = \"http://127.0.0.1:9/x\"\n",
+             [[commands]]\nname = \"echo\"\ndescription = \"d\"\nargv = [\"echo\"]\n\n\
+             [[commands]]\nname = \"coder\"\ndescription = \"d\"\nargv = [\"echo\"]\n\n\
+             [[commands]]\nname = \"words\"\ndescription = \"d\"\nargv = [\"wc\", \"-w\"]\n\n\
+             [[http_tools]]\nname = \"words\"\ndescription = \"d\"\nurl = \"http://127.0.0.1:9/x\"\n",
             &[("REDIS_URL", "redis://127.0.0.1:1"), ("TOOLHOST__HTTP__LISTEN", "127.0.0.1:0")],
         );
         let Err(err) = App::build(config, &ServeOptions::default()) else {

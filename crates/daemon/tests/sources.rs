@@ -70,12 +70,14 @@ annotations = {{ read_only = true, idempotent = true }}
 
 [[commands]]
 name = "count_bytes"
+description = "Count the bytes of a text."
 argv = ["wc", "-c"]
 stdin = "{{text}}"
 argument_schema = {{ type = "object", properties = {{ text = {{ type = "string" }} }}, required = ["text"] }}
 
 [[commands]]
 name = "describe"
+description = "Describe a count and words as JSON."
 argv = ["printf", '{{{{"n": %s, "words": ["%s"]}}}}', "{{n}}", "{{words}}"]
 output = "json"
 argument_schema = {{ type = "object", properties = {{ n = {{ type = "integer" }}, words = {{ type = "array", items = {{ type = "string" }} }} }}, required = ["n"] }}
@@ -83,10 +85,12 @@ output_schema = {{ type = "object", properties = {{ n = {{ type = "integer" }}, 
 
 [[commands]]
 name = "failing"
+description = "Fail with a message."
 argv = ["sh", "-c", 'echo partial; echo "bad input: $1" >&2; exit 3', "sh", "{{what}}"]
 
 [[commands]]
 name = "slow"
+description = "Never finish."
 argv = ["sh", "-c", "sleep 30.9 & sleep 30.9"]
 timeout_ms = 300
 "#,
@@ -220,6 +224,7 @@ output_schema = {{ type = "object", required = ["id", "authorized"] }}
 
 [[http_tools]]
 name = "fetch"
+description = "Fetch a page of the test service."
 method = "GET"
 url = "http://127.0.0.1:{up}/{{path}}"
 argument_schema = {{ type = "object", properties = {{ path = {{ type = "string" }} }}, required = ["path"] }}
@@ -228,6 +233,7 @@ timeout_ms = 300
 
 [[http_tools]]
 name = "flaky"
+description = "Fetch from a service that starts late."
 method = "GET"
 url = "http://127.0.0.1:{down}/text"
 "#

@@ -72,7 +72,6 @@ pub struct CommandSettings {
     /// The tool name.
     pub name: String,
     /// What the tool does, for a model to read.
-    #[serde(default)]
     pub description: String,
     /// The program and its arguments, `{name}` placeholders filled from the arguments.
     pub argv: Vec<String>,
@@ -400,7 +399,7 @@ mod tests {
     use super::*;
 
     fn settings(argv: &[&str], schema: Value) -> CommandSettings {
-        let text = json!({"name": "t", "argv": argv, "argument_schema": schema});
+        let text = json!({"name": "t", "description": "d", "argv": argv, "argument_schema": schema});
         serde_json::from_value(text).unwrap()
     }
 

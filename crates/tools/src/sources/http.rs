@@ -39,6 +39,8 @@ use crate::{Context, Tool, ToolError, ToolSpec};
 const COMPONENT: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
 /// Characters of a failure's body excerpt.
 const EXCERPT_CHARS: usize = 200;
+/// Bytes of a failure's body read for its excerpt.
+const EXCERPT_BYTES: usize = 4096;
 /// How long the registry waits past `timeout_ms` before it drops a call reqwest should have
 /// ended itself.
 const TIMEOUT_MARGIN: Duration = Duration::from_secs(1);
@@ -50,7 +52,6 @@ pub struct HttpToolSettings {
     /// The tool name.
     pub name: String,
     /// What the tool does, for a model to read.
-    #[serde(default)]
     pub description: String,
     /// `GET`, `POST` (default), `PUT`, `PATCH` or `DELETE`.
     #[serde(default = "default_method")]
@@ -329,25 +330,25 @@ impl HttpTool {
         Ok((url, Some(Value::Object(rest))))
     }
 
-    /// Reads the body, at most `max_response_bytes` of it.
-    async fn body(&self, mut response: reqwest::Response) -> Result<Vec<u8>, ToolError> {
-        let too_big = || {
-            ToolError::Failed(format!(
-                "the response body is larger than max_response_bytes ({})",
-                self.max_response_bytes
-            ))
-        };
-        if response.content_length().is_some_and(|length| length > self.max_response_bytes as u64) {
-            return Err(too_big());
+    /// Reads at most `limit` bytes of the body, and whether there was more (the rest is not
+    /// read: the connection is dropped).
+    async fn body(
+        &self,
+        mut response: reqwest::Response,
+        limit: usize,
+    ) -> Result<(Vec<u8>, bool), ToolError> {
+        if response.content_length().is_some_and(|length| length > limit as u64) {
+            return Ok((Vec::new(), true));
         }
         let mut body = Vec::new();
         while let Some(chunk) = response.chunk().await.map_err(|err| self.transport_error(&err))? {
-            if body.len() + chunk.len() > self.max_response_bytes {
-                return Err(too_big());
+            if body.len() + chunk.len() > limit {
+                body.extend_from_slice(&chunk[..limit - body.len()]);
+                return Ok((body, true));
             }
             body.extend_from_slice(&chunk);
         }
-        Ok(body)
+        Ok((body, false))
     }
 
     /// `timeout` for a request that ran out of time, `tool_failed` for any other failure; the
@@ -405,8 +406,9 @@ impl Tool for HttpTool {
         let status = response.status();
         let content_type =
             response.headers().get(CONTENT_TYPE).and_then(|value| value.to_str().ok()).map(str::to_owned);
-        let body = self.body(response).await?;
         if !status.is_success() {
+            // The excerpt needs only the start of the body, however long it is.
+            let (body, _) = self.body(response, EXCERPT_BYTES.min(self.max_response_bytes)).await?;
             let excerpt = self.redactor.redact(&excerpt(&body));
             let status = status.to_string();
             return Err(ToolError::Failed(if excerpt.is_empty() {
@@ -414,6 +416,13 @@ impl Tool for HttpTool {
             } else {
                 format!("the service answered HTTP {status}: {excerpt}")
             }));
+        }
+        let (body, more) = self.body(response, self.max_response_bytes).await?;
+        if more {
+            return Err(ToolError::Failed(format!(
+                "the response body is larger than max_response_bytes ({})",
+                self.max_response_bytes
+            )));
         }
         let parsed = match content_type.as_deref() {
             Some(kind) if is_json(kind) => Some(serde_json::from_slice::<Value>(&body).map_err(|err| {
@@ -436,8 +445,10 @@ mod tests {
     use super::*;
 
     fn settings(method: &str, url: &str, schema: Value) -> HttpToolSettings {
-        serde_json::from_value(json!({"name": "t", "method": method, "url": url, "argument_schema": schema}))
-            .unwrap()
+        serde_json::from_value(
+            json!({"name": "t", "description": "d", "method": method, "url": url, "argument_schema": schema}),
+        )
+        .unwrap()
     }
 
     fn tool(method: &str, url: &str, schema: Value) -> HttpTool {
