@@ -429,12 +429,15 @@ fn error_key(err: &config::ConfigError) -> String {
     if let Some(start) = text.find("missing configuration field \"") {
         let path =
             text[start + "missing configuration field \"".len()..].split('"').next().unwrap_or_default();
-        return path
-            .replace("]", "].")
-            .replace("].[", "][")
-            .replace("]..", "].")
-            .trim_end_matches('.')
-            .to_owned();
+        let mut key = String::new();
+        let mut chars = path.chars().peekable();
+        while let Some(c) = chars.next() {
+            key.push(c);
+            if c == ']' && chars.peek().is_some_and(|next| !matches!(next, '[' | '.')) {
+                key.push('.');
+            }
+        }
+        return key;
     }
     "config".to_owned()
 }
