@@ -17,6 +17,8 @@ test: ensure-redis-installed
 bench *ARGS: ensure-redis-installed
     cargo build --release -p toolhost -p toolhost-bench
     ./target/release/toolhost-bench {{ARGS}}
+    scripts/bench-large-entries.sh ./target/release/toolhost
+    PAUSED=1 scripts/bench-large-entries.sh ./target/release/toolhost
 
 # Formatting and lints, as CI checks them.
 lint:

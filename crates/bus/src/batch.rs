@@ -8,12 +8,18 @@
 //! The batch script is generated from the single-item script: its body becomes a Lua function
 //! with its own `KEYS` and `ARGV`, called once per item under `pcall`, so one item's error fails
 //! only that item (each reply comes back as `{1, reply}` or `{0, error}`). Redis runs the whole batch atomically, which is stronger than each item needs.
+//!
+//! An error raised by `redis.call` reaches `pcall` as the error reply's text (`OOM command not
+//! allowed ...`) or, on Redis versions that raise error tables, as a table whose `err` field holds
+//! that text; either way the item's reply carries the text, code first, and the item's error is
+//! sorted by that code like a top-level error reply.
 
 use redis::aio::ConnectionManager;
 use redis::{Script, Value};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::Error;
+use crate::error::Cause;
 
 /// Most invocations in one batch.
 const MAX_BATCH: usize = 128;
@@ -95,16 +101,10 @@ async fn run(script: Script, mut receiver: mpsc::UnboundedReceiver<Item>, mut co
                 }
             }
             Err(err) => {
-                // Every item shares the fate of the call; a retryable error stays retryable.
-                let retryable = err.is_retryable();
-                let message = err.to_string();
+                // Every item shares the fate of the call, and its kind: a retryable error stays
+                // retryable.
                 for item in batch.drain(..) {
-                    let err = if retryable {
-                        Error::Unavailable(redis::RedisError::from(std::io::Error::other(message.clone())))
-                    } else {
-                        Error::Protocol(message.clone())
-                    };
-                    let _ = item.reply.send(Err(err));
+                    let _ = item.reply.send(Err(err.clone()));
                 }
             }
         }
@@ -114,7 +114,8 @@ async fn run(script: Script, mut receiver: mpsc::UnboundedReceiver<Item>, mut co
 /// Unwraps one item's `{1, reply}` or `{0, error message}`.
 ///
 /// Errors are not returned as nested error replies: the client would turn the whole batch's
-/// reply into an error, failing every item for one item's fault.
+/// reply into an error, failing every item for one item's fault. An item's error is sorted by its
+/// Redis error code like a top-level error reply, so `OOM` inside an item is retried, not final.
 fn item_reply(reply: Value) -> Result<Value, Error> {
     let Value::Array(parts) = reply else {
         return Err(Error::Protocol("malformed batch item reply".to_owned()));
@@ -124,7 +125,7 @@ fn item_reply(reply: Value) -> Result<Value, Error> {
         (Some(Value::Int(1)), reply) => Ok(reply.unwrap_or(Value::Nil)),
         (Some(Value::Int(0)), message) => {
             let message = message.and_then(|m| redis::from_redis_value::<String>(m).ok()).unwrap_or_default();
-            Err(Error::Refused(redis::RedisError::from((redis::ErrorKind::Client, "script error", message))))
+            Err(Error::from_cause(Cause::parse(&message)))
         }
         _ => Err(Error::Protocol("malformed batch item reply".to_owned())),
     }
@@ -141,7 +142,10 @@ fn batch_source(source: &str, keys_per_item: usize, args_per_item: usize) -> Str
            for j = 1, {keys_per_item} do keys[j] = KEYS[(i - 1) * {keys_per_item} + j] end\n\
            for j = 1, {args_per_item} do argv[j] = ARGV[1 + (i - 1) * {args_per_item} + j] end\n\
            local ok, reply = pcall(one, keys, argv)\n\
-           if ok then replies[i] = {{1, reply}} else replies[i] = {{0, tostring(reply)}} end\n\
+           if ok then replies[i] = {{1, reply}} else\n\
+             if type(reply) == 'table' then reply = reply.err or reply.message end\n\
+             replies[i] = {{0, tostring(reply)}}\n\
+           end\n\
          end\n\
          return replies\n"
     )

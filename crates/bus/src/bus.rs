@@ -34,6 +34,10 @@ pub trait Bus: Send + Sync + 'static {
 
     /// Reads up to `count` new entries for `consumer`, waiting up to `block` when there are none.
     ///
+    /// Each entry is decoded on its own: one whose `id` or `payload` cannot be read as text (not
+    /// UTF-8, or longer than the transport's field limit) comes with [`Entry::defect`] set
+    /// instead of failing the read, and the others are delivered as usual.
+    ///
     /// # Cancel safety
     /// Not cancel safe: entries delivered by a dropped read stay pending until reclaimed.
     async fn read_group(
@@ -62,7 +66,8 @@ pub trait Bus: Send + Sync + 'static {
     async fn last_entry_id(&self, topic: &str) -> Result<String, Error>;
 
     /// Claims for `consumer` up to `count` entries of `group` pending for at least `min_idle`,
-    /// scanning from `start`. The entries carry their delivery counts.
+    /// scanning from `start`. The entries carry their delivery counts, and defects as
+    /// [`Bus::read_group`] reports them.
     async fn reclaim(
         &self,
         topic: &str,
@@ -154,6 +159,12 @@ pub trait Bus: Send + Sync + 'static {
 
     /// Deletes entries of `topic` by entry id (`XDEL`). Returns how many existed.
     async fn delete_entries(&self, topic: &str, entry_ids: &[String]) -> Result<u64, Error>;
+
+    /// The server's eviction policy (`maxmemory-policy`), `None` when the transport has none.
+    /// Managed Redis services may refuse `CONFIG`: that is an error, not `None`.
+    async fn eviction_policy(&self) -> Result<Option<String>, Error> {
+        Ok(None)
+    }
 }
 
 /// One consumer group of a topic, as [`Bus::group_info`] reports it.

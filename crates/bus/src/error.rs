@@ -1,19 +1,22 @@
 //! Errors of the transport, sorted by what the caller should do next.
 
+use std::fmt;
+
 /// A failed bus operation.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// Redis could not be reached or the connection broke: back off and retry; the connection
-    /// manager reconnects on the next command.
+    /// Redis could not be reached, the connection broke, or the server is in a passing state
+    /// (loading, out of memory, failing over...): back off and retry; the connection manager
+    /// reconnects on the next command.
     #[error("redis unavailable: {0}")]
-    Unavailable(#[source] redis::RedisError),
+    Unavailable(#[source] Cause),
     /// The consumer group is gone (Redis lost its data): create it again, then retry.
     #[error("consumer group missing: {0}")]
-    NoGroup(#[source] redis::RedisError),
+    NoGroup(#[source] Cause),
     /// Redis refused the command: retrying the same command will not help.
     #[error("redis refused the command: {0}")]
-    Refused(#[source] redis::RedisError),
+    Refused(#[source] Cause),
     /// A plain-read cursor names a message id that is not in the topic.
     #[error("cursor {0} is neither an entry id nor a message id in the topic")]
     CursorNotFound(String),
@@ -22,29 +25,131 @@ pub enum Error {
     Protocol(String),
 }
 
+/// What went wrong, as Redis or the connection said it: the server's error code (`OOM`,
+/// `NOGROUP`, ...) when there is one, and the message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cause {
+    code: Option<String>,
+    message: String,
+}
+
+impl Cause {
+    /// A server error reply: its code and the rest of its message.
+    pub fn server(code: &str, message: impl Into<String>) -> Cause {
+        Cause { code: Some(code.to_owned()), message: message.into() }
+    }
+
+    /// A failure without a server error code (connection, client, script runtime).
+    pub fn other(message: impl Into<String>) -> Cause {
+        Cause { code: None, message: message.into() }
+    }
+
+    /// Reads an error reply as Redis writes it, `CODE message`: the code is the leading word when
+    /// it is upper case (Lua runtime errors such as `user_script:3: ...` have none).
+    pub fn parse(reply: &str) -> Cause {
+        let (first, rest) = reply.split_once(' ').unwrap_or((reply, ""));
+        let is_code = !first.is_empty()
+            && first.bytes().all(|byte| byte.is_ascii_uppercase() || byte.is_ascii_digit() || byte == b'_')
+            && first.bytes().next().is_some_and(|byte| byte.is_ascii_uppercase());
+        if is_code { Cause::server(first, rest) } else { Cause::other(reply) }
+    }
+
+    /// The server's error code, if the error came from the server.
+    pub fn code(&self) -> Option<&str> {
+        self.code.as_deref()
+    }
+
+    /// The message, without the code.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl fmt::Display for Cause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.code {
+            Some(code) if self.message.is_empty() => f.write_str(code),
+            Some(code) => write!(f, "{code} {}", self.message),
+            None => f.write_str(&self.message),
+        }
+    }
+}
+
+impl std::error::Error for Cause {}
+
+/// Server error codes that say "not now": the server loads its data (`LOADING`), runs a long
+/// script (`BUSY`), fails over or resharding (`TRYAGAIN`, `MASTERDOWN`, `READONLY`,
+/// `CLUSTERDOWN`), is out of memory under `noeviction` (`OOM`) or cannot persist (`MISCONF`).
+/// Each passes without anyone changing the command.
+const RETRYABLE_CODES: &[&str] =
+    &["LOADING", "BUSY", "TRYAGAIN", "MASTERDOWN", "READONLY", "CLUSTERDOWN", "OOM", "MISCONF"];
+
 impl Error {
     /// Whether waiting and retrying the same operation can succeed.
     pub fn is_retryable(&self) -> bool {
         matches!(self, Error::Unavailable(_) | Error::NoGroup(_))
     }
+
+    /// The error a server error reply stands for, by its code; the same rule for a top-level
+    /// reply and for an error raised inside a script.
+    pub fn from_cause(cause: Cause) -> Error {
+        match cause.code() {
+            // UNBLOCKED: the stream was deleted under a blocked XREADGROUP, so its group is gone too.
+            Some("NOGROUP" | "UNBLOCKED") => Error::NoGroup(cause),
+            Some(code) if RETRYABLE_CODES.contains(&code) => Error::Unavailable(cause),
+            _ => Error::Refused(cause),
+        }
+    }
 }
 
 impl From<redis::RedisError> for Error {
     fn from(err: redis::RedisError) -> Error {
-        // UNBLOCKED: the stream was deleted under a blocked XREADGROUP, so its group is gone too.
-        if matches!(err.code(), Some("NOGROUP" | "UNBLOCKED")) {
-            return Error::NoGroup(err);
-        }
-        let unavailable = err.is_io_error()
+        let cause = match err.code() {
+            Some(code) => Cause::server(code, err.detail().unwrap_or_default()),
+            None => Cause::other(err.to_string()),
+        };
+        let unreachable = err.is_io_error()
             || err.is_connection_dropped()
             || err.is_connection_refusal()
             || err.is_timeout()
-            // LOADING (restart with AOF), BUSY scripts, fail-over: the server will be back.
-            || matches!(err.code(), Some("LOADING" | "BUSY" | "TRYAGAIN" | "MASTERDOWN" | "READONLY"))
             || matches!(
                 err.retry_method(),
-                redis::RetryMethod::Reconnect | redis::RetryMethod::WaitAndRetry | redis::RetryMethod::RetryImmediately
+                redis::RetryMethod::Reconnect
+                    | redis::RetryMethod::WaitAndRetry
+                    | redis::RetryMethod::RetryImmediately
             );
-        if unavailable { Error::Unavailable(err) } else { Error::Refused(err) }
+        match Error::from_cause(cause) {
+            Error::Refused(cause) if unreachable => Error::Unavailable(cause),
+            err => err,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_replies_are_sorted_by_their_code() {
+        for reply in [
+            "OOM command not allowed when used memory > 'maxmemory'.",
+            "MISCONF Redis is configured to save RDB snapshots",
+            "CLUSTERDOWN The cluster is down",
+            "LOADING Redis is loading the dataset in memory",
+            "READONLY You can't write against a read only replica.",
+        ] {
+            assert!(Error::from_cause(Cause::parse(reply)).is_retryable(), "{reply}");
+        }
+        let nogroup = Error::from_cause(Cause::parse("NOGROUP No such key 'x' or consumer group 'g'"));
+        assert!(matches!(nogroup, Error::NoGroup(_)));
+        for reply in
+            ["WRONGTYPE Operation against a key holding the wrong kind of value", "user_script:3: boom"]
+        {
+            assert!(matches!(Error::from_cause(Cause::parse(reply)), Error::Refused(_)), "{reply}");
+        }
+        let cause = Cause::parse("OOM command not allowed");
+        assert_eq!((cause.code(), cause.message()), (Some("OOM"), "command not allowed"));
+        assert_eq!(cause.to_string(), "OOM command not allowed");
+        assert_eq!(Cause::parse("user_script:3: boom").code(), None);
     }
 }

@@ -23,7 +23,7 @@ pub use bus::{
     Bus, CallKeys, CallStart, Committed, EntryRef, Finish, GroupInfo, Published, Reclaimed, call_owner,
 };
 pub use caller::{CallError, Caller};
-pub use error::Error;
+pub use error::{Cause, Error};
 pub use keys::{Keys, RESERVED_TOPIC_PREFIXES, ResponseTopics, TopicRefusal};
 pub use memory::MemoryBus;
 pub use redis_bus::{RedisBus, RedisOptions};

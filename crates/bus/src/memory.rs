@@ -154,11 +154,7 @@ fn parse_entry_id(entry_id: &str) -> Result<(u64, u64), Error> {
 }
 
 fn no_group(topic: &str, group: &str) -> Error {
-    Error::NoGroup(redis::RedisError::from((
-        redis::ErrorKind::Client,
-        "NOGROUP",
-        format!("no group {group} on {topic}"),
-    )))
+    Error::NoGroup(crate::Cause::server("NOGROUP", format!("no group {group} on {topic}")))
 }
 
 #[async_trait]

@@ -3,15 +3,24 @@
 //! Blocking reads (`XREADGROUP ... BLOCK`, `XREAD ... BLOCK`) hold a connection for their whole
 //! wait, so they run on connections of their own, taken from a small pool; everything else is
 //! multiplexed on one connection. Every connection reconnects by itself after a failure.
+//!
+//! Group reads are bounded in bytes as well as in entries: new entries are read by a script
+//! (`scripts/read_group.lua`) that cuts every field value longer than
+//! [`RedisOptions::max_field_bytes`] to its first [`DEFECT_HEAD_BYTES`] on the server, with its
+//! full size and SHA-1; only when that finds nothing does the reader block, and then for one
+//! entry (`XREADGROUP COUNT 1 BLOCK`), so at most one raw entry of any size is in memory from a
+//! read. Reclaims cut the same way (`scripts/reclaim.lua`). Every entry is decoded on its own: a
+//! field that is not UTF-8 or over the limit becomes the entry's [`toolhost_envelope::EntryDefect`]
+//! and never fails the rest of the reply.
 
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::streams::{StreamReadOptions, StreamReadReply};
+use redis::streams::StreamReadOptions;
 use redis::{AsyncCommands, Client, Script, Value};
-use toolhost_envelope::Entry;
+use toolhost_envelope::{DEFECT_HEAD_BYTES, Entry};
 
 use crate::batch::Batcher;
 use crate::bus::{CallKeys, CallStart, Committed, EntryRef, Finish, GroupInfo, Reclaimed, is_entry_id};
@@ -28,6 +37,9 @@ pub struct RedisOptions {
     pub response_timeout: Duration,
     /// How long connecting may take.
     pub connect_timeout: Duration,
+    /// Group reads and reclaims deliver a field value longer than this only as its head, size and
+    /// digest (the entry's defect); the daemon sets its `max_payload_bytes`.
+    pub max_field_bytes: usize,
 }
 
 impl RedisOptions {
@@ -38,6 +50,7 @@ impl RedisOptions {
             maxlen: 100_000,
             response_timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(2),
+            max_field_bytes: 1024 * 1024,
         }
     }
 }
@@ -62,6 +75,7 @@ struct Batchers {
 }
 
 struct Scripts {
+    read_group: Script,
     renew_call: Script,
     reclaim: Script,
     delete_consumer: Script,
@@ -80,18 +94,19 @@ impl RedisBus {
     /// # Errors
     /// The URL cannot be parsed.
     pub fn new(options: RedisOptions) -> Result<RedisBus, Error> {
-        let client = Client::open(options.url.as_str()).map_err(Error::Refused)?;
+        let client = Client::open(options.url.as_str()).map_err(Error::from)?;
         let commands = ConnectionManager::new_lazy_with_config(
             client.clone(),
             manager_config(&options, Some(options.response_timeout)),
         )
-        .map_err(Error::Refused)?;
+        .map_err(Error::from)?;
         Ok(RedisBus {
             client,
             options,
             commands,
             blocking: Mutex::new(Vec::new()),
             scripts: Scripts {
+                read_group: Script::new(include_str!("scripts/read_group.lua")),
                 renew_call: Script::new(include_str!("scripts/renew_call.lua")),
                 reclaim: Script::new(include_str!("scripts/reclaim.lua")),
                 delete_consumer: Script::new(include_str!("scripts/delete_consumer.lua")),
@@ -115,7 +130,7 @@ impl RedisBus {
                 self.client.clone(),
                 manager_config(&self.options, None),
             )
-            .map_err(Error::Refused),
+            .map_err(Error::from),
         }
     }
 
@@ -189,14 +204,37 @@ impl Bus for RedisBus {
         count: usize,
         block: Duration,
     ) -> Result<Vec<Entry>, Error> {
-        let options = StreamReadOptions::default()
-            .group(group, consumer)
-            .count(count)
-            .block(block.as_millis() as usize);
+        let limit = self.options.max_field_bytes;
+        // New entries without blocking, their large values cut on the server.
+        let value: Value = self
+            .scripts
+            .read_group
+            .key(topic)
+            .arg(group)
+            .arg(consumer)
+            .arg(count)
+            .arg(limit)
+            .arg(DEFECT_HEAD_BYTES)
+            .invoke_async(&mut self.commands.clone())
+            .await
+            .map_err(|err| match Error::from(err) {
+                // Redis 7 keeps the code of an error raised by `redis.call`; 6.2 reports it as
+                // `ERR Error running script ... NOGROUP ...`.
+                Error::Refused(cause) if cause.message().contains("NOGROUP") => Error::NoGroup(cause),
+                err => err,
+            })?;
+        let entries = entries_from_script(value, limit)?;
+        if !entries.is_empty() || block.is_zero() {
+            return Ok(entries);
+        }
+        // Nothing yet: wait for one entry, read raw (cut here). The next read goes back to the
+        // script for whatever arrived meanwhile.
+        let options =
+            StreamReadOptions::default().group(group, consumer).count(1).block(block.as_millis() as usize);
         let mut cmd = redis::cmd("XREADGROUP");
         cmd.arg(&options).arg("STREAMS").arg(topic).arg(">");
         let value = self.blocking_read(cmd, block).await?;
-        entries_from_read(value)
+        entries_from_read(value, limit)
     }
 
     async fn ack(&self, topic: &str, group: &str, entry_ids: &[String]) -> Result<(), Error> {
@@ -227,7 +265,8 @@ impl Bus for RedisBus {
             Some(block) => self.blocking_read(cmd, block).await?,
             None => cmd.query_async(&mut self.commands.clone()).await?,
         };
-        entries_from_read(value)
+        // Plain reads (answers, chat streams) are not cut: only group reads guard the daemon.
+        entries_from_read(value, usize::MAX)
     }
 
     async fn last_entry_id(&self, topic: &str) -> Result<String, Error> {
@@ -254,9 +293,11 @@ impl Bus for RedisBus {
             .arg(min_idle.as_millis() as u64)
             .arg(start)
             .arg(count)
+            .arg(self.options.max_field_bytes)
+            .arg(DEFECT_HEAD_BYTES)
             .invoke_async(&mut self.commands.clone())
             .await?;
-        reclaimed_from_value(value)
+        reclaimed_from_value(value, self.options.max_field_bytes)
     }
 
     async fn delete_consumer(&self, topic: &str, group: &str, consumer: &str) -> Result<bool, Error> {
@@ -473,6 +514,20 @@ impl Bus for RedisBus {
         let deleted: usize = connection.xdel(topic, entry_ids).await?;
         Ok(deleted as u64)
     }
+
+    async fn eviction_policy(&self) -> Result<Option<String>, Error> {
+        let reply: Value = redis::cmd("CONFIG")
+            .arg("GET")
+            .arg("maxmemory-policy")
+            .query_async(&mut self.commands.clone())
+            .await?;
+        let pairs: Vec<(String, String)> = match reply {
+            Value::Map(pairs) => redis::from_redis_value(Value::Map(pairs)),
+            other => redis::from_redis_value(other),
+        }
+        .map_err(|err| Error::Protocol(err.to_string()))?;
+        Ok(pairs.into_iter().find(|(name, _)| name == "maxmemory-policy").map(|(_, policy)| policy))
+    }
 }
 
 impl RedisBus {
@@ -497,91 +552,131 @@ impl RedisBus {
     }
 }
 
-/// Decodes an `XREAD`/`XREADGROUP` reply (RESP2 shape) for one stream.
-fn entries_from_read(value: Value) -> Result<Vec<Entry>, Error> {
-    if matches!(value, Value::Nil) {
-        return Ok(Vec::new());
-    }
-    // The common RESP2 shape is decoded by hand: the generic decoder builds a hash map of
-    // fields per entry, which showed up in profiles of the read path.
-    let value = match entries_from_arrays(value) {
-        Ok(entries) => return Ok(entries),
-        Err(Value::Nil) => return Err(Error::Protocol("malformed stream read reply".to_owned())),
-        Err(value) => value,
+/// Decodes an `XREAD`/`XREADGROUP` reply, `[[stream, [[entry id, [field, value, ...]], ...]], ...]`
+/// (or a map of streams, RESP3), each entry on its own (see [`entry_from_raw`]).
+fn entries_from_read(value: Value, limit: usize) -> Result<Vec<Entry>, Error> {
+    let bad = || Error::Protocol("malformed stream read reply".to_owned());
+    let streams: Vec<Value> = match value {
+        Value::Nil => return Ok(Vec::new()),
+        Value::Array(streams) => streams
+            .into_iter()
+            .map(|stream| array(stream)?.into_iter().nth(1))
+            .collect::<Option<_>>()
+            .ok_or_else(bad)?,
+        Value::Map(streams) => streams.into_iter().map(|(_, items)| items).collect(),
+        _ => return Err(bad()),
     };
-    let reply: StreamReadReply =
-        redis::from_redis_value(value).map_err(|err| Error::Protocol(err.to_string()))?;
     let mut entries = Vec::new();
-    for key in reply.keys {
-        for stream_id in key.ids {
-            let fields = stream_id
-                .map
-                .into_iter()
-                .filter_map(|(name, value)| Some((name, redis::from_redis_value::<String>(value).ok()?)));
-            entries.push(Entry::from_fields(&stream_id.id, fields));
+    for items in streams {
+        for item in array(items).ok_or_else(bad)? {
+            let mut parts = array(item).ok_or_else(bad)?.into_iter();
+            let (Some(entry_id), fields) = (parts.next().and_then(bytes), parts.next()) else {
+                return Err(bad());
+            };
+            entries.push(
+                entry_from_raw(&entry_id, fields.unwrap_or(Value::Nil), Value::Nil, limit).ok_or_else(bad)?,
+            );
         }
     }
     Ok(entries)
 }
 
-/// Decodes `[[stream, [[entry id, [field, value, ...]], ...]], ...]` (RESP2), taking the strings
-/// out of the reply without copying them; gives the value back when it has another shape (RESP3).
-fn entries_from_arrays(value: Value) -> Result<Vec<Entry>, Value> {
-    fn text(value: Value) -> Option<String> {
-        match value {
-            Value::BulkString(bytes) => String::from_utf8(bytes).ok(),
-            Value::SimpleString(text) => Some(text),
-            _ => None,
-        }
-    }
-    fn array(value: Value) -> Option<Vec<Value>> {
-        match value {
-            Value::Array(items) => Some(items),
-            _ => None,
-        }
-    }
-    fn entry(item: Value) -> Option<Entry> {
-        let mut pair = array(item)?.into_iter();
-        let id = text(pair.next()?)?;
-        let mut fields = array(pair.next()?)?.into_iter();
-        let mut named = Vec::with_capacity(2);
-        while let (Some(name), Some(value)) = (fields.next(), fields.next()) {
-            named.push((text(name)?, text(value)?));
-        }
-        Some(Entry::from_fields(&id, named))
-    }
-    let Value::Array(streams) = value else { return Err(value) };
+/// Decodes the reply of `scripts/read_group.lua`: `[[entry id, [field, value, ...], [[field,
+/// size, sha1], ...]], ...]`.
+fn entries_from_script(value: Value, limit: usize) -> Result<Vec<Entry>, Error> {
+    let bad = || Error::Protocol("malformed read_group reply".to_owned());
     let mut entries = Vec::new();
-    for stream in streams {
-        let Some(items) = array(stream).and_then(|parts| parts.into_iter().nth(1)).and_then(array) else {
-            return Err(Value::Nil);
+    for item in array(value).ok_or_else(bad)? {
+        let mut parts = array(item).ok_or_else(bad)?.into_iter();
+        let (Some(entry_id), Some(fields), Some(cut)) =
+            (parts.next().and_then(bytes), parts.next(), parts.next())
+        else {
+            return Err(bad());
         };
-        for item in items {
-            entries.push(entry(item).ok_or(Value::Nil)?);
-        }
+        entries.push(entry_from_raw(&entry_id, fields, cut, limit).ok_or_else(bad)?);
     }
     Ok(entries)
+}
+
+/// One entry from its raw id, its `[field, value, ...]` list (or map) and the server's list of
+/// values it cut (`[[field, size, sha1], ...]`). Each value is judged on its own: one that is not
+/// UTF-8, or longer than `limit`, becomes the entry's defect. `None` when the shape is wrong.
+fn entry_from_raw(entry_id: &[u8], fields: Value, cut: Value, limit: usize) -> Option<Entry> {
+    let entry_id = String::from_utf8_lossy(entry_id);
+    let pairs: Vec<(Vec<u8>, Vec<u8>)> = match fields {
+        // An entry deleted while pending has no fields.
+        Value::Nil => Vec::new(),
+        Value::Map(pairs) => pairs
+            .into_iter()
+            .map(|(name, value)| Some((bytes(name)?, bytes(value)?)))
+            .collect::<Option<_>>()?,
+        fields => {
+            let mut flat = array(fields)?.into_iter();
+            let mut pairs = Vec::with_capacity(2);
+            while let (Some(name), Some(value)) = (flat.next(), flat.next()) {
+                pairs.push((bytes(name)?, bytes(value)?));
+            }
+            pairs
+        }
+    };
+    let mut cuts = Vec::new();
+    if !matches!(cut, Value::Nil) {
+        for item in array(cut)? {
+            let mut parts = array(item)?.into_iter();
+            let name = bytes(parts.next()?)?;
+            let size = match parts.next()? {
+                Value::Int(size) => u64::try_from(size).ok()?,
+                other => String::from_utf8(bytes(other)?).ok()?.parse().ok()?,
+            };
+            let sha1 = String::from_utf8(bytes(parts.next()?)?).ok()?;
+            cuts.push((name, size, sha1));
+        }
+    }
+    let cut_of = |name: &[u8]| {
+        cuts.iter().position(|(cut, _, _)| cut.as_slice() == name).map(|at| {
+            let (_, size, sha1) = cuts.swap_remove(at);
+            (size, sha1)
+        })
+    };
+    Some(Entry::from_raw_fields(&entry_id, pairs, limit, cut_of))
+}
+
+/// The bytes of a string reply.
+fn bytes(value: Value) -> Option<Vec<u8>> {
+    match value {
+        Value::BulkString(bytes) => Some(bytes),
+        Value::SimpleString(text) => Some(text.into_bytes()),
+        Value::VerbatimString { text, .. } => Some(text.into_bytes()),
+        _ => None,
+    }
+}
+
+/// The items of an array reply.
+fn array(value: Value) -> Option<Vec<Value>> {
+    match value {
+        Value::Array(items) | Value::Set(items) => Some(items),
+        _ => None,
+    }
 }
 
 /// Decodes the reply of `scripts/reclaim.lua`.
-fn reclaimed_from_value(value: Value) -> Result<Reclaimed, Error> {
+fn reclaimed_from_value(value: Value, limit: usize) -> Result<Reclaimed, Error> {
     let bad = || Error::Protocol("malformed reclaim reply".to_owned());
     let Value::Array(parts) = value else { return Err(bad()) };
     let [next_start, claimed, deleted]: [Value; 3] = parts.try_into().map_err(|_| bad())?;
     let next_start: String = redis::from_redis_value(next_start).map_err(|_| bad())?;
     let deleted: Vec<String> = redis::from_redis_value(deleted).map_err(|_| bad())?;
-    let Value::Array(claimed) = claimed else { return Err(bad()) };
-    let mut entries = Vec::with_capacity(claimed.len());
-    for item in claimed {
-        let (entry_id, deliveries, fields): (String, u64, Vec<String>) =
-            redis::from_redis_value(item).map_err(|_| bad())?;
-        let mut pairs = Vec::with_capacity(fields.len() / 2);
-        let mut fields = fields.into_iter();
-        while let (Some(name), Some(value)) = (fields.next(), fields.next()) {
-            pairs.push((name, value));
-        }
-        let mut entry = Entry::from_fields(&entry_id, pairs);
-        entry.deliveries = deliveries;
+    let mut entries = Vec::new();
+    for item in array(claimed).ok_or_else(bad)? {
+        let mut parts = array(item).ok_or_else(bad)?.into_iter();
+        let (Some(entry_id), Some(Value::Int(deliveries)), Some(fields), cut) =
+            (parts.next().and_then(bytes), parts.next(), parts.next(), parts.next())
+        else {
+            return Err(bad());
+        };
+        let mut entry =
+            entry_from_raw(&entry_id, fields, cut.unwrap_or(Value::Nil), limit).ok_or_else(bad)?;
+        entry.deliveries = u64::try_from(deliveries).unwrap_or(1);
         entries.push(entry);
     }
     Ok(Reclaimed { next_start, entries, deleted })

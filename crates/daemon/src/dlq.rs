@@ -53,6 +53,9 @@ pub struct Letter {
     pub payload: Option<String>,
     /// When it was dead-lettered (RFC 3339).
     pub dead_lettered_at: Option<String>,
+    /// What made a field unreadable (not UTF-8, or over the size limit), without its head:
+    /// `{"field", "problem", "size", "sha1"}`.
+    pub defect: Option<Value>,
 }
 
 impl Letter {
@@ -76,6 +79,10 @@ impl Letter {
             message_id,
             payload: text("payload"),
             dead_lettered_at: text("dead_lettered_at"),
+            defect: value.get("defect").filter(|defect| defect.is_object()).map(|defect| {
+                let field = |key: &str| defect.get(key).cloned().unwrap_or(Value::Null);
+                json!({"field": field("field"), "problem": field("problem"), "size": field("size"), "sha1": field("sha1")})
+            }),
         }
     }
 
@@ -96,7 +103,7 @@ impl Letter {
         if excerpt.len() < payload.len() {
             excerpt.push('…');
         }
-        json!({
+        let mut summary = json!({
             "entry_id": self.entry_id,
             "dead_lettered_at": self.dead_lettered_at,
             "error": self.error,
@@ -105,7 +112,15 @@ impl Letter {
             "request_id": self.request_id(),
             "payload_bytes": payload.len(),
             "payload_excerpt": self.payload.as_ref().map(|_| excerpt),
-        })
+        });
+        if let Some(defect) = &self.defect {
+            // The payload's size as sent, not the nothing (or head) the letter kept of it.
+            if defect["field"] == toolhost_envelope::FIELD_PAYLOAD {
+                summary["payload_bytes"] = defect["size"].clone();
+            }
+            summary["defect"] = defect.clone();
+        }
+        summary
     }
 }
 
@@ -313,6 +328,28 @@ mod tests {
         assert_eq!(bus.payloads("action-requests"), [request.to_string()]);
         assert!(bus.keys_matching("toolhost:toolhost:answered:*").await.unwrap().is_empty());
         assert!(letters.list(None).await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn letters_of_unreadable_payloads_list_the_size_sent_and_the_defect_without_its_head() {
+        let (bus, letters) = setup();
+        let defect = json!({"field": "payload", "problem": "too_large", "size": 8_388_608, "sha1": "ab12",
+                            "head_base64": "eHh4", "head_bytes": 3, "truncated": true});
+        let letter = json!({
+            "event": "dead_letter", "toolbox_id": "toolhost", "stream": "action-requests",
+            "entry_id": "1-0", "id": "msg-1", "payload": null, "deliveries": 1, "defect": defect,
+            "error": "payload of 8388608 bytes exceeds the limit of 1048576 bytes",
+        });
+        bus.publish("dlq:toolhost", &new_message_id(), &letter.to_string()).await.unwrap();
+        let listed = letters.list(None).await.unwrap();
+        let summary = listed[0].summary();
+        assert_eq!(summary["payload_bytes"], 8_388_608);
+        assert_eq!(summary["payload_excerpt"], Value::Null);
+        assert_eq!(
+            summary["defect"],
+            json!({"field": "payload", "problem": "too_large", "size": 8_388_608, "sha1": "ab12"})
+        );
+        assert!(letters.replay(&listed[0]).await.is_err(), "nothing whole to replay");
     }
 
     #[tokio::test]

@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde_json::json;
 use toolhost_bus::{Bus, Keys};
 use toolhost_envelope::DiscoveryFormat;
-use toolhost_tools::Registry;
+use toolhost_tools::SharedRegistry;
 use tracing::warn;
 
 use crate::shutdown::Shutdown;
@@ -22,7 +22,7 @@ const REPUBLISH_EVERY: u64 = 12;
 /// Publishes the registry and the heartbeat of one replica.
 pub(crate) struct Publisher {
     pub bus: Arc<dyn Bus>,
-    pub registry: Arc<Registry>,
+    pub registry: Arc<SharedRegistry>,
     pub keys: Keys,
     pub toolbox_id: String,
     pub consumer: String,
@@ -45,12 +45,13 @@ impl Publisher {
     /// One tool at a time, so the full descriptions (schemas as JSON values) never all sit in
     /// memory at once: with a thousand tools that peak would stay in the process's RSS.
     pub fn fields(&self) -> Vec<(String, String)> {
-        self.registry
+        let registry = self.registry.snapshot();
+        registry
             .names()
             .into_iter()
-            .filter(|name| self.registry.is_enabled(name))
+            .filter(|name| registry.is_enabled(name))
             .filter_map(|name| {
-                let description = self.registry.description(name)?;
+                let description = registry.description(name)?;
                 let native =
                     description.export(DiscoveryFormat::Native, &self.requests_topic, &self.results_topic);
                 Some((name.to_owned(), native.to_string()))
@@ -69,16 +70,16 @@ impl Publisher {
             "toolbox_id": self.toolbox_id,
             "consumer": self.consumer,
             "version": env!("CARGO_PKG_VERSION"),
-            "tools": self.registry.names(),
+            "tools": self.registry.snapshot().names(),
             "at": toolhost_envelope::now_rfc3339(),
         });
         self.bus.set_expiring(&self.heartbeat_key(), &heartbeat.to_string(), self.period * 3).await
     }
 
     /// Refreshes the heartbeat until shutdown, and every [`REPUBLISH_EVERY`] beats the registry
-    /// too, in case Redis lost it. The registry never changes while the daemon runs, so its fields
-    /// are serialised once.
-    pub async fn run(self: Arc<Self>, fields: Vec<(String, String)>, shutdown: Shutdown) {
+    /// too, in case Redis lost it. The fields are serialised again then, from the current
+    /// snapshot, since a reload may have replaced it.
+    pub async fn run(self: Arc<Self>, shutdown: Shutdown) {
         let mut beats: u64 = 0;
         loop {
             tokio::select! {
@@ -87,7 +88,7 @@ impl Publisher {
             }
             beats += 1;
             let res = if beats.is_multiple_of(REPUBLISH_EVERY) {
-                self.publish_once(&fields).await
+                self.publish_once(&self.fields()).await
             } else {
                 self.beat().await
             };

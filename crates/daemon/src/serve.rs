@@ -16,8 +16,8 @@ use toolhost_tools::sources::FieldError;
 use toolhost_tools::sources::command::CommandTool;
 use toolhost_tools::sources::http::HttpTool;
 use toolhost_tools::terminal::TerminalPolicy;
-use toolhost_tools::{DEFAULT_MAX_QUEUE, LimitSettings, Registry, Tool, ToolLimits};
-use tracing::{info, warn};
+use toolhost_tools::{DEFAULT_MAX_QUEUE, LimitSettings, Registry, SharedRegistry, Tool, ToolLimits};
+use tracing::{debug, info, warn};
 
 use crate::call::{Door, Lifecycle};
 use crate::config::{Config, ConfigError, KeyError, mask_url};
@@ -196,6 +196,8 @@ pub fn connect(config: &Config) -> anyhow::Result<(Arc<dyn Bus>, Keys)> {
     let mut redis_options = RedisOptions::new(raw.redis.url.clone());
     redis_options.maxlen = raw.streams.maxlen;
     redis_options.response_timeout = std::time::Duration::from_millis(raw.redis.response_timeout_ms);
+    // Group reads deliver larger values only as head, size and digest, so one read stays small.
+    redis_options.max_field_bytes = raw.streams.max_payload_bytes;
     let bus: Arc<dyn Bus> = Arc::new(RedisBus::new(redis_options).context("redis.url")?);
     Ok((bus, Keys::new(raw.redis.key_prefix.clone())))
 }
@@ -243,7 +245,7 @@ pub struct App {
     config: Config,
     bus: Arc<dyn Bus>,
     keys: Keys,
-    registry: Arc<Registry>,
+    registry: Arc<SharedRegistry>,
     consumer: String,
     shutdown: Shutdown,
     telemetry: Telemetry,
@@ -308,7 +310,7 @@ impl App {
         };
 
         let limits = Arc::new(tool_limits(&config, &registry));
-        let registry = Arc::new(registry);
+        let registry = Arc::new(SharedRegistry::new(registry));
         let consumer = consumer_name();
         let shutdown = Shutdown::new();
         let services = Services {
@@ -421,6 +423,7 @@ impl App {
         }
         telemetry.set_groups_ready(true);
         telemetry.set_redis_up(true);
+        check_eviction_policy(&*bus).await;
         // Before `ready`, so whoever waits for that line finds the tools listed in Redis.
         let fields = publisher.fields();
         if let Err(err) = publisher.publish_once(&fields).await {
@@ -437,13 +440,13 @@ impl App {
             results = %keys.topic(&raw.streams.results),
             inbox = %inbox.topic(),
             dead_letters = %keys.dead_letters(&raw.daemon.toolbox_id),
-            tools = %registry.names().join(","),
+            tools = %registry.snapshot().names().join(","),
             http = %http.local_addr(),
             "ready"
         );
         tasks.spawn(requests.clone().run_reader());
         tasks.spawn(requests.clone().run_reclaimer());
-        tasks.spawn(publisher.clone().run(fields, shutdown.clone()));
+        tasks.spawn(publisher.clone().run(shutdown.clone()));
         tasks.spawn(inbox.clone().run_reader());
         tasks.spawn(inbox.clone().run_reclaimer());
 
@@ -488,6 +491,22 @@ fn reader<D: Door>(
     Arc::new(GroupReader::new(bus, stream, lifecycle, budget.clone(), shutdown, telemetry))
 }
 
+/// Warns when Redis may evict keys: eviction silently drops answered marks and call records, so
+/// a request could be answered twice. Managed services often refuse `CONFIG`; that is only noted.
+async fn check_eviction_policy(bus: &dyn Bus) {
+    match bus.eviction_policy().await {
+        Ok(Some(policy)) if policy != "noeviction" => warn!(
+            maxmemory_policy = %policy,
+            "Redis may evict keys (maxmemory-policy is not noeviction): evicted answered marks and call \
+             records let a request be answered twice; set maxmemory-policy noeviction"
+        ),
+        Ok(_) => {}
+        Err(err) => {
+            debug!(error = %err, "cannot read maxmemory-policy (CONFIG GET refused?); eviction not checked")
+        }
+    }
+}
+
 /// Resolves on SIGINT or SIGTERM.
 pub async fn shutdown_signal() {
     let mut terminate = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
@@ -526,7 +545,7 @@ mod tests {
         let config =
             config("", &[("REDIS_URL", "redis://127.0.0.1:1"), ("TOOLHOST__HTTP__LISTEN", "127.0.0.1:0")]);
         let app = App::build(config, &ServeOptions::default()).unwrap();
-        assert_eq!(app.registry.names(), ["chat_send", "echo", "terminal_run"]);
+        assert_eq!(app.registry.snapshot().names(), ["chat_send", "echo", "terminal_run"]);
     }
 
     #[tokio::test]

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use toolhost_bus::{Bus, Keys};
-use toolhost_tools::{Registry, ToolLimits};
+use toolhost_tools::{SharedRegistry, ToolLimits};
 
 use crate::shutdown::Shutdown;
 use crate::stats::Stats;
@@ -14,8 +14,8 @@ use crate::telemetry::Telemetry;
 pub struct Services {
     /// The transport.
     pub bus: Arc<dyn Bus>,
-    /// The tools of this toolbox.
-    pub registry: Arc<Registry>,
+    /// The tools of this toolbox: the current snapshot, swapped whole on reload.
+    pub registry: Arc<SharedRegistry>,
     /// Per-tool concurrency limits and wait queues, outside the registry.
     pub limits: Arc<ToolLimits>,
     /// Key and topic names.

@@ -3,6 +3,7 @@
 //! - [`Tool`]: what a tool is (a [`ToolSpec`] and an async `call`), with its [`Context`].
 //! - [`Registry`]: every tool of a toolbox, its compiled schemas, and [`Registry::invoke`], which
 //!   validates arguments, runs the tool under its timeout, catches panics and validates output.
+//! - [`SharedRegistry`]: the current registry snapshot, swapped whole on reload.
 //! - [`ToolLimits`]: per-tool concurrency limits and bounded wait queues, kept outside the
 //!   registry and keyed by tool name.
 //! - [`builtin`]: the tools toolhost ships.
@@ -15,6 +16,7 @@ pub mod builtin;
 mod limits;
 mod registry;
 mod schema;
+mod shared;
 /// Tool sources configured in TOML: `[[commands]]` and `[[http_tools]]`.
 pub mod sources;
 /// The `terminal_run` engine: policy, sandboxed execution, capture, redaction, summary.
@@ -24,4 +26,5 @@ mod tool;
 pub use limits::{Admit, DEFAULT_MAX_QUEUE, Full, LimitSettings, Running, ToolLimits, Waiting};
 pub use registry::{Failure, Registry, RegistryError, valid_tool_name};
 pub use schema::{SchemaError, describe_errors};
+pub use shared::SharedRegistry;
 pub use tool::{Context, Tool, ToolError, ToolSpec};

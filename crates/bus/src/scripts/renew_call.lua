@@ -2,11 +2,15 @@
 -- count a delivery).
 -- KEYS[1] call record, KEYS[2] requests stream
 -- ARGV[1] owner, ARGV[2] lease ms, ARGV[3] group, ARGV[4] consumer, ARGV[5] entry id
+--
+-- XCLAIM comes before HSET so renewal goes on while Redis is out of memory: a script without
+-- flags is refused under OOM only at its first write, and only if that write may grow memory;
+-- XCLAIM does not, and HSET then only rewrites a field in place.
 if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then
   return 0
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('HSET', KEYS[1], 'lease_until', now + tonumber(ARGV[2]))
 redis.call('XCLAIM', KEYS[2], ARGV[3], ARGV[4], 0, ARGV[5], 'JUSTID')
+redis.call('HSET', KEYS[1], 'lease_until', now + tonumber(ARGV[2]))
 return 1

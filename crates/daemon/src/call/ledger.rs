@@ -40,7 +40,10 @@ pub(crate) async fn begin(
 }
 
 /// Extends `owner`'s lease on a running call every `period`, so the entry is not reclaimed while
-/// the call runs. Never returns: select it against the call.
+/// the call runs. A renewal that fails while Redis is unavailable is retried with backoff at
+/// once rather than a period later, so a lease outlives a Redis outage shorter than about two
+/// thirds of it (renewal itself works while Redis is out of memory). Never returns: select it
+/// against the call.
 pub(crate) async fn renew(
     bus: &dyn Bus,
     call: &CallKeys<'_>,
@@ -50,13 +53,29 @@ pub(crate) async fn renew(
     request_id: &str,
 ) {
     let mut tick = tokio::time::interval(call.renew_period());
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
+    // Never cancelled: the caller drops this future when the call ends.
+    let never = CancellationToken::new();
     loop {
         tick.tick().await;
-        match bus.renew_call(call, owner, entry, consumer).await {
-            Ok(true) => {}
-            Ok(false) => warn!(request_id, "lost the lease of a running call"),
-            Err(err) => warn!(error = %err, request_id, "cannot renew lease"),
+        let mut backoff = Backoff::new();
+        loop {
+            match bus.renew_call(call, owner, entry, consumer).await {
+                Ok(true) => break,
+                Ok(false) => {
+                    warn!(request_id, "lost the lease of a running call");
+                    break;
+                }
+                Err(err) if err.is_retryable() => {
+                    warn!(error = %err, request_id, "cannot renew lease; retrying");
+                    backoff.wait(&never).await;
+                }
+                Err(err) => {
+                    warn!(error = %err, request_id, "cannot renew lease");
+                    break;
+                }
+            }
         }
     }
 }

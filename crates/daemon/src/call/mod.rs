@@ -23,7 +23,6 @@
 pub(crate) mod ledger;
 
 use std::future::Future;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -215,7 +214,8 @@ impl<D: Door> Lifecycle<D> {
         if entry.deliveries > 1 {
             services.telemetry.redelivered();
         }
-        let registry = Arc::clone(&services.registry);
+        // One snapshot for the whole call: a reload meanwhile does not change its tools.
+        let registry = services.registry.snapshot();
         let (outcome, request) = match self.door.admit(entry, &registry) {
             Admission::DeadLetter(letter, reason) => {
                 (self.dead_letter(entry, None, letter, &reason, None).await, None)
@@ -288,8 +288,9 @@ impl<D: Door> Lifecycle<D> {
                     Begin::Run => match self.expired(entry, request) {
                         Some(failure) => Err(failure),
                         None => {
-                            let running = self
-                                .run_tool(entry, request, &call, &ledger_id, &name, arguments, &owner, slot);
+                            let running = self.run_tool(
+                                entry, request, &call, &ledger_id, registry, &name, arguments, &owner, slot,
+                            );
                             match running.await {
                                 Some(result) => result,
                                 // Shutdown was forced: the entry stays pending with a lapsing
@@ -368,6 +369,7 @@ impl<D: Door> Lifecycle<D> {
         request: &D::Request,
         call: &CallKeys<'_>,
         ledger_id: &str,
+        registry: &Registry,
         tool: &str,
         arguments: Value,
         owner: &str,
@@ -386,11 +388,11 @@ impl<D: Door> Lifecycle<D> {
         let run = async {
             self.door.started(request, tool).await;
             // Arguments are checked before the call waits: a bad request never takes a queue slot.
-            let arguments = services.registry.prepare(tool, arguments)?;
+            let arguments = registry.prepare(tool, arguments)?;
             let _running = self.wait_for_tool(tool, deadline, slot).await?;
             let _in_flight = services.telemetry.in_flight_guard();
             let left = deadline.map(|deadline| deadline.saturating_sub(now_since_epoch()));
-            services.registry.run(tool, arguments, &context, left).await
+            registry.run(tool, arguments, &context, left).await
         };
         let result = tokio::select! {
             res = run => res,

@@ -53,14 +53,15 @@ pub(crate) fn classify(entry: &Entry, max_payload_bytes: usize, own_sender: &str
     let malformed = |envelope: Value, conversation_id: Option<String>, error: String| {
         Incoming::Malformed(Malformed { envelope, conversation_id, error })
     };
+    // A field that is not UTF-8 or over the limit: the letter's `envelope` is `{"defect": ...}`,
+    // its first 64 KiB (base64), size and SHA-1, never the whole value.
+    if let Some(defect) = entry.unreadable(max_payload_bytes) {
+        let error = defect.describe(max_payload_bytes);
+        return malformed(serde_json::json!({ "defect": defect.to_json() }), None, error);
+    }
     let Some(payload) = entry.payload.as_deref() else {
         return malformed(Value::Null, None, "entry has no payload field".to_owned());
     };
-    if payload.len() > max_payload_bytes {
-        let error =
-            format!("payload of {} bytes exceeds the limit of {max_payload_bytes} bytes", payload.len());
-        return malformed(Value::String(payload.chars().take(1024).collect()), None, error);
-    }
     let value: Value = match serde_json::from_str(payload) {
         Ok(value) => value,
         Err(err) => {

@@ -65,15 +65,13 @@ pub(crate) fn admit(
     topics: &ResponseTopics,
     resolve: impl Fn(&str) -> Option<String>,
 ) -> Admission {
+    // A field that is not UTF-8 or over the limit: dead-lettered with its raw head, never parsed.
+    if let Some(defect) = entry.unreadable(max_payload_bytes) {
+        return Admission::DeadLetter(defect.describe(max_payload_bytes));
+    }
     let Some(payload) = entry.payload.as_deref() else {
         return Admission::DeadLetter("entry has no payload field".to_owned());
     };
-    if payload.len() > max_payload_bytes {
-        return Admission::DeadLetter(format!(
-            "payload of {} bytes exceeds the limit of {max_payload_bytes} bytes",
-            payload.len()
-        ));
-    }
     // Parse straight into the envelope; only a payload that fails is parsed again to say why.
     // (serde also reads a struct from a JSON array, so only objects take the direct path.)
     let direct =

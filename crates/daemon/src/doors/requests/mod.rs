@@ -86,20 +86,31 @@ impl Requests {
     }
 
     /// The dead letter of an entry.
+    ///
+    /// An unreadable payload (not UTF-8, or over `max_payload_bytes`) is never copied whole:
+    /// `defect` holds its first 64 KiB (base64), size and SHA-1, and `payload` is `null` unless
+    /// that head is the whole payload as text (then it stays replayable).
     fn dead_letter(&self, entry: &Entry, reason: &str) -> Letter {
-        let payload = json!({
+        let defect = entry.unreadable(self.settings.max_payload_bytes);
+        let kept = match &defect {
+            Some(defect) if defect.field == toolhost_envelope::FIELD_PAYLOAD => defect.whole_text(),
+            _ => entry.payload.as_deref(),
+        };
+        let mut letter = json!({
             "event": "dead_letter",
             "toolbox_id": self.settings.toolbox_id,
             "stream": self.requests,
             "entry_id": entry.entry_id,
             "id": entry.id,
-            "payload": entry.payload,
+            "payload": kept,
             "deliveries": entry.deliveries,
             "error": reason,
             "dead_lettered_at": toolhost_envelope::now_rfc3339(),
-        })
-        .to_string();
-        Letter { topic: self.dead_letters.clone(), id: new_message_id(), payload }
+        });
+        if let Some(defect) = defect {
+            letter["defect"] = defect.to_json();
+        }
+        Letter { topic: self.dead_letters.clone(), id: new_message_id(), payload: letter.to_string() }
     }
 }
 
