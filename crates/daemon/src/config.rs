@@ -13,7 +13,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use toolhost_tools::terminal::{Identity, TerminalSettings};
+use toolhost_tools::sources::command::{CommandSettings, CommandTool};
+use toolhost_tools::sources::http::{HttpTool, HttpToolSettings};
+use toolhost_tools::terminal::{Identity, TerminalPolicy, TerminalSettings};
 
 /// The built-in defaults, the same text as `config/default.toml`.
 pub const DEFAULT_TOML: &str = include_str!("../../../config/default.toml");
@@ -82,6 +84,12 @@ pub struct RawConfig {
     pub tools: ToolsSection,
     #[serde(default)]
     pub agents: Vec<AgentSection>,
+    /// `[[commands]]`: command-line programs hosted as tools.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub commands: Vec<CommandSettings>,
+    /// `[[http_tools]]`: HTTP endpoints hosted as tools.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub http_tools: Vec<HttpToolSettings>,
 }
 
 /// `[redis]`
@@ -235,6 +243,65 @@ pub struct Config {
     /// `[tools.terminal] run_as`, resolved once: whom terminal commands run as (`None`: the
     /// daemon's own user).
     pub terminal_identity: Option<Identity>,
+    /// `[[http_tools]] headers` with `${VAR}` expanded, one list per tool, in order.
+    pub http_headers: ExpandedHeaders,
+}
+
+/// The headers of every `[[http_tools]]` entry after `${VAR}` expansion, and the values the
+/// variables gave, which are secrets: `{:?}` prints header names only.
+#[derive(Clone, Default)]
+pub struct ExpandedHeaders {
+    /// Name and expanded value of each header, one list per `[[http_tools]]` entry.
+    per_tool: Vec<Vec<(String, String)>>,
+    /// What the `${VAR}` references expanded to.
+    secrets: Vec<String>,
+}
+
+impl ExpandedHeaders {
+    /// The headers of `[[http_tools]]` entry `index`.
+    pub fn of(&self, index: usize) -> &[(String, String)] {
+        self.per_tool.get(index).map_or(&[], Vec::as_slice)
+    }
+}
+
+impl std::fmt::Debug for ExpandedHeaders {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<Vec<&str>> = self
+            .per_tool
+            .iter()
+            .map(|headers| headers.iter().map(|(name, _)| name.as_str()).collect())
+            .collect();
+        f.debug_struct("ExpandedHeaders").field("names", &names).field("values", &"***").finish()
+    }
+}
+
+/// Expands each `${NAME}` in `template` from `vars`; a `$` not followed by `{` is kept. Returns
+/// the text and the values that went into it.
+///
+/// # Errors
+/// A sentence naming the variable that is not set, or the reference that is malformed; never a
+/// value.
+pub fn expand_vars(template: &str, vars: &HashMap<String, String>) -> Result<(String, Vec<String>), String> {
+    let mut res = String::new();
+    let mut values = Vec::new();
+    let mut rest = template;
+    while let Some(start) = rest.find("${") {
+        res.push_str(&rest[..start]);
+        let after = &rest[start + 2..];
+        let Some(end) = after.find('}') else { return Err("a '${' is never closed".to_owned()) };
+        let name = &after[..end];
+        let valid = name.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !valid {
+            return Err(format!("'${{{name}}}' is not a variable name"));
+        }
+        let value = vars.get(name).ok_or_else(|| format!("the environment variable {name} is not set"))?;
+        res.push_str(value);
+        values.push(value.clone());
+        rest = &after[end + 1..];
+    }
+    res.push_str(rest);
+    Ok((res, values))
 }
 
 /// One bad key.
@@ -257,8 +324,18 @@ impl Config {
     /// # Errors
     /// The file cannot be read or parsed, a key is unknown, or a value is bad.
     pub fn load(file: Option<&Path>, env: &dyn Env) -> Result<Config, ConfigError> {
-        let raw = layer(file, env)?;
-        validate(raw)
+        let mut raw = layer(file, env)?;
+        // A relative schema file is found beside the configuration file that names it.
+        if let Some(dir) = file.and_then(Path::parent) {
+            let schema_files = raw.commands.iter_mut().map(|command| &mut command.argument_schema_file);
+            let schema_files =
+                schema_files.chain(raw.http_tools.iter_mut().map(|tool| &mut tool.argument_schema_file));
+            for path in schema_files.flatten().filter(|path| path.is_relative()) {
+                *path = dir.join(&*path);
+            }
+        }
+        let vars: HashMap<String, String> = env.vars().into_iter().collect();
+        validate(raw, &vars)
     }
 }
 
@@ -348,11 +425,70 @@ fn error_key(err: &config::ConfigError) -> String {
     if let Some(position) = text.find(" for key `") {
         return text[position + " for key `".len()..].split('`').next().unwrap_or_default().to_owned();
     }
+    // `missing configuration field "commands[0]description"`: the path lacks the dot after `]`.
+    if let Some(start) = text.find("missing configuration field \"") {
+        let path =
+            text[start + "missing configuration field \"".len()..].split('"').next().unwrap_or_default();
+        let mut key = String::new();
+        let mut chars = path.chars().peekable();
+        while let Some(c) = chars.next() {
+            key.push(c);
+            if c == ']' && chars.peek().is_some_and(|next| !matches!(next, '[' | '.')) {
+                key.push('.');
+            }
+        }
+        return key;
+    }
     "config".to_owned()
 }
 
-fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
+/// Checks every `[[commands]]` and `[[http_tools]]` entry the way the registry will build it,
+/// and expands the HTTP tools' headers from `vars`.
+fn validate_sources(
+    raw: &RawConfig,
+    vars: &HashMap<String, String>,
+    errors: &mut Vec<KeyError>,
+) -> ExpandedHeaders {
+    let mut bad = |key: String, message: String| errors.push(KeyError { key, message });
+    let (policy, _) = TerminalPolicy::new(&raw.tools.terminal);
+    for (index, command) in raw.commands.iter().enumerate() {
+        for error in CommandTool::new(command, &policy).err().unwrap_or_default() {
+            bad(format!("commands[{index}].{}", error.field), error.message);
+        }
+    }
+    let mut expanded = ExpandedHeaders::default();
+    let client = (!raw.http_tools.is_empty()).then(toolhost_tools::sources::http::client);
+    for (index, tool) in raw.http_tools.iter().enumerate() {
+        let mut headers = Vec::new();
+        for (name, template) in &tool.headers {
+            match expand_vars(template, vars) {
+                Ok((value, secrets)) => {
+                    headers.push((name.clone(), value));
+                    expanded.secrets.extend(secrets);
+                }
+                Err(message) => bad(format!("http_tools[{index}].headers.{name}"), message),
+            }
+        }
+        match &client {
+            None => {}
+            Some(Ok(client)) => {
+                for error in HttpTool::new(tool, &headers, client.clone(), &[]).err().unwrap_or_default() {
+                    bad(format!("http_tools[{index}].{}", error.field), error.message);
+                }
+            }
+            Some(Err(message)) => {
+                bad(format!("http_tools[{index}]"), format!("cannot build an HTTP client: {message}"))
+            }
+        }
+        expanded.per_tool.push(headers);
+    }
+    expanded.secrets.retain(|secret| !secret.is_empty());
+    expanded
+}
+
+fn validate(raw: RawConfig, vars: &HashMap<String, String>) -> Result<Config, ConfigError> {
     let mut errors = Vec::new();
+    let http_headers = validate_sources(&raw, vars, &mut errors);
     let mut bad =
         |key: &str, message: &str| errors.push(KeyError { key: key.to_owned(), message: message.to_owned() });
     if redis::parse_redis_url(&raw.redis.url).is_none() && !raw.redis.url.starts_with("unix://") {
@@ -447,6 +583,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         heartbeat: ms(raw.daemon.heartbeat_ms),
         http_idle_timeout: ms(raw.http.idle_timeout_ms),
         terminal_identity,
+        http_headers,
         raw,
     })
 }
@@ -460,17 +597,21 @@ impl Config {
         let terminal = &mut raw.tools.terminal;
         terminal.redact_substrings = terminal.redact_substrings.iter().map(|_| "***".to_owned()).collect();
         terminal.redact_patterns = terminal.redact_patterns.iter().map(|_| "***".to_owned()).collect();
+        for tool in &mut raw.http_tools {
+            tool.headers.values_mut().for_each(|value| *value = "***".to_owned());
+        }
         toml::to_string_pretty(&raw).unwrap_or_else(|err| format!("# cannot print configuration: {err}\n"))
     }
 }
 
 impl Config {
-    /// The daemon's own secrets that a child process could print: the Redis URL's password (or
-    /// its whole user information when it has no `:`), as written and percent-decoded, and a
-    /// `pass`/`password` query parameter. Empty when the URL carries none.
+    /// The daemon's own secrets that a child process could print or a service echo back: the
+    /// Redis URL's password (or its whole user information when it has no `:`), as written and
+    /// percent-decoded, a `pass`/`password` query parameter, and what the `${VAR}` references of
+    /// `[[http_tools]] headers` expanded to. Empty when there are none.
     pub fn secrets(&self) -> Vec<String> {
         let url = &self.raw.redis.url;
-        let mut res = Vec::new();
+        let mut res = self.http_headers.secrets.clone();
         if let Some(scheme_end) = url.find("://") {
             let rest = &url[scheme_end + 3..];
             if let Some(at) = rest.rfind('@') {
@@ -642,6 +783,94 @@ mod tests {
         let config = Config::load(Some(&path.0), &env(&[])).unwrap();
         assert_eq!(config.raw.agents[0].parameter, "message");
         assert_eq!(config.raw.agents[0].timeout_s, 30.0);
+    }
+
+    #[test]
+    fn header_variables_expand_from_the_environment() {
+        let vars = env(&[("TOKEN", "t0k"), ("EMPTY", "")]);
+        assert_eq!(
+            expand_vars("Bearer ${TOKEN}", &vars).unwrap(),
+            ("Bearer t0k".to_owned(), vec!["t0k".to_owned()])
+        );
+        assert_eq!(expand_vars("$5 ${EMPTY}x${TOKEN}", &vars).unwrap().0, "$5 xt0k");
+        assert_eq!(
+            expand_vars("${MISSING}", &vars).unwrap_err(),
+            "the environment variable MISSING is not set"
+        );
+        assert!(expand_vars("${TOKEN", &vars).unwrap_err().contains("never closed"));
+        assert!(expand_vars("${1X}", &vars).unwrap_err().contains("not a variable name"));
+    }
+
+    #[test]
+    fn http_headers_are_expanded_and_masked() {
+        let path = file(
+            "[[http_tools]]\nname = \"lookup\"\ndescription = \"d\"\nurl = \"http://127.0.0.1:9/orders/{id}\"\n\
+             headers = { Authorization = \"Bearer ${ORDERS_TOKEN}\", X-Team = \"ops-literal\" }\n",
+        );
+        let config = Config::load(Some(&path.0), &env(&[("ORDERS_TOKEN", "s3cret-tok")])).unwrap();
+        let headers = config.http_headers.of(0);
+        assert!(
+            headers.contains(&("Authorization".to_owned(), "Bearer s3cret-tok".to_owned())),
+            "{headers:?}"
+        );
+        assert!(config.secrets().contains(&"s3cret-tok".to_owned()));
+        let printed = config.masked_toml();
+        assert!(!printed.contains("s3cret") && !printed.contains("ops-literal"), "{printed}");
+        assert!(printed.contains("Authorization = \"***\""), "{printed}");
+        assert!(!format!("{config:?}").contains("s3cret"));
+        // The method defaults to POST.
+        assert_eq!(config.raw.http_tools[0].method, "POST");
+        let err = Config::load(Some(&path.0), &env(&[])).unwrap_err().to_string();
+        assert!(
+            err.contains(
+                "http_tools[0].headers.Authorization: the environment variable ORDERS_TOKEN is not set"
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn every_bad_source_key_is_named_together() {
+        let dir = std::env::temp_dir().join(format!("toolhost-config-dir-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(dir.join("schemas")).unwrap();
+        std::fs::write(
+            dir.join("schemas/wc.json"),
+            r#"{"type": "object", "properties": {"file": {"type": "string"}}}"#,
+        )
+        .unwrap();
+        let path = dir.join("toolhost.toml");
+        std::fs::write(
+            &path,
+            "[dispatch]\nmax_in_flight = 0\n\n\
+             [[commands]]\nname = \"word_count\"\ndescription = \"d\"\nargv = [\"wc\", \"-w\", \"{file}\"]\nargument_schema_file = \"schemas/wc.json\"\n\n\
+             [[commands]]\nname = \"broken\"\ndescription = \"d\"\nargv = [\"{prog}\"]\ntimeout_ms = 0\nbogus = 1\n",
+        )
+        .unwrap();
+        let err = Config::load(Some(&path), &env(&[])).unwrap_err().to_string();
+        assert!(err.contains("bogus"), "{err}");
+        std::fs::write(&path, "[[commands]]\nname = \"nameless\"\nargv = [\"wc\"]\n").unwrap();
+        let err = Config::load(Some(&path), &env(&[])).unwrap_err().to_string();
+        assert!(err.contains("commands[0].description: missing configuration field"), "{err}");
+        std::fs::write(
+            &path,
+            "[dispatch]\nmax_in_flight = 0\n\n\
+             [[commands]]\nname = \"word_count\"\ndescription = \"d\"\nargv = [\"wc\", \"-w\", \"{file}\"]\nargument_schema_file = \"schemas/wc.json\"\n\n\
+             [[commands]]\nname = \"broken\"\ndescription = \"d\"\nargv = [\"{prog}\"]\ntimeout_ms = 0\n\n\
+             [[http_tools]]\nname = \"h\"\ndescription = \"d\"\nmethod = \"TRACE\"\nurl = \"http://{host}/x\"\n",
+        )
+        .unwrap();
+        let err = Config::load(Some(&path), &env(&[])).unwrap_err().to_string();
+        for key in [
+            "dispatch.max_in_flight",
+            "commands[1].timeout_ms",
+            "commands[1].argv[0]: the program cannot be a placeholder",
+            "http_tools[0].method",
+            "http_tools[0].url: placeholders may fill the path and the query, never the host",
+        ] {
+            assert!(err.contains(key), "{key} missing from {err}");
+        }
+        assert!(!err.contains("commands[0]"), "the schema file is found beside the configuration: {err}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -13,8 +13,11 @@ use tokio::sync::Semaphore;
 use toolhost_bus::{Bus, Keys, RedisBus, RedisOptions, ResponseTopics};
 use toolhost_envelope::Address;
 use toolhost_tools::builtin::{AgentSettings, AgentTool, ChatSend, Echo, Synthetic, TerminalRun};
+use toolhost_tools::sources::FieldError;
+use toolhost_tools::sources::command::CommandTool;
+use toolhost_tools::sources::http::HttpTool;
 use toolhost_tools::terminal::TerminalPolicy;
-use toolhost_tools::{DEFAULT_MAX_QUEUE, LimitSettings, Registry, SharedRegistry, ToolLimits};
+use toolhost_tools::{DEFAULT_MAX_QUEUE, LimitSettings, Registry, SharedRegistry, Tool, ToolLimits};
 use tracing::{debug, info, warn};
 
 use crate::call::{Door, Lifecycle};
@@ -37,12 +40,13 @@ pub struct ServeOptions {
     pub synthetic_tools: usize,
 }
 
-/// Builds the registry of built-in tools (plus synthetic ones and the configured specialist
-/// agents) as configured; `bus` and `keys` serve the chat tools.
+/// Builds the registry of built-in tools (plus synthetic ones, the configured specialist
+/// agents, and the `[[commands]]` and `[[http_tools]]` sources) as configured; `bus` and `keys`
+/// serve the chat tools.
 ///
 /// # Errors
-/// A tool cannot be registered, or a disabled tool name is unknown (a [`ConfigError`] naming
-/// `tools.disabled`, so `main` exits 64 for it).
+/// A tool cannot be registered, or a disabled tool name is unknown, or two tools share a name
+/// (a [`ConfigError`] naming every such key, so `main` exits 64 for it).
 pub fn build_registry(
     config: &Config,
     options: &ServeOptions,
@@ -63,7 +67,7 @@ pub fn build_registry(
         Some(identity) => info!(uid = identity.uid, gid = identity.gid, "terminal commands run as"),
         None => info!("terminal commands run as the daemon's own user"),
     }
-    registry.register(Arc::new(TerminalRun::new(policy)))?;
+    registry.register(Arc::new(TerminalRun::new(policy.clone())))?;
     let chat_send =
         ChatSend::new(bus.clone(), keys.clone(), &daemon.agent_name, &daemon.chat_conversation_id);
     registry.register(Arc::new(chat_send))?;
@@ -81,6 +85,7 @@ pub fn build_registry(
         registry.register(Arc::new(Synthetic::new(index)))?;
     }
     let mut errors = Vec::new();
+    register_sources(config, &policy, &mut registry, &mut errors);
     let unknown = registry.disable(&config.raw.tools.disabled);
     if !unknown.is_empty() {
         errors.push(KeyError {
@@ -98,6 +103,68 @@ pub fn build_registry(
         return Err(ConfigError(errors).into());
     }
     Ok(registry)
+}
+
+/// Registers the `[[commands]]` and `[[http_tools]]` tools. A name that another tool has is an
+/// error naming both places; so is a source that does not build (the configuration checked it
+/// already, so that only happens if a schema file changed in between).
+fn register_sources(
+    config: &Config,
+    policy: &TerminalPolicy,
+    registry: &mut Registry,
+    errors: &mut Vec<KeyError>,
+) {
+    let mut origins: BTreeMap<String, String> =
+        registry.names().into_iter().map(|name| (name.to_owned(), "a built-in tool".to_owned())).collect();
+    for (index, agent) in config.raw.agents.iter().enumerate() {
+        origins.insert(agent.name.clone(), format!("agents[{index}]"));
+    }
+    let mut tools: Vec<(String, Arc<dyn Tool>)> = Vec::new();
+    let mut add = |place: String, tool: Result<Arc<dyn Tool>, Vec<FieldError>>| match tool {
+        Ok(tool) => tools.push((place, tool)),
+        Err(found) => errors.extend(
+            found
+                .into_iter()
+                .map(|error| KeyError { key: format!("{place}.{}", error.field), message: error.message }),
+        ),
+    };
+    for (index, command) in config.raw.commands.iter().enumerate() {
+        let tool = CommandTool::new(command, policy).map(|tool| Arc::new(tool) as Arc<dyn Tool>);
+        add(format!("commands[{index}]"), tool);
+    }
+    let secrets = config.secrets();
+    match toolhost_tools::sources::http::client() {
+        Ok(client) => {
+            for (index, settings) in config.raw.http_tools.iter().enumerate() {
+                let headers = config.http_headers.of(index);
+                let tool = HttpTool::new(settings, headers, client.clone(), &secrets)
+                    .map(|tool| Arc::new(tool) as Arc<dyn Tool>);
+                add(format!("http_tools[{index}]"), tool);
+            }
+        }
+        Err(message) if !config.raw.http_tools.is_empty() => add(
+            "http_tools".to_owned(),
+            Err(vec![FieldError {
+                field: "client".to_owned(),
+                message: format!("cannot build an HTTP client: {message}"),
+            }]),
+        ),
+        Err(_) => {}
+    }
+    for (place, tool) in tools {
+        let name = tool.spec().name;
+        if let Some(other) = origins.get(&name) {
+            errors.push(KeyError {
+                key: format!("{place}.name"),
+                message: format!("tool '{name}' is also defined by {other}"),
+            });
+            continue;
+        }
+        origins.insert(name, place.clone());
+        if let Err(err) = registry.register(tool) {
+            errors.push(KeyError { key: place, message: err.to_string() });
+        }
+    }
 }
 
 /// The per-tool limits: each tool's own `max_concurrent` (the terminal's setting, for one),
@@ -491,6 +558,30 @@ mod tests {
             config("", &[("REDIS_URL", "redis://127.0.0.1:1"), ("TOOLHOST__HTTP__LISTEN", "127.0.0.1:0")]);
         let app = App::build(config, &ServeOptions::default()).unwrap();
         assert_eq!(app.registry.snapshot().names(), ["chat_send", "echo", "terminal_run"]);
+    }
+
+    #[tokio::test]
+    async fn two_tools_of_one_name_are_refused_naming_both() {
+        let config = config(
+            "[[agents]]\nname = \"coder\"\ndescription = \"d\"\n\n\
+             [[commands]]\nname = \"echo\"\ndescription = \"d\"\nargv = [\"echo\"]\n\n\
+             [[commands]]\nname = \"coder\"\ndescription = \"d\"\nargv = [\"echo\"]\n\n\
+             [[commands]]\nname = \"words\"\ndescription = \"d\"\nargv = [\"wc\", \"-w\"]\n\n\
+             [[http_tools]]\nname = \"words\"\ndescription = \"d\"\nurl = \"http://127.0.0.1:9/x\"\n",
+            &[("REDIS_URL", "redis://127.0.0.1:1"), ("TOOLHOST__HTTP__LISTEN", "127.0.0.1:0")],
+        );
+        let Err(err) = App::build(config, &ServeOptions::default()) else {
+            panic!("built with duplicate names")
+        };
+        let text = format!("{err:#}");
+        for line in [
+            "commands[0].name: tool 'echo' is also defined by a built-in tool",
+            "commands[1].name: tool 'coder' is also defined by agents[0]",
+            "http_tools[0].name: tool 'words' is also defined by commands[2]",
+        ] {
+            assert!(text.contains(line), "{line} missing from {text}");
+        }
+        assert!(err.downcast_ref::<ConfigError>().is_some(), "{text}");
     }
 
     #[tokio::test]

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::support::{Daemon, RedisServer, ask, payloads, temp_dir};
+use crate::support::{Daemon, RedisServer, ask, payloads, processes, temp_dir};
 
 /// Runs one command through the daemon and returns the answer's `data`.
 async fn run(redis: &RedisServer, id: &str, arguments: Value) -> Value {
@@ -154,16 +154,6 @@ async fn the_environment_is_replaced_and_secrets_are_redacted() {
         assert!(output.contains("[REDACTED]"), "{id}: {output}");
         assert!(!printed["summary"].as_str().unwrap().contains(secret), "{id}: {printed}");
     }
-}
-
-/// Process ids whose command line is exactly `words`.
-fn processes(words: &[&str]) -> Vec<u32> {
-    let wanted: Vec<u8> = words.iter().flat_map(|word| word.bytes().chain([0])).collect();
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|cmdline| cmdline == wanted))
-        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

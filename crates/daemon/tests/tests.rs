@@ -38,3 +38,6 @@ mod http_limits;
 
 /// Issue 12, items 1, 3 and 4: undecodable and oversized entries, Redis out of memory.
 mod read_faults;
+
+/// Issue 15: `[[commands]]` and `[[http_tools]]` hosted as tools, through the daemon.
+mod sources;

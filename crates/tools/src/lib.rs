@@ -7,6 +7,7 @@
 //! - [`ToolLimits`]: per-tool concurrency limits and bounded wait queues, kept outside the
 //!   registry and keyed by tool name.
 //! - [`builtin`]: the tools toolhost ships.
+//! - [`sources`]: tools an operator configures: command-line programs and HTTP endpoints.
 //!
 //! **Invariant:** `tools` reaches Redis only through `toolhost_bus::Bus`, reads no environment
 //! variables and installs no logging subscriber: the daemon hands every setting in.
@@ -16,6 +17,8 @@ mod limits;
 mod registry;
 mod schema;
 mod shared;
+/// Tool sources configured in TOML: `[[commands]]` and `[[http_tools]]`.
+pub mod sources;
 /// The `terminal_run` engine: policy, sandboxed execution, capture, redaction, summary.
 pub mod terminal;
 mod tool;

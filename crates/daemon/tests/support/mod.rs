@@ -30,6 +30,16 @@ pub fn free_port() -> u16 {
     listener.local_addr().expect("local addr").port()
 }
 
+/// Process ids whose command line is exactly `words` (a zombie has none, so it does not count).
+pub fn processes(words: &[&str]) -> Vec<u32> {
+    let wanted: Vec<u8> = words.iter().flat_map(|word| word.bytes().chain([0])).collect();
+    std::fs::read_dir("/proc")
+        .expect("read /proc")
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|cmdline| cmdline == wanted))
+        .collect()
+}
+
 /// A fresh, unique temporary directory.
 pub fn temp_dir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("toolhost-test-{name}-{}", uuid::Uuid::new_v4().simple()));

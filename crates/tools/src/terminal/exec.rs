@@ -1,7 +1,8 @@
 //! Running one checked command: its own session and process group, stdin from
-//! `/dev/null`, a replaced environment, optional rlimits, stdout and stderr on
-//! one pipe read incrementally under a byte cap, and a wall-clock timeout that
-//! kills the whole group.
+//! `/dev/null` (or the bytes a [`Spec`] gives, written while the command runs), a
+//! replaced environment, optional rlimits, stdout and stderr on one pipe (or stderr
+//! apart, its last bytes kept) read incrementally under a byte cap, and a
+//! wall-clock timeout that kills the whole group.
 //!
 //! The group is killed in every way the call can end: on timeout, after the
 //! main child exits (so background grandchildren do not outlive the call), and
@@ -13,9 +14,9 @@ use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::pipe::Receiver;
-use tokio::process::{Child, Command};
+use tokio::process::{Child, ChildStdin, Command};
 
 use super::Refusal;
 use super::identity::Identity;
@@ -50,6 +51,11 @@ pub struct Spec {
     pub output_cap_bytes: usize,
     /// The user and group the command runs as; `None` runs it as this process.
     pub identity: Option<Identity>,
+    /// Bytes written to the command's stdin, which is then closed; `None`: `/dev/null`.
+    pub stdin: Option<Vec<u8>>,
+    /// `Some(cap)`: stderr goes to a pipe of its own, of which the last `cap` bytes are kept in
+    /// [`Execution::stderr`]; `None`: it shares the output pipe with stdout.
+    pub stderr_tail_bytes: Option<usize>,
 }
 
 /// Optional rlimits; each is set as both soft and hard limit.
@@ -72,8 +78,10 @@ pub struct Execution {
     pub timeout: bool,
     /// Whether output beyond the cap was discarded.
     pub truncated: bool,
-    /// At most `output_cap_bytes` of combined stdout and stderr.
+    /// At most `output_cap_bytes` of stdout, with stderr unless it was kept apart.
     pub output: Vec<u8>,
+    /// The last bytes of stderr when [`Spec::stderr_tail_bytes`] kept it apart; else empty.
+    pub stderr: Vec<u8>,
 }
 
 /// Starts the command and waits for it, its output and its group.
@@ -89,14 +97,16 @@ pub struct Execution {
 ///
 /// Dropping the future kills the whole process group (see [`GroupGuard`]).
 pub async fn execute(spec: &Spec) -> Result<Execution, Refusal> {
-    let (mut child, mut receiver) = spawn(spec)?;
+    let (mut child, mut pipes) = spawn(spec)?;
     let mut guard = GroupGuard::new(&child)?;
-    let mut capture = Capture::new(spec.output_cap_bytes);
-    let ended = supervise(&mut child, &mut receiver, &mut capture, spec.timeout).await;
+    let mut output = Capture::new(spec.output_cap_bytes, Keep::Head);
+    let mut stderr = Capture::new(spec.stderr_tail_bytes.unwrap_or(0), Keep::Tail);
+    let feed = feed(pipes.stdin.take(), spec.stdin.clone().unwrap_or_default());
+    let ended = supervise(&mut child, &mut pipes, [&mut output, &mut stderr], feed, spec.timeout).await;
     // Kill whatever is left of the group, including background grandchildren,
-    // before draining, so nothing can keep writing to (or holding) the pipe.
+    // before draining, so nothing can keep writing to (or holding) the pipes.
     guard.kill_and_disarm();
-    drain(&mut receiver, &mut capture).await;
+    drain(&mut pipes, [&mut output, &mut stderr]).await;
     let exit_code = match ended {
         Ended::Exited(status) => status.code(),
         Ended::TimedOut | Ended::WaitFailed => {
@@ -107,9 +117,36 @@ pub async fn execute(spec: &Spec) -> Result<Execution, Refusal> {
     Ok(Execution {
         exit_code,
         timeout: matches!(ended, Ended::TimedOut),
-        truncated: capture.truncated,
-        output: capture.kept,
+        truncated: output.truncated,
+        output: output.kept,
+        stderr: stderr.kept,
     })
+}
+
+/// The parent's ends of the command's pipes.
+#[derive(Debug)]
+struct Pipes {
+    /// Stdout, with stderr unless that has its own pipe.
+    output: Receiver,
+    /// Stderr, when it is kept apart.
+    stderr: Option<Receiver>,
+    /// Stdin, when the spec gives bytes for it.
+    stdin: Option<ChildStdin>,
+}
+
+impl Pipes {
+    /// The open read ends, output first.
+    fn readers(&mut self) -> [Option<&mut Receiver>; 2] {
+        [Some(&mut self.output), self.stderr.as_mut()]
+    }
+}
+
+/// Writes `bytes` to the command's stdin and closes it. A command that exits or closes its
+/// stdin without reading everything is not an error: the rest is dropped.
+async fn feed(stdin: Option<ChildStdin>, bytes: Vec<u8>) {
+    if let Some(mut stdin) = stdin {
+        let _ = stdin.write_all(&bytes).await;
+    }
 }
 
 /// How the main child's run ended.
@@ -123,13 +160,21 @@ enum Ended {
     WaitFailed,
 }
 
-/// Builds the command, with both output streams on one pipe, and starts it.
-fn spawn(spec: &Spec) -> Result<(Child, Receiver), Refusal> {
+/// Builds the command, with both output streams on one pipe unless stderr is kept apart, and
+/// starts it.
+fn spawn(spec: &Spec) -> Result<(Child, Pipes), Refusal> {
     let spawn_failed = |err: io::Error| Refusal::SpawnFailed(err.to_string());
+    let receiver = |reader: io::PipeReader| Receiver::from_owned_fd(OwnedFd::from(reader));
     // One pipe for both streams keeps their output interleaved as produced.
     let (reader, writer) = io::pipe().map_err(spawn_failed)?;
-    let stderr_writer = writer.try_clone().map_err(spawn_failed)?;
-    let receiver = Receiver::from_owned_fd(OwnedFd::from(reader)).map_err(spawn_failed)?;
+    let (stderr, stderr_writer) = match spec.stderr_tail_bytes {
+        Some(_) => {
+            let (reader, writer) = io::pipe().map_err(spawn_failed)?;
+            (Some(receiver(reader).map_err(spawn_failed)?), writer)
+        }
+        None => (None, writer.try_clone().map_err(spawn_failed)?),
+    };
+    let output = receiver(reader).map_err(spawn_failed)?;
     let mut command = Command::new(&spec.program);
     command
         .arg0(&spec.parsed.name)
@@ -137,7 +182,7 @@ fn spawn(spec: &Spec) -> Result<(Child, Receiver), Refusal> {
         .env_clear()
         .env("PATH", FIXED_PATH)
         .env("LC_ALL", "C")
-        .stdin(Stdio::null())
+        .stdin(if spec.stdin.is_some() { Stdio::piped() } else { Stdio::null() })
         .stdout(writer)
         .stderr(stderr_writer)
         .kill_on_drop(false);
@@ -152,11 +197,12 @@ fn spawn(spec: &Spec) -> Result<(Child, Receiver), Refusal> {
         command.uid(identity.uid).gid(identity.gid);
     }
     install_pre_exec(&mut command, spec.limits);
-    let child = command.spawn().map_err(spawn_failed)?;
-    // `command` still holds our copies of the pipe's write end; it must be
+    let mut child = command.spawn().map_err(spawn_failed)?;
+    // `command` still holds our copies of the pipes' write ends; it must be
     // dropped now, or end of file could never be seen.
     drop(command);
-    Ok((child, receiver))
+    let stdin = child.stdin.take();
+    Ok((child, Pipes { output, stderr, stdin }))
 }
 
 /// Makes the child a session (and process group) leader and applies the rlimits.
@@ -191,29 +237,39 @@ pub(super) fn install_pre_exec(command: &mut Command, limits: Limits) {
     }
 }
 
-/// Reads output until the child exits or the timeout passes.
+/// Reads output and feeds stdin until the child exits or the timeout passes.
 async fn supervise(
     child: &mut Child,
-    receiver: &mut Receiver,
-    capture: &mut Capture,
+    pipes: &mut Pipes,
+    captures: [&mut Capture; 2],
+    feed: impl Future<Output = ()>,
     timeout: Duration,
 ) -> Ended {
     let deadline = tokio::time::sleep(timeout);
     tokio::pin!(deadline);
+    tokio::pin!(feed);
+    let mut feeding = true;
+    let [mut output, mut stderr] = pipes.readers();
+    let [output_capture, stderr_capture] = captures;
     let mut chunk = vec![0_u8; CHUNK_BYTES];
-    let mut reading = true;
+    let mut stderr_chunk = vec![0_u8; CHUNK_BYTES];
     // Not `biased`: a flooding child keeps the pipe always readable, and the
     // deadline must still get its turn.
     loop {
         tokio::select! {
-            res = receiver.read(&mut chunk), if reading => match res {
-                Ok(0) | Err(_) => reading = false,
-                Ok(n_read) => capture.push(&chunk[..n_read]),
+            res = read_some(&mut output, &mut chunk), if output.is_some() => match res {
+                Some(n_read) => output_capture.push(&chunk[..n_read]),
+                None => output = None,
             },
+            res = read_some(&mut stderr, &mut stderr_chunk), if stderr.is_some() => match res {
+                Some(n_read) => stderr_capture.push(&stderr_chunk[..n_read]),
+                None => stderr = None,
+            },
+            () = &mut feed, if feeding => feeding = false,
             status = child.wait() => return match status {
                 Ok(status) => Ended::Exited(status),
                 Err(err) => {
-                    tracing::warn!(error = %err, "waiting for a terminal command failed");
+                    tracing::warn!(error = %err, "waiting for a command failed");
                     Ended::WaitFailed
                 }
             },
@@ -222,15 +278,27 @@ async fn supervise(
     }
 }
 
-/// Reads what is left in the pipe, until end of file or [`DRAIN_GRACE`].
-async fn drain(receiver: &mut Receiver, capture: &mut Capture) {
-    let mut chunk = vec![0_u8; CHUNK_BYTES];
+/// Reads once from an open pipe: the count read, or `None` at end of file or on an error.
+async fn read_some(receiver: &mut Option<&mut Receiver>, chunk: &mut [u8]) -> Option<usize> {
+    let receiver = receiver.as_mut()?;
+    match receiver.read(chunk).await {
+        Ok(0) | Err(_) => None,
+        Ok(n_read) => Some(n_read),
+    }
+}
+
+/// Reads what is left in the pipes, until end of file or [`DRAIN_GRACE`].
+async fn drain(pipes: &mut Pipes, captures: [&mut Capture; 2]) {
     let read_to_end = async {
-        while let Ok(n_read @ 1..) = receiver.read(&mut chunk).await {
-            capture.push(&chunk[..n_read]);
+        for (receiver, capture) in pipes.readers().into_iter().zip(captures) {
+            let Some(receiver) = receiver else { continue };
+            let mut chunk = vec![0_u8; CHUNK_BYTES];
+            while let Ok(n_read @ 1..) = receiver.read(&mut chunk).await {
+                capture.push(&chunk[..n_read]);
+            }
         }
     };
-    // Hitting the grace period means a process outside the group holds the
+    // Hitting the grace period means a process outside the group holds a
     // pipe; its further output is not ours to wait for.
     let _ = tokio::time::timeout(DRAIN_GRACE, read_to_end).await;
 }
@@ -244,20 +312,31 @@ async fn reap(child: &mut Child) {
     }
 }
 
+/// Which bytes a [`Capture`] keeps when there are more than its cap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Keep {
+    /// The first ones (the output: what a command printed first explains the rest).
+    Head,
+    /// The last ones (stderr: the error a command ends with is the one that matters).
+    Tail,
+}
+
 /// Output kept under a byte cap; bytes beyond it are counted as truncation.
 #[derive(Debug)]
 struct Capture {
-    /// The first `cap` bytes.
+    /// At most `cap` bytes.
     kept: Vec<u8>,
     /// Most bytes kept.
     cap: usize,
+    /// Which bytes are kept.
+    keep: Keep,
     /// Whether any byte was discarded.
     truncated: bool,
 }
 
 impl Capture {
-    fn new(cap: usize) -> Self {
-        Capture { kept: Vec::with_capacity(cap.min(64 * 1024)), cap, truncated: false }
+    fn new(cap: usize, keep: Keep) -> Self {
+        Capture { kept: Vec::with_capacity(cap.min(64 * 1024)), cap, keep, truncated: false }
     }
 
     fn push(&mut self, bytes: &[u8]) {
@@ -265,7 +344,15 @@ impl Capture {
         if bytes.len() > room {
             self.truncated = true;
         }
-        self.kept.extend_from_slice(&bytes[..bytes.len().min(room)]);
+        match self.keep {
+            Keep::Head => self.kept.extend_from_slice(&bytes[..bytes.len().min(room)]),
+            Keep::Tail => {
+                let bytes = &bytes[bytes.len().saturating_sub(self.cap)..];
+                let excess = (self.kept.len() + bytes.len()).saturating_sub(self.cap);
+                self.kept.drain(..excess);
+                self.kept.extend_from_slice(bytes);
+            }
+        }
     }
 }
 
@@ -326,7 +413,7 @@ mod tests {
 
     #[test]
     fn capture_keeps_at_most_cap_bytes() {
-        let mut capture = Capture::new(5);
+        let mut capture = Capture::new(5, Keep::Head);
         capture.push(b"abc");
         assert!(!capture.truncated);
         capture.push(b"de");
@@ -334,11 +421,24 @@ mod tests {
         capture.push(b"f");
         assert!(capture.truncated);
         assert_eq!(capture.kept, b"abcde");
-        let mut zero = Capture::new(0);
+        let mut zero = Capture::new(0, Keep::Head);
         zero.push(b"");
         assert!(!zero.truncated);
         zero.push(b"x");
         assert!(zero.truncated && zero.kept.is_empty());
+    }
+
+    #[test]
+    fn a_tail_capture_keeps_the_last_cap_bytes() {
+        let mut capture = Capture::new(5, Keep::Tail);
+        capture.push(b"abc");
+        capture.push(b"de");
+        assert!(!capture.truncated);
+        capture.push(b"fg");
+        assert_eq!(capture.kept, b"cdefg");
+        capture.push(b"0123456789");
+        assert!(capture.truncated);
+        assert_eq!(capture.kept, b"56789");
     }
 
     #[test]

@@ -43,11 +43,11 @@
 //! `exec` module for how the group is killed on timeout, after exit and on
 //! cancellation.
 
-mod exec;
+pub(crate) mod exec;
 mod identity;
-mod parse;
+pub(crate) mod parse;
 mod policy;
-mod redact;
+pub(crate) mod redact;
 mod summary;
 #[cfg(test)]
 // A failed unwrap is a test failure with a clear message; that is what tests want.
@@ -60,6 +60,7 @@ use serde::Serialize;
 
 pub use exec::Limits;
 pub use identity::{DEFAULT_RUN_AS, Identity, resolve_run_as};
+pub use parse::FIXED_PATH;
 pub use policy::{TerminalPolicy, TerminalSettings};
 
 impl Limits {
@@ -178,14 +179,12 @@ pub async fn run(policy: &TerminalPolicy, command: &str, cwd: Option<&str>) -> R
         program,
         parsed,
         cwd,
-        limits: exec::Limits {
-            max_processes: settings.max_processes,
-            cpu_seconds: settings.cpu_seconds,
-            file_size_bytes: settings.file_size_bytes,
-        },
+        limits: policy.limits(),
         timeout: policy.timeout(),
         output_cap_bytes: settings.output_cap_bytes,
         identity: policy.identity(),
+        stdin: None,
+        stderr_tail_bytes: None,
     };
     let started = Instant::now();
     let execution = exec::execute(&spec).await?;

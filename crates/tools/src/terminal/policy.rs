@@ -151,6 +151,15 @@ impl TerminalPolicy {
         self.timeout
     }
 
+    /// The rlimits every command of this policy runs under.
+    pub(crate) fn limits(&self) -> super::exec::Limits {
+        super::exec::Limits {
+            max_processes: self.settings.max_processes,
+            cpu_seconds: self.settings.cpu_seconds,
+            file_size_bytes: self.settings.file_size_bytes,
+        }
+    }
+
     /// Compiled redaction rules.
     pub(crate) fn redactor(&self) -> &Redactor {
         &self.redactor

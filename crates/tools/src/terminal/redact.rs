@@ -72,6 +72,8 @@ pub struct Redactor {
     substrings: Vec<String>,
     /// Configured patterns that compiled and cannot match the empty string.
     patterns: Vec<Regex>,
+    /// Whether only the host's secrets are hidden, without the built-in rules.
+    secrets_only: bool,
 }
 
 impl Redactor {
@@ -98,6 +100,46 @@ impl Redactor {
         res
     }
 
+    /// Rules that hide only `secrets`, literally: for answers from services the operator chose
+    /// (HTTP tools), whose own fields named `token` or `password` are data, not leaks.
+    pub fn secrets_only(secrets: &[String]) -> Self {
+        let mut res = Redactor { secrets_only: true, ..Redactor::default() };
+        res.add_secrets(secrets);
+        res
+    }
+
+    /// `value` with every string in it redacted. A member whose key names a secret (as in
+    /// `"password": "..."`) has its whole value hidden, as the built-in rules hide `password=...`
+    /// in text; redacting the JSON text itself could break its syntax.
+    pub fn redact_json(&self, value: serde_json::Value) -> serde_json::Value {
+        use serde_json::Value;
+        match value {
+            Value::String(text) => Value::String(self.redact(&text)),
+            Value::Array(items) => {
+                Value::Array(items.into_iter().map(|item| self.redact_json(item)).collect())
+            }
+            Value::Object(members) => Value::Object(
+                members
+                    .into_iter()
+                    .map(|(key, value)| {
+                        let value = match value {
+                            Value::String(text) if self.hides_value_of(&key, &text) => REDACTED.into(),
+                            other => self.redact_json(other),
+                        };
+                        (self.redact(&key), value)
+                    })
+                    .collect(),
+            ),
+            other => other,
+        }
+    }
+
+    /// Whether the rules hide `text` when it is written as `key=text`, more than they hide it
+    /// alone: the key names a secret.
+    fn hides_value_of(&self, key: &str, text: &str) -> bool {
+        !text.is_empty() && !self.redact(&format!("{key}={text}")).ends_with(&self.redact(text))
+    }
+
     /// Adds literal secrets of the host process, such as the Redis password, hidden before
     /// any other rule runs. Empty strings are skipped.
     pub fn add_secrets(&mut self, secrets: &[String]) {
@@ -117,6 +159,9 @@ impl Redactor {
             if res.contains(substring.as_str()) {
                 res = res.replace(substring.as_str(), REDACTED);
             }
+        }
+        if self.secrets_only {
+            return res;
         }
         for regex in &self.patterns {
             if let Cow::Owned(replaced) = regex.replace_all(&res, REDACTED) {
@@ -274,6 +319,35 @@ mod tests {
         check("ssh git@github.com:org/repo.git", "ssh git@github.com:org/repo.git");
         check("mailto:bob@example.com", "mailto:bob@example.com");
         check("https://example.com/@user", "https://example.com/@user");
+    }
+
+    #[test]
+    fn json_values_are_redacted_without_breaking_their_syntax() {
+        let mut redactor = Redactor::default();
+        redactor.add_secrets(&["pw-42".to_owned()]);
+        let value = serde_json::json!({
+            "password": "hunter2", "name": "bob", "count": 3,
+            "notes": ["the pw-42 leaked", "Bearer abc.def"], "nested": {"api_key": "k-1", "empty": ""},
+        });
+        assert_eq!(
+            redactor.redact_json(value),
+            serde_json::json!({
+                "password": "[REDACTED]", "name": "bob", "count": 3,
+                "notes": ["the [REDACTED] leaked", "Bearer [REDACTED]"],
+                "nested": {"api_key": "[REDACTED]", "empty": ""},
+            })
+        );
+    }
+
+    #[test]
+    fn a_secrets_only_redactor_hides_only_the_secrets() {
+        let redactor = Redactor::secrets_only(&["tok-9f".to_owned()]);
+        assert_eq!(redactor.redact("token=abc and tok-9f"), "token=abc and [REDACTED]");
+        let value = serde_json::json!({"token": "abc", "echo": "Bearer tok-9f"});
+        assert_eq!(
+            redactor.redact_json(value),
+            serde_json::json!({"token": "abc", "echo": "Bearer [REDACTED]"})
+        );
     }
 
     #[test]
