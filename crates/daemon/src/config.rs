@@ -90,6 +90,10 @@ pub struct RawConfig {
     /// `[[http_tools]]`: HTTP endpoints hosted as tools.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub http_tools: Vec<HttpToolSettings>,
+    /// `[[mcp_servers]]`: MCP servers hosted as tool sources (`env` and `headers` values print
+    /// masked).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mcp_servers: Vec<toolhost_mcp::McpServerConfig>,
 }
 
 /// `[redis]`
@@ -245,6 +249,19 @@ pub struct Config {
     pub terminal_identity: Option<Identity>,
     /// `[[http_tools]] headers` with `${VAR}` expanded, one list per tool, in order.
     pub http_headers: ExpandedHeaders,
+    /// The environment hosted MCP servers start from (`${VAR}` in their settings, and the
+    /// children's `PATH`, `HOME` and `LANG`); read here, where the daemon reads its environment.
+    pub mcp_env: EnvVars,
+}
+
+/// A snapshot of the environment. `{:?}` prints the names only: values may be secrets.
+#[derive(Clone, Default)]
+pub struct EnvVars(pub std::collections::BTreeMap<String, String>);
+
+impl std::fmt::Debug for EnvVars {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.0.keys()).finish()
+    }
 }
 
 /// The headers of every `[[http_tools]]` entry after `${VAR}` expansion, and the values the
@@ -489,6 +506,10 @@ fn validate_sources(
 fn validate(raw: RawConfig, vars: &HashMap<String, String>) -> Result<Config, ConfigError> {
     let mut errors = Vec::new();
     let http_headers = validate_sources(&raw, vars, &mut errors);
+    let mcp_env = EnvVars(vars.iter().map(|(name, value)| (name.clone(), value.clone())).collect());
+    if let Err(found) = toolhost_mcp::config::resolve(&raw.mcp_servers, &mcp_env.0) {
+        errors.extend(found.0.into_iter().map(|error| KeyError { key: error.key, message: error.message }));
+    }
     let mut bad =
         |key: &str, message: &str| errors.push(KeyError { key: key.to_owned(), message: message.to_owned() });
     if redis::parse_redis_url(&raw.redis.url).is_none() && !raw.redis.url.starts_with("unix://") {
@@ -584,6 +605,7 @@ fn validate(raw: RawConfig, vars: &HashMap<String, String>) -> Result<Config, Co
         http_idle_timeout: ms(raw.http.idle_timeout_ms),
         terminal_identity,
         http_headers,
+        mcp_env,
         raw,
     })
 }

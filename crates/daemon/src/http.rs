@@ -5,6 +5,8 @@
 //! - `GET /readyz`: 200 `{"ready":true}` while Redis answers and the consumer groups exist;
 //!   otherwise 503 `{"ready":false,"reasons":[...]}`. See [`Telemetry::readiness`].
 //! - `GET /metrics`: every metric in the Prometheus text format (version 0.0.4).
+//! - `GET /status`: `{"ready", "reasons", "sources": [...]}`, the state of every hosted tool
+//!   source (an MCP server: up, restarts, tools, pid, last error) beside readiness.
 //!
 //! The server runs on an OS thread of its own with a current-thread runtime, so it keeps
 //! answering while the tool runtime is saturated; its handlers only read [`Telemetry`], they never
@@ -126,7 +128,13 @@ pub fn router(telemetry: Telemetry) -> Router {
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
+        .route("/status", get(status))
         .with_state(telemetry)
+}
+
+/// `/status`: readiness with its reasons, and the state of every hosted tool source, as JSON.
+async fn status(State(telemetry): State<Telemetry>) -> axum::Json<serde_json::Value> {
+    axum::Json(telemetry.status())
 }
 
 async fn serve(

@@ -9,6 +9,8 @@
 //!   inbox `chat:<AGENT_NAME>`).
 //! - `group`: the consumer-group read and reclaim loops every door runs on.
 //! - `publish`: the tool registry and heartbeat kept in Redis.
+//! - `sources`: the tool sources at run time (hosted MCP servers included) and the registry
+//!   rebuilt from them when their tools change or SIGHUP reloads the configuration.
 //! - `client`: the `call` and `tools` commands.
 //! - `dlq`: the `dlq list|replay|purge` commands over `dlq:<toolbox_id>`.
 //! - [`http`]: `/healthz`, `/readyz` and `/metrics` on a thread of their own, and the
@@ -36,6 +38,7 @@ mod publish;
 pub mod serve;
 mod services;
 mod shutdown;
+mod sources;
 mod stats;
 mod telemetry;
 

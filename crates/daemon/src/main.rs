@@ -45,7 +45,7 @@ fn main() {
                 if let Err(err) = logging::install(format, &config.raw.log.level, rust_log.as_deref()) {
                     eprintln!("toolhost: cannot install logging: {err}");
                 }
-                let options = serve::ServeOptions { synthetic_tools };
+                let options = serve::ServeOptions { synthetic_tools, config_path: cli.config.clone() };
                 match serve::run(config, options, serve::shutdown_signal()).await {
                     Ok(()) => 0,
                     Err(err) => {

@@ -9,19 +9,20 @@ use std::future::Future;
 use std::sync::Arc;
 
 use anyhow::Context as _;
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, mpsc};
 use toolhost_bus::{Bus, Keys, RedisBus, RedisOptions, ResponseTopics};
 use toolhost_envelope::Address;
+use toolhost_mcp::McpEvent;
 use toolhost_tools::builtin::{AgentSettings, AgentTool, ChatSend, Echo, Synthetic, TerminalRun};
 use toolhost_tools::sources::FieldError;
 use toolhost_tools::sources::command::CommandTool;
 use toolhost_tools::sources::http::HttpTool;
 use toolhost_tools::terminal::TerminalPolicy;
 use toolhost_tools::{DEFAULT_MAX_QUEUE, LimitSettings, Registry, SharedRegistry, Tool, ToolLimits};
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::call::{Door, Lifecycle};
-use crate::config::{Config, ConfigError, KeyError, mask_url};
+use crate::config::{Config, ConfigError, KeyError, ProcessEnv, mask_url};
 use crate::doors::chat::{Inbox, InboxSettings};
 use crate::doors::requests::{DispatchSettings, Requests};
 use crate::group::{GroupReader, StreamSettings};
@@ -30,6 +31,7 @@ use crate::probe::{Probe, WatchedGroup};
 use crate::publish::Publisher;
 use crate::services::Services;
 use crate::shutdown::Shutdown;
+use crate::sources::Sources;
 use crate::stats::Stats;
 use crate::telemetry::Telemetry;
 
@@ -38,6 +40,8 @@ use crate::telemetry::Telemetry;
 pub struct ServeOptions {
     /// How many synthetic benchmark tools to register.
     pub synthetic_tools: usize,
+    /// The configuration file, read again on SIGHUP (`None`: defaults and environment only).
+    pub config_path: Option<std::path::PathBuf>,
 }
 
 /// Builds the registry of built-in tools (plus synthetic ones, the configured specialist
@@ -52,6 +56,24 @@ pub fn build_registry(
     options: &ServeOptions,
     bus: &Arc<dyn Bus>,
     keys: &Keys,
+) -> anyhow::Result<Registry> {
+    build_registry_with(config, options, bus, keys, &[])
+}
+
+/// [`build_registry`] with the tools of the hosted MCP servers (`hosted`) added.
+///
+/// `tools.disabled` and `tools.limits` may name tools of an MCP server: while MCP servers are
+/// configured, a name no tool has yet is logged rather than refused, since the server may be
+/// down or not yet listed.
+///
+/// # Errors
+/// As [`build_registry`]; a hosted tool whose name another tool has is refused too.
+pub(crate) fn build_registry_with(
+    config: &Config,
+    options: &ServeOptions,
+    bus: &Arc<dyn Bus>,
+    keys: &Keys,
+    hosted: &[Arc<dyn Tool>],
 ) -> anyhow::Result<Registry> {
     let daemon = &config.raw.daemon;
     let mut registry = Registry::new();
@@ -86,18 +108,25 @@ pub fn build_registry(
     }
     let mut errors = Vec::new();
     register_sources(config, &policy, &mut registry, &mut errors);
+    for tool in hosted {
+        if let Err(err) = registry.register(tool.clone()) {
+            errors.push(KeyError { key: "mcp_servers".to_owned(), message: err.to_string() });
+        }
+    }
+    let lenient = !config.raw.mcp_servers.is_empty();
+    let mut unknown_name = |key: String, message: String| {
+        if lenient {
+            warn!(key = %key, "{message}; an MCP server may list it later");
+        } else {
+            errors.push(KeyError { key, message });
+        }
+    };
     let unknown = registry.disable(&config.raw.tools.disabled);
     if !unknown.is_empty() {
-        errors.push(KeyError {
-            key: "tools.disabled".to_owned(),
-            message: format!("names unknown tools: {}", unknown.join(", ")),
-        });
+        unknown_name("tools.disabled".to_owned(), format!("names unknown tools: {}", unknown.join(", ")));
     }
     for name in config.raw.tools.limits.keys().filter(|name| !registry.contains(name)) {
-        errors.push(KeyError {
-            key: format!("tools.limits.{name}"),
-            message: "no tool has this name".to_owned(),
-        });
+        unknown_name(format!("tools.limits.{name}"), "no tool has this name".to_owned());
     }
     if !errors.is_empty() {
         return Err(ConfigError(errors).into());
@@ -169,7 +198,7 @@ fn register_sources(
 
 /// The per-tool limits: each tool's own `max_concurrent` (the terminal's setting, for one),
 /// overridden by `[tools.limits."<name>"]`, with a queue of [`DEFAULT_MAX_QUEUE`] unless set.
-pub fn tool_limits(config: &Config, registry: &Registry) -> ToolLimits {
+pub(crate) fn limit_settings(config: &Config, registry: &Registry) -> BTreeMap<String, LimitSettings> {
     let configured = &config.raw.tools.limits;
     let mut limits: BTreeMap<String, LimitSettings> = registry
         .spec_limits()
@@ -185,7 +214,7 @@ pub fn tool_limits(config: &Config, registry: &Registry) -> ToolLimits {
         let max_queue = section.max_queue.unwrap_or(DEFAULT_MAX_QUEUE);
         limits.insert(name.clone(), LimitSettings { max_concurrent, max_queue });
     }
-    ToolLimits::new(limits)
+    limits
 }
 
 /// The bus and key names `config` asks for.
@@ -233,7 +262,7 @@ pub async fn run_with_registry(
     signal: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let (bus, keys) = connect(&config)?;
-    App::assemble(config, bus, keys, Ok(registry))?.run(signal).await
+    App::assemble(config, None, bus, keys, Ok(registry))?.run(signal).await
 }
 
 /// The daemon, built and not yet running: every part made from the configuration, the HTTP
@@ -256,6 +285,11 @@ pub struct App {
     /// The chat door's reader.
     inbox: Arc<GroupReader<Lifecycle<Inbox>>>,
     publisher: Arc<Publisher>,
+    /// The tool sources, with their event stream; `None` for a registry built by the caller,
+    /// which is never rebuilt.
+    sources: Option<(Arc<Sources>, mpsc::UnboundedReceiver<McpEvent>)>,
+    /// The configuration file, read again on SIGHUP.
+    config_path: Option<std::path::PathBuf>,
 }
 
 impl App {
@@ -268,12 +302,13 @@ impl App {
     pub fn build(config: Config, options: &ServeOptions) -> anyhow::Result<App> {
         let (bus, keys) = connect(&config)?;
         let registry = build_registry(&config, options, &bus, &keys);
-        App::assemble(config, bus, keys, registry)
+        App::assemble(config, Some(options.clone()), bus, keys, registry)
     }
 
     /// Builds the parts around a registry (or the error building it), collecting every error.
     fn assemble(
         config: Config,
+        options: Option<ServeOptions>,
         bus: Arc<dyn Bus>,
         keys: Keys,
         registry: anyhow::Result<Registry>,
@@ -310,14 +345,14 @@ impl App {
             return Err(ConfigError(errors).into());
         };
 
-        let limits = Arc::new(tool_limits(&config, &registry));
+        let limits = Arc::new(ToolLimits::new(limit_settings(&config, &registry)));
         let registry = Arc::new(SharedRegistry::new(registry));
         let consumer = consumer_name();
         let shutdown = Shutdown::new();
         let services = Services {
             bus: bus.clone(),
             registry: registry.clone(),
-            limits,
+            limits: limits.clone(),
             keys: keys.clone(),
             stats: Arc::new(Stats::default()),
             telemetry: telemetry.clone(),
@@ -375,6 +410,19 @@ impl App {
             requests_topic: keys.topic(&raw.streams.requests),
             results_topic: keys.topic(&raw.streams.results),
         });
+        let config_path = options.as_ref().and_then(|options| options.config_path.clone());
+        let sources = options.map(|options| {
+            Sources::new(
+                config.clone(),
+                options,
+                bus.clone(),
+                keys.clone(),
+                registry.clone(),
+                limits.clone(),
+                publisher.clone(),
+                telemetry.clone(),
+            )
+        });
         Ok(App {
             config,
             bus,
@@ -387,6 +435,8 @@ impl App {
             requests,
             inbox,
             publisher,
+            sources,
+            config_path,
         })
     }
 
@@ -408,6 +458,8 @@ impl App {
             requests,
             inbox,
             publisher,
+            sources,
+            config_path,
         } = self;
         let requests_key = requests.topic().to_owned();
         let raw = &config.raw;
@@ -432,6 +484,19 @@ impl App {
             info!("stopped before the consumer group could be created");
             shutdown.drain(config.shutdown_grace).await;
             return Ok(());
+        }
+        // Hosted MCP servers start before the doors read, so their tools are listed from the
+        // first request on; one that cannot be reached comes later (fail open).
+        if let Some((sources, _)) = &sources
+            && let Err(err) = sources.start().await
+        {
+            shutdown.drain(config.shutdown_grace).await;
+            sources.stop().await;
+            return Err(ConfigError(vec![KeyError {
+                key: "mcp_servers".to_owned(),
+                message: format!("{err:#}"),
+            }])
+            .into());
         }
         telemetry.set_groups_ready(true);
         telemetry.set_redis_up(true);
@@ -461,6 +526,16 @@ impl App {
         tasks.spawn(publisher.clone().run(shutdown.clone()));
         tasks.spawn(inbox.clone().run_reader());
         tasks.spawn(inbox.clone().run_reclaimer());
+        let sources = sources.map(|(sources, events)| {
+            tasks.spawn(sources.clone().run(events, shutdown.stopping().clone()));
+            tasks.spawn(reload_on_hangup(
+                sources.clone(),
+                config_path,
+                telemetry.clone(),
+                shutdown.stopping().clone(),
+            ));
+            sources
+        });
 
         signal.await;
         telemetry.set_draining();
@@ -472,6 +547,10 @@ impl App {
         // blocking reads return (what they delivered is handled, not left pending).
         if !shutdown.drain(config.shutdown_grace).await {
             warn!("grace period over; unfinished calls are left pending for another replica");
+        }
+        // After the calls that used them: every MCP child is killed and waited for.
+        if let Some(sources) = &sources {
+            sources.stop().await;
         }
         if let Err(err) = publisher.withdraw().await {
             warn!(error = %err, "cannot remove the registry heartbeat");
@@ -515,6 +594,50 @@ async fn check_eviction_policy(bus: &dyn Bus) {
         Ok(_) => {}
         Err(err) => {
             debug!(error = %err, "cannot read maxmemory-policy (CONFIG GET refused?); eviction not checked")
+        }
+    }
+}
+
+/// Reloads the configuration on every SIGHUP until `stopping` fires: the tool settings apply
+/// live ([`Sources::reload`]); a configuration that does not load or build is refused whole,
+/// logged with its keys and counted, and the old one keeps serving.
+async fn reload_on_hangup(
+    sources: Arc<Sources>,
+    config_path: Option<std::path::PathBuf>,
+    telemetry: Telemetry,
+    stopping: tokio_util::sync::CancellationToken,
+) {
+    let mut hangups = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+        Ok(hangups) => hangups,
+        Err(err) => {
+            warn!(error = %err, "cannot listen for SIGHUP; the configuration cannot be reloaded");
+            return;
+        }
+    };
+    loop {
+        tokio::select! {
+            () = stopping.cancelled() => return,
+            received = hangups.recv() => if received.is_none() { return },
+        }
+        info!(config = ?config_path, "SIGHUP: reloading the configuration");
+        let loaded = Config::load(config_path.as_deref(), &ProcessEnv).map_err(anyhow::Error::from);
+        let applied = match loaded {
+            Ok(config) => sources.reload(config).await,
+            Err(err) => Err(err),
+        };
+        match applied {
+            Ok(reloaded) => {
+                telemetry.reloaded(true);
+                if reloaded.needs_restart.is_empty() {
+                    info!("configuration reloaded");
+                } else {
+                    warn!(keys = %reloaded.needs_restart.join(","), "configuration reloaded; these settings need a restart to apply");
+                }
+            }
+            Err(err) => {
+                telemetry.reloaded(false);
+                error!(error = %format!("{err:#}"), "configuration reload refused; the old configuration keeps serving");
+            }
         }
     }
 }

@@ -38,6 +38,12 @@ pub const REDIS_RECONNECTS: &str = "toolhost_redis_reconnects_total";
 pub const REDIS_UP: &str = "toolhost_redis_up";
 /// Always 1, labelled with the `version`.
 pub const BUILD_INFO: &str = "toolhost_build_info";
+/// Gauge, label `source`: 1 while a hosted tool source (an MCP server) is connected.
+pub const SOURCE_UP: &str = "toolhost_source_up";
+/// Counter: configuration reloads applied.
+pub const RELOADS: &str = "toolhost_config_reloads_total";
+/// Counter: configuration reloads refused (the old configuration keeps serving).
+pub const RELOAD_FAILURES: &str = "toolhost_config_reload_failures_total";
 
 /// Histogram buckets of [`INVOCATION_DURATION`], in seconds: from a cache hit to a long command.
 const DURATION_BUCKETS: &[f64] =
@@ -84,6 +90,11 @@ struct Inner {
     redeliveries: Counter,
     reconnects: Counter,
     redis_up: Gauge,
+    /// What `/status` shows beside readiness: the tool sources' states, kept current by the
+    /// sources' loop.
+    status: std::sync::Mutex<serde_json::Value>,
+    reloads: Counter,
+    reload_failures: Counter,
 }
 
 /// Whether the daemon can take work, and if not, why.
@@ -127,6 +138,9 @@ impl Telemetry {
             redeliveries: counter(REDELIVERIES),
             reconnects: counter(REDIS_RECONNECTS),
             redis_up: gauge(REDIS_UP),
+            status: std::sync::Mutex::new(serde_json::json!({"sources": []})),
+            reloads: counter(RELOADS),
+            reload_failures: counter(RELOAD_FAILURES),
             recorder,
             redis_state: AtomicU8::new(REDIS_UNKNOWN),
             groups_ready: AtomicBool::new(false),
@@ -203,6 +217,31 @@ impl Telemetry {
         self.histogram(Key::from_parts(INVOCATION_DURATION, labels)).record(duration.as_secs_f64());
     }
 
+    /// Records the state of every tool source: `toolhost_source_up{source}` and the `/status`
+    /// page's `sources`.
+    pub fn set_sources(&self, sources: &[(String, bool)], details: serde_json::Value) {
+        for (name, up) in sources {
+            let labels = vec![Label::new("source", name.clone())];
+            self.gauge(Key::from_parts(SOURCE_UP, labels)).set(if *up { 1.0 } else { 0.0 });
+        }
+        let mut status = self.inner.status.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        status["sources"] = details;
+    }
+
+    /// The `/status` page: readiness and the tool sources.
+    pub fn status(&self) -> serde_json::Value {
+        let readiness = self.readiness();
+        let mut status = self.inner.status.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
+        status["ready"] = serde_json::json!(readiness.is_ready());
+        status["reasons"] = serde_json::json!(readiness.reasons);
+        status
+    }
+
+    /// Counts a configuration reload, and whether it was refused.
+    pub fn reloaded(&self, ok: bool) {
+        if ok { &self.inner.reloads } else { &self.inner.reload_failures }.increment(1);
+    }
+
     /// Counts an entry taken over from another consumer.
     pub fn reclaimed(&self) {
         self.inner.reclaims.increment(1);
@@ -264,6 +303,8 @@ fn describe(recorder: &PrometheusRecorder) {
         (RECLAIMS, "Entries taken over from another consumer after its lease lapsed."),
         (REDELIVERIES, "Handled entries that had been delivered before."),
         (REDIS_RECONNECTS, "Times Redis answered again after it had stopped answering."),
+        (RELOADS, "Configuration reloads (SIGHUP) applied."),
+        (RELOAD_FAILURES, "Configuration reloads (SIGHUP) refused; the old configuration keeps serving."),
     ];
     for (name, help) in counters {
         recorder.describe_counter(name.into(), None, help.into());
@@ -274,6 +315,7 @@ fn describe(recorder: &PrometheusRecorder) {
         (GROUP_LAG, "Entries of a stream not yet delivered to a consumer group (NaN when unknown)."),
         (REDIS_UP, "1 while Redis answers, 0 otherwise."),
         (BUILD_INFO, "Always 1; the version label names the running build."),
+        (SOURCE_UP, "1 while a hosted tool source (an MCP server) is connected, 0 otherwise."),
     ];
     for (name, help) in gauges {
         recorder.describe_gauge(name.into(), None, help.into());

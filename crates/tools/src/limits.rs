@@ -7,8 +7,8 @@
 //! long it may wait (its deadline): waiting is a plain future, cancelled by dropping it.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
@@ -27,13 +27,19 @@ pub struct LimitSettings {
 /// The limits of every limited tool, by name. Tools without one run unlimited.
 #[derive(Debug, Default)]
 pub struct ToolLimits {
-    by_name: HashMap<String, Arc<Limit>>,
+    /// Replaced entry by entry by [`ToolLimits::update`]; read under a short lock per call.
+    by_name: RwLock<HashMap<String, Arc<Limit>>>,
 }
 
 #[derive(Debug)]
 struct Limit {
-    settings: LimitSettings,
+    /// `max_concurrent` and `max_queue`, changed in place by an update.
+    max_concurrent: AtomicUsize,
+    max_queue: AtomicUsize,
     running: Arc<Semaphore>,
+    /// Run slots still to take away after a lowered limit: they were in use then, and are
+    /// forgotten as the calls holding them end.
+    debt: AtomicUsize,
     /// Calls holding a queue slot: waiting, or running after having waited.
     queued: AtomicUsize,
 }
@@ -52,7 +58,7 @@ pub enum Admit {
 /// A running call's hold on its tool's limit; dropping it frees the slot.
 #[derive(Debug)]
 pub struct Running {
-    _permit: Option<OwnedSemaphorePermit>,
+    permit: Option<(OwnedSemaphorePermit, Arc<Limit>)>,
     /// A call that waited keeps its queue slot until it ends: it gave up its global slot to wait,
     /// so the queue slot is what still counts it against the memory bound.
     _queued: Option<QueueSlot>,
@@ -85,48 +91,107 @@ impl Drop for QueueSlot {
 impl ToolLimits {
     /// Limits for the named tools; a `max_concurrent` of 0 counts as 1.
     pub fn new(limits: impl IntoIterator<Item = (String, LimitSettings)>) -> ToolLimits {
-        let by_name = limits
-            .into_iter()
-            .map(|(name, settings)| {
-                let max_concurrent = settings.max_concurrent.max(1);
-                let limit = Limit {
-                    settings: LimitSettings { max_concurrent, ..settings },
+        let tool_limits = ToolLimits::default();
+        tool_limits.update(limits);
+        tool_limits
+    }
+
+    /// Makes `limits` the limits (after a reload). A tool whose limit changes keeps its semaphore
+    /// and queue, resized: calls running or waiting are not forgotten, so a tool never runs at
+    /// its old and new limit added up. A lowered limit takes the free slots at once and the rest
+    /// as running calls end. Tools no longer named run unlimited.
+    pub fn update(&self, limits: impl IntoIterator<Item = (String, LimitSettings)>) {
+        let mut by_name = self.by_name.write().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut next = HashMap::new();
+        for (name, settings) in limits {
+            let max_concurrent = settings.max_concurrent.max(1);
+            let limit = match by_name.remove(&name) {
+                Some(limit) => {
+                    let old = limit.max_concurrent.swap(max_concurrent, Ordering::AcqRel);
+                    if max_concurrent > old {
+                        // Pay the debt of an earlier lowering first.
+                        let mut raise = max_concurrent - old;
+                        let paid = limit
+                            .debt
+                            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |debt| {
+                                Some(debt.saturating_sub(raise))
+                            })
+                            .unwrap_or(0)
+                            .min(raise);
+                        raise -= paid;
+                        limit.running.add_permits(raise);
+                    } else if max_concurrent < old {
+                        let lower = old - max_concurrent;
+                        let forgotten = limit.running.forget_permits(lower);
+                        limit.debt.fetch_add(lower - forgotten, Ordering::AcqRel);
+                    }
+                    limit.max_queue.store(settings.max_queue, Ordering::Release);
+                    limit
+                }
+                None => Arc::new(Limit {
+                    max_concurrent: AtomicUsize::new(max_concurrent),
+                    max_queue: AtomicUsize::new(settings.max_queue),
                     running: Arc::new(Semaphore::new(max_concurrent)),
+                    debt: AtomicUsize::new(0),
                     queued: AtomicUsize::new(0),
-                };
-                (name, Arc::new(limit))
-            })
-            .collect();
-        ToolLimits { by_name }
+                }),
+            };
+            next.insert(name, limit);
+        }
+        *by_name = next;
+    }
+
+    fn limit(&self, tool: &str) -> Option<Arc<Limit>> {
+        self.by_name.read().unwrap_or_else(|poisoned| poisoned.into_inner()).get(tool).cloned()
     }
 
     /// The limit of `tool`, if it has one.
     pub fn settings(&self, tool: &str) -> Option<LimitSettings> {
-        self.by_name.get(tool).map(|limit| limit.settings)
+        self.limit(tool).map(|limit| limit.settings())
     }
 
     /// Calls of `tool` waiting or running after a wait.
     pub fn queued(&self, tool: &str) -> usize {
-        self.by_name.get(tool).map_or(0, |limit| limit.queued.load(Ordering::Acquire))
+        self.limit(tool).map_or(0, |limit| limit.queued.load(Ordering::Acquire))
     }
 
     /// Decides, without waiting, whether a call of `tool` runs now, waits or is refused.
     pub fn admit(&self, tool: &str) -> Admit {
-        let Some(limit) = self.by_name.get(tool) else {
-            return Admit::Run(Running { _permit: None, _queued: None });
+        let Some(limit) = self.limit(tool) else {
+            return Admit::Run(Running { permit: None, _queued: None });
         };
         // A permit is only free when nobody waits for it (tokio hands released permits to
         // waiters first), so a newcomer never overtakes the queue.
         if let Ok(permit) = limit.running.clone().try_acquire_owned() {
-            return Admit::Run(Running { _permit: Some(permit), _queued: None });
+            return Admit::Run(Running { permit: Some((permit, limit)), _queued: None });
         }
-        let max_queue = limit.settings.max_queue;
+        let max_queue = limit.max_queue.load(Ordering::Acquire);
         let taken = limit.queued.fetch_update(Ordering::AcqRel, Ordering::Acquire, |queued| {
             (queued < max_queue).then_some(queued + 1)
         });
         match taken {
-            Ok(_) => Admit::Wait(Waiting { running: limit.running.clone(), slot: QueueSlot(limit.clone()) }),
-            Err(_) => Admit::Full(Full { settings: limit.settings }),
+            Ok(_) => Admit::Wait(Waiting { running: limit.running.clone(), slot: QueueSlot(limit) }),
+            Err(_) => Admit::Full(Full { settings: limit.settings() }),
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let Some((permit, limit)) = self.permit.take() else { return };
+        let owed = limit.debt.fetch_update(Ordering::AcqRel, Ordering::Acquire, |debt| debt.checked_sub(1));
+        if owed.is_ok() {
+            // The limit was lowered while this call ran: its slot goes away with it.
+            permit.forget();
+        }
+    }
+}
+
+impl Limit {
+    fn settings(&self) -> LimitSettings {
+        LimitSettings {
+            max_concurrent: self.max_concurrent.load(Ordering::Acquire),
+            max_queue: self.max_queue.load(Ordering::Acquire),
         }
     }
 }
@@ -139,7 +204,8 @@ impl Waiting {
     pub async fn ready(self) -> Running {
         // The semaphore is owned by the limit and never closed, so acquiring only waits.
         let permit = self.running.acquire_owned().await.ok();
-        Running { _permit: permit, _queued: Some(self.slot) }
+        let limit = self.slot.0.clone();
+        Running { permit: permit.map(|permit| (permit, limit)), _queued: Some(self.slot) }
     }
 }
 
@@ -189,5 +255,24 @@ mod tests {
         assert_eq!(limits.queued("slow"), 0);
         drop(first);
         assert!(matches!(limits.admit("slow"), Admit::Run(_)));
+    }
+
+    #[tokio::test]
+    async fn an_update_resizes_a_limit_in_place_without_forgetting_running_calls() {
+        let limits = limits(1, 4);
+        let Admit::Run(first) = limits.admit("slow") else { panic!("the first call runs") };
+        // Raised to two: one more runs beside the call already running, not two more.
+        limits.update([("slow".to_owned(), LimitSettings { max_concurrent: 2, max_queue: 4 })]);
+        let Admit::Run(second) = limits.admit("slow") else { panic!("the raised limit has room") };
+        assert!(matches!(limits.admit("slow"), Admit::Wait(_)));
+        // Lowered back to one while two run: nobody new runs until both have ended.
+        limits.update([("slow".to_owned(), LimitSettings { max_concurrent: 1, max_queue: 4 })]);
+        drop(first);
+        assert!(matches!(limits.admit("slow"), Admit::Wait(_)));
+        drop(second);
+        assert!(matches!(limits.admit("slow"), Admit::Run(_)));
+        // A tool no longer named runs unlimited.
+        limits.update([]);
+        assert_eq!(limits.settings("slow"), None);
     }
 }
