@@ -14,6 +14,7 @@ use toolhost_tools::Failure;
 use tracing::{error, warn};
 
 use crate::backoff::Backoff;
+use crate::outage::redis_warn;
 use crate::telemetry::Telemetry;
 
 /// The owner of one handling of one entry: consumer, entry id and a random token.
@@ -41,7 +42,7 @@ pub(crate) async fn begin(
         match bus.begin_call(call, owner, entry_id).await {
             Ok(start) => return Some(start),
             Err(err) if err.is_retryable() => {
-                warn!(error = %err, request_id, "cannot record call start; retrying");
+                redis_warn!(&err, error = %err, request_id, "cannot record call start; retrying");
                 if !backoff.wait(forced).await {
                     return None;
                 }
@@ -72,7 +73,7 @@ pub(crate) async fn renew(
         match bus.renew_call(call, owner, entry, consumer).await {
             Ok(true) => {}
             Ok(false) => warn!(request_id, "lost the lease of a running call"),
-            Err(err) => warn!(error = %err, request_id, "cannot renew lease"),
+            Err(err) => redis_warn!(&err, error = %err, request_id, "cannot renew lease"),
         }
     }
 }
@@ -92,7 +93,7 @@ pub(crate) async fn finish(
             Ok(published) => return Some(published),
             Err(err) if err.is_retryable() => {
                 telemetry.set_redis_up(false);
-                warn!(error = %err, entry_id, "cannot commit answer; retrying");
+                redis_warn!(&err, error = %err, entry_id, "cannot commit answer; retrying");
                 if !backoff.wait(forced).await {
                     return None;
                 }

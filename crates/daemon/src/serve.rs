@@ -20,6 +20,7 @@ use crate::dispatch::{DispatchSettings, Dispatcher};
 use crate::group::{GroupReader, GroupSettings};
 use crate::http::HttpServer;
 use crate::inbox::{Inbox, InboxSettings};
+use crate::outage::redis_warn;
 use crate::probe::{Probe, WatchedGroup};
 use crate::publish::Publisher;
 use crate::services::Services;
@@ -229,6 +230,7 @@ async fn run_with_bus(
     });
 
     let probe = Probe {
+        redis: mask_url(&raw.redis.url),
         bus: bus.clone(),
         telemetry: telemetry.clone(),
         groups: vec![
@@ -257,7 +259,7 @@ async fn run_with_bus(
     // Before `ready`, so whoever waits for that line finds the tools listed in Redis.
     let fields = publisher.fields();
     if let Err(err) = publisher.publish_once(&fields).await {
-        warn!(error = %err, "cannot publish the tool registry yet; will retry");
+        redis_warn!(&err, error = %err, "cannot publish the tool registry yet; will retry");
     }
     info!(
         version = env!("CARGO_PKG_VERSION"),

@@ -40,7 +40,8 @@ fn normalise(value: &Value) -> Value {
             map.iter()
                 .map(|(key, value)| {
                     let stable = match key.as_str() {
-                        "id" | "time" | "created_at" | "dead_lettered_at" | "entry_id" | "envelope_id" => {
+                        "id" | "time" | "created_at" | "dead_lettered_at" | "entry_id"
+                        | "request_entry_id" | "envelope_id" => {
                             json!(format!("<{key}>"))
                         }
                         "duration_ms" | "mean_ms" | "p99_ms" => json!("<ms>"),

@@ -307,8 +307,8 @@ async fn dlq_replay_requeues_a_dead_letter_that_then_gets_answered() {
     assert_eq!(big_letter["payload_bytes"], big.to_string().len());
     let junk_letter =
         letters.iter().find(|letter| letter["payload_excerpt"] == "not json").expect("the junk");
-    let big_letter = big_letter["entry_id"].as_str().unwrap();
-    let junk_letter = junk_letter["entry_id"].as_str().unwrap();
+    let big_letter = big_letter["dlq_id"].as_str().unwrap();
+    let junk_letter = junk_letter["dlq_id"].as_str().unwrap();
 
     let output = toolhost(&["dlq", "purge", junk_letter], &env);
     assert_eq!(output.status.code(), Some(0), "{}", text(&output));

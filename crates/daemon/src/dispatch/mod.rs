@@ -453,7 +453,7 @@ impl Dispatcher {
             "event": "dead_letter",
             "toolbox_id": self.settings.toolbox_id,
             "stream": self.requests,
-            "entry_id": entry.entry_id,
+            "request_entry_id": entry.entry_id,
             "id": entry.id,
             "payload": entry.payload,
             "deliveries": entry.deliveries,
