@@ -92,7 +92,9 @@ check() {
     podman info >/dev/null 2>&1 || die "'podman info' fails"
     local started
     started=$(date +%s)
-    local base image="localhost/toolhost:$version-check" ctx
+    # Globals, for the cleanup trap that runs after this function returns.
+    image="localhost/toolhost:$version-check" mnt="" dir="" redis_pid="" serve_pid=""
+    local base ctx
     base="$(base_image)"
     ctx="$(context)"
     podman build --quiet --format docker -f deploy/Dockerfile.prebuilt --build-arg "BASE_IMAGE=$base" \
@@ -118,16 +120,17 @@ check() {
     mapfile -t image_env < <(podman image inspect --format '{{range .Config.Env}}{{println .}}{{end}}' "$image" | grep .)
 
     # Mount the image and give it what a runtime gives a container: /proc, /dev, a writable /tmp.
-    local mnt redis_pid="" serve_pid="" dir
     dir="$(mktemp -d /var/tmp/toolhost-image-check.XXXXXX)"
     mnt=$(podman image mount "$image")
     cleanup() {
         [ -n "$serve_pid" ] && kill "$serve_pid" 2>/dev/null || true
         [ -n "$redis_pid" ] && kill "$redis_pid" 2>/dev/null || true
         wait 2>/dev/null || true
-        for sub in tmp dev proc; do umount "$mnt/$sub" 2>/dev/null || true; done
-        podman image unmount "$image" >/dev/null 2>&1 || true
-        rm -rf "$dir"
+        if [ -n "$mnt" ]; then
+            for sub in tmp dev proc; do umount "$mnt/$sub" 2>/dev/null || true; done
+            podman image unmount "$image" >/dev/null 2>&1 || true
+        fi
+        [ -z "$dir" ] || rm -rf "$dir"
     }
     trap cleanup EXIT
     mount -t proc proc "$mnt/proc"
@@ -143,11 +146,12 @@ check() {
     for _ in $(seq 50); do redis-cli -p "$redis_port" ping >/dev/null 2>&1 && break; sleep 0.1; done
 
     # The image's environment, plus what `docker run -e` would add. The HTTP port is moved off
-    # 9464 because the check shares the host's network.
+    # 9464 because the check shares the host's network. It ends in exec, so it is always called
+    # in a subshell: `&`, `$(...)` or `(...)`; the background one's pid is then toolhost's own.
     in_image() {
-        (cd / && env -i "${image_env[@]}" HOSTNAME=image-check "REDIS_URL=redis://127.0.0.1:$redis_port" \
+        cd / && exec env -i "${image_env[@]}" HOSTNAME=image-check "REDIS_URL=redis://127.0.0.1:$redis_port" \
             "TOOLHOST__HTTP__LISTEN=127.0.0.1:$http_port" \
-            chroot --userspec="$user" "$mnt" /bin/sh -c 'cd "$0" && exec "$@"' "$workdir" "$@")
+            chroot --userspec="$user" "$mnt" /bin/sh -c 'cd "$0" && exec "$@"' "$workdir" "$@"
     }
     # shellcheck disable=SC2086 # the entrypoint and command are words
     in_image $entrypoint $cmd >"$dir/serve.log" 2>&1 &
@@ -155,7 +159,7 @@ check() {
     local ready=""
     for _ in $(seq 100); do
         # shellcheck disable=SC2086
-        if in_image $health --path /readyz 2>/dev/null; then ready=1; break; fi
+        if (in_image $health --path /readyz 2>/dev/null); then ready=1; break; fi
         kill -0 "$serve_pid" 2>/dev/null || break
         sleep 0.2
     done
@@ -171,6 +175,7 @@ check() {
     echo "toolhost call terminal_run 'uname -s' in the image: ok"
     answer=$(in_image toolhost check-config | grep -A3 '^\[http\]' | grep listen)
     echo "$answer" | grep -q "127.0.0.1:$http_port" || die "check-config in the image: $answer"
+    echo "toolhost check-config in the image reads TOOLHOST_CONFIG and the environment: $answer"
 
     kill -TERM "$serve_pid"
     local code=0
