@@ -690,6 +690,43 @@ mod tests {
     }
 
     #[test]
+    fn default_toml_writes_out_every_key_with_its_default() {
+        let written: toml::Value = toml::from_str(DEFAULT_TOML).unwrap();
+        let mut effective = toml::Value::try_from(&Config::load(None, &env(&[])).unwrap().raw).unwrap();
+        // The tables with no entries by default are documented as commented-out examples.
+        let tables = effective.as_table_mut().unwrap();
+        assert_eq!(tables.remove("agents"), Some(toml::Value::Array(Vec::new())));
+        let tools = tables["tools"].as_table_mut().unwrap();
+        assert_eq!(tools.remove("limits"), Some(toml::Value::Table(toml::Table::new())));
+        assert_eq!(written, effective);
+    }
+
+    #[test]
+    fn default_toml_examples_load_and_set_the_keys_left_unset() {
+        // `# [table]` and `# key = value` lines are examples; the rest of the comments are prose.
+        let example = |line: &str| {
+            let Some(rest) = line.strip_prefix("# ") else { return false };
+            let key = rest.split(" = ").next().unwrap_or_default();
+            rest.starts_with('[')
+                || (rest.contains(" = ") && key.chars().all(|c| c.is_ascii_lowercase() || c == '_'))
+        };
+        let uncommented: String = DEFAULT_TOML
+            .lines()
+            .map(|line| if example(line) { &line[2..] } else { line })
+            .map(|line| format!("{line}\n"))
+            .collect();
+        let path = file(&uncommented);
+        let config = Config::load(Some(&path.0), &env(&[])).unwrap();
+        let terminal = &config.raw.tools.terminal;
+        assert!(terminal.sandbox_cwd.is_some());
+        assert!(terminal.max_processes.is_some() && terminal.cpu_seconds.is_some());
+        assert!(terminal.file_size_bytes.is_some());
+        assert_eq!(config.raw.tools.limits["terminal_run"].max_concurrent, Some(2));
+        assert_eq!(config.raw.agents.len(), 1);
+        assert_eq!(config.raw.agents[0].name, "coder");
+    }
+
+    #[test]
     fn one_unknown_key_does_not_hide_the_others() {
         let path = file(
             "bogus = 1\n[dispatch]\nmax_inflight = 8\nmax_deliveries = \"many\"\nread_batch = 0\n\

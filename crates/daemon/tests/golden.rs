@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use redis::aio::MultiplexedConnection;
 use serde_json::{Value, json};
 
-use crate::support::{Daemon, RedisServer, http_addr, http_get, payloads, pending, request, xadd};
+use crate::support::{Daemon, RedisServer, http_addr, payloads, pending, request, wait_http, xadd};
 
 const WAIT: Duration = Duration::from_secs(15);
 
@@ -133,7 +133,10 @@ async fn wire_output_metric_names_and_log_fields_match_the_recorded_samples() {
         }),
     );
 
-    let (_, metrics) = http_get(http_addr(&daemon.log()), "/metrics");
+    // The group gauges appear with the probe's first look at the groups after they exist, up to
+    // 500 ms after start; a fast run gets here before that.
+    let (_, metrics) =
+        wait_http(http_addr(&daemon.log()), "/metrics", WAIT, |_, body| body.contains("toolhost_group_lag"));
     let names: BTreeSet<&str> = metrics
         .lines()
         .filter(|line| !line.starts_with('#') && !line.is_empty())

@@ -32,3 +32,6 @@ mod hardening;
 
 /// terminal_run through the daemon: policy, sandbox, environment, redaction, floods, timeouts.
 mod terminal;
+
+/// Issue 13: the caller's first hour: usage errors, closed stdout, TOOLHOST_CONFIG, outages.
+mod firsthour;
