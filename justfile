@@ -48,7 +48,7 @@ image:
     scripts/image.sh build {{version}}
 
 # The image toolhost:<version> from this machine's release build (deploy/Dockerfile.prebuilt), on `base`.
-image-prebuilt base="debian:bookworm-slim":
+image-prebuilt base="docker.io/library/debian:bookworm-slim":
     scripts/image.sh prebuilt {{version}} {{base}}
 
 # CI's image check: the prebuilt image on a debootstrapped base, its entrypoint run under chroot, one real call (root, podman).

@@ -49,18 +49,21 @@ context() {
 build() {
     local version="$1" engine
     engine="$(engine)"
-    "$engine" build -f deploy/Dockerfile -t "toolhost:$version" .
+    local format=()
+    [ "$engine" = podman ] && format=(--format docker)
+    "$engine" build "${format[@]}" -f deploy/Dockerfile -t "toolhost:$version" .
     echo "built toolhost:$version with $engine from source" >&2
 }
 
 prebuilt() {
-    local version="$1" base="${2:-debian:bookworm-slim}" engine ctx
+    local version="$1" base="${2:-docker.io/library/debian:bookworm-slim}" engine ctx
     engine="$(engine)"
     ctx="$(context)"
-    "$engine" build --format docker -f deploy/Dockerfile.prebuilt --build-arg "BASE_IMAGE=$base" \
-        -t "toolhost:$version" "$ctx" 2>/dev/null \
-        || "$engine" build -f deploy/Dockerfile.prebuilt --build-arg "BASE_IMAGE=$base" \
-            -t "toolhost:$version" "$ctx"
+    # podman writes OCI images by default, which drop HEALTHCHECK; docker's format keeps it.
+    local format=()
+    [ "$engine" = podman ] && format=(--format docker)
+    "$engine" build "${format[@]}" -f deploy/Dockerfile.prebuilt --build-arg "BASE_IMAGE=$base" \
+        -t "toolhost:$version" "$ctx"
     echo "built toolhost:$version with $engine on $base from target/release/toolhost" >&2
 }
 
