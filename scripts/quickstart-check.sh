@@ -8,7 +8,9 @@
 # 3. the README's client lines (`toolhost call`, `toolhost tools`);
 # 4. on a terminal (`script`), `serve` logs in the human format;
 # 5. `./x redis_port=P stop` stops that Redis, and only that one;
-# 6. `systemd-analyze verify` accepts deploy/toolhost.service, in a scratch root holding the binary.
+# 6. `systemd-analyze verify` accepts deploy/toolhost.service, in a scratch root holding the binary;
+# 7. deploy/kubernetes.yaml and docker-compose.yml validate against the Kubernetes API schemas
+#    (kubernetes-validate) and the Compose specification (check-jsonschema), both offline.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -56,7 +58,8 @@ for index, (language, body) in enumerate(blocks):
     suffix = {"sh": "sh", "python": "py"}[language]
     pathlib.Path(sys.argv[2], f"block-{index}.{suffix}").write_text(body)
 EOF
-python3 -m venv "$work/venv" && "$work/venv/bin/pip" install --quiet --disable-pip-version-check 'redis>=5'
+python3 -m venv "$work/venv" && "$work/venv/bin/pip" install --quiet --disable-pip-version-check \
+    'redis>=5' 'kubernetes-validate==1.37.0' 'check-jsonschema==0.39.0'
 for block in "$work"/block-*; do
     case "$block" in
         *.sh) sed "s/redis-cli /redis-cli -p $port /" "$block" | bash -euo pipefail >"$block.out" ;;
@@ -118,4 +121,10 @@ code=0
 [ "$code" = 64 ] || die "serve with a bad key exited $code, not 64"
 grep -q "dispatch.max_inflight" "$work/bad.err" || die "serve did not name the bad key: $(cat "$work/bad.err")"
 echo "deploy/toolhost.service: systemd-analyze verify is clean; bad configuration exits 64, which the unit does not restart"
+# 7. The manifests against their schemas.
+"$work/venv/bin/kubernetes-validate" --strict --quiet deploy/kubernetes.yaml \
+    || die "deploy/kubernetes.yaml does not validate"
+"$work/venv/bin/check-jsonschema" --builtin-schema vendor.compose-spec docker-compose.yml >/dev/null \
+    || die "docker-compose.yml does not validate against the Compose specification"
+echo "deploy/kubernetes.yaml (Kubernetes 1.37 schemas, strict) and docker-compose.yml (Compose specification): valid"
 echo "quickstart check passed"
