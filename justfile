@@ -59,6 +59,10 @@ image-check:
 quickstart-check:
     scripts/quickstart-check.sh
 
+# CI's systemd check: deploy/toolhost.service under a real systemd in systemd-nspawn (root).
+unit-check:
+    scripts/unit-check.sh
+
 # The reliability soak with the issue's 100,000 requests (CI runs 30,000; see docs/RELIABILITY.md).
 soak requests="100000": ensure-redis-installed
     TOOLHOST_SOAK_REQUESTS={{requests}} cargo test -p toolhost --test tests reliability::soak -- --nocapture
