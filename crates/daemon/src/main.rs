@@ -6,7 +6,7 @@
 
 use clap::Parser;
 use toolhost::cli::{Cli, Command};
-use toolhost::config::{Config, ConfigError, ProcessEnv};
+use toolhost::config::{Config, ConfigError, Env, ProcessEnv, unknown_variables};
 use toolhost::{EXIT_CONFIG, http, logging, output, serve};
 
 // The daemon allocates many small, short-lived buffers per request (JSON values, Redis frames)
@@ -29,6 +29,10 @@ fn main() {
     let config = match Config::load(cli.config.as_deref(), &ProcessEnv) {
         Ok(config) => config,
         Err(err) => {
+            // A stray variable may be the reason, e.g. TOOLHOST_DISPATCH__X with one underscore.
+            for warning in unknown_variables(&ProcessEnv.vars().into_iter().collect()) {
+                eprintln!("toolhost: warning: {warning}");
+            }
             eprintln!("toolhost: {err}");
             std::process::exit(EXIT_CONFIG);
         }

@@ -126,9 +126,12 @@ fn configuration_errors_come_all_at_once_and_stray_variables_are_warned_about() 
         .unwrap();
     let file = file.to_str().unwrap();
     for subcommand in ["check-config", "serve", "tools"] {
-        let output = toolhost(&[subcommand, "--config", file], &[("TOOLHOST__LOG__FORMAT", "xml")]);
+        let env = [("TOOLHOST__LOG__FORMAT", "xml"), ("TOOLHOST_LOG__LEVEL", "debug")];
+        let output = toolhost(&[subcommand, "--config", file], &env);
         assert_eq!(output.status.code(), Some(64), "{subcommand}");
         let text = stderr(&output);
+        // The stray variable is warned about even when the configuration fails.
+        assert!(text.contains("warning: TOOLHOST_LOG__LEVEL is not a variable toolhost reads"), "{text}");
         for key in ["dispatch.max_inflight", "dispatch.claim_idle_ms", "htp", "log.format"] {
             assert!(text.contains(&format!("  {key}: ")), "{subcommand}: {key} missing from {text}");
         }
