@@ -86,6 +86,35 @@ async fn a_closed_stdout_ends_every_command_quietly() {
         assert_eq!(output.status.code(), Some(0), "{args:?}: {text}");
         assert!(!text.contains("panicked") && !text.contains("Broken pipe"), "{args:?}: {text}");
     }
+    // `serve` loses its log lines, says nothing about each, serves on, and drains on SIGTERM.
+    let (reader, writer) = std::io::pipe().expect("pipe");
+    drop(reader);
+    // Under a key prefix of its own, so only it can answer the call below.
+    let own = [("REDIS_URL", url.as_str()), ("TOOLHOST__REDIS__KEY_PREFIX", "quiet:")];
+    let mut serve = command(&["serve"], &own)
+        .env("TOOLHOST__HTTP__LISTEN", "127.0.0.1:0")
+        .stdout(writer)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Ready once its tools are listed in Redis (its group is created just before).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        let listed = toolhost(&["tools", "--from-registry"], &own);
+        let answer: Value = serde_json::from_slice(&listed.stdout).unwrap_or_default();
+        if answer["tools"].as_array().is_some_and(|tools| !tools.is_empty()) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let output = toolhost(&["call", "echo", "--args", r#"{"message":"still serving"}"#], &own);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    crate::support::signal(serve.id() as i32, libc::SIGTERM);
+    let status = serve.wait().unwrap();
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut serve.stderr.take().unwrap(), &mut text).unwrap();
+    assert_eq!(status.code(), Some(0), "{text}");
+    assert_eq!(text, "", "serve complained on stderr");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
