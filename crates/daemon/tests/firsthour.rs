@@ -56,6 +56,16 @@ fn every_usage_error_exits_64_and_help_exits_0() {
     assert!(!help.contains("--log-format"), "{help}");
 }
 
+/// A child process killed on drop, so a failed assertion leaves no daemon behind.
+struct Reaped(std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Runs `toolhost` with a stdout whose reader is gone, as `toolhost ... | head -c1` leaves it.
 fn with_closed_stdout(args: &[&str], env: &[(&str, &str)]) -> Output {
     let (reader, writer) = std::io::pipe().expect("pipe");
@@ -91,12 +101,14 @@ async fn a_closed_stdout_ends_every_command_quietly() {
     drop(reader);
     // Under a key prefix of its own, so only it can answer the call below.
     let own = [("REDIS_URL", url.as_str()), ("TOOLHOST__REDIS__KEY_PREFIX", "quiet:")];
-    let mut serve = command(&["serve"], &own)
-        .env("TOOLHOST__HTTP__LISTEN", "127.0.0.1:0")
-        .stdout(writer)
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut serve = Reaped(
+        command(&["serve"], &own)
+            .env("TOOLHOST__HTTP__LISTEN", "127.0.0.1:0")
+            .stdout(writer)
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
     // Ready once its tools are listed in Redis (its group is created just before).
     let deadline = Instant::now() + Duration::from_secs(20);
     while Instant::now() < deadline {
@@ -109,10 +121,10 @@ async fn a_closed_stdout_ends_every_command_quietly() {
     }
     let output = toolhost(&["call", "echo", "--args", r#"{"message":"still serving"}"#], &own);
     assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
-    crate::support::signal(serve.id() as i32, libc::SIGTERM);
-    let status = serve.wait().unwrap();
+    crate::support::signal(serve.0.id() as i32, libc::SIGTERM);
+    let status = serve.0.wait().unwrap();
     let mut text = String::new();
-    std::io::Read::read_to_string(&mut serve.stderr.take().unwrap(), &mut text).unwrap();
+    std::io::Read::read_to_string(&mut serve.0.stderr.take().unwrap(), &mut text).unwrap();
     assert_eq!(status.code(), Some(0), "{text}");
     assert_eq!(text, "", "serve complained on stderr");
 }
