@@ -1,13 +1,21 @@
-# toolhost tasks. `just run` and `just test` are the README's quickstart.
+# toolhost tasks. `./x run` and `./x test` (this file through ./x, which installs just when it is
+# missing) are the README's quickstart.
 
 set shell := ["bash", "-euo", "pipefail", "-c"]
 
+# The port of the local Redis `run` starts and serves against, e.g. `./x redis_port=6380 run`.
 redis_port := "6379"
+# The workspace version, the tag of the images.
+version := `sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -n 1`
 
-# Build and serve with the default config, starting a local Redis if none answers.
+# Build and serve with the default config against 127.0.0.1:redis_port, starting a Redis there if none answers.
 run *ARGS: ensure-redis
     cargo build --release --bin toolhost
-    ./target/release/toolhost serve {{ARGS}}
+    REDIS_URL=redis://127.0.0.1:{{redis_port}} ./target/release/toolhost serve {{ARGS}}
+
+# Stop the Redis that `run` started on redis_port (a Redis it did not start is left alone).
+stop:
+    scripts/ensure-redis.sh stop {{redis_port}}
 
 # The whole suite: unit tests, integration tests against real redis-server processes.
 test: ensure-redis-installed
@@ -36,6 +44,26 @@ ensure-redis-installed:
 # Make sure a Redis answers on 127.0.0.1:{{redis_port}}, starting one if needed.
 ensure-redis: ensure-redis-installed
     scripts/ensure-redis.sh start {{redis_port}}
+
+# The image toolhost:<version> from source (deploy/Dockerfile), with docker or podman.
+image:
+    scripts/image.sh build {{version}}
+
+# The image toolhost:<version> from this machine's release build (deploy/Dockerfile.prebuilt), on `base`.
+image-prebuilt base="docker.io/library/debian:bookworm-slim":
+    scripts/image.sh prebuilt {{version}} {{base}}
+
+# CI's image check: the prebuilt image on a debootstrapped base, its entrypoint run under chroot, one real call (root, podman).
+image-check:
+    scripts/image.sh check {{version}}
+
+# CI's check of the first hour: `run` against a chosen port, the README's request, `stop`; the systemd unit.
+quickstart-check:
+    scripts/quickstart-check.sh
+
+# CI's systemd check: deploy/toolhost.service under a real systemd in systemd-nspawn (root).
+unit-check:
+    scripts/unit-check.sh
 
 # The reliability soak with the issue's 100,000 requests (CI runs 30,000; see docs/RELIABILITY.md).
 soak requests="100000": ensure-redis-installed

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Installs redis-server when missing, and optionally starts one on a port when none answers.
-# Usage: ensure-redis.sh install | start PORT
+# Installs redis-server when missing, starts one on a port when none answers, and stops the one
+# it started. Usage: ensure-redis.sh install | start PORT | stop PORT
 set -euo pipefail
 
 install() {
@@ -33,13 +33,32 @@ case "${1:-}" in
         install
         port="${2:-6379}"
         if answers "$port"; then exit 0; fi
-        echo "no Redis on 127.0.0.1:$port; starting one (no persistence, logs in target/redis-$port.log)" >&2
+        echo "no Redis on 127.0.0.1:$port; starting one (no persistence, logs in target/redis-$port.log; \`just stop\` stops it)" >&2
         mkdir -p target
         redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --daemonize yes \
-            --logfile "$PWD/target/redis-$port.log"
+            --logfile "$PWD/target/redis-$port.log" --pidfile "$PWD/target/redis-$port.pid"
         for _ in $(seq 50); do answers "$port" && exit 0; sleep 0.1; done
         echo "redis-server did not answer on port $port; see target/redis-$port.log" >&2
         exit 1
         ;;
-    *) echo "usage: $0 install | start PORT" >&2; exit 2 ;;
+    stop)
+        # Only the server `start` started, known by its pid file: a Redis someone else runs on
+        # the port is left alone.
+        port="${2:-6379}"
+        pidfile="target/redis-$port.pid"
+        pid="$(cat "$pidfile" 2>/dev/null || true)"
+        if [ -z "$pid" ] || [ "$(cat "/proc/$pid/comm" 2>/dev/null)" != redis-server ]; then
+            rm -f "$pidfile"
+            echo "no Redis started by \`just run\` on port $port" >&2
+            exit 0
+        fi
+        kill "$pid"
+        for _ in $(seq 50); do
+            [ -d "/proc/$pid" ] || { rm -f "$pidfile"; echo "stopped the Redis on port $port" >&2; exit 0; }
+            sleep 0.1
+        done
+        echo "redis-server (pid $pid) did not stop" >&2
+        exit 1
+        ;;
+    *) echo "usage: $0 install | start PORT | stop PORT" >&2; exit 2 ;;
 esac

@@ -9,12 +9,10 @@ use clap::{Parser, Subcommand};
 #[derive(Debug, Parser)]
 #[command(name = "toolhost", version, about)]
 pub struct Cli {
-    /// Configuration file, layered over the defaults and under the environment.
+    /// Configuration file, layered over the defaults and under the environment
+    /// [default: the file named by TOOLHOST_CONFIG, if set].
     #[arg(long, global = true)]
     pub config: Option<PathBuf>,
-    /// Log format: json (default) or pretty; overrides `[log] format`.
-    #[arg(long, global = true)]
-    pub log_format: Option<String>,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
@@ -25,6 +23,10 @@ pub struct Cli {
 pub enum Command {
     /// Serve tools until SIGINT or SIGTERM.
     Serve {
+        /// Log format: auto (human on a terminal, JSON otherwise), json or pretty; overrides
+        /// `[log] format`.
+        #[arg(long, value_parser = ["auto", "json", "pretty"])]
+        log_format: Option<String>,
         /// Register N synthetic benchmark tools (synthetic_0000...).
         #[arg(long, hide = true, default_value_t = 0)]
         synthetic_tools: usize,
@@ -43,7 +45,7 @@ pub enum Command {
     /// List the tools of the running toolbox.
     Tools {
         /// native, openai, mcp, toolbox or capabilities.
-        #[arg(long, default_value = "native")]
+        #[arg(long, default_value = "native", value_parser = ["native", "openai", "mcp", "toolbox", "capabilities"])]
         format: String,
         /// Read the registry key in Redis instead of asking the daemon over the bus.
         #[arg(long)]
@@ -84,20 +86,20 @@ pub enum DlqAction {
     },
     /// Put dead-lettered requests back on the requests stream, so they are answered (again).
     Replay {
-        /// Entry ids of dead letters, as `list` prints them.
-        #[arg(required_unless_present = "all")]
-        entry_ids: Vec<String>,
+        /// Ids of dead letters (`dlq_id`, as `list` prints them).
+        #[arg(required_unless_present = "all", value_name = "DLQ_ID")]
+        dlq_ids: Vec<String>,
         /// Replay every dead letter.
-        #[arg(long, conflicts_with = "entry_ids")]
+        #[arg(long, conflicts_with = "dlq_ids")]
         all: bool,
     },
     /// Delete dead letters without replaying them.
     Purge {
-        /// Entry ids of dead letters, as `list` prints them.
-        #[arg(required_unless_present = "all")]
-        entry_ids: Vec<String>,
+        /// Ids of dead letters (`dlq_id`, as `list` prints them).
+        #[arg(required_unless_present = "all", value_name = "DLQ_ID")]
+        dlq_ids: Vec<String>,
         /// Delete every dead letter.
-        #[arg(long, conflicts_with = "entry_ids")]
+        #[arg(long, conflicts_with = "dlq_ids")]
         all: bool,
     },
 }
@@ -129,6 +131,17 @@ mod tests {
         assert!(Cli::try_parse_from(["toolhost", "dlq", "replay", "1-0", "--all"]).is_err());
         let cli = Cli::try_parse_from(["toolhost", "dlq", "purge", "--all"]).unwrap();
         assert!(matches!(cli.command, Command::Dlq { action: DlqAction::Purge { all: true, .. } }));
+    }
+
+    #[test]
+    fn log_format_is_a_serve_option_only() {
+        let cli = Cli::try_parse_from(["toolhost", "serve", "--log-format", "pretty"]).unwrap();
+        assert!(
+            matches!(cli.command, Command::Serve { log_format: Some(ref format), .. } if format == "pretty")
+        );
+        let err = Cli::try_parse_from(["toolhost", "call", "echo", "--log-format", "json"]).unwrap_err();
+        assert_eq!(err.kind(), clap::error::ErrorKind::UnknownArgument);
+        assert!(Cli::try_parse_from(["toolhost", "serve", "--log-format", "xml"]).is_err());
     }
 
     #[test]

@@ -4,10 +4,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Map, Value};
-use toolhost_bus::{Bus, CallError, Caller, Keys, RedisBus, RedisOptions, Store};
+use toolhost_bus::{Bus, CallError, Caller, Error as BusError, Keys, RedisBus, RedisOptions, Store};
 use toolhost_envelope::DiscoveryFormat;
 
-use crate::config::Config;
+use crate::EXIT_CONFIG;
+use crate::config::{Config, mask_url};
+use crate::output;
 
 /// Exit code when the tool answered with an error.
 pub const EXIT_TOOL_ERROR: i32 = 1;
@@ -18,7 +20,9 @@ fn caller(config: &Config) -> Result<(Arc<dyn Bus>, Caller), String> {
     let raw = &config.raw;
     let mut options = RedisOptions::new(raw.redis.url.clone());
     options.maxlen = raw.streams.maxlen;
-    let bus: Arc<dyn Bus> = Arc::new(RedisBus::new(options).map_err(|err| err.to_string())?);
+    options.response_timeout = Duration::from_millis(raw.redis.response_timeout_ms);
+    let bus: Arc<dyn Bus> =
+        Arc::new(RedisBus::new(options).map_err(|err| redis_failure(&raw.redis.url, &err))?);
     let keys = Keys::new(raw.redis.key_prefix.clone());
     let caller = Caller::new(bus.clone(), &keys, &raw.streams.requests, &raw.streams.results, "toolhost:cli");
     Ok((bus, caller))
@@ -30,11 +34,11 @@ pub async fn run_call(config: &Config, tool: &str, args: &str, timeout: Duration
         Ok(Value::Object(arguments)) => Value::Object(arguments),
         Ok(_) => {
             eprintln!("toolhost: --args must be a JSON object");
-            return EXIT_TRANSPORT;
+            return EXIT_CONFIG;
         }
         Err(err) => {
             eprintln!("toolhost: --args is not JSON: {err}");
-            return EXIT_TRANSPORT;
+            return EXIT_CONFIG;
         }
     };
     let (_bus, caller) = match caller(config) {
@@ -49,29 +53,30 @@ pub async fn run_call(config: &Config, tool: &str, args: &str, timeout: Duration
     data.insert("arguments".to_owned(), arguments);
     match caller.call("tool.invoke", data, timeout).await {
         Ok((_, result)) if result.success => {
-            println!("{}", result.result.unwrap_or(Value::Null));
+            output::line(result.result.unwrap_or(Value::Null));
             0
         }
         Ok((_, result)) => {
             let error = serde_json::json!({
                 "error": result.error, "error_code": result.error_code, "details": result.details,
             });
-            println!("{error}");
+            output::line(error);
             eprintln!("toolhost: {} failed: {}", tool, result.error.unwrap_or_default());
             EXIT_TOOL_ERROR
         }
         Err(err) => {
-            eprintln!("toolhost: {}", describe(&err));
+            eprintln!("toolhost: {}", describe(config, &err));
             EXIT_TRANSPORT
         }
     }
 }
 
-/// `toolhost tools`: prints the tool list in `format` and returns the exit code.
+/// `toolhost tools`: prints the discovery answer in `format`, exactly as a caller on the bus
+/// gets it (`{"toolbox_id", "format", "tools"}`), and returns the exit code.
 pub async fn run_tools(config: &Config, format: &str, from_registry: bool, timeout: Duration) -> i32 {
     let Some(format) = DiscoveryFormat::parse(format) else {
         eprintln!("toolhost: unknown format '{format}'; use native, openai, mcp, toolbox or capabilities");
-        return EXIT_TRANSPORT;
+        return EXIT_CONFIG;
     };
     let (bus, caller) = match caller(config) {
         Ok(caller) => caller,
@@ -87,8 +92,8 @@ pub async fn run_tools(config: &Config, format: &str, from_registry: bool, timeo
     data.insert("format".to_owned(), Value::String(format.as_str().to_owned()));
     match caller.call("tools.discover", data, timeout).await {
         Ok((_, result)) if result.success => {
-            let tools = result.result.as_ref().and_then(|r| r.get("tools")).cloned().unwrap_or(Value::Null);
-            println!("{}", serde_json::to_string_pretty(&tools).unwrap_or_default());
+            let answer = result.result.unwrap_or(Value::Null);
+            output::line(serde_json::to_string_pretty(&answer).unwrap_or_default());
             0
         }
         Ok((_, result)) => {
@@ -96,7 +101,7 @@ pub async fn run_tools(config: &Config, format: &str, from_registry: bool, timeo
             EXIT_TOOL_ERROR
         }
         Err(err) => {
-            eprintln!("toolhost: {}", describe(&err));
+            eprintln!("toolhost: {}", describe(config, &err));
             EXIT_TRANSPORT
         }
     }
@@ -108,7 +113,7 @@ async fn print_registry(config: &Config, bus: &dyn Store, format: DiscoveryForma
     let fields = match bus.hash_fields(&keys.registry(&raw.daemon.toolbox_id)).await {
         Ok(fields) => fields,
         Err(err) => {
-            eprintln!("toolhost: cannot read the registry: {err}");
+            eprintln!("toolhost: cannot read the registry: {}", redis_failure(&raw.redis.url, &err));
             return EXIT_TRANSPORT;
         }
     };
@@ -118,13 +123,38 @@ async fn print_registry(config: &Config, bus: &dyn Store, format: DiscoveryForma
     let requests = keys.topic(&raw.streams.requests);
     let results = keys.topic(&raw.streams.results);
     let exported: Vec<Value> = tools.iter().map(|tool| tool.export(format, &requests, &results)).collect();
-    println!("{}", serde_json::to_string_pretty(&exported).unwrap_or_default());
+    // The shape of the discovery answer, so scripts need not care where the list came from.
+    let answer = serde_json::json!({"toolbox_id": raw.daemon.toolbox_id, "format": format.as_str(), "tools": exported});
+    output::line(serde_json::to_string_pretty(&answer).unwrap_or_default());
     0
 }
 
-fn describe(err: &CallError) -> String {
+fn describe(config: &Config, err: &CallError) -> String {
+    let raw = &config.raw;
     match err {
-        CallError::Timeout(_) => format!("{err}; is a toolhost daemon serving this Redis?"),
+        CallError::Timeout(_) => format!(
+            "{err}; is a toolhost daemon with toolbox_id '{}' serving {} (key prefix '{}', streams {} and {})?",
+            raw.daemon.toolbox_id,
+            mask_url(&raw.redis.url),
+            raw.redis.key_prefix,
+            raw.streams.requests,
+            raw.streams.results,
+        ),
+        CallError::Bus(err) => redis_failure(&raw.redis.url, err),
         _ => err.to_string(),
+    }
+}
+
+/// A Redis failure for a person: the URL with its password masked, what went wrong and, when
+/// Redis does not answer, where to look.
+pub(crate) fn redis_failure(url: &str, err: &BusError) -> String {
+    let url = mask_url(url);
+    if err.is_retryable() {
+        format!(
+            "Redis at {url} does not answer ({err}); is redis-server running there? \
+             Set REDIS_URL, or [redis] url in the file given by --config or TOOLHOST_CONFIG"
+        )
+    } else {
+        format!("Redis at {url} refused the command: {err}")
     }
 }

@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -22,6 +22,23 @@ pub const DEFAULT_TOML: &str = include_str!("../../../config/default.toml");
 
 /// Prefix of the structured overrides: `TOOLHOST__SECTION__KEY`.
 pub const ENV_PREFIX: &str = "TOOLHOST";
+/// The configuration file, when `--config` is not given; every subcommand reads it, so client
+/// commands run in a container see what its daemon sees.
+pub const ENV_CONFIG: &str = "TOOLHOST_CONFIG";
+/// Variables named `TOOLHOST_*` that are not configuration keys and so get no warning: the
+/// configuration file, the golden-sample and soak knobs of the test suite, and the streams of
+/// `examples/worker.py`.
+pub const ENV_RESERVED: &[&str] = &[
+    ENV_CONFIG,
+    "TOOLHOST_BLESS",
+    "TOOLHOST_SOAK_REQUESTS",
+    "TOOLHOST_REQUESTS_STREAM",
+    "TOOLHOST_RESULTS_STREAM",
+];
+/// The log formats `[log] format` accepts; `auto` is human on a terminal and JSON otherwise.
+pub const LOG_FORMATS: &[&str] = &["auto", "json", "pretty"];
+/// How many bad keys one load reports at most before it gives up looking for more.
+const MAX_KEY_ERRORS: usize = 64;
 /// The Redis URL callers already set.
 pub const ENV_REDIS_URL: &str = "REDIS_URL";
 /// The agent name callers already set.
@@ -252,6 +269,9 @@ pub struct Config {
     /// The environment hosted MCP servers start from (`${VAR}` in their settings, and the
     /// children's `PATH`, `HOME` and `LANG`); read here, where the daemon reads its environment.
     pub mcp_env: EnvVars,
+    /// Things worth telling the operator that do not stop start-up, such as `TOOLHOST_*`
+    /// variables that toolhost does not read; `main` prints them on stderr.
+    pub warnings: Vec<String>,
 }
 
 /// A snapshot of the environment. `{:?}` prints the names only: values may be secrets.
@@ -340,10 +360,20 @@ impl Config {
     ///
     /// # Errors
     /// The file cannot be read or parsed, a key is unknown, or a value is bad.
+    ///
+    /// Without `file`, the file named by `TOOLHOST_CONFIG` (when set and not empty) is used.
+    /// Every unknown key, value of the wrong type and bad value is reported, not just the first.
     pub fn load(file: Option<&Path>, env: &dyn Env) -> Result<Config, ConfigError> {
-        let mut raw = layer(file, env)?;
+        let vars: HashMap<String, String> = env.vars().into_iter().collect();
+        let from_env = vars.get(ENV_CONFIG).filter(|path| !path.is_empty()).map(PathBuf::from);
+        let source = match (file, &from_env) {
+            (Some(path), _) => Some(("--config", path)),
+            (None, Some(path)) => Some((ENV_CONFIG, path.as_path())),
+            (None, None) => None,
+        };
+        let (mut raw, mut errors) = layer(source, &vars)?;
         // A relative schema file is found beside the configuration file that names it.
-        if let Some(dir) = file.and_then(Path::parent) {
+        if let Some(dir) = source.and_then(|(_, path)| path.parent()) {
             let schema_files = raw.commands.iter_mut().map(|command| &mut command.argument_schema_file);
             let schema_files =
                 schema_files.chain(raw.http_tools.iter_mut().map(|tool| &mut tool.argument_schema_file));
@@ -351,24 +381,60 @@ impl Config {
                 *path = dir.join(&*path);
             }
         }
-        let vars: HashMap<String, String> = env.vars().into_iter().collect();
-        validate(raw, &vars)
+        match validate(raw, &vars, &mut errors) {
+            Some(mut config) if errors.is_empty() => {
+                config.warnings = unknown_variables(&vars);
+                Ok(config)
+            }
+            _ => Err(ConfigError(errors)),
+        }
     }
+}
+
+/// A warning for each `TOOLHOST_*` variable that is neither a `TOOLHOST__<SECTION>__<KEY>`
+/// setting (those are checked as keys) nor reserved, e.g. `TOOLHOST_DISPATCH__X` with one
+/// underscore: it would otherwise be ignored without a word.
+pub fn unknown_variables(vars: &HashMap<String, String>) -> Vec<String> {
+    let mut names: Vec<&String> = vars
+        .keys()
+        .filter(|name| name.starts_with(ENV_PREFIX) && !name.starts_with("TOOLHOST__"))
+        .filter(|name| !ENV_RESERVED.contains(&name.as_str()))
+        .collect();
+    names.sort();
+    names
+        .into_iter()
+        .map(|name| {
+            let rest = name.trim_start_matches(ENV_PREFIX).trim_start_matches('_');
+            if rest.contains("__") {
+                format!("{name} is not a variable toolhost reads; ignored (did you mean TOOLHOST__{rest}?)")
+            } else {
+                format!(
+                    "{name} is not a variable toolhost reads; ignored (settings are TOOLHOST__<SECTION>__<KEY>, \
+                     other names are {})",
+                    ENV_RESERVED.join(", ")
+                )
+            }
+        })
+        .collect()
 }
 
 fn single(key: &str, message: impl Into<String>) -> ConfigError {
     ConfigError(vec![KeyError { key: key.to_owned(), message: message.into() }])
 }
 
-fn layer(file: Option<&Path>, env: &dyn Env) -> Result<RawConfig, ConfigError> {
+/// Layers defaults, the file (named by the flag or variable in `file.0`) and the environment;
+/// returns the result with every key error repaired, and those errors.
+fn layer(
+    file: Option<(&str, &Path)>,
+    vars: &HashMap<String, String>,
+) -> Result<(RawConfig, Vec<KeyError>), ConfigError> {
     let mut builder =
         config::Config::builder().add_source(config::File::from_str(DEFAULT_TOML, config::FileFormat::Toml));
-    if let Some(path) = file {
+    if let Some((origin, path)) = file {
         let text = std::fs::read_to_string(path)
-            .map_err(|err| single("--config", format!("cannot read {}: {err}", path.display())))?;
+            .map_err(|err| single(origin, format!("cannot read {}: {err}", path.display())))?;
         builder = builder.add_source(config::File::from_str(&text, config::FileFormat::Toml));
     }
-    let vars: HashMap<String, String> = env.vars().into_iter().collect();
     let structured: config::Map<String, String> = vars
         .iter()
         .filter(|(name, _)| name.starts_with("TOOLHOST__"))
@@ -409,7 +475,100 @@ fn layer(file: Option<&Path>, env: &dyn Env) -> Result<RawConfig, ConfigError> {
         builder = set(builder, &path, value)?;
     }
     let layered = builder.build().map_err(|err| single("config", err.to_string()))?;
-    layered.try_deserialize::<RawConfig>().map_err(|err| single(&error_key(&err), err.to_string()))
+    deserialize_all(&layered)
+}
+
+/// Deserialises the layered configuration, collecting every unknown key and every value of the
+/// wrong type instead of stopping at the first: serde names one bad key per attempt, so that key
+/// is dropped (unknown) or set back to its default (wrong type) and the rest is tried again.
+fn deserialize_all(layered: &config::Config) -> Result<(RawConfig, Vec<KeyError>), ConfigError> {
+    let as_json = |layered: &config::Config| {
+        layered
+            .clone()
+            .try_deserialize::<serde_json::Value>()
+            .map_err(|err| single("config", err.to_string()))
+    };
+    let mut value = as_json(layered)?;
+    let defaults = config::Config::builder()
+        .add_source(config::File::from_str(DEFAULT_TOML, config::FileFormat::Toml))
+        .build()
+        .map_err(|err| single("config", err.to_string()))?;
+    let defaults = as_json(&defaults)?;
+    let mut errors = Vec::new();
+    while errors.len() < MAX_KEY_ERRORS {
+        let err = match serde_path_to_error::deserialize::<_, RawConfig>(value.clone()) {
+            Ok(raw) => return Ok((raw, errors)),
+            Err(err) => err,
+        };
+        let key = err.path().to_string();
+        let message = err.inner().to_string();
+        let message = message.split(", expected one of").next().unwrap_or_default().to_owned();
+        // A missing field is reported at its parent: name the field itself.
+        let missing = message.strip_prefix("missing field `").and_then(|rest| rest.split('`').next());
+        match missing {
+            Some(field) => errors.push(KeyError {
+                key: format!("{key}.{field}"),
+                message: "missing configuration field".to_owned(),
+            }),
+            None => errors.push(KeyError { key: key.clone(), message }),
+        }
+        if !repair(&mut value, &key, &defaults) {
+            break;
+        }
+    }
+    Err(ConfigError(errors))
+}
+
+/// Path segments of a dotted key such as `agents[1].timeout_s`.
+fn key_path(key: &str) -> Vec<Result<usize, String>> {
+    let mut path = Vec::new();
+    for part in key.split('.') {
+        let mut pieces = part.split('[');
+        if let Some(name) = pieces.next().filter(|name| !name.is_empty()) {
+            path.push(Err(name.to_owned()));
+        }
+        for index in pieces {
+            path.push(index.trim_end_matches(']').parse::<usize>().map_err(|_| index.to_owned()));
+        }
+    }
+    path
+}
+
+/// Sets `key` in `value` back to its value in `defaults`, or removes it when it has no default
+/// (an unknown key). Returns whether anything changed, so the caller cannot loop forever.
+fn repair(value: &mut serde_json::Value, key: &str, defaults: &serde_json::Value) -> bool {
+    use serde_json::Value;
+    let path = key_path(key);
+    let Some((last, parents)) = path.split_last() else { return false };
+    let mut default = Some(defaults);
+    let mut node = value;
+    for segment in parents {
+        default = default.and_then(|default| match segment {
+            Ok(index) => default.get(index),
+            Err(name) => default.get(name.as_str()),
+        });
+        let next = match segment {
+            Ok(index) => node.get_mut(index),
+            Err(name) => node.get_mut(name.as_str()),
+        };
+        let Some(next) = next else { return false };
+        node = next;
+    }
+    let default = default.and_then(|default| match last {
+        Ok(index) => default.get(index),
+        Err(name) => default.get(name.as_str()),
+    });
+    match (node, last, default) {
+        (Value::Object(map), Err(name), Some(default)) => {
+            map.insert(name.clone(), default.clone()) != Some(default.clone())
+        }
+        (Value::Object(map), Err(name), None) => map.remove(name).is_some(),
+        (Value::Array(items), Ok(index), _) if *index < items.len() => {
+            items.remove(*index);
+            true
+        }
+        _ => false,
+    }
 }
 
 /// Parses a scalar `TERMINAL_*` value into the type its key wants.
@@ -425,38 +584,6 @@ fn terminal_scalar(variable: &str, value: &str) -> Result<config::Value, ConfigE
             .map_err(|_| single(variable, "expected a number of seconds"));
     }
     value.trim().parse::<u64>().map(Into::into).map_err(|_| single(variable, "expected a whole number"))
-}
-
-/// The key a deserialisation error is about, as far as the message tells.
-fn error_key(err: &config::ConfigError) -> String {
-    let text = err.to_string();
-    if let Some(start) = text.find("unknown field `") {
-        let rest = &text[start + "unknown field `".len()..];
-        let field = rest.split('`').next().unwrap_or_default();
-        if let Some(position) = text.find(" for key `") {
-            let parent = text[position + " for key `".len()..].split('`').next().unwrap_or_default();
-            return format!("{parent}.{field}");
-        }
-        return field.to_owned();
-    }
-    if let Some(position) = text.find(" for key `") {
-        return text[position + " for key `".len()..].split('`').next().unwrap_or_default().to_owned();
-    }
-    // `missing configuration field "commands[0]description"`: the path lacks the dot after `]`.
-    if let Some(start) = text.find("missing configuration field \"") {
-        let path =
-            text[start + "missing configuration field \"".len()..].split('"').next().unwrap_or_default();
-        let mut key = String::new();
-        let mut chars = path.chars().peekable();
-        while let Some(c) = chars.next() {
-            key.push(c);
-            if c == ']' && chars.peek().is_some_and(|next| !matches!(next, '[' | '.')) {
-                key.push('.');
-            }
-        }
-        return key;
-    }
-    "config".to_owned()
 }
 
 /// Checks every `[[commands]]` and `[[http_tools]]` entry the way the registry will build it,
@@ -503,9 +630,10 @@ fn validate_sources(
     expanded
 }
 
-fn validate(raw: RawConfig, vars: &HashMap<String, String>) -> Result<Config, ConfigError> {
-    let mut errors = Vec::new();
-    let http_headers = validate_sources(&raw, vars, &mut errors);
+/// Checks every value, adding each bad key to `errors`; the typed configuration when the values
+/// can be converted at all.
+fn validate(raw: RawConfig, vars: &HashMap<String, String>, errors: &mut Vec<KeyError>) -> Option<Config> {
+    let http_headers = validate_sources(&raw, vars, errors);
     let mcp_env = EnvVars(vars.iter().map(|(name, value)| (name.clone(), value.clone())).collect());
     if let Err(found) = toolhost_mcp::config::resolve(&raw.mcp_servers, &mcp_env.0) {
         errors.extend(found.0.into_iter().map(|error| KeyError { key: error.key, message: error.message }));
@@ -557,8 +685,8 @@ fn validate(raw: RawConfig, vars: &HashMap<String, String>) -> Result<Config, Co
     if raw.dispatch.claim_idle_ms < 100 && raw.dispatch.claim_idle_ms > 0 {
         bad("dispatch.claim_idle_ms", "must be at least 100");
     }
-    if !["json", "pretty"].contains(&raw.log.format.as_str()) {
-        bad("log.format", "expected json or pretty");
+    if !LOG_FORMATS.contains(&raw.log.format.as_str()) {
+        bad("log.format", "expected auto, json or pretty");
     }
     if tracing_subscriber::EnvFilter::try_new(&raw.log.level).is_err() {
         bad("log.level", "not a valid tracing filter");
@@ -589,12 +717,9 @@ fn validate(raw: RawConfig, vars: &HashMap<String, String>) -> Result<Config, Co
             bad(&format!("agents[{index}].timeout_s"), "must be a positive number");
         }
     }
-    let Ok(http_listen) = http_listen else { return Err(ConfigError(errors)) };
-    if !errors.is_empty() {
-        return Err(ConfigError(errors));
-    }
+    let http_listen = http_listen.ok()?;
     let ms = Duration::from_millis;
-    Ok(Config {
+    Some(Config {
         http_listen,
         block: ms(raw.dispatch.block_ms),
         claim_idle: ms(raw.dispatch.claim_idle_ms),
@@ -606,6 +731,7 @@ fn validate(raw: RawConfig, vars: &HashMap<String, String>) -> Result<Config, Co
         terminal_identity,
         http_headers,
         mcp_env,
+        warnings: Vec::new(),
         raw,
     })
 }
@@ -788,6 +914,112 @@ mod tests {
         assert!(err.to_string().contains("max_in_flight"), "{err}");
         let err = Config::load(None, &env(&[("TERMINAL_TIMEOUT_SECONDS", "soon")])).unwrap_err();
         assert!(err.to_string().contains("TERMINAL_TIMEOUT_SECONDS"), "{err}");
+    }
+
+    #[test]
+    fn default_toml_writes_out_every_key_with_its_default() {
+        let written: toml::Value = toml::from_str(DEFAULT_TOML).unwrap();
+        let mut effective = toml::Value::try_from(&Config::load(None, &env(&[])).unwrap().raw).unwrap();
+        // The tables with no entries by default are documented as commented-out examples.
+        let tables = effective.as_table_mut().unwrap();
+        assert_eq!(tables.remove("agents"), Some(toml::Value::Array(Vec::new())));
+        let tools = tables["tools"].as_table_mut().unwrap();
+        assert_eq!(tools.remove("limits"), Some(toml::Value::Table(toml::Table::new())));
+        assert_eq!(written, effective);
+    }
+
+    #[test]
+    fn default_toml_examples_load_and_set_the_keys_left_unset() {
+        // `# [table]` and `# key = value` lines are examples; the rest of the comments are prose.
+        let example = |line: &str| {
+            let Some(rest) = line.strip_prefix("# ") else { return false };
+            let key = rest.split(" = ").next().unwrap_or_default();
+            rest.starts_with('[')
+                || (rest.contains(" = ") && key.chars().all(|c| c.is_ascii_lowercase() || c == '_'))
+        };
+        let uncommented: String = DEFAULT_TOML
+            .lines()
+            .map(|line| if example(line) { &line[2..] } else { line })
+            .map(|line| format!("{line}\n"))
+            .collect();
+        let path = file(&uncommented);
+        let config = Config::load(Some(&path.0), &env(&[("ORDERS_TOKEN", "t")])).unwrap();
+        let terminal = &config.raw.tools.terminal;
+        assert!(terminal.sandbox_cwd.is_some());
+        assert!(terminal.max_processes.is_some() && terminal.cpu_seconds.is_some());
+        assert!(terminal.file_size_bytes.is_some());
+        assert_eq!(config.raw.tools.limits["terminal_run"].max_concurrent, Some(2));
+        assert_eq!(config.raw.agents.len(), 1);
+        assert_eq!(config.raw.agents[0].name, "coder");
+    }
+
+    #[test]
+    fn one_unknown_key_does_not_hide_the_others() {
+        let path = file(
+            "bogus = 1\n[dispatch]\nmax_inflight = 8\nmax_deliveries = \"many\"\nread_batch = 0\n\
+             [log]\nformat = \"xml\"\n[[agents]]\nname = \"coder\"\ndescription = \"d\"\ntimeout = 3\n",
+        );
+        let err = Config::load(Some(&path.0), &env(&[("TOOLHOST__HTTP__LISTENER", "x")])).unwrap_err();
+        let keys: Vec<&str> = err.0.iter().map(|error| error.key.as_str()).collect();
+        let mut sorted = keys.clone();
+        sorted.sort_unstable();
+        assert_eq!(
+            sorted,
+            [
+                "agents[0].timeout",
+                "bogus",
+                "dispatch.max_deliveries",
+                "dispatch.max_inflight",
+                "dispatch.read_batch",
+                "http.listener",
+                "log.format",
+            ],
+            "{err}"
+        );
+        let text = err.to_string();
+        assert!(text.contains("  dispatch.max_inflight: unknown field `max_inflight`\n"), "{text}");
+    }
+
+    #[test]
+    fn toolhost_config_names_the_file_when_no_flag_does() {
+        let named = file("[dispatch]\nmax_in_flight = 7\n");
+        let flagged = file("[dispatch]\nmax_in_flight = 9\n");
+        let vars = env(&[(ENV_CONFIG, named.0.to_str().unwrap())]);
+        assert_eq!(Config::load(None, &vars).unwrap().raw.dispatch.max_in_flight, 7);
+        assert_eq!(Config::load(Some(&flagged.0), &vars).unwrap().raw.dispatch.max_in_flight, 9);
+        assert_eq!(Config::load(None, &env(&[(ENV_CONFIG, "")])).unwrap().raw.dispatch.max_in_flight, 256);
+        let err = Config::load(None, &env(&[(ENV_CONFIG, "/nonexistent/toolhost.toml")])).unwrap_err();
+        assert_eq!(err.0[0].key, ENV_CONFIG, "{err}");
+    }
+
+    #[test]
+    fn unknown_toolhost_variables_are_warned_about() {
+        let config = Config::load(
+            None,
+            &env(&[
+                ("TOOLHOST_DISPATCH__MAX_IN_FLIGHT", "8"),
+                ("TOOLHOST_VERBOSE", "1"),
+                ("TOOLHOST_CONFIG", ""),
+                ("TOOLHOST_SOAK_REQUESTS", "10"),
+                ("TOOLHOST__DISPATCH__MAX_IN_FLIGHT", "9"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(config.raw.dispatch.max_in_flight, 9);
+        assert_eq!(config.warnings.len(), 2, "{:?}", config.warnings);
+        assert!(config.warnings[0].starts_with("TOOLHOST_DISPATCH__MAX_IN_FLIGHT is not a variable"));
+        assert!(config.warnings[0].contains("did you mean TOOLHOST__DISPATCH__MAX_IN_FLIGHT?"));
+        assert!(config.warnings[1].starts_with("TOOLHOST_VERBOSE is not a variable"));
+        assert!(config.warnings[1].contains("TOOLHOST_CONFIG"), "{}", config.warnings[1]);
+    }
+
+    #[test]
+    fn log_format_auto_is_the_default() {
+        assert_eq!(Config::load(None, &env(&[])).unwrap().raw.log.format, "auto");
+        for format in LOG_FORMATS {
+            let config = Config::load(None, &env(&[("TOOLHOST__LOG__FORMAT", format)])).unwrap();
+            assert_eq!(config.raw.log.format, *format);
+        }
     }
 
     #[test]

@@ -1,8 +1,14 @@
 //! `toolhost dlq list|replay|purge`: the dead-letter stream `dlq:<toolbox_id>`, for operators.
 //!
 //! The dispatcher writes a dead letter as a JSON object with `payload` (the request entry's
-//! payload as sent, `null` if it had none), `stream` (the requests stream), `entry_id` and `id`
-//! (the request entry's ids), `error`, `deliveries`, `dead_lettered_at`, `toolbox_id` and `event`.
+//! payload as sent, `null` if it had none), `stream` (the requests stream), `request_entry_id`
+//! and `id` (the request entry's stream id and message id), `error`, `deliveries`,
+//! `dead_lettered_at`, `toolbox_id` and `event`. Letters written before 0.2 name the request
+//! entry `entry_id`; they are read the same way.
+//!
+//! Two ids are easy to mix up, so the commands name them plainly: `dlq_id` is the dead letter's
+//! own entry id in `dlq:<toolbox_id>` (what `replay` and `purge` take), `request_entry_id` the
+//! id the request had in the requests stream.
 //!
 //! Replaying a letter deletes the request's answered mark and call record first, then adds the
 //! payload to the requests stream (a fresh entry, keeping the message `id`), then deletes the
@@ -17,8 +23,9 @@ use toolhost_bus::{Error as BusError, Keys, RedisBus, RedisOptions, Store, Strea
 use toolhost_envelope::{Entry, new_message_id};
 
 use crate::cli::DlqAction;
-use crate::client::{EXIT_TOOL_ERROR, EXIT_TRANSPORT};
+use crate::client::{EXIT_TOOL_ERROR, EXIT_TRANSPORT, redis_failure};
 use crate::config::Config;
+use crate::output;
 
 /// How many letters one read fetches.
 const PAGE: usize = 500;
@@ -43,8 +50,10 @@ pub struct DeadLetters {
 /// One dead letter as read back.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Letter {
-    /// The letter's entry id in the dead-letter stream.
-    pub entry_id: String,
+    /// The letter's own entry id in the dead-letter stream.
+    pub dlq_id: String,
+    /// The request's entry id in its requests stream, when the letter records it.
+    pub request_entry_id: Option<String>,
     /// Why it was dead-lettered.
     pub error: String,
     /// How often the request entry had been delivered.
@@ -72,11 +81,13 @@ impl Letter {
         let error = text("error").unwrap_or_else(|| {
             format!("unreadable dead letter: {}", entry.payload.as_deref().unwrap_or_default())
         });
-        // The dispatcher records the entry id as `id` when the entry had no `id` field.
-        let original_entry_id = text("entry_id");
-        let message_id = text("id").filter(|id| Some(id) != original_entry_id.as_ref());
+        // `entry_id` is the old name of `request_entry_id`. The dispatcher records the entry id
+        // as `id` when the entry had no `id` field.
+        let request_entry_id = text("request_entry_id").or_else(|| text("entry_id"));
+        let message_id = text("id").filter(|id| Some(id) != request_entry_id.as_ref());
         Letter {
-            entry_id: entry.entry_id.clone(),
+            dlq_id: entry.entry_id.clone(),
+            request_entry_id,
             error,
             deliveries: value.get("deliveries").and_then(Value::as_u64).unwrap_or(0),
             stream: text("stream").filter(|stream| !stream.is_empty()),
@@ -108,7 +119,8 @@ impl Letter {
             excerpt.push('…');
         }
         let mut summary = json!({
-            "entry_id": self.entry_id,
+            "dlq_id": self.dlq_id,
+            "request_entry_id": self.request_entry_id,
             "dead_lettered_at": self.dead_lettered_at,
             "error": self.error,
             "deliveries": self.deliveries,
@@ -166,13 +178,13 @@ impl DeadLetters {
         Ok(letters)
     }
 
-    /// The letters named by `entry_ids` (every letter with `all`), and the ids not found.
+    /// The letters named by `dlq_ids` (every letter with `all`), and the ids not found.
     ///
     /// # Errors
     /// Redis cannot be read.
     pub async fn select(
         &self,
-        entry_ids: &[String],
+        dlq_ids: &[String],
         all: bool,
     ) -> Result<(Vec<Letter>, Vec<String>), BusError> {
         let letters = self.list(None).await?;
@@ -180,8 +192,8 @@ impl DeadLetters {
             return Ok((letters, Vec::new()));
         }
         let missing =
-            entry_ids.iter().filter(|id| !letters.iter().any(|l| &l.entry_id == *id)).cloned().collect();
-        let chosen = letters.into_iter().filter(|letter| entry_ids.contains(&letter.entry_id)).collect();
+            dlq_ids.iter().filter(|id| !letters.iter().any(|l| &l.dlq_id == *id)).cloned().collect();
+        let chosen = letters.into_iter().filter(|letter| dlq_ids.contains(&letter.dlq_id)).collect();
         Ok((chosen, missing))
     }
 
@@ -208,7 +220,7 @@ impl DeadLetters {
             .await
             .context("cannot re-queue the request")?;
         self.streams
-            .delete_entries(&self.topic, std::slice::from_ref(&letter.entry_id))
+            .delete_entries(&self.topic, std::slice::from_ref(&letter.dlq_id))
             .await
             .context("re-queued, but cannot delete the dead letter")?;
         Ok(entry_id)
@@ -219,7 +231,7 @@ impl DeadLetters {
     /// # Errors
     /// Redis failed.
     pub async fn purge(&self, letters: &[Letter]) -> Result<u64, BusError> {
-        let ids: Vec<String> = letters.iter().map(|letter| letter.entry_id.clone()).collect();
+        let ids: Vec<String> = letters.iter().map(|letter| letter.dlq_id.clone()).collect();
         self.streams.delete_entries(&self.topic, &ids).await
     }
 }
@@ -233,45 +245,51 @@ pub async fn run_dlq(config: &Config, action: &DlqAction) -> i32 {
     let bus = match RedisBus::new(options) {
         Ok(bus) => Arc::new(bus),
         Err(err) => {
-            eprintln!("toolhost: {err}");
+            eprintln!("toolhost: {}", redis_failure(&config.raw.redis.url, &err));
             return EXIT_TRANSPORT;
         }
     };
     let letters = DeadLetters::new(bus.clone(), bus, config);
     let res = match action {
         DlqAction::List { limit } => list(&letters, *limit).await,
-        DlqAction::Replay { entry_ids, all } => replay(&letters, entry_ids, *all).await,
-        DlqAction::Purge { entry_ids, all } => purge(&letters, entry_ids, *all).await,
+        DlqAction::Replay { dlq_ids, all } => replay(&letters, dlq_ids, *all).await,
+        DlqAction::Purge { dlq_ids, all } => purge(&letters, dlq_ids, *all).await,
     };
     res.unwrap_or_else(|err| {
-        eprintln!("toolhost: cannot read the dead letters of {}: {err}", letters.topic());
+        eprintln!(
+            "toolhost: cannot read the dead letters of {}: {}",
+            letters.topic(),
+            redis_failure(&config.raw.redis.url, &err)
+        );
         EXIT_TRANSPORT
     })
 }
 
 async fn list(letters: &DeadLetters, limit: Option<usize>) -> Result<i32, BusError> {
-    for letter in letters.list(limit).await? {
-        println!("{}", letter.summary());
+    let found = letters.list(limit).await?;
+    // Said on stderr, so stdout stays one JSON object per letter for scripts.
+    if found.is_empty() {
+        eprintln!("toolhost: no dead letters in {}", letters.topic());
+    }
+    for letter in found {
+        output::line(letter.summary());
     }
     Ok(0)
 }
 
-async fn replay(letters: &DeadLetters, entry_ids: &[String], all: bool) -> Result<i32, BusError> {
-    let (chosen, missing) = letters.select(entry_ids, all).await?;
+async fn replay(letters: &DeadLetters, dlq_ids: &[String], all: bool) -> Result<i32, BusError> {
+    let (chosen, missing) = letters.select(dlq_ids, all).await?;
     let mut code = report_missing(&missing);
     for letter in &chosen {
         match letters.replay(letter).await {
-            Ok(entry_id) => println!(
-                "{}",
-                json!({
-                    "entry_id": letter.entry_id,
-                    "replayed_as": entry_id,
-                    "stream": letter.stream.as_deref().unwrap_or(&letters.requests),
-                    "request_id": letter.request_id(),
-                })
-            ),
+            Ok(entry_id) => output::line(json!({
+                "dlq_id": letter.dlq_id,
+                "replayed_as": entry_id,
+                "stream": letter.stream.as_deref().unwrap_or(&letters.requests),
+                "request_id": letter.request_id(),
+            })),
             Err(err) => {
-                eprintln!("toolhost: cannot replay dead letter {}: {err:#}", letter.entry_id);
+                eprintln!("toolhost: cannot replay dead letter {}: {err:#}", letter.dlq_id);
                 code = EXIT_TOOL_ERROR;
             }
         }
@@ -279,19 +297,19 @@ async fn replay(letters: &DeadLetters, entry_ids: &[String], all: bool) -> Resul
     Ok(code)
 }
 
-async fn purge(letters: &DeadLetters, entry_ids: &[String], all: bool) -> Result<i32, BusError> {
-    let (chosen, missing) = letters.select(entry_ids, all).await?;
+async fn purge(letters: &DeadLetters, dlq_ids: &[String], all: bool) -> Result<i32, BusError> {
+    let (chosen, missing) = letters.select(dlq_ids, all).await?;
     let code = report_missing(&missing);
     letters.purge(&chosen).await?;
     for letter in &chosen {
-        println!("{}", json!({"entry_id": letter.entry_id, "purged": true}));
+        output::line(json!({"dlq_id": letter.dlq_id, "purged": true}));
     }
     Ok(code)
 }
 
 fn report_missing(missing: &[String]) -> i32 {
-    for entry_id in missing {
-        eprintln!("toolhost: no dead letter with entry id {entry_id}");
+    for dlq_id in missing {
+        eprintln!("toolhost: no dead letter with dlq_id {dlq_id}");
     }
     if missing.is_empty() { 0 } else { EXIT_TOOL_ERROR }
 }
@@ -361,6 +379,27 @@ mod tests {
             json!({"field": "payload", "problem": "too_large", "size": 8_388_608, "sha1": "ab12"})
         );
         assert!(letters.replay(&listed[0]).await.is_err(), "nothing whole to replay");
+    }
+
+    #[tokio::test]
+    async fn letters_of_both_forms_name_the_dead_letter_and_the_request_entry() {
+        let (bus, letters) = setup();
+        // `letter` writes the old form, `entry_id`; the dispatcher now writes `request_entry_id`.
+        let old = letter(&bus, Some("{}"), "msg-1").await;
+        let new = json!({
+            "event": "dead_letter", "toolbox_id": "toolhost", "stream": "action-requests",
+            "request_entry_id": "2-0", "id": "msg-2", "payload": "{}", "deliveries": 1,
+            "error": "e", "dead_lettered_at": "2025-01-01T00:00:00Z",
+        });
+        let new = bus.publish("dlq:toolhost", &new_message_id(), &new.to_string()).await.unwrap();
+        let listed = letters.list(None).await.unwrap();
+        let summaries: Vec<Value> = listed.iter().map(Letter::summary).collect();
+        assert_eq!(summaries[0]["dlq_id"], old);
+        assert_eq!(summaries[0]["request_entry_id"], "1-0");
+        assert_eq!(summaries[1]["dlq_id"], new);
+        assert_eq!(summaries[1]["request_entry_id"], "2-0");
+        assert_eq!(listed[1].message_id.as_deref(), Some("msg-2"));
+        assert!(summaries.iter().all(|summary| summary.get("entry_id").is_none()), "{summaries:?}");
     }
 
     #[tokio::test]

@@ -21,6 +21,7 @@ use toolhost_envelope::Entry;
 use tracing::{debug, error, info, warn};
 
 use crate::backoff::Backoff;
+use crate::outage::redis_warn;
 use crate::shutdown::Shutdown;
 use crate::telemetry::Telemetry;
 
@@ -124,7 +125,7 @@ impl<H: EntryHandler> GroupReader<H> {
             match self.bus.ensure_group(&self.settings.topic, &self.settings.group).await {
                 Ok(()) => return true,
                 Err(err) => {
-                    warn!(error = %err, stream = %self.settings.topic, "cannot create consumer group; retrying");
+                    redis_warn!(&err, error = %err, stream = %self.settings.topic, "cannot create consumer group; retrying");
                     if !backoff.wait(self.shutdown.stopping()).await {
                         return false;
                     }
@@ -176,7 +177,7 @@ impl<H: EntryHandler> GroupReader<H> {
                         warn!(error = %err, stream = %settings.topic, "consumer group vanished (Redis lost its data?); creating it again");
                         let _ = self.bus.ensure_group_at(&settings.topic, &settings.group, "0").await;
                     } else {
-                        warn!(error = %err, stream = %settings.topic, "reading the stream failed; backing off");
+                        redis_warn!(&err, error = %err, stream = %settings.topic, "reading the stream failed; backing off");
                     }
                     if !backoff.wait(&stopping).await {
                         return;
@@ -237,7 +238,7 @@ impl<H: EntryHandler> GroupReader<H> {
                     }
                 }
                 Err(err) => {
-                    warn!(error = %err, stream = %self.settings.topic, "reclaiming idle entries failed; backing off");
+                    redis_warn!(&err, error = %err, stream = %self.settings.topic, "reclaiming idle entries failed; backing off");
                     if !backoff.wait(&stopping).await {
                         return;
                     }

@@ -13,9 +13,11 @@
 //!   rebuilt from them when their tools change or SIGHUP reloads the configuration.
 //! - `client`: the `call` and `tools` commands.
 //! - `dlq`: the `dlq list|replay|purge` commands over `dlq:<toolbox_id>`.
+//! - [`output`]: stdout of the client commands, quiet when the reader closes it.
 //! - [`http`]: `/healthz`, `/readyz` and `/metrics` on a thread of their own, and the
 //!   `healthcheck` client.
 //! - `probe`: pings Redis and reads the consumer groups for readiness and group metrics.
+//! - `outage`: a Redis outage logged once by the probe, not once per retry by every loop.
 //! - `telemetry`: the metrics (a Prometheus recorder created by `serve`, no globals) and the
 //!   readiness facts.
 //!
@@ -33,6 +35,8 @@ pub mod dumpable;
 mod group;
 pub mod http;
 pub mod logging;
+mod outage;
+pub mod output;
 mod probe;
 mod publish;
 pub mod serve;
@@ -50,6 +54,7 @@ pub use shutdown::Shutdown;
 pub use stats::Stats;
 pub use telemetry::Telemetry;
 
-/// Exit code for bad configuration (EX_USAGE... sysexits' EX_CONFIG is 78, but 64 is what
-/// operators' tooling expects from this daemon).
+/// Exit code for bad configuration and every other usage error, clap's own included (sysexits'
+/// EX_USAGE; EX_CONFIG would be 78, but 64 is what operators' tooling expects from this daemon).
+/// It differs from 2, the code for Redis unreachable or no answer.
 pub const EXIT_CONFIG: i32 = 64;

@@ -1,12 +1,13 @@
 //! The `toolhost` binary: parse the command line, load configuration, install logging, run.
 //!
 //! Exit codes: 0 done, 1 failed (or the tool answered an error), 2 transport problem,
-//! 64 bad configuration (every command loads the configuration first, exactly as `serve` does).
+//! 64 usage error: bad configuration (every command loads the configuration first, exactly as
+//! `serve` does) or a bad command line, clap's own errors included.
 
 use clap::Parser;
 use toolhost::cli::{Cli, Command};
-use toolhost::config::{Config, ConfigError, ProcessEnv};
-use toolhost::{EXIT_CONFIG, dumpable, http, logging, serve};
+use toolhost::config::{Config, ConfigError, Env, ProcessEnv, unknown_variables};
+use toolhost::{EXIT_CONFIG, dumpable, http, logging, output, serve};
 
 // The daemon allocates many small, short-lived buffers per request (JSON values, Redis frames)
 // from several threads; glibc malloc spent about a third of the daemon's CPU on them under load.
@@ -19,14 +20,31 @@ fn main() {
     if let Err(err) = dumpable::forbid_dumps() {
         eprintln!("toolhost: warning: cannot make the process non-dumpable: {err}");
     }
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err) => {
+            // Help and version go to stdout and are not errors; everything else is a usage
+            // error, 64 like bad configuration, not clap's 2, which is the transport code here.
+            let code = if err.use_stderr() { EXIT_CONFIG } else { 0 };
+            // Nothing to do about a closed stdout or stderr here but exit.
+            let _ = err.print();
+            std::process::exit(code);
+        }
+    };
     let config = match Config::load(cli.config.as_deref(), &ProcessEnv) {
         Ok(config) => config,
         Err(err) => {
+            // A stray variable may be the reason, e.g. TOOLHOST_DISPATCH__X with one underscore.
+            for warning in unknown_variables(&ProcessEnv.vars().into_iter().collect()) {
+                eprintln!("toolhost: warning: {warning}");
+            }
             eprintln!("toolhost: {err}");
             std::process::exit(EXIT_CONFIG);
         }
     };
+    for warning in &config.warnings {
+        eprintln!("toolhost: warning: {warning}");
+    }
     if let Command::Healthcheck { path, timeout } = &cli.command {
         std::process::exit(healthcheck(&config, path, *timeout));
     }
@@ -39,8 +57,8 @@ fn main() {
     };
     let code = runtime.block_on(async {
         match cli.command {
-            Command::Serve { synthetic_tools } => {
-                let format = cli.log_format.as_deref().unwrap_or(&config.raw.log.format);
+            Command::Serve { log_format, synthetic_tools } => {
+                let format = log_format.as_deref().unwrap_or(&config.raw.log.format);
                 let rust_log = std::env::var("RUST_LOG").ok();
                 if let Err(err) = logging::install(format, &config.raw.log.level, rust_log.as_deref()) {
                     eprintln!("toolhost: cannot install logging: {err}");
@@ -75,7 +93,7 @@ fn check_config(config: &Config) -> i32 {
         eprintln!("toolhost: {err:#}");
         return exit_code(&err);
     }
-    print!("{}", config.masked_toml());
+    output::text(&config.masked_toml());
     0
 }
 

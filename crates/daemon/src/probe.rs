@@ -5,12 +5,12 @@
 //! It only observes: re-creating a vanished group is the dispatcher's job (on `NOGROUP`).
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 use toolhost_bus::Store;
-use tracing::{info, warn};
 
+use crate::outage::{OutageLog, redis_warn};
 use crate::telemetry::Telemetry;
 
 /// How often the probe runs.
@@ -31,6 +31,8 @@ pub struct WatchedGroup {
 
 /// Probes Redis and the watched groups, recording what it finds in [`Telemetry`].
 pub struct Probe {
+    /// The Redis URL, password masked, for the outage lines.
+    pub redis: String,
     /// The transport.
     pub bus: Arc<dyn Store>,
     /// Where readiness and group metrics go.
@@ -44,20 +46,15 @@ impl Probe {
     pub async fn run(self, stop: CancellationToken) {
         let mut tick = tokio::time::interval(PERIOD);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut was_up = None;
+        let mut outage = OutageLog::new(self.redis.clone());
         let mut n_probes: u32 = 0;
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
                 () = stop.cancelled() => return,
             }
-            let up = self.once().await;
-            match (was_up, up) {
-                (Some(true), false) => warn!("redis does not answer; not ready"),
-                (Some(false), true) => info!("redis answers again"),
-                _ => {}
-            }
-            was_up = Some(up);
+            let res = self.probe().await;
+            outage.log(res.is_ok(), res.err().as_deref(), Instant::now());
             n_probes = n_probes.wrapping_add(1);
             if n_probes.is_multiple_of(UPKEEP_EVERY) {
                 self.telemetry.run_upkeep();
@@ -66,8 +63,19 @@ impl Probe {
     }
 
     /// One probe. Returns whether Redis answered.
+    #[cfg(test)]
     pub async fn once(&self) -> bool {
-        let up = matches!(tokio::time::timeout(TIMEOUT, self.bus.ping()).await, Ok(Ok(())));
+        self.probe().await.is_ok()
+    }
+
+    /// One probe. Returns why Redis did not answer, if it did not.
+    async fn probe(&self) -> Result<(), String> {
+        let ping = match tokio::time::timeout(TIMEOUT, self.bus.ping()).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(err)) => Err(err.to_string()),
+            Err(_elapsed) => Err(format!("no answer to PING within {} ms", TIMEOUT.as_millis())),
+        };
+        let up = ping.is_ok();
         let mut groups_ready = up;
         if up {
             for watched in &self.groups {
@@ -77,7 +85,7 @@ impl Probe {
         self.telemetry.set_redis_up(up);
         self.telemetry.set_groups_ready(groups_ready);
         self.telemetry.probed();
-        up
+        ping
     }
 
     /// Records the group's pending count and lag; returns whether it exists.
@@ -85,7 +93,7 @@ impl Probe {
         let groups = match tokio::time::timeout(TIMEOUT, self.bus.group_info(&watched.stream)).await {
             Ok(Ok(groups)) => groups,
             Ok(Err(err)) => {
-                warn!(error = %err, stream = %watched.stream, "cannot read the consumer groups");
+                redis_warn!(&err, error = %err, stream = %watched.stream, "cannot read the consumer groups");
                 return false;
             }
             Err(_elapsed) => return false,
@@ -111,7 +119,12 @@ mod tests {
         let bus = Arc::new(MemoryBus::new());
         let telemetry = Telemetry::new();
         let watched = WatchedGroup { stream: "action-requests".to_owned(), group: "toolhost".to_owned() };
-        let probe = Probe { bus: bus.clone(), telemetry: telemetry.clone(), groups: vec![watched] };
+        let probe = Probe {
+            redis: String::new(),
+            bus: bus.clone(),
+            telemetry: telemetry.clone(),
+            groups: vec![watched],
+        };
         assert!(probe.once().await);
         assert_eq!(telemetry.readiness().reasons, ["the consumer groups do not exist"]);
         bus.create_group("action-requests", "toolhost");

@@ -12,8 +12,8 @@ use serde_json::json;
 use toolhost_bus::{Keys, Store};
 use toolhost_envelope::DiscoveryFormat;
 use toolhost_tools::SharedRegistry;
-use tracing::warn;
 
+use crate::outage::redis_warn;
 use crate::shutdown::Shutdown;
 
 /// How many heartbeats pass between two writes of the whole registry hash.
@@ -93,7 +93,7 @@ impl Publisher {
                 self.beat().await
             };
             if let Err(err) = res {
-                warn!(error = %err, "cannot refresh the registry heartbeat");
+                redis_warn!(&err, error = %err, "cannot refresh the registry heartbeat");
             }
         }
     }

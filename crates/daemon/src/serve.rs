@@ -27,6 +27,7 @@ use crate::doors::chat::{Inbox, InboxSettings};
 use crate::doors::requests::{DispatchSettings, Requests};
 use crate::group::{GroupReader, StreamSettings};
 use crate::http::{HttpLimits, HttpServer};
+use crate::outage::redis_warn;
 use crate::probe::{Probe, WatchedGroup};
 use crate::publish::Publisher;
 use crate::services::Services;
@@ -466,6 +467,7 @@ impl App {
         info!(addr = %http.local_addr(), "http listening");
         let tasks = shutdown.tasks();
         let probe = Probe {
+            redis: mask_url(&raw.redis.url),
             bus: bus.clone(),
             telemetry: telemetry.clone(),
             groups: vec![
@@ -504,7 +506,7 @@ impl App {
         // Before `ready`, so whoever waits for that line finds the tools listed in Redis.
         let fields = publisher.fields();
         if let Err(err) = publisher.publish_once(&fields).await {
-            warn!(error = %err, "cannot publish the tool registry yet; will retry");
+            redis_warn!(&err, error = %err, "cannot publish the tool registry yet; will retry");
         }
         info!(
             version = env!("CARGO_PKG_VERSION"),

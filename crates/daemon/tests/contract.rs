@@ -254,31 +254,53 @@ async fn call_exits_zero_one_or_two() {
     let (code, _, stderr) = client(&redis.url(), &["call", "nope", "--args", "{}"]);
     assert_eq!(code, 1, "{stderr}");
     assert!(stderr.contains("no tool named 'nope'"), "{stderr}");
+    // A usage error, like clap's own: 64, not the transport code 2.
     let (code, _, stderr) = client(&redis.url(), &["call", "echo", "--args", "not json"]);
-    assert_eq!(code, 2, "{stderr}");
+    assert_eq!(code, 64, "{stderr}");
     // No daemon on this Redis: the answer never comes.
     let lonely = RedisServer::start();
     let (code, _, stderr) = client(&lonely.url(), &["call", "echo", "--args", "{}", "--timeout", "500ms"]);
     assert_eq!(code, 2);
     assert!(stderr.contains("no answer within 500 ms"), "{stderr}");
-    // No Redis at all.
-    let (code, _, stderr) =
-        client("redis://127.0.0.1:1", &["call", "echo", "--args", "{}", "--timeout", "1s"]);
-    assert_eq!(code, 2, "{stderr}");
+    // No Redis at all: named by its URL, password masked, with a hint, by every client command.
+    let url = "redis://:s3cret@127.0.0.1:1";
+    for args in [
+        &["call", "echo", "--args", "{}", "--timeout", "1s"][..],
+        &["tools", "--timeout", "1s"][..],
+        &["tools", "--from-registry"][..],
+        &["dlq", "list"][..],
+    ] {
+        let (code, stdout, stderr) = client(url, args);
+        assert_eq!(code, 2, "{args:?}: {stderr}");
+        assert_eq!(stdout, "", "{args:?}");
+        assert!(stderr.contains("Redis at redis://:***@127.0.0.1:1 does not answer"), "{args:?}: {stderr}");
+        assert!(stderr.contains("is redis-server running there? Set REDIS_URL"), "{args:?}: {stderr}");
+        assert!(!stderr.contains("s3cret") && !stderr.contains("panicked"), "{args:?}: {stderr}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tools_command_prints_the_live_registry() {
+async fn tools_command_prints_exactly_what_discovery_answers() {
     let redis = RedisServer::start();
     let _daemon = Daemon::start(&redis, &[]);
-    for args in [&["tools", "--format", "mcp"][..], &["tools", "--format", "mcp", "--from-registry"][..]] {
-        let (code, stdout, stderr) = client(&redis.url(), args);
-        assert_eq!(code, 0, "{stderr}");
-        let tools: Value = serde_json::from_str(&stdout).unwrap();
-        let names: Vec<&str> =
-            tools.as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect();
-        assert_eq!(names, ["chat_send", "echo", "terminal_run"]);
+    let formats = ["native", "openai", "mcp", "toolbox", "capabilities"];
+    let requests: Vec<(&str, &str, Value)> =
+        formats.iter().map(|format| ("tools.discover", *format, json!({"format": format}))).collect();
+    let answers = ask(&redis, &requests).await;
+    for format in formats {
+        let over_the_bus = &answers[format]["result"];
+        assert_eq!(over_the_bus["toolbox_id"], "toolhost", "{format}");
+        for args in
+            [&["tools", "--format", format][..], &["tools", "--format", format, "--from-registry"][..]]
+        {
+            let (code, stdout, stderr) = client(&redis.url(), args);
+            assert_eq!(code, 0, "{args:?}: {stderr}");
+            let printed: Value = serde_json::from_str(&stdout).unwrap();
+            assert_eq!(&printed, over_the_bus, "{args:?}");
+        }
     }
+    let (code, _, stderr) = client(&redis.url(), &["tools", "--format", "yaml"]);
+    assert_eq!(code, 64, "{stderr}");
 }
 
 /// The Python environment with the openai-agents SDK, created once under `target/`.
@@ -306,6 +328,8 @@ async fn openai_agents_sdk_accepts_the_openai_list() {
     let _daemon = Daemon::start(&redis, &[]);
     let (code, stdout, stderr) = client(&redis.url(), &["tools", "--format", "openai"]);
     assert_eq!(code, 0, "{stderr}");
+    let answer: Value = serde_json::from_str(&stdout).unwrap();
+    let stdout = answer["tools"].to_string();
     let python = agents_python();
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/openai_agents_check.py");
     let mut child = Command::new(python)

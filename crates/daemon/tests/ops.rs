@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use toolhost::config::{
-    Config, ENV_AGENT_NAME, ENV_CHAT_CONVERSATION_ID, ENV_PREFIX, ENV_REDIS_URL, ENV_TERMINAL,
+    Config, ENV_AGENT_NAME, ENV_CHAT_CONVERSATION_ID, ENV_CONFIG, ENV_PREFIX, ENV_REDIS_URL, ENV_RESERVED,
+    ENV_TERMINAL,
 };
 
 use crate::support::{
@@ -255,9 +256,10 @@ async fn passwords_never_reach_logs_or_check_config() {
     assert!(log.contains("redis://ops:***@127.0.0.1"), "{log}");
     assert!(!log.contains("s3cret"), "{log}");
 
-    // A wrong password: the daemon keeps retrying and says why, still without the secret.
+    // A wrong password: the daemon keeps retrying and says why, once, still without the secret.
     let wrong = Unready::start(&[("REDIS_URL", &format!("redis://ops:s3cret-wrong@127.0.0.1:{port}"))]);
-    let log = wrong.wait_for_log("cannot create consumer group");
+    let log = wrong.wait_for_log("redis does not answer");
+    assert!(log.contains("redis://ops:***@127.0.0.1"), "{log}");
     assert!(!log.contains("s3cret"), "{log}");
 }
 
@@ -266,7 +268,7 @@ async fn tls_urls_fail_cleanly_and_the_daemon_stays_up_unready() {
     let redis = RedisServer::start();
     let url = format!("rediss://:s3cret-tls@127.0.0.1:{}", redis.port());
     let mut unready = Unready::start(&[("REDIS_URL", &url)]);
-    let log = unready.wait_for_log("cannot create consumer group");
+    let log = unready.wait_for_log("redis does not answer");
     assert!(!log.contains("panicked") && !log.contains("s3cret"), "{log}");
     let addr = http_addr(&log);
     assert_eq!(http_get(addr, "/healthz").0, 200);
@@ -307,8 +309,8 @@ async fn dlq_replay_requeues_a_dead_letter_that_then_gets_answered() {
     assert_eq!(big_letter["payload_bytes"], big.to_string().len());
     let junk_letter =
         letters.iter().find(|letter| letter["payload_excerpt"] == "not json").expect("the junk");
-    let big_letter = big_letter["entry_id"].as_str().unwrap();
-    let junk_letter = junk_letter["entry_id"].as_str().unwrap();
+    let big_letter = big_letter["dlq_id"].as_str().unwrap();
+    let junk_letter = junk_letter["dlq_id"].as_str().unwrap();
 
     let output = toolhost(&["dlq", "purge", junk_letter], &env);
     assert_eq!(output.status.code(), Some(0), "{}", text(&output));
@@ -349,13 +351,29 @@ fn check_env(context: &str, vars: &HashMap<String, String>, file: Option<&Path>)
     let known = [ENV_REDIS_URL, ENV_AGENT_NAME, ENV_CHAT_CONVERSATION_ID, "RUST_LOG"];
     for name in vars.keys() {
         let known = known.contains(&name.as_str())
+            || ENV_RESERVED.contains(&name.as_str())
             || ENV_TERMINAL.iter().any(|(variable, _)| variable == name)
             || name.starts_with(&format!("{ENV_PREFIX}__"));
         assert!(known, "{context}: toolhost reads no variable {name}");
     }
-    if let Err(err) = Config::load(file, vars) {
-        panic!("{context}: {err}");
+    match Config::load(file, vars) {
+        Ok(config) => assert!(config.warnings.is_empty(), "{context}: {:?}", config.warnings),
+        Err(err) => panic!("{context}: {err}"),
     }
+}
+
+/// The file `TOOLHOST_CONFIG` names inside the container, as found in the repository through the
+/// read-only mounts `container path -> repository path`.
+fn mounted_config(
+    context: &str,
+    env: &HashMap<String, String>,
+    mounts: &HashMap<String, PathBuf>,
+) -> PathBuf {
+    let config = env.get(ENV_CONFIG).unwrap_or_else(|| panic!("{context}: no {ENV_CONFIG}"));
+    let (dir, file) = config.rsplit_once('/').unwrap();
+    let local = mounts.get(dir).unwrap_or_else(|| panic!("{context}: {dir} is not mounted")).join(file);
+    assert!(local.is_file(), "{context}: {config} is not in the repository");
+    local
 }
 
 /// The port `[http] listen` defaults to.
@@ -396,12 +414,13 @@ fn compose_file_matches_the_configuration() {
         assert_eq!(parts.get(2), Some(&"ro"), "{volume} must be read-only");
         mounts.insert(parts[1].to_owned(), repo().join(parts[0]));
     }
-    let command: Vec<&str> =
-        toolhost["command"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
-    let config = command[command.iter().position(|arg| *arg == "--config").unwrap() + 1];
-    let (dir, file) = config.rsplit_once('/').unwrap();
-    let local = mounts[dir].join(file);
-    assert!(local.is_file(), "{config} is not in the repository");
+    // No --config: TOOLHOST_CONFIG names the file, so `docker compose exec` commands read it too.
+    assert_eq!(toolhost["command"], json!(["serve"]));
+    assert_eq!(
+        toolhost["healthcheck"]["test"],
+        json!(["CMD", "toolhost", "healthcheck", "--path", "/readyz"])
+    );
+    let local = mounted_config("docker-compose.yml toolhost", &env, &mounts);
     check_env("docker-compose.yml toolhost", &env, Some(&local));
 
     let worker = &services["worker"];
@@ -427,14 +446,19 @@ fn kubernetes_and_dockerfile_match_the_configuration() {
     }
     assert_eq!(kind("Service")["spec"]["ports"][0]["port"], port);
 
-    // Variables from secrets get a stand-in value of the right shape.
+    // The image `./x image` builds, and no Secret with a placeholder password: the Redis URL
+    // comes from a Secret the operator creates, and the pod does not start without it.
+    assert_eq!(container["image"], format!("toolhost:{}", env!("CARGO_PKG_VERSION")));
+    assert!(documents.iter().all(|doc| doc["kind"] != "Secret"), "ship no Secret");
     let mut env = HashMap::new();
     for var in container["env"].as_array().unwrap() {
         let name = var["name"].as_str().unwrap().to_owned();
         let value = match var["value"].as_str() {
             Some(value) => value.to_owned(),
             None => {
-                kind("Secret")["stringData"][&name].as_str().unwrap_or_else(|| panic!("{name}")).to_owned()
+                let secret = &var["valueFrom"]["secretKeyRef"];
+                assert_eq!(secret["optional"], false, "{name} must be required");
+                "redis://:stand-in@redis:6379/0".to_owned()
             }
         };
         env.insert(name, value);
@@ -442,21 +466,32 @@ fn kubernetes_and_dockerfile_match_the_configuration() {
     assert_eq!(env["TOOLHOST__HTTP__LISTEN"], format!("0.0.0.0:{port}"));
     let config = temp_dir("k8s").join("toolhost.toml");
     std::fs::write(&config, kind("ConfigMap")["data"]["toolhost.toml"].as_str().unwrap()).unwrap();
-    check_env("deploy/kubernetes.yaml", &env, Some(&config));
-    let args = container["args"].to_string();
-    assert!(args.contains("/etc/toolhost/toolhost.toml"), "{args}");
+    assert_eq!(env[ENV_CONFIG], "/etc/toolhost/toolhost.toml");
     assert_eq!(container["volumeMounts"][0]["mountPath"], "/etc/toolhost");
+    check_env("deploy/kubernetes.yaml", &env, Some(&config));
+    let budget = kind("PodDisruptionBudget");
+    assert_eq!(budget["spec"]["selector"], kind("Deployment")["spec"]["selector"]);
+    assert_eq!(budget["spec"]["minAvailable"], 1);
 
-    let dockerfile = std::fs::read_to_string(repo().join("deploy/Dockerfile")).unwrap();
-    for needle in ["FROM rust:1-slim-bookworm", "FROM debian:bookworm-slim", "USER 10001", "HEALTHCHECK"] {
-        assert!(dockerfile.contains(needle), "deploy/Dockerfile lacks {needle}");
-    }
-    assert!(dockerfile.contains(&format!("EXPOSE {port}")));
-    assert!(dockerfile.contains(&format!("TOOLHOST__HTTP__LISTEN=0.0.0.0:{port}")));
+    // Both Dockerfiles end in the same runtime stage, and it needs nothing but COPY.
+    let runtime = |path: &str| {
+        let text = std::fs::read_to_string(repo().join(path)).unwrap();
+        let start =
+            text.rfind("\nFROM ${BASE_IMAGE}\n").unwrap_or_else(|| panic!("{path}: no runtime stage"));
+        text[start..].to_owned()
+    };
+    let stage = runtime("deploy/Dockerfile");
+    assert_eq!(stage, runtime("deploy/Dockerfile.prebuilt"), "the runtime stages differ");
+    assert!(!stage.contains("\nRUN "), "{stage}");
+    assert!(
+        stage.contains("\nUSER 10001:10001\n") && stage.contains(&format!("\nEXPOSE {port}\n")),
+        "{stage}"
+    );
     let unit = std::fs::read_to_string(repo().join("deploy/toolhost.service")).unwrap();
-    for needle in
-        ["DynamicUser=yes", "NoNewPrivileges=yes", "ProtectSystem=strict", "RestartPreventExitStatus=64"]
-    {
-        assert!(unit.contains(needle), "deploy/toolhost.service lacks {needle}");
-    }
+    let settings: Vec<&str> = unit.lines().filter(|line| !line.starts_with('#')).collect();
+    assert!(settings.contains(&"RestartPreventExitStatus=64"), "{unit}");
+    assert!(
+        !settings.iter().any(|line| line.starts_with("ExecStartPre=")),
+        "a failing ExecStartPre= is restarted forever, whatever RestartPreventExitStatus= says"
+    );
 }

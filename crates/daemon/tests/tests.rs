@@ -41,3 +41,6 @@ mod read_faults;
 
 /// Issue 15: `[[commands]]` and `[[http_tools]]` hosted as tools, through the daemon.
 mod sources;
+
+/// Issue 13: the caller's first hour: usage errors, closed stdout, TOOLHOST_CONFIG, outages.
+mod firsthour;

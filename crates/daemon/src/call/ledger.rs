@@ -9,6 +9,7 @@ use toolhost_tools::Failure;
 use tracing::{error, warn};
 
 use crate::backoff::Backoff;
+use crate::outage::redis_warn;
 use crate::telemetry::Telemetry;
 
 /// Records that `owner` starts the call under `call`, retrying while Redis is unavailable.
@@ -26,7 +27,7 @@ pub(crate) async fn begin(
         match bus.begin_call(call, owner, entry_id).await {
             Ok(start) => return Some(start),
             Err(err) if err.is_retryable() => {
-                warn!(error = %err, request_id, "cannot record call start; retrying");
+                redis_warn!(&err, error = %err, request_id, "cannot record call start; retrying");
                 if !backoff.wait(forced).await {
                     return None;
                 }
@@ -68,7 +69,7 @@ pub(crate) async fn renew(
                     break;
                 }
                 Err(err) if err.is_retryable() => {
-                    warn!(error = %err, request_id, "cannot renew lease; retrying");
+                    redis_warn!(&err, error = %err, request_id, "cannot renew lease; retrying");
                     backoff.wait(&never).await;
                 }
                 Err(err) => {
@@ -95,7 +96,7 @@ pub(crate) async fn finish(
             Ok(published) => return Some(published),
             Err(err) if err.is_retryable() => {
                 telemetry.set_redis_up(false);
-                warn!(error = %err, entry_id, "cannot commit answer; retrying");
+                redis_warn!(&err, error = %err, entry_id, "cannot commit answer; retrying");
                 if !backoff.wait(forced).await {
                     return None;
                 }

@@ -100,7 +100,7 @@ impl Requests {
             "event": "dead_letter",
             "toolbox_id": self.settings.toolbox_id,
             "stream": self.requests,
-            "entry_id": entry.entry_id,
+            "request_entry_id": entry.entry_id,
             "id": entry.id,
             "payload": kept,
             "deliveries": entry.deliveries,
