@@ -73,3 +73,4 @@ soak requests="100000": ensure-redis-installed
 test-mcp:
     scripts/ensure-mcp-servers.sh >/dev/null
     cargo test -p toolhost-mcp -- --include-ignored
+    cargo test -p toolhost --test tests mcp_hosted -- --include-ignored

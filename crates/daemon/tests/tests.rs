@@ -44,3 +44,9 @@ mod sources;
 
 /// Issue 13: the caller's first hour: usage errors, closed stdout, TOOLHOST_CONFIG, outages.
 mod firsthour;
+
+/// Issue 15: SIGHUP reloads the tool sources live and refuses a configuration that does not load.
+mod reload;
+
+/// Issue 15: a real MCP server hosted by the daemon (run by `just test-mcp`).
+mod mcp_hosted;

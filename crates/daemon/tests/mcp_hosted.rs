@@ -1,0 +1,101 @@
+//! Issue 15's hosted MCP servers through the daemon: a real, unmodified `mcp-server-time`
+//! configured in `[[mcp_servers]]` is listed in discovery, called over Redis like a built-in, and
+//! removed by a reload, after which its child process is gone. These need the servers of
+//! `scripts/ensure-mcp-servers.sh`, so they run in `just test-mcp` (which installs them).
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::support::{Daemon, RedisServer, ask, temp_dir};
+
+const WAIT: Duration = Duration::from_secs(30);
+
+/// The installed `mcp-server-time`, as `scripts/ensure-mcp-servers.sh` lays it out.
+fn time_server() -> PathBuf {
+    let cache = std::env::var_os("TOOLHOST_MCP_SERVERS").map(PathBuf::from).unwrap_or_else(|| {
+        PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/toolhost/mcp-servers")
+    });
+    let program = cache.join("time/bin/mcp-server-time");
+    assert!(
+        program.exists(),
+        "{} is missing: run scripts/ensure-mcp-servers.sh (`just test-mcp`)",
+        program.display()
+    );
+    program
+}
+
+/// The name of the user running the tests (the `run_as` a root daemon needs to reach the servers).
+fn nix_user() -> String {
+    std::env::var("USER").ok().filter(|user| !user.is_empty()).unwrap_or_else(|| "root".to_owned())
+}
+
+/// Pids of the processes whose command line names `needle`.
+fn processes_named(needle: &str) -> Vec<u32> {
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+        // A zombie has no command line left; its stat still names it.
+        if String::from_utf8_lossy(&cmdline).contains(needle)
+            || (stat.contains(needle) && stat.contains(") Z "))
+        {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the MCP servers of scripts/ensure-mcp-servers.sh; run `just test-mcp`"]
+async fn a_hosted_mcp_server_is_listed_called_over_redis_and_stopped_by_a_reload() {
+    let program = time_server();
+    let redis = RedisServer::start();
+    let dir = temp_dir("mcp-hosted");
+    let path = dir.join("toolhost.toml");
+    // The servers are installed under the invoking user's home: the child runs as that user
+    // (a root daemon would otherwise run it as `nobody`, who cannot read root's home).
+    let server = format!(
+        "[tools.terminal]\nrun_as = \"{}\"\n\n[[mcp_servers]]\nname = \"time\"\ncommand = \"{}\"\n\
+         args = [\"--local-timezone\", \"UTC\"]\n",
+        nix_user(),
+        program.display()
+    );
+    std::fs::write(&path, &server).unwrap();
+    let daemon = Daemon::start_args(&redis, &[], &["--config", path.to_str().unwrap()]);
+
+    let answers = ask(&redis, &[("tools.discover", "d-1", json!({"format": "openai"}))]).await;
+    let tools = answers["d-1"]["result"]["tools"].as_array().unwrap().clone();
+    let names: Vec<&str> = tools.iter().filter_map(|tool| tool["function"]["name"].as_str()).collect();
+    assert!(names.contains(&"time__get_current_time"), "{names:?}");
+    let call = json!({"tool": "time__get_current_time", "arguments": {"timezone": "UTC"}});
+    let answers = ask(&redis, &[("tool.invoke", "c-1", call)]).await;
+    assert_eq!(answers["c-1"]["success"], true, "{answers:?}");
+    assert_eq!(answers["c-1"]["result"]["timezone"], "UTC", "{answers:?}");
+    // Arguments are validated before the server sees them.
+    let bad = json!({"tool": "time__get_current_time", "arguments": {"timezone": 5}});
+    let answers = ask(&redis, &[("tool.invoke", "c-2", bad)]).await;
+    assert_eq!(answers["c-2"]["error_code"], "invalid_arguments", "{answers:?}");
+    let running = processes_named("mcp-server-time");
+    assert!(!running.is_empty(), "the server's child runs");
+
+    // Removing the server from the file and reloading stops it: no process left, not even a zombie.
+    std::fs::write(&path, format!("[tools.terminal]\nrun_as = \"{}\"\n", nix_user())).unwrap();
+    daemon.signal(libc::SIGHUP);
+    let deadline = Instant::now() + WAIT;
+    while !processes_named("mcp-server-time").is_empty() {
+        assert!(Instant::now() < deadline, "the removed server's child is still there:\n{}", daemon.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let answers = ask(&redis, &[("tool.invoke", "c-3", json!({"tool": "time__get_current_time"}))]).await;
+    assert_eq!(answers["c-3"]["error_code"], "unknown_tool", "{answers:?}");
+    // `/status` follows within its refresh period.
+    let addr = crate::support::http_addr(&daemon.log());
+    let (_, status) = crate::support::wait_http(addr, "/status", WAIT, |_, body| {
+        serde_json::from_str::<Value>(body).is_ok_and(|status| status["sources"] == json!([]))
+    });
+    let status: Value = serde_json::from_str(&status).unwrap();
+    assert_eq!(status["sources"], json!([]), "{status}");
+}
