@@ -94,6 +94,11 @@ pub trait Groups: Send + Sync + 'static {
         count: usize,
     ) -> Result<Reclaimed, Error>;
 
+    /// Moves a pending entry of `group` to `consumer` (`XCLAIM ... JUSTID`), without delivering
+    /// it: that consumer's reclaimer takes it up once it has been idle for the lease. Used to
+    /// hand an entry to the replica that hosts its tool.
+    async fn hand_over(&self, topic: &str, group: &str, consumer: &str, entry_id: &str) -> Result<(), Error>;
+
     /// Removes `consumer` from `group` if it holds no pending entries (deleting a consumer drops
     /// its pending entries, which would lose them). Returns whether it was removed.
     async fn delete_consumer(&self, topic: &str, group: &str, consumer: &str) -> Result<bool, Error>;
@@ -169,6 +174,9 @@ pub trait Store: Send + Sync + 'static {
 
     /// All fields of the hash at `key`.
     async fn hash_fields(&self, key: &str) -> Result<Vec<(String, String)>, Error>;
+
+    /// The values of `keys`, in order; `None` for a key that does not exist or holds no string.
+    async fn values(&self, keys: &[String]) -> Result<Vec<Option<String>>, Error>;
 
     /// Sets `key` to `value`, expiring after `ttl`.
     async fn set_expiring(&self, key: &str, value: &str, ttl: Duration) -> Result<(), Error>;

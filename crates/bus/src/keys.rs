@@ -73,6 +73,11 @@ impl Keys {
         format!("{}toolhost:heartbeat:{toolbox_id}:", self.prefix)
     }
 
+    /// The pattern matching every heartbeat of every toolbox: the fleet.
+    pub fn all_heartbeats_pattern(&self) -> String {
+        format!("{}toolhost:heartbeat:*", self.prefix)
+    }
+
     /// The pattern matching every heartbeat of a toolbox.
     pub fn heartbeat_pattern(&self, toolbox_id: &str) -> String {
         format!("{}toolhost:heartbeat:{toolbox_id}:*", self.prefix)

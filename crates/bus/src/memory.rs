@@ -45,8 +45,8 @@ struct Group {
 }
 
 enum Value {
-    /// A plain value; tests only ask whether it exists.
-    Text,
+    /// A plain value.
+    Text(String),
     Hash(BTreeMap<String, String>),
 }
 
@@ -228,8 +228,21 @@ impl Store for MemoryBus {
             .unwrap_or_default())
     }
 
-    async fn set_expiring(&self, key: &str, _value: &str, ttl: Duration) -> Result<(), Error> {
-        self.lock().values.insert(key.to_owned(), (Value::Text, Some(Instant::now() + ttl)));
+    async fn values(&self, keys: &[String]) -> Result<Vec<Option<String>>, Error> {
+        let mut state = self.lock();
+        Ok(keys
+            .iter()
+            .map(|key| match state.value(key) {
+                Some(Value::Text(text)) => Some(text.clone()),
+                _ => None,
+            })
+            .collect())
+    }
+
+    async fn set_expiring(&self, key: &str, value: &str, ttl: Duration) -> Result<(), Error> {
+        self.lock()
+            .values
+            .insert(key.to_owned(), (Value::Text(value.to_owned()), Some(Instant::now() + ttl)));
         Ok(())
     }
 

@@ -318,6 +318,20 @@ impl Groups for RedisBus {
         reclaimed_from_value(value, self.options.max_field_bytes)
     }
 
+    async fn hand_over(&self, topic: &str, group: &str, consumer: &str, entry_id: &str) -> Result<(), Error> {
+        let mut connection = self.commands.clone();
+        let _: Value = redis::cmd("XCLAIM")
+            .arg(topic)
+            .arg(group)
+            .arg(consumer)
+            .arg(0)
+            .arg(entry_id)
+            .arg("JUSTID")
+            .query_async(&mut connection)
+            .await?;
+        Ok(())
+    }
+
     async fn delete_consumer(&self, topic: &str, group: &str, consumer: &str) -> Result<bool, Error> {
         let deleted: u8 = self
             .scripts
@@ -472,6 +486,15 @@ impl Store for RedisBus {
         let mut connection = self.commands.clone();
         let fields: Vec<(String, String)> = connection.hgetall(key).await?;
         Ok(fields)
+    }
+
+    async fn values(&self, keys: &[String]) -> Result<Vec<Option<String>>, Error> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut connection = self.commands.clone();
+        let values: Vec<Option<String>> = redis::cmd("MGET").arg(keys).query_async(&mut connection).await?;
+        Ok(values)
     }
 
     async fn set_expiring(&self, key: &str, value: &str, ttl: Duration) -> Result<(), Error> {

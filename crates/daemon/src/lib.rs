@@ -8,6 +8,8 @@
 //! - `doors`: how calls come in: `doors::requests` (`action-requests`) and `doors::chat` (the
 //!   inbox `chat:<AGENT_NAME>`).
 //! - `group`: the consumer-group read and reclaim loops every door runs on.
+//! - `fleet`: what the other live replicas and toolboxes host, from their heartbeats; where a
+//!   request for a tool this replica lacks goes.
 //! - `publish`: the tool registry and heartbeat kept in Redis.
 //! - `sources`: the tool sources at run time (hosted MCP servers included) and the registry
 //!   rebuilt from them when their tools change or SIGHUP reloads the configuration.
@@ -32,6 +34,7 @@ pub mod config;
 mod dlq;
 mod doors;
 pub mod dumpable;
+mod fleet;
 mod group;
 pub mod http;
 pub mod logging;

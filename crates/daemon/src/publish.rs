@@ -5,6 +5,7 @@
 //! expires after three missed refreshes. A caller lists tools without a round trip to the daemon
 //! and sees which replicas are alive.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,6 +13,10 @@ use serde_json::json;
 use toolhost_bus::{Keys, Store};
 use toolhost_envelope::DiscoveryFormat;
 use toolhost_tools::SharedRegistry;
+use tracing::warn;
+
+use crate::fleet::{Fleet, Hosted};
+use crate::telemetry::Telemetry;
 
 use crate::outage::redis_warn;
 use crate::shutdown::Shutdown;
@@ -29,6 +34,9 @@ pub(crate) struct Publisher {
     pub period: Duration,
     pub requests_topic: String,
     pub results_topic: String,
+    /// What the other replicas host, read again on every beat.
+    pub fleet: Arc<Fleet>,
+    pub telemetry: Telemetry,
 }
 
 impl Publisher {
@@ -59,21 +67,61 @@ impl Publisher {
             .collect()
     }
 
-    /// Writes the registry hash (`fields`) and the heartbeat once.
+    /// Writes the registry hash and the heartbeat once.
+    ///
+    /// The hash holds the tools of every live replica of this toolbox, not only this one's:
+    /// replicas whose configurations differ for a while (a rolling reload) each write their own
+    /// tools and keep the fields a live sibling hosts, so the listing does not flap between
+    /// them. A field nobody live hosts is dropped.
     pub async fn publish_once(&self, fields: &[(String, String)]) -> Result<(), toolhost_bus::Error> {
-        self.bus.replace_hash(&self.registry_key(), fields).await?;
-        self.beat().await
+        self.beat().await?;
+        let key = self.registry_key();
+        let own: BTreeSet<&str> = fields.iter().map(|(name, _)| name.as_str()).collect();
+        let mut union: Vec<(String, String)> = fields.to_vec();
+        for (name, value) in self.bus.hash_fields(&key).await? {
+            let sibling_hosts =
+                self.fleet.hosts(&name, &self.consumer).iter().any(|host| host.toolbox_id == self.toolbox_id);
+            if !own.contains(name.as_str()) && sibling_hosts {
+                union.push((name, value));
+            }
+        }
+        self.bus.replace_hash(&key, &union).await
     }
 
+    /// Refreshes this replica's heartbeat, naming the tools it hosts, then reads every live
+    /// replica's to update the fleet view.
     async fn beat(&self) -> Result<(), toolhost_bus::Error> {
+        let registry = self.registry.snapshot();
+        let hosted: BTreeMap<&str, Hosted> = registry
+            .enabled_names()
+            .into_iter()
+            .filter_map(|name| {
+                let description = registry.description(name)?;
+                Some((name, Hosted { event: description.consumed_event, hash: description.hash }))
+            })
+            .collect();
         let heartbeat = json!({
             "toolbox_id": self.toolbox_id,
             "consumer": self.consumer,
             "version": env!("CARGO_PKG_VERSION"),
-            "tools": self.registry.snapshot().names(),
+            "tools": registry.names(),
+            "hosted": hosted,
             "at": toolhost_envelope::now_rfc3339(),
         });
-        self.bus.set_expiring(&self.heartbeat_key(), &heartbeat.to_string(), self.period * 3).await
+        self.bus.set_expiring(&self.heartbeat_key(), &heartbeat.to_string(), self.period * 3).await?;
+        self.read_fleet().await
+    }
+
+    /// Reads every live replica's heartbeat into the fleet view; reports tools that newly have
+    /// different descriptions on different toolboxes.
+    async fn read_fleet(&self) -> Result<(), toolhost_bus::Error> {
+        let keys = self.bus.keys_matching(&self.keys.all_heartbeats_pattern()).await?;
+        let beats = self.bus.values(&keys).await?;
+        for name in self.fleet.update(beats.into_iter().flatten()) {
+            warn!(tool = %name, fleet = %self.fleet.status()["conflicts"][&name], "one tool name, different descriptions on different toolboxes");
+        }
+        self.telemetry.set_fleet_conflicts(self.fleet.conflicts(), self.fleet.status());
+        Ok(())
     }
 
     /// Refreshes the heartbeat until shutdown, and every [`REPUBLISH_EVERY`] beats the registry

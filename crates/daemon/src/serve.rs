@@ -25,6 +25,7 @@ use crate::call::{Door, Lifecycle};
 use crate::config::{Config, ConfigError, KeyError, ProcessEnv, mask_url};
 use crate::doors::chat::{Inbox, InboxSettings};
 use crate::doors::requests::{DispatchSettings, Requests};
+use crate::fleet::Fleet;
 use crate::group::{GroupReader, StreamSettings};
 use crate::http::{HttpLimits, HttpServer};
 use crate::outage::redis_warn;
@@ -350,7 +351,9 @@ impl App {
         let registry = Arc::new(SharedRegistry::new(registry));
         let consumer = consumer_name();
         let shutdown = Shutdown::new();
+        let fleet = Arc::new(Fleet::default());
         let services = Services {
+            fleet: fleet.clone(),
             bus: bus.clone(),
             registry: registry.clone(),
             limits: limits.clone(),
@@ -377,8 +380,10 @@ impl App {
         let chat = InboxSettings {
             agent_name: raw.daemon.agent_name.clone(),
             max_payload_bytes: raw.streams.max_payload_bytes,
+            toolbox_id: raw.daemon.toolbox_id.clone(),
+            consumer: consumer.clone(),
         };
-        let door = Inbox::new(bus.clone(), keys.clone(), chat);
+        let door = Inbox::new(bus.clone(), keys.clone(), services.fleet.clone(), chat);
         let inbox = reader(
             door,
             stream(&Address::chat_of(&raw.daemon.agent_name), keys.chat(&raw.daemon.agent_name)),
@@ -394,7 +399,8 @@ impl App {
             answer_unknown_tools: raw.dispatch.answer_unknown_tools,
             response_topics,
         };
-        let door = Requests::new(keys.clone(), services.stats.clone(), settings);
+        let door =
+            Requests::new(keys.clone(), services.stats.clone(), services.fleet.clone(), &consumer, settings);
         let requests = reader(
             door,
             stream(&raw.streams.requests, keys.topic(&raw.streams.requests)),
@@ -410,6 +416,8 @@ impl App {
             period: config.heartbeat,
             requests_topic: keys.topic(&raw.streams.requests),
             results_topic: keys.topic(&raw.streams.results),
+            fleet,
+            telemetry: telemetry.clone(),
         });
         let config_path = options.as_ref().and_then(|options| options.config_path.clone());
         let sources = options.map(|options| {
@@ -465,6 +473,13 @@ impl App {
         let requests_key = requests.topic().to_owned();
         let raw = &config.raw;
         info!(addr = %http.local_addr(), "http listening");
+        if !raw.dispatch.answer_unknown_tools {
+            warn!(
+                key = "dispatch.answer_unknown_tools",
+                "deprecated: toolboxes sharing a stream now route requests among themselves and answer a tool \
+                 nobody hosts once; this setting only keeps this toolbox from ever answering unknown_tool"
+            );
+        }
         let tasks = shutdown.tasks();
         let probe = Probe {
             redis: mask_url(&raw.redis.url),

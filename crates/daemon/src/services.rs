@@ -18,6 +18,8 @@ pub struct Services {
     pub registry: Arc<SharedRegistry>,
     /// Per-tool concurrency limits and wait queues, outside the registry.
     pub limits: Arc<ToolLimits>,
+    /// What the other live replicas host.
+    pub(crate) fleet: Arc<crate::fleet::Fleet>,
     /// Key and topic names.
     pub keys: Keys,
     /// Per-tool statistics for `tools.stats`.

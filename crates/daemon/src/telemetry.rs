@@ -38,6 +38,8 @@ pub const REDIS_RECONNECTS: &str = "toolhost_redis_reconnects_total";
 pub const REDIS_UP: &str = "toolhost_redis_up";
 /// Always 1, labelled with the `version`.
 pub const BUILD_INFO: &str = "toolhost_build_info";
+/// Gauge: tool names served with different descriptions by different toolboxes of the fleet.
+pub const FLEET_CONFLICTS: &str = "toolhost_fleet_conflicts";
 /// Gauge, label `source`: 1 while a hosted tool source (an MCP server) is connected.
 pub const SOURCE_UP: &str = "toolhost_source_up";
 /// Counter: configuration reloads applied.
@@ -228,6 +230,13 @@ impl Telemetry {
         status["sources"] = details;
     }
 
+    /// Records the fleet view: `toolhost_fleet_conflicts` and the `/status` page's `fleet`.
+    pub fn set_fleet_conflicts(&self, conflicts: usize, fleet: serde_json::Value) {
+        self.gauge(Key::from_static_name(FLEET_CONFLICTS)).set(conflicts as f64);
+        let mut status = self.inner.status.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        status["fleet"] = fleet;
+    }
+
     /// The `/status` page: readiness and the tool sources.
     pub fn status(&self) -> serde_json::Value {
         let readiness = self.readiness();
@@ -316,6 +325,7 @@ fn describe(recorder: &PrometheusRecorder) {
         (REDIS_UP, "1 while Redis answers, 0 otherwise."),
         (BUILD_INFO, "Always 1; the version label names the running build."),
         (SOURCE_UP, "1 while a hosted tool source (an MCP server) is connected, 0 otherwise."),
+        (FLEET_CONFLICTS, "Tool names served with different descriptions by different toolboxes."),
     ];
     for (name, help) in gauges {
         recorder.describe_gauge(name.into(), None, help.into());

@@ -60,6 +60,8 @@ pub(crate) enum Work {
     Answer(Result<Value, Failure>, Reply),
     /// Ack without answering: another toolbox answers it.
     AckOnly,
+    /// Hand the entry to this consumer of the same group, which hosts its tool.
+    HandOver(String),
 }
 
 /// What kind of answer a [`Work::Answer`] is, for logs and metrics.
@@ -111,6 +113,8 @@ pub(crate) enum Outcome {
     /// Left pending: its owner is alive elsewhere, Redis refused the commit, or shutdown was
     /// forced; a replica (or this one) takes it over after the lease.
     LeftPending,
+    /// Moved, unanswered, to a replica of the same toolbox that hosts its tool.
+    HandedOver,
 }
 
 impl Outcome {
@@ -124,6 +128,7 @@ impl Outcome {
             Outcome::DeadLetter => "dead_letter",
             Outcome::Duplicate => "duplicate",
             Outcome::LeftPending => "left_pending",
+            Outcome::HandedOver => "handed_over",
         }
     }
 }
@@ -269,6 +274,7 @@ impl<D: Door> Lifecycle<D> {
         };
         let poisoned = entry.deliveries > self.settings.max_deliveries;
         let (result, reply) = match self.door.work(request, registry) {
+            Work::HandOver(consumer) => return self.hand_over(entry, &consumer).await,
             Work::AckOnly => {
                 return self.ack(entry, None).await.map_or(Outcome::LeftPending, |_| Outcome::Duplicate);
             }
@@ -521,6 +527,21 @@ impl<D: Door> Lifecycle<D> {
             committed => committed,
         };
         committed.map_or(Outcome::LeftPending, |_| Outcome::DeadLetter)
+    }
+
+    /// Moves an entry to `consumer`, a replica of this toolbox that hosts its tool; it stays
+    /// pending here when Redis refuses, and is reclaimed as usual.
+    async fn hand_over(&self, entry: &Entry, consumer: &str) -> Outcome {
+        let settings = &self.settings;
+        let moved =
+            self.services.bus.hand_over(&settings.topic, &settings.group, consumer, &entry.entry_id).await;
+        match moved {
+            Ok(()) => Outcome::HandedOver,
+            Err(err) => {
+                warn!(error = %err, entry_id = %entry.entry_id, consumer, "cannot hand the entry to the replica hosting its tool");
+                Outcome::LeftPending
+            }
+        }
     }
 
     /// Acks an entry without answering it.

@@ -28,6 +28,7 @@ use tracing::{info, warn};
 
 use self::message::{Incoming, Malformed, ToolCall, classify};
 use crate::call::{Admission, Answer, Door, Letter, Outcome, Reply, UNKNOWN_TOOL_LABEL, Work};
+use crate::fleet::{Fleet, Route, route};
 
 /// What the chat door needs to know, resolved from configuration.
 #[derive(Debug, Clone)]
@@ -36,6 +37,10 @@ pub struct InboxSettings {
     pub agent_name: String,
     /// Larger payloads are dead-lettered.
     pub max_payload_bytes: usize,
+    /// The toolbox this replica belongs to.
+    pub toolbox_id: String,
+    /// This replica's consumer name.
+    pub consumer: String,
 }
 
 /// The chat door of one agent inbox.
@@ -47,6 +52,8 @@ pub struct Inbox {
     dead_letters: String,
     /// `agent:<agent_name>`.
     sender: String,
+    /// What the other replicas host, for calls this one cannot serve.
+    fleet: Arc<Fleet>,
 }
 
 /// An admitted chat message: the envelope and what answering it takes.
@@ -58,8 +65,14 @@ pub struct Message {
 
 impl Inbox {
     /// The inbox of `settings.agent_name`.
-    pub fn new(bus: Arc<dyn Streams>, keys: Keys, settings: InboxSettings) -> Inbox {
+    pub(crate) fn new(
+        bus: Arc<dyn Streams>,
+        keys: Keys,
+        fleet: Arc<Fleet>,
+        settings: InboxSettings,
+    ) -> Inbox {
         Inbox {
+            fleet,
             dead_letters: keys.dead_letters(&settings.agent_name),
             sender: Address::agent_of(&settings.agent_name),
             bus,
@@ -152,7 +165,17 @@ impl Door for Inbox {
     fn work(&self, message: &Message, registry: &Registry) -> Work {
         match &message.work {
             Some(message::Work::Call(call)) => {
-                Work::Tool { name: call.name.clone(), arguments: call.arguments.clone() }
+                let tool = || Work::Tool { name: call.name.clone(), arguments: call.arguments.clone() };
+                if registry.is_enabled(&call.name) {
+                    return tool();
+                }
+                // Every toolbox with this agent name reads the inbox: the one hosting the tool
+                // answers; the call is answered here only when no live replica hosts it.
+                match route(&self.fleet, &call.name, &self.settings.toolbox_id, &self.settings.consumer) {
+                    Route::Here => tool(),
+                    Route::OtherToolbox => Work::AckOnly,
+                    Route::Sibling(consumer) => Work::HandOver(consumer),
+                }
             }
             Some(message::Work::BadCall(error)) => Work::Answer(
                 Err(Failure::new(toolhost_envelope::ErrorCode::InvalidRequest, error.clone())),

@@ -19,6 +19,7 @@ use tracing::info;
 
 pub(crate) use self::admit::{Request, Target, entry_millis};
 use crate::call::{Admission, Answer, Door, Letter, Outcome, Reply, UNKNOWN_TOOL_LABEL, Work};
+use crate::fleet::{Fleet, Route, route};
 use crate::stats::Stats;
 
 /// What the requests door needs to know, resolved from configuration.
@@ -52,12 +53,24 @@ pub struct Requests {
     source: String,
     /// Per-tool statistics, for `tools.stats`.
     stats: Arc<Stats>,
+    /// What the other replicas host, for requests this one cannot serve.
+    fleet: Arc<Fleet>,
+    /// This replica's consumer name.
+    consumer: String,
 }
 
 impl Requests {
     /// The door of the requests stream.
-    pub fn new(keys: Keys, stats: Arc<Stats>, settings: DispatchSettings) -> Requests {
+    pub(crate) fn new(
+        keys: Keys,
+        stats: Arc<Stats>,
+        fleet: Arc<Fleet>,
+        consumer: &str,
+        settings: DispatchSettings,
+    ) -> Requests {
         Requests {
+            fleet,
+            consumer: consumer.to_owned(),
             requests: keys.topic(&settings.requests_topic),
             dead_letters: keys.dead_letters(&settings.toolbox_id),
             source: format!("toolhost:{}", settings.toolbox_id),
@@ -134,15 +147,35 @@ impl Door for Requests {
 
     fn work(&self, request: &Request, registry: &Registry) -> Work {
         let answer = |result| Work::Answer(result, Reply::Result);
+        let toolbox_id = &self.settings.toolbox_id;
+        // A request this replica cannot serve goes to the replica that can; only when nobody
+        // live hosts it is it answered here, once across the fleet (see `call` and the ledger).
+        let elsewhere = |tool: &str| match route(&self.fleet, tool, toolbox_id, &self.consumer) {
+            Route::Here => None,
+            Route::OtherToolbox => Some(Work::AckOnly),
+            Route::Sibling(consumer) => Some(Work::HandOver(consumer)),
+        };
+        // Discovery and statistics addressed to another live toolbox are its to answer.
+        let addressed = request.envelope.data_str("toolbox_id").filter(|id| *id != toolbox_id.as_str());
         match &request.target {
             Target::Tool { name, arguments } => {
-                Work::Tool { name: name.clone(), arguments: arguments.clone() }
+                let run = || Work::Tool { name: name.clone(), arguments: arguments.clone() };
+                if registry.is_enabled(name) { run() } else { elsewhere(name).unwrap_or_else(run) }
             }
-            // Another toolbox sharing the stream answers it; only ack here.
+            // Deprecated: another toolbox sharing the stream answers it; only ack here.
             Target::Unknown(_) if !self.settings.answer_unknown_tools => Work::AckOnly,
-            Target::Unknown(event) => answer(Err(Failure::new(
-                ErrorCode::UnknownTool,
-                format!("no tool consumes the event '{event}'; send tools.discover to list the tools"),
+            Target::Unknown(event) => elsewhere(event).unwrap_or_else(|| {
+                answer(Err(Failure::new(
+                    ErrorCode::UnknownTool,
+                    format!("no tool consumes the event '{event}'; send tools.discover to list the tools"),
+                )))
+            }),
+            Target::Discover | Target::Stats if addressed.is_some_and(|id| self.fleet.is_live(id)) => {
+                Work::AckOnly
+            }
+            Target::Discover | Target::Stats if addressed.is_some() => answer(Err(Failure::new(
+                ErrorCode::InvalidRequest,
+                format!("no live toolbox '{}' reads this stream", addressed.unwrap_or_default()),
             ))),
             Target::Discover => answer(Ok(self.discover(&request.envelope, registry))),
             Target::Stats => answer(Ok(

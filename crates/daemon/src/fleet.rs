@@ -1,0 +1,187 @@
+//! What the rest of the fleet hosts: every live replica of every toolbox reading the same Redis,
+//! as their heartbeats tell it.
+//!
+//! Each replica's heartbeat (`toolhost:heartbeat:<toolbox_id>:<consumer>`, refreshed every
+//! `[daemon] heartbeat_ms`, expiring after three) lists the tools it hosts, enabled ones only,
+//! with the event each consumes and its description's hash. The view is read again on every
+//! beat and swapped whole. Doors consult it before answering a request for a tool they do not
+//! host themselves: when a live sibling hosts it, the sibling answers (see `doors::requests`).
+//! The same name with different descriptions on two replicas is reported in the log, a metric
+//! and `/status`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+/// One live replica hosting a tool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Host {
+    /// Its toolbox (consumer group).
+    pub toolbox_id: String,
+    /// Its consumer name.
+    pub consumer: String,
+}
+
+/// What one replica's heartbeat says it hosts: tool name to its event and description hash.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Hosted {
+    /// The event the tool consumes.
+    pub event: String,
+    /// The hash of its native description.
+    pub hash: String,
+}
+
+/// The parts of a heartbeat the fleet view reads.
+#[derive(Debug, Deserialize)]
+struct Heartbeat {
+    toolbox_id: String,
+    consumer: String,
+    #[serde(default)]
+    hosted: BTreeMap<String, Hosted>,
+}
+
+/// One reading of the fleet.
+#[derive(Debug, Default)]
+struct Snapshot {
+    /// Tool name to the live replicas hosting it.
+    tools: BTreeMap<String, Vec<Host>>,
+    /// Consumed event to tool name.
+    events: BTreeMap<String, String>,
+    /// Live toolboxes and their replicas.
+    toolboxes: BTreeMap<String, BTreeSet<String>>,
+    /// Tool names served with different descriptions, with the toolboxes serving each version.
+    conflicts: BTreeMap<String, Vec<String>>,
+}
+
+/// The fleet as last read, shared by the doors and the publisher.
+#[derive(Debug, Default)]
+pub(crate) struct Fleet {
+    snapshot: ArcSwap<Snapshot>,
+}
+
+impl Fleet {
+    /// Replaces the view with what `heartbeats` (their JSON texts) say. Returns the names of the
+    /// tools newly found with conflicting descriptions, to report once.
+    pub(crate) fn update(&self, heartbeats: impl IntoIterator<Item = String>) -> Vec<String> {
+        let mut next = Snapshot::default();
+        let mut versions: BTreeMap<String, BTreeMap<String, BTreeSet<String>>> = BTreeMap::new();
+        for text in heartbeats {
+            let Ok(beat) = serde_json::from_str::<Heartbeat>(&text) else { continue };
+            next.toolboxes.entry(beat.toolbox_id.clone()).or_default().insert(beat.consumer.clone());
+            for (name, hosted) in beat.hosted {
+                let host = Host { toolbox_id: beat.toolbox_id.clone(), consumer: beat.consumer.clone() };
+                next.tools.entry(name.clone()).or_default().push(host);
+                next.events.insert(hosted.event, name.clone());
+                versions
+                    .entry(name)
+                    .or_default()
+                    .entry(hosted.hash)
+                    .or_default()
+                    .insert(beat.toolbox_id.clone());
+            }
+        }
+        for (name, by_hash) in versions {
+            if by_hash.len() > 1 {
+                let toolboxes =
+                    by_hash.into_values().flatten().collect::<BTreeSet<_>>().into_iter().collect();
+                next.conflicts.insert(name, toolboxes);
+            }
+        }
+        let previous = self.snapshot.load();
+        let new_conflicts =
+            next.conflicts.keys().filter(|name| !previous.conflicts.contains_key(*name)).cloned().collect();
+        self.snapshot.store(Arc::new(next));
+        new_conflicts
+    }
+
+    /// The live replicas other than `me` hosting `tool`, by tool name or by consumed event.
+    pub(crate) fn hosts(&self, tool: &str, me: &str) -> Vec<Host> {
+        let snapshot = self.snapshot.load();
+        let name = snapshot.events.get(tool).map_or(tool, String::as_str);
+        snapshot
+            .tools
+            .get(name)
+            .map(|hosts| hosts.iter().filter(|host| host.consumer != me).cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Whether a replica of `toolbox_id` is alive.
+    pub(crate) fn is_live(&self, toolbox_id: &str) -> bool {
+        self.snapshot.load().toolboxes.contains_key(toolbox_id)
+    }
+
+    /// How many tool names are served with different descriptions.
+    pub(crate) fn conflicts(&self) -> usize {
+        self.snapshot.load().conflicts.len()
+    }
+
+    /// The `/status` part: live toolboxes with their replicas, and conflicting descriptions.
+    pub(crate) fn status(&self) -> Value {
+        let snapshot = self.snapshot.load();
+        json!({"toolboxes": snapshot.toolboxes, "conflicts": snapshot.conflicts})
+    }
+}
+
+/// Where a door sends a request for a tool it does not host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Route {
+    /// Nobody else hosts it: answer here (`unknown_tool`, `tool_disabled`).
+    Here,
+    /// Another toolbox hosts it, and reads the same entry through its own group: only ack.
+    OtherToolbox,
+    /// A replica of this toolbox hosts it: hand the entry to that consumer.
+    Sibling(String),
+}
+
+/// Decides where a request for `tool`, which this replica (`me`, of `toolbox_id`) does not
+/// host, goes.
+pub(crate) fn route(fleet: &Fleet, tool: &str, toolbox_id: &str, me: &str) -> Route {
+    let hosts = fleet.hosts(tool, me);
+    if hosts.iter().any(|host| host.toolbox_id != toolbox_id) {
+        return Route::OtherToolbox;
+    }
+    match hosts.into_iter().next() {
+        Some(sibling) => Route::Sibling(sibling.consumer),
+        None => Route::Here,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn beat(toolbox: &str, consumer: &str, tools: &[(&str, &str)]) -> String {
+        let hosted: BTreeMap<&str, Value> = tools
+            .iter()
+            .map(|(name, hash)| (*name, json!({"event": format!("{name}.requested"), "hash": hash})))
+            .collect();
+        json!({"toolbox_id": toolbox, "consumer": consumer, "hosted": hosted}).to_string()
+    }
+
+    #[test]
+    fn requests_go_to_the_toolbox_or_sibling_that_hosts_them_and_nobody_else() {
+        let fleet = Fleet::default();
+        let conflicts = fleet.update([
+            beat("db", "db-1", &[("query", "h1"), ("shared", "s1")]),
+            beat("db", "db-2", &[("query", "h1"), ("shared", "s1"), ("fresh", "f1")]),
+            beat("web", "web-1", &[("browse", "b1"), ("shared", "s2")]),
+            "not json".to_owned(),
+        ]);
+        assert_eq!(conflicts, ["shared"]);
+        assert_eq!(route(&fleet, "browse", "db", "db-1"), Route::OtherToolbox);
+        assert_eq!(route(&fleet, "browse.requested", "db", "db-1"), Route::OtherToolbox);
+        // A newer replica of the same toolbox hosts it (a reload ahead of this one).
+        assert_eq!(route(&fleet, "fresh", "db", "db-1"), Route::Sibling("db-2".to_owned()));
+        assert_eq!(route(&fleet, "nobody", "db", "db-1"), Route::Here);
+        assert!(fleet.is_live("web") && !fleet.is_live("gone"));
+        assert_eq!(fleet.conflicts(), 1);
+        // Reported once: the same conflict on the next reading is not new.
+        let again = fleet
+            .update([beat("db", "db-1", &[("shared", "s1")]), beat("web", "web-1", &[("shared", "s2")])]);
+        assert!(again.is_empty());
+        assert_eq!(fleet.status()["conflicts"]["shared"], json!(["db", "web"]));
+    }
+}
