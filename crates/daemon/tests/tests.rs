@@ -50,3 +50,6 @@ mod reload;
 
 /// Issue 15: a real MCP server hosted by the daemon (run by `just test-mcp`).
 mod mcp_hosted;
+
+/// Issue 16: toolboxes sharing one requests stream answer every request once.
+mod fleet;
