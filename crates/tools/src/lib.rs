@@ -12,13 +12,14 @@
 //! **Invariant:** `tools` reaches Redis only through `toolhost_bus::Bus`, reads no environment
 //! variables and installs no logging subscriber: the daemon hands every setting in.
 
-pub mod builtin;
 mod limits;
 mod registry;
 mod schema;
 mod shared;
 /// Tool sources configured in TOML: `[[commands]]` and `[[http_tools]]`.
 pub mod sources;
+/// The built-in tools, re-exported at the crate root as they were before sources had a home.
+pub use sources::builtin;
 /// The `terminal_run` engine: policy, sandboxed execution, capture, redaction, summary.
 pub mod terminal;
 mod tool;

@@ -1,13 +1,21 @@
-//! Tool sources: tools an operator configures in TOML instead of writing Rust, invoked exactly
-//! like built-ins (the registry validates, limits, times out and checks output the same way).
+//! Tool sources: where tools come from. Every source yields [`crate::Tool`]s the registry holds
+//! and calls the same way (validation, limits, timeouts, output checks).
 //!
+//! - [`builtin`]: the tools compiled into toolhost (`echo`, `terminal_run`, `chat_send`, one
+//!   per `[[agents]]` specialist, synthetic benchmark tools).
 //! - [`command`]: `[[commands]]`, a program run with an argv template, on the terminal engine.
 //! - [`http`]: `[[http_tools]]`, an HTTP endpoint called with `reqwest`.
+//! - Hosted MCP servers (`[[mcp_servers]]`) are the `toolhost-mcp` crate's, since they need a
+//!   protocol client of their own.
+//!
+//! A new kind of source is a new module here (or a crate, for a large one) yielding tools; the
+//! daemon's `sources` module registers them. Nothing else changes.
 //!
 //! Each source has a settings type as the configuration spells it (serde, unknown keys refused)
 //! and a definition compiled from it once, whose errors name the key at fault
 //! ([`FieldError`]), so the daemon can report every bad key of every source together.
 
+pub mod builtin;
 pub mod command;
 pub mod http;
 mod template;
