@@ -1,0 +1,261 @@
+//! `toolhost-bench-mcp`: the cost of hosting an MCP server behind toolhost.
+//!
+//! In one run, against the same real `@modelcontextprotocol/server-everything` over stdio
+//! (installed by `scripts/ensure-mcp-servers.sh`):
+//!
+//! 1. **direct**: an rmcp client in this binary calls its `get-sum` tool;
+//! 2. **toolhost**: the same call goes through `toolhost serve` (hosting the server with
+//!    `[[mcp_servers]]`) over Redis, as a `tool.invoke` request answered on a results stream;
+//! 3. **redis**: sequential `PING`s, the round trip a Redis-borne call cannot avoid.
+//!
+//! Each is measured at 1 call in flight (p50, p99) and at 16 (calls/s). The table goes to
+//! stdout and `target/bench/mcp.md`.
+//!
+//! ```text
+//! cargo build --release -p toolhost -p toolhost-bench && target/release/toolhost-bench-mcp
+//! ```
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use hdrhistogram::Histogram;
+use redis::aio::MultiplexedConnection;
+use rmcp::ServiceExt as _;
+use rmcp::model::CallToolRequestParams;
+use serde_json::{Value, json};
+use toolhost_bench::redis_server::RedisServer;
+
+/// How long each throughput phase runs.
+const PHASE: Duration = Duration::from_secs(5);
+/// Calls measured one at a time for the latency rows.
+const SEQUENTIAL_CALLS: usize = 2000;
+/// Calls in flight for the throughput rows.
+const LANES: usize = 16;
+
+/// One measured row.
+struct Row {
+    target: &'static str,
+    p50_us: u64,
+    p99_us: u64,
+    calls_per_s: f64,
+}
+
+fn everything() -> anyhow::Result<PathBuf> {
+    let cache = std::env::var_os("TOOLHOST_MCP_SERVERS").map(PathBuf::from).unwrap_or_else(|| {
+        PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/toolhost/mcp-servers")
+    });
+    let program = cache.join("everything/node_modules/.bin/mcp-server-everything");
+    anyhow::ensure!(program.exists(), "{} is missing: run scripts/ensure-mcp-servers.sh", program.display());
+    Ok(program)
+}
+
+fn arguments() -> serde_json::Map<String, Value> {
+    json!({"a": 2, "b": 3}).as_object().cloned().unwrap_or_default()
+}
+
+/// Latency of `SEQUENTIAL_CALLS` calls one at a time, and calls per second with `LANES` in
+/// flight for `PHASE`.
+async fn measure<F, Fut>(target: &'static str, call: F) -> anyhow::Result<Row>
+where
+    F: Fn(usize) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = anyhow::Result<()>> + Send,
+{
+    let call = Arc::new(call);
+    for warmup in 0..200 {
+        call(warmup).await?;
+    }
+    let mut histogram = Histogram::<u64>::new(3)?;
+    for index in 0..SEQUENTIAL_CALLS {
+        let started = Instant::now();
+        call(index).await?;
+        histogram.record(started.elapsed().as_micros() as u64)?;
+    }
+    let deadline = Instant::now() + PHASE;
+    let mut lanes = Vec::new();
+    for lane in 0..LANES {
+        let call = Arc::clone(&call);
+        lanes.push(tokio::spawn(async move {
+            let mut done = 0u64;
+            while Instant::now() < deadline {
+                call(lane).await?;
+                done += 1;
+            }
+            anyhow::Ok(done)
+        }));
+    }
+    let mut total = 0;
+    for lane in lanes {
+        total += lane.await??;
+    }
+    Ok(Row {
+        target,
+        p50_us: histogram.value_at_quantile(0.5),
+        p99_us: histogram.value_at_quantile(0.99),
+        calls_per_s: total as f64 / PHASE.as_secs_f64(),
+    })
+}
+
+/// The server spoken to directly by an rmcp client.
+async fn direct(program: &Path) -> anyhow::Result<Row> {
+    let mut child = tokio::process::Command::new(program)
+        .arg("stdio")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .context("starting server-everything")?;
+    let (stdin, stdout) = (child.stdin.take().context("stdin")?, child.stdout.take().context("stdout")?);
+    let client = Arc::new(().serve((stdout, stdin)).await.context("initialising the MCP session")?);
+    let row = measure("direct (rmcp client, stdio)", move |_| {
+        let client = Arc::clone(&client);
+        async move {
+            let mut params = CallToolRequestParams::new("get-sum");
+            params.arguments = Some(arguments());
+            let result = client.call_tool(params).await?;
+            anyhow::ensure!(result.is_error != Some(true), "get-sum failed: {result:?}");
+            Ok(())
+        }
+    })
+    .await;
+    let _ = child.kill().await;
+    row
+}
+
+/// A `tool.invoke` of `get-sum` through toolhost, answered on this lane's results stream.
+async fn through_toolhost(connection: &MultiplexedConnection, lane: usize) -> anyhow::Result<()> {
+    let mut connection = connection.clone();
+    let request_id = uuid::Uuid::new_v4().to_string();
+    let topic = format!("results:lane-{lane}");
+    let envelope = json!({
+        "id": request_id, "type": "tool.invoke", "response_topic": topic,
+        "data": {"request_id": request_id, "tool": "get-sum", "arguments": arguments()},
+    });
+    let _: String = redis::cmd("XADD")
+        .arg("action-requests")
+        .arg("*")
+        .arg("id")
+        .arg(&request_id)
+        .arg("payload")
+        .arg(envelope.to_string())
+        .query_async(&mut connection)
+        .await?;
+    let mut cursor = "0-0".to_owned();
+    loop {
+        let reply: redis::streams::StreamReadReply = redis::cmd("XREAD")
+            .arg("BLOCK")
+            .arg(10_000)
+            .arg("STREAMS")
+            .arg(&topic)
+            .arg(&cursor)
+            .query_async(&mut connection)
+            .await?;
+        for key in reply.keys {
+            for entry in key.ids {
+                cursor.clone_from(&entry.id);
+                let payload: String = entry.get("payload").unwrap_or_default();
+                if payload.contains(&request_id) {
+                    // Trimmed as it goes, so each read finds only the answers still awaited.
+                    let _: u64 =
+                        redis::cmd("XDEL").arg(&topic).arg(&entry.id).query_async(&mut connection).await?;
+                    anyhow::ensure!(payload.contains("\"success\":true"), "get-sum failed: {payload}");
+                    return Ok(());
+                }
+            }
+        }
+    }
+}
+
+/// `toolhost serve` hosting server-everything, driven over Redis.
+async fn toolhost(program: &Path, toolhost_bin: &Path) -> anyhow::Result<(Row, Row)> {
+    let redis = RedisServer::start()?;
+    let dir = std::env::temp_dir().join(format!("toolhost-bench-mcp-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let config = dir.join("toolhost.toml");
+    let user =
+        std::env::var("USER").ok().filter(|user| !user.is_empty()).unwrap_or_else(|| "root".to_owned());
+    std::fs::write(
+        &config,
+        format!(
+            "[tools.terminal]\nrun_as = \"{user}\"\n\n[[mcp_servers]]\nname = \"everything\"\nprefix = \"\"\n\
+             command = \"{}\"\nargs = [\"stdio\"]\nmax_concurrent = 64\n",
+            program.display()
+        ),
+    )?;
+    let mut daemon = tokio::process::Command::new(toolhost_bin)
+        .args(["serve", "--config"])
+        .arg(&config)
+        .env("REDIS_URL", redis.url())
+        .env("TOOLHOST__HTTP__LISTEN", "127.0.0.1:0")
+        .env("TOOLHOST__LOG__LEVEL", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .context("starting toolhost")?;
+    let client = redis::Client::open(redis.url())?;
+    let connection = client.get_multiplexed_async_connection().await?;
+    let mut probe = connection.clone();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let fields: Vec<String> = redis::cmd("HKEYS")
+            .arg("toolhost:registry:toolhost")
+            .query_async(&mut probe)
+            .await
+            .unwrap_or_default();
+        if fields.iter().any(|field| field == "get-sum") {
+            break;
+        }
+        anyhow::ensure!(Instant::now() < deadline, "toolhost never listed get-sum");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let lanes = connection.clone();
+    let row = measure("toolhost (over Redis, hosting it over stdio)", move |lane| {
+        let lanes = lanes.clone();
+        async move { through_toolhost(&lanes, lane).await }
+    })
+    .await?;
+    let pings = connection.clone();
+    let floor = measure("redis PING round trip", move |_| {
+        let mut pings = pings.clone();
+        async move {
+            let _: String = redis::cmd("PING").query_async(&mut pings).await?;
+            Ok(())
+        }
+    })
+    .await?;
+    let _ = daemon.kill().await;
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok((row, floor))
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let program = everything()?;
+    let toolhost_bin = std::env::current_exe()?.with_file_name("toolhost");
+    let direct = direct(&program).await?;
+    let (hosted, floor) = toolhost(&program, &toolhost_bin).await?;
+    let mut table = String::from(
+        "| target | p50 µs (1 in flight) | p99 µs (1 in flight) | calls/s (16 in flight) |\n|---|---:|---:|---:|\n",
+    );
+    for row in [&direct, &hosted, &floor] {
+        table.push_str(&format!(
+            "| {} | {} | {} | {:.0} |\n",
+            row.target, row.p50_us, row.p99_us, row.calls_per_s
+        ));
+    }
+    table.push_str(&format!(
+        "\ntoolhost adds {} µs at p50 over the direct call (the Redis round trip alone is {} µs) and keeps {:.2} of the direct throughput.\n",
+        hosted.p50_us.saturating_sub(direct.p50_us),
+        floor.p50_us,
+        hosted.calls_per_s / direct.calls_per_s
+    ));
+    print!("{table}");
+    let out = PathBuf::from("target/bench");
+    std::fs::create_dir_all(&out)?;
+    std::fs::write(out.join("mcp.md"), &table)?;
+    Ok(())
+}
