@@ -131,38 +131,26 @@ pub(crate) fn admit(
 /// parser cannot hold (skipped values are scanned, not converted, so no number is out of range
 /// and no depth limit applies to them). `None` when even these cannot be read.
 fn header_envelope(payload: &str) -> Option<EventEnvelope> {
+    // Missing `Option` fields read as `None`.
     #[derive(serde::Deserialize)]
     struct Header {
-        #[serde(default)]
         id: Option<String>,
-        #[serde(default, rename = "type", alias = "event_type")]
+        #[serde(rename = "type", alias = "event_type")]
         event_type: Option<String>,
-        #[serde(default)]
         correlation_id: Option<String>,
-        #[serde(default)]
         response_event: Option<String>,
-        #[serde(default)]
         response_topic: Option<String>,
-        #[serde(default)]
         tenant_id: Option<String>,
-        #[serde(default)]
         user_id: Option<String>,
-        #[serde(default)]
         session_id: Option<String>,
-        #[serde(default)]
         trace_id: Option<String>,
-        #[serde(default)]
         data: Option<HeaderData>,
     }
     #[derive(serde::Deserialize)]
     struct HeaderData {
-        #[serde(default)]
         request_id: Option<String>,
-        #[serde(default)]
         correlation_id: Option<String>,
-        #[serde(default)]
         response_event: Option<String>,
-        #[serde(default)]
         response_topic: Option<String>,
     }
     let header: Header = serde_json::from_str(payload).ok()?;
