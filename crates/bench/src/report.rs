@@ -170,6 +170,22 @@ pub struct MarkMemory {
     pub error: Option<String>,
 }
 
+/// The payload of the rows the targets are read from.
+const TARGET_PAYLOAD: usize = 100;
+
+/// One of issue 17's targets, checked against one toolhost build's rows.
+#[derive(Clone, Debug, Serialize)]
+pub struct Target {
+    /// `toolhost` or `toolhost-base`.
+    pub target: String,
+    /// The target, in words.
+    pub what: String,
+    /// The measured figure.
+    pub result: String,
+    /// Whether it holds.
+    pub met: bool,
+}
+
 impl Report {
     /// Fills the total CPU of every row, the ratios of every row against the at-least-once
     /// reference row with the same baseline scenario, in-flight count and payload size, and
@@ -287,6 +303,7 @@ impl Report {
             }
             self.cpu_table(&mut out);
             self.runs_table(&mut out);
+            self.targets_table(&mut out);
         }
         if !self.ready.is_empty() {
             out.push_str("\n| target | ready ms (median) | samples ms | error |\n|---|---:|---|---|\n");
@@ -370,6 +387,89 @@ impl Report {
                 format_option(row.redis_cpu_us_per_request, 1),
                 format_option(row.total_cpu_us_per_request, 1),
                 format_option(row.harness_cpu_us_per_request, 1),
+            );
+        }
+    }
+
+    /// The issue-17 targets of every toolhost build, from the echo rows at 1 and 64 in
+    /// flight (100 B), when those rows and the references' were measured.
+    pub fn targets(&self) -> Vec<Target> {
+        let echo = |target: &str, in_flight: usize| {
+            self.rows.iter().find(|row| {
+                row.target == target
+                    && row.scenario == "echo"
+                    && row.in_flight == in_flight
+                    && row.payload_bytes == TARGET_PAYLOAD
+                    && row.n_answered > 0
+            })
+        };
+        let mut res = Vec::new();
+        for build in ["toolhost", "toolhost-base"] {
+            let (Some(at_64), Some(floor_64)) = (echo(build, 64), echo("floor", 64)) else { continue };
+            let clean = |row: &Row| row.error.is_none() && row.n_timeouts == 0 && row.n_failed == 0;
+            if let Some(ratio) = at_64.ratio_rps_floor {
+                res.push(Target {
+                    target: build.to_owned(),
+                    what: "throughput at 64 in flight ≥ 0.9 × floor, no error or timeout".to_owned(),
+                    result: format!("{ratio:.2} ({:.0} vs {:.0} req/s)", at_64.rps, floor_64.rps),
+                    met: ratio >= 0.9 && clean(at_64),
+                });
+            }
+            if let (Some(ratio), Some(mine), Some(floor)) =
+                (at_64.ratio_cpu_floor, at_64.total_cpu_us_per_request, floor_64.total_cpu_us_per_request)
+            {
+                res.push(Target {
+                    target: build.to_owned(),
+                    what: "CPU per request at 64 in flight, worker + Redis, ≤ 1.3 × floor".to_owned(),
+                    result: format!("{ratio:.2} ({mine:.1} vs {floor:.1} µs)"),
+                    met: ratio <= 1.3,
+                });
+            }
+            if let Some(ratio) = at_64.ratio_p99_floor {
+                res.push(Target {
+                    target: build.to_owned(),
+                    what: "p99 at 64 in flight ≤ 1.2 × floor".to_owned(),
+                    result: format!("{ratio:.2} ({} vs {} µs)", at_64.p99_us, floor_64.p99_us),
+                    met: ratio <= 1.2,
+                });
+            }
+            if let (Some(at_1), Some(reference_1)) = (echo(build, 1), echo("at-least-once", 1)) {
+                let diff = at_1.p50_us as i64 - reference_1.p50_us as i64;
+                res.push(Target {
+                    target: build.to_owned(),
+                    what: "p50 at 1 in flight within 0.1 ms of at-least-once".to_owned(),
+                    result: format!("{diff:+} µs ({} vs {} µs)", at_1.p50_us, reference_1.p50_us),
+                    met: diff <= 100,
+                });
+            }
+            let idle =
+                self.rows.iter().filter(|row| row.target == build).filter_map(|row| row.rss_idle_kib).max();
+            if let Some(idle) = idle {
+                res.push(Target {
+                    target: build.to_owned(),
+                    what: "idle RSS ≤ 15 MiB".to_owned(),
+                    result: format!("{:.1} MiB", kib_to_mib(idle)),
+                    met: idle <= 15 * 1024,
+                });
+            }
+        }
+        res
+    }
+
+    fn targets_table(&self, out: &mut String) {
+        let targets = self.targets();
+        if targets.is_empty() {
+            return;
+        }
+        out.push_str("\n| build | target | result | met |\n|---|---|---|---|\n");
+        for target in targets {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} |",
+                target.target,
+                target.what,
+                target.result,
+                if target.met { "yes" } else { "no" }
             );
         }
     }
@@ -495,6 +595,63 @@ mod tests {
         let markdown = report.to_markdown();
         assert!(markdown.contains("| toolhost | echo | 8 | 100 B | 500 | 400 |"), "{markdown}");
         assert!(markdown.contains("| toolhost | echo | 8 | 100 B | 12.0 | 24.0 | 36.0 | - |"), "{markdown}");
+    }
+
+    #[test]
+    fn targets_are_checked_against_the_floor_and_the_reference() {
+        let echo = |target: &str, in_flight: usize, rps: f64, p50_us: u64, p99_us: u64, cpu_us: f64| Row {
+            target: target.to_owned(),
+            scenario: "echo".to_owned(),
+            baseline: Some("echo".to_owned()),
+            in_flight,
+            payload_bytes: 100,
+            rps,
+            p50_us,
+            p99_us,
+            cpu_us_per_request: Some(cpu_us / 2.0),
+            redis_cpu_us_per_request: Some(cpu_us / 2.0),
+            rss_idle_kib: Some(14 * 1024),
+            n_answered: 1000,
+            ..Row::default()
+        };
+        let mut report = Report {
+            machine: MachineInfo {
+                cpu_model: "cpu".to_owned(),
+                cores: 2,
+                kernel: "k".to_owned(),
+                date: "d".to_owned(),
+                redis_version: "r".to_owned(),
+            },
+            settings: Settings {
+                quick: false,
+                reps: 1,
+                duration_s: 5.0,
+                warmup_s: 1.0,
+                ready_starts: 5,
+                interleave: 5,
+            },
+            rows: vec![
+                echo("at-least-once", 1, 8000.0, 120, 200, 90.0),
+                echo("floor", 64, 40000.0, 1200, 4000, 16.0),
+                echo("toolhost", 1, 5000.0, 230, 400, 170.0),
+                echo("toolhost", 64, 37000.0, 1500, 5000, 20.0),
+            ],
+            ready: Vec::new(),
+            soak: Vec::new(),
+            marks: Vec::new(),
+        };
+        report.compute_ratios();
+        let verdicts: Vec<(String, bool)> =
+            report.targets().into_iter().map(|target| (target.what, target.met)).collect();
+        assert_eq!(verdicts.len(), 5, "{verdicts:?}");
+        assert!(verdicts[0].0.starts_with("throughput") && verdicts[0].1, "0.925 ≥ 0.9");
+        assert!(verdicts[1].0.starts_with("CPU") && verdicts[1].1, "1.25 ≤ 1.3");
+        assert!(verdicts[2].0.starts_with("p99") && !verdicts[2].1, "1.25 > 1.2: {verdicts:?}");
+        assert!(verdicts[3].0.starts_with("p50") && !verdicts[3].1, "+110 µs is over 0.1 ms");
+        assert!(verdicts[4].0.starts_with("idle RSS") && verdicts[4].1);
+        assert!(report.to_markdown().contains(
+            "| toolhost | p50 at 1 in flight within 0.1 ms of at-least-once | +110 µs (230 vs 120 µs) | no |"
+        ));
     }
 
     #[test]
