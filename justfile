@@ -21,12 +21,21 @@ stop:
 test: ensure-redis-installed
     cargo test --workspace --all-targets
 
-# Benchmarks: toolhost beside a reference worker on the same Redis (see docs/PERFORMANCE.md).
+# Benchmarks: toolhost beside the at-least-once reference worker and the exactly-once floor on
+# the same Redis (see docs/PERFORMANCE.md).
 bench *ARGS: ensure-redis-installed
     cargo build --release -p toolhost -p toolhost-bench
     ./target/release/toolhost-bench {{ARGS}}
     scripts/bench-large-entries.sh ./target/release/toolhost
     PAUSED=1 scripts/bench-large-entries.sh ./target/release/toolhost
+
+# The issue-17 targets: echo at 1 and 64 in flight, the median of 5 interleaved runs of the
+# at-least-once reference, the exactly-once floor and toolhost, then Redis bytes per answered
+# mark. Pass `--baseline-bin OLD/toolhost` to measure an older build beside them.
+bench-targets *ARGS: ensure-redis-installed
+    cargo build --release -p toolhost -p toolhost-bench
+    ./target/release/toolhost-bench --interleave 5 --out-dir target/bench/targets {{ARGS}}
+    ./target/release/toolhost-bench --marks 200000 --out-dir target/bench/marks {{ARGS}}
 
 # Formatting and lints, as CI checks them.
 lint:

@@ -163,6 +163,9 @@ pub struct Answer {
     pub id: String,
     /// The compact JSON result envelope.
     pub payload: String,
+    /// The request's `data.request_id`, `None` when it had none (then the answer carries a
+    /// fresh one and the request cannot be recognised again).
+    pub request_id: Option<String>,
 }
 
 /// Builds the answer toolhost gives to `echo.requested`, as the reference worker does for
@@ -174,6 +177,7 @@ pub struct Answer {
 pub fn echo_answer(payload: &[u8], toolbox_id: &str) -> serde_json::Result<Answer> {
     let request: IncomingRequest<'_> = serde_json::from_slice(payload)?;
     let id = uuid::Uuid::new_v4().to_string();
+    let given_request_id = request.data.request_id.as_deref().map(str::to_owned);
     let request_id = match request.data.request_id {
         Some(request_id) => request_id,
         None => Cow::Owned(uuid::Uuid::new_v4().to_string()),
@@ -216,7 +220,7 @@ pub fn echo_answer(payload: &[u8], toolbox_id: &str) -> serde_json::Result<Answe
         data,
     };
     let payload = serde_json::to_string(&answer)?;
-    Ok(Answer { topic, id, payload })
+    Ok(Answer { topic, id, payload, request_id: given_request_id })
 }
 
 /// Now in RFC 3339 with millisecond precision and a `Z`.
@@ -358,6 +362,7 @@ mod tests {
         assert_eq!(got["correlation_id"], request.request_id.as_str());
         assert_eq!(got["id"], answer.id.as_str());
         assert_eq!(got["data"]["request_id"], request.request_id.as_str());
+        assert_eq!(answer.request_id.as_deref(), Some(request.request_id.as_str()));
         assert_eq!(got["data"]["success"], true);
         assert_eq!(got["data"]["result"]["message"], "xxxxxxxxxx");
         assert!(got.get("tenant_id").is_none());
@@ -380,6 +385,7 @@ mod tests {
         assert_eq!(got["trace_id"], "t-1");
         assert_eq!(got["data"]["result"]["message"], "a\"b");
         assert_eq!(got["data"]["request_id"].as_str().unwrap().len(), 36);
+        assert_eq!(answer.request_id, None, "a fresh request id is no request's own");
     }
 
     #[test]

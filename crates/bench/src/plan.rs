@@ -1,5 +1,6 @@
-//! What the harness measures and in which order: the Redis floor, then each target's
-//! ready time and rows, or only the soak.
+//! What the harness measures and in which order: the Redis round trip, then each target's
+//! ready time and rows; or the target rows interleaved across targets (`--interleave`); or
+//! only the soak; or only the memory of the answered marks.
 //!
 //! Every row starts its target afresh against a flushed Redis, so no row inherits another's
 //! streams, groups or heap. A row that cannot start or gets no answer during warm-up
@@ -15,7 +16,7 @@ use crate::envelope::{REQUESTS_STREAM, RESULTS_STREAM, RequestKind};
 use crate::load::{self, LoadResult, LoadSpec};
 use crate::procfs::{self, MachineInfo, RssSampler};
 use crate::redis_server::RedisServer;
-use crate::report::{ReadyTime, Report, Row, Settings, Soak};
+use crate::report::{MarkMemory, ReadyTime, Report, Row, Settings, Soak};
 use crate::target::{self, Launch, Worker};
 
 /// Sequential PINGs for the floor row.
@@ -24,14 +25,20 @@ const N_PINGS: u32 = 20_000;
 const DEFAULT_PAYLOAD: usize = 100;
 /// In-flight counts of the main echo rows.
 const IN_FLIGHT: [usize; 4] = [1, 8, 64, 256];
+/// In-flight counts of the interleaved rows: the targets are set at 1 and 64.
+pub const INTERLEAVED_IN_FLIGHT: [usize; 2] = [1, 64];
+/// In flight while answered marks are being made for the memory measurement.
+const MARKS_IN_FLIGHT: usize = 64;
+/// Marks sampled with `MEMORY USAGE`.
+const MARKS_SAMPLED: usize = 200;
 
 /// What to run, as decided from the command line.
 #[derive(Clone, Debug)]
 pub struct Options {
     /// Shorter run for a smoke test.
     pub quick: bool,
-    /// Measure the Redis PING floor.
-    pub floor: bool,
+    /// Measure sequential Redis PINGs (the round-trip row).
+    pub ping: bool,
     /// Workers to measure, in order.
     pub workers: Vec<Worker>,
     /// Length of one repetition.
@@ -46,6 +53,16 @@ pub struct Options {
     pub toolhost_bin: PathBuf,
     /// The `toolhost-refworker` executable.
     pub refworker_bin: PathBuf,
+    /// A baseline `toolhost` executable, measured as `toolhost-base`.
+    pub baseline_bin: Option<PathBuf>,
+    /// Interleaved runs per row (0: off). Each run starts its target afresh and does one
+    /// repetition; targets take turns in a rotating order, and each row reports the
+    /// median of its runs.
+    pub interleave: usize,
+    /// In-flight counts of the echo rows, when not all of them.
+    pub in_flight: Option<Vec<usize>>,
+    /// Only measure Redis memory per answered mark, after this many requests per target.
+    pub marks: Option<u64>,
     /// Run only the soak, with this many requests.
     pub soak: Option<u64>,
     /// Where reports and target logs go.
@@ -76,11 +93,20 @@ pub async fn run(options: &Options) -> anyhow::Result<Report> {
             duration_s: options.duration.as_secs_f64(),
             warmup_s: options.warmup.as_secs_f64(),
             ready_starts: options.ready_starts,
+            interleave: options.interleave,
         },
         rows: Vec::new(),
         ready: Vec::new(),
         soak: Vec::new(),
+        marks: Vec::new(),
     };
+    if let Some(n_requests) = options.marks {
+        for &worker in options.workers.iter().filter(|worker| **worker != Worker::Reference) {
+            eprintln!("bench: answered marks of {} after {n_requests} requests", worker.name());
+            report.marks.push(bench.mark_memory(worker, n_requests).await);
+        }
+        return Ok(report);
+    }
     if let Some(n_requests) = options.soak {
         for &worker in &options.workers {
             eprintln!("bench: soak of {} with {n_requests} requests", worker.name());
@@ -88,9 +114,14 @@ pub async fn run(options: &Options) -> anyhow::Result<Report> {
         }
         return Ok(report);
     }
-    if options.floor {
-        eprintln!("bench: redis PING floor");
-        report.rows.push(bench.floor().await?);
+    if options.ping {
+        eprintln!("bench: redis PING round trip");
+        report.rows.push(bench.ping().await?);
+    }
+    if options.interleave > 0 {
+        bench.interleaved(&mut report).await;
+        report.compute_ratios();
+        return Ok(report);
     }
     for &worker in &options.workers {
         eprintln!("bench: {} ready time", worker.name());
@@ -99,7 +130,7 @@ pub async fn run(options: &Options) -> anyhow::Result<Report> {
         // beats waiting for the ready limit once per row.
         let start_error = ready.error.clone().filter(|_| ready.samples_ms.is_empty());
         report.ready.push(ready);
-        for scenario in scenarios(worker) {
+        for scenario in scenarios(worker, options.in_flight.as_deref()) {
             if let Some(error) = &start_error {
                 report.rows.push(scenario.error_row(worker, format!("failed to start: {error}")));
                 continue;
@@ -111,7 +142,7 @@ pub async fn run(options: &Options) -> anyhow::Result<Report> {
                 scenario.in_flight,
                 scenario.kind.payload_bytes()
             );
-            let row = bench.measure(worker, &scenario).await;
+            let row = bench.measure(worker, &scenario, options.reps).await;
             if let Some(error) = &row.error {
                 eprintln!("bench:   error: {error}");
             }
@@ -184,13 +215,17 @@ impl Scenario {
     }
 }
 
-/// The rows of each worker. The reference only answers like echo, so it gets the echo rows.
-fn scenarios(worker: Worker) -> Vec<Scenario> {
+/// The rows of each worker. The reference workers only answer like echo, so they get the
+/// echo rows. With `in_flight`, only the 100 B echo rows at those counts.
+fn scenarios(worker: Worker, in_flight: Option<&[usize]>) -> Vec<Scenario> {
+    if let Some(in_flight) = in_flight {
+        return in_flight.iter().map(|&in_flight| Scenario::echo(in_flight, DEFAULT_PAYLOAD)).collect();
+    }
     let mut res: Vec<Scenario> =
         IN_FLIGHT.iter().map(|&in_flight| Scenario::echo(in_flight, DEFAULT_PAYLOAD)).collect();
     res.push(Scenario::echo(8, 10 * 1024));
     res.push(Scenario::echo(8, 500 * 1024));
-    if worker == Worker::Toolhost {
+    if worker.is_toolhost() {
         let mut terminal = Scenario::toolhost_only("terminal_run", RequestKind::TerminalRun);
         terminal.env = vec![("TERMINAL_ALLOWED_COMMANDS".to_owned(), "echo".to_owned())];
         res.push(terminal);
@@ -223,9 +258,9 @@ struct Rep {
 }
 
 impl Bench<'_> {
-    async fn floor(&mut self) -> anyhow::Result<Row> {
+    async fn ping(&mut self) -> anyhow::Result<Row> {
         let mut histogram = load::new_histogram();
-        let cpu_before = procfs::cpu_ticks(self.redis.pid()).ok();
+        let cpu_before = self.redis_cpu_us().await;
         let started = Instant::now();
         for _ in 0..N_PINGS {
             let sent_at = Instant::now();
@@ -234,17 +269,17 @@ impl Bench<'_> {
             histogram.saturating_record(micros.max(1));
         }
         let elapsed = started.elapsed();
-        let cpu_after = procfs::cpu_ticks(self.redis.pid()).ok();
+        let cpu_after = self.redis_cpu_us().await;
         Ok(Row {
             target: "redis".to_owned(),
-            scenario: "PING (floor)".to_owned(),
+            scenario: "PING (round trip)".to_owned(),
             in_flight: 1,
             rps: f64::from(N_PINGS) / elapsed.as_secs_f64(),
             p50_us: histogram.value_at_quantile(0.5),
             p90_us: histogram.value_at_quantile(0.9),
             p99_us: histogram.value_at_quantile(0.99),
             max_us: histogram.max(),
-            redis_cpu_us_per_request: self.cpu_per_request(cpu_before, cpu_after, u64::from(N_PINGS)),
+            redis_cpu_us_per_request: us_per_request(cpu_before, cpu_after, u64::from(N_PINGS)),
             n_answered: u64::from(N_PINGS),
             ..Row::default()
         })
@@ -269,7 +304,161 @@ impl Bench<'_> {
         ReadyTime { target: worker.name().to_owned(), median_ms: median(&samples_ms), samples_ms, error }
     }
 
-    async fn measure(&mut self, worker: Worker, scenario: &Scenario) -> Row {
+    /// The echo rows at [`INTERLEAVED_IN_FLIGHT`] (or `--in-flight`), each run
+    /// `options.interleave` times with the targets taking turns, so slow drifts of a shared
+    /// machine spread over all of them; each row holds the medians of its runs.
+    async fn interleaved(&mut self, report: &mut Report) {
+        let in_flight = self.options.in_flight.clone().unwrap_or_else(|| INTERLEAVED_IN_FLIGHT.to_vec());
+        let workers = self.options.workers.clone();
+        for &in_flight in &in_flight {
+            let scenario = Scenario::echo(in_flight, DEFAULT_PAYLOAD);
+            let mut runs: Vec<Vec<Row>> = vec![Vec::new(); workers.len()];
+            for round in 0..self.options.interleave {
+                for turn in 0..workers.len() {
+                    // Rotate who goes first, so no target always follows the same one.
+                    let idx = (turn + round) % workers.len();
+                    let worker = workers[idx];
+                    eprintln!(
+                        "bench: run {}/{} {} echo in-flight={in_flight}",
+                        round + 1,
+                        self.options.interleave,
+                        worker.name()
+                    );
+                    let row = self.measure(worker, &scenario, 1).await;
+                    if let Some(error) = &row.error {
+                        eprintln!("bench:   error: {error}");
+                    }
+                    runs[idx].push(row);
+                }
+            }
+            for rows in runs {
+                if let Some(row) = median_row(rows) {
+                    report.rows.push(row);
+                }
+            }
+        }
+    }
+
+    /// Sends `n_requests` echo requests through `worker`, stops it, and weighs the answered
+    /// marks it left: `used_memory` with them and after deleting them, and `MEMORY USAGE`
+    /// of a sample.
+    async fn mark_memory(&mut self, worker: Worker, n_requests: u64) -> MarkMemory {
+        let mut marks =
+            MarkMemory { target: worker.name().to_owned(), requests: n_requests, ..MarkMemory::default() };
+        if let Err(err) = self.weigh_marks(worker, &mut marks).await {
+            marks.error = Some(format!("{err:#}"));
+        }
+        marks
+    }
+
+    async fn weigh_marks(&mut self, worker: Worker, marks: &mut MarkMemory) -> anyhow::Result<()> {
+        let launch = self.launch(worker, &[], &[], format!("{}-marks.log", worker.name()));
+        let running = self.start(&launch).await?;
+        let spec = LoadSpec {
+            in_flight: MARKS_IN_FLIGHT,
+            kind: RequestKind::echo(DEFAULT_PAYLOAD),
+            duration: Duration::from_secs(3600),
+            max_requests: Some(marks.requests),
+        };
+        let load = load::run(&self.redis.url(), &spec).await;
+        running.stop().await;
+        let load = load?;
+        anyhow::ensure!(
+            load.n_answered() == marks.requests,
+            "{} of {} requests answered: {}",
+            load.n_answered(),
+            marks.requests,
+            load.first_error.unwrap_or_default()
+        );
+        let mut keys: Vec<String> = Vec::new();
+        let mut cursor: u64 = 0;
+        loop {
+            let (next, page): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg("*:answered:*")
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(&mut self.admin)
+                .await
+                .context("SCAN")?;
+            keys.extend(page);
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+        marks.marks = keys.len() as u64;
+        let dbsize: u64 = redis::cmd("DBSIZE").query_async(&mut self.admin).await.context("DBSIZE")?;
+        marks.other_keys = dbsize.saturating_sub(marks.marks);
+        if let Some(key) = keys.first() {
+            let value: Vec<u8> =
+                redis::cmd("GET").arg(key).query_async(&mut self.admin).await.context("GET")?;
+            let pttl: i64 = redis::cmd("PTTL").arg(key).query_async(&mut self.admin).await.context("PTTL")?;
+            marks.sample_key = Some(key.clone());
+            marks.sample_value_len = Some(value.len());
+            marks.sample_pttl_ms = Some(pttl);
+        }
+        let mut usage_total = 0u64;
+        let sampled = &keys[..keys.len().min(MARKS_SAMPLED)];
+        for key in sampled {
+            let usage: u64 = redis::cmd("MEMORY")
+                .arg("USAGE")
+                .arg(key)
+                .arg("SAMPLES")
+                .arg(0)
+                .query_async(&mut self.admin)
+                .await
+                .context("MEMORY USAGE")?;
+            usage_total += usage;
+        }
+        if !sampled.is_empty() {
+            marks.memory_usage_mean = Some(usage_total as f64 / sampled.len() as f64);
+        }
+        // Give serverCron a moment (the scans' reply buffers are freed, rehashing done).
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        marks.used_memory_with_marks = self.used_memory().await?;
+        for chunk in keys.chunks(1000) {
+            let _: u64 = redis::cmd("DEL").arg(chunk).query_async(&mut self.admin).await.context("DEL")?;
+        }
+        // serverCron shrinks the key tables once they are mostly empty; that memory was the
+        // marks' too.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        marks.used_memory_without_marks = self.used_memory().await?;
+        if marks.marks > 0 {
+            marks.bytes_per_mark = Some(
+                marks.used_memory_with_marks.saturating_sub(marks.used_memory_without_marks) as f64
+                    / marks.marks as f64,
+            );
+        }
+        Ok(())
+    }
+
+    async fn used_memory(&mut self) -> anyhow::Result<u64> {
+        let info: String =
+            redis::cmd("INFO").arg("memory").query_async(&mut self.admin).await.context("INFO memory")?;
+        info_field(&info, "used_memory")
+            .and_then(|value| value.parse().ok())
+            .context("no used_memory in INFO memory")
+    }
+
+    /// Redis's own CPU time so far, user plus system (`INFO cpu`), in µs; from `/proc` when
+    /// INFO fails.
+    async fn redis_cpu_us(&mut self) -> Option<f64> {
+        let info: redis::RedisResult<String> =
+            redis::cmd("INFO").arg("cpu").query_async(&mut self.admin).await;
+        let from_info = info.ok().and_then(|info| {
+            let sys: f64 = info_field(&info, "used_cpu_sys")?.parse().ok()?;
+            let user: f64 = info_field(&info, "used_cpu_user")?.parse().ok()?;
+            Some((sys + user) * 1e6)
+        });
+        from_info.or_else(|| {
+            let ticks = procfs::cpu_ticks(self.redis.pid()).ok()?;
+            Some(ticks as f64 * 1e6 / self.ticks_per_second as f64)
+        })
+    }
+
+    async fn measure(&mut self, worker: Worker, scenario: &Scenario, reps: usize) -> Row {
         let mut row = scenario.row(worker);
         let launch = self.launch(worker, &scenario.serve_args, &scenario.env, scenario.log_name(worker));
         let mut running = match self.start(&launch).await {
@@ -307,8 +496,9 @@ impl Bench<'_> {
                 return row;
             }
         }
+        let n_reps = reps;
         let mut reps = Vec::new();
-        for _ in 0..self.options.reps {
+        for _ in 0..n_reps {
             match self.rep(&url, running.pid(), scenario).await {
                 Ok(rep) => reps.push(rep),
                 Err(err) => {
@@ -352,18 +542,18 @@ impl Bench<'_> {
             max_requests: None,
         };
         let target_before = procfs::cpu_ticks(pid).ok();
-        let redis_before = procfs::cpu_ticks(self.redis.pid()).ok();
+        let redis_before = self.redis_cpu_us().await;
         let harness_before = procfs::cpu_ticks(std::process::id()).ok();
         let sampler = RssSampler::start(pid, Duration::from_millis(100));
         let load = load::run(url, &spec).await?;
         let samples = sampler.finish().await;
         let target_after = procfs::cpu_ticks(pid).ok();
-        let redis_after = procfs::cpu_ticks(self.redis.pid()).ok();
+        let redis_after = self.redis_cpu_us().await;
         let harness_after = procfs::cpu_ticks(std::process::id()).ok();
         let n_answered = load.n_answered();
         Ok(Rep {
             cpu_us_per_request: self.cpu_per_request(target_before, target_after, n_answered),
-            redis_cpu_us_per_request: self.cpu_per_request(redis_before, redis_after, n_answered),
+            redis_cpu_us_per_request: us_per_request(redis_before, redis_after, n_answered),
             harness_cpu_us_per_request: self.cpu_per_request(harness_before, harness_after, n_answered),
             rss_peak_kib: samples.iter().map(|&(_, kib)| kib).max(),
             load,
@@ -419,8 +609,9 @@ impl Bench<'_> {
 
     fn launch(&self, worker: Worker, args: &[String], env: &[(String, String)], log_name: String) -> Launch {
         let program = match worker {
-            Worker::Reference => &self.options.refworker_bin,
+            Worker::Reference | Worker::Floor => &self.options.refworker_bin,
             Worker::Toolhost => &self.options.toolhost_bin,
+            Worker::Baseline => self.options.baseline_bin.as_ref().unwrap_or(&self.options.toolhost_bin),
         };
         let log_path = self.options.out_dir.join("logs").join(log_name);
         Launch::new(worker, program, &self.redis.url(), args, env, log_path)
@@ -451,6 +642,43 @@ impl Bench<'_> {
     }
 }
 
+/// µs per request between two CPU readings in µs.
+fn us_per_request(before: Option<f64>, after: Option<f64>, n_requests: u64) -> Option<f64> {
+    let spent = after? - before?;
+    (n_requests > 0 && spent >= 0.0).then(|| spent / n_requests as f64)
+}
+
+/// The value of `field` in an `INFO` reply.
+fn info_field<'a>(info: &'a str, field: &str) -> Option<&'a str> {
+    info.lines().find_map(|line| line.strip_prefix(field)?.strip_prefix(':')).map(str::trim)
+}
+
+/// One row from the interleaved runs of a target: the median of every measured figure
+/// (the maximum of the maxima and peaks), counts summed, the first error kept.
+fn median_row(rows: Vec<Row>) -> Option<Row> {
+    let measured: Vec<&Row> = rows.iter().filter(|row| row.n_answered > 0).collect();
+    let first = rows.first()?;
+    let mut res = Row { runs_rps: measured.iter().map(|row| row.rps).collect(), ..first.clone() };
+    let median_of = |pick: &dyn Fn(&Row) -> Option<f64>| -> Option<f64> {
+        median(&measured.iter().filter_map(|row| pick(row)).collect::<Vec<f64>>())
+    };
+    res.rps = median_of(&|row| Some(row.rps)).unwrap_or(0.0);
+    res.p50_us = median_of(&|row| Some(row.p50_us as f64)).unwrap_or(0.0) as u64;
+    res.p90_us = median_of(&|row| Some(row.p90_us as f64)).unwrap_or(0.0) as u64;
+    res.p99_us = median_of(&|row| Some(row.p99_us as f64)).unwrap_or(0.0) as u64;
+    res.max_us = measured.iter().map(|row| row.max_us).max().unwrap_or(0);
+    res.cpu_us_per_request = median_of(&|row| row.cpu_us_per_request);
+    res.redis_cpu_us_per_request = median_of(&|row| row.redis_cpu_us_per_request);
+    res.harness_cpu_us_per_request = median_of(&|row| row.harness_cpu_us_per_request);
+    res.rss_idle_kib = median_of(&|row| row.rss_idle_kib.map(|kib| kib as f64)).map(|kib| kib as u64);
+    res.rss_peak_kib = measured.iter().filter_map(|row| row.rss_peak_kib).max();
+    res.n_answered = rows.iter().map(|row| row.n_answered).sum();
+    res.n_failed = rows.iter().map(|row| row.n_failed).sum();
+    res.n_timeouts = rows.iter().map(|row| row.n_timeouts).sum();
+    res.error = rows.iter().find_map(|row| row.error.clone());
+    Some(res)
+}
+
 fn median(values: &[f64]) -> Option<f64> {
     let mut sorted = values.to_vec();
     sorted.sort_by(f64::total_cmp);
@@ -464,14 +692,64 @@ mod tests {
 
     #[test]
     fn toolhost_has_every_extra_row_and_the_reference_only_echo() {
-        let reference = scenarios(Worker::Reference);
-        assert!(reference.iter().all(|scenario| scenario.name == "echo"));
-        assert_eq!(reference.len(), 6);
-        let toolhost = scenarios(Worker::Toolhost);
+        for worker in [Worker::Reference, Worker::Floor] {
+            let reference = scenarios(worker, None);
+            assert!(reference.iter().all(|scenario| scenario.name == "echo"));
+            assert_eq!(reference.len(), 6);
+        }
+        assert_eq!(scenarios(Worker::Baseline, None).len(), scenarios(Worker::Toolhost, None).len());
+        let toolhost = scenarios(Worker::Toolhost, None);
         let names: Vec<&str> = toolhost.iter().map(|scenario| scenario.name.as_str()).collect();
         for name in ["terminal_run", "tools.discover", "schema, 20 fields", "echo, 1000 synthetic tools"] {
             assert!(names.contains(&name), "{name} missing from {names:?}");
         }
+    }
+
+    #[test]
+    fn in_flight_picks_the_echo_rows() {
+        let picked = scenarios(Worker::Toolhost, Some(&[1, 64]));
+        let in_flight: Vec<usize> = picked.iter().map(|scenario| scenario.in_flight).collect();
+        assert_eq!(in_flight, [1, 64]);
+        assert!(picked.iter().all(|scenario| scenario.kind.payload_bytes() == DEFAULT_PAYLOAD));
+    }
+
+    #[test]
+    fn interleaved_runs_report_medians() {
+        let run = |rps: f64, p99_us: u64, cpu: f64, error: Option<&str>| Row {
+            target: "floor".to_owned(),
+            rps,
+            p99_us,
+            max_us: p99_us * 2,
+            cpu_us_per_request: Some(cpu),
+            n_answered: 100,
+            n_timeouts: u64::from(error.is_some()),
+            error: error.map(str::to_owned),
+            ..Row::default()
+        };
+        let row = median_row(vec![
+            run(300.0, 9, 3.0, None),
+            run(100.0, 7, 1.0, Some("no answer")),
+            run(200.0, 8, 5.0, None),
+        ])
+        .unwrap();
+        assert_eq!(row.rps, 200.0);
+        assert_eq!(row.p99_us, 8);
+        assert_eq!(row.max_us, 18);
+        assert_eq!(row.cpu_us_per_request, Some(3.0));
+        assert_eq!(row.runs_rps, [300.0, 100.0, 200.0]);
+        assert_eq!(row.n_answered, 300);
+        assert_eq!(row.n_timeouts, 1);
+        assert_eq!(row.error.as_deref(), Some("no answer"), "a failed run shows");
+    }
+
+    #[test]
+    fn info_fields_are_found_by_name() {
+        let info = "# CPU\r\nused_cpu_sys:1.500000\r\nused_cpu_user:2.25\r\nused_cpu_sys_children:9\r\n";
+        assert_eq!(info_field(info, "used_cpu_sys"), Some("1.500000"));
+        assert_eq!(info_field(info, "used_cpu_user"), Some("2.25"));
+        assert_eq!(info_field(info, "used_cpu"), None);
+        assert_eq!(us_per_request(Some(1.0), Some(11.0), 5), Some(2.0));
+        assert_eq!(us_per_request(Some(1.0), Some(11.0), 0), None);
     }
 
     #[test]

@@ -21,6 +21,8 @@ pub struct Report {
     pub ready: Vec<ReadyTime>,
     /// The soak run, when asked for.
     pub soak: Vec<Soak>,
+    /// Redis memory per retained answered mark, when asked for.
+    pub marks: Vec<MarkMemory>,
 }
 
 /// How the run was configured.
@@ -36,6 +38,8 @@ pub struct Settings {
     pub warmup_s: f64,
     /// Starts per ready-time measurement.
     pub ready_starts: usize,
+    /// Interleaved runs per row (`--interleave`), 0 when rows ran one target after another.
+    pub interleave: usize,
 }
 
 /// One measured configuration.
@@ -64,8 +68,10 @@ pub struct Row {
     pub max_us: u64,
     /// CPU time of the target per answered request, µs.
     pub cpu_us_per_request: Option<f64>,
-    /// CPU time of redis-server per answered request, µs.
+    /// CPU time of redis-server per answered request (`INFO cpu`, user plus system), µs.
     pub redis_cpu_us_per_request: Option<f64>,
+    /// The target's and Redis's CPU per answered request together, µs.
+    pub total_cpu_us_per_request: Option<f64>,
     /// CPU time of the harness itself (load generator) per answered request, µs; it shares
     /// the machine with the target, so this is CPU the target could not use.
     pub harness_cpu_us_per_request: Option<f64>,
@@ -79,10 +85,18 @@ pub struct Row {
     pub n_failed: u64,
     /// Requests without an answer within 10 s.
     pub n_timeouts: u64,
-    /// toolhost throughput divided by the reference's in the same configuration.
+    /// Throughput divided by the at-least-once reference's in the same configuration.
     pub ratio_rps: Option<f64>,
-    /// toolhost p50 divided by the reference's in the same configuration.
+    /// p50 divided by the at-least-once reference's in the same configuration.
     pub ratio_p50: Option<f64>,
+    /// toolhost throughput divided by the exactly-once floor's.
+    pub ratio_rps_floor: Option<f64>,
+    /// toolhost p99 divided by the exactly-once floor's.
+    pub ratio_p99_floor: Option<f64>,
+    /// toolhost CPU per request (target plus Redis) divided by the floor's.
+    pub ratio_cpu_floor: Option<f64>,
+    /// Throughput of each interleaved run, in run order (the row holds their medians).
+    pub runs_rps: Vec<f64>,
     /// Why the row has no numbers, or the first failure seen.
     pub error: Option<String>,
 }
@@ -125,24 +139,93 @@ pub struct Soak {
     pub error: Option<String>,
 }
 
+/// Redis memory held by the answered marks a target leaves behind.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct MarkMemory {
+    /// `floor`, `toolhost` or `toolhost-base`.
+    pub target: String,
+    /// Requests sent and answered.
+    pub requests: u64,
+    /// Answered-mark keys found afterwards (`SCAN MATCH *:answered:*`).
+    pub marks: u64,
+    /// `used_memory` with the marks, after the target stopped, bytes.
+    pub used_memory_with_marks: u64,
+    /// `used_memory` after deleting the marks, bytes.
+    pub used_memory_without_marks: u64,
+    /// (with - without) / marks: what one retained mark costs, all overheads included.
+    pub bytes_per_mark: Option<f64>,
+    /// Mean `MEMORY USAGE` over sampled marks (key, value and main-table entry; not the
+    /// expiry entry), bytes.
+    pub memory_usage_mean: Option<f64>,
+    /// One sampled mark's key.
+    pub sample_key: Option<String>,
+    /// Its value's length, bytes.
+    pub sample_value_len: Option<usize>,
+    /// Its remaining lifetime (`PTTL`), ms.
+    pub sample_pttl_ms: Option<i64>,
+    /// Keys in the database beside the marks after the run (streams, registry): a count
+    /// that grew with the requests would be per-request memory the marks do not show.
+    pub other_keys: u64,
+    /// Why it could not be measured.
+    pub error: Option<String>,
+}
+
+/// The payload of the rows the targets are read from.
+const TARGET_PAYLOAD: usize = 100;
+
+/// One of issue 17's targets, checked against one toolhost build's rows.
+#[derive(Clone, Debug, Serialize)]
+pub struct Target {
+    /// `toolhost` or `toolhost-base`.
+    pub target: String,
+    /// The target, in words.
+    pub what: String,
+    /// The measured figure.
+    pub result: String,
+    /// Whether it holds.
+    pub met: bool,
+}
+
 impl Report {
-    /// Fills `ratio_rps` and `ratio_p50` of every toolhost row that has a reference row
-    /// with the same baseline scenario, in-flight count and payload size.
+    /// Fills the total CPU of every row, the ratios of every row against the at-least-once
+    /// reference row with the same baseline scenario, in-flight count and payload size, and
+    /// of every toolhost row against the exactly-once floor's.
     pub fn compute_ratios(&mut self) {
-        let reference: Vec<Row> = self.rows.iter().filter(|row| row.target == "reference").cloned().collect();
-        for row in self.rows.iter_mut().filter(|row| row.target == "toolhost" && row.error.is_none()) {
-            let Some(baseline) = &row.baseline else { continue };
-            let matching = reference.iter().find(|other| {
-                &other.scenario == baseline
-                    && other.in_flight == row.in_flight
-                    && other.payload_bytes == row.payload_bytes
-                    && other.rps > 0.0
-            });
-            if let Some(other) = matching {
-                row.ratio_rps = Some(row.rps / other.rps);
-                if other.p50_us > 0 {
-                    row.ratio_p50 = Some(row.p50_us as f64 / other.p50_us as f64);
-                }
+        for row in &mut self.rows {
+            row.total_cpu_us_per_request = match (row.cpu_us_per_request, row.redis_cpu_us_per_request) {
+                (Some(target), Some(redis)) => Some(target + redis),
+                _ => None,
+            };
+        }
+        let find = |rows: &[Row], target: &str, row: &Row| -> Option<Row> {
+            let baseline = row.baseline.as_ref()?;
+            rows.iter()
+                .find(|other| {
+                    other.target == target
+                        && &other.scenario == baseline
+                        && other.in_flight == row.in_flight
+                        && other.payload_bytes == row.payload_bytes
+                        && other.rps > 0.0
+                        && other.error.is_none()
+                })
+                .cloned()
+        };
+        let rows = self.rows.clone();
+        for row in self.rows.iter_mut().filter(|row| row.error.is_none() && row.target != "at-least-once") {
+            if let Some(reference) = find(&rows, "at-least-once", row) {
+                row.ratio_rps = Some(row.rps / reference.rps);
+                row.ratio_p50 = ratio(row.p50_us as f64, reference.p50_us as f64);
+            }
+            if row.target == "floor" {
+                continue;
+            }
+            if let Some(floor) = find(&rows, "floor", row) {
+                row.ratio_rps_floor = Some(row.rps / floor.rps);
+                row.ratio_p99_floor = ratio(row.p99_us as f64, floor.p99_us as f64);
+                row.ratio_cpu_floor = match (row.total_cpu_us_per_request, floor.total_cpu_us_per_request) {
+                    (Some(mine), Some(floor)) => ratio(mine, floor),
+                    _ => None,
+                };
             }
         }
     }
@@ -163,28 +246,37 @@ impl Report {
         if !self.rows.is_empty() {
             let _ = writeln!(
                 out,
-                "Settings: {} reps of {:.1} s after {:.1} s warm-up (median rep reported){}.\n",
-                settings.reps,
-                settings.duration_s,
-                settings.warmup_s,
+                "Settings: {}{}.\n",
+                if settings.interleave > 0 {
+                    format!(
+                        "{} interleaved runs per row, each {:.1} s after {:.1} s warm-up on a fresh target \
+                         (median of the runs reported, metric by metric)",
+                        settings.interleave, settings.duration_s, settings.warmup_s
+                    )
+                } else {
+                    format!(
+                        "{} reps of {:.1} s after {:.1} s warm-up (median rep reported)",
+                        settings.reps, settings.duration_s, settings.warmup_s
+                    )
+                },
                 if settings.quick { ", quick mode" } else { "" }
             );
         }
         if !self.rows.is_empty() {
             out.push_str(
                 "| target | scenario | in-flight | payload | req/s | p50 µs | p90 µs | p99 µs | max µs \
-                 | CPU µs/req | Redis CPU µs/req | RSS idle MiB | RSS peak MiB | failed/timeouts \
-                 | ×ref req/s | ×ref p50 | error |\n",
+                 | CPU µs/req | Redis CPU µs/req | total CPU µs/req | RSS idle MiB | RSS peak MiB \
+                 | failed/timeouts | ×ALO req/s | ×ALO p50 | ×floor req/s | ×floor p99 | ×floor CPU | error |\n",
             );
             out.push_str(
-                "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
+                "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
             );
             for row in &self.rows {
                 // A row without answers has no latency; dashes say so better than zeros.
                 let measured = |value: String| if row.n_answered > 0 { value } else { "-".to_owned() };
                 let _ = writeln!(
                     out,
-                    "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {}/{} | {} | {} | {} |",
+                    "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {}/{} | {} | {} | {} | {} | {} | {} |",
                     row.target,
                     row.scenario,
                     row.in_flight,
@@ -196,15 +288,22 @@ impl Report {
                     measured(row.max_us.to_string()),
                     format_option(row.cpu_us_per_request, 1),
                     format_option(row.redis_cpu_us_per_request, 1),
+                    format_option(row.total_cpu_us_per_request, 1),
                     format_option(row.rss_idle_kib.map(kib_to_mib), 1),
                     format_option(row.rss_peak_kib.map(kib_to_mib), 1),
                     row.n_failed,
                     row.n_timeouts,
                     format_option(row.ratio_rps, 2),
                     format_option(row.ratio_p50, 2),
+                    format_option(row.ratio_rps_floor, 2),
+                    format_option(row.ratio_p99_floor, 2),
+                    format_option(row.ratio_cpu_floor, 2),
                     row.error.as_deref().map(escape_cell).unwrap_or_default(),
                 );
             }
+            self.cpu_table(&mut out);
+            self.runs_table(&mut out);
+            self.targets_table(&mut out);
         }
         if !self.ready.is_empty() {
             out.push_str("\n| target | ready ms (median) | samples ms | error |\n|---|---:|---|---|\n");
@@ -241,7 +340,159 @@ impl Report {
                 );
             }
         }
+        if !self.marks.is_empty() {
+            out.push_str(
+                "\n| marks of | requests | marks | used_memory with | without | bytes per mark \
+                 | MEMORY USAGE mean | sample key | value B | PTTL ms | other keys | error |\n\
+                 |---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|\n",
+            );
+            for marks in &self.marks {
+                let _ = writeln!(
+                    out,
+                    "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                    marks.target,
+                    marks.requests,
+                    marks.marks,
+                    marks.used_memory_with_marks,
+                    marks.used_memory_without_marks,
+                    format_option(marks.bytes_per_mark, 1),
+                    format_option(marks.memory_usage_mean, 1),
+                    marks.sample_key.as_deref().map(|key| format!("`{key}`")).unwrap_or_default(),
+                    marks.sample_value_len.map(|len| len.to_string()).unwrap_or_default(),
+                    marks.sample_pttl_ms.map(|ms| ms.to_string()).unwrap_or_default(),
+                    marks.other_keys,
+                    marks.error.as_deref().map(escape_cell).unwrap_or_default()
+                );
+            }
+        }
         out
+    }
+
+    /// CPU per request by component: the worker (or daemon), Redis, and the load generator,
+    /// which shares the machine.
+    fn cpu_table(&self, out: &mut String) {
+        out.push_str(
+            "\n| target | scenario | in-flight | payload | worker µs/req | Redis µs/req | worker + Redis µs/req \
+             | load generator µs/req |\n|---|---|---:|---:|---:|---:|---:|---:|\n",
+        );
+        for row in self.rows.iter().filter(|row| row.cpu_us_per_request.is_some()) {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {} | {} | {} | {} |",
+                row.target,
+                row.scenario,
+                row.in_flight,
+                format_bytes(row.payload_bytes),
+                format_option(row.cpu_us_per_request, 1),
+                format_option(row.redis_cpu_us_per_request, 1),
+                format_option(row.total_cpu_us_per_request, 1),
+                format_option(row.harness_cpu_us_per_request, 1),
+            );
+        }
+    }
+
+    /// The issue-17 targets of every toolhost build, from the echo rows at 1 and 64 in
+    /// flight (100 B), when those rows and the references' were measured.
+    pub fn targets(&self) -> Vec<Target> {
+        let echo = |target: &str, in_flight: usize| {
+            self.rows.iter().find(|row| {
+                row.target == target
+                    && row.scenario == "echo"
+                    && row.in_flight == in_flight
+                    && row.payload_bytes == TARGET_PAYLOAD
+                    && row.n_answered > 0
+            })
+        };
+        let mut res = Vec::new();
+        for build in ["toolhost", "toolhost-base"] {
+            let (Some(at_64), Some(floor_64)) = (echo(build, 64), echo("floor", 64)) else { continue };
+            let clean = |row: &Row| row.error.is_none() && row.n_timeouts == 0 && row.n_failed == 0;
+            if let Some(ratio) = at_64.ratio_rps_floor {
+                res.push(Target {
+                    target: build.to_owned(),
+                    what: "throughput at 64 in flight ≥ 0.9 × floor, no error or timeout".to_owned(),
+                    result: format!("{ratio:.2} ({:.0} vs {:.0} req/s)", at_64.rps, floor_64.rps),
+                    met: ratio >= 0.9 && clean(at_64),
+                });
+            }
+            if let (Some(ratio), Some(mine), Some(floor)) =
+                (at_64.ratio_cpu_floor, at_64.total_cpu_us_per_request, floor_64.total_cpu_us_per_request)
+            {
+                res.push(Target {
+                    target: build.to_owned(),
+                    what: "CPU per request at 64 in flight, worker + Redis, ≤ 1.3 × floor".to_owned(),
+                    result: format!("{ratio:.2} ({mine:.1} vs {floor:.1} µs)"),
+                    met: ratio <= 1.3,
+                });
+            }
+            if let Some(ratio) = at_64.ratio_p99_floor {
+                res.push(Target {
+                    target: build.to_owned(),
+                    what: "p99 at 64 in flight ≤ 1.2 × floor".to_owned(),
+                    result: format!("{ratio:.2} ({} vs {} µs)", at_64.p99_us, floor_64.p99_us),
+                    met: ratio <= 1.2,
+                });
+            }
+            if let (Some(at_1), Some(reference_1)) = (echo(build, 1), echo("at-least-once", 1)) {
+                let diff = at_1.p50_us as i64 - reference_1.p50_us as i64;
+                res.push(Target {
+                    target: build.to_owned(),
+                    what: "p50 at 1 in flight within 0.1 ms of at-least-once".to_owned(),
+                    result: format!("{diff:+} µs ({} vs {} µs)", at_1.p50_us, reference_1.p50_us),
+                    met: diff <= 100,
+                });
+            }
+            let idle =
+                self.rows.iter().filter(|row| row.target == build).filter_map(|row| row.rss_idle_kib).max();
+            if let Some(idle) = idle {
+                res.push(Target {
+                    target: build.to_owned(),
+                    what: "idle RSS ≤ 15 MiB".to_owned(),
+                    result: format!("{:.1} MiB", kib_to_mib(idle)),
+                    met: idle <= 15 * 1024,
+                });
+            }
+        }
+        res
+    }
+
+    fn targets_table(&self, out: &mut String) {
+        let targets = self.targets();
+        if targets.is_empty() {
+            return;
+        }
+        out.push_str("\n| build | target | result | met |\n|---|---|---|---|\n");
+        for target in targets {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} |",
+                target.target,
+                target.what,
+                target.result,
+                if target.met { "yes" } else { "no" }
+            );
+        }
+    }
+
+    /// The throughput of every interleaved run, when rows had more than one.
+    fn runs_table(&self, out: &mut String) {
+        if self.rows.iter().all(|row| row.runs_rps.len() < 2) {
+            return;
+        }
+        out.push_str(
+            "\n| target | scenario | in-flight | req/s of each interleaved run |\n|---|---|---:|---|\n",
+        );
+        for row in self.rows.iter().filter(|row| row.runs_rps.len() > 1) {
+            let runs: Vec<String> = row.runs_rps.iter().map(|rps| format!("{rps:.0}")).collect();
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} |",
+                row.target,
+                row.scenario,
+                row.in_flight,
+                runs.join(", ")
+            );
+        }
     }
 
     /// Writes `report.json` and `report.md` into `dir`.
@@ -256,6 +507,10 @@ impl Report {
         std::fs::write(dir.join("report.md"), self.to_markdown()).context("writing report.md")?;
         Ok(())
     }
+}
+
+fn ratio(value: f64, base: f64) -> Option<f64> {
+    (base > 0.0).then(|| value / base)
 }
 
 fn format_bytes(bytes: usize) -> String {
@@ -283,7 +538,7 @@ fn escape_cell(text: &str) -> String {
 mod tests {
     use super::*;
 
-    fn row(target: &str, rps: f64, p50_us: u64) -> Row {
+    fn row(target: &str, rps: f64, p50_us: u64, cpu_us: f64) -> Row {
         Row {
             target: target.to_owned(),
             scenario: "echo".to_owned(),
@@ -292,6 +547,9 @@ mod tests {
             payload_bytes: 100,
             rps,
             p50_us,
+            p99_us: p50_us * 2,
+            cpu_us_per_request: Some(cpu_us / 2.0),
+            redis_cpu_us_per_request: Some(cpu_us),
             n_answered: 1000,
             ..Row::default()
         }
@@ -307,17 +565,93 @@ mod tests {
                 date: "d".to_owned(),
                 redis_version: "r".to_owned(),
             },
-            settings: Settings { quick: true, reps: 1, duration_s: 1.0, warmup_s: 0.5, ready_starts: 3 },
-            rows: vec![row("reference", 1000.0, 200), row("toolhost", 500.0, 400)],
+            settings: Settings {
+                quick: true,
+                reps: 1,
+                duration_s: 1.0,
+                warmup_s: 0.5,
+                ready_starts: 3,
+                interleave: 0,
+            },
+            rows: vec![
+                row("at-least-once", 1000.0, 200, 10.0),
+                row("floor", 800.0, 250, 16.0),
+                row("toolhost", 500.0, 400, 24.0),
+            ],
             ready: Vec::new(),
             soak: Vec::new(),
+            marks: Vec::new(),
         };
         report.compute_ratios();
-        assert_eq!(report.rows[1].ratio_rps, Some(0.5));
-        assert_eq!(report.rows[1].ratio_p50, Some(2.0));
+        assert_eq!(report.rows[2].ratio_rps, Some(0.5));
+        assert_eq!(report.rows[2].ratio_p50, Some(2.0));
+        assert_eq!(report.rows[2].ratio_rps_floor, Some(0.625));
+        assert_eq!(report.rows[2].ratio_p99_floor, Some(1.6));
+        assert_eq!(report.rows[2].total_cpu_us_per_request, Some(36.0));
+        assert_eq!(report.rows[2].ratio_cpu_floor, Some(1.5));
+        assert_eq!(report.rows[1].ratio_rps, Some(0.8));
+        assert_eq!(report.rows[1].ratio_rps_floor, None, "the floor is not compared with itself");
         assert_eq!(report.rows[0].ratio_rps, None);
         let markdown = report.to_markdown();
         assert!(markdown.contains("| toolhost | echo | 8 | 100 B | 500 | 400 |"), "{markdown}");
+        assert!(markdown.contains("| toolhost | echo | 8 | 100 B | 12.0 | 24.0 | 36.0 | - |"), "{markdown}");
+    }
+
+    #[test]
+    fn targets_are_checked_against_the_floor_and_the_reference() {
+        let echo = |target: &str, in_flight: usize, rps: f64, p50_us: u64, p99_us: u64, cpu_us: f64| Row {
+            target: target.to_owned(),
+            scenario: "echo".to_owned(),
+            baseline: Some("echo".to_owned()),
+            in_flight,
+            payload_bytes: 100,
+            rps,
+            p50_us,
+            p99_us,
+            cpu_us_per_request: Some(cpu_us / 2.0),
+            redis_cpu_us_per_request: Some(cpu_us / 2.0),
+            rss_idle_kib: Some(14 * 1024),
+            n_answered: 1000,
+            ..Row::default()
+        };
+        let mut report = Report {
+            machine: MachineInfo {
+                cpu_model: "cpu".to_owned(),
+                cores: 2,
+                kernel: "k".to_owned(),
+                date: "d".to_owned(),
+                redis_version: "r".to_owned(),
+            },
+            settings: Settings {
+                quick: false,
+                reps: 1,
+                duration_s: 5.0,
+                warmup_s: 1.0,
+                ready_starts: 5,
+                interleave: 5,
+            },
+            rows: vec![
+                echo("at-least-once", 1, 8000.0, 120, 200, 90.0),
+                echo("floor", 64, 40000.0, 1200, 4000, 16.0),
+                echo("toolhost", 1, 5000.0, 230, 400, 170.0),
+                echo("toolhost", 64, 37000.0, 1500, 5000, 20.0),
+            ],
+            ready: Vec::new(),
+            soak: Vec::new(),
+            marks: Vec::new(),
+        };
+        report.compute_ratios();
+        let verdicts: Vec<(String, bool)> =
+            report.targets().into_iter().map(|target| (target.what, target.met)).collect();
+        assert_eq!(verdicts.len(), 5, "{verdicts:?}");
+        assert!(verdicts[0].0.starts_with("throughput") && verdicts[0].1, "0.925 ≥ 0.9");
+        assert!(verdicts[1].0.starts_with("CPU") && verdicts[1].1, "1.25 ≤ 1.3");
+        assert!(verdicts[2].0.starts_with("p99") && !verdicts[2].1, "1.25 > 1.2: {verdicts:?}");
+        assert!(verdicts[3].0.starts_with("p50") && !verdicts[3].1, "+110 µs is over 0.1 ms");
+        assert!(verdicts[4].0.starts_with("idle RSS") && verdicts[4].1);
+        assert!(report.to_markdown().contains(
+            "| toolhost | p50 at 1 in flight within 0.1 ms of at-least-once | +110 µs (230 vs 120 µs) | no |"
+        ));
     }
 
     #[test]

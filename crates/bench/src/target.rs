@@ -1,8 +1,8 @@
 //! Starting and stopping the workers under test, and knowing when they are ready.
 //!
 //! A worker is ready when it reads `action-requests` through a consumer group: from then
-//! on a request gets read. Both `toolhost serve` and the reference worker are
-//! spawned as processes with their output sent to a log file, and killed on drop.
+//! on a request gets read. `toolhost serve` (current and baseline builds) and both reference
+//! workers are spawned as processes with their output sent to a log file, and killed on drop.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -22,19 +22,30 @@ pub const READY_LIMIT: Duration = Duration::from_secs(30);
 /// Which worker a target is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Worker {
-    /// `toolhost-refworker`.
+    /// `toolhost-refworker`: the at-least-once reference.
     Reference,
+    /// `toolhost-refworker --exactly-once`: the exactly-once floor.
+    Floor,
     /// `toolhost serve`.
     Toolhost,
+    /// `toolhost serve` of a baseline build (`--baseline-bin`), for before/after runs.
+    Baseline,
 }
 
 impl Worker {
     /// The name used in reports and `--only`.
     pub fn name(self) -> &'static str {
         match self {
-            Worker::Reference => "reference",
+            Worker::Reference => "at-least-once",
+            Worker::Floor => "floor",
             Worker::Toolhost => "toolhost",
+            Worker::Baseline => "toolhost-base",
         }
+    }
+
+    /// Whether this is a `toolhost serve` build.
+    pub fn is_toolhost(self) -> bool {
+        matches!(self, Worker::Toolhost | Worker::Baseline)
     }
 }
 
@@ -66,7 +77,11 @@ impl Launch {
     ) -> Self {
         let (args, env) = match worker {
             Worker::Reference => (vec!["--redis-url".to_owned(), redis_url.to_owned()], Vec::new()),
-            Worker::Toolhost => {
+            Worker::Floor => (
+                vec!["--redis-url".to_owned(), redis_url.to_owned(), "--exactly-once".to_owned()],
+                Vec::new(),
+            ),
+            Worker::Toolhost | Worker::Baseline => {
                 let mut args = vec!["serve".to_owned()];
                 args.extend(extra_args.iter().cloned());
                 let env = vec![

@@ -1,13 +1,18 @@
-//! `toolhost-bench`: measures toolhost against a Redis floor and the reference worker.
+//! `toolhost-bench`: measures toolhost beside the at-least-once reference worker and the
+//! exactly-once floor (both `toolhost-refworker`), and a Redis round trip.
 //!
 //! Prints a Markdown table and writes `report.json` and `report.md` under `target/bench/`.
 //!
 //! ```text
 //! cargo build --release -p toolhost -p toolhost-bench
-//! target/release/toolhost-bench --quick                 # smoke run, about a minute
-//! target/release/toolhost-bench                         # 3 reps x 5 s per row
-//! target/release/toolhost-bench --only floor,reference  # without the daemon
-//! target/release/toolhost-bench --soak 1000000          # RSS over a million requests
+//! target/release/toolhost-bench --quick                     # smoke run, about a minute
+//! target/release/toolhost-bench                             # 3 reps x 5 s per row
+//! target/release/toolhost-bench --interleave 5              # the issue's targets: echo at 1
+//!                                                           # and 64 in flight, 5 runs each
+//! target/release/toolhost-bench --baseline-bin OLD/toolhost # adds toolhost-base rows
+//! target/release/toolhost-bench --only at-least-once,floor  # without the daemon
+//! target/release/toolhost-bench --soak 1000000              # RSS over a million requests
+//! target/release/toolhost-bench --marks 100000              # Redis bytes per answered mark
 //! ```
 //!
 //! `redis-server` must be on `PATH`; the harness starts its own on a free loopback port.
@@ -26,8 +31,9 @@ struct Args {
     /// Smoke run: one short repetition per row and three starts for the ready time.
     #[arg(long)]
     quick: bool,
-    /// Targets to measure, comma separated: floor, reference, toolhost (default: all; with
-    /// --soak: toolhost).
+    /// Targets to measure, comma separated: ping, at-least-once, floor, toolhost,
+    /// toolhost-base (default: all, toolhost-base with --baseline-bin; with --soak: toolhost;
+    /// with --marks: floor, toolhost and toolhost-base).
     #[arg(long, value_delimiter = ',')]
     only: Option<Vec<TargetName>>,
     /// Seconds per repetition (default 5, or 1 with --quick).
@@ -36,6 +42,14 @@ struct Args {
     /// Repetitions per row; the median is reported (default 3, or 1 with --quick).
     #[arg(long)]
     reps: Option<usize>,
+    /// Run the echo rows at 1 and 64 in flight (or --in-flight) this many times each, the
+    /// targets taking turns, every run on a fresh target with one repetition; each row
+    /// reports the median of its runs.
+    #[arg(long)]
+    interleave: Option<usize>,
+    /// Only the 100 B echo rows at these in-flight counts, comma separated.
+    #[arg(long, value_delimiter = ',')]
+    in_flight: Option<Vec<usize>>,
     /// Seconds of warm-up per row (default 1, or 0.5 with --quick).
     #[arg(long)]
     warmup_s: Option<f64>,
@@ -45,6 +59,13 @@ struct Args {
     /// The reference worker executable (default: `toolhost-refworker` next to this program).
     #[arg(long)]
     refworker_bin: Option<PathBuf>,
+    /// A baseline toolhost executable, measured beside the current one as `toolhost-base`.
+    #[arg(long)]
+    baseline_bin: Option<PathBuf>,
+    /// Only weigh the answered marks: send this many requests through each target that keeps
+    /// marks and report Redis bytes per retained mark.
+    #[arg(long)]
+    marks: Option<u64>,
     /// Only soak: send this many requests at 64 in flight and watch RSS every second.
     #[arg(long)]
     soak: Option<u64>,
@@ -58,15 +79,27 @@ struct Args {
 enum TargetName {
     /// Sequential PINGs against Redis.
     #[value(alias = "redis")]
+    Ping,
+    /// `toolhost-refworker`, the at-least-once reference.
+    #[value(alias = "reference")]
+    AtLeastOnce,
+    /// `toolhost-refworker --exactly-once`, the exactly-once floor.
+    #[value(alias = "exactly-once")]
     Floor,
-    /// `toolhost-refworker`.
-    Reference,
     /// `toolhost serve`.
     Toolhost,
+    /// `toolhost serve` from --baseline-bin.
+    ToolhostBase,
 }
 
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
+    if args.baseline_bin.is_none()
+        && args.only.as_ref().is_some_and(|only| only.contains(&TargetName::ToolhostBase))
+    {
+        eprintln!("toolhost-bench: toolhost-base needs --baseline-bin");
+        return std::process::ExitCode::from(2);
+    }
     let options = options(&args);
     // The harness shares the machine with the targets; one thread keeps its own share small
     // and the same for every row.
@@ -105,25 +138,34 @@ fn options(args: &Args) -> Options {
         .and_then(Path::parent)
         .filter(|dir| dir.file_name().is_some_and(|name| name == "target"))
         .map_or_else(|| PathBuf::from("target/bench"), |target_dir| target_dir.join("bench"));
-    let only = match (&args.only, args.soak) {
-        (Some(only), _) => only.clone(),
-        (None, Some(_)) => vec![TargetName::Toolhost],
-        (None, None) => vec![TargetName::Floor, TargetName::Reference, TargetName::Toolhost],
+    let mut only = match (&args.only, args.soak, args.marks) {
+        (Some(only), _, _) => only.clone(),
+        (None, Some(_), _) => vec![TargetName::Toolhost],
+        (None, None, Some(_)) => vec![TargetName::Floor, TargetName::Toolhost],
+        (None, None, None) => {
+            vec![TargetName::Ping, TargetName::AtLeastOnce, TargetName::Floor, TargetName::Toolhost]
+        }
     };
+    if args.only.is_none() && args.baseline_bin.is_some() && args.soak.is_none() {
+        only.push(TargetName::ToolhostBase);
+    }
     let mut workers: Vec<Worker> = Vec::new();
     for name in &only {
         let worker = match name {
-            TargetName::Floor => continue,
-            TargetName::Reference => Worker::Reference,
+            TargetName::Ping => continue,
+            TargetName::AtLeastOnce => Worker::Reference,
+            TargetName::Floor => Worker::Floor,
             TargetName::Toolhost => Worker::Toolhost,
+            TargetName::ToolhostBase => Worker::Baseline,
         };
         if !workers.contains(&worker) {
             workers.push(worker);
         }
     }
+    let interleave = args.interleave.unwrap_or(0);
     Options {
         quick: args.quick,
-        floor: only.contains(&TargetName::Floor),
+        ping: only.contains(&TargetName::Ping) && interleave == 0,
         workers,
         duration: seconds(args.duration_s, if args.quick { 1.0 } else { 5.0 }),
         reps: args.reps.unwrap_or(if args.quick { 1 } else { 3 }).max(1),
@@ -131,6 +173,10 @@ fn options(args: &Args) -> Options {
         ready_starts: if args.quick { 3 } else { 5 },
         toolhost_bin: args.toolhost_bin.clone().unwrap_or_else(|| sibling("toolhost")),
         refworker_bin: args.refworker_bin.clone().unwrap_or_else(|| sibling("toolhost-refworker")),
+        baseline_bin: args.baseline_bin.clone(),
+        interleave,
+        in_flight: args.in_flight.clone().filter(|in_flight| !in_flight.is_empty()),
+        marks: args.marks,
         soak: args.soak,
         out_dir: args.out_dir.clone().unwrap_or(default_out_dir),
     }

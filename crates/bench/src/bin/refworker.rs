@@ -1,10 +1,11 @@
-//! `toolhost-refworker`: the reference worker, see [`toolhost_bench::refworker`].
+//! `toolhost-refworker`: the reference workers, see [`toolhost_bench::refworker`].
 
 use clap::Parser;
 use toolhost_bench::envelope::DEFAULT_GROUP;
-use toolhost_bench::refworker::{self, Config};
+use toolhost_bench::refworker::{self, Config, Mode};
 
-/// The least work a correct at-least-once worker on `action-requests` must do.
+/// The least work a correct worker on `action-requests` must do: at least once by default,
+/// exactly once with `--exactly-once`.
 #[derive(Debug, Parser)]
 #[command(version, about)]
 struct Args {
@@ -23,6 +24,17 @@ struct Args {
     /// BLOCK milliseconds per XREADGROUP.
     #[arg(long, default_value_t = refworker::DEFAULT_BLOCK.as_millis() as usize)]
     block_ms: usize,
+    /// The exactly-once floor: per entry `SET <answered mark> NX PX`, the answer's XADD only
+    /// if that set it, and the batch's XACK, in one script call per batch; reclaims entries
+    /// idle for --claim-idle-ms with XAUTOCLAIM on start.
+    #[arg(long)]
+    exactly_once: bool,
+    /// With --exactly-once: how long an answered mark lives, ms.
+    #[arg(long, default_value_t = refworker::DEFAULT_RETENTION.as_millis() as u64)]
+    retention_ms: u64,
+    /// With --exactly-once: pending entries idle this long are reclaimed on start, ms.
+    #[arg(long, default_value_t = refworker::DEFAULT_CLAIM_IDLE.as_millis() as u64)]
+    claim_idle_ms: u64,
 }
 
 fn main() -> std::process::ExitCode {
@@ -33,6 +45,9 @@ fn main() -> std::process::ExitCode {
         consumer: args.consumer.unwrap_or_else(refworker::default_consumer),
         count: args.count.max(1),
         block_ms: args.block_ms,
+        mode: if args.exactly_once { Mode::ExactlyOnce } else { Mode::AtLeastOnce },
+        retention_ms: args.retention_ms.max(1),
+        claim_idle_ms: args.claim_idle_ms,
     };
     // One connection and a sequential loop: a single-threaded runtime is all it needs.
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
