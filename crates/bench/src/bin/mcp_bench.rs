@@ -30,6 +30,9 @@ use toolhost_bench::redis_server::RedisServer;
 
 /// How long each throughput phase runs.
 const PHASE: Duration = Duration::from_secs(5);
+/// `get-sum` as toolhost names it: the server's prefix in front (its `echo` would otherwise
+/// collide with the built-in one).
+const HOSTED_TOOL: &str = "everything__get-sum";
 /// Calls measured one at a time for the latency rows.
 const SEQUENTIAL_CALLS: usize = 2000;
 /// Calls in flight for the throughput rows.
@@ -132,7 +135,7 @@ async fn through_toolhost(connection: &MultiplexedConnection, lane: usize) -> an
     let topic = format!("results:lane-{lane}");
     let envelope = json!({
         "id": request_id, "type": "tool.invoke", "response_topic": topic,
-        "data": {"request_id": request_id, "tool": "get-sum", "arguments": arguments()},
+        "data": {"request_id": request_id, "tool": HOSTED_TOOL, "arguments": arguments()},
     });
     let _: String = redis::cmd("XADD")
         .arg("action-requests")
@@ -180,7 +183,7 @@ async fn toolhost(program: &Path, toolhost_bin: &Path) -> anyhow::Result<(Row, R
     std::fs::write(
         &config,
         format!(
-            "[tools.terminal]\nrun_as = \"{user}\"\n\n[[mcp_servers]]\nname = \"everything\"\nprefix = \"\"\n\
+            "[tools.terminal]\nrun_as = \"{user}\"\n\n[[mcp_servers]]\nname = \"everything\"\n\
              command = \"{}\"\nargs = [\"stdio\"]\nmax_concurrent = 64\n",
             program.display()
         ),
@@ -206,7 +209,7 @@ async fn toolhost(program: &Path, toolhost_bin: &Path) -> anyhow::Result<(Row, R
             .query_async(&mut probe)
             .await
             .unwrap_or_default();
-        if fields.iter().any(|field| field == "get-sum") {
+        if fields.iter().any(|field| field == HOSTED_TOOL) {
             break;
         }
         anyhow::ensure!(Instant::now() < deadline, "toolhost never listed get-sum");
