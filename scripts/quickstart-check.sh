@@ -109,6 +109,9 @@ root="$work/root"
 mkdir -p "$root/usr/local/bin" "$root/etc/systemd/system" "$root/usr/lib/systemd"
 cp -a /usr/lib/systemd/system "$root/usr/lib/systemd/"
 cp target/release/toolhost "$root/usr/local/bin/toolhost"
+# ExecReload runs sh's kill.
+mkdir -p "$root/bin"
+cp "$(readlink -f /bin/sh)" "$root/bin/sh"
 cp deploy/toolhost.service "$root/etc/systemd/system/"
 out=$(systemd-analyze verify --root="$root" /etc/systemd/system/toolhost.service 2>&1) \
     || die "systemd-analyze verify: $out"
