@@ -122,24 +122,16 @@ impl Sources {
     /// servers taken out, to stop once no call uses them ([`Sources::retire`]).
     async fn reconcile(&self, config: &Config) -> anyhow::Result<Vec<Hosted>> {
         let mut hosted = self.hosted.lock().await;
-        let wanted: BTreeMap<&str, &McpServerConfig> =
-            config.raw.mcp_servers.iter().map(|server| (server.name.as_str(), server)).collect();
-        let mut retired = Vec::new();
-        let running: Vec<String> = hosted.keys().cloned().collect();
-        for name in running {
-            if wanted.get(name.as_str()).is_none_or(|server| **server != hosted[&name].config)
-                && let Some(old) = hosted.remove(&name)
-            {
-                info!(source = %name, "MCP server removed or changed; stopping it once its calls end");
-                retired.push(old);
-            }
+        let retired = take_stale(&mut hosted, config);
+        for old in &retired {
+            info!(source = %old.config.name, "MCP server removed or changed; stopping it once its calls end");
         }
         let children = Children {
             limits: Limits::from_settings(&config.raw.tools.terminal),
             run_as: config.terminal_identity,
         };
-        for (name, server) in wanted {
-            if hosted.contains_key(name) {
+        for server in &config.raw.mcp_servers {
+            if hosted.contains_key(&server.name) {
                 continue;
             }
             let stop = self.stop.child_token();
@@ -149,11 +141,8 @@ impl Sources {
             let started = match started {
                 Ok(started) => started,
                 Err(err) => {
-                    // Put back what was taken out: the old servers keep serving.
-                    for old in retired {
-                        hosted.insert(old.config.name.clone(), old);
-                    }
                     stop.cancel();
+                    self.restore(&mut hosted, retired);
                     return Err(anyhow::anyhow!("mcp_servers: {err}"));
                 }
             };
@@ -165,10 +154,24 @@ impl Sources {
                     }
                 }
             });
-            info!(source = %name, tools = started.sources.tools().len(), "MCP server hosted");
-            hosted.insert(name.to_owned(), Hosted { config: server.clone(), sources: started.sources, stop });
+            info!(source = %server.name, tools = started.sources.tools().len(), "MCP server hosted");
+            hosted.insert(
+                server.name.clone(),
+                Hosted { config: server.clone(), sources: started.sources, stop },
+            );
         }
         Ok(retired)
+    }
+
+    /// Undoes a [`Sources::reconcile`] whose configuration is refused: the servers it started
+    /// are stopped, and the `retired` ones it took out (still running) serve again, as the
+    /// configuration in force has them.
+    fn restore(&self, hosted: &mut BTreeMap<String, Hosted>, retired: Vec<Hosted>) {
+        let started = take_stale(hosted, &self.config());
+        for old in retired {
+            hosted.insert(old.config.name.clone(), old);
+        }
+        self.retire(started, None);
     }
 
     /// Builds the registry from `config` and every hosted server's tools, swaps it in, updates
@@ -220,9 +223,7 @@ impl Sources {
         let replaced = match self.rebuild(&new).await {
             Ok(replaced) => replaced,
             Err(err) => {
-                // Back to the old servers: stop the ones just started, put the others back.
-                let started = self.reconcile(&old).await.unwrap_or_default();
-                self.retire(started, None);
+                self.restore(&mut *self.hosted.lock().await, retired);
                 return Err(err);
             }
         };
@@ -280,6 +281,19 @@ impl Sources {
             hosted.sources.stopped().await;
         }
     }
+}
+
+/// Takes out of `hosted` every server that `config` does not have as it runs: removed, or
+/// with other settings.
+fn take_stale(hosted: &mut BTreeMap<String, Hosted>, config: &Config) -> Vec<Hosted> {
+    let wanted: BTreeMap<&str, &McpServerConfig> =
+        config.raw.mcp_servers.iter().map(|server| (server.name.as_str(), server)).collect();
+    let stale: Vec<String> = hosted
+        .iter()
+        .filter(|(name, running)| wanted.get(name.as_str()).is_none_or(|server| **server != running.config))
+        .map(|(name, _)| name.clone())
+        .collect();
+    stale.into_iter().filter_map(|name| hosted.remove(&name)).collect()
 }
 
 /// The keys of the settings that changed between `old` and `new` but apply only after a

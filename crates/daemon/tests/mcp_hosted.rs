@@ -81,6 +81,32 @@ async fn a_hosted_mcp_server_is_listed_called_over_redis_and_stopped_by_a_reload
     let running = processes_named("mcp-server-time");
     assert!(!running.is_empty(), "the server's child runs");
 
+    // A reload that changes the server but whose tools cannot build (a command tool takes one of
+    // its names) is refused whole: the server started for it is stopped again, and the old one
+    // keeps serving.
+    let clash = format!(
+        "{}\n[[commands]]\nname = \"time__get_current_time\"\ndescription = \"Takes the name.\"\nargv = [\"date\"]\n",
+        server.replace("\"UTC\"]", "\"Europe/Paris\"]")
+    );
+    std::fs::write(&path, clash).unwrap();
+    daemon.signal(libc::SIGHUP);
+    let deadline = Instant::now() + WAIT;
+    while !daemon.log().contains("configuration reload refused") {
+        assert!(Instant::now() < deadline, "the clashing reload was not refused:\n{}", daemon.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    while processes_named("mcp-server-time") != running {
+        assert!(
+            Instant::now() < deadline,
+            "the server started for the refused reload is still there: {:?} against {running:?}",
+            processes_named("mcp-server-time")
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let call = json!({"tool": "time__get_current_time", "arguments": {"timezone": "UTC"}});
+    let answers = ask(&redis, &[("tool.invoke", "c-old", call)]).await;
+    assert_eq!(answers["c-old"]["success"], true, "{answers:?}");
+
     // Removing the server from the file and reloading stops it: no process left, not even a zombie.
     std::fs::write(&path, format!("[tools.terminal]\nrun_as = \"{}\"\n", nix_user())).unwrap();
     daemon.signal(libc::SIGHUP);

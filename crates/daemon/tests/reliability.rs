@@ -692,6 +692,36 @@ async fn ledger_steps_are_safe_to_repeat_against_redis() {
     assert_eq!(entries.iter().map(|entry| entry.id.as_str()).collect::<Vec<_>>(), ["m-1", "m-alive", "m-3"]);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handed_over_entry_moves_to_the_named_consumer_undelivered() {
+    let redis = RedisServer::start();
+    let mut connection = redis.connection().await;
+    let bus = RedisBus::new(RedisOptions::new(redis.url())).unwrap();
+    bus.ensure_group(REQUESTS, GROUP).await.unwrap();
+    let entry_id = bus.publish(REQUESTS, "m-1", "{}").await.unwrap();
+    bus.read_group(REQUESTS, GROUP, "lacks-the-tool", 10, Duration::from_millis(10)).await.unwrap();
+    bus.hand_over(REQUESTS, GROUP, "hosts-the-tool", &entry_id).await.unwrap();
+    // XPENDING's detail: [[entry id, consumer, idle ms, deliveries]].
+    let detail: Vec<(String, String, u64, u64)> = redis::cmd("XPENDING")
+        .arg(REQUESTS)
+        .arg(GROUP)
+        .arg("-")
+        .arg("+")
+        .arg(10)
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    assert_eq!(detail.len(), 1, "{detail:?}");
+    assert_eq!((detail[0].0.as_str(), detail[0].1.as_str()), (entry_id.as_str(), "hosts-the-tool"));
+    assert_eq!(detail[0].3, 1, "a hand-over is not a delivery: {detail:?}");
+    // The new owner's reclaimer takes it up once idle, like any pending entry.
+    let reclaimed = bus.reclaim(REQUESTS, GROUP, "hosts-the-tool", Duration::ZERO, "0-0", 10).await.unwrap();
+    assert_eq!(
+        reclaimed.entries.iter().map(|entry| entry.entry_id.as_str()).collect::<Vec<_>>(),
+        [entry_id.as_str()]
+    );
+}
+
 /// Requests in the soak; 100,000 by hand (see docs/RELIABILITY.md), fewer in CI.
 fn soak_requests() -> usize {
     std::env::var("TOOLHOST_SOAK_REQUESTS").ok().and_then(|text| text.parse().ok()).unwrap_or(30_000)
