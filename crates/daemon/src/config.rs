@@ -903,11 +903,19 @@ mod tests {
 
     #[test]
     fn bad_values_are_named() {
-        let path =
-            file("[dispatch]\nmax_in_flight = 0\n[log]\nformat = \"xml\"\n[http]\nlisten = \"nowhere\"\n");
+        let path = file(
+            "[dispatch]\nmax_in_flight = 0\n[log]\nformat = \"xml\"\n[http]\nlisten = \"nowhere\"\n\
+             [streams]\nresponse_topics = [\"results:[\"]\n[tools.limits.\"terminal_run\"]\nmax_concurrent = 0\n",
+        );
         let err = Config::load(Some(&path.0), &env(&[])).unwrap_err();
         let text = err.to_string();
-        for key in ["dispatch.max_in_flight", "log.format", "http.listen"] {
+        for key in [
+            "dispatch.max_in_flight",
+            "log.format",
+            "http.listen",
+            "streams.response_topics",
+            "tools.limits.terminal_run.max_concurrent",
+        ] {
             assert!(text.contains(key), "{key} missing from {text}");
         }
         let err = Config::load(None, &env(&[("TOOLHOST__DISPATCH__MAX_IN_FLIGHT", "lots")])).unwrap_err();
