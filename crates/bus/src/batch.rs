@@ -14,11 +14,11 @@
 //! that text; either way the item's reply carries the text, code first, and the item's error is
 //! sorted by that code like a top-level error reply.
 
-use redis::aio::ConnectionManager;
 use redis::{Script, Value};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::Error;
+use crate::connection::Connection;
 use crate::error::Cause;
 
 /// Most invocations in one batch.
@@ -46,7 +46,7 @@ impl Batcher {
         source: &str,
         keys_per_item: usize,
         args_per_item: usize,
-        connection: ConnectionManager,
+        connection: Connection,
     ) -> Batcher {
         let (queue, receiver) = mpsc::unbounded_channel();
         let script = Script::new(&batch_source(source, keys_per_item, args_per_item));
@@ -66,7 +66,7 @@ impl Batcher {
     }
 }
 
-async fn run(script: Script, mut receiver: mpsc::UnboundedReceiver<Item>, mut connection: ConnectionManager) {
+async fn run(script: Script, mut receiver: mpsc::UnboundedReceiver<Item>, mut connection: Connection) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
     while let Some(first) = receiver.recv().await {
         batch.push(first);

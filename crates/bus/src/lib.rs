@@ -17,6 +17,7 @@
 mod batch;
 mod bus;
 mod caller;
+mod connection;
 mod error;
 mod keys;
 mod memory;
@@ -27,6 +28,7 @@ pub use bus::{
     Store, Streams, call_owner,
 };
 pub use caller::{CallError, Caller};
+pub use connection::Topology;
 pub use error::{Cause, Error};
 pub use keys::{Keys, RESERVED_TOPIC_PREFIXES, ResponseTopics, TopicRefusal};
 pub use memory::MemoryBus;

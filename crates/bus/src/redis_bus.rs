@@ -17,13 +17,13 @@ use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::streams::StreamReadOptions;
-use redis::{AsyncCommands, Client, Script, Value};
+use redis::{AsyncCommands, Script, Value};
 use toolhost_envelope::{DEFECT_HEAD_BYTES, Entry};
 
 use crate::batch::Batcher;
 use crate::bus::{CallKeys, CallStart, Committed, EntryRef, Finish, GroupInfo, Reclaimed, is_entry_id};
+use crate::connection::{Connection, Connector, Topology};
 use crate::{Error, Groups, Ledger, Store, Streams};
 
 /// How to reach Redis and how to write to it.
@@ -31,6 +31,8 @@ use crate::{Error, Groups, Ledger, Store, Streams};
 pub struct RedisOptions {
     /// `redis://`, `rediss://` (TLS) or `unix://` URL, with credentials if any.
     pub url: String,
+    /// Where Redis is: the server at `url`, or another topology.
+    pub topology: Topology,
     /// Topics are trimmed to about this many entries on every publish.
     pub maxlen: usize,
     /// How long a non-blocking command may take before the connection counts as broken.
@@ -47,6 +49,7 @@ impl RedisOptions {
     pub fn new(url: impl Into<String>) -> RedisOptions {
         RedisOptions {
             url: url.into(),
+            topology: Topology::Single,
             maxlen: 100_000,
             response_timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(2),
@@ -57,11 +60,11 @@ impl RedisOptions {
 
 /// The Redis implementation of [`Bus`].
 pub struct RedisBus {
-    client: Client,
+    connector: Connector,
     options: RedisOptions,
-    commands: ConnectionManager,
+    commands: Connection,
     /// Idle connections for blocking reads.
-    blocking: Mutex<Vec<ConnectionManager>>,
+    blocking: Mutex<Vec<Connection>>,
     scripts: Scripts,
     /// The ledger steps every call takes, batched across concurrent calls (started on first use,
     /// inside the runtime).
@@ -94,14 +97,10 @@ impl RedisBus {
     /// # Errors
     /// The URL cannot be parsed.
     pub fn new(options: RedisOptions) -> Result<RedisBus, Error> {
-        let client = Client::open(options.url.as_str()).map_err(Error::from)?;
-        let commands = ConnectionManager::new_lazy_with_config(
-            client.clone(),
-            manager_config(&options, Some(options.response_timeout)),
-        )
-        .map_err(Error::from)?;
+        let connector = Connector::new(&options.url, &options.topology, options.connect_timeout)?;
+        let commands = connector.commands(options.response_timeout)?;
         Ok(RedisBus {
-            client,
+            connector,
             options,
             commands,
             blocking: Mutex::new(Vec::new()),
@@ -122,25 +121,16 @@ impl RedisBus {
         })
     }
 
-    /// The multiplexed connection for non-blocking commands (the daemon's probes use it).
-    pub fn connection(&self) -> ConnectionManager {
-        self.commands.clone()
-    }
-
-    fn take_blocking(&self) -> Result<ConnectionManager, Error> {
+    fn take_blocking(&self) -> Result<Connection, Error> {
         // A poisoned lock only means another reader panicked while pushing; the pool is still sound.
         let pooled = self.blocking.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).pop();
         match pooled {
             Some(connection) => Ok(connection),
-            None => ConnectionManager::new_lazy_with_config(
-                self.client.clone(),
-                manager_config(&self.options, None),
-            )
-            .map_err(Error::from),
+            None => self.connector.blocking(),
         }
     }
 
-    fn give_back(&self, connection: ConnectionManager) {
+    fn give_back(&self, connection: Connection) {
         let mut pool = self.blocking.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if pool.len() < MAX_IDLE_BLOCKING {
             pool.push(connection);
@@ -168,14 +158,6 @@ impl RedisBus {
             ))),
         }
     }
-}
-
-fn manager_config(options: &RedisOptions, response_timeout: Option<Duration>) -> ConnectionManagerConfig {
-    ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(options.connect_timeout))
-        .set_response_timeout(response_timeout)
-        .set_number_of_retries(1)
-        .set_max_delay(Duration::from_secs(2))
 }
 
 #[async_trait]

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Map, Value};
-use toolhost_bus::{Bus, CallError, Caller, Error as BusError, Keys, RedisBus, RedisOptions, Store};
+use toolhost_bus::{Bus, CallError, Caller, Error as BusError, Keys, RedisBus, Store};
 use toolhost_envelope::DiscoveryFormat;
 
 use crate::EXIT_CONFIG;
@@ -18,11 +18,8 @@ pub const EXIT_TRANSPORT: i32 = 2;
 
 fn caller(config: &Config) -> Result<(Arc<dyn Bus>, Caller), String> {
     let raw = &config.raw;
-    let mut options = RedisOptions::new(raw.redis.url.clone());
-    options.maxlen = raw.streams.maxlen;
-    options.response_timeout = Duration::from_millis(raw.redis.response_timeout_ms);
     let bus: Arc<dyn Bus> =
-        Arc::new(RedisBus::new(options).map_err(|err| redis_failure(&raw.redis.url, &err))?);
+        Arc::new(RedisBus::new(config.redis_options()).map_err(|err| redis_failure(&raw.redis.url, &err))?);
     let keys = Keys::new(raw.redis.key_prefix.clone());
     let caller = Caller::new(bus.clone(), &keys, &raw.streams.requests, &raw.streams.results, "toolhost:cli");
     Ok((bus, caller))

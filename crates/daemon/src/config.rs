@@ -737,6 +737,18 @@ fn validate(raw: RawConfig, vars: &HashMap<String, String>, errors: &mut Vec<Key
 }
 
 impl Config {
+    /// How to reach Redis, for the daemon and the client subcommands alike: the URL, the
+    /// topology and the write settings.
+    pub fn redis_options(&self) -> toolhost_bus::RedisOptions {
+        let raw = &self.raw;
+        let mut options = toolhost_bus::RedisOptions::new(raw.redis.url.clone());
+        options.maxlen = raw.streams.maxlen;
+        options.response_timeout = Duration::from_millis(raw.redis.response_timeout_ms);
+        // Group reads deliver larger values only as head, size and digest, so one read stays small.
+        options.max_field_bytes = raw.streams.max_payload_bytes;
+        options
+    }
+
     /// The effective configuration as TOML, with secrets masked: the Redis password and the
     /// terminal redaction substrings and patterns.
     pub fn masked_toml(&self) -> String {

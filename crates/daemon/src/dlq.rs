@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use serde_json::{Value, json};
-use toolhost_bus::{Error as BusError, Keys, RedisBus, RedisOptions, Store, Streams};
+use toolhost_bus::{Error as BusError, Keys, RedisBus, Store, Streams};
 use toolhost_envelope::{Entry, new_message_id};
 
 use crate::cli::DlqAction;
@@ -239,10 +239,7 @@ impl DeadLetters {
 /// `toolhost dlq ...`: prints JSON lines and returns the exit code: 0, 1 when a named letter was
 /// not found or could not be replayed, 2 when Redis failed.
 pub async fn run_dlq(config: &Config, action: &DlqAction) -> i32 {
-    let mut options = RedisOptions::new(config.raw.redis.url.clone());
-    options.maxlen = config.raw.streams.maxlen;
-    options.response_timeout = std::time::Duration::from_millis(config.raw.redis.response_timeout_ms);
-    let bus = match RedisBus::new(options) {
+    let bus = match RedisBus::new(config.redis_options()) {
         Ok(bus) => Arc::new(bus),
         Err(err) => {
             eprintln!("toolhost: {}", redis_failure(&config.raw.redis.url, &err));

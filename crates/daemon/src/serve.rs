@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use tokio::sync::{Semaphore, mpsc};
-use toolhost_bus::{Bus, Keys, RedisBus, RedisOptions, ResponseTopics};
+use toolhost_bus::{Bus, Keys, RedisBus, ResponseTopics};
 use toolhost_envelope::Address;
 use toolhost_mcp::McpEvent;
 use toolhost_tools::builtin::{AgentSettings, AgentTool, ChatSend, Echo, Synthetic, TerminalRun};
@@ -225,12 +225,7 @@ pub(crate) fn limit_settings(config: &Config, registry: &Registry) -> BTreeMap<S
 /// The Redis URL is unusable.
 pub fn connect(config: &Config) -> anyhow::Result<(Arc<dyn Bus>, Keys)> {
     let raw = &config.raw;
-    let mut redis_options = RedisOptions::new(raw.redis.url.clone());
-    redis_options.maxlen = raw.streams.maxlen;
-    redis_options.response_timeout = std::time::Duration::from_millis(raw.redis.response_timeout_ms);
-    // Group reads deliver larger values only as head, size and digest, so one read stays small.
-    redis_options.max_field_bytes = raw.streams.max_payload_bytes;
-    let bus: Arc<dyn Bus> = Arc::new(RedisBus::new(redis_options).context("redis.url")?);
+    let bus: Arc<dyn Bus> = Arc::new(RedisBus::new(config.redis_options()).context("redis.url")?);
     Ok((bus, Keys::new(raw.redis.key_prefix.clone())))
 }
 
