@@ -19,7 +19,13 @@ stop:
 
 # The whole suite: unit tests, integration tests against real redis-server processes.
 test: ensure-redis-installed
-    cargo test --workspace --all-targets
+    cargo test --workspace --all-targets --exclude toolhost-e2e
+
+# The end-to-end fleet suites (tests/): toolboxes sharing a stream, Redis Cluster, Sentinel,
+# each against real servers the tests start, driving the built binary.
+test-fleet: ensure-redis-installed
+    cargo build --bin toolhost
+    cargo test -p toolhost-e2e
 
 # Benchmarks: toolhost beside the at-least-once reference worker and the exactly-once floor on
 # the same Redis (see docs/PERFORMANCE.md).

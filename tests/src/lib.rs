@@ -1,0 +1,247 @@
+//! The harness of the end-to-end suites: real `redis-server` processes in the topologies
+//! production uses (one server, a cluster, a master watched by sentinels), started on free
+//! loopback ports, and the built `toolhost` binary run as a separate process.
+//!
+//! Everything is killed on drop. The suites run with `just test-fleet`, which builds the binary
+//! first; `TOOLHOST_BIN` names another binary.
+
+use std::io::Read as _;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A free loopback TCP port (bound, then released).
+pub fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
+    listener.local_addr().expect("local addr").port()
+}
+
+/// A fresh, unique temporary directory.
+pub fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("toolhost-e2e-{name}-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).expect("create temp dir");
+    dir
+}
+
+/// The toolhost binary under test: `TOOLHOST_BIN`, or the workspace's debug build.
+pub fn toolhost_bin() -> PathBuf {
+    if let Some(path) = std::env::var_os("TOOLHOST_BIN") {
+        return PathBuf::from(path);
+    }
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root");
+    let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| workspace.join("target"), PathBuf::from);
+    let binary = target.join("debug").join("toolhost");
+    assert!(
+        binary.exists(),
+        "{} is missing: run `cargo build --bin toolhost` first (just test-fleet does)",
+        binary.display()
+    );
+    binary
+}
+
+/// Sends a signal to a process.
+pub fn signal(pid: u32, signal: i32) {
+    if pid > 0 {
+        let _ = Command::new("kill").arg(format!("-{signal}")).arg(pid.to_string()).status();
+    }
+}
+
+/// A `redis-server` process owned by a test, on a free port in a directory of its own.
+pub struct RedisProcess {
+    port: u16,
+    dir: PathBuf,
+    args: Vec<String>,
+    child: Option<Child>,
+}
+
+impl RedisProcess {
+    /// Starts `redis-server` with `args` after the port, bind, directory and no persistence, and
+    /// waits until it answers `PING`.
+    pub fn start(args: &[&str]) -> RedisProcess {
+        let mut server = RedisProcess {
+            port: free_port(),
+            dir: temp_dir("redis"),
+            args: args.iter().map(|arg| (*arg).to_owned()).collect(),
+            child: None,
+        };
+        server.spawn();
+        server
+    }
+
+    fn spawn(&mut self) {
+        let child = Command::new("redis-server")
+            .args([
+                "--port",
+                &self.port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .arg("--dir")
+            .arg(&self.dir)
+            .args(&self.args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server must be installed (the justfile installs it)");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if self.ping() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("redis-server did not start on port {}", self.port);
+    }
+
+    /// Whether the server answers `PING`.
+    pub fn ping(&self) -> bool {
+        redis::Client::open(self.url())
+            .and_then(|client| client.get_connection_with_timeout(Duration::from_millis(500)))
+            .and_then(|mut connection| redis::cmd("PING").query::<String>(&mut connection))
+            .is_ok()
+    }
+
+    /// `redis://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// The port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The server's directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// A blocking connection, for set-up and checks.
+    pub fn connection(&self) -> redis::Connection {
+        redis::Client::open(self.url()).expect("client").get_connection().expect("connect to test redis")
+    }
+
+    /// Kills the server (SIGKILL: no shutdown save).
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts it again on the same port, directory and arguments.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+
+    /// The process id (0 once killed).
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, Child::id)
+    }
+}
+
+impl Drop for RedisProcess {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A `toolhost serve` process owned by a test.
+pub struct Toolhost {
+    child: Option<Child>,
+    log: PathBuf,
+    dir: PathBuf,
+}
+
+impl Toolhost {
+    /// Starts `toolhost serve` with a clean environment plus `env` (which must say how to reach
+    /// Redis), logging JSON to a file, and waits until it logs `ready`.
+    pub fn start(env: &[(&str, &str)]) -> Toolhost {
+        let dir = temp_dir("toolhost");
+        let log = dir.join("toolhost.log");
+        let stdout = std::fs::File::create(&log).expect("log file");
+        let stderr = stdout.try_clone().expect("log file");
+        let mut command = Command::new(toolhost_bin());
+        command
+            .arg("serve")
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("TOOLHOST__HTTP__LISTEN", "127.0.0.1:0")
+            .env("TOOLHOST__LOG__LEVEL", "info")
+            .env("TOOLHOST__LOG__FORMAT", "json")
+            .stdout(stdout)
+            .stderr(stderr);
+        for (name, value) in env {
+            command.env(name, value);
+        }
+        let child = command.spawn().expect("spawn toolhost");
+        let toolhost = Toolhost { child: Some(child), log, dir };
+        toolhost.wait_for_log("\"message\":\"ready\"", Duration::from_secs(30));
+        toolhost
+    }
+
+    /// The log so far.
+    pub fn log(&self) -> String {
+        let mut text = String::new();
+        if let Ok(mut file) = std::fs::File::open(&self.log) {
+            let _ = file.read_to_string(&mut text);
+        }
+        text
+    }
+
+    /// Waits until the log contains `needle`, panicking with the log after `timeout`.
+    pub fn wait_for_log(&self, needle: &str, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if self.log().contains(needle) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("toolhost did not log {needle} within {timeout:?}; log:\n{}", self.log());
+    }
+
+    /// The process id (0 once killed).
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, Child::id)
+    }
+
+    /// SIGKILL, and reaps it.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGTERM, then waits up to `timeout` for the exit code.
+    pub fn terminate(&mut self, timeout: Duration) -> Option<i32> {
+        signal(self.pid(), libc::SIGTERM);
+        let mut child = self.child.take()?;
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = child.try_wait() {
+                return status.code();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        None
+    }
+}
+
+impl Drop for Toolhost {
+    fn drop(&mut self) {
+        self.kill9();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
