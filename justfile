@@ -45,6 +45,12 @@ bench-targets *ARGS: ensure-redis-installed
     ./target/release/toolhost-bench --interleave 5 --out-dir target/bench/targets {{ARGS}}
     ./target/release/toolhost-bench --marks 200000 --out-dir target/bench/marks {{ARGS}}
 
+# The fleet rows of issue 16: 1, 2 and 4 replicas of toolhost against one Redis and against a
+# 3-master Redis Cluster, with the CPU of every process (see docs/PERFORMANCE.md).
+bench-fleet *ARGS: ensure-redis-installed
+    cargo build --release -p toolhost -p toolhost-bench
+    ./target/release/toolhost-bench --fleet --out-dir target/bench/fleet {{ARGS}}
+
 # Formatting and lints, as CI checks them.
 lint:
     cargo fmt --all -- --check

@@ -3,6 +3,7 @@
 //! - [`envelope`]: the request and answer envelopes of CONTRACTS.md §2.
 //! - [`refworker`]: the least work a correct at-least-once worker must do.
 //! - [`load`]: the closed-loop load generator (lanes plus one answer dispatcher).
+//! - [`fleet`]: 1, 2 and 4 replicas against one Redis and a 3-master cluster.
 //! - [`plan`]: what is measured, in which order, against which target.
 //! - [`target`]: starting workers and timing until they are ready.
 //! - [`redis_server`]: a private `redis-server` per run.
@@ -13,6 +14,7 @@
 //! through its crates, so it measures exactly what a caller would see.
 
 pub mod envelope;
+pub mod fleet;
 pub mod load;
 pub mod plan;
 pub mod procfs;

@@ -81,14 +81,25 @@ impl LoadResult {
 ///
 /// When Redis cannot be reached. Unanswered requests are counted, not errors.
 pub async fn run(redis_url: &str, spec: &LoadSpec) -> anyhow::Result<LoadResult> {
-    let client = redis::Client::open(redis_url).context("parsing the Redis URL")?;
+    run_split(redis_url, redis_url, spec).await
+}
+
+/// [`run`] with requests published through `publish_url` and answers read through `read_url`:
+/// on a Redis Cluster, the nodes that hold `action-requests` and `action-results`.
+///
+/// # Errors
+///
+/// When Redis cannot be reached. Unanswered requests are counted, not errors.
+pub async fn run_split(publish_url: &str, read_url: &str, spec: &LoadSpec) -> anyhow::Result<LoadResult> {
+    let client = redis::Client::open(publish_url).context("parsing the Redis URL")?;
     let publish_config = redis::AsyncConnectionConfig::new().set_response_timeout(Some(ANSWER_TIMEOUT));
     let publisher = client
         .get_multiplexed_async_connection_with_config(&publish_config)
         .await
         .context("connecting the publisher")?;
     let read_config = redis::AsyncConnectionConfig::new().set_response_timeout(None);
-    let mut reader = client
+    let mut reader = redis::Client::open(read_url)
+        .context("parsing the Redis URL")?
         .get_multiplexed_async_connection_with_config(&read_config)
         .await
         .context("connecting the dispatcher")?;

@@ -13,6 +13,8 @@
 //! target/release/toolhost-bench --only at-least-once,floor  # without the daemon
 //! target/release/toolhost-bench --soak 1000000              # RSS over a million requests
 //! target/release/toolhost-bench --marks 100000              # Redis bytes per answered mark
+//! target/release/toolhost-bench --fleet                     # 1, 2, 4 replicas on one Redis
+//!                                                           # and on a 3-master cluster
 //! ```
 //!
 //! `redis-server` must be on `PATH`; the harness starts its own on a free loopback port.
@@ -21,6 +23,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::Parser;
+use toolhost_bench::fleet::{FleetOptions, Topology};
 use toolhost_bench::plan::{self, Options};
 use toolhost_bench::target::Worker;
 
@@ -69,9 +72,29 @@ struct Args {
     /// Only soak: send this many requests at 64 in flight and watch RSS every second.
     #[arg(long)]
     soak: Option<u64>,
+    /// Only the fleet rows: 1, 2 and 4 replicas (or --replicas) of toolhost at 64 in flight
+    /// (or the first --in-flight), against one Redis and a 3-master cluster (or --topologies),
+    /// with the CPU of every process.
+    #[arg(long)]
+    fleet: bool,
+    /// Replica counts of the fleet rows, comma separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
+    replicas: Vec<usize>,
+    /// Topologies of the fleet rows, comma separated: single, cluster.
+    #[arg(long, value_delimiter = ',', default_value = "single,cluster")]
+    topologies: Vec<FleetTopology>,
     /// Where report.json, report.md and target logs go (default: `target/bench`).
     #[arg(long)]
     out_dir: Option<PathBuf>,
+}
+
+/// A value of `--topologies`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum FleetTopology {
+    /// One redis-server.
+    Single,
+    /// A 3-master Redis Cluster.
+    Cluster,
 }
 
 /// A value of `--only`.
@@ -110,6 +133,9 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
+    if args.fleet {
+        return fleet(&runtime, &args, &options);
+    }
     let report = match runtime.block_on(plan::run(&options)) {
         Ok(report) => report,
         Err(err) => {
@@ -123,6 +149,39 @@ fn main() -> std::process::ExitCode {
         return std::process::ExitCode::FAILURE;
     }
     eprintln!("bench: wrote {}", options.out_dir.join("report.json").display());
+    std::process::ExitCode::SUCCESS
+}
+
+fn fleet(runtime: &tokio::runtime::Runtime, args: &Args, options: &Options) -> std::process::ExitCode {
+    let fleet_options = FleetOptions {
+        topologies: args
+            .topologies
+            .iter()
+            .map(|topology| match topology {
+                FleetTopology::Single => Topology::Single,
+                FleetTopology::Cluster => Topology::Cluster,
+            })
+            .collect(),
+        replicas: args.replicas.iter().copied().filter(|&replicas| replicas > 0).collect(),
+        in_flight: options.in_flight.as_ref().and_then(|in_flight| in_flight.first().copied()).unwrap_or(64),
+        duration: options.duration,
+        warmup: options.warmup,
+        toolhost_bin: options.toolhost_bin.clone(),
+        out_dir: options.out_dir.clone(),
+    };
+    let report = match runtime.block_on(toolhost_bench::fleet::run(&fleet_options)) {
+        Ok(report) => report,
+        Err(err) => {
+            eprintln!("toolhost-bench: {err:#}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    println!("{}", report.to_markdown());
+    if let Err(err) = report.write(&options.out_dir) {
+        eprintln!("toolhost-bench: {err:#}");
+        return std::process::ExitCode::FAILURE;
+    }
+    eprintln!("bench: wrote {}", options.out_dir.join("fleet.json").display());
     std::process::ExitCode::SUCCESS
 }
 

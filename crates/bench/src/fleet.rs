@@ -1,0 +1,380 @@
+//! The fleet benchmark: throughput with 1, 2 and 4 replicas of toolhost against one Redis and
+//! against a 3-master Redis Cluster, with the CPU split per process (each replica, each Redis,
+//! the load generator).
+//!
+//! Every replica belongs to one toolbox and reads the one requests stream, so on the cluster
+//! that stream lives on one shard: the curve is expected to stay flat there, and this measures
+//! what the cluster path costs per request.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use serde::Serialize;
+use tokio::process::{Child, Command};
+
+use crate::envelope::{REQUESTS_STREAM, RESULTS_STREAM, RequestKind};
+use crate::load::{self, LoadSpec};
+use crate::procfs::{self, MachineInfo};
+use crate::redis_server::{RedisCluster, RedisServer};
+
+/// Where Redis runs for a fleet row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Topology {
+    /// One `redis-server`.
+    Single,
+    /// Three masters, no replicas.
+    Cluster,
+}
+
+impl Topology {
+    /// The name in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Topology::Single => "single",
+            Topology::Cluster => "cluster",
+        }
+    }
+}
+
+/// What the fleet benchmark runs.
+#[derive(Clone, Debug)]
+pub struct FleetOptions {
+    /// Topologies, in order.
+    pub topologies: Vec<Topology>,
+    /// Replica counts, in order.
+    pub replicas: Vec<usize>,
+    /// Requests in flight.
+    pub in_flight: usize,
+    /// Length of the measured run.
+    pub duration: Duration,
+    /// Warm-up before it.
+    pub warmup: Duration,
+    /// The `toolhost` executable.
+    pub toolhost_bin: PathBuf,
+    /// Where target logs go.
+    pub out_dir: PathBuf,
+}
+
+/// One process's share of a row.
+#[derive(Clone, Debug, Serialize)]
+pub struct ProcessCpu {
+    /// `toolhost-1`, `redis-0`, `load`.
+    pub process: String,
+    /// CPU time per answered request, µs.
+    pub us_per_request: f64,
+    /// CPU time over wall time: 1.0 is one core busy.
+    pub cores: f64,
+}
+
+/// One measured fleet row.
+#[derive(Clone, Debug, Serialize)]
+pub struct FleetRow {
+    /// Where Redis ran.
+    pub topology: Topology,
+    /// Replicas of toolhost.
+    pub replicas: usize,
+    /// Requests in flight.
+    pub in_flight: usize,
+    /// Answered requests per second.
+    pub rps: f64,
+    /// Latency percentiles, µs.
+    pub p50_us: u64,
+    /// 99th percentile latency, µs.
+    pub p99_us: u64,
+    /// Answered requests.
+    pub n_answered: u64,
+    /// Answers with `success: false`.
+    pub n_failed: u64,
+    /// Requests unanswered within the load generator's limit, or not sent.
+    pub n_timeouts: u64,
+    /// CPU per process.
+    pub cpu: Vec<ProcessCpu>,
+    /// Why the row is incomplete.
+    pub error: Option<String>,
+}
+
+impl FleetRow {
+    fn sum(&self, prefix: &str) -> f64 {
+        self.cpu.iter().filter(|cpu| cpu.process.starts_with(prefix)).map(|cpu| cpu.us_per_request).sum()
+    }
+}
+
+/// The fleet benchmark's report.
+#[derive(Clone, Debug, Serialize)]
+pub struct FleetReport {
+    /// Where it ran.
+    pub machine: MachineInfo,
+    /// Its rows.
+    pub rows: Vec<FleetRow>,
+}
+
+impl FleetReport {
+    /// The Markdown table, one row per topology and replica count, CPU per request by component.
+    pub fn to_markdown(&self) -> String {
+        let mut out = String::from(
+            "| Redis | replicas | req/s | p50 µs | p99 µs | toolhost CPU µs/req (per replica) | Redis CPU µs/req (per node) | load µs/req | errors |\n\
+             |---|---:|---:|---:|---:|---|---|---:|---|\n",
+        );
+        for row in &self.rows {
+            let parts = |prefix: &str| {
+                row.cpu
+                    .iter()
+                    .filter(|cpu| cpu.process.starts_with(prefix))
+                    .map(|cpu| format!("{:.1}", cpu.us_per_request))
+                    .collect::<Vec<_>>()
+                    .join(" + ")
+            };
+            let errors = match &row.error {
+                Some(error) => error.clone(),
+                None if row.n_failed + row.n_timeouts > 0 => {
+                    format!("{} failed, {} unanswered", row.n_failed, row.n_timeouts)
+                }
+                None => "none".to_owned(),
+            };
+            out.push_str(&format!(
+                "| {} | {} | {:.0} | {} | {} | {:.1} ({}) | {:.1} ({}) | {:.1} | {} |\n",
+                row.topology.name(),
+                row.replicas,
+                row.rps,
+                row.p50_us,
+                row.p99_us,
+                row.sum("toolhost"),
+                parts("toolhost"),
+                row.sum("redis"),
+                parts("redis"),
+                row.sum("load"),
+                errors,
+            ));
+        }
+        out
+    }
+
+    /// Writes `fleet.json` and `fleet.md` into `dir`.
+    ///
+    /// # Errors
+    ///
+    /// When the files cannot be written.
+    pub fn write(&self, dir: &std::path::Path) -> anyhow::Result<()> {
+        std::fs::create_dir_all(dir)?;
+        std::fs::write(dir.join("fleet.json"), serde_json::to_string_pretty(self)?)?;
+        std::fs::write(dir.join("fleet.md"), self.to_markdown())?;
+        Ok(())
+    }
+}
+
+/// A running Redis of either topology.
+enum Redis {
+    Single(RedisServer),
+    Cluster(RedisCluster),
+}
+
+impl Redis {
+    fn start(topology: Topology) -> anyhow::Result<Redis> {
+        Ok(match topology {
+            Topology::Single => Redis::Single(RedisServer::start()?),
+            Topology::Cluster => Redis::Cluster(RedisCluster::start(3)?),
+        })
+    }
+
+    fn servers(&self) -> Vec<&RedisServer> {
+        match self {
+            Redis::Single(server) => vec![server],
+            Redis::Cluster(cluster) => cluster.nodes().iter().collect(),
+        }
+    }
+
+    /// The environment that points toolhost at this Redis.
+    fn env(&self) -> Vec<(String, String)> {
+        match self {
+            Redis::Single(server) => vec![("REDIS_URL".to_owned(), server.url())],
+            Redis::Cluster(cluster) => {
+                let nodes: Vec<String> = cluster.nodes().iter().map(RedisServer::url).collect();
+                vec![
+                    ("REDIS_URL".to_owned(), nodes[0].clone()),
+                    ("TOOLHOST__REDIS__CLUSTER_NODES".to_owned(), nodes.join(",")),
+                ]
+            }
+        }
+    }
+
+    /// Where the load generator publishes requests and reads answers.
+    fn endpoints(&self) -> anyhow::Result<(String, String)> {
+        match self {
+            Redis::Single(server) => Ok((server.url(), server.url())),
+            Redis::Cluster(cluster) => {
+                Ok((cluster.url_for(REQUESTS_STREAM)?, cluster.url_for(RESULTS_STREAM)?))
+            }
+        }
+    }
+
+    async fn flush(&self) -> anyhow::Result<()> {
+        for server in self.servers() {
+            let mut connection =
+                redis::Client::open(server.url())?.get_multiplexed_async_connection().await?;
+            let () = redis::cmd("FLUSHALL").query_async(&mut connection).await.context("FLUSHALL")?;
+        }
+        Ok(())
+    }
+
+    /// Heartbeats of live replicas, counted on every node.
+    async fn heartbeats(&self) -> anyhow::Result<usize> {
+        let mut count = 0;
+        for server in self.servers() {
+            let mut connection =
+                redis::Client::open(server.url())?.get_multiplexed_async_connection().await?;
+            let keys: Vec<String> =
+                redis::cmd("KEYS").arg("toolhost:heartbeat:*").query_async(&mut connection).await?;
+            count += keys.len();
+        }
+        Ok(count)
+    }
+
+    /// Each server's CPU time so far, µs, from `/proc`.
+    fn cpu_us(&self, ticks_per_second: u64) -> Vec<Option<f64>> {
+        self.servers().iter().map(|server| cpu_us(server.pid(), ticks_per_second)).collect()
+    }
+}
+
+fn cpu_us(pid: u32, ticks_per_second: u64) -> Option<f64> {
+    procfs::cpu_ticks(pid).ok().map(|ticks| ticks as f64 * 1e6 / ticks_per_second as f64)
+}
+
+/// Runs every topology and replica count.
+///
+/// # Errors
+///
+/// Only when a topology cannot be started at all; a failing row records its error.
+pub async fn run(options: &FleetOptions) -> anyhow::Result<FleetReport> {
+    let mut report = FleetReport { machine: MachineInfo::collect(), rows: Vec::new() };
+    for &topology in &options.topologies {
+        let redis =
+            Redis::start(topology).with_context(|| format!("starting the {} Redis", topology.name()))?;
+        for &replicas in &options.replicas {
+            eprintln!("bench: fleet {} with {replicas} replica(s)", topology.name());
+            let row = measure(options, &redis, topology, replicas).await;
+            if let Some(error) = &row.error {
+                eprintln!("bench:   error: {error}");
+            }
+            report.rows.push(row);
+        }
+    }
+    Ok(report)
+}
+
+async fn measure(options: &FleetOptions, redis: &Redis, topology: Topology, replicas: usize) -> FleetRow {
+    let mut row = FleetRow {
+        topology,
+        replicas,
+        in_flight: options.in_flight,
+        rps: 0.0,
+        p50_us: 0,
+        p99_us: 0,
+        n_answered: 0,
+        n_failed: 0,
+        n_timeouts: 0,
+        cpu: Vec::new(),
+        error: None,
+    };
+    let mut children = Vec::new();
+    if let Err(err) = run_row(options, redis, &mut row, &mut children).await {
+        row.error = Some(format!("{err:#}"));
+    }
+    for mut child in children {
+        let _ = child.kill().await;
+    }
+    row
+}
+
+async fn run_row(
+    options: &FleetOptions,
+    redis: &Redis,
+    row: &mut FleetRow,
+    children: &mut Vec<Child>,
+) -> anyhow::Result<()> {
+    redis.flush().await?;
+    let env = redis.env();
+    for index in 0..row.replicas {
+        let log_path = options.out_dir.join(format!(
+            "fleet-{}-{}-replica-{index}.log",
+            row.topology.name(),
+            row.replicas
+        ));
+        std::fs::create_dir_all(&options.out_dir)?;
+        let log = std::fs::File::create(&log_path)?;
+        let child = Command::new(&options.toolhost_bin)
+            .arg("serve")
+            .envs(env.iter().map(|(name, value)| (name, value)))
+            .env("TOOLHOST__HTTP__LISTEN", "127.0.0.1:0")
+            .env("TOOLHOST__LOG__LEVEL", "warn")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("starting {}", options.toolhost_bin.display()))?;
+        children.push(child);
+    }
+    let started = Instant::now();
+    while redis.heartbeats().await? < row.replicas {
+        anyhow::ensure!(
+            started.elapsed() < Duration::from_secs(30),
+            "the replicas did not all heartbeat within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (publish, read) = redis.endpoints()?;
+    let kind = RequestKind::echo(100);
+    let warmup = LoadSpec {
+        in_flight: row.in_flight,
+        kind: kind.clone(),
+        duration: options.warmup,
+        max_requests: None,
+    };
+    let warm = load::run_split(&publish, &read, &warmup).await?;
+    anyhow::ensure!(
+        warm.n_answered() > 0,
+        "no answer during warm-up: {}",
+        warm.first_error.unwrap_or_default()
+    );
+
+    let ticks = procfs::ticks_per_second();
+    let pids: Vec<u32> = children.iter().filter_map(Child::id).collect();
+    anyhow::ensure!(pids.len() == row.replicas, "a replica exited before the run");
+    let replicas_before: Vec<Option<f64>> = pids.iter().map(|&pid| cpu_us(pid, ticks)).collect();
+    let redis_before = redis.cpu_us(ticks);
+    let load_before = cpu_us(std::process::id(), ticks);
+    let spec = LoadSpec { in_flight: row.in_flight, kind, duration: options.duration, max_requests: None };
+    let load = load::run_split(&publish, &read, &spec).await?;
+    let replicas_after: Vec<Option<f64>> = pids.iter().map(|&pid| cpu_us(pid, ticks)).collect();
+    let redis_after = redis.cpu_us(ticks);
+    let load_after = cpu_us(std::process::id(), ticks);
+
+    row.rps = load.rps();
+    row.p50_us = load.histogram.value_at_quantile(0.5);
+    row.p99_us = load.histogram.value_at_quantile(0.99);
+    row.n_answered = load.n_answered();
+    row.n_failed = load.n_failed;
+    row.n_timeouts = load.n_timeouts + load.n_send_errors;
+    let wall_us = load.elapsed.as_secs_f64() * 1e6;
+    let answered = row.n_answered.max(1) as f64;
+    let mut share = |process: String, before: Option<f64>, after: Option<f64>| {
+        if let (Some(before), Some(after)) = (before, after) {
+            let used = (after - before).max(0.0);
+            row.cpu.push(ProcessCpu { process, us_per_request: used / answered, cores: used / wall_us });
+        }
+    };
+    for (index, (before, after)) in replicas_before.into_iter().zip(replicas_after).enumerate() {
+        share(format!("toolhost-{index}"), before, after);
+    }
+    for (index, (before, after)) in redis_before.into_iter().zip(redis_after).enumerate() {
+        share(format!("redis-{index}"), before, after);
+    }
+    share("load".to_owned(), load_before, load_after);
+    if let Some(error) = load.first_error {
+        row.error = Some(error);
+    }
+    Ok(())
+}
