@@ -215,10 +215,12 @@ impl<H: EntryHandler> GroupReader<H> {
             return;
         };
         let handler = Arc::clone(&self.handler);
-        self.shutdown.tasks().spawn(async move {
+        // The handling's future is a few KiB; boxed at once, the spawn and the task tracker move
+        // a pointer instead of copying it again at every layer.
+        self.shutdown.tasks().spawn(Box::pin(async move {
             handler.handle(entry, Slot { permit: Some(permit) }).await;
             drop(active);
-        });
+        }));
     }
 
     /// Periodically claims entries idle past the lease (left by crashed or stalled consumers)
