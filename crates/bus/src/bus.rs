@@ -184,8 +184,18 @@ pub trait Store: Send + Sync + 'static {
     /// Deletes keys.
     async fn delete(&self, keys: &[String]) -> Result<(), Error>;
 
-    /// Names of the keys matching a glob `pattern`.
+    /// Names of the keys matching a glob `pattern`. This walks the whole keyspace (every
+    /// primary of a cluster): for tools and rare checks, never for a path taken while serving.
     async fn keys_matching(&self, pattern: &str) -> Result<Vec<String>, Error>;
+
+    /// Adds `member` to the set at `key`.
+    async fn add_member(&self, key: &str, member: &str) -> Result<(), Error>;
+
+    /// The members of the set at `key`, sorted; none when it does not exist.
+    async fn members(&self, key: &str) -> Result<Vec<String>, Error>;
+
+    /// Removes `members` from the set at `key`.
+    async fn remove_members(&self, key: &str, members: &[String]) -> Result<(), Error>;
 
     /// The consumer groups of `topic` with their pending counts and lag (`XINFO GROUPS`). A
     /// topic that does not exist has no groups.

@@ -67,20 +67,17 @@ impl Keys {
         format!("{}toolhost:heartbeat:{toolbox_id}:{consumer}", self.prefix)
     }
 
+    /// The set of every heartbeat key written, so the fleet is found without walking the
+    /// keyspace: a member whose key has expired is a replica that died, and is removed by the
+    /// next reader.
+    pub fn fleet(&self) -> String {
+        format!("{}toolhost:fleet", self.prefix)
+    }
+
     /// The heartbeat key of a toolbox's replica without its consumer name, for scripts that
     /// complete it with names they find.
     pub fn heartbeat_prefix(&self, toolbox_id: &str) -> String {
         format!("{}toolhost:heartbeat:{toolbox_id}:", self.prefix)
-    }
-
-    /// The pattern matching every heartbeat of every toolbox: the fleet.
-    pub fn all_heartbeats_pattern(&self) -> String {
-        format!("{}toolhost:heartbeat:*", self.prefix)
-    }
-
-    /// The pattern matching every heartbeat of a toolbox.
-    pub fn heartbeat_pattern(&self, toolbox_id: &str) -> String {
-        format!("{}toolhost:heartbeat:{toolbox_id}:*", self.prefix)
     }
 }
 

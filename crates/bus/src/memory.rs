@@ -48,6 +48,7 @@ enum Value {
     /// A plain value.
     Text(String),
     Hash(BTreeMap<String, String>),
+    Set(std::collections::BTreeSet<String>),
 }
 
 impl MemoryBus {
@@ -263,6 +264,37 @@ impl Store for MemoryBus {
         let mut keys: Vec<String> = names.into_iter().filter(|key| state.value(key).is_some()).collect();
         keys.sort();
         Ok(keys)
+    }
+
+    async fn add_member(&self, key: &str, member: &str) -> Result<(), Error> {
+        let mut state = self.lock();
+        if !matches!(state.value(key), Some(Value::Set(_))) {
+            state.values.insert(key.to_owned(), (Value::Set(std::collections::BTreeSet::new()), None));
+        }
+        if let Some(Value::Set(set)) = state.value(key) {
+            set.insert(member.to_owned());
+        }
+        Ok(())
+    }
+
+    async fn members(&self, key: &str) -> Result<Vec<String>, Error> {
+        match self.lock().value(key) {
+            Some(Value::Set(set)) => Ok(set.iter().cloned().collect()),
+            _ => Ok(Vec::new()),
+        }
+    }
+
+    async fn remove_members(&self, key: &str, members: &[String]) -> Result<(), Error> {
+        let mut state = self.lock();
+        if let Some(Value::Set(set)) = state.value(key) {
+            for member in members {
+                set.remove(member);
+            }
+            if set.is_empty() {
+                state.values.remove(key);
+            }
+        }
+        Ok(())
     }
 
     async fn group_info(&self, topic: &str) -> Result<Vec<GroupInfo>, Error> {

@@ -516,6 +516,25 @@ impl Store for RedisBus {
         }
     }
 
+    async fn add_member(&self, key: &str, member: &str) -> Result<(), Error> {
+        let _: u64 = self.commands.clone().sadd(key, member).await?;
+        Ok(())
+    }
+
+    async fn members(&self, key: &str) -> Result<Vec<String>, Error> {
+        let mut members: Vec<String> = self.commands.clone().smembers(key).await?;
+        members.sort();
+        Ok(members)
+    }
+
+    async fn remove_members(&self, key: &str, members: &[String]) -> Result<(), Error> {
+        if members.is_empty() {
+            return Ok(());
+        }
+        let _: u64 = self.commands.clone().srem(key, members).await?;
+        Ok(())
+    }
+
     async fn group_info(&self, topic: &str) -> Result<Vec<GroupInfo>, Error> {
         let mut connection = self.commands.clone();
         let reply: Result<redis::streams::StreamInfoGroupsReply, _> = connection.xinfo_groups(topic).await;

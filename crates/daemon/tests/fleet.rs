@@ -122,3 +122,62 @@ async fn toolboxes_sharing_a_stream_answer_every_request_once_also_across_a_rest
     assert_eq!(found["term-up"][0]["success"], true, "{:?}\n{}", found["term-up"], b.log());
     assert_eq!(found.values().map(Vec::len).sum::<usize>(), expected.len() + 2, "no other answer");
 }
+
+/// The fleet is found through the set of heartbeat keys, never by walking the keyspace: with a
+/// day of answered marks retained, a `SCAN` per heartbeat would visit every one of them. A
+/// replica that dies without withdrawing is dropped from the set by the next reader; one that
+/// stops cleanly takes itself off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fleet_is_read_from_its_set_without_scanning_and_dead_replicas_leave_it() {
+    let redis = RedisServer::start();
+    let mut connection = redis.connection().await;
+    // Keys a SCAN would have to walk past.
+    for batch in 0..20 {
+        let mut pipe = redis::pipe();
+        for index in 0..500 {
+            pipe.set(format!("toolhost:ledger:action-requests:answered:{batch}-{index}"), "x").ignore();
+        }
+        let () = pipe.query_async(&mut connection).await.unwrap();
+    }
+    let mut db = toolbox(&redis, "db", "");
+    let mut web = toolbox(&redis, "web", "");
+    wait_for_fleet(&db, &["db", "web"]);
+    wait_for_fleet(&web, &["db", "web"]);
+    let () = redis::cmd("CONFIG").arg("RESETSTAT").query_async(&mut connection).await.unwrap();
+    // Ten heartbeats of each replica.
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    let stats: String = redis::cmd("INFO").arg("commandstats").query_async(&mut connection).await.unwrap();
+    assert!(stats.contains("cmdstat_smembers"), "{stats}");
+    assert!(!stats.contains("cmdstat_scan"), "the fleet view walks the keyspace: {stats}");
+    assert!(!stats.contains("cmdstat_keys"), "{stats}");
+
+    let members = |connection: &mut redis::aio::MultiplexedConnection| {
+        let mut connection = connection.clone();
+        async move {
+            let members: Vec<String> =
+                redis::cmd("SMEMBERS").arg("toolhost:fleet").query_async(&mut connection).await.unwrap();
+            members
+                .into_iter()
+                .map(|key| key.split(':').nth(2).unwrap_or_default().to_owned())
+                .collect::<Vec<_>>()
+        }
+    };
+    let mut found = members(&mut connection).await;
+    found.sort();
+    assert_eq!(found, ["db", "web"]);
+
+    // Killed: its heartbeat expires and the survivor drops it from the set and the fleet.
+    web.kill9();
+    wait_for_fleet(&db, &["db"]);
+    let deadline = Instant::now() + WAIT;
+    while members(&mut connection).await != ["db"] {
+        assert!(Instant::now() < deadline, "the dead replica stayed in the fleet set");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Stopped cleanly: it takes itself off, with its registry.
+    assert_eq!(db.terminate(WAIT), Some(0));
+    assert!(members(&mut connection).await.is_empty());
+    let registry: bool =
+        redis::cmd("EXISTS").arg("toolhost:registry:db").query_async(&mut connection).await.unwrap();
+    assert!(!registry, "the last replica of db left its registry behind");
+}
