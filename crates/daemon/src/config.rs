@@ -143,6 +143,8 @@ pub struct DaemonSection {
     pub agent_name: String,
     pub chat_conversation_id: String,
     pub heartbeat_ms: u64,
+    /// Worker threads of the async runtime; 0: one per core.
+    pub worker_threads: usize,
 }
 
 /// `[streams]`

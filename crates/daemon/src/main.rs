@@ -48,7 +48,11 @@ fn main() {
     if let Command::Healthcheck { path, timeout } = &cli.command {
         std::process::exit(healthcheck(&config, path, *timeout));
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if config.raw.daemon.worker_threads > 0 {
+        builder.worker_threads(config.raw.daemon.worker_threads);
+    }
+    let runtime = match builder.enable_all().build() {
         Ok(runtime) => runtime,
         Err(err) => {
             eprintln!("toolhost: cannot start the async runtime: {err}");
