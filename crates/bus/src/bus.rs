@@ -313,6 +313,9 @@ pub struct Finish<'a> {
     /// `forbidden`, ...) are not final: a caller retrying with the same request id is answered
     /// again.
     pub final_answer: bool,
+    /// Whether this call wrote a call record ([`Ledger::begin_call`]). One that did not (a
+    /// read-only, idempotent tool) is finished without touching the record.
+    pub tracked: bool,
 }
 
 /// What [`Bus::finish`] did with the answer.

@@ -632,6 +632,7 @@ async fn ledger_steps_are_safe_to_repeat_against_redis() {
         answer_copy: None,
         dead_letter: Some(Published { topic: DEAD_LETTERS, id: "letter-1", payload: "{}" }),
         final_answer: true,
+        tracked: true,
     };
     // The first run's reply is lost; the retry changes nothing and reports the same outcome.
     assert_eq!(bus.finish(&finish).await.unwrap(), Committed::Published);
@@ -684,6 +685,7 @@ async fn ledger_steps_are_safe_to_repeat_against_redis() {
         answer_copy: None,
         dead_letter: None,
         final_answer: true,
+        tracked: true,
     };
     assert_eq!(bus.finish(&finish).await.unwrap(), Committed::Published);
     // Re-created from the start, the group delivers what callers added meanwhile.
@@ -901,6 +903,7 @@ async fn concurrent_ledger_steps_share_batches_and_keep_their_own_replies() {
             answer_copy: None,
             dead_letter: None,
             final_answer: true,
+            tracked: true,
         };
         let bus = &bus;
         async move { bus.finish(&finish).await }

@@ -273,6 +273,8 @@ impl<D: Door> Lifecycle<D> {
             retention: self.settings.answered_retention,
         };
         let poisoned = entry.deliveries > self.settings.max_deliveries;
+        // Whether a call record was written for this request, which finishing then deletes.
+        let mut tracked = false;
         let (result, reply) = match self.door.work(request, registry) {
             Work::HandOver(consumer) => return self.hand_over(entry, &consumer).await,
             Work::AckOnly => {
@@ -285,7 +287,9 @@ impl<D: Door> Lifecycle<D> {
             },
             Work::Tool { name, arguments } => {
                 let owner = call_owner(&self.settings.consumer, &entry.entry_id);
-                let result = match self.begin(entry, &call, &ledger_id, &name, &owner, registry).await {
+                let begun = self.begin(entry, &call, &ledger_id, &name, &owner, registry).await;
+                tracked = !matches!(begun, Begin::Run { tracked: false });
+                let result = match begun {
                     Begin::End(outcome) => return outcome,
                     _ if poisoned => return self.poison(entry, request, &call).await,
                     Begin::Interrupted => {
@@ -293,7 +297,7 @@ impl<D: Door> Lifecycle<D> {
                         self.door.finished(request, &name, &result, Duration::ZERO).await;
                         result
                     }
-                    Begin::Run => match self.expired(entry, request) {
+                    Begin::Run { .. } => match self.expired(entry, request) {
                         Some(failure) => Err(failure),
                         None => {
                             let running = self.run_tool(
@@ -323,7 +327,7 @@ impl<D: Door> Lifecycle<D> {
         }
         let final_answer = result.as_ref().err().is_none_or(|failure| failure.code.is_final());
         let answer = self.door.answer(request, &result);
-        match self.commit(entry, Some(call), Some(&answer), None, final_answer).await {
+        match self.commit(entry, Some(call), Some(&answer), None, final_answer, tracked).await {
             Some(Committed::Published) => outcome,
             Some(Committed::NotPublished) => Outcome::Duplicate,
             Some(Committed::WrongType) => self.wrong_type(entry, request, &call, &answer).await,
@@ -346,7 +350,7 @@ impl<D: Door> Lifecycle<D> {
         // checked when the answer is committed. This saves a script and five commands per call.
         let annotations = registry.annotations(tool);
         if !self.door.tracks_every_call() && annotations.is_some_and(|a| a.read_only && a.idempotent) {
-            return Begin::Run;
+            return Begin::Run { tracked: false };
         }
         let forced = self.services.shutdown.forced();
         let bus = &*self.services.bus;
@@ -354,14 +358,16 @@ impl<D: Door> Lifecycle<D> {
             return Begin::End(Outcome::LeftPending);
         };
         match start {
-            CallStart::Fresh => Begin::Run,
+            CallStart::Fresh => Begin::Run { tracked: true },
             // The owner is alive and will ack this very entry.
             CallStart::Busy { entry_id } if entry_id == entry.entry_id => Begin::End(Outcome::LeftPending),
             // Answered, or a re-sent copy while the original runs: the original's answer is the one.
             CallStart::Answered | CallStart::Busy { .. } => {
                 Begin::End(self.ack(entry, None).await.map_or(Outcome::LeftPending, |_| Outcome::Duplicate))
             }
-            CallStart::StartedBefore if annotations.is_some_and(|a| a.idempotent) => Begin::Run,
+            CallStart::StartedBefore if annotations.is_some_and(|a| a.idempotent) => {
+                Begin::Run { tracked: true }
+            }
             CallStart::StartedBefore => Begin::Interrupted,
             _ => Begin::End(Outcome::LeftPending),
         }
@@ -521,9 +527,9 @@ impl<D: Door> Lifecycle<D> {
         warn!(entry_id = %entry.entry_id, reason, "dead-lettering entry");
         self.services.telemetry.dead_lettered();
         let call = call.copied();
-        let committed = match self.commit(entry, call, answer, Some(&letter), false).await {
+        let committed = match self.commit(entry, call, answer, Some(&letter), false, true).await {
             // Even the fallback topic cannot take an answer: write the dead letter alone.
-            Some(Committed::WrongType) => self.commit(entry, call, None, Some(&letter), false).await,
+            Some(Committed::WrongType) => self.commit(entry, call, None, Some(&letter), false, true).await,
             committed => committed,
         };
         committed.map_or(Outcome::LeftPending, |_| Outcome::DeadLetter)
@@ -546,7 +552,7 @@ impl<D: Door> Lifecycle<D> {
 
     /// Acks an entry without answering it.
     async fn ack(&self, entry: &Entry, call: Option<CallKeys<'_>>) -> Option<Committed> {
-        self.commit(entry, call, None, None, false).await
+        self.commit(entry, call, None, None, false, true).await
     }
 
     /// Commits the end of an entry through [`ledger::finish`]: the answer, the dead letter, the
@@ -558,6 +564,7 @@ impl<D: Door> Lifecycle<D> {
         answer: Option<&Answer>,
         letter: Option<&Letter>,
         final_answer: bool,
+        tracked: bool,
     ) -> Option<Committed> {
         let finish = Finish {
             entry: EntryRef {
@@ -578,6 +585,7 @@ impl<D: Door> Lifecycle<D> {
                 payload: &letter.payload,
             }),
             final_answer,
+            tracked,
         };
         let services = &self.services;
         ledger::finish(&*services.bus, &finish, services.shutdown.forced(), &services.telemetry).await
@@ -592,8 +600,8 @@ impl<D: Door> EntryHandler for Lifecycle<D> {
 
 /// What the ledger decided before a tool call.
 enum Begin {
-    /// Run the tool.
-    Run,
+    /// Run the tool; `tracked` when a call record was written for it.
+    Run { tracked: bool },
     /// A holder started it and died, and the tool is not idempotent: answer `interrupted`.
     Interrupted,
     /// Nothing to answer; the entry ended this way.
