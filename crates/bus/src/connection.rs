@@ -138,11 +138,13 @@ impl Connector {
             Kind::Single(client) => self.single(client, Some(response_timeout)),
             Kind::Cluster { nodes, url, .. } => {
                 let client = cluster_client(url, nodes, self.connect_timeout, Some(response_timeout))?;
-                Ok(Connection::Cluster(client.get_pending_async_connection_with_config(
-                    ClusterConfig::new()
-                        .set_connection_timeout(self.connect_timeout)
-                        .set_response_timeout(response_timeout),
-                )))
+                Ok(Connection::Cluster(
+                    client.get_pending_async_connection_with_config(
+                        ClusterConfig::new()
+                            .set_connection_timeout(self.connect_timeout)
+                            .set_response_timeout(response_timeout),
+                    ),
+                ))
             }
         }
     }
@@ -155,11 +157,11 @@ impl Connector {
     pub(crate) fn blocking(&self) -> Result<Connection, Error> {
         match &self.kind {
             Kind::Single(client) => self.single(client, None),
-            Kind::Cluster { blocking, .. } => Ok(Connection::Cluster(
-                blocking.get_pending_async_connection_with_config(
+            Kind::Cluster { blocking, .. } => {
+                Ok(Connection::Cluster(blocking.get_pending_async_connection_with_config(
                     ClusterConfig::new().set_connection_timeout(self.connect_timeout),
-                ),
-            )),
+                )))
+            }
         }
     }
 
@@ -233,7 +235,8 @@ fn with_credentials(
     nodes: &[String],
 ) -> Result<ClusterClientBuilder, Error> {
     let own = nodes.iter().any(|node| {
-        redis::parse_redis_url(node).is_some_and(|node| !node.username().is_empty() || node.password().is_some())
+        redis::parse_redis_url(node)
+            .is_some_and(|node| !node.username().is_empty() || node.password().is_some())
     });
     if own || !url.contains('@') {
         return Ok(builder);
