@@ -1,0 +1,453 @@
+//! toolhost on a Redis Cluster (issue 16, part 2): the same contract as on one server. Requests
+//! are answered exactly once with response topics spread over the slots, across a replica
+//! killed mid-run, for duplicates naming another response topic, and across a coordinated
+//! failover of the shard holding the requests stream; the chat inbox, discovery and the client
+//! subcommands work there too.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use redis::cluster::ClusterConnection;
+use serde_json::{Value, json};
+use toolhost_e2e::cluster::RedisCluster;
+use toolhost_e2e::{Toolhost, toolhost_bin};
+
+const REQUESTS: &str = "action-requests";
+const GROUP: &str = "toolhost";
+/// Response topics callers name (allowed by the default `results:*` pattern).
+const TOPICS: usize = 8;
+const WAIT: Duration = Duration::from_secs(90);
+
+fn topic(index: usize) -> String {
+    format!("results:{index}")
+}
+
+/// The daemon's environment on `cluster`: REDIS_URL as compose and Kubernetes set it (it only
+/// lends its scheme and credentials here), the nodes, short leases, `sleep` allowed.
+fn env(cluster: &RedisCluster) -> Vec<(String, String)> {
+    vec![
+        ("REDIS_URL".to_owned(), cluster.nodes()[0].url()),
+        ("TOOLHOST__REDIS__CLUSTER_NODES".to_owned(), cluster.nodes_env()),
+        ("TOOLHOST__DISPATCH__CLAIM_IDLE_MS".to_owned(), "1500".to_owned()),
+        ("TOOLHOST__DISPATCH__BLOCK_MS".to_owned(), "500".to_owned()),
+        ("TERMINAL_ALLOWED_COMMANDS".to_owned(), "sleep".to_owned()),
+        ("TERMINAL_MAX_CONCURRENT".to_owned(), "64".to_owned()),
+    ]
+}
+
+fn start(cluster: &RedisCluster) -> Toolhost {
+    let env = env(cluster);
+    let pairs: Vec<(&str, &str)> = env.iter().map(|(name, value)| (name.as_str(), value.as_str())).collect();
+    Toolhost::start(&pairs)
+}
+
+/// A request envelope (contract section 2) answered on `response_topic`.
+fn request(event_type: &str, request_id: &str, data: Value, response_topic: &str) -> Value {
+    let mut data = data;
+    data["request_id"] = Value::String(request_id.to_owned());
+    json!({
+        "id": uuid::Uuid::new_v4().to_string(),
+        "source": "agent:planner",
+        "specversion": "1.0",
+        "type": event_type,
+        "topic": REQUESTS,
+        "data": data,
+        "correlation_id": format!("c-{request_id}"),
+        "response_topic": response_topic,
+    })
+}
+
+fn xadd(connection: &mut ClusterConnection, stream: &str, payload: &Value) -> String {
+    redis::cmd("XADD")
+        .arg(stream)
+        .arg("*")
+        .arg("id")
+        .arg(uuid::Uuid::new_v4().to_string())
+        .arg("payload")
+        .arg(payload.to_string())
+        .query(connection)
+        .expect("XADD")
+}
+
+/// Every payload of `stream`, parsed, oldest first.
+fn payloads(connection: &mut ClusterConnection, stream: &str) -> Vec<Value> {
+    let mut found = Vec::new();
+    let mut start = "-".to_owned();
+    loop {
+        let page: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+            .arg(stream)
+            .arg(&start)
+            .arg("+")
+            .arg("COUNT")
+            .arg(500)
+            .query(connection)
+            .expect("XRANGE");
+        let Some((last, _)) = page.last() else { return found };
+        start = format!("({last}");
+        for (_, fields) in page {
+            let payload = fields.into_iter().find(|(name, _)| name == "payload").map(|(_, payload)| payload);
+            found
+                .push(payload.and_then(|payload| serde_json::from_str(&payload).ok()).unwrap_or(Value::Null));
+        }
+    }
+}
+
+/// Answers per request id over every response topic, each with the topic it was found on.
+fn answers(connection: &mut ClusterConnection) -> BTreeMap<String, Vec<(String, Value)>> {
+    let mut all: BTreeMap<String, Vec<(String, Value)>> = BTreeMap::new();
+    for index in 0..TOPICS {
+        for answer in payloads(connection, &topic(index)) {
+            let id = answer["data"]["request_id"].as_str().unwrap_or_default().to_owned();
+            all.entry(id).or_default().push((topic(index), answer));
+        }
+    }
+    all
+}
+
+/// Pending entries and lag of the group on the requests stream.
+fn backlog(connection: &mut ClusterConnection) -> (u64, Option<u64>) {
+    let summary: redis::Value =
+        redis::cmd("XPENDING").arg(REQUESTS).arg(GROUP).query(connection).expect("XPENDING");
+    let pending = match summary {
+        redis::Value::Array(items) => match items.first() {
+            Some(redis::Value::Int(count)) => *count as u64,
+            _ => 0,
+        },
+        _ => 0,
+    };
+    let groups: Vec<redis::Value> =
+        redis::cmd("XINFO").arg("GROUPS").arg(REQUESTS).query(connection).expect("XINFO");
+    let lag = groups.into_iter().find_map(|group| {
+        let redis::Value::Array(fields) = group else { return None };
+        let text = |value: &redis::Value| match value {
+            redis::Value::BulkString(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+            redis::Value::SimpleString(text) => text.clone(),
+            _ => String::new(),
+        };
+        let ours = fields.chunks(2).any(|pair| text(&pair[0]) == "name" && text(&pair[1]) == GROUP);
+        let lag = fields.chunks(2).find(|pair| text(&pair[0]) == "lag").and_then(|pair| match pair[1] {
+            redis::Value::Int(lag) => u64::try_from(lag).ok(),
+            _ => None,
+        });
+        if ours { lag } else { None }
+    });
+    (pending, lag)
+}
+
+/// Waits until every id in `ids` has an answer and every request entry is delivered and acked
+/// (so no late duplicate can still come), then asserts each id was answered exactly once, on a
+/// topic one of its requests named. Returns each id's answer.
+fn assert_answered_once(
+    connection: &mut ClusterConnection,
+    ids: &BTreeMap<String, BTreeSet<String>>,
+    daemons: &[&Toolhost],
+) -> BTreeMap<String, (String, Value)> {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let found = answers(connection);
+        let (pending, lag) = backlog(connection);
+        if ids.keys().all(|id| found.contains_key(id)) && pending == 0 && lag == Some(0) {
+            break;
+        }
+        if Instant::now() > deadline {
+            for daemon in daemons {
+                eprintln!("---- toolhost log ----\n{}", daemon.log());
+            }
+            let missing: Vec<&String> = ids.keys().filter(|id| !found.contains_key(*id)).collect();
+            panic!("not settled: pending {pending}, lag {lag:?}, missing answers {missing:?}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let found = answers(connection);
+    let doubled: Vec<(&String, Vec<&String>)> = found
+        .iter()
+        .filter(|(_, all)| all.len() > 1)
+        .map(|(id, all)| (id, all.iter().map(|(topic, _)| topic).collect()))
+        .collect();
+    let strangers: Vec<&String> = found.keys().filter(|id| !ids.contains_key(*id)).collect();
+    let misplaced: Vec<(&String, &String)> = found
+        .iter()
+        .filter_map(|(id, all)| all.first().map(|(topic, _)| (id, topic)))
+        .filter(|(id, topic)| ids.get(*id).is_some_and(|named| !named.contains(*topic)))
+        .collect();
+    if !doubled.is_empty() || !strangers.is_empty() || !misplaced.is_empty() {
+        for daemon in daemons {
+            eprintln!("---- toolhost log ----\n{}", daemon.log());
+        }
+        panic!(
+            "answered more than once: {doubled:?}; unexpected: {strangers:?}; on a topic not named: {misplaced:?}"
+        );
+    }
+    found.into_iter().map(|(id, mut all)| (id, all.remove(0))).collect()
+}
+
+/// The requests of a run: `count` ids over the topics, every fifth a one-second `sleep` (not
+/// idempotent), the rest `echo` (read-only, idempotent: no call record).
+fn originals(prefix: &str, count: usize) -> Vec<(String, Value, String)> {
+    (0..count)
+        .map(|index| {
+            let id = format!("{prefix}-{index}");
+            let to = topic(index % TOPICS);
+            let payload = if index % 5 == 0 {
+                request("terminal_run.requested", &id, json!({"command": "sleep 1"}), &to)
+            } else {
+                request("echo.requested", &id, json!({"message": id}), &to)
+            };
+            (id, payload, to)
+        })
+        .collect()
+}
+
+/// Re-sent copies of some requests: same request id, same tool, half naming another response
+/// topic and half the same one.
+fn duplicates(originals: &[(String, Value, String)]) -> Vec<(String, Value, String)> {
+    originals
+        .iter()
+        .enumerate()
+        .filter(|(index, _)| index % 6 == 1 || index % 10 == 0)
+        .map(|(index, (id, payload, to))| {
+            let other = if index % 2 == 0 { topic((index + 3) % TOPICS) } else { to.clone() };
+            let mut copy = payload.clone();
+            copy["id"] = Value::String(uuid::Uuid::new_v4().to_string());
+            copy["response_topic"] = Value::String(other.clone());
+            (id.clone(), copy, other)
+        })
+        .collect()
+}
+
+fn named_topics(requests: &[&[(String, Value, String)]]) -> BTreeMap<String, BTreeSet<String>> {
+    let mut named: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for list in requests {
+        for (id, _, to) in *list {
+            named.entry(id.clone()).or_default().insert(to.clone());
+        }
+    }
+    named
+}
+
+fn assert_topics_spread(cluster: &RedisCluster) {
+    let slots: BTreeSet<u16> = (0..TOPICS).map(|index| cluster.slot(&topic(index))).collect();
+    let masters: BTreeSet<u16> = slots.iter().map(|slot| cluster.master_of(*slot).port()).collect();
+    assert_eq!(slots.len(), TOPICS, "the response topics should hash to distinct slots");
+    assert!(masters.len() >= 2, "the response topics should live on several masters: {masters:?}");
+    assert_ne!(cluster.slot(REQUESTS), cluster.slot(&topic(0)));
+}
+
+#[test]
+fn two_replicas_answer_every_request_once_across_a_kill_and_duplicates_naming_other_topics() {
+    let cluster = RedisCluster::start(3, 0);
+    assert_topics_spread(&cluster);
+    let mut first = start(&cluster);
+    let second = start(&cluster);
+    let mut connection = cluster.connection();
+
+    let originals = originals("k", 300);
+    let duplicates = duplicates(&originals);
+    let (early, late) = originals.split_at(150);
+    for (_, payload, _) in early {
+        xadd(&mut connection, REQUESTS, payload);
+    }
+    // Let the first replica take sleeps and echoes, then kill it mid-run.
+    std::thread::sleep(Duration::from_millis(400));
+    first.kill9();
+    for (_, payload, _) in late.iter().chain(&duplicates) {
+        xadd(&mut connection, REQUESTS, payload);
+    }
+
+    let named = named_topics(&[&originals, &duplicates]);
+    let answered = assert_answered_once(&mut connection, &named, &[&second]);
+    assert_eq!(answered.len(), 300);
+    let mut interrupted = 0;
+    for (id, (_, answer)) in &answered {
+        let data = &answer["data"];
+        let index: usize = id.trim_start_matches("k-").parse().unwrap();
+        if index % 5 == 0 {
+            // A sleep whose holder was killed is answered `interrupted`, never run twice.
+            if data["success"] == false {
+                assert_eq!(data["error_code"], "interrupted", "{answer}");
+                interrupted += 1;
+            }
+        } else {
+            assert_eq!(data["success"], true, "{answer}");
+            assert_eq!(data["result"]["message"], id.as_str(), "{answer}");
+        }
+    }
+    eprintln!("{} duplicates sent, {interrupted} sleeps answered interrupted", duplicates.len());
+    // The killed replica had work in flight: its entries were reclaimed and settled by the other.
+    assert!(second.log().contains("\"message\":\"ready\""));
+}
+
+#[test]
+fn a_duplicate_naming_another_topic_is_acked_unanswered_and_a_late_copy_finds_the_request_answered() {
+    let cluster = RedisCluster::start(3, 0);
+    let toolhost = start(&cluster);
+    let mut connection = cluster.connection();
+    // A slow, non-idempotent call and a copy naming another topic while it runs.
+    xadd(
+        &mut connection,
+        REQUESTS,
+        &request("terminal_run.requested", "d-1", json!({"command": "sleep 1"}), &topic(1)),
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    xadd(
+        &mut connection,
+        REQUESTS,
+        &request("terminal_run.requested", "d-1", json!({"command": "sleep 1"}), &topic(2)),
+    );
+    // An idempotent call answered, then copies naming other topics and the same one.
+    xadd(&mut connection, REQUESTS, &request("echo.requested", "d-2", json!({"message": "x"}), &topic(3)));
+    let named = named_topics(&[&[
+        ("d-1".to_owned(), Value::Null, topic(1)),
+        ("d-2".to_owned(), Value::Null, topic(3)),
+    ]]);
+    let answered = assert_answered_once(&mut connection, &named, &[&toolhost]);
+    assert_eq!(answered["d-1"].0, topic(1));
+    assert_eq!(answered["d-1"].1["data"]["success"], true);
+    for to in [topic(4), topic(3), topic(5)] {
+        xadd(&mut connection, REQUESTS, &request("echo.requested", "d-2", json!({"message": "again"}), &to));
+    }
+    let named = named_topics(&[&[
+        ("d-1".to_owned(), Value::Null, topic(1)),
+        ("d-2".to_owned(), Value::Null, topic(3)),
+    ]]);
+    let answered = assert_answered_once(&mut connection, &named, &[&toolhost]);
+    assert_eq!(answered["d-2"].1["data"]["result"]["message"], "x");
+}
+
+/// Runs the toolhost binary as a client against `cluster`.
+fn client(cluster: &RedisCluster, args: &[&str]) -> (i32, String, String) {
+    let output = Command::new(toolhost_bin())
+        .args(args)
+        .env_clear()
+        .env("REDIS_URL", cluster.nodes()[0].url())
+        .env("TOOLHOST__REDIS__CLUSTER_NODES", cluster.nodes_env())
+        .output()
+        .expect("run toolhost");
+    (
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+fn wait_for(connection: &mut ClusterConnection, stream: &str, count: usize) -> Vec<Value> {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let found = payloads(connection, stream);
+        if found.len() >= count || Instant::now() > deadline {
+            return found;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn chat_inbox_discovery_and_the_client_subcommands_work_on_a_cluster() {
+    let cluster = RedisCluster::start(3, 0);
+    let toolhost = start(&cluster);
+    let mut connection = cluster.connection();
+
+    // Chat: a tool call by metadata from agent:Planner in conv1. The reply goes to the sender's
+    // inbox and (a copy) to the conversation; progress events go to stream:conv1. All three
+    // topics and the inbox live in different slots here.
+    let slots: BTreeSet<u16> = ["chat:ToolHost", "chat:Planner", "chat:conv1", "stream:conv1"]
+        .iter()
+        .map(|key| cluster.slot(key))
+        .collect();
+    assert!(slots.len() >= 3, "{slots:?}");
+    let message = json!({
+        "id": uuid::Uuid::new_v4().to_string(),
+        "conversation_id": "conv1",
+        "sender": "agent:Planner",
+        "recipient": "agent:ToolHost",
+        "type": "message",
+        "content": "please echo",
+        "metadata": {"tool_call": {"name": "echo", "arguments": {"message": "hi"}, "id": "call-1"}},
+        "created_at": "2026-01-01T00:00:00Z",
+    });
+    xadd(&mut connection, "chat:ToolHost", &message);
+    let events = wait_for(&mut connection, "stream:conv1", 3);
+    let kinds: Vec<&str> = events.iter().map(|event| event["event"].as_str().unwrap_or_default()).collect();
+    assert_eq!(kinds, ["tool_step", "tool_step", "output"], "{events:#?}");
+    assert_eq!(events[2]["text"], r#"{"message":"hi"}"#);
+    let replies = wait_for(&mut connection, "chat:Planner", 1);
+    assert_eq!(replies.len(), 1, "{replies:#?}");
+    assert_eq!(replies[0]["conversation_id"], "conv1");
+    // The copy is the same message.
+    assert_eq!(payloads(&mut connection, "chat:conv1"), replies);
+
+    // The same chat message delivered again (same id) is not answered twice.
+    xadd(&mut connection, "chat:ToolHost", &message);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let pending: redis::Value =
+            redis::cmd("XPENDING").arg("chat:ToolHost").arg(GROUP).query(&mut connection).expect("XPENDING");
+        let lag_zero = matches!(&pending, redis::Value::Array(items) if matches!(items.first(), Some(redis::Value::Int(0))));
+        if lag_zero && payloads(&mut connection, "chat:ToolHost").len() == 2 {
+            std::thread::sleep(Duration::from_millis(500));
+            break;
+        }
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(payloads(&mut connection, "chat:Planner").len(), 1);
+    assert_eq!(payloads(&mut connection, "chat:conv1").len(), 1);
+
+    // Discovery over the bus, answered on a topic of another slot.
+    xadd(&mut connection, REQUESTS, &request("tools.discover", "disc-1", json!({}), &topic(6)));
+    let answers = wait_for(&mut connection, &topic(6), 1);
+    let names: Vec<&str> = answers[0]["data"]["result"]["tools"]
+        .as_array()
+        .expect("a tool list")
+        .iter()
+        .map(|tool| tool["name"].as_str().unwrap_or_default())
+        .collect();
+    assert!(names.contains(&"echo") && names.contains(&"chat_send"), "{names:?}");
+
+    // The client subcommands reach the same cluster.
+    let (code, stdout, stderr) =
+        client(&cluster, &["call", "echo", "--args", r#"{"message":"from the cli"}"#]);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(stdout.contains("from the cli"), "{stdout}");
+    let (code, stdout, stderr) = client(&cluster, &["tools"]);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(stdout.contains("echo"), "{stdout}");
+    let (code, stdout, stderr) = client(&cluster, &["tools", "--from-registry"]);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(stdout.contains("echo"), "{stdout}");
+    let (code, stdout, stderr) = client(&cluster, &["dlq", "list"]);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    let (code, stdout, _) = client(&cluster, &["check-config"]);
+    assert_eq!(code, 0);
+    assert!(stdout.contains("cluster_nodes"), "{stdout}");
+    drop(toolhost);
+}
+
+#[test]
+fn a_failover_of_the_requests_shard_loses_and_repeats_no_answer() {
+    let cluster = RedisCluster::start(3, 1);
+    let first = start(&cluster);
+    let second = start(&cluster);
+    let mut connection = cluster.connection();
+    let originals = originals("f", 200);
+    let (early, late) = originals.split_at(100);
+    for (_, payload, _) in early {
+        xadd(&mut connection, REQUESTS, payload);
+    }
+    let promoted = cluster.failover(cluster.slot(REQUESTS));
+    assert_eq!(cluster.master_of(cluster.slot(REQUESTS)).port(), promoted);
+    let mut connection = cluster.connection();
+    for (_, payload, _) in late {
+        xadd(&mut connection, REQUESTS, payload);
+    }
+    let named = named_topics(&[&originals]);
+    let answered = assert_answered_once(&mut connection, &named, &[&first, &second]);
+    assert_eq!(answered.len(), 200);
+    for (id, (_, answer)) in &answered {
+        let index: usize = id.trim_start_matches("f-").parse().unwrap();
+        if index % 5 != 0 {
+            assert_eq!(answer["data"]["success"], true, "{answer}");
+        }
+    }
+}
