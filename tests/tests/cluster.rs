@@ -189,7 +189,7 @@ fn originals(prefix: &str, count: usize) -> Vec<(String, Value, String)> {
         .map(|index| {
             let id = format!("{prefix}-{index}");
             let to = topic(index % TOPICS);
-            let payload = if index % 5 == 0 {
+            let payload = if index.is_multiple_of(5) {
                 request("terminal_run.requested", &id, json!({"command": "sleep 1"}), &to)
             } else {
                 request("echo.requested", &id, json!({"message": id}), &to)
@@ -262,7 +262,7 @@ fn two_replicas_answer_every_request_once_across_a_kill_and_duplicates_naming_ot
     for (id, (_, answer)) in &answered {
         let data = &answer["data"];
         let index: usize = id.trim_start_matches("k-").parse().unwrap();
-        if index % 5 == 0 {
+        if index.is_multiple_of(5) {
             // A sleep whose holder was killed is answered `interrupted`, never run twice.
             if data["success"] == false {
                 assert_eq!(data["error_code"], "interrupted", "{answer}");
@@ -446,7 +446,7 @@ fn a_failover_of_the_requests_shard_loses_and_repeats_no_answer() {
     assert_eq!(answered.len(), 200);
     for (id, (_, answer)) in &answered {
         let index: usize = id.trim_start_matches("f-").parse().unwrap();
-        if index % 5 != 0 {
+        if !index.is_multiple_of(5) {
             assert_eq!(answer["data"]["success"], true, "{answer}");
         }
     }

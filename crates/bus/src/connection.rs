@@ -98,7 +98,7 @@ enum Kind {
         /// The configured URL: credentials for nodes that carry none.
         url: String,
         /// For blocking reads: no response timeout (the bus bounds each read itself).
-        blocking: ClusterClient,
+        blocking: Box<ClusterClient>,
     },
 }
 
@@ -122,7 +122,7 @@ impl Connector {
                 // Both checked now, so a bad node list fails at start-up rather than on first use.
                 cluster_client(url, &nodes, connect_timeout, Some(connect_timeout))?;
                 let blocking = cluster_client(url, &nodes, connect_timeout, None)?;
-                Kind::Cluster { nodes, url: url.to_owned(), blocking }
+                Kind::Cluster { nodes, url: url.to_owned(), blocking: Box::new(blocking) }
             }
         };
         Ok(Connector { kind, connect_timeout })

@@ -284,7 +284,7 @@ impl RedisBus {
             answered: final_on_topic,
             refused: refusal_on_topic && !finish.final_answer,
             release,
-            published: published.then(|| finish.answer.map_or("", |answer| answer.id)).unwrap_or(""),
+            published: if published { finish.answer.map_or("", |answer| answer.id) } else { "" },
             delete_record: claim != 2,
             ack: true,
         };
