@@ -25,8 +25,9 @@ fn topic(index: usize) -> String {
 
 /// The daemon's environment on `cluster`: REDIS_URL as compose and Kubernetes set it (it only
 /// lends its scheme and credentials here), the nodes, short leases, `sleep` allowed.
-fn env(cluster: &RedisCluster) -> Vec<(String, String)> {
+fn env_with_prefix(cluster: &RedisCluster, prefix: &str) -> Vec<(String, String)> {
     vec![
+        ("TOOLHOST__REDIS__KEY_PREFIX".to_owned(), prefix.to_owned()),
         ("REDIS_URL".to_owned(), cluster.nodes()[0].url()),
         ("TOOLHOST__REDIS__CLUSTER_NODES".to_owned(), cluster.nodes_env()),
         ("TOOLHOST__DISPATCH__CLAIM_IDLE_MS".to_owned(), "1500".to_owned()),
@@ -37,7 +38,11 @@ fn env(cluster: &RedisCluster) -> Vec<(String, String)> {
 }
 
 fn start(cluster: &RedisCluster) -> Toolhost {
-    let env = env(cluster);
+    start_with_prefix(cluster, "")
+}
+
+fn start_with_prefix(cluster: &RedisCluster, prefix: &str) -> Toolhost {
+    let env = env_with_prefix(cluster, prefix);
     let pairs: Vec<(&str, &str)> = env.iter().map(|(name, value)| (name.as_str(), value.as_str())).collect();
     Toolhost::start(&pairs)
 }
@@ -93,11 +98,12 @@ fn payloads(connection: &mut ClusterConnection, stream: &str) -> Vec<Value> {
     }
 }
 
-/// Answers per request id over every response topic, each with the topic it was found on.
-fn answers(connection: &mut ClusterConnection) -> BTreeMap<String, Vec<(String, Value)>> {
+/// Answers per request id over every response topic (under `prefix`), each with the bare topic
+/// it was found on.
+fn answers(connection: &mut ClusterConnection, prefix: &str) -> BTreeMap<String, Vec<(String, Value)>> {
     let mut all: BTreeMap<String, Vec<(String, Value)>> = BTreeMap::new();
     for index in 0..TOPICS {
-        for answer in payloads(connection, &topic(index)) {
+        for answer in payloads(connection, &format!("{prefix}{}", topic(index))) {
             let id = answer["data"]["request_id"].as_str().unwrap_or_default().to_owned();
             all.entry(id).or_default().push((topic(index), answer));
         }
@@ -105,10 +111,11 @@ fn answers(connection: &mut ClusterConnection) -> BTreeMap<String, Vec<(String, 
     all
 }
 
-/// Pending entries and lag of the group on the requests stream.
-fn backlog(connection: &mut ClusterConnection) -> (u64, Option<u64>) {
+/// Pending entries and lag of the group on the requests stream (under `prefix`).
+fn backlog(connection: &mut ClusterConnection, prefix: &str) -> (u64, Option<u64>) {
+    let requests = format!("{prefix}{REQUESTS}");
     let summary: redis::Value =
-        redis::cmd("XPENDING").arg(REQUESTS).arg(GROUP).query(connection).expect("XPENDING");
+        redis::cmd("XPENDING").arg(&requests).arg(GROUP).query(connection).expect("XPENDING");
     let pending = match summary {
         redis::Value::Array(items) => match items.first() {
             Some(redis::Value::Int(count)) => *count as u64,
@@ -117,7 +124,7 @@ fn backlog(connection: &mut ClusterConnection) -> (u64, Option<u64>) {
         _ => 0,
     };
     let groups: Vec<redis::Value> =
-        redis::cmd("XINFO").arg("GROUPS").arg(REQUESTS).query(connection).expect("XINFO");
+        redis::cmd("XINFO").arg("GROUPS").arg(&requests).query(connection).expect("XINFO");
     let lag = groups.into_iter().find_map(|group| {
         let redis::Value::Array(fields) = group else { return None };
         let text = |value: &redis::Value| match value {
@@ -143,10 +150,20 @@ fn assert_answered_once(
     ids: &BTreeMap<String, BTreeSet<String>>,
     daemons: &[&Toolhost],
 ) -> BTreeMap<String, (String, Value)> {
+    assert_answered_once_under(connection, "", ids, daemons)
+}
+
+/// [`assert_answered_once`] with every key under `prefix`.
+fn assert_answered_once_under(
+    connection: &mut ClusterConnection,
+    prefix: &str,
+    ids: &BTreeMap<String, BTreeSet<String>>,
+    daemons: &[&Toolhost],
+) -> BTreeMap<String, (String, Value)> {
     let deadline = Instant::now() + WAIT;
     loop {
-        let found = answers(connection);
-        let (pending, lag) = backlog(connection);
+        let found = answers(connection, prefix);
+        let (pending, lag) = backlog(connection, prefix);
         if ids.keys().all(|id| found.contains_key(id)) && pending == 0 && lag == Some(0) {
             break;
         }
@@ -159,7 +176,7 @@ fn assert_answered_once(
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    let found = answers(connection);
+    let found = answers(connection, prefix);
     let doubled: Vec<(&String, Vec<&String>)> = found
         .iter()
         .filter(|(_, all)| all.len() > 1)
@@ -281,38 +298,191 @@ fn two_replicas_answer_every_request_once_across_a_kill_and_duplicates_naming_ot
 #[test]
 fn a_duplicate_naming_another_topic_is_acked_unanswered_and_a_late_copy_finds_the_request_answered() {
     let cluster = RedisCluster::start(3, 0);
-    let toolhost = start(&cluster);
-    let mut connection = cluster.connection();
-    // A slow, non-idempotent call and a copy naming another topic while it runs.
-    xadd(
-        &mut connection,
-        REQUESTS,
-        &request("terminal_run.requested", "d-1", json!({"command": "sleep 1"}), &topic(1)),
-    );
-    std::thread::sleep(Duration::from_millis(300));
-    xadd(
-        &mut connection,
-        REQUESTS,
-        &request("terminal_run.requested", "d-1", json!({"command": "sleep 1"}), &topic(2)),
-    );
-    // An idempotent call answered, then copies naming other topics and the same one.
-    xadd(&mut connection, REQUESTS, &request("echo.requested", "d-2", json!({"message": "x"}), &topic(3)));
-    let named = named_topics(&[&[
-        ("d-1".to_owned(), Value::Null, topic(1)),
-        ("d-2".to_owned(), Value::Null, topic(3)),
-    ]]);
-    let answered = assert_answered_once(&mut connection, &named, &[&toolhost]);
-    assert_eq!(answered["d-1"].0, topic(1));
-    assert_eq!(answered["d-1"].1["data"]["success"], true);
-    for to in [topic(4), topic(3), topic(5)] {
-        xadd(&mut connection, REQUESTS, &request("echo.requested", "d-2", json!({"message": "again"}), &to));
+    // A plain prefix (keys spread over the shards, ledger keys tagged into their slots) and a
+    // prefix that is a hash tag (every key in one slot).
+    for prefix in ["prod:", "{th}:"] {
+        let toolhost = start_with_prefix(&cluster, prefix);
+        let mut connection = cluster.connection();
+        let requests = format!("{prefix}{REQUESTS}");
+        // A slow, non-idempotent call and a copy naming another topic while it runs.
+        let slow = |to: &str| request("terminal_run.requested", "d-1", json!({"command": "sleep 1"}), to);
+        xadd(&mut connection, &requests, &slow(&topic(1)));
+        std::thread::sleep(Duration::from_millis(300));
+        xadd(&mut connection, &requests, &slow(&topic(2)));
+        // An idempotent call.
+        xadd(
+            &mut connection,
+            &requests,
+            &request("echo.requested", "d-2", json!({"message": "x"}), &topic(3)),
+        );
+        let named = named_topics(&[&[
+            ("d-1".to_owned(), Value::Null, topic(1)),
+            ("d-2".to_owned(), Value::Null, topic(3)),
+        ]]);
+        let answered = assert_answered_once_under(&mut connection, prefix, &named, &[&toolhost]);
+        assert_eq!(answered["d-1"].0, topic(1));
+        assert_eq!(answered["d-1"].1["data"]["success"], true);
+        // Late copies of the answered echo, naming other topics and the same one: it runs again
+        // (read-only, idempotent), but nothing is published.
+        for to in [topic(4), topic(3), topic(5)] {
+            xadd(
+                &mut connection,
+                &requests,
+                &request("echo.requested", "d-2", json!({"message": "again"}), &to),
+            );
+        }
+        // And a late copy of the non-idempotent call: acked without running.
+        xadd(&mut connection, &requests, &slow(&topic(6)));
+        let answered = assert_answered_once_under(&mut connection, prefix, &named, &[&toolhost]);
+        assert_eq!(answered["d-2"].1["data"]["result"]["message"], "x");
+        assert!(toolhost.log().matches("\"outcome\":\"duplicate\"").count() >= 5, "{}", toolhost.log());
+        assert_ledger_placement(&cluster, prefix, &requests, &format!("{prefix}{}", topic(3)));
     }
+}
+
+/// Every ledger key of `d-2` lives where CONTRACTS.md says: the claim, the call record and the
+/// refusal copies in the requests stream's slot, the answered mark in its response topic's.
+fn assert_ledger_placement(cluster: &RedisCluster, prefix: &str, requests: &str, answer_topic: &str) {
+    let mut keys: Vec<String> = Vec::new();
+    for node in cluster.nodes() {
+        let mut connection = node.connection();
+        let found: Vec<String> =
+            redis::cmd("KEYS").arg(format!("{prefix}*toolhost:ledger:*d-2")).query(&mut connection).unwrap();
+        keys.extend(found);
+    }
+    keys.sort();
+    keys.dedup();
+    let claims: Vec<&String> = keys
+        .iter()
+        .filter(|key| {
+            key.ends_with("toolhost:ledger:action-requests:answered:d-2") && !key.contains("answer:toolhost")
+        })
+        .collect();
+    let marks: Vec<&String> = keys
+        .iter()
+        .filter(|key| key.contains("answer:toolhost:ledger:action-requests:answered:d-2"))
+        .collect();
+    assert_eq!((claims.len(), marks.len()), (1, 1), "{keys:?}");
+    assert!(claims[0].starts_with(prefix) && marks[0].starts_with(prefix), "{keys:?}");
+    assert_eq!(cluster.slot(claims[0]), cluster.slot(requests), "{}", claims[0]);
+    assert_eq!(cluster.slot(marks[0]), cluster.slot(answer_topic), "{}", marks[0]);
+    let mut connection = cluster.connection();
+    let claim: BTreeMap<String, String> =
+        redis::cmd("HGETALL").arg(claims[0]).query(&mut connection).unwrap();
+    assert_eq!(claim.get("state").map(String::as_str), Some("answered"), "{claim:?}");
+    assert_eq!(claim.get("topic").map(String::as_str), Some(answer_topic), "{claim:?}");
+    let mark: String = redis::cmd("GET").arg(marks[0]).query(&mut connection).unwrap();
+    assert_eq!(claim.get("answer"), Some(&mark));
+}
+
+/// The ledger keys of `request_id` (any role) on every node.
+fn ledger_keys(cluster: &RedisCluster, request_id: &str) -> Vec<String> {
+    let mut keys: Vec<String> = Vec::new();
+    for node in cluster.nodes() {
+        let found: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("*toolhost:ledger:*:{request_id}"))
+            .query(&mut node.connection())
+            .unwrap();
+        keys.extend(found);
+    }
+    keys.sort();
+    keys.dedup();
+    keys
+}
+
+/// The hash tag a key starts with, braces included.
+fn tag_of(key: &str) -> &str {
+    &key[..=key.find('}').expect("a tagged key")]
+}
+
+#[test]
+fn states_left_by_a_crash_between_ledger_steps_are_resolved_with_one_answer() {
+    let cluster = RedisCluster::start(3, 0);
+    let mut toolhost = start(&cluster);
+    let mut connection = cluster.connection();
+    let echo = |id: &str, to: &str| request("echo.requested", id, json!({"message": id}), to);
+    // Learn the tags of the requests stream's slot and of topic 3's from a request answered there.
+    xadd(&mut connection, REQUESTS, &echo("seed", &topic(3)));
+    let named = named_topics(&[&[("seed".to_owned(), Value::Null, topic(3))]]);
+    assert_answered_once(&mut connection, &named, &[&toolhost]);
+    let keys = ledger_keys(&cluster, "seed");
+    let claim = keys.iter().find(|key| !key.contains("}answer:")).expect("a claim");
+    let mark = keys.iter().find(|key| key.contains("}answer:")).expect("an answered mark");
+    let (stream_tag, topic_tag) = (tag_of(claim).to_owned(), tag_of(mark).to_owned());
+    let claim_of = |id: &str| format!("{stream_tag}toolhost:ledger:{REQUESTS}:answered:{id}");
+
+    // 1. A holder took the claim for topic 3 and died before publishing: a copy naming topic 4
+    // is acked unanswered; the request on the claimed topic is answered there.
+    let () = redis::cmd("HSET")
+        .arg(claim_of("c-1"))
+        .arg("topic")
+        .arg(topic(3))
+        .arg("state")
+        .arg("claimed")
+        .query(&mut connection)
+        .unwrap();
+    xadd(&mut connection, REQUESTS, &echo("c-1", &topic(4)));
+    xadd(&mut connection, REQUESTS, &echo("c-1", &topic(3)));
     let named = named_topics(&[&[
-        ("d-1".to_owned(), Value::Null, topic(1)),
-        ("d-2".to_owned(), Value::Null, topic(3)),
+        ("seed".to_owned(), Value::Null, topic(3)),
+        ("c-1".to_owned(), Value::Null, topic(3)),
     ]]);
     let answered = assert_answered_once(&mut connection, &named, &[&toolhost]);
-    assert_eq!(answered["d-2"].1["data"]["result"]["message"], "x");
+    assert_eq!(answered["c-1"].0, topic(3));
+
+    // 2. A holder published its answer on topic 3 (answer and mark) and died before settling:
+    // its entry is still pending with it, and a copy naming topic 5 comes in.
+    toolhost.kill9();
+    let answer_id = uuid::Uuid::new_v4().to_string();
+    let answer = json!({"id": answer_id, "type": "echo.completed", "data": {"request_id": "c-2", "success": true, "result": {"message": "first"}}});
+    let () = redis::cmd("XADD")
+        .arg(topic(3))
+        .arg("*")
+        .arg("id")
+        .arg(&answer_id)
+        .arg("payload")
+        .arg(answer.to_string())
+        .query(&mut connection)
+        .map(|_: String| ())
+        .unwrap();
+    let () = redis::cmd("SET")
+        .arg(format!("{topic_tag}answer:toolhost:ledger:{REQUESTS}:answered:c-2"))
+        .arg(&answer_id)
+        .query(&mut connection)
+        .unwrap();
+    let () = redis::cmd("HSET")
+        .arg(claim_of("c-2"))
+        .arg("topic")
+        .arg(topic(3))
+        .arg("state")
+        .arg("claimed")
+        .query(&mut connection)
+        .unwrap();
+    xadd(&mut connection, REQUESTS, &echo("c-2", &topic(3)));
+    let _: redis::Value = redis::cmd("XREADGROUP")
+        .arg("GROUP")
+        .arg(GROUP)
+        .arg("dead-holder")
+        .arg("COUNT")
+        .arg(1)
+        .arg("STREAMS")
+        .arg(REQUESTS)
+        .arg(">")
+        .query(&mut connection)
+        .unwrap();
+    xadd(&mut connection, REQUESTS, &echo("c-2", &topic(5)));
+    let toolhost = start(&cluster);
+    let named = named_topics(&[&[
+        ("seed".to_owned(), Value::Null, topic(3)),
+        ("c-1".to_owned(), Value::Null, topic(3)),
+        ("c-2".to_owned(), Value::Null, topic(3)),
+    ]]);
+    // The reclaimed entry is finished: nothing published again, the claim settled, the entry acked.
+    let answered = assert_answered_once(&mut connection, &named, &[&toolhost]);
+    assert_eq!(answered["c-2"].1["id"], answer_id.as_str());
+    let claim: BTreeMap<String, String> =
+        redis::cmd("HGETALL").arg(claim_of("c-2")).query(&mut connection).unwrap();
+    assert_eq!(claim.get("state").map(String::as_str), Some("answered"), "{claim:?}");
 }
 
 /// Runs the toolhost binary as a client against `cluster`.
