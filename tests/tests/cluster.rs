@@ -483,6 +483,30 @@ fn states_left_by_a_crash_between_ledger_steps_are_resolved_with_one_answer() {
     let claim: BTreeMap<String, String> =
         redis::cmd("HGETALL").arg(claim_of("c-2")).query(&mut connection).unwrap();
     assert_eq!(claim.get("state").map(String::as_str), Some("answered"), "{claim:?}");
+
+    // The dead holder's consumer, holding nothing and without a heartbeat, is pruned once idle
+    // for ten leases (its heartbeat is looked up in another slot); the live replica's stays.
+    let consumers = |connection: &mut ClusterConnection| -> Vec<String> {
+        let reply: redis::streams::StreamInfoConsumersReply =
+            redis::cmd("XINFO").arg("CONSUMERS").arg(REQUESTS).arg(GROUP).query(connection).unwrap();
+        reply.consumers.into_iter().map(|consumer| consumer.name).collect()
+    };
+    let deadline = Instant::now() + Duration::from_secs(40);
+    while consumers(&mut connection).iter().any(|name| name == "dead-holder") {
+        assert!(Instant::now() < deadline, "dead-holder was not pruned: {:?}", consumers(&mut connection));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let log = toolhost.log();
+    let live = log
+        .split("\"consumer\":\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .expect("the ready line names the consumer");
+    assert!(
+        consumers(&mut connection).iter().any(|name| name == live),
+        "{live}: {:?}",
+        consumers(&mut connection)
+    );
 }
 
 /// Runs the toolhost binary as a client against `cluster`.
