@@ -4,6 +4,8 @@
 //! failover of the shard holding the requests stream; the chat inbox, discovery and the client
 //! subcommands work there too.
 
+#![allow(clippy::unwrap_used)]
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::Command;
 use std::time::{Duration, Instant};
