@@ -146,7 +146,7 @@ impl RedisBus {
         }
 
         // 1. The claim (S), and whether the entry is still pending.
-        let (mut claim, mut pending, mut own) = (0i64, 1i64, 0i64);
+        let (mut claim, mut pending, mut own, mut taken) = (0i64, 1i64, 0i64, 0i64);
         if (identified && finish.answer.is_some()) || finish.dead_letter.is_some() {
             let answer_topic = finish.answer.map_or("", |answer| answer.topic);
             let answer_id = finish.answer.map_or("", |answer| answer.id);
@@ -172,7 +172,7 @@ impl RedisBus {
                     ],
                 )
                 .await?;
-            (claim, pending, own) =
+            (claim, pending, own, taken) =
                 redis::from_redis_value(reply).map_err(|err| Error::Protocol(err.to_string()))?;
         }
         if claim == 2 {
@@ -212,8 +212,9 @@ impl RedisBus {
                 .await?;
             if found.published == -1 {
                 if identified && finish.final_answer {
-                    // Give the claim back, so a copy naming a topic that can take the answer is
-                    // answered; the entry stays pending, as on one server.
+                    // Nobody can publish on this topic: give its claim back (whoever took it), so
+                    // a copy naming a topic that can take the answer is answered; the entry stays
+                    // pending, as on one server.
                     self.settle(
                         finish,
                         claim_key,
@@ -229,8 +230,9 @@ impl RedisBus {
             answered_before = !published;
             final_on_topic = found.final_on_topic;
             refusal_on_topic = !found.final_on_topic;
-            // Claimed for a final answer that is not on the topic: another entry's refusal is.
-            release = finish.final_answer && !found.final_on_topic;
+            // Claimed for a final answer that is not on the topic (this entry's refusal is): give
+            // the claim back, if this finish took it.
+            release = taken == 1 && !found.final_on_topic;
         }
 
         // 3. The copy (C), once, when this answer is the one on T.

@@ -6,13 +6,14 @@
 -- are real), ARGV[4] '1' when there is an answer, ARGV[5] '1' when it is final,
 -- ARGV[6] the answer's topic (full key), ARGV[7] retention ms, ARGV[8] '1' when there is a dead
 -- letter (only then is the pending state looked up), ARGV[9] the answer's id
--- Returns {claim, pending, own}:
+-- Returns {claim, pending, own, taken}:
 --   claim 0: publish (the claim is this topic's now, or the answer is not final);
 --         1: the request (or this entry) was answered already: publish nothing;
 --         2: the claim names another response topic: a copy of the request asked for its answer
 --            elsewhere, and that one gets it; publish nothing.
 --   pending 1 still pending, 0 not pending, -1 the group is gone;
---   own 1 when the recorded answer is this very answer (a retry of this finish).
+--   own 1 when the recorded answer is this very answer (a retry of this finish);
+--   taken 1 when this call took the claim (only then may this finish give it back).
 --
 -- Only a final answer takes the claim: a refusal (not final) leaves a caller free to retry the
 -- request, with another response topic too.
@@ -26,7 +27,7 @@ if ARGV[8] == '1' then
     pending = 0
   end
 end
-local claim, own = 0, 0
+local claim, own, taken = 0, 0, 0
 if identified and has_answer then
   local held = redis.call('HMGET', KEYS[2], 'topic', 'state', 'answer')
   local refused = redis.call('GET', KEYS[3])
@@ -38,6 +39,7 @@ if identified and has_answer then
   elseif final and not held[1] then
     redis.call('HSET', KEYS[2], 'topic', ARGV[6], 'state', 'claimed')
     redis.call('PEXPIRE', KEYS[2], ARGV[7])
+    taken = 1
   end
 end
-return {claim, pending, own}
+return {claim, pending, own, taken}
