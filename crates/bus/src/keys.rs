@@ -281,7 +281,7 @@ mod tests {
     fn cluster_ledger_keys_share_their_streams_slot() {
         for prefix in ["", "prod:", "{prod}:"] {
             let keys = Keys::for_cluster(prefix);
-            for stream in ["action-requests", "requests:7", "a"] {
+            for stream in ["action-requests", "requests:7", "a", "req{x}", "}{"] {
                 let at = slots::slot(keys.topic(stream).as_bytes());
                 for request_id in ["r-1", "{r}", "}{", "x{y}z", ""] {
                     for key in [
@@ -291,6 +291,14 @@ mod tests {
                     ] {
                         assert_eq!(slots::slot(key.as_bytes()), at, "{key}");
                         assert!(key.starts_with(prefix), "{key}");
+                        // The bus reads the logical name back to place the request's other
+                        // keys next to a response topic.
+                        let tail = slots::tail(prefix, &key);
+                        assert!(tail.starts_with(&format!("toolhost:ledger:{stream}:")), "{key} -> {tail}");
+                        let elsewhere = slots::place(prefix, 42, "answer:", tail);
+                        if !prefix.starts_with('{') {
+                            assert_eq!(slots::slot(elsewhere.as_bytes()), 42, "{elsewhere}");
+                        }
                     }
                 }
             }

@@ -119,21 +119,9 @@ impl RedisBus {
         let prefix = self.options.key_prefix.as_str();
         let identified = finish.call.is_some();
         let retention = finish.call.map_or(Duration::ZERO, |call| call.retention);
-        let (claim_key, record, refused) = match finish.call {
-            Some(call) => (call.answered, call.call, call.entry),
-            None => (entry.topic, entry.topic, entry.topic),
-        };
+        let keys = FinishKeys::new(prefix, finish);
+        let (claim_key, record, refused) = (keys.claim.as_str(), keys.record.as_str(), keys.refused.as_str());
         same_slot("finish", &[entry.topic, claim_key, record, refused])?;
-        // The logical names the marks in other slots are made from.
-        let request_tail = finish.call.map(|call| slots::tail(prefix, call.answered).to_owned());
-        let entry_tail = match finish.call {
-            Some(call) => slots::tail(prefix, call.entry).to_owned(),
-            None => format!(
-                "toolhost:ledger:{}:entry:{}",
-                entry.topic.strip_prefix(prefix).unwrap_or(entry.topic),
-                entry.entry_id
-            ),
-        };
         let bool_arg = |value: bool| if value { "1" } else { "0" }.to_owned();
 
         // Before anything is written: a copy topic of another type would leave the answer half
@@ -189,15 +177,7 @@ impl RedisBus {
         let mut refusal_on_topic = false;
         let mut release = false;
         if let Some(answer) = finish.answer.filter(|_| claim == 0) {
-            let at = slots::slot(answer.topic.as_bytes());
-            let marks = request_tail.as_deref().map(|tail| {
-                (
-                    slots::place(prefix, at, ROLE_ANSWER, tail),
-                    slots::place(prefix, at, ROLE_REFUSAL, &entry_tail),
-                )
-            });
-            let (final_mark, refusal_mark) =
-                marks.unwrap_or_else(|| (answer.topic.to_owned(), answer.topic.to_owned()));
+            let (final_mark, refusal_mark) = keys.answer.clone().unwrap_or_default();
             let found = self
                 .publish_once(
                     answer.topic,
@@ -237,12 +217,7 @@ impl RedisBus {
 
         // 3. The copy (C), once, when this answer is the one on T.
         if let (Some(answer), Some(copy), true) = (finish.answer, finish.answer_copy, published) {
-            let at = slots::slot(copy.as_bytes());
-            let tail = if finish.final_answer { request_tail.as_deref() } else { Some(entry_tail.as_str()) };
-            let mark = match tail.filter(|_| identified) {
-                Some(tail) => slots::place(prefix, at, ROLE_COPY, tail),
-                None => copy.to_owned(),
-            };
+            let mark = keys.copy.clone().unwrap_or_default();
             let found = self
                 .publish_once(copy, &mark, &mark, answer.id, answer.payload, identified, true, retention)
                 .await?;
@@ -259,8 +234,7 @@ impl RedisBus {
         if let Some(letter) = finish.dead_letter
             && (pending == 1 || (pending == -1 && !answered_before))
         {
-            let at = slots::slot(letter.topic.as_bytes());
-            let mark = slots::place(prefix, at, ROLE_LETTER, &entry_tail);
+            let mark = keys.letter.clone().unwrap_or_default();
             let found = self
                 .publish_once(
                     letter.topic,
@@ -447,6 +421,74 @@ impl RedisBus {
     }
 }
 
+/// The keys of one cluster finish, by step: every step's keys share one slot.
+#[derive(Debug)]
+struct FinishKeys {
+    /// The request's claim (S); the stream itself when the request is not identified.
+    claim: String,
+    /// The call record (S).
+    record: String,
+    /// The entry's refusal mark's copy (S).
+    refused: String,
+    /// The answered mark and the entry's refusal mark next to the answer's topic (T).
+    answer: Option<(String, String)>,
+    /// The mark of the answer's copy, next to the copy's topic (C).
+    copy: Option<String>,
+    /// The mark of the dead letter, next to the dead-letter topic (D).
+    letter: Option<String>,
+}
+
+impl FinishKeys {
+    /// The keys of `finish` under `prefix`. Marks next to T and C are the topic itself when the
+    /// request is not identified (its answer is then published unguarded, as on one server).
+    fn new(prefix: &str, finish: &Finish<'_>) -> FinishKeys {
+        let entry = finish.entry;
+        let (claim, record, refused) = match finish.call {
+            Some(call) => (call.answered, call.call, call.entry),
+            None => (entry.topic, entry.topic, entry.topic),
+        };
+        // The logical names the marks in other slots are made from.
+        let request_tail = finish.call.map(|call| slots::tail(prefix, call.answered).to_owned());
+        let entry_tail = match finish.call {
+            Some(call) => slots::tail(prefix, call.entry).to_owned(),
+            None => format!(
+                "toolhost:ledger:{}:entry:{}",
+                entry.topic.strip_prefix(prefix).unwrap_or(entry.topic),
+                entry.entry_id
+            ),
+        };
+        let answer = finish.answer.map(|answer| {
+            let at = slots::slot(answer.topic.as_bytes());
+            match &request_tail {
+                Some(tail) => (
+                    slots::place(prefix, at, ROLE_ANSWER, tail),
+                    slots::place(prefix, at, ROLE_REFUSAL, &entry_tail),
+                ),
+                None => (answer.topic.to_owned(), answer.topic.to_owned()),
+            }
+        });
+        let copy = finish.answer_copy.map(|copy| {
+            let at = slots::slot(copy.as_bytes());
+            let tail = if finish.final_answer { request_tail.as_deref() } else { Some(entry_tail.as_str()) };
+            match tail.filter(|_| finish.call.is_some()) {
+                Some(tail) => slots::place(prefix, at, ROLE_COPY, tail),
+                None => copy.to_owned(),
+            }
+        });
+        let letter = finish.dead_letter.map(|letter| {
+            slots::place(prefix, slots::slot(letter.topic.as_bytes()), ROLE_LETTER, &entry_tail)
+        });
+        FinishKeys {
+            claim: claim.to_owned(),
+            record: record.to_owned(),
+            refused: refused.to_owned(),
+            answer,
+            copy,
+            letter,
+        }
+    }
+}
+
 /// What the settle step records.
 #[derive(Default)]
 struct Settle<'a> {
@@ -486,4 +528,116 @@ fn primary_slots(reply: Value) -> Result<Vec<u16>, Error> {
         }
     }
     Ok(primaries.into_iter().map(|(_, slot)| slot).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Keys;
+    use crate::bus::{EntryRef, Published};
+
+    /// Every script of a cluster finish names keys of one slot, whatever the caller's topics are
+    /// called, and the marks of different roles never share a name.
+    #[test]
+    fn every_step_of_a_finish_names_keys_of_one_slot() {
+        let awkward = [
+            "action-results",
+            "results:{worker-7}",
+            "results:}{x",
+            "{}",
+            "{",
+            "résultats:ü",
+            "results:{prod}:{x}",
+            "chat:Planner",
+        ];
+        for prefix in ["", "prod:", "{prod}:"] {
+            let keys = Keys::for_cluster(prefix);
+            for stream in ["action-requests", "chat:ToolHost", "req{x}"] {
+                let stream_key = keys.topic(stream);
+                for (request_id, entry_id) in [("r-1", "1-0"), ("{r}", "2-0"), ("a}{b", "3-1")] {
+                    let answered = keys.answered(stream, request_id);
+                    let record = keys.call(stream, request_id);
+                    let refused = keys.answered_entry(stream, entry_id);
+                    for (topic, copy) in awkward.iter().zip(awkward.iter().rev()) {
+                        let topic = keys.topic(topic);
+                        let copy = keys.topic(copy);
+                        let letters = keys.dead_letters("tool{box}");
+                        for final_answer in [true, false] {
+                            let finish = Finish {
+                                entry: EntryRef { topic: &stream_key, group: "g", entry_id },
+                                call: Some(CallKeys {
+                                    answered: &answered,
+                                    call: &record,
+                                    entry: &refused,
+                                    lease: Duration::from_secs(1),
+                                    retention: Duration::from_secs(60),
+                                }),
+                                answer: Some(Published { topic: &topic, id: "a", payload: "{}" }),
+                                answer_copy: Some(&copy),
+                                dead_letter: Some(Published { topic: &letters, id: "d", payload: "{}" }),
+                                final_answer,
+                            };
+                            let found = FinishKeys::new(prefix, &finish);
+                            let (final_mark, refusal_mark) = found.answer.clone().unwrap();
+                            let copy_mark = found.copy.clone().unwrap();
+                            let letter_mark = found.letter.clone().unwrap();
+                            let steps: [&[&str]; 4] = [
+                                &[&stream_key, &found.claim, &found.record, &found.refused],
+                                &[&topic, &final_mark, &refusal_mark],
+                                &[&copy, &copy_mark],
+                                &[&letters, &letter_mark],
+                            ];
+                            for step in steps {
+                                assert!(same_slot("test", step).is_ok(), "{prefix:?} {step:?}");
+                            }
+                            let mut names = vec![
+                                &found.claim,
+                                &found.record,
+                                &found.refused,
+                                &final_mark,
+                                &refusal_mark,
+                                &copy_mark,
+                                &letter_mark,
+                            ];
+                            for name in &names {
+                                assert!(name.starts_with(prefix), "{name}");
+                            }
+                            names.sort();
+                            names.dedup();
+                            assert_eq!(names.len(), 7, "{found:?}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn ledger_keys_from_elsewhere_are_refused_rather_than_run_across_slots() {
+        let keys = Keys::new("");
+        let err = same_slot(
+            "begin_call",
+            &[&keys.answered("action-requests", "r-1"), &keys.call("action-requests", "r-2")],
+        )
+        .unwrap_err();
+        assert!(!err.is_retryable() && err.to_string().contains("Keys::for_cluster"), "{err}");
+    }
+
+    #[test]
+    fn cluster_slots_replies_name_one_slot_per_primary() {
+        let node = |port: i64| {
+            Value::Array(vec![
+                Value::BulkString(b"127.0.0.1".to_vec()),
+                Value::Int(port),
+                Value::BulkString(b"id".to_vec()),
+            ])
+        };
+        let range = |start: i64, end: i64, port: i64| {
+            Value::Array(vec![Value::Int(start), Value::Int(end), node(port), node(port + 100)])
+        };
+        let reply =
+            Value::Array(vec![range(0, 5460, 7000), range(5461, 10922, 7001), range(10923, 16383, 7000)]);
+        assert_eq!(primary_slots(reply).unwrap(), [0, 5461]);
+        assert!(primary_slots(Value::Nil).is_err());
+    }
 }
