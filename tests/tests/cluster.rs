@@ -539,7 +539,7 @@ fn wait_for(connection: &mut ClusterConnection, stream: &str, count: usize) -> V
 }
 
 #[test]
-fn chat_inbox_discovery_and_the_client_subcommands_work_on_a_cluster() {
+fn chat_inbox_discovery_dead_letters_and_the_client_subcommands_work_on_a_cluster() {
     let cluster = RedisCluster::start(3, 0);
     let toolhost = start(&cluster);
     let mut connection = cluster.connection();
@@ -601,6 +601,37 @@ fn chat_inbox_discovery_and_the_client_subcommands_work_on_a_cluster() {
         .collect();
     assert!(names.contains(&"echo") && names.contains(&"chat_send"), "{names:?}");
 
+    // An entry that is not JSON is dead-lettered (in dlq:toolhost's slot), once.
+    let () = redis::cmd("XADD")
+        .arg(REQUESTS)
+        .arg("*")
+        .arg("id")
+        .arg("m-bad")
+        .arg("payload")
+        .arg("not json")
+        .query(&mut connection)
+        .map(|_: String| ())
+        .unwrap();
+    // A response topic holding a key of another type: answered `internal` once on the default
+    // topic and dead-lettered, its claim given back.
+    let () = redis::cmd("SET").arg("results:wrong").arg("a string").query(&mut connection).unwrap();
+    xadd(
+        &mut connection,
+        REQUESTS,
+        &request("echo.requested", "wt-1", json!({"message": "x"}), "results:wrong"),
+    );
+    let letters = wait_for(&mut connection, "dlq:toolhost", 2);
+    assert_eq!(letters.len(), 2, "{letters:#?}");
+    assert!(letters.iter().any(|letter| letter["payload"] == "not json"), "{letters:#?}");
+    let fallback = wait_for(&mut connection, "action-results", 1);
+    let fallback: Vec<&Value> =
+        fallback.iter().filter(|answer| answer["data"]["request_id"] == "wt-1").collect();
+    assert_eq!(fallback.len(), 1);
+    assert_eq!(fallback[0]["data"]["error_code"], "internal", "{fallback:?}");
+    // The request can still be answered on a topic that takes it.
+    xadd(&mut connection, REQUESTS, &request("echo.requested", "wt-1", json!({"message": "y"}), &topic(7)));
+    assert_eq!(wait_for(&mut connection, &topic(7), 1)[0]["data"]["result"]["message"], "y");
+
     // The client subcommands reach the same cluster.
     let (code, stdout, stderr) =
         client(&cluster, &["call", "echo", "--args", r#"{"message":"from the cli"}"#]);
@@ -614,6 +645,8 @@ fn chat_inbox_discovery_and_the_client_subcommands_work_on_a_cluster() {
     assert!(stdout.contains("echo"), "{stdout}");
     let (code, stdout, stderr) = client(&cluster, &["dlq", "list"]);
     assert_eq!(code, 0, "{stdout}{stderr}");
+    assert_eq!(stdout.lines().count(), 2, "{stdout}");
+    assert!(stdout.contains("not json"), "{stdout}");
     let (code, stdout, _) = client(&cluster, &["check-config"]);
     assert_eq!(code, 0);
     assert!(stdout.contains("cluster_nodes"), "{stdout}");
