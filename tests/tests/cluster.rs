@@ -392,6 +392,33 @@ fn assert_ledger_placement(cluster: &RedisCluster, prefix: &str, requests: &str,
     assert_eq!(claim.get("answer"), Some(&mark));
 }
 
+/// The bus's key commands span the cluster: a scan visits every primary, and reads and deletes
+/// of keys in many slots are split by slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bus_scans_every_primary_and_reads_and_deletes_keys_of_every_slot() {
+    use toolhost_bus::{RedisBus, RedisOptions, Store, Topology};
+    let cluster = RedisCluster::start(3, 0);
+    let mut options = RedisOptions::new(cluster.nodes()[0].url());
+    options.topology = Topology::Cluster { nodes: cluster.addresses() };
+    let bus = RedisBus::new(options).unwrap();
+    let keys: Vec<String> = (0..200).map(|index| format!("scan-test:{index}")).collect();
+    for key in &keys {
+        bus.set_expiring(key, key, Duration::from_secs(60)).await.unwrap();
+    }
+    let masters: BTreeSet<u16> = keys.iter().map(|key| cluster.master_of(cluster.slot(key)).port()).collect();
+    assert_eq!(masters.len(), 3);
+    let mut found = bus.keys_matching("scan-test:*").await.unwrap();
+    found.sort();
+    let mut expected = keys.clone();
+    expected.sort();
+    assert_eq!(found, expected);
+    let values = bus.values(&keys).await.unwrap();
+    assert!(values.iter().zip(&keys).all(|(value, key)| value.as_deref() == Some(key.as_str())));
+    bus.delete(&keys).await.unwrap();
+    assert!(bus.keys_matching("scan-test:*").await.unwrap().is_empty());
+    bus.ping().await.unwrap();
+}
+
 /// The ledger keys of `request_id` (any role) on every node.
 fn ledger_keys(cluster: &RedisCluster, request_id: &str) -> Vec<String> {
     let mut keys: Vec<String> = Vec::new();
