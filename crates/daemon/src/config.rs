@@ -661,6 +661,15 @@ fn validate(raw: RawConfig, vars: &HashMap<String, String>, errors: &mut Vec<Key
         if let Some(problem) = toolhost_bus::Keys::cluster_prefix_problem(&raw.redis.key_prefix) {
             bad("redis.key_prefix", &problem);
         }
+        // A cluster has database 0 only; `url` lends its database to bare nodes.
+        let database = |url: &str| {
+            redis::parse_redis_url(url)
+                .map(|url| url.path().trim_matches('/').to_owned())
+                .filter(|db| !db.is_empty() && db != "0")
+        };
+        if let Some(db) = database(&raw.redis.url) {
+            bad("redis.url", &format!("names database {db}, but a Redis Cluster has database 0 only"));
+        }
     }
     for (key, value) in [
         ("daemon.toolbox_id", &raw.daemon.toolbox_id),
@@ -1281,5 +1290,7 @@ mod tests {
         }
         let path = file("[redis]\ncluster_nodes = [\"127.0.0.1:7000\"]\nkey_prefix = \"{toolhost}:\"\n");
         assert!(Config::load(Some(&path.0), &env(&[])).is_ok());
+        let err = Config::load(Some(&path.0), &env(&[("REDIS_URL", "redis://:s3cret@seed:6379/2")])).unwrap_err();
+        assert!(err.to_string().contains("redis.url") && err.to_string().contains("database 0"), "{err}");
     }
 }
