@@ -12,6 +12,10 @@
 //! read. Reclaims cut the same way (`scripts/reclaim.lua`). Every entry is decoded on its own: a
 //! field that is not UTF-8 or over the limit becomes the entry's [`toolhost_envelope::EntryDefect`]
 //! and never fails the rest of the reply.
+//!
+//! On a Redis Cluster ([`Topology::Cluster`]) the same operations run on redis-rs cluster
+//! connections; what differs (the ledger's single-slot steps, scanning every primary, pruning
+//! consumers with their heartbeats looked up first) is in the `cluster` submodule.
 
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;

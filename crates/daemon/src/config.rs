@@ -1290,7 +1290,8 @@ mod tests {
         }
         let path = file("[redis]\ncluster_nodes = [\"127.0.0.1:7000\"]\nkey_prefix = \"{toolhost}:\"\n");
         assert!(Config::load(Some(&path.0), &env(&[])).is_ok());
-        let err = Config::load(Some(&path.0), &env(&[("REDIS_URL", "redis://:s3cret@seed:6379/2")])).unwrap_err();
+        let err =
+            Config::load(Some(&path.0), &env(&[("REDIS_URL", "redis://:s3cret@seed:6379/2")])).unwrap_err();
         assert!(err.to_string().contains("redis.url") && err.to_string().contains("database 0"), "{err}");
     }
 }
