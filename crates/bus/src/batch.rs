@@ -13,6 +13,13 @@
 //! allowed ...`) or, on Redis versions that raise error tables, as a table whose `err` field holds
 //! that text; either way the item's reply carries the text, code first, and the item's error is
 //! sorted by that code like a top-level error reply.
+//!
+//! On a Redis Cluster one script call may name keys of one slot only. Every item's keys share a
+//! slot (the ledger places them so), but items of one batch need not: a batcher made
+//! [`Batcher::new`] with `by_slot` splits each batch by the slot of its items' first keys and
+//! runs one script call per slot, concurrently.
+
+use std::collections::BTreeMap;
 
 use redis::{Script, Value};
 use tokio::sync::{mpsc, oneshot};
@@ -20,6 +27,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::Error;
 use crate::connection::Connection;
 use crate::error::Cause;
+use crate::slots;
 
 /// Most invocations in one batch.
 const MAX_BATCH: usize = 128;
@@ -40,17 +48,19 @@ pub(crate) struct Batcher {
 
 impl Batcher {
     /// Starts the batching task for `script` (the single-item source), whose invocations take
-    /// exactly `keys_per_item` keys and `args_per_item` arguments. Must be called inside a Tokio
+    /// exactly `keys_per_item` keys and `args_per_item` arguments; with `by_slot`, a batch is
+    /// split by the cluster slot of each item's first key. Must be called inside a Tokio
     /// runtime; the task ends when the batcher is dropped.
     pub(crate) fn new(
         source: &str,
         keys_per_item: usize,
         args_per_item: usize,
         connection: Connection,
+        by_slot: bool,
     ) -> Batcher {
         let (queue, receiver) = mpsc::unbounded_channel();
         let script = Script::new(&batch_source(source, keys_per_item, args_per_item));
-        tokio::spawn(run(script, receiver, connection));
+        tokio::spawn(run(script, receiver, connection, by_slot));
         Batcher { queue, keys_per_item, args_per_item }
     }
 
@@ -66,7 +76,12 @@ impl Batcher {
     }
 }
 
-async fn run(script: Script, mut receiver: mpsc::UnboundedReceiver<Item>, mut connection: Connection) {
+async fn run(
+    script: Script,
+    mut receiver: mpsc::UnboundedReceiver<Item>,
+    connection: Connection,
+    by_slot: bool,
+) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
     while let Some(first) = receiver.recv().await {
         batch.push(first);
@@ -76,36 +91,50 @@ async fn run(script: Script, mut receiver: mpsc::UnboundedReceiver<Item>, mut co
                 Err(_) => break,
             }
         }
-        let mut invocation = script.prepare_invoke();
-        invocation.arg(batch.len());
-        for item in &batch {
-            for key in &item.keys {
-                invocation.key(key);
+        if by_slot {
+            let mut groups: BTreeMap<u16, Vec<Item>> = BTreeMap::new();
+            for item in batch.drain(..) {
+                let at = item.keys.first().map_or(0, |key| slots::slot(key.as_bytes()));
+                groups.entry(at).or_default().push(item);
             }
-            for arg in &item.args {
-                invocation.arg(arg);
+            let calls = groups.into_values().map(|group| invoke(&script, group, connection.clone()));
+            futures::future::join_all(calls).await;
+        } else {
+            invoke(&script, std::mem::take(&mut batch), connection.clone()).await;
+        }
+    }
+}
+
+/// Runs one script call for `batch` and hands each item its reply.
+async fn invoke(script: &Script, batch: Vec<Item>, mut connection: Connection) {
+    let mut invocation = script.prepare_invoke();
+    invocation.arg(batch.len());
+    for item in &batch {
+        for key in &item.keys {
+            invocation.key(key);
+        }
+        for arg in &item.args {
+            invocation.arg(arg);
+        }
+    }
+    let res: Result<Vec<Value>, Error> = invocation.invoke_async(&mut connection).await.map_err(Error::from);
+    match res {
+        Ok(replies) if replies.len() == batch.len() => {
+            for (item, reply) in batch.into_iter().zip(replies) {
+                let _ = item.reply.send(item_reply(reply));
             }
         }
-        let res: Result<Vec<Value>, Error> =
-            invocation.invoke_async(&mut connection).await.map_err(Error::from);
-        match res {
-            Ok(replies) if replies.len() == batch.len() => {
-                for (item, reply) in batch.drain(..).zip(replies) {
-                    let _ = item.reply.send(item_reply(reply));
-                }
+        Ok(replies) => {
+            let message = format!("batch of {} got {} replies", batch.len(), replies.len());
+            for item in batch {
+                let _ = item.reply.send(Err(Error::Protocol(message.clone())));
             }
-            Ok(replies) => {
-                let message = format!("batch of {} got {} replies", batch.len(), replies.len());
-                for item in batch.drain(..) {
-                    let _ = item.reply.send(Err(Error::Protocol(message.clone())));
-                }
-            }
-            Err(err) => {
-                // Every item shares the fate of the call, and its kind: a retryable error stays
-                // retryable.
-                for item in batch.drain(..) {
-                    let _ = item.reply.send(Err(err.clone()));
-                }
+        }
+        Err(err) => {
+            // Every item shares the fate of the call, and its kind: a retryable error stays
+            // retryable.
+            for item in batch {
+                let _ = item.reply.send(Err(err.clone()));
             }
         }
     }

@@ -5,11 +5,20 @@
 //! ([`Connector::blocking`]), which hold a socket for their whole wait. [`Connection`] is what
 //! both return; it speaks [`ConnectionLike`], so commands, pipelines and scripts run on it the
 //! same way whatever the topology.
+//!
+//! On a Redis Cluster ([`Topology::Cluster`]) both kinds are redis-rs cluster connections: the
+//! client routes every command to the primary of its key's slot and follows `MOVED`/`ASK`
+//! redirections itself, and retries `CLUSTERDOWN`/`TRYAGAIN` with backoff for a while (a failover
+//! or a resharding); what still fails reaches the caller as [`Error::Unavailable`], which the
+//! daemon retries in turn. Each blocking read gets a cluster connection of its own (its own
+//! socket to each node), since a blocked `XREADGROUP` holds its socket.
 
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
-use redis::{Client, Cmd, Pipeline, RedisFuture, Value};
+use redis::cluster::{ClusterClient, ClusterClientBuilder, ClusterConfig};
+use redis::cluster_async::ClusterConnection;
+use redis::{Client, Cmd, IntoConnectionInfo, Pipeline, RedisFuture, Value};
 
 use crate::Error;
 
@@ -20,6 +29,22 @@ pub enum Topology {
     /// One server at [`crate::RedisOptions::url`] (or a proxy in front of several).
     #[default]
     Single,
+    /// A Redis Cluster, found through these seed nodes (`redis://host:port` or `host:port`).
+    ///
+    /// A node written bare (`host:port`) takes scheme (`rediss://` for TLS), credentials and
+    /// database from [`crate::RedisOptions::url`]; a node written as a URL is used as written,
+    /// except that credentials it does not carry are taken from that URL too.
+    Cluster {
+        /// The seed nodes; the client learns the others from them.
+        nodes: Vec<String>,
+    },
+}
+
+impl Topology {
+    /// Whether keys live in slots spread over several servers.
+    pub fn is_cluster(&self) -> bool {
+        matches!(self, Topology::Cluster { .. })
+    }
 }
 
 /// A connection to Redis, of whichever topology. Cheap to clone: clones share the socket.
@@ -27,12 +52,15 @@ pub enum Topology {
 pub(crate) enum Connection {
     /// One server, reconnecting by itself after a failure.
     Single(ConnectionManager),
+    /// A Redis Cluster: one connection per node, commands routed by slot.
+    Cluster(ClusterConnection),
 }
 
 impl ConnectionLike for Connection {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
             Connection::Single(connection) => connection.req_packed_command(cmd),
+            Connection::Cluster(connection) => connection.req_packed_command(cmd),
         }
     }
 
@@ -44,33 +72,60 @@ impl ConnectionLike for Connection {
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
             Connection::Single(connection) => connection.req_packed_commands(pipeline, offset, count),
+            Connection::Cluster(connection) => connection.req_packed_commands(pipeline, offset, count),
         }
     }
 
     fn get_db(&self) -> i64 {
         match self {
             Connection::Single(connection) => connection.get_db(),
+            Connection::Cluster(connection) => connection.get_db(),
         }
     }
 }
 
 /// Makes connections for one topology.
 pub(crate) struct Connector {
-    client: Client,
+    kind: Kind,
     connect_timeout: Duration,
 }
+
+enum Kind {
+    Single(Client),
+    Cluster {
+        /// The seed nodes, as URLs.
+        nodes: Vec<String>,
+        /// The configured URL: credentials for nodes that carry none.
+        url: String,
+        /// For blocking reads: no response timeout (the bus bounds each read itself).
+        blocking: Box<ClusterClient>,
+    },
+}
+
+/// How many times the cluster client retries a command that met `CLUSTERDOWN`, `TRYAGAIN` or a
+/// lost node before the error reaches the bus; redirections (`MOVED`, `ASK`) are followed within
+/// the same budget.
+const CLUSTER_RETRIES: u32 = 8;
+/// The longest wait between two of those retries, in milliseconds.
+const CLUSTER_MAX_RETRY_WAIT_MS: u64 = 1000;
 
 impl Connector {
     /// A connector for `url` under `topology`. Nothing is connected yet.
     ///
     /// # Errors
-    /// The URL cannot be parsed.
+    /// The URL or a cluster node cannot be parsed, or the nodes disagree on credentials or TLS.
     pub(crate) fn new(url: &str, topology: &Topology, connect_timeout: Duration) -> Result<Connector, Error> {
-        match topology {
-            Topology::Single => {
-                Ok(Connector { client: Client::open(url).map_err(Error::from)?, connect_timeout })
+        let kind = match topology {
+            Topology::Single => Kind::Single(Client::open(url).map_err(Error::from)?),
+            Topology::Cluster { nodes } => {
+                let nodes = cluster_nodes(url, nodes)?;
+                // Both checked now, so a bad node list fails at start-up rather than on first use.
+                cluster_client(url, &nodes, connect_timeout, Some(connect_timeout))?;
+                let blocking = cluster_client(url, &nodes, connect_timeout, None)?;
+                Kind::Cluster { nodes, url: url.to_owned(), blocking: Box::new(blocking) }
             }
-        }
+        };
+        Ok(Connector { kind, connect_timeout })
     }
 
     /// A connection for non-blocking commands, failing a command that takes longer than
@@ -79,7 +134,19 @@ impl Connector {
     /// # Errors
     /// The connection cannot be set up.
     pub(crate) fn commands(&self, response_timeout: Duration) -> Result<Connection, Error> {
-        self.single(Some(response_timeout))
+        match &self.kind {
+            Kind::Single(client) => self.single(client, Some(response_timeout)),
+            Kind::Cluster { nodes, url, .. } => {
+                let client = cluster_client(url, nodes, self.connect_timeout, Some(response_timeout))?;
+                Ok(Connection::Cluster(
+                    client.get_pending_async_connection_with_config(
+                        ClusterConfig::new()
+                            .set_connection_timeout(self.connect_timeout)
+                            .set_response_timeout(response_timeout),
+                    ),
+                ))
+            }
+        }
     }
 
     /// A connection of its own for one blocking read at a time (no response timeout: the read
@@ -88,17 +155,123 @@ impl Connector {
     /// # Errors
     /// The connection cannot be set up.
     pub(crate) fn blocking(&self) -> Result<Connection, Error> {
-        self.single(None)
+        match &self.kind {
+            Kind::Single(client) => self.single(client, None),
+            Kind::Cluster { blocking, .. } => {
+                Ok(Connection::Cluster(blocking.get_pending_async_connection_with_config(
+                    ClusterConfig::new().set_connection_timeout(self.connect_timeout),
+                )))
+            }
+        }
     }
 
-    fn single(&self, response_timeout: Option<Duration>) -> Result<Connection, Error> {
+    fn single(&self, client: &Client, response_timeout: Option<Duration>) -> Result<Connection, Error> {
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(self.connect_timeout))
             .set_response_timeout(response_timeout)
             .set_number_of_retries(1)
             .set_max_delay(Duration::from_secs(2));
-        ConnectionManager::new_lazy_with_config(self.client.clone(), config)
+        ConnectionManager::new_lazy_with_config(client.clone(), config)
             .map(Connection::Single)
             .map_err(Error::from)
+    }
+}
+
+/// The seed nodes as URLs: a bare `host:port` takes the scheme, credentials and database of
+/// `url` (`redis://` when `url` is a `unix://` one).
+///
+/// # Errors
+/// There are no nodes.
+pub(crate) fn cluster_nodes(url: &str, nodes: &[String]) -> Result<Vec<String>, Error> {
+    if nodes.is_empty() {
+        return Err(Error::Protocol("a cluster needs at least one node".to_owned()));
+    }
+    let base = redis::parse_redis_url(url).filter(|base| matches!(base.scheme(), "redis" | "rediss"));
+    Ok(nodes
+        .iter()
+        .map(|node| {
+            if node.contains("://") {
+                return node.clone();
+            }
+            match &base {
+                Some(base) => {
+                    let userinfo = match (base.username(), base.password()) {
+                        ("", None) => String::new(),
+                        (user, None) => format!("{user}@"),
+                        (user, Some(password)) => format!("{user}:{password}@"),
+                    };
+                    format!("{}://{userinfo}{node}{}", base.scheme(), base.path())
+                }
+                None => format!("redis://{node}"),
+            }
+        })
+        .collect())
+}
+
+/// A cluster client for `nodes`: each attempt bounded by `response_timeout` (none when `None`),
+/// and retries through a failover bounded to a few times that in all.
+fn cluster_client(
+    url: &str,
+    nodes: &[String],
+    connect_timeout: Duration,
+    response_timeout: Option<Duration>,
+) -> Result<ClusterClient, Error> {
+    let mut builder = ClusterClientBuilder::new(nodes.to_vec())
+        .connection_timeout(connect_timeout)
+        .retries(CLUSTER_RETRIES)
+        .max_retry_wait(CLUSTER_MAX_RETRY_WAIT_MS);
+    if let Some(timeout) = response_timeout {
+        builder = builder
+            .response_timeout(timeout)
+            .overall_response_timeout(Some((timeout * 4).max(Duration::from_secs(10))));
+    }
+    with_credentials(builder, url, nodes)?.build().map_err(Error::from)
+}
+
+/// Credentials from `url` for nodes that carry none of their own.
+fn with_credentials(
+    builder: ClusterClientBuilder,
+    url: &str,
+    nodes: &[String],
+) -> Result<ClusterClientBuilder, Error> {
+    let own = nodes.iter().any(|node| {
+        redis::parse_redis_url(node)
+            .is_some_and(|node| !node.username().is_empty() || node.password().is_some())
+    });
+    if own || !url.contains('@') {
+        return Ok(builder);
+    }
+    let Ok(info) = url.into_connection_info() else { return Ok(builder) };
+    let settings = info.redis_settings();
+    let mut builder = builder;
+    if let Some(username) = settings.username() {
+        builder = builder.username(username);
+    }
+    if let Some(password) = settings.password() {
+        builder = builder.password(password);
+    }
+    Ok(builder)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bare_nodes_take_scheme_and_credentials_from_the_url() {
+        let nodes = ["10.0.0.1:7000".to_owned(), "redis://other:7001".to_owned()];
+        assert_eq!(
+            cluster_nodes("rediss://app:s3cret@seed:6379/0", &nodes).unwrap(),
+            ["rediss://app:s3cret@10.0.0.1:7000/0", "redis://other:7001"]
+        );
+        assert_eq!(cluster_nodes("unix:///run/redis.sock", &nodes[..1]).unwrap(), ["redis://10.0.0.1:7000"]);
+        assert!(cluster_nodes("redis://x", &[]).is_err());
+        // Nodes written as URLs without credentials still authenticate with the URL's.
+        let connector = Connector::new(
+            "redis://app:s3cret@seed:6379",
+            &Topology::Cluster { nodes: vec!["redis://127.0.0.1:1".to_owned()] },
+            Duration::from_millis(100),
+        );
+        assert!(connector.is_ok());
     }
 }

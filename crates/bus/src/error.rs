@@ -79,10 +79,22 @@ impl std::error::Error for Cause {}
 
 /// Server error codes that say "not now": the server loads its data (`LOADING`), runs a long
 /// script (`BUSY`), fails over or resharding (`TRYAGAIN`, `MASTERDOWN`, `READONLY`,
-/// `CLUSTERDOWN`), is out of memory under `noeviction` (`OOM`) or cannot persist (`MISCONF`).
-/// Each passes without anyone changing the command.
-const RETRYABLE_CODES: &[&str] =
-    &["LOADING", "BUSY", "TRYAGAIN", "MASTERDOWN", "READONLY", "CLUSTERDOWN", "OOM", "MISCONF"];
+/// `CLUSTERDOWN`), moved a slot the client had not heard of yet (`MOVED`, `ASK`: the cluster
+/// client follows these itself, so one reaches the bus only when its retries ran out), is out of
+/// memory under `noeviction` (`OOM`) or cannot persist (`MISCONF`). Each passes without anyone
+/// changing the command.
+const RETRYABLE_CODES: &[&str] = &[
+    "LOADING",
+    "BUSY",
+    "TRYAGAIN",
+    "MASTERDOWN",
+    "READONLY",
+    "CLUSTERDOWN",
+    "MOVED",
+    "ASK",
+    "OOM",
+    "MISCONF",
+];
 
 impl Error {
     /// Whether waiting and retrying the same operation can succeed.

@@ -1,17 +1,58 @@
 //! Every Redis key and stream name toolhost uses, built in one place.
 //!
 //! A configured prefix (default none) is put in front of every key, topics included.
+//!
+//! On a Redis Cluster ([`Keys::for_cluster`]) the ledger keys of a request carry a hash tag that
+//! puts them in the slot of their requests stream, so the ledger's scripts can run there:
+//! `<prefix>{<tag>}toolhost:ledger:<stream>:...`. Every other name is the same as on one server.
+
+use crate::slots;
 
 /// Builds key and topic names.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Keys {
     prefix: String,
+    cluster: bool,
 }
 
 impl Keys {
     /// Keys with `prefix` in front of every name (`""` for none).
     pub fn new(prefix: impl Into<String>) -> Keys {
-        Keys { prefix: prefix.into() }
+        Keys { prefix: prefix.into(), cluster: false }
+    }
+
+    /// Keys for a Redis Cluster: as [`Keys::new`], with the ledger keys of a stream's requests
+    /// placed in the stream's slot.
+    pub fn for_cluster(prefix: impl Into<String>) -> Keys {
+        Keys { prefix: prefix.into(), cluster: true }
+    }
+
+    /// Why `prefix` cannot be used on a Redis Cluster, if it cannot: it must hold no braces, or
+    /// be a hash tag itself (`{name}` then text without braces), which puts every key in one slot.
+    pub fn cluster_prefix_problem(prefix: &str) -> Option<String> {
+        (!slots::prefix_is_valid(prefix)).then(|| {
+            format!(
+                "'{prefix}' cannot be used on a Redis Cluster: use no braces, or one hash tag at its start \
+                 (e.g. \"{{toolhost}}:\", which keeps every key in one slot)"
+            )
+        })
+    }
+
+    /// Whether the names are a cluster's.
+    pub fn is_cluster(&self) -> bool {
+        self.cluster
+    }
+
+    /// A ledger key of `stream` (bare name): `toolhost:ledger:<stream>:<rest>` under the prefix,
+    /// in the stream's slot on a cluster.
+    fn ledger(&self, stream: &str, rest: std::fmt::Arguments<'_>) -> String {
+        let tail = format!("toolhost:ledger:{stream}:{rest}");
+        if self.cluster {
+            let at = slots::slot(self.topic(stream).as_bytes());
+            slots::place(&self.prefix, at, "", &tail)
+        } else {
+            format!("{}{tail}", self.prefix)
+        }
     }
 
     /// The configured prefix.
@@ -42,19 +83,23 @@ impl Keys {
     /// Marks a request of `stream` (its bare name) as answered for good, for the idempotency
     /// window. The ledger is the stream's, not a toolbox's: every toolbox reading the stream
     /// shares it, so a request is answered once across the fleet.
+    ///
+    /// On a cluster this is the request's claim in the stream's slot (a hash: the response topic
+    /// that gets the answer, and whether it was published); the answered mark itself lives next
+    /// to the response topic (see `docs/CONTRACTS.md`).
     pub fn answered(&self, stream: &str, request_id: &str) -> String {
-        format!("{}toolhost:ledger:{stream}:answered:{request_id}", self.prefix)
+        self.ledger(stream, format_args!("answered:{request_id}"))
     }
 
     /// Marks one entry of `stream` as answered by a refusal (an answer that is not final), so no
     /// other toolbox reading the stream answers the same entry again.
     pub fn answered_entry(&self, stream: &str, entry_id: &str) -> String {
-        format!("{}toolhost:ledger:{stream}:entry:{entry_id}", self.prefix)
+        self.ledger(stream, format_args!("entry:{entry_id}"))
     }
 
     /// The record of a call in progress: owner, lease and entry.
     pub fn call(&self, stream: &str, request_id: &str) -> String {
-        format!("{}toolhost:ledger:{stream}:call:{request_id}", self.prefix)
+        self.ledger(stream, format_args!("call:{request_id}"))
     }
 
     /// The hash of a toolbox's tool descriptions, one field per tool.
@@ -227,5 +272,37 @@ mod tests {
         assert_eq!(keys.registry("tb"), "prod:toolhost:registry:tb");
         assert_eq!(keys.heartbeat("tb", "c1"), "prod:toolhost:heartbeat:tb:c1");
         assert_eq!(keys.heartbeat_prefix("tb") + "c1", keys.heartbeat("tb", "c1"));
+    }
+
+    #[test]
+    fn cluster_ledger_keys_share_their_streams_slot() {
+        for prefix in ["", "prod:", "{prod}:"] {
+            let keys = Keys::for_cluster(prefix);
+            for stream in ["action-requests", "requests:7", "a", "req{x}", "}{"] {
+                let at = slots::slot(keys.topic(stream).as_bytes());
+                for request_id in ["r-1", "{r}", "}{", "x{y}z", ""] {
+                    for key in [
+                        keys.answered(stream, request_id),
+                        keys.call(stream, request_id),
+                        keys.answered_entry(stream, "1-0"),
+                    ] {
+                        assert_eq!(slots::slot(key.as_bytes()), at, "{key}");
+                        assert!(key.starts_with(prefix), "{key}");
+                        // The bus reads the logical name back to place the request's other
+                        // keys next to a response topic.
+                        let tail = slots::tail(prefix, &key);
+                        assert!(tail.starts_with(&format!("toolhost:ledger:{stream}:")), "{key} -> {tail}");
+                        let elsewhere = slots::place(prefix, 42, "answer:", tail);
+                        if !prefix.starts_with('{') {
+                            assert_eq!(slots::slot(elsewhere.as_bytes()), 42, "{elsewhere}");
+                        }
+                    }
+                }
+            }
+            assert_eq!(keys.topic("action-requests"), format!("{prefix}action-requests"));
+            assert_ne!(keys.answered("s", "r"), keys.call("s", "r"));
+        }
+        // One server: unchanged names.
+        assert_eq!(Keys::new("p:").answered("s", "r"), "p:toolhost:ledger:s:answered:r");
     }
 }

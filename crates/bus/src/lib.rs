@@ -22,6 +22,7 @@ mod error;
 mod keys;
 mod memory;
 mod redis_bus;
+mod slots;
 
 pub use bus::{
     Bus, CallKeys, CallStart, Committed, EntryRef, Finish, GroupInfo, Groups, Ledger, Published, Reclaimed,

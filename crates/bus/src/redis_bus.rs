@@ -12,6 +12,10 @@
 //! read. Reclaims cut the same way (`scripts/reclaim.lua`). Every entry is decoded on its own: a
 //! field that is not UTF-8 or over the limit becomes the entry's [`toolhost_envelope::EntryDefect`]
 //! and never fails the rest of the reply.
+//!
+//! On a Redis Cluster ([`Topology::Cluster`]) the same operations run on redis-rs cluster
+//! connections; what differs (the ledger's single-slot steps, scanning every primary, pruning
+//! consumers with their heartbeats looked up first) is in the `cluster` submodule.
 
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
@@ -26,6 +30,8 @@ use crate::bus::{CallKeys, CallStart, Committed, EntryRef, Finish, GroupInfo, Re
 use crate::connection::{Connection, Connector, Topology};
 use crate::{Error, Groups, Ledger, Store, Streams};
 
+mod cluster;
+
 /// How to reach Redis and how to write to it.
 #[derive(Debug, Clone)]
 pub struct RedisOptions {
@@ -33,6 +39,9 @@ pub struct RedisOptions {
     pub url: String,
     /// Where Redis is: the server at `url`, or another topology.
     pub topology: Topology,
+    /// The key prefix of [`crate::Keys`]: on a cluster, keys the ledger names itself (next to a
+    /// response topic, a dead-letter topic) start with it too.
+    pub key_prefix: String,
     /// Topics are trimmed to about this many entries on every publish.
     pub maxlen: usize,
     /// How long a non-blocking command may take before the connection counts as broken.
@@ -50,6 +59,7 @@ impl RedisOptions {
         RedisOptions {
             url: url.into(),
             topology: Topology::Single,
+            key_prefix: String::new(),
             maxlen: 100_000,
             response_timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(2),
@@ -61,6 +71,8 @@ impl RedisOptions {
 /// The Redis implementation of [`Bus`].
 pub struct RedisBus {
     connector: Connector,
+    /// Whether Redis is a cluster: the ledger then runs as several single-slot steps.
+    cluster: bool,
     options: RedisOptions,
     commands: Connection,
     /// Idle connections for blocking reads.
@@ -75,6 +87,11 @@ pub struct RedisBus {
 struct Batchers {
     begin_call: OnceLock<Batcher>,
     finish: OnceLock<Batcher>,
+    /// The cluster ledger's steps (`scripts/cluster/`), each batched by slot.
+    cluster_begin_call: OnceLock<Batcher>,
+    cluster_claim: OnceLock<Batcher>,
+    cluster_publish: OnceLock<Batcher>,
+    cluster_settle: OnceLock<Batcher>,
 }
 
 struct Scripts {
@@ -83,6 +100,7 @@ struct Scripts {
     reclaim: Script,
     delete_consumer: Script,
     prune_consumers: Script,
+    prune_listed: Script,
 }
 
 /// How much longer than its BLOCK time a blocking read may take before it is abandoned.
@@ -99,7 +117,14 @@ impl RedisBus {
     pub fn new(options: RedisOptions) -> Result<RedisBus, Error> {
         let connector = Connector::new(&options.url, &options.topology, options.connect_timeout)?;
         let commands = connector.commands(options.response_timeout)?;
+        if options.topology.is_cluster() && !crate::slots::prefix_is_valid(&options.key_prefix) {
+            return Err(Error::Protocol(format!(
+                "key prefix '{}' cannot be used on a cluster: no braces, or one hash tag at its start",
+                options.key_prefix
+            )));
+        }
         Ok(RedisBus {
+            cluster: options.topology.is_cluster(),
             connector,
             options,
             commands,
@@ -116,6 +141,7 @@ impl RedisBus {
                 )),
                 delete_consumer: Script::new(include_str!("scripts/delete_consumer.lua")),
                 prune_consumers: Script::new(include_str!("scripts/prune_consumers.lua")),
+                prune_listed: Script::new(include_str!("scripts/cluster/prune_listed.lua")),
             },
             batchers: Batchers::default(),
         })
@@ -334,6 +360,9 @@ impl Groups for RedisBus {
         min_idle: Duration,
         heartbeat_prefix: &str,
     ) -> Result<Vec<String>, Error> {
+        if self.cluster {
+            return self.cluster_prune_consumers(topic, group, keep, min_idle, heartbeat_prefix).await;
+        }
         let deleted: Vec<String> = self
             .scripts
             .prune_consumers
@@ -351,8 +380,11 @@ impl Groups for RedisBus {
 #[async_trait]
 impl Ledger for RedisBus {
     async fn begin_call(&self, call: &CallKeys<'_>, owner: &str, entry_id: &str) -> Result<CallStart, Error> {
+        if self.cluster {
+            return self.cluster_begin_call(call, owner, entry_id).await;
+        }
         let batcher = self.batchers.begin_call.get_or_init(|| {
-            Batcher::new(include_str!("scripts/begin_call.lua"), 3, 4, self.commands.clone())
+            Batcher::new(include_str!("scripts/begin_call.lua"), 3, 4, self.commands.clone(), false)
         });
         let reply = batcher
             .invoke(
@@ -365,14 +397,7 @@ impl Ledger for RedisBus {
                 ],
             )
             .await?;
-        let (state, entry): (u8, String) =
-            redis::from_redis_value(reply).map_err(|err| Error::Protocol(err.to_string()))?;
-        Ok(match state {
-            0 => CallStart::Answered,
-            1 => CallStart::Fresh,
-            2 => CallStart::StartedBefore,
-            _ => CallStart::Busy { entry_id: entry },
-        })
+        start_from(reply)
     }
 
     async fn renew_call(
@@ -382,6 +407,9 @@ impl Ledger for RedisBus {
         entry: &EntryRef<'_>,
         consumer: &str,
     ) -> Result<bool, Error> {
+        if self.cluster {
+            cluster::same_slot("renew_call", &[call.call, entry.topic])?;
+        }
         let renewed: u8 = self
             .scripts
             .renew_call
@@ -398,6 +426,9 @@ impl Ledger for RedisBus {
     }
 
     async fn finish(&self, finish: &Finish<'_>) -> Result<Committed, Error> {
+        if self.cluster {
+            return self.cluster_finish(finish).await;
+        }
         let entry = finish.entry;
         let (answered, call, refused, retention) = match finish.call {
             Some(call) => (call.answered, call.call, call.entry, call.retention),
@@ -406,10 +437,9 @@ impl Ledger for RedisBus {
         let answer = finish.answer.unwrap_or(crate::Published { topic: entry.topic, id: "", payload: "" });
         let dead_letter =
             finish.dead_letter.unwrap_or(crate::Published { topic: entry.topic, id: "", payload: "" });
-        let batcher = self
-            .batchers
-            .finish
-            .get_or_init(|| Batcher::new(include_str!("scripts/finish.lua"), 7, 11, self.commands.clone()));
+        let batcher = self.batchers.finish.get_or_init(|| {
+            Batcher::new(include_str!("scripts/finish.lua"), 7, 11, self.commands.clone(), false)
+        });
         let keys = [
             entry.topic,
             answered,
@@ -495,6 +525,9 @@ impl Store for RedisBus {
     }
 
     async fn keys_matching(&self, pattern: &str) -> Result<Vec<String>, Error> {
+        if self.cluster {
+            return self.cluster_keys_matching(pattern).await;
+        }
         let mut connection = self.commands.clone();
         let mut cursor: u64 = 0;
         let mut keys = Vec::new();
@@ -590,6 +623,18 @@ impl RedisBus {
             }
         }
     }
+}
+
+/// Decodes the reply of a `begin_call` script, `{state, entry}`.
+fn start_from(reply: Value) -> Result<CallStart, Error> {
+    let (state, entry): (u8, String) =
+        redis::from_redis_value(reply).map_err(|err| Error::Protocol(err.to_string()))?;
+    Ok(match state {
+        0 => CallStart::Answered,
+        1 => CallStart::Fresh,
+        2 => CallStart::StartedBefore,
+        _ => CallStart::Busy { entry_id: entry },
+    })
 }
 
 /// Decodes an `XREAD`/`XREADGROUP` reply, `[[stream, [[entry id, [field, value, ...]], ...]], ...]`

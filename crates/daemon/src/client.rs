@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Map, Value};
-use toolhost_bus::{Bus, CallError, Caller, Error as BusError, Keys, RedisBus, Store};
+use toolhost_bus::{Bus, CallError, Caller, Error as BusError, RedisBus, Store};
 use toolhost_envelope::DiscoveryFormat;
 
 use crate::EXIT_CONFIG;
@@ -18,9 +18,10 @@ pub const EXIT_TRANSPORT: i32 = 2;
 
 fn caller(config: &Config) -> Result<(Arc<dyn Bus>, Caller), String> {
     let raw = &config.raw;
-    let bus: Arc<dyn Bus> =
-        Arc::new(RedisBus::new(config.redis_options()).map_err(|err| redis_failure(&raw.redis.url, &err))?);
-    let keys = Keys::new(raw.redis.key_prefix.clone());
+    let bus: Arc<dyn Bus> = Arc::new(
+        RedisBus::new(config.redis_options()).map_err(|err| redis_failure(&config.redis_target(), &err))?,
+    );
+    let keys = config.keys();
     let caller = Caller::new(bus.clone(), &keys, &raw.streams.requests, &raw.streams.results, "toolhost:cli");
     Ok((bus, caller))
 }
@@ -106,11 +107,11 @@ pub async fn run_tools(config: &Config, format: &str, from_registry: bool, timeo
 
 async fn print_registry(config: &Config, bus: &dyn Store, format: DiscoveryFormat) -> i32 {
     let raw = &config.raw;
-    let keys = Keys::new(raw.redis.key_prefix.clone());
+    let keys = config.keys();
     let fields = match bus.hash_fields(&keys.registry(&raw.daemon.toolbox_id)).await {
         Ok(fields) => fields,
         Err(err) => {
-            eprintln!("toolhost: cannot read the registry: {}", redis_failure(&raw.redis.url, &err));
+            eprintln!("toolhost: cannot read the registry: {}", redis_failure(&config.redis_target(), &err));
             return EXIT_TRANSPORT;
         }
     };
@@ -132,12 +133,12 @@ fn describe(config: &Config, err: &CallError) -> String {
         CallError::Timeout(_) => format!(
             "{err}; is a toolhost daemon with toolbox_id '{}' serving {} (key prefix '{}', streams {} and {})?",
             raw.daemon.toolbox_id,
-            mask_url(&raw.redis.url),
+            config.redis_target(),
             raw.redis.key_prefix,
             raw.streams.requests,
             raw.streams.results,
         ),
-        CallError::Bus(err) => redis_failure(&raw.redis.url, err),
+        CallError::Bus(err) => redis_failure(&config.redis_target(), err),
         _ => err.to_string(),
     }
 }

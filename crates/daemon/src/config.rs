@@ -119,6 +119,10 @@ pub struct RawConfig {
 #[allow(missing_docs)]
 pub struct RedisSection {
     pub url: String,
+    /// Seed nodes of a Redis Cluster; non-empty means cluster mode (`url` then only lends its
+    /// scheme, credentials and database to nodes written bare).
+    #[serde(default)]
+    pub cluster_nodes: Vec<String>,
     pub key_prefix: String,
     pub response_timeout_ms: u64,
 }
@@ -128,6 +132,7 @@ impl std::fmt::Debug for RedisSection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisSection")
             .field("url", &mask_url(&self.url))
+            .field("cluster_nodes", &self.cluster_nodes.iter().map(|node| mask_url(node)).collect::<Vec<_>>())
             .field("key_prefix", &self.key_prefix)
             .field("response_timeout_ms", &self.response_timeout_ms)
             .finish()
@@ -449,6 +454,7 @@ fn layer(
             .try_parsing(true)
             .list_separator(",")
             .with_list_parse_key("tools.disabled")
+            .with_list_parse_key("redis.cluster_nodes")
             .source(Some(structured)),
     );
     let set =
@@ -645,6 +651,28 @@ fn validate(raw: RawConfig, vars: &HashMap<String, String>, errors: &mut Vec<Key
     if redis::parse_redis_url(&raw.redis.url).is_none() && !raw.redis.url.starts_with("unix://") {
         bad("redis.url", "expected a redis://, rediss:// or unix:// URL");
     }
+    if !raw.redis.cluster_nodes.is_empty() {
+        for (index, node) in raw.redis.cluster_nodes.iter().enumerate() {
+            if !valid_cluster_node(node) {
+                bad(
+                    &format!("redis.cluster_nodes[{index}]"),
+                    &format!("expected host:port or a redis:// or rediss:// URL, got '{}'", mask_url(node)),
+                );
+            }
+        }
+        if let Some(problem) = toolhost_bus::Keys::cluster_prefix_problem(&raw.redis.key_prefix) {
+            bad("redis.key_prefix", &problem);
+        }
+        // A cluster has database 0 only; `url` lends its database to bare nodes.
+        let database = |url: &str| {
+            redis::parse_redis_url(url)
+                .map(|url| url.path().trim_matches('/').to_owned())
+                .filter(|db| !db.is_empty() && db != "0")
+        };
+        if let Some(db) = database(&raw.redis.url) {
+            bad("redis.url", &format!("names database {db}, but a Redis Cluster has database 0 only"));
+        }
+    }
     for (key, value) in [
         ("daemon.toolbox_id", &raw.daemon.toolbox_id),
         ("daemon.agent_name", &raw.daemon.agent_name),
@@ -744,6 +772,10 @@ impl Config {
     pub fn redis_options(&self) -> toolhost_bus::RedisOptions {
         let raw = &self.raw;
         let mut options = toolhost_bus::RedisOptions::new(raw.redis.url.clone());
+        if !raw.redis.cluster_nodes.is_empty() {
+            options.topology = toolhost_bus::Topology::Cluster { nodes: raw.redis.cluster_nodes.clone() };
+        }
+        options.key_prefix.clone_from(&raw.redis.key_prefix);
         options.maxlen = raw.streams.maxlen;
         options.response_timeout = Duration::from_millis(raw.redis.response_timeout_ms);
         // Group reads deliver larger values only as head, size and digest, so one read stays small.
@@ -751,11 +783,34 @@ impl Config {
         options
     }
 
+    /// The key names: a cluster's when `[redis] cluster_nodes` is set.
+    pub fn keys(&self) -> toolhost_bus::Keys {
+        let redis = &self.raw.redis;
+        if redis.cluster_nodes.is_empty() {
+            toolhost_bus::Keys::new(redis.key_prefix.clone())
+        } else {
+            toolhost_bus::Keys::for_cluster(redis.key_prefix.clone())
+        }
+    }
+
+    /// Where Redis is, for logs and messages, with passwords masked: the URL, or the cluster's
+    /// seed nodes.
+    pub fn redis_target(&self) -> String {
+        let redis = &self.raw.redis;
+        if redis.cluster_nodes.is_empty() {
+            mask_url(&redis.url)
+        } else {
+            let nodes: Vec<String> = redis.cluster_nodes.iter().map(|node| mask_url(node)).collect();
+            format!("cluster {}", nodes.join(","))
+        }
+    }
+
     /// The effective configuration as TOML, with secrets masked: the Redis password and the
     /// terminal redaction substrings and patterns.
     pub fn masked_toml(&self) -> String {
         let mut raw = self.raw.clone();
         raw.redis.url = mask_url(&raw.redis.url);
+        raw.redis.cluster_nodes = raw.redis.cluster_nodes.iter().map(|node| mask_url(node)).collect();
         let terminal = &mut raw.tools.terminal;
         terminal.redact_substrings = terminal.redact_substrings.iter().map(|_| "***".to_owned()).collect();
         terminal.redact_patterns = terminal.redact_patterns.iter().map(|_| "***".to_owned()).collect();
@@ -772,19 +827,20 @@ impl Config {
     /// percent-decoded, a `pass`/`password` query parameter, and what the `${VAR}` references of
     /// `[[http_tools]] headers` expanded to. Empty when there are none.
     pub fn secrets(&self) -> Vec<String> {
-        let url = &self.raw.redis.url;
         let mut res = self.http_headers.secrets.clone();
-        if let Some(scheme_end) = url.find("://") {
-            let rest = &url[scheme_end + 3..];
-            if let Some(at) = rest.rfind('@') {
-                let userinfo = &rest[..at];
-                res.push(userinfo.split_once(':').map_or(userinfo, |(_, password)| password).to_owned());
+        for url in std::iter::once(&self.raw.redis.url).chain(&self.raw.redis.cluster_nodes) {
+            if let Some(scheme_end) = url.find("://") {
+                let rest = &url[scheme_end + 3..];
+                if let Some(at) = rest.rfind('@') {
+                    let userinfo = &rest[..at];
+                    res.push(userinfo.split_once(':').map_or(userinfo, |(_, password)| password).to_owned());
+                }
             }
-        }
-        if let Some((_, query)) = url.split_once('?') {
-            for pair in query.split('&') {
-                if let Some(("pass" | "password", value)) = pair.split_once('=') {
-                    res.push(value.to_owned());
+            if let Some((_, query)) = url.split_once('?') {
+                for pair in query.split('&') {
+                    if let Some(("pass" | "password", value)) = pair.split_once('=') {
+                        res.push(value.to_owned());
+                    }
                 }
             }
         }
@@ -820,6 +876,16 @@ fn percent_decode(text: &str) -> String {
         }
     }
     String::from_utf8(res).unwrap_or_else(|_| text.to_owned())
+}
+
+/// Whether `node` names a cluster node: `host:port`, or a `redis://` or `rediss://` URL.
+fn valid_cluster_node(node: &str) -> bool {
+    if node.contains("://") {
+        return redis::parse_redis_url(node).is_some_and(|url| {
+            matches!(url.scheme(), "redis" | "rediss") && url.host_str().is_some_and(|host| !host.is_empty())
+        });
+    }
+    node.rsplit_once(':').is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok())
 }
 
 /// A Redis URL with its password replaced by `***`.
@@ -1196,5 +1262,38 @@ mod tests {
         }
         let err = Config::load(None, &env(&[("REDIS_URL", "http://:s3cret@host")])).unwrap_err();
         assert!(err.to_string().contains("redis.url") && !err.to_string().contains("s3cret"), "{err}");
+    }
+
+    #[test]
+    fn cluster_nodes_choose_the_topology_and_are_masked() {
+        let config = Config::load(
+            None,
+            &env(&[
+                ("REDIS_URL", "rediss://app:s3cret@seed:6379"),
+                ("TOOLHOST__REDIS__CLUSTER_NODES", "10.0.0.1:7000,redis://ops:n0de@10.0.0.2:7001"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(config.raw.redis.cluster_nodes, ["10.0.0.1:7000", "redis://ops:n0de@10.0.0.2:7001"]);
+        let options = config.redis_options();
+        assert!(options.topology.is_cluster());
+        assert!(config.keys().is_cluster());
+        for printed in [config.masked_toml(), format!("{config:?}"), config.redis_target()] {
+            assert!(!printed.contains("s3cret") && !printed.contains("n0de"), "{printed}");
+        }
+        assert!(config.secrets().contains(&"n0de".to_owned()));
+        // Without nodes: one server, as before.
+        let single = Config::load(None, &env(&[])).unwrap();
+        assert!(!single.redis_options().topology.is_cluster() && !single.keys().is_cluster());
+        let path = file("[redis]\ncluster_nodes = [\"nope\", \"unix:///x.sock\"]\nkey_prefix = \"a{b}:\"\n");
+        let err = Config::load(Some(&path.0), &env(&[])).unwrap_err().to_string();
+        for key in ["redis.cluster_nodes[0]", "redis.cluster_nodes[1]", "redis.key_prefix"] {
+            assert!(err.contains(key), "{key}: {err}");
+        }
+        let path = file("[redis]\ncluster_nodes = [\"127.0.0.1:7000\"]\nkey_prefix = \"{toolhost}:\"\n");
+        assert!(Config::load(Some(&path.0), &env(&[])).is_ok());
+        let err =
+            Config::load(Some(&path.0), &env(&[("REDIS_URL", "redis://:s3cret@seed:6379/2")])).unwrap_err();
+        assert!(err.to_string().contains("redis.url") && err.to_string().contains("database 0"), "{err}");
     }
 }

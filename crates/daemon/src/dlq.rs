@@ -144,7 +144,7 @@ impl DeadLetters {
     /// The dead letters of the configured toolbox, over `streams` and `store`.
     pub fn new(streams: Arc<dyn Streams>, store: Arc<dyn Store>, config: &Config) -> DeadLetters {
         let raw = &config.raw;
-        let keys = Keys::new(raw.redis.key_prefix.clone());
+        let keys = config.keys();
         DeadLetters {
             topic: keys.dead_letters(&raw.daemon.toolbox_id),
             requests: keys.topic(&raw.streams.requests),
@@ -242,7 +242,7 @@ pub async fn run_dlq(config: &Config, action: &DlqAction) -> i32 {
     let bus = match RedisBus::new(config.redis_options()) {
         Ok(bus) => Arc::new(bus),
         Err(err) => {
-            eprintln!("toolhost: {}", redis_failure(&config.raw.redis.url, &err));
+            eprintln!("toolhost: {}", redis_failure(&config.redis_target(), &err));
             return EXIT_TRANSPORT;
         }
     };
@@ -256,7 +256,7 @@ pub async fn run_dlq(config: &Config, action: &DlqAction) -> i32 {
         eprintln!(
             "toolhost: cannot read the dead letters of {}: {}",
             letters.topic(),
-            redis_failure(&config.raw.redis.url, &err)
+            redis_failure(&config.redis_target(), &err)
         );
         EXIT_TRANSPORT
     })

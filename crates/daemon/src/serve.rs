@@ -22,7 +22,7 @@ use toolhost_tools::{DEFAULT_MAX_QUEUE, LimitSettings, Registry, SharedRegistry,
 use tracing::{debug, error, info, warn};
 
 use crate::call::{Door, Lifecycle};
-use crate::config::{Config, ConfigError, KeyError, ProcessEnv, mask_url};
+use crate::config::{Config, ConfigError, KeyError, ProcessEnv};
 use crate::doors::chat::{Inbox, InboxSettings};
 use crate::doors::requests::{DispatchSettings, Requests};
 use crate::fleet::Fleet;
@@ -224,9 +224,8 @@ pub(crate) fn limit_settings(config: &Config, registry: &Registry) -> BTreeMap<S
 /// # Errors
 /// The Redis URL is unusable.
 pub fn connect(config: &Config) -> anyhow::Result<(Arc<dyn Bus>, Keys)> {
-    let raw = &config.raw;
     let bus: Arc<dyn Bus> = Arc::new(RedisBus::new(config.redis_options()).context("redis.url")?);
-    Ok((bus, Keys::new(raw.redis.key_prefix.clone())))
+    Ok((bus, config.keys()))
 }
 
 /// A consumer name unique to this process: host, pid and a random suffix.
@@ -477,7 +476,7 @@ impl App {
         }
         let tasks = shutdown.tasks();
         let probe = Probe {
-            redis: mask_url(&raw.redis.url),
+            redis: config.redis_target(),
             bus: bus.clone(),
             telemetry: telemetry.clone(),
             groups: vec![
@@ -523,7 +522,7 @@ impl App {
             toolbox_id = %raw.daemon.toolbox_id,
             agent_name = %raw.daemon.agent_name,
             consumer = %consumer,
-            redis = %mask_url(&raw.redis.url),
+            redis = %config.redis_target(),
             requests = %requests_key,
             group = %raw.daemon.toolbox_id,
             results = %keys.topic(&raw.streams.results),

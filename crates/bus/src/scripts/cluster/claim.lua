@@ -1,0 +1,45 @@
+-- Cluster finish, step 1, in the requests stream's slot: take the request's claim for the answer's
+-- topic, and see whether the entry is still pending.
+-- KEYS[1] requests stream, KEYS[2] claim (hash: topic, state, answer), KEYS[3] the entry's
+-- refusal mark (copy in this slot)
+-- ARGV[1] group, ARGV[2] entry id, ARGV[3] '1' when the request is identified (KEYS[2], KEYS[3]
+-- are real), ARGV[4] '1' when there is an answer, ARGV[5] '1' when it is final,
+-- ARGV[6] the answer's topic (full key), ARGV[7] retention ms, ARGV[8] '1' when there is a dead
+-- letter (only then is the pending state looked up), ARGV[9] the answer's id
+-- Returns {claim, pending, own, taken}:
+--   claim 0: publish (the claim is this topic's now, or the answer is not final);
+--         1: the request (or this entry) was answered already: publish nothing;
+--         2: the claim names another response topic: a copy of the request asked for its answer
+--            elsewhere, and that one gets it; publish nothing.
+--   pending 1 still pending, 0 not pending, -1 the group is gone;
+--   own 1 when the recorded answer is this very answer (a retry of this finish);
+--   taken 1 when this call took the claim (only then may this finish give it back).
+--
+-- Only a final answer takes the claim: a refusal (not final) leaves a caller free to retry the
+-- request, with another response topic too.
+local identified, has_answer, final = ARGV[3] == '1', ARGV[4] == '1', ARGV[5] == '1'
+local pending = 1
+if ARGV[8] == '1' then
+  local found = redis.pcall('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1)
+  if type(found) == 'table' and found.err then
+    pending = -1
+  elseif #found == 0 then
+    pending = 0
+  end
+end
+local claim, own, taken = 0, 0, 0
+if identified and has_answer then
+  local held = redis.call('HMGET', KEYS[2], 'topic', 'state', 'answer')
+  local refused = redis.call('GET', KEYS[3])
+  if held[2] == 'answered' or refused then
+    claim = 1
+    if held[3] == ARGV[9] or refused == ARGV[9] then own = 1 end
+  elseif held[1] and held[1] ~= ARGV[6] then
+    if final then claim = 2 end
+  elseif final and not held[1] then
+    redis.call('HSET', KEYS[2], 'topic', ARGV[6], 'state', 'claimed')
+    redis.call('PEXPIRE', KEYS[2], ARGV[7])
+    taken = 1
+  end
+end
+return {claim, pending, own, taken}

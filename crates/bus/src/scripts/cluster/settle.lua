@@ -1,0 +1,36 @@
+-- Cluster finish, last step, in the requests stream's slot: record how the request ended, drop the
+-- call record, ack the entry.
+-- KEYS[1] requests stream, KEYS[2] claim, KEYS[3] call record, KEYS[4] the entry's refusal mark
+-- (copy in this slot)
+-- ARGV[1] group, ARGV[2] entry id, ARGV[3] retention ms, ARGV[4] '1' when identified,
+-- ARGV[5] '1' when a final answer is on the response topic (the claim becomes 'answered'),
+-- ARGV[6] '1' when this entry's refusal is on the topic (the refusal mark's copy is set here),
+-- ARGV[7] '1' to give the claim back (it was taken for an answer that was not published),
+-- ARGV[8] the answer's topic, ARGV[9] the answer's id when this finish published it (else ''),
+-- ARGV[10] '1' to delete the call record, ARGV[11] '1' to ack the entry
+local identified = ARGV[4] == '1'
+if identified then
+  if ARGV[5] == '1' then
+    redis.call('HSET', KEYS[2], 'topic', ARGV[8], 'state', 'answered')
+    if ARGV[9] ~= '' then
+      redis.call('HSET', KEYS[2], 'answer', ARGV[9])
+    end
+    redis.call('PEXPIRE', KEYS[2], ARGV[3])
+  elseif ARGV[7] == '1' then
+    local held = redis.call('HMGET', KEYS[2], 'topic', 'state')
+    if held[1] == ARGV[8] and held[2] == 'claimed' then
+      redis.call('DEL', KEYS[2])
+    end
+  end
+  if ARGV[6] == '1' then
+    redis.call('SET', KEYS[4], ARGV[9], 'PX', ARGV[3])
+  end
+  if ARGV[10] == '1' then
+    redis.call('DEL', KEYS[3])
+  end
+end
+if ARGV[11] == '1' then
+  -- A missing group (Redis lost its data) fails the ack; what was published still stands.
+  redis.pcall('XACK', KEYS[1], ARGV[1], ARGV[2])
+end
+return 1

@@ -1,0 +1,746 @@
+//! toolhost on a Redis Cluster (issue 16, part 2): the same contract as on one server. Requests
+//! are answered exactly once with response topics spread over the slots, across a replica
+//! killed mid-run, for duplicates naming another response topic, and across a coordinated
+//! failover of the shard holding the requests stream; the chat inbox, discovery and the client
+//! subcommands work there too.
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use redis::cluster::ClusterConnection;
+use serde_json::{Value, json};
+use toolhost_e2e::cluster::RedisCluster;
+use toolhost_e2e::{Toolhost, toolhost_bin};
+
+const REQUESTS: &str = "action-requests";
+const GROUP: &str = "toolhost";
+/// Response topics callers name (allowed by the default `results:*` pattern).
+const TOPICS: usize = 8;
+const WAIT: Duration = Duration::from_secs(90);
+
+fn topic(index: usize) -> String {
+    format!("results:{index}")
+}
+
+/// The daemon's environment on `cluster`: REDIS_URL as compose and Kubernetes set it (it only
+/// lends its scheme and credentials here), the nodes, short leases, `sleep` allowed.
+fn env_with_prefix(cluster: &RedisCluster, prefix: &str) -> Vec<(String, String)> {
+    vec![
+        ("TOOLHOST__REDIS__KEY_PREFIX".to_owned(), prefix.to_owned()),
+        ("REDIS_URL".to_owned(), cluster.nodes()[0].url()),
+        ("TOOLHOST__REDIS__CLUSTER_NODES".to_owned(), cluster.nodes_env()),
+        ("TOOLHOST__DISPATCH__CLAIM_IDLE_MS".to_owned(), "1500".to_owned()),
+        ("TOOLHOST__DISPATCH__BLOCK_MS".to_owned(), "500".to_owned()),
+        ("TERMINAL_ALLOWED_COMMANDS".to_owned(), "sleep".to_owned()),
+        ("TERMINAL_MAX_CONCURRENT".to_owned(), "64".to_owned()),
+    ]
+}
+
+fn start(cluster: &RedisCluster) -> Toolhost {
+    start_with_prefix(cluster, "")
+}
+
+fn start_with_prefix(cluster: &RedisCluster, prefix: &str) -> Toolhost {
+    let env = env_with_prefix(cluster, prefix);
+    let pairs: Vec<(&str, &str)> = env.iter().map(|(name, value)| (name.as_str(), value.as_str())).collect();
+    Toolhost::start(&pairs)
+}
+
+/// A request envelope (contract section 2) answered on `response_topic`.
+fn request(event_type: &str, request_id: &str, data: Value, response_topic: &str) -> Value {
+    let mut data = data;
+    data["request_id"] = Value::String(request_id.to_owned());
+    json!({
+        "id": uuid::Uuid::new_v4().to_string(),
+        "source": "agent:planner",
+        "specversion": "1.0",
+        "type": event_type,
+        "topic": REQUESTS,
+        "data": data,
+        "correlation_id": format!("c-{request_id}"),
+        "response_topic": response_topic,
+    })
+}
+
+fn xadd(connection: &mut ClusterConnection, stream: &str, payload: &Value) -> String {
+    redis::cmd("XADD")
+        .arg(stream)
+        .arg("*")
+        .arg("id")
+        .arg(uuid::Uuid::new_v4().to_string())
+        .arg("payload")
+        .arg(payload.to_string())
+        .query(connection)
+        .expect("XADD")
+}
+
+/// Every payload of `stream`, parsed, oldest first.
+fn payloads(connection: &mut ClusterConnection, stream: &str) -> Vec<Value> {
+    let mut found = Vec::new();
+    let mut start = "-".to_owned();
+    loop {
+        let page: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+            .arg(stream)
+            .arg(&start)
+            .arg("+")
+            .arg("COUNT")
+            .arg(500)
+            .query(connection)
+            .expect("XRANGE");
+        let Some((last, _)) = page.last() else { return found };
+        start = format!("({last}");
+        for (_, fields) in page {
+            let payload = fields.into_iter().find(|(name, _)| name == "payload").map(|(_, payload)| payload);
+            found
+                .push(payload.and_then(|payload| serde_json::from_str(&payload).ok()).unwrap_or(Value::Null));
+        }
+    }
+}
+
+/// Answers per request id over every response topic (under `prefix`), each with the bare topic
+/// it was found on.
+fn answers(connection: &mut ClusterConnection, prefix: &str) -> BTreeMap<String, Vec<(String, Value)>> {
+    let mut all: BTreeMap<String, Vec<(String, Value)>> = BTreeMap::new();
+    for index in 0..TOPICS {
+        for answer in payloads(connection, &format!("{prefix}{}", topic(index))) {
+            let id = answer["data"]["request_id"].as_str().unwrap_or_default().to_owned();
+            all.entry(id).or_default().push((topic(index), answer));
+        }
+    }
+    all
+}
+
+/// Pending entries and lag of the group on the requests stream (under `prefix`).
+fn backlog(connection: &mut ClusterConnection, prefix: &str) -> (u64, Option<u64>) {
+    let requests = format!("{prefix}{REQUESTS}");
+    let summary: redis::Value =
+        redis::cmd("XPENDING").arg(&requests).arg(GROUP).query(connection).expect("XPENDING");
+    let pending = match summary {
+        redis::Value::Array(items) => match items.first() {
+            Some(redis::Value::Int(count)) => *count as u64,
+            _ => 0,
+        },
+        _ => 0,
+    };
+    let groups: Vec<redis::Value> =
+        redis::cmd("XINFO").arg("GROUPS").arg(&requests).query(connection).expect("XINFO");
+    let lag = groups.into_iter().find_map(|group| {
+        let redis::Value::Array(fields) = group else { return None };
+        let text = |value: &redis::Value| match value {
+            redis::Value::BulkString(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+            redis::Value::SimpleString(text) => text.clone(),
+            _ => String::new(),
+        };
+        let ours = fields.chunks(2).any(|pair| text(&pair[0]) == "name" && text(&pair[1]) == GROUP);
+        let lag = fields.chunks(2).find(|pair| text(&pair[0]) == "lag").and_then(|pair| match pair[1] {
+            redis::Value::Int(lag) => u64::try_from(lag).ok(),
+            _ => None,
+        });
+        if ours { lag } else { None }
+    });
+    (pending, lag)
+}
+
+/// Waits until every id in `ids` has an answer and every request entry is delivered and acked
+/// (so no late duplicate can still come), then asserts each id was answered exactly once, on a
+/// topic one of its requests named. Returns each id's answer.
+fn assert_answered_once(
+    connection: &mut ClusterConnection,
+    ids: &BTreeMap<String, BTreeSet<String>>,
+    daemons: &[&Toolhost],
+) -> BTreeMap<String, (String, Value)> {
+    assert_answered_once_under(connection, "", ids, daemons)
+}
+
+/// [`assert_answered_once`] with every key under `prefix`.
+fn assert_answered_once_under(
+    connection: &mut ClusterConnection,
+    prefix: &str,
+    ids: &BTreeMap<String, BTreeSet<String>>,
+    daemons: &[&Toolhost],
+) -> BTreeMap<String, (String, Value)> {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let found = answers(connection, prefix);
+        let (pending, lag) = backlog(connection, prefix);
+        if ids.keys().all(|id| found.contains_key(id)) && pending == 0 && lag == Some(0) {
+            break;
+        }
+        if Instant::now() > deadline {
+            for daemon in daemons {
+                eprintln!("---- toolhost log ----\n{}", daemon.log());
+            }
+            let missing: Vec<&String> = ids.keys().filter(|id| !found.contains_key(*id)).collect();
+            panic!("not settled: pending {pending}, lag {lag:?}, missing answers {missing:?}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let found = answers(connection, prefix);
+    let doubled: Vec<(&String, Vec<&String>)> = found
+        .iter()
+        .filter(|(_, all)| all.len() > 1)
+        .map(|(id, all)| (id, all.iter().map(|(topic, _)| topic).collect()))
+        .collect();
+    let strangers: Vec<&String> = found.keys().filter(|id| !ids.contains_key(*id)).collect();
+    let misplaced: Vec<(&String, &String)> = found
+        .iter()
+        .filter_map(|(id, all)| all.first().map(|(topic, _)| (id, topic)))
+        .filter(|(id, topic)| ids.get(*id).is_some_and(|named| !named.contains(*topic)))
+        .collect();
+    if !doubled.is_empty() || !strangers.is_empty() || !misplaced.is_empty() {
+        for daemon in daemons {
+            eprintln!("---- toolhost log ----\n{}", daemon.log());
+        }
+        panic!(
+            "answered more than once: {doubled:?}; unexpected: {strangers:?}; on a topic not named: {misplaced:?}"
+        );
+    }
+    found.into_iter().map(|(id, mut all)| (id, all.remove(0))).collect()
+}
+
+/// No script or command met keys of several slots (`CROSSSLOT`), touched a key another node
+/// serves from a script, or was refused for good while committing.
+fn assert_no_slot_errors(toolhost: &Toolhost) {
+    let log = toolhost.log();
+    for needle in [
+        "CROSSSLOT",
+        "non local key",
+        "different cluster slots",
+        "cannot commit answer; leaving",
+        "cannot record call start\"",
+    ] {
+        assert!(!log.contains(needle), "{needle}:\n{log}");
+    }
+}
+
+/// The requests of a run: `count` ids over the topics, every fifth a one-second `sleep` (not
+/// idempotent), the rest `echo` (read-only, idempotent: no call record).
+fn originals(prefix: &str, count: usize) -> Vec<(String, Value, String)> {
+    (0..count)
+        .map(|index| {
+            let id = format!("{prefix}-{index}");
+            let to = topic(index % TOPICS);
+            let payload = if index.is_multiple_of(5) {
+                request("terminal_run.requested", &id, json!({"command": "sleep 1"}), &to)
+            } else {
+                request("echo.requested", &id, json!({"message": id}), &to)
+            };
+            (id, payload, to)
+        })
+        .collect()
+}
+
+/// Re-sent copies of some requests: same request id, same tool, half naming another response
+/// topic and half the same one.
+fn duplicates(originals: &[(String, Value, String)]) -> Vec<(String, Value, String)> {
+    originals
+        .iter()
+        .enumerate()
+        .filter(|(index, _)| index % 6 == 1 || index % 10 == 0)
+        .map(|(index, (id, payload, to))| {
+            let other = if index % 2 == 0 { topic((index + 3) % TOPICS) } else { to.clone() };
+            let mut copy = payload.clone();
+            copy["id"] = Value::String(uuid::Uuid::new_v4().to_string());
+            copy["response_topic"] = Value::String(other.clone());
+            (id.clone(), copy, other)
+        })
+        .collect()
+}
+
+fn named_topics(requests: &[&[(String, Value, String)]]) -> BTreeMap<String, BTreeSet<String>> {
+    let mut named: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for list in requests {
+        for (id, _, to) in *list {
+            named.entry(id.clone()).or_default().insert(to.clone());
+        }
+    }
+    named
+}
+
+fn assert_topics_spread(cluster: &RedisCluster) {
+    let slots: BTreeSet<u16> = (0..TOPICS).map(|index| cluster.slot(&topic(index))).collect();
+    let masters: BTreeSet<u16> = slots.iter().map(|slot| cluster.master_of(*slot).port()).collect();
+    assert_eq!(slots.len(), TOPICS, "the response topics should hash to distinct slots");
+    assert!(masters.len() >= 2, "the response topics should live on several masters: {masters:?}");
+    assert_ne!(cluster.slot(REQUESTS), cluster.slot(&topic(0)));
+}
+
+#[test]
+fn two_replicas_answer_every_request_once_across_a_kill_and_duplicates_naming_other_topics() {
+    let cluster = RedisCluster::start(3, 0);
+    assert_topics_spread(&cluster);
+    let mut first = start(&cluster);
+    let second = start(&cluster);
+    let mut connection = cluster.connection();
+
+    let originals = originals("k", 300);
+    let duplicates = duplicates(&originals);
+    let (early, late) = originals.split_at(150);
+    for (_, payload, _) in early {
+        xadd(&mut connection, REQUESTS, payload);
+    }
+    // Let the first replica take sleeps and echoes, then kill it mid-run.
+    std::thread::sleep(Duration::from_millis(400));
+    first.kill9();
+    for (_, payload, _) in late.iter().chain(&duplicates) {
+        xadd(&mut connection, REQUESTS, payload);
+    }
+
+    let named = named_topics(&[&originals, &duplicates]);
+    let answered = assert_answered_once(&mut connection, &named, &[&second]);
+    assert_eq!(answered.len(), 300);
+    let mut interrupted = 0;
+    for (id, (_, answer)) in &answered {
+        let data = &answer["data"];
+        let index: usize = id.trim_start_matches("k-").parse().unwrap();
+        if index.is_multiple_of(5) {
+            // A sleep whose holder was killed is answered `interrupted`, never run twice.
+            if data["success"] == false {
+                assert_eq!(data["error_code"], "interrupted", "{answer}");
+                interrupted += 1;
+            }
+        } else {
+            assert_eq!(data["success"], true, "{answer}");
+            assert_eq!(data["result"]["message"], id.as_str(), "{answer}");
+        }
+    }
+    eprintln!("{} duplicates sent, {interrupted} sleeps answered interrupted", duplicates.len());
+    assert_no_slot_errors(&second);
+}
+
+#[test]
+fn a_duplicate_naming_another_topic_is_acked_unanswered_and_a_late_copy_finds_the_request_answered() {
+    let cluster = RedisCluster::start(3, 0);
+    // A plain prefix (keys spread over the shards, ledger keys tagged into their slots) and a
+    // prefix that is a hash tag (every key in one slot).
+    for prefix in ["prod:", "{th}:"] {
+        let toolhost = start_with_prefix(&cluster, prefix);
+        let mut connection = cluster.connection();
+        let requests = format!("{prefix}{REQUESTS}");
+        // A slow, non-idempotent call and a copy naming another topic while it runs.
+        let slow = |to: &str| request("terminal_run.requested", "d-1", json!({"command": "sleep 1"}), to);
+        xadd(&mut connection, &requests, &slow(&topic(1)));
+        std::thread::sleep(Duration::from_millis(300));
+        xadd(&mut connection, &requests, &slow(&topic(2)));
+        // An idempotent call.
+        xadd(
+            &mut connection,
+            &requests,
+            &request("echo.requested", "d-2", json!({"message": "x"}), &topic(3)),
+        );
+        let named = named_topics(&[&[
+            ("d-1".to_owned(), Value::Null, topic(1)),
+            ("d-2".to_owned(), Value::Null, topic(3)),
+        ]]);
+        let answered = assert_answered_once_under(&mut connection, prefix, &named, &[&toolhost]);
+        assert_eq!(answered["d-1"].0, topic(1));
+        assert_eq!(answered["d-1"].1["data"]["success"], true);
+        // Late copies of the answered echo, naming other topics and the same one: it runs again
+        // (read-only, idempotent), but nothing is published.
+        for to in [topic(4), topic(3), topic(5)] {
+            xadd(
+                &mut connection,
+                &requests,
+                &request("echo.requested", "d-2", json!({"message": "again"}), &to),
+            );
+        }
+        // And a late copy of the non-idempotent call: acked without running.
+        xadd(&mut connection, &requests, &slow(&topic(6)));
+        let answered = assert_answered_once_under(&mut connection, prefix, &named, &[&toolhost]);
+        assert_eq!(answered["d-2"].1["data"]["result"]["message"], "x");
+        assert!(toolhost.log().matches("\"outcome\":\"duplicate\"").count() >= 5, "{}", toolhost.log());
+        assert_ledger_placement(&cluster, prefix, &requests, &format!("{prefix}{}", topic(3)));
+        assert_no_slot_errors(&toolhost);
+    }
+}
+
+/// Every ledger key of `d-2` lives where CONTRACTS.md says: the claim, the call record and the
+/// refusal copies in the requests stream's slot, the answered mark in its response topic's.
+fn assert_ledger_placement(cluster: &RedisCluster, prefix: &str, requests: &str, answer_topic: &str) {
+    let mut keys: Vec<String> = Vec::new();
+    for node in cluster.nodes() {
+        let mut connection = node.connection();
+        let found: Vec<String> =
+            redis::cmd("KEYS").arg(format!("{prefix}*toolhost:ledger:*d-2")).query(&mut connection).unwrap();
+        keys.extend(found);
+    }
+    keys.sort();
+    keys.dedup();
+    let claims: Vec<&String> = keys
+        .iter()
+        .filter(|key| {
+            key.ends_with("toolhost:ledger:action-requests:answered:d-2") && !key.contains("answer:toolhost")
+        })
+        .collect();
+    let marks: Vec<&String> = keys
+        .iter()
+        .filter(|key| key.contains("answer:toolhost:ledger:action-requests:answered:d-2"))
+        .collect();
+    assert_eq!((claims.len(), marks.len()), (1, 1), "{keys:?}");
+    assert!(claims[0].starts_with(prefix) && marks[0].starts_with(prefix), "{keys:?}");
+    assert_eq!(cluster.slot(claims[0]), cluster.slot(requests), "{}", claims[0]);
+    assert_eq!(cluster.slot(marks[0]), cluster.slot(answer_topic), "{}", marks[0]);
+    let mut connection = cluster.connection();
+    let claim: BTreeMap<String, String> =
+        redis::cmd("HGETALL").arg(claims[0]).query(&mut connection).unwrap();
+    assert_eq!(claim.get("state").map(String::as_str), Some("answered"), "{claim:?}");
+    assert_eq!(claim.get("topic").map(String::as_str), Some(answer_topic), "{claim:?}");
+    let mark: String = redis::cmd("GET").arg(marks[0]).query(&mut connection).unwrap();
+    assert_eq!(claim.get("answer"), Some(&mark));
+}
+
+/// The bus's key commands span the cluster: a scan visits every primary, and reads and deletes
+/// of keys in many slots are split by slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bus_scans_every_primary_and_reads_and_deletes_keys_of_every_slot() {
+    use toolhost_bus::{RedisBus, RedisOptions, Store, Topology};
+    let cluster = RedisCluster::start(3, 0);
+    let mut options = RedisOptions::new(cluster.nodes()[0].url());
+    options.topology = Topology::Cluster { nodes: cluster.addresses() };
+    let bus = RedisBus::new(options).unwrap();
+    let keys: Vec<String> = (0..200).map(|index| format!("scan-test:{index}")).collect();
+    for key in &keys {
+        bus.set_expiring(key, key, Duration::from_secs(60)).await.unwrap();
+    }
+    let masters: BTreeSet<u16> = keys.iter().map(|key| cluster.master_of(cluster.slot(key)).port()).collect();
+    assert_eq!(masters.len(), 3);
+    let mut found = bus.keys_matching("scan-test:*").await.unwrap();
+    found.sort();
+    let mut expected = keys.clone();
+    expected.sort();
+    assert_eq!(found, expected);
+    let values = bus.values(&keys).await.unwrap();
+    assert!(values.iter().zip(&keys).all(|(value, key)| value.as_deref() == Some(key.as_str())));
+    bus.delete(&keys).await.unwrap();
+    assert!(bus.keys_matching("scan-test:*").await.unwrap().is_empty());
+    bus.ping().await.unwrap();
+}
+
+/// The ledger keys of `request_id` (any role) on every node.
+fn ledger_keys(cluster: &RedisCluster, request_id: &str) -> Vec<String> {
+    let mut keys: Vec<String> = Vec::new();
+    for node in cluster.nodes() {
+        let found: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("*toolhost:ledger:*:{request_id}"))
+            .query(&mut node.connection())
+            .unwrap();
+        keys.extend(found);
+    }
+    keys.sort();
+    keys.dedup();
+    keys
+}
+
+/// The hash tag a key starts with, braces included.
+fn tag_of(key: &str) -> &str {
+    &key[..=key.find('}').expect("a tagged key")]
+}
+
+#[test]
+fn states_left_by_a_crash_between_ledger_steps_are_resolved_with_one_answer() {
+    let cluster = RedisCluster::start(3, 0);
+    let mut toolhost = start(&cluster);
+    let mut connection = cluster.connection();
+    let echo = |id: &str, to: &str| request("echo.requested", id, json!({"message": id}), to);
+    // Learn the tags of the requests stream's slot and of topic 3's from a request answered there.
+    xadd(&mut connection, REQUESTS, &echo("seed", &topic(3)));
+    let named = named_topics(&[&[("seed".to_owned(), Value::Null, topic(3))]]);
+    assert_answered_once(&mut connection, &named, &[&toolhost]);
+    let keys = ledger_keys(&cluster, "seed");
+    let claim = keys.iter().find(|key| !key.contains("}answer:")).expect("a claim");
+    let mark = keys.iter().find(|key| key.contains("}answer:")).expect("an answered mark");
+    let (stream_tag, topic_tag) = (tag_of(claim).to_owned(), tag_of(mark).to_owned());
+    let claim_of = |id: &str| format!("{stream_tag}toolhost:ledger:{REQUESTS}:answered:{id}");
+
+    // 1. A holder took the claim for topic 3 and died before publishing: a copy naming topic 4
+    // is acked unanswered; the request on the claimed topic is answered there.
+    let () = redis::cmd("HSET")
+        .arg(claim_of("c-1"))
+        .arg("topic")
+        .arg(topic(3))
+        .arg("state")
+        .arg("claimed")
+        .query(&mut connection)
+        .unwrap();
+    xadd(&mut connection, REQUESTS, &echo("c-1", &topic(4)));
+    xadd(&mut connection, REQUESTS, &echo("c-1", &topic(3)));
+    let named = named_topics(&[&[
+        ("seed".to_owned(), Value::Null, topic(3)),
+        ("c-1".to_owned(), Value::Null, topic(3)),
+    ]]);
+    let answered = assert_answered_once(&mut connection, &named, &[&toolhost]);
+    assert_eq!(answered["c-1"].0, topic(3));
+
+    // 2. A holder published its answer on topic 3 (answer and mark) and died before settling:
+    // its entry is still pending with it, and a copy naming topic 5 comes in.
+    toolhost.kill9();
+    let answer_id = uuid::Uuid::new_v4().to_string();
+    let answer = json!({"id": answer_id, "type": "echo.completed", "data": {"request_id": "c-2", "success": true, "result": {"message": "first"}}});
+    let () = redis::cmd("XADD")
+        .arg(topic(3))
+        .arg("*")
+        .arg("id")
+        .arg(&answer_id)
+        .arg("payload")
+        .arg(answer.to_string())
+        .query(&mut connection)
+        .map(|_: String| ())
+        .unwrap();
+    let () = redis::cmd("SET")
+        .arg(format!("{topic_tag}answer:toolhost:ledger:{REQUESTS}:answered:c-2"))
+        .arg(&answer_id)
+        .query(&mut connection)
+        .unwrap();
+    let () = redis::cmd("HSET")
+        .arg(claim_of("c-2"))
+        .arg("topic")
+        .arg(topic(3))
+        .arg("state")
+        .arg("claimed")
+        .query(&mut connection)
+        .unwrap();
+    xadd(&mut connection, REQUESTS, &echo("c-2", &topic(3)));
+    let _: redis::Value = redis::cmd("XREADGROUP")
+        .arg("GROUP")
+        .arg(GROUP)
+        .arg("dead-holder")
+        .arg("COUNT")
+        .arg(1)
+        .arg("STREAMS")
+        .arg(REQUESTS)
+        .arg(">")
+        .query(&mut connection)
+        .unwrap();
+    xadd(&mut connection, REQUESTS, &echo("c-2", &topic(5)));
+    let toolhost = start(&cluster);
+    let named = named_topics(&[&[
+        ("seed".to_owned(), Value::Null, topic(3)),
+        ("c-1".to_owned(), Value::Null, topic(3)),
+        ("c-2".to_owned(), Value::Null, topic(3)),
+    ]]);
+    // The reclaimed entry is finished: nothing published again, the claim settled, the entry acked.
+    let answered = assert_answered_once(&mut connection, &named, &[&toolhost]);
+    assert_eq!(answered["c-2"].1["id"], answer_id.as_str());
+    let claim: BTreeMap<String, String> =
+        redis::cmd("HGETALL").arg(claim_of("c-2")).query(&mut connection).unwrap();
+    assert_eq!(claim.get("state").map(String::as_str), Some("answered"), "{claim:?}");
+
+    // The dead holder's consumer, holding nothing and without a heartbeat, is pruned once idle
+    // for ten leases (its heartbeat is looked up in another slot); the live replica's stays.
+    let consumers = |connection: &mut ClusterConnection| -> Vec<String> {
+        let reply: redis::streams::StreamInfoConsumersReply =
+            redis::cmd("XINFO").arg("CONSUMERS").arg(REQUESTS).arg(GROUP).query(connection).unwrap();
+        reply.consumers.into_iter().map(|consumer| consumer.name).collect()
+    };
+    let deadline = Instant::now() + Duration::from_secs(40);
+    while consumers(&mut connection).iter().any(|name| name == "dead-holder") {
+        assert!(Instant::now() < deadline, "dead-holder was not pruned: {:?}", consumers(&mut connection));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let log = toolhost.log();
+    let live = log
+        .split("\"consumer\":\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .expect("the ready line names the consumer");
+    assert!(
+        consumers(&mut connection).iter().any(|name| name == live),
+        "{live}: {:?}",
+        consumers(&mut connection)
+    );
+    assert_no_slot_errors(&toolhost);
+}
+
+/// Runs the toolhost binary as a client against `cluster`.
+fn client(cluster: &RedisCluster, args: &[&str]) -> (i32, String, String) {
+    let output = Command::new(toolhost_bin())
+        .args(args)
+        .env_clear()
+        .env("REDIS_URL", cluster.nodes()[0].url())
+        .env("TOOLHOST__REDIS__CLUSTER_NODES", cluster.nodes_env())
+        .output()
+        .expect("run toolhost");
+    (
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+fn wait_for(connection: &mut ClusterConnection, stream: &str, count: usize) -> Vec<Value> {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let found = payloads(connection, stream);
+        if found.len() >= count || Instant::now() > deadline {
+            return found;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn chat_inbox_discovery_dead_letters_and_the_client_subcommands_work_on_a_cluster() {
+    let cluster = RedisCluster::start(3, 0);
+    let toolhost = start(&cluster);
+    let mut connection = cluster.connection();
+
+    // Chat: a tool call by metadata from agent:Planner in conv1. The reply goes to the sender's
+    // inbox and (a copy) to the conversation; progress events go to stream:conv1. All three
+    // topics and the inbox live in different slots here.
+    let slots: BTreeSet<u16> = ["chat:ToolHost", "chat:Planner", "chat:conv1", "stream:conv1"]
+        .iter()
+        .map(|key| cluster.slot(key))
+        .collect();
+    assert!(slots.len() >= 3, "{slots:?}");
+    let message = json!({
+        "id": uuid::Uuid::new_v4().to_string(),
+        "conversation_id": "conv1",
+        "sender": "agent:Planner",
+        "recipient": "agent:ToolHost",
+        "type": "message",
+        "content": "please echo",
+        "metadata": {"tool_call": {"name": "echo", "arguments": {"message": "hi"}, "id": "call-1"}},
+        "created_at": "2026-01-01T00:00:00Z",
+    });
+    xadd(&mut connection, "chat:ToolHost", &message);
+    let events = wait_for(&mut connection, "stream:conv1", 3);
+    let kinds: Vec<&str> = events.iter().map(|event| event["event"].as_str().unwrap_or_default()).collect();
+    assert_eq!(kinds, ["tool_step", "tool_step", "output"], "{events:#?}");
+    assert_eq!(events[2]["text"], r#"{"message":"hi"}"#);
+    let replies = wait_for(&mut connection, "chat:Planner", 1);
+    assert_eq!(replies.len(), 1, "{replies:#?}");
+    assert_eq!(replies[0]["conversation_id"], "conv1");
+    // The copy is the same message.
+    assert_eq!(payloads(&mut connection, "chat:conv1"), replies);
+
+    // The same chat message delivered again (same id) is not answered twice.
+    xadd(&mut connection, "chat:ToolHost", &message);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let pending: redis::Value =
+            redis::cmd("XPENDING").arg("chat:ToolHost").arg(GROUP).query(&mut connection).expect("XPENDING");
+        let lag_zero = matches!(&pending, redis::Value::Array(items) if matches!(items.first(), Some(redis::Value::Int(0))));
+        if lag_zero && payloads(&mut connection, "chat:ToolHost").len() == 2 {
+            std::thread::sleep(Duration::from_millis(500));
+            break;
+        }
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(payloads(&mut connection, "chat:Planner").len(), 1);
+    assert_eq!(payloads(&mut connection, "chat:conv1").len(), 1);
+
+    // Discovery over the bus, answered on a topic of another slot.
+    xadd(&mut connection, REQUESTS, &request("tools.discover", "disc-1", json!({}), &topic(6)));
+    let answers = wait_for(&mut connection, &topic(6), 1);
+    let names: Vec<&str> = answers[0]["data"]["result"]["tools"]
+        .as_array()
+        .expect("a tool list")
+        .iter()
+        .map(|tool| tool["name"].as_str().unwrap_or_default())
+        .collect();
+    assert!(names.contains(&"echo") && names.contains(&"chat_send"), "{names:?}");
+
+    // An entry that is not JSON is dead-lettered (in dlq:toolhost's slot), once.
+    let () = redis::cmd("XADD")
+        .arg(REQUESTS)
+        .arg("*")
+        .arg("id")
+        .arg("m-bad")
+        .arg("payload")
+        .arg("not json")
+        .query(&mut connection)
+        .map(|_: String| ())
+        .unwrap();
+    // A response topic holding a key of another type: answered `internal` once on the default
+    // topic and dead-lettered, its claim given back.
+    let () = redis::cmd("SET").arg("results:wrong").arg("a string").query(&mut connection).unwrap();
+    xadd(
+        &mut connection,
+        REQUESTS,
+        &request("echo.requested", "wt-1", json!({"message": "x"}), "results:wrong"),
+    );
+    let letters = wait_for(&mut connection, "dlq:toolhost", 2);
+    assert_eq!(letters.len(), 2, "{letters:#?}");
+    assert!(letters.iter().any(|letter| letter["payload"] == "not json"), "{letters:#?}");
+    let fallback = wait_for(&mut connection, "action-results", 1);
+    let fallback: Vec<&Value> =
+        fallback.iter().filter(|answer| answer["data"]["request_id"] == "wt-1").collect();
+    assert_eq!(fallback.len(), 1);
+    assert_eq!(fallback[0]["data"]["error_code"], "internal", "{fallback:?}");
+    // The request can still be answered on a topic that takes it.
+    xadd(&mut connection, REQUESTS, &request("echo.requested", "wt-1", json!({"message": "y"}), &topic(7)));
+    assert_eq!(wait_for(&mut connection, &topic(7), 1)[0]["data"]["result"]["message"], "y");
+
+    // The client subcommands reach the same cluster.
+    let (code, stdout, stderr) =
+        client(&cluster, &["call", "echo", "--args", r#"{"message":"from the cli"}"#]);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(stdout.contains("from the cli"), "{stdout}");
+    let (code, stdout, stderr) = client(&cluster, &["tools"]);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(stdout.contains("echo"), "{stdout}");
+    let (code, stdout, stderr) = client(&cluster, &["tools", "--from-registry"]);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(stdout.contains("echo"), "{stdout}");
+    let (code, stdout, stderr) = client(&cluster, &["dlq", "list"]);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert_eq!(stdout.lines().count(), 2, "{stdout}");
+    assert!(stdout.contains("not json"), "{stdout}");
+    let (code, stdout, _) = client(&cluster, &["check-config"]);
+    assert_eq!(code, 0);
+    assert!(stdout.contains("cluster_nodes"), "{stdout}");
+    assert_no_slot_errors(&toolhost);
+}
+
+#[test]
+fn a_failover_of_the_requests_shard_loses_and_repeats_no_answer() {
+    let cluster = RedisCluster::start(3, 1);
+    let first = start(&cluster);
+    let second = start(&cluster);
+    let mut connection = cluster.connection();
+    let originals = originals("f", 200);
+    let (early, late) = originals.split_at(100);
+    // Calls that run through the failover: their lease renewals and commits meet it.
+    let slow: Vec<(String, Value, String)> = (0..10)
+        .map(|index| {
+            let id = format!("slow-{index}");
+            let payload =
+                request("terminal_run.requested", &id, json!({"command": "sleep 3"}), &topic(index % TOPICS));
+            (id, payload, topic(index % TOPICS))
+        })
+        .collect();
+    for (_, payload, _) in slow.iter().chain(early) {
+        xadd(&mut connection, REQUESTS, payload);
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let promoted = cluster.failover(cluster.slot(REQUESTS));
+    assert_eq!(cluster.master_of(cluster.slot(REQUESTS)).port(), promoted);
+    let mut connection = cluster.connection();
+    for (_, payload, _) in late {
+        xadd(&mut connection, REQUESTS, payload);
+    }
+    let named = named_topics(&[&originals, &slow]);
+    let answered = assert_answered_once(&mut connection, &named, &[&first, &second]);
+    assert_eq!(answered.len(), 210);
+    for (id, (_, answer)) in &answered {
+        // Every call succeeds: a failover is no crash, so no lease lapses and nothing is
+        // interrupted.
+        let sleeps = id.starts_with("slow-")
+            || id.trim_start_matches("f-").parse::<usize>().unwrap().is_multiple_of(5);
+        if !sleeps {
+            assert_eq!(answer["data"]["success"], true, "{answer}");
+        }
+    }
+    let succeeded = answered
+        .keys()
+        .filter(|id| id.starts_with("slow-"))
+        .filter(|id| answered[*id].1["data"]["success"] == true)
+        .count();
+    eprintln!("{succeeded} of 10 calls running through the failover succeeded");
+    assert_no_slot_errors(&first);
+    assert_no_slot_errors(&second);
+}
