@@ -90,8 +90,16 @@ async fn run(script: Script, mut receiver: mpsc::UnboundedReceiver<Item>, mut co
             invocation.invoke_async(&mut connection).await.map_err(Error::from);
         match res {
             Ok(replies) if replies.len() == batch.len() => {
+                let mut demoted = false;
                 for (item, reply) in batch.drain(..).zip(replies) {
-                    let _ = item.reply.send(item_reply(reply));
+                    let reply = item_reply(reply);
+                    demoted |=
+                        matches!(&reply, Err(Error::Unavailable(cause)) if cause.code() == Some("READONLY"));
+                    let _ = item.reply.send(reply);
+                }
+                // A write refused inside the script: the server is a replica now.
+                if demoted {
+                    connection.suspect_master();
                 }
             }
             Ok(replies) => {

@@ -4,14 +4,16 @@
 //! non-blocking command ([`Connector::commands`]) and dedicated ones for blocking reads
 //! ([`Connector::blocking`]), which hold a socket for their whole wait. [`Connection`] is what
 //! both return; it speaks [`ConnectionLike`], so commands, pipelines and scripts run on it the
-//! same way whatever the topology.
+//! same way whatever the topology. The Sentinel topology lives in `crate::sentinel`.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, Cmd, Pipeline, RedisFuture, Value};
 
 use crate::Error;
+use crate::sentinel::{SentinelConnection, Sentinels, Shared};
 
 /// Where Redis is.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -20,6 +22,9 @@ pub enum Topology {
     /// One server at [`crate::RedisOptions::url`] (or a proxy in front of several).
     #[default]
     Single,
+    /// A master watched by Redis Sentinel, found through the sentinels and followed across
+    /// failovers; [`crate::RedisOptions::url`] gives only its credentials, database and TLS.
+    Sentinel(Sentinels),
 }
 
 /// A connection to Redis, of whichever topology. Cheap to clone: clones share the socket.
@@ -27,12 +32,26 @@ pub enum Topology {
 pub(crate) enum Connection {
     /// One server, reconnecting by itself after a failure.
     Single(ConnectionManager),
+    /// Whichever server the sentinels name as master.
+    Sentinel(SentinelConnection),
+}
+
+impl Connection {
+    /// Says that something run on this connection was refused as by a server that is no master
+    /// (inside a reply, where the connection cannot see it): the Sentinel topology looks again.
+    pub(crate) fn suspect_master(&self) {
+        match self {
+            Connection::Single(_) => {}
+            Connection::Sentinel(connection) => connection.suspect(),
+        }
+    }
 }
 
 impl ConnectionLike for Connection {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
             Connection::Single(connection) => connection.req_packed_command(cmd),
+            Connection::Sentinel(connection) => connection.req_packed_command(cmd),
         }
     }
 
@@ -44,20 +63,28 @@ impl ConnectionLike for Connection {
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
             Connection::Single(connection) => connection.req_packed_commands(pipeline, offset, count),
+            Connection::Sentinel(connection) => connection.req_packed_commands(pipeline, offset, count),
         }
     }
 
     fn get_db(&self) -> i64 {
         match self {
             Connection::Single(connection) => connection.get_db(),
+            Connection::Sentinel(connection) => connection.get_db(),
         }
     }
 }
 
 /// Makes connections for one topology.
 pub(crate) struct Connector {
-    client: Client,
+    target: Target,
     connect_timeout: Duration,
+}
+
+/// What a [`Connector`] connects to.
+enum Target {
+    Single(Client),
+    Sentinel(Arc<Shared>),
 }
 
 impl Connector {
@@ -67,9 +94,14 @@ impl Connector {
     /// The URL cannot be parsed.
     pub(crate) fn new(url: &str, topology: &Topology, connect_timeout: Duration) -> Result<Connector, Error> {
         match topology {
-            Topology::Single => {
-                Ok(Connector { client: Client::open(url).map_err(Error::from)?, connect_timeout })
-            }
+            Topology::Single => Ok(Connector {
+                target: Target::Single(Client::open(url).map_err(Error::from)?),
+                connect_timeout,
+            }),
+            Topology::Sentinel(sentinels) => Ok(Connector {
+                target: Target::Sentinel(Arc::new(Shared::new(url, sentinels, connect_timeout)?)),
+                connect_timeout,
+            }),
         }
     }
 
@@ -92,13 +124,26 @@ impl Connector {
     }
 
     fn single(&self, response_timeout: Option<Duration>) -> Result<Connection, Error> {
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(self.connect_timeout))
-            .set_response_timeout(response_timeout)
-            .set_number_of_retries(1)
-            .set_max_delay(Duration::from_secs(2));
-        ConnectionManager::new_lazy_with_config(self.client.clone(), config)
+        match &self.target {
+            Target::Single(client) => ConnectionManager::new_lazy_with_config(
+                client.clone(),
+                manager_config(self.connect_timeout, response_timeout),
+            )
             .map(Connection::Single)
-            .map_err(Error::from)
+            .map_err(Error::from),
+            Target::Sentinel(shared) => Ok(Connection::Sentinel(shared.connection(response_timeout))),
+        }
     }
+}
+
+/// How every connection manager connects and reconnects.
+pub(crate) fn manager_config(
+    connect_timeout: Duration,
+    response_timeout: Option<Duration>,
+) -> ConnectionManagerConfig {
+    ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(connect_timeout))
+        .set_response_timeout(response_timeout)
+        .set_number_of_retries(1)
+        .set_max_delay(Duration::from_secs(2))
 }

@@ -94,6 +94,9 @@ impl Error {
     /// reply and for an error raised inside a script.
     pub fn from_cause(cause: Cause) -> Error {
         match cause.code() {
+            // A blocked read cut off because the server turned replica (a failover): "UNBLOCKED
+            // force unblock from blocking operation, instance state changed (master -> replica?)".
+            Some("UNBLOCKED") if cause.message().contains("state changed") => Error::Unavailable(cause),
             // UNBLOCKED: the stream was deleted under a blocked XREADGROUP, so its group is gone too.
             Some("NOGROUP" | "UNBLOCKED") => Error::NoGroup(cause),
             Some(code) if RETRYABLE_CODES.contains(&code) => Error::Unavailable(cause),
@@ -147,9 +150,27 @@ mod tests {
         {
             assert!(matches!(Error::from_cause(Cause::parse(reply)), Error::Refused(_)), "{reply}");
         }
+        let demoted = Error::from_cause(Cause::parse(
+            "UNBLOCKED force unblock from blocking operation, instance state changed (master -> replica?)",
+        ));
+        assert!(matches!(demoted, Error::Unavailable(_)), "{demoted}");
+        let deleted = Error::from_cause(Cause::parse("UNBLOCKED the stream key no longer exists"));
+        assert!(matches!(deleted, Error::NoGroup(_)), "{deleted}");
         let cause = Cause::parse("OOM command not allowed");
         assert_eq!((cause.code(), cause.message()), (Some("OOM"), "command not allowed"));
         assert_eq!(cause.to_string(), "OOM command not allowed");
         assert_eq!(Cause::parse("user_script:3: boom").code(), None);
+    }
+
+    /// A demoted master answers writes with READONLY: the caller must retry (on the new master),
+    /// whether the reply comes as a client error or as a server error value.
+    #[test]
+    fn readonly_from_a_demoted_master_is_retryable() {
+        let err = Error::from(redis::RedisError::from((
+            redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly),
+            "READONLY",
+            "You can't write against a read only replica.".to_owned(),
+        )));
+        assert!(matches!(err, Error::Unavailable(_)) && err.is_retryable(), "{err:?}");
     }
 }

@@ -1,0 +1,477 @@
+//! Redis Sentinel: the master is found through the sentinels, and followed when they fail over.
+//!
+//! redis-rs's sentinel client finds a master once; it does not notice a failover. Here one
+//! [`Shared`] per bus holds the current master (its address, a client for it and a generation
+//! number, swapped whole) and the [`Sentinel`] client that looks it up. Every [`SentinelConnection`]
+//! binds a connection manager to the master of one generation and runs each command on it; when
+//! the generation moves on, the next command binds a new one (so an idle pooled blocking connection
+//! made for an old master is dropped on its next use, never used against it).
+//!
+//! What makes a lookup: a command that fails because the master is gone or is no master any more
+//! (`READONLY` from a demoted master that still accepts connections, `UNBLOCKED` when a blocked
+//! read is cut off by the role change, a refused, dropped or timed-out connection), and a periodic
+//! check while the bus is in use, so a switch is noticed even when nothing fails. Lookups are
+//! single-flight: one runs at a time, a failure that comes while one runs starts none, and a
+//! lookup that finds the generation it was asked about already replaced does nothing. The failed
+//! command returns its error, which [`crate::Error`] sorts as `Unavailable`: the caller's retry
+//! goes to the new master.
+//!
+//! A lookup asks the sentinels in turn for the masters they monitor (`SENTINEL MASTERS`) and
+//! accepts the named master only once it answers `ROLE` as a master (redis-rs's
+//! [`Sentinel::async_master_for`]); until the sentinels have promoted a replica the old address is
+//! kept, and commands keep failing as retryable.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwapOption;
+use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::sentinel::{Sentinel, SentinelNodeConnectionInfo};
+use redis::{
+    Client, Cmd, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, Pipeline, RedisError, RedisFuture,
+    RedisResult, TlsMode, Value,
+};
+use tracing::{info, warn};
+
+use crate::Error;
+use crate::connection::manager_config;
+
+/// Where the sentinels are, which master they watch, and how to authenticate to them.
+///
+/// The sentinels have their own credentials and TLS: a `rediss://` sentinel URL speaks TLS to that
+/// sentinel, and a sentinel URL's user and password, or else [`Sentinels::username`] and
+/// [`Sentinels::password`], authenticate to it. The master is reached with the credentials,
+/// database and TLS of [`crate::RedisOptions::url`], whose host and port are not used.
+#[derive(Clone, PartialEq, Eq, Default)]
+pub struct Sentinels {
+    /// `redis://[user:password@]host:port` or `rediss://...` of each sentinel, asked in this order.
+    pub urls: Vec<String>,
+    /// The name the sentinels monitor the master under (`sentinel monitor <name> ...`).
+    pub master_name: String,
+    /// User for the sentinels whose URL names none.
+    pub username: Option<String>,
+    /// Password for the sentinels whose URL names none.
+    pub password: Option<String>,
+}
+
+/// Masks every password.
+impl fmt::Debug for Sentinels {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let urls: Vec<String> = self.urls.iter().map(|url| mask_password(url)).collect();
+        f.debug_struct("Sentinels")
+            .field("urls", &urls)
+            .field("master_name", &self.master_name)
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "***"))
+            .finish()
+    }
+}
+
+/// A URL with the password in its user information replaced by `***`.
+fn mask_password(url: &str) -> String {
+    let Some(scheme_end) = url.find("://") else { return url.to_owned() };
+    let rest = &url[scheme_end + 3..];
+    let Some(at) = rest.rfind('@') else { return url.to_owned() };
+    let userinfo = &rest[..at];
+    let masked = match userinfo.find(':') {
+        Some(colon) => format!("{}:***", &userinfo[..colon]),
+        None => "***".to_owned(),
+    };
+    format!("{}{masked}{}", &url[..scheme_end + 3], &rest[at..])
+}
+
+/// How long after a lookup another one is not started for a failure: failures come in bursts
+/// (every in-flight command fails at once) and the callers back off anyway.
+const MIN_LOOKUP_INTERVAL: Duration = Duration::from_millis(200);
+/// How often the sentinels are asked while the bus is in use, failure or not.
+const CHECK_INTERVAL: Duration = Duration::from_secs(5);
+
+/// The master of one generation.
+struct Master {
+    generation: u64,
+    /// `host:port`, for logs and for noticing a change.
+    address: String,
+    client: Client,
+}
+
+/// The lookup state, used by one lookup at a time.
+struct Lookup {
+    sentinel: Sentinel,
+    last: Option<Instant>,
+}
+
+/// The state every connection of one bus shares: the current master and the sentinels.
+pub(crate) struct Shared {
+    master_name: String,
+    node: SentinelNodeConnectionInfo,
+    db: i64,
+    connect_timeout: Duration,
+    lookup_timeout: Duration,
+    current: ArcSwapOption<Master>,
+    lookup: tokio::sync::Mutex<Lookup>,
+    /// A background lookup has been started and not finished.
+    refreshing: AtomicBool,
+    /// The periodic check has been started.
+    checking: AtomicBool,
+}
+
+impl Shared {
+    /// The state for the master named in `sentinels`, reached with the credentials, database and
+    /// TLS of `url`. Nothing is connected yet.
+    ///
+    /// # Errors
+    /// A URL cannot be parsed, `url` is a Unix socket, or there is no sentinel.
+    pub(crate) fn new(url: &str, sentinels: &Sentinels, connect_timeout: Duration) -> Result<Shared, Error> {
+        let invalid = |message: String| {
+            Error::from(RedisError::from((redis::ErrorKind::InvalidClientConfig, "sentinel", message)))
+        };
+        let master = url.into_connection_info().map_err(Error::from)?;
+        let tls = match master.addr() {
+            ConnectionAddr::Tcp(..) => None,
+            ConnectionAddr::TcpTls { insecure: true, .. } => Some(TlsMode::Insecure),
+            ConnectionAddr::TcpTls { insecure: false, .. } => Some(TlsMode::Secure),
+            _ => {
+                return Err(invalid(
+                    "the master is reached over TCP: url must be redis:// or rediss://".into(),
+                ));
+            }
+        };
+        let mut node =
+            SentinelNodeConnectionInfo::default().set_redis_connection_info(master.redis_settings().clone());
+        if let Some(tls) = tls {
+            node = node.set_tls_mode(tls);
+        }
+        let infos = sentinels
+            .urls
+            .iter()
+            .map(|url| sentinel_info(url, sentinels))
+            .collect::<RedisResult<Vec<ConnectionInfo>>>()
+            .map_err(Error::from)?;
+        if infos.is_empty() {
+            return Err(invalid("no sentinel is configured".into()));
+        }
+        let count = u32::try_from(infos.len()).unwrap_or(u32::MAX);
+        let sentinel = Sentinel::build(infos).map_err(Error::from)?;
+        Ok(Shared {
+            master_name: sentinels.master_name.clone(),
+            node,
+            db: master.redis_settings().db(),
+            connect_timeout,
+            // Each sentinel may take a connect timeout, then the master's ROLE check another.
+            lookup_timeout: connect_timeout.saturating_mul(count.saturating_add(1)),
+            current: ArcSwapOption::empty(),
+            lookup: tokio::sync::Mutex::new(Lookup { sentinel, last: None }),
+            refreshing: AtomicBool::new(false),
+            checking: AtomicBool::new(false),
+        })
+    }
+
+    /// A connection handle to the current master: clones share one socket per master.
+    pub(crate) fn connection(self: &Arc<Self>, response_timeout: Option<Duration>) -> SentinelConnection {
+        SentinelConnection { shared: Arc::clone(self), bound: Arc::new(Mutex::new(None)), response_timeout }
+    }
+
+    fn generation(&self) -> u64 {
+        self.current.load().as_ref().map_or(0, |master| master.generation)
+    }
+
+    /// The current master, looked up first if none is known yet.
+    async fn master(self: &Arc<Self>) -> RedisResult<Arc<Master>> {
+        if let Some(master) = self.current.load_full() {
+            return Ok(master);
+        }
+        self.refresh(0, true).await?;
+        self.start_checking();
+        self.current.load_full().ok_or_else(|| {
+            RedisError::from((redis::ErrorKind::MasterNameNotFoundBySentinel, "no master known yet"))
+        })
+    }
+
+    /// Asks the sentinels for the master, unless generation `seen` has already been replaced (or,
+    /// when `eager` is false, a lookup ran moments ago), and swaps in the master they name when it
+    /// is another one.
+    async fn refresh(&self, seen: u64, eager: bool) -> RedisResult<()> {
+        let mut lookup = self.lookup.lock().await;
+        let current = self.current.load_full();
+        let generation = current.as_ref().map_or(0, |master| master.generation);
+        if generation != seen {
+            return Ok(());
+        }
+        if !eager && lookup.last.is_some_and(|last| last.elapsed() < MIN_LOOKUP_INTERVAL) {
+            return Ok(());
+        }
+        let found = tokio::time::timeout(
+            self.lookup_timeout,
+            lookup.sentinel.async_master_for(&self.master_name, Some(&self.node)),
+        )
+        .await;
+        lookup.last = Some(Instant::now());
+        let client = match found {
+            Ok(found) => found?,
+            Err(_elapsed) => {
+                return Err(RedisError::from(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!(
+                        "the sentinels did not name a master within {} ms",
+                        self.lookup_timeout.as_millis()
+                    ),
+                )));
+            }
+        };
+        let address = address(client.get_connection_info().addr());
+        match current {
+            Some(current) if current.address == address => {}
+            Some(current) => {
+                warn!(
+                    master_name = %self.master_name,
+                    master = %address,
+                    previous = %current.address,
+                    generation = generation + 1,
+                    "redis master changed; following the sentinels to it"
+                );
+                self.current.store(Some(Arc::new(Master { generation: generation + 1, address, client })));
+            }
+            None => {
+                info!(master_name = %self.master_name, master = %address, "redis master found through the sentinels");
+                self.current.store(Some(Arc::new(Master { generation: generation + 1, address, client })));
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts a lookup in the background for a failure seen on generation `seen`, unless one runs.
+    fn refresh_soon(self: &Arc<Self>, seen: u64) {
+        if self.refreshing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let shared = Arc::clone(self);
+        tokio::spawn(async move {
+            if let Err(err) = shared.refresh(seen, false).await {
+                warn!(master_name = %shared.master_name, error = %Error::from(err), "cannot find the redis master through the sentinels yet");
+            }
+            shared.refreshing.store(false, Ordering::Release);
+        });
+    }
+
+    /// Starts the periodic check, once; it ends when the last connection is dropped.
+    fn start_checking(self: &Arc<Self>) {
+        if self.checking.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let weak: Weak<Shared> = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut ticks = tokio::time::interval(CHECK_INTERVAL);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            ticks.tick().await;
+            loop {
+                ticks.tick().await;
+                let Some(shared) = weak.upgrade() else { return };
+                let seen = shared.generation();
+                if let Err(err) = shared.refresh(seen, false).await {
+                    warn!(master_name = %shared.master_name, error = %Error::from(err), "cannot check the redis master with the sentinels");
+                }
+            }
+        });
+    }
+}
+
+/// A sentinel's connection information, with the configured user and password when its URL
+/// names none.
+fn sentinel_info(url: &str, sentinels: &Sentinels) -> RedisResult<ConnectionInfo> {
+    let info = url.into_connection_info()?;
+    let mut settings = info.redis_settings().clone();
+    if settings.username().is_none()
+        && let Some(username) = &sentinels.username
+    {
+        settings = settings.set_username(username);
+    }
+    if settings.password().is_none()
+        && let Some(password) = &sentinels.password
+    {
+        settings = settings.set_password(password);
+    }
+    Ok(info.set_redis_settings(settings))
+}
+
+/// `host:port` of a TCP address.
+fn address(addr: &ConnectionAddr) -> String {
+    match addr {
+        ConnectionAddr::Tcp(host, port) | ConnectionAddr::TcpTls { host, port, .. } => {
+            format!("{host}:{port}")
+        }
+        other => other.to_string(),
+    }
+}
+
+/// Whether a failure says the master is gone or is no master any more.
+fn points_elsewhere(err: &RedisError) -> bool {
+    matches!(err.code(), Some("READONLY" | "MASTERDOWN"))
+        || (err.code() == Some("UNBLOCKED")
+            && err.detail().is_some_and(|detail| detail.contains("state changed")))
+        || err.is_io_error()
+        || err.is_connection_dropped()
+        || err.is_connection_refusal()
+        || err.is_timeout()
+}
+
+/// Whether a reply is an error reply saying the master is no master any more.
+fn value_points_elsewhere(value: &Value) -> bool {
+    match value {
+        Value::ServerError(err) => matches!(err.code(), "READONLY" | "MASTERDOWN"),
+        Value::Array(items) => {
+            items.iter().any(|item| matches!(item, Value::ServerError(_)) && value_points_elsewhere(item))
+        }
+        _ => false,
+    }
+}
+
+/// A connection to whichever server the sentinels name as master.
+#[derive(Clone)]
+pub(crate) struct SentinelConnection {
+    shared: Arc<Shared>,
+    /// The connection manager for the master of one generation, shared by this handle's clones.
+    bound: Arc<Mutex<Option<(u64, ConnectionManager)>>>,
+    response_timeout: Option<Duration>,
+}
+
+impl SentinelConnection {
+    /// The connection to the current master, made when the master changed.
+    async fn current(&self) -> RedisResult<(u64, ConnectionManager)> {
+        let master = self.shared.master().await?;
+        // A poisoned lock only means a panic while the slot was replaced; the slot is still whole.
+        let mut bound = self.bound.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some((generation, connection)) = bound.as_ref()
+            && *generation == master.generation
+        {
+            return Ok((*generation, connection.clone()));
+        }
+        let config = manager_config(self.shared.connect_timeout, self.response_timeout);
+        let connection = ConnectionManager::new_lazy_with_config(master.client.clone(), config)?;
+        *bound = Some((master.generation, connection.clone()));
+        Ok((master.generation, connection))
+    }
+
+    /// Starts a lookup when `result` says the master of `generation` is gone or demoted.
+    fn check<T>(&self, generation: u64, result: &RedisResult<T>, value: impl Fn(&T) -> bool) {
+        let suspect = match result {
+            Ok(reply) => value(reply),
+            Err(err) => points_elsewhere(err),
+        };
+        if suspect {
+            self.shared.refresh_soon(generation);
+        }
+    }
+
+    /// Starts a lookup: something this connection ran was refused as by a server that is no
+    /// master (an error inside a script's reply, which the connection cannot see).
+    pub(crate) fn suspect(&self) {
+        let bound = self.bound.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some((generation, _)) = bound.as_ref() {
+            self.shared.refresh_soon(*generation);
+        }
+    }
+}
+
+impl ConnectionLike for SentinelConnection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        Box::pin(async move {
+            let (generation, mut connection) = self.current().await?;
+            let result = connection.req_packed_command(cmd).await;
+            self.check(generation, &result, value_points_elsewhere);
+            result
+        })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        Box::pin(async move {
+            let (generation, mut connection) = self.current().await?;
+            let result = connection.req_packed_commands(pipeline, offset, count).await;
+            self.check(generation, &result, |replies: &Vec<Value>| {
+                replies.iter().any(value_points_elsewhere)
+            });
+            result
+        })
+    }
+
+    fn get_db(&self) -> i64 {
+        self.shared.db
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_masks_every_password() {
+        let sentinels = Sentinels {
+            urls: vec!["redis://:s3cret@10.0.0.1:26379".into(), "rediss://ops:s3cret@10.0.0.2:26379".into()],
+            master_name: "mymaster".into(),
+            username: Some("ops".into()),
+            password: Some("hunter2".into()),
+        };
+        let printed = format!("{sentinels:?}");
+        assert!(!printed.contains("s3cret") && !printed.contains("hunter2"), "{printed}");
+        assert!(
+            printed.contains("redis://:***@10.0.0.1:26379") && printed.contains("rediss://ops:***@"),
+            "{printed}"
+        );
+    }
+
+    #[test]
+    fn sentinels_get_the_configured_credentials_unless_their_url_has_some() {
+        let sentinels = Sentinels {
+            urls: vec![],
+            master_name: "m".into(),
+            username: Some("ops".into()),
+            password: Some("pw".into()),
+        };
+        let plain = sentinel_info("redis://127.0.0.1:26379", &sentinels).unwrap();
+        assert_eq!(
+            (plain.redis_settings().username(), plain.redis_settings().password()),
+            (Some("ops"), Some("pw"))
+        );
+        let own = sentinel_info("rediss://me:mine@127.0.0.1:26379", &sentinels).unwrap();
+        assert_eq!(
+            (own.redis_settings().username(), own.redis_settings().password()),
+            (Some("me"), Some("mine"))
+        );
+        assert!(matches!(own.addr(), ConnectionAddr::TcpTls { .. }));
+    }
+
+    #[test]
+    fn the_master_url_must_be_tcp_and_a_sentinel_is_required() {
+        let sentinels = Sentinels {
+            urls: vec!["redis://127.0.0.1:26379".into()],
+            master_name: "m".into(),
+            ..Sentinels::default()
+        };
+        assert!(Shared::new("unix:///run/redis.sock", &sentinels, Duration::from_secs(1)).is_err());
+        assert!(
+            Shared::new("redis://127.0.0.1:6379", &Sentinels::default(), Duration::from_secs(1)).is_err()
+        );
+        let shared = Shared::new("rediss://:pw@ignored:1/3", &sentinels, Duration::from_secs(1)).unwrap();
+        assert_eq!(shared.db, 3);
+    }
+
+    #[test]
+    fn failures_that_say_the_master_moved_are_recognised() {
+        let readonly = RedisError::from((
+            redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly),
+            "READONLY",
+            "You can't write against a read only replica.".to_owned(),
+        ));
+        assert!(points_elsewhere(&readonly), "{readonly:?}");
+        let refused = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        assert!(points_elsewhere(&refused));
+        let wrongtype = RedisError::from((redis::ErrorKind::Client, "WRONGTYPE", "nope".to_owned()));
+        assert!(!points_elsewhere(&wrongtype));
+    }
+}
