@@ -8,7 +8,7 @@ use toolhost_bus::{Bus, CallError, Caller, Error as BusError, Keys, RedisBus, St
 use toolhost_envelope::DiscoveryFormat;
 
 use crate::EXIT_CONFIG;
-use crate::config::{Config, mask_url};
+use crate::config::Config;
 use crate::output;
 
 /// Exit code when the tool answered with an error.
@@ -19,7 +19,7 @@ pub const EXIT_TRANSPORT: i32 = 2;
 fn caller(config: &Config) -> Result<(Arc<dyn Bus>, Caller), String> {
     let raw = &config.raw;
     let bus: Arc<dyn Bus> =
-        Arc::new(RedisBus::new(config.redis_options()).map_err(|err| redis_failure(&raw.redis.url, &err))?);
+        Arc::new(RedisBus::new(config.redis_options()).map_err(|err| redis_failure(&raw.redis, &err))?);
     let keys = Keys::new(raw.redis.key_prefix.clone());
     let caller = Caller::new(bus.clone(), &keys, &raw.streams.requests, &raw.streams.results, "toolhost:cli");
     Ok((bus, caller))
@@ -110,7 +110,7 @@ async fn print_registry(config: &Config, bus: &dyn Store, format: DiscoveryForma
     let fields = match bus.hash_fields(&keys.registry(&raw.daemon.toolbox_id)).await {
         Ok(fields) => fields,
         Err(err) => {
-            eprintln!("toolhost: cannot read the registry: {}", redis_failure(&raw.redis.url, &err));
+            eprintln!("toolhost: cannot read the registry: {}", redis_failure(&raw.redis, &err));
             return EXIT_TRANSPORT;
         }
     };
@@ -132,20 +132,20 @@ fn describe(config: &Config, err: &CallError) -> String {
         CallError::Timeout(_) => format!(
             "{err}; is a toolhost daemon with toolbox_id '{}' serving {} (key prefix '{}', streams {} and {})?",
             raw.daemon.toolbox_id,
-            mask_url(&raw.redis.url),
+            raw.redis.describe(),
             raw.redis.key_prefix,
             raw.streams.requests,
             raw.streams.results,
         ),
-        CallError::Bus(err) => redis_failure(&raw.redis.url, err),
+        CallError::Bus(err) => redis_failure(&raw.redis, err),
         _ => err.to_string(),
     }
 }
 
-/// A Redis failure for a person: the URL with its password masked, what went wrong and, when
-/// Redis does not answer, where to look.
-pub(crate) fn redis_failure(url: &str, err: &BusError) -> String {
-    let url = mask_url(url);
+/// A Redis failure for a person: where Redis is (the URL or the sentinels, passwords masked),
+/// what went wrong and, when Redis does not answer, where to look.
+pub(crate) fn redis_failure(redis: &crate::config::RedisSection, err: &BusError) -> String {
+    let url = redis.describe();
     if err.is_retryable() {
         format!(
             "Redis at {url} does not answer ({err}); is redis-server running there? \

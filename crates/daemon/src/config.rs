@@ -121,17 +121,47 @@ pub struct RedisSection {
     pub url: String,
     pub key_prefix: String,
     pub response_timeout_ms: u64,
+    /// Sentinel URLs; when any is set, the master is found through them and `url` gives only its
+    /// credentials, database and TLS.
+    pub sentinels: Vec<String>,
+    pub sentinel_master: String,
+    /// For the sentinels whose URL names none; empty: none.
+    pub sentinel_username: String,
+    pub sentinel_password: String,
 }
 
-/// Masks the password, so a configuration printed with `{:?}` leaks nothing.
+/// Masks the passwords, so a configuration printed with `{:?}` leaks nothing.
 impl std::fmt::Debug for RedisSection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let sentinels: Vec<String> = self.sentinels.iter().map(|url| mask_url(url)).collect();
         f.debug_struct("RedisSection")
             .field("url", &mask_url(&self.url))
             .field("key_prefix", &self.key_prefix)
             .field("response_timeout_ms", &self.response_timeout_ms)
+            .field("sentinels", &sentinels)
+            .field("sentinel_master", &self.sentinel_master)
+            .field("sentinel_username", &self.sentinel_username)
+            .field("sentinel_password", &mask_secret(&self.sentinel_password))
             .finish()
     }
+}
+
+impl RedisSection {
+    /// Where Redis is, for logs and messages, passwords masked: the URL, or the sentinels and the
+    /// master's name.
+    pub fn describe(&self) -> String {
+        if self.sentinels.is_empty() {
+            mask_url(&self.url)
+        } else {
+            let sentinels: Vec<String> = self.sentinels.iter().map(|url| mask_url(url)).collect();
+            format!("master {} via sentinels {}", self.sentinel_master, sentinels.join(","))
+        }
+    }
+}
+
+/// `***` for a non-empty secret, empty for none.
+fn mask_secret(secret: &str) -> &'static str {
+    if secret.is_empty() { "" } else { "***" }
 }
 
 /// `[daemon]`
@@ -447,6 +477,7 @@ fn layer(
             .try_parsing(true)
             .list_separator(",")
             .with_list_parse_key("tools.disabled")
+            .with_list_parse_key("redis.sentinels")
             .source(Some(structured)),
     );
     let set =
@@ -632,7 +663,14 @@ fn validate_sources(
 
 /// Checks every value, adding each bad key to `errors`; the typed configuration when the values
 /// can be converted at all.
-fn validate(raw: RawConfig, vars: &HashMap<String, String>, errors: &mut Vec<KeyError>) -> Option<Config> {
+fn validate(
+    mut raw: RawConfig,
+    vars: &HashMap<String, String>,
+    errors: &mut Vec<KeyError>,
+) -> Option<Config> {
+    // `TOOLHOST__REDIS__SENTINELS=""` (an unset compose variable) means no Sentinel.
+    raw.redis.sentinels =
+        raw.redis.sentinels.iter().map(|url| url.trim().to_owned()).filter(|url| !url.is_empty()).collect();
     let http_headers = validate_sources(&raw, vars, errors);
     let mcp_env = EnvVars(vars.iter().map(|(name, value)| (name.clone(), value.clone())).collect());
     if let Err(found) = toolhost_mcp::config::resolve(&raw.mcp_servers, &mcp_env.0) {
@@ -642,6 +680,29 @@ fn validate(raw: RawConfig, vars: &HashMap<String, String>, errors: &mut Vec<Key
         |key: &str, message: &str| errors.push(KeyError { key: key.to_owned(), message: message.to_owned() });
     if redis::parse_redis_url(&raw.redis.url).is_none() && !raw.redis.url.starts_with("unix://") {
         bad("redis.url", "expected a redis://, rediss:// or unix:// URL");
+    }
+    for (index, url) in raw.redis.sentinels.iter().enumerate() {
+        let key = format!("redis.sentinels[{index}]");
+        match redis::parse_redis_url(url) {
+            None => bad(&key, "expected a redis:// or rediss:// URL of a sentinel"),
+            // Sentinels have no databases: redis-rs would send SELECT, which they refuse.
+            Some(parsed) if !matches!(parsed.path(), "" | "/" | "/0") => {
+                bad(&key, "a sentinel URL names no database (no /<db>)")
+            }
+            Some(_) => {}
+        }
+    }
+    if !raw.redis.sentinels.is_empty() {
+        if raw.redis.url.starts_with("unix://") {
+            bad(
+                "redis.url",
+                "with redis.sentinels the master is reached over TCP: expected redis:// or rediss://",
+            );
+        }
+        if raw.redis.sentinel_master.is_empty() || raw.redis.sentinel_master.chars().any(char::is_whitespace)
+        {
+            bad("redis.sentinel_master", "must be non-empty and without spaces");
+        }
     }
     for (key, value) in [
         ("daemon.toolbox_id", &raw.daemon.toolbox_id),
@@ -742,6 +803,15 @@ impl Config {
     pub fn redis_options(&self) -> toolhost_bus::RedisOptions {
         let raw = &self.raw;
         let mut options = toolhost_bus::RedisOptions::new(raw.redis.url.clone());
+        if !raw.redis.sentinels.is_empty() {
+            let given = |value: &str| (!value.is_empty()).then(|| value.to_owned());
+            options.topology = toolhost_bus::Topology::Sentinel(toolhost_bus::Sentinels {
+                urls: raw.redis.sentinels.clone(),
+                master_name: raw.redis.sentinel_master.clone(),
+                username: given(&raw.redis.sentinel_username),
+                password: given(&raw.redis.sentinel_password),
+            });
+        }
         options.maxlen = raw.streams.maxlen;
         options.response_timeout = Duration::from_millis(raw.redis.response_timeout_ms);
         // Group reads deliver larger values only as head, size and digest, so one read stays small.
@@ -754,6 +824,8 @@ impl Config {
     pub fn masked_toml(&self) -> String {
         let mut raw = self.raw.clone();
         raw.redis.url = mask_url(&raw.redis.url);
+        raw.redis.sentinels = raw.redis.sentinels.iter().map(|url| mask_url(url)).collect();
+        raw.redis.sentinel_password = mask_secret(&raw.redis.sentinel_password).to_owned();
         let terminal = &mut raw.tools.terminal;
         terminal.redact_substrings = terminal.redact_substrings.iter().map(|_| "***".to_owned()).collect();
         terminal.redact_patterns = terminal.redact_patterns.iter().map(|_| "***".to_owned()).collect();
@@ -766,23 +838,27 @@ impl Config {
 
 impl Config {
     /// The daemon's own secrets that a child process could print or a service echo back: the
-    /// Redis URL's password (or its whole user information when it has no `:`), as written and
-    /// percent-decoded, a `pass`/`password` query parameter, and what the `${VAR}` references of
-    /// `[[http_tools]] headers` expanded to. Empty when there are none.
+    /// password of the Redis URL and of every sentinel URL (or the whole user information when it
+    /// has no `:`), as written and percent-decoded, a `pass`/`password` query parameter,
+    /// `sentinel_password`, and what the `${VAR}` references of `[[http_tools]] headers` expanded
+    /// to. Empty when there are none.
     pub fn secrets(&self) -> Vec<String> {
-        let url = &self.raw.redis.url;
+        let redis = &self.raw.redis;
         let mut res = self.http_headers.secrets.clone();
-        if let Some(scheme_end) = url.find("://") {
-            let rest = &url[scheme_end + 3..];
-            if let Some(at) = rest.rfind('@') {
-                let userinfo = &rest[..at];
-                res.push(userinfo.split_once(':').map_or(userinfo, |(_, password)| password).to_owned());
+        res.push(redis.sentinel_password.clone());
+        for url in std::iter::once(&redis.url).chain(&redis.sentinels) {
+            if let Some(scheme_end) = url.find("://") {
+                let rest = &url[scheme_end + 3..];
+                if let Some(at) = rest.rfind('@') {
+                    let userinfo = &rest[..at];
+                    res.push(userinfo.split_once(':').map_or(userinfo, |(_, password)| password).to_owned());
+                }
             }
-        }
-        if let Some((_, query)) = url.split_once('?') {
-            for pair in query.split('&') {
-                if let Some(("pass" | "password", value)) = pair.split_once('=') {
-                    res.push(value.to_owned());
+            if let Some((_, query)) = url.split_once('?') {
+                for pair in query.split('&') {
+                    if let Some(("pass" | "password", value)) = pair.split_once('=') {
+                        res.push(value.to_owned());
+                    }
                 }
             }
         }
@@ -1178,6 +1254,59 @@ mod tests {
         let path = file("[http]\nmax_connections = 0\nidle_timeout_ms = 0\n");
         let err = Config::load(Some(&path.0), &env(&[])).unwrap_err().to_string();
         assert!(err.contains("http.max_connections") && err.contains("http.idle_timeout_ms"), "{err}");
+    }
+
+    #[test]
+    fn sentinels_are_read_from_the_environment_and_become_the_topology() {
+        let config = Config::load(
+            None,
+            &env(&[
+                ("TOOLHOST__REDIS__SENTINELS", "redis://10.0.0.1:26379, rediss://:s3ntinel@10.0.0.2:26380"),
+                ("TOOLHOST__REDIS__SENTINEL_MASTER", "orders"),
+                ("TOOLHOST__REDIS__SENTINEL_PASSWORD", "hunter2"),
+                ("REDIS_URL", "redis://:s3cret@ignored:6379/2"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(
+            config.raw.redis.sentinels,
+            ["redis://10.0.0.1:26379", "rediss://:s3ntinel@10.0.0.2:26380"]
+        );
+        let options = config.redis_options();
+        let toolhost_bus::Topology::Sentinel(sentinels) = &options.topology else {
+            panic!("{:?}", options.topology)
+        };
+        assert_eq!(sentinels.master_name, "orders");
+        assert_eq!((sentinels.username.as_deref(), sentinels.password.as_deref()), (None, Some("hunter2")));
+        assert_eq!(options.url, "redis://:s3cret@ignored:6379/2");
+        for printed in [config.masked_toml(), format!("{config:?}"), config.raw.redis.describe()] {
+            for secret in ["s3ntinel", "hunter2", "s3cret"] {
+                assert!(!printed.contains(secret), "{secret} in {printed}");
+            }
+        }
+        assert!(config.masked_toml().contains("rediss://:***@10.0.0.2:26380"), "{}", config.masked_toml());
+        assert!(
+            config.raw.redis.describe().starts_with("master orders via sentinels redis://10.0.0.1:26379,")
+        );
+        assert_eq!(config.secrets(), ["hunter2", "s3cret", "s3ntinel"]);
+        // Unset (an empty compose variable): no Sentinel.
+        let config = Config::load(None, &env(&[("TOOLHOST__REDIS__SENTINELS", "")])).unwrap();
+        assert!(config.raw.redis.sentinels.is_empty());
+        assert_eq!(config.redis_options().topology, toolhost_bus::Topology::Single);
+    }
+
+    #[test]
+    fn bad_sentinel_settings_are_named_together() {
+        let path = file(
+            "[redis]\nurl = \"unix:///run/redis.sock\"\nsentinels = [\"http://x:1\", \"redis://:s3cret@h:26379/1\"]\n\
+             sentinel_master = \"\"\n",
+        );
+        let err = Config::load(Some(&path.0), &env(&[])).unwrap_err();
+        let text = err.to_string();
+        for key in ["redis.sentinels[0]", "redis.sentinels[1]", "redis.url", "redis.sentinel_master"] {
+            assert!(text.contains(key), "{key} missing from {text}");
+        }
+        assert!(!text.contains("s3cret"), "{text}");
     }
 
     #[test]

@@ -22,7 +22,7 @@ use toolhost_tools::{DEFAULT_MAX_QUEUE, LimitSettings, Registry, SharedRegistry,
 use tracing::{debug, error, info, warn};
 
 use crate::call::{Door, Lifecycle};
-use crate::config::{Config, ConfigError, KeyError, ProcessEnv, mask_url};
+use crate::config::{Config, ConfigError, KeyError, ProcessEnv};
 use crate::doors::chat::{Inbox, InboxSettings};
 use crate::doors::requests::{DispatchSettings, Requests};
 use crate::fleet::Fleet;
@@ -477,7 +477,7 @@ impl App {
         }
         let tasks = shutdown.tasks();
         let probe = Probe {
-            redis: mask_url(&raw.redis.url),
+            redis: raw.redis.describe(),
             bus: bus.clone(),
             telemetry: telemetry.clone(),
             groups: vec![
@@ -523,7 +523,7 @@ impl App {
             toolbox_id = %raw.daemon.toolbox_id,
             agent_name = %raw.daemon.agent_name,
             consumer = %consumer,
-            redis = %mask_url(&raw.redis.url),
+            redis = %raw.redis.describe(),
             requests = %requests_key,
             group = %raw.daemon.toolbox_id,
             results = %keys.topic(&raw.streams.results),
