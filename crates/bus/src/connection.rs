@@ -83,7 +83,7 @@ pub(crate) struct Connector {
 
 /// What a [`Connector`] connects to.
 enum Target {
-    Single(Client),
+    Single(Box<Client>),
     Sentinel(Arc<Shared>),
 }
 
@@ -95,7 +95,7 @@ impl Connector {
     pub(crate) fn new(url: &str, topology: &Topology, connect_timeout: Duration) -> Result<Connector, Error> {
         match topology {
             Topology::Single => Ok(Connector {
-                target: Target::Single(Client::open(url).map_err(Error::from)?),
+                target: Target::Single(Box::new(Client::open(url).map_err(Error::from)?)),
                 connect_timeout,
             }),
             Topology::Sentinel(sentinels) => Ok(Connector {
@@ -126,7 +126,7 @@ impl Connector {
     fn single(&self, response_timeout: Option<Duration>) -> Result<Connection, Error> {
         match &self.target {
             Target::Single(client) => ConnectionManager::new_lazy_with_config(
-                client.clone(),
+                Client::clone(client),
                 manager_config(self.connect_timeout, response_timeout),
             )
             .map(Connection::Single)

@@ -10,7 +10,8 @@
 //! What makes a lookup: a command that fails because the master is gone or is no master any more
 //! (`READONLY` from a demoted master that still accepts connections, `UNBLOCKED` when a blocked
 //! read is cut off by the role change, a refused, dropped or timed-out connection), and a periodic
-//! check while the bus is in use, so a switch is noticed even when nothing fails. Lookups are
+//! check while the bus is in use ([`Sentinels::check_interval`]), so a switch is noticed even
+//! when nothing fails. Lookups are
 //! single-flight: one runs at a time, a failure that comes while one runs starts none, and a
 //! lookup that finds the generation it was asked about already replaced does nothing. The failed
 //! command returns its error, which [`crate::Error`] sorts as `Unavailable`: the caller's retry
@@ -33,7 +34,7 @@ use redis::{
     Client, Cmd, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, Pipeline, RedisError, RedisFuture,
     RedisResult, TlsMode, Value,
 };
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::Error;
 use crate::connection::manager_config;
@@ -54,6 +55,9 @@ pub struct Sentinels {
     pub username: Option<String>,
     /// Password for the sentinels whose URL names none.
     pub password: Option<String>,
+    /// How often the sentinels are asked for the master while the bus is in use, failure or not;
+    /// `None`: only when a command fails.
+    pub check_interval: Option<Duration>,
 }
 
 /// Masks every password.
@@ -65,6 +69,7 @@ impl fmt::Debug for Sentinels {
             .field("master_name", &self.master_name)
             .field("username", &self.username)
             .field("password", &self.password.as_ref().map(|_| "***"))
+            .field("check_interval", &self.check_interval)
             .finish()
     }
 }
@@ -85,8 +90,6 @@ fn mask_password(url: &str) -> String {
 /// How long after a lookup another one is not started for a failure: failures come in bursts
 /// (every in-flight command fails at once) and the callers back off anyway.
 const MIN_LOOKUP_INTERVAL: Duration = Duration::from_millis(200);
-/// How often the sentinels are asked while the bus is in use, failure or not.
-const CHECK_INTERVAL: Duration = Duration::from_secs(5);
 
 /// The master of one generation.
 struct Master {
@@ -115,6 +118,9 @@ pub(crate) struct Shared {
     refreshing: AtomicBool,
     /// The periodic check has been started.
     checking: AtomicBool,
+    check_interval: Option<Duration>,
+    /// The last lookup failed: the next failure is logged at debug level only.
+    failing: AtomicBool,
 }
 
 impl Shared {
@@ -165,6 +171,8 @@ impl Shared {
             lookup: tokio::sync::Mutex::new(Lookup { sentinel, last: None }),
             refreshing: AtomicBool::new(false),
             checking: AtomicBool::new(false),
+            check_interval: sentinels.check_interval,
+            failing: AtomicBool::new(false),
         })
     }
 
@@ -182,25 +190,28 @@ impl Shared {
         if let Some(master) = self.current.load_full() {
             return Ok(master);
         }
-        self.refresh(0, true).await?;
+        self.refresh(0, None).await?;
         self.start_checking();
         self.current.load_full().ok_or_else(|| {
             RedisError::from((redis::ErrorKind::MasterNameNotFoundBySentinel, "no master known yet"))
         })
     }
 
-    /// Asks the sentinels for the master, unless generation `seen` has already been replaced (or,
-    /// when `eager` is false, a lookup ran moments ago), and swaps in the master they name when it
-    /// is another one.
-    async fn refresh(&self, seen: u64, eager: bool) -> RedisResult<()> {
+    /// Asks the sentinels for the master, unless generation `seen` has already been replaced or,
+    /// when there is a master already, a lookup ran moments ago; swaps in the master they name
+    /// when it is another one. `reason`: the failure that asks, if one does. Whether a lookup ran.
+    async fn refresh(&self, seen: u64, reason: Option<&str>) -> RedisResult<bool> {
         let mut lookup = self.lookup.lock().await;
         let current = self.current.load_full();
         let generation = current.as_ref().map_or(0, |master| master.generation);
         if generation != seen {
-            return Ok(());
+            return Ok(false);
         }
-        if !eager && lookup.last.is_some_and(|last| last.elapsed() < MIN_LOOKUP_INTERVAL) {
-            return Ok(());
+        if current.is_some() && lookup.last.is_some_and(|last| last.elapsed() < MIN_LOOKUP_INTERVAL) {
+            return Ok(false);
+        }
+        if let (Some(reason), Some(current)) = (reason, &current) {
+            debug!(master_name = %self.master_name, master = %current.address, %reason, "asking the sentinels for the master after a failure");
         }
         let found = tokio::time::timeout(
             self.lookup_timeout,
@@ -238,40 +249,61 @@ impl Shared {
                 self.current.store(Some(Arc::new(Master { generation: generation + 1, address, client })));
             }
         }
-        Ok(())
+        Ok(true)
     }
 
     /// Starts a lookup in the background for a failure seen on generation `seen`, unless one runs.
-    fn refresh_soon(self: &Arc<Self>, seen: u64) {
+    fn refresh_soon(self: &Arc<Self>, seen: u64, reason: &dyn fmt::Display) {
         if self.refreshing.swap(true, Ordering::AcqRel) {
             return;
         }
+        let reason = reason.to_string();
         let shared = Arc::clone(self);
         tokio::spawn(async move {
-            if let Err(err) = shared.refresh(seen, false).await {
-                warn!(master_name = %shared.master_name, error = %Error::from(err), "cannot find the redis master through the sentinels yet");
-            }
+            let result = shared.refresh(seen, Some(&reason)).await;
+            shared.report(result);
             shared.refreshing.store(false, Ordering::Release);
         });
     }
 
+    /// Logs a failed lookup once per run of failures (the callers retry, so one failover makes
+    /// many), the rest at debug level.
+    fn report(&self, result: RedisResult<bool>) {
+        match result {
+            Ok(false) => {}
+            Ok(true) => self.failing.store(false, Ordering::Release),
+            Err(err) => {
+                let err = Error::from(err);
+                if self.failing.swap(true, Ordering::AcqRel) {
+                    debug!(master_name = %self.master_name, error = %err, "the sentinels name no reachable master yet");
+                } else {
+                    warn!(
+                        master_name = %self.master_name,
+                        error = %err,
+                        "the sentinels name no reachable master yet; asking again while commands fail"
+                    );
+                }
+            }
+        }
+    }
+
     /// Starts the periodic check, once; it ends when the last connection is dropped.
     fn start_checking(self: &Arc<Self>) {
+        let Some(interval) = self.check_interval else { return };
         if self.checking.swap(true, Ordering::AcqRel) {
             return;
         }
         let weak: Weak<Shared> = Arc::downgrade(self);
         tokio::spawn(async move {
-            let mut ticks = tokio::time::interval(CHECK_INTERVAL);
+            let mut ticks = tokio::time::interval(interval);
             ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             ticks.tick().await;
             loop {
                 ticks.tick().await;
                 let Some(shared) = weak.upgrade() else { return };
                 let seen = shared.generation();
-                if let Err(err) = shared.refresh(seen, false).await {
-                    warn!(master_name = %shared.master_name, error = %Error::from(err), "cannot check the redis master with the sentinels");
-                }
+                let result = shared.refresh(seen, None).await;
+                shared.report(result);
             }
         });
     }
@@ -316,14 +348,17 @@ fn points_elsewhere(err: &RedisError) -> bool {
         || err.is_timeout()
 }
 
-/// Whether a reply is an error reply saying the master is no master any more.
-fn value_points_elsewhere(value: &Value) -> bool {
+/// The error reply in a reply (or among a pipeline's replies) that says the master is no master
+/// any more, as `CODE detail`: server errors come back as such values, not as `Err`.
+fn refusal_in(value: &Value) -> Option<String> {
     match value {
-        Value::ServerError(err) => matches!(err.code(), "READONLY" | "MASTERDOWN"),
-        Value::Array(items) => {
-            items.iter().any(|item| matches!(item, Value::ServerError(_)) && value_points_elsewhere(item))
+        Value::ServerError(err) if matches!(err.code(), "READONLY" | "MASTERDOWN") => {
+            Some(format!("{} {}", err.code(), err.details().unwrap_or_default()))
         }
-        _ => false,
+        Value::Array(items) => {
+            items.iter().filter(|item| matches!(item, Value::ServerError(_))).find_map(refusal_in)
+        }
+        _ => None,
     }
 }
 
@@ -354,13 +389,15 @@ impl SentinelConnection {
     }
 
     /// Starts a lookup when `result` says the master of `generation` is gone or demoted.
-    fn check<T>(&self, generation: u64, result: &RedisResult<T>, value: impl Fn(&T) -> bool) {
-        let suspect = match result {
-            Ok(reply) => value(reply),
-            Err(err) => points_elsewhere(err),
-        };
-        if suspect {
-            self.shared.refresh_soon(generation);
+    fn check<T>(&self, generation: u64, result: &RedisResult<T>, refusal: impl Fn(&T) -> Option<String>) {
+        match result {
+            Ok(reply) => {
+                if let Some(refusal) = refusal(reply) {
+                    self.shared.refresh_soon(generation, &refusal);
+                }
+            }
+            Err(err) if points_elsewhere(err) => self.shared.refresh_soon(generation, err),
+            Err(_) => {}
         }
     }
 
@@ -369,7 +406,7 @@ impl SentinelConnection {
     pub(crate) fn suspect(&self) {
         let bound = self.bound.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if let Some((generation, _)) = bound.as_ref() {
-            self.shared.refresh_soon(*generation);
+            self.shared.refresh_soon(*generation, &"a write refused inside a script (READONLY)");
         }
     }
 }
@@ -379,7 +416,7 @@ impl ConnectionLike for SentinelConnection {
         Box::pin(async move {
             let (generation, mut connection) = self.current().await?;
             let result = connection.req_packed_command(cmd).await;
-            self.check(generation, &result, value_points_elsewhere);
+            self.check(generation, &result, refusal_in);
             result
         })
     }
@@ -393,9 +430,7 @@ impl ConnectionLike for SentinelConnection {
         Box::pin(async move {
             let (generation, mut connection) = self.current().await?;
             let result = connection.req_packed_commands(pipeline, offset, count).await;
-            self.check(generation, &result, |replies: &Vec<Value>| {
-                replies.iter().any(value_points_elsewhere)
-            });
+            self.check(generation, &result, |replies: &Vec<Value>| replies.iter().find_map(refusal_in));
             result
         })
     }
@@ -416,6 +451,7 @@ mod tests {
             master_name: "mymaster".into(),
             username: Some("ops".into()),
             password: Some("hunter2".into()),
+            check_interval: None,
         };
         let printed = format!("{sentinels:?}");
         assert!(!printed.contains("s3cret") && !printed.contains("hunter2"), "{printed}");
@@ -432,6 +468,7 @@ mod tests {
             master_name: "m".into(),
             username: Some("ops".into()),
             password: Some("pw".into()),
+            check_interval: None,
         };
         let plain = sentinel_info("redis://127.0.0.1:26379", &sentinels).unwrap();
         assert_eq!(

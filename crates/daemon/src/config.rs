@@ -128,6 +128,8 @@ pub struct RedisSection {
     /// For the sentinels whose URL names none; empty: none.
     pub sentinel_username: String,
     pub sentinel_password: String,
+    /// How often the sentinels are asked for the master when nothing fails; 0: only on failures.
+    pub sentinel_check_ms: u64,
 }
 
 /// Masks the passwords, so a configuration printed with `{:?}` leaks nothing.
@@ -142,6 +144,7 @@ impl std::fmt::Debug for RedisSection {
             .field("sentinel_master", &self.sentinel_master)
             .field("sentinel_username", &self.sentinel_username)
             .field("sentinel_password", &mask_secret(&self.sentinel_password))
+            .field("sentinel_check_ms", &self.sentinel_check_ms)
             .finish()
     }
 }
@@ -810,6 +813,8 @@ impl Config {
                 master_name: raw.redis.sentinel_master.clone(),
                 username: given(&raw.redis.sentinel_username),
                 password: given(&raw.redis.sentinel_password),
+                check_interval: (raw.redis.sentinel_check_ms > 0)
+                    .then(|| Duration::from_millis(raw.redis.sentinel_check_ms)),
             });
         }
         options.maxlen = raw.streams.maxlen;
@@ -1278,6 +1283,7 @@ mod tests {
         };
         assert_eq!(sentinels.master_name, "orders");
         assert_eq!((sentinels.username.as_deref(), sentinels.password.as_deref()), (None, Some("hunter2")));
+        assert_eq!(sentinels.check_interval, Some(Duration::from_secs(5)));
         assert_eq!(options.url, "redis://:s3cret@ignored:6379/2");
         for printed in [config.masked_toml(), format!("{config:?}"), config.raw.redis.describe()] {
             for secret in ["s3ntinel", "hunter2", "s3cret"] {
