@@ -79,10 +79,11 @@ impl std::error::Error for Cause {}
 
 /// Server error codes that say "not now": the server loads its data (`LOADING`), runs a long
 /// script (`BUSY`), fails over or resharding (`TRYAGAIN`, `MASTERDOWN`, `READONLY`,
-/// `CLUSTERDOWN`), is out of memory under `noeviction` (`OOM`) or cannot persist (`MISCONF`).
-/// Each passes without anyone changing the command.
+/// `CLUSTERDOWN`), is out of memory under `noeviction` (`OOM`), cannot persist (`MISCONF`) or has
+/// too few replicas in sync under `min-replicas-to-write` (`NOREPLICAS`). Each passes without
+/// anyone changing the command.
 const RETRYABLE_CODES: &[&str] =
-    &["LOADING", "BUSY", "TRYAGAIN", "MASTERDOWN", "READONLY", "CLUSTERDOWN", "OOM", "MISCONF"];
+    &["LOADING", "BUSY", "TRYAGAIN", "MASTERDOWN", "READONLY", "CLUSTERDOWN", "OOM", "MISCONF", "NOREPLICAS"];
 
 impl Error {
     /// Whether waiting and retrying the same operation can succeed.
@@ -140,6 +141,7 @@ mod tests {
             "CLUSTERDOWN The cluster is down",
             "LOADING Redis is loading the dataset in memory",
             "READONLY You can't write against a read only replica.",
+            "NOREPLICAS Not enough good replicas to write.",
         ] {
             assert!(Error::from_cause(Cause::parse(reply)).is_retryable(), "{reply}");
         }
