@@ -11,11 +11,10 @@
 //! (`READONLY` from a demoted master that still accepts connections, `UNBLOCKED` when a blocked
 //! read is cut off by the role change, a refused, dropped or timed-out connection), and a periodic
 //! check while the bus is in use ([`Sentinels::check_interval`]), so a switch is noticed even
-//! when nothing fails. Lookups are
-//! single-flight: one runs at a time, a failure that comes while one runs starts none, and a
-//! lookup that finds the generation it was asked about already replaced does nothing. The failed
-//! command returns its error, which [`crate::Error`] sorts as `Unavailable`: the caller's retry
-//! goes to the new master.
+//! when nothing fails. Lookups are single-flight: one runs at a time, a failure that comes while
+//! one runs starts none, and a lookup that finds the generation it was asked about already
+//! replaced does nothing. The failed command returns its error, which [`crate::Error`] sorts as
+//! `Unavailable`: the caller's retry goes to the new master.
 //!
 //! A lookup asks the sentinels in turn for the masters they monitor (`SENTINEL MASTERS`) and
 //! accepts the named master only once it answers `ROLE` as a master (redis-rs's
