@@ -146,7 +146,14 @@ fn describe(config: &Config, err: &CallError) -> String {
 /// what went wrong and, when Redis does not answer, where to look.
 pub(crate) fn redis_failure(redis: &crate::config::RedisSection, err: &BusError) -> String {
     let url = redis.describe();
-    if err.is_retryable() {
+    if err.is_retryable() && !redis.sentinels.is_empty() {
+        format!(
+            "Redis at {url} does not answer ({err}); are the sentinels reachable, and do they monitor \
+             '{}' with a master up? Set [redis] sentinels and sentinel_master (TOOLHOST__REDIS__SENTINELS, \
+             TOOLHOST__REDIS__SENTINEL_MASTER)",
+            redis.sentinel_master
+        )
+    } else if err.is_retryable() {
         format!(
             "Redis at {url} does not answer ({err}); is redis-server running there? \
              Set REDIS_URL, or [redis] url in the file given by --config or TOOLHOST_CONFIG"
