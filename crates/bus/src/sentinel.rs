@@ -497,6 +497,39 @@ mod tests {
         assert_eq!(shared.db, 3);
     }
 
+    /// A handle made before a switch (a pooled blocking connection, the batchers' clone of the
+    /// command connection) binds to the new master on its next use, and its clones with it.
+    #[tokio::test]
+    async fn connections_rebind_when_the_master_changes() {
+        let sentinels = Sentinels {
+            urls: vec!["redis://127.0.0.1:1".into()],
+            master_name: "m".into(),
+            ..Sentinels::default()
+        };
+        let shared =
+            Arc::new(Shared::new("redis://127.0.0.1:2", &sentinels, Duration::from_secs(1)).unwrap());
+        let switch = |generation: u64, port: u16| {
+            let client = Client::open(format!("redis://127.0.0.1:{port}")).unwrap();
+            shared.current.store(Some(Arc::new(Master {
+                generation,
+                address: format!("127.0.0.1:{port}"),
+                client,
+            })));
+        };
+        switch(1, 7001);
+        let commands = shared.connection(Some(Duration::from_secs(1)));
+        let batcher = commands.clone();
+        let blocking = shared.connection(None);
+        assert_eq!(commands.current().await.unwrap().0, 1);
+        assert_eq!(blocking.current().await.unwrap().0, 1);
+        switch(2, 7002);
+        assert_eq!(batcher.current().await.unwrap().0, 2);
+        assert_eq!(blocking.current().await.unwrap().0, 2);
+        // The clones share one binding: the command connection is one socket per master.
+        assert_eq!(commands.bound.lock().unwrap().as_ref().map(|(generation, _)| *generation), Some(2));
+        assert!(!Arc::ptr_eq(&commands.bound, &blocking.bound));
+    }
+
     #[test]
     fn failures_that_say_the_master_moved_are_recognised() {
         let readonly = RedisError::from((
