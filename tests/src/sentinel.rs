@@ -16,6 +16,7 @@ pub struct SentinelProcess {
     port: u16,
     dir: PathBuf,
     child: Option<Child>,
+    stopped: bool,
 }
 
 impl SentinelProcess {
@@ -44,7 +45,7 @@ impl SentinelProcess {
             .stderr(Stdio::null())
             .spawn()
             .expect("redis-server must be installed (the justfile installs it)");
-        let sentinel = SentinelProcess { port, dir, child: Some(child) };
+        let sentinel = SentinelProcess { port, dir, child: Some(child), stopped: false };
         poll("the sentinel to answer PING", Duration::from_secs(10), || {
             sentinel.try_connection().and_then(|mut c| redis::cmd("PING").query::<String>(&mut c).ok())
         });
@@ -56,8 +57,21 @@ impl SentinelProcess {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
+    /// Stops the process (SIGSTOP): it keeps accepting connections and answers nothing.
+    pub fn stop(&mut self) {
+        if let Some(child) = &self.child {
+            crate::signal(child.id(), libc::SIGSTOP);
+            self.stopped = true;
+        }
+    }
+
     fn try_connection(&self) -> Option<redis::Connection> {
-        redis::Client::open(self.url()).ok()?.get_connection_with_timeout(Duration::from_millis(500)).ok()
+        let connection = redis::Client::open(self.url())
+            .ok()?
+            .get_connection_with_timeout(Duration::from_millis(500))
+            .ok()?;
+        connection.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+        Some(connection)
     }
 
     /// A blocking connection, for commands to the sentinel.
@@ -139,7 +153,7 @@ impl Watched {
 
     /// The port of the master the first answering sentinel names.
     pub fn named_master(&self) -> Option<u16> {
-        self.sentinels.iter().find_map(SentinelProcess::master_port)
+        self.sentinels.iter().filter(|sentinel| !sentinel.stopped).find_map(SentinelProcess::master_port)
     }
 
     /// The data server on `port`.
@@ -156,7 +170,11 @@ impl Watched {
     /// answers `ROLE` as one.
     pub fn wait_for_master(&self, port: u16, timeout: Duration) {
         poll(&format!("the sentinels to name 127.0.0.1:{port} as master"), timeout, || {
-            let named = self.sentinels.iter().all(|sentinel| sentinel.master_port() == Some(port));
+            let named = self
+                .sentinels
+                .iter()
+                .filter(|sentinel| !sentinel.stopped)
+                .all(|sentinel| sentinel.master_port() == Some(port));
             (named && role(self.server(port)).as_deref() == Some("master")).then_some(())
         });
     }

@@ -237,6 +237,22 @@ fn a_demoted_master_answering_readonly_makes_toolhost_ask_the_sentinels_again() 
 }
 
 #[test]
+fn a_sentinel_that_hangs_does_not_keep_toolhost_from_the_new_master() {
+    let mut watched = Watched::start();
+    let second = watched.servers[1].port();
+    let toolhost = start_toolhost(&watched);
+    let pid = toolhost.pid();
+    answer_some(&watched, 5);
+
+    // The sentinel toolhost asks first stops answering but keeps accepting connections; the other
+    // two still make a majority, elect a leader and promote the replica.
+    watched.sentinels[0].stop();
+    watched.servers[0].kill();
+    watched.wait_for_master(second, Duration::from_secs(30));
+    assert_followed(&watched, &toolhost, pid, second);
+}
+
+#[test]
 fn toolhost_call_finds_the_master_through_the_sentinels() {
     let watched = Watched::start();
     let _toolhost = start_toolhost(&watched);

@@ -16,9 +16,10 @@
 //! replaced does nothing. The failed command returns its error, which [`crate::Error`] sorts as
 //! `Unavailable`: the caller's retry goes to the new master.
 //!
-//! A lookup asks the sentinels in turn for the masters they monitor (`SENTINEL MASTERS`) and
-//! accepts the named master only once it answers `ROLE` as a master (redis-rs's
-//! [`Sentinel::async_master_for`]); until the sentinels have promoted a replica the old address is
+//! A lookup asks the sentinels one at a time for the masters they monitor (`SENTINEL MASTERS`)
+//! and accepts the named master only once it answers `ROLE` as a master (redis-rs's
+//! [`Sentinel::async_master_for`], one client per sentinel); a sentinel that does not answer in
+//! time is asked last from then on. Until the sentinels have promoted a replica the old address is
 //! kept, and commands keep failing as retryable.
 
 use std::fmt;
@@ -100,7 +101,9 @@ struct Master {
 
 /// The lookup state, used by one lookup at a time.
 struct Lookup {
-    sentinel: Sentinel,
+    /// One redis-rs client per sentinel, in the order they are asked (one that did not answer in
+    /// time is moved to the end).
+    sentinels: Vec<(ConnectionInfo, Sentinel)>,
     last: Option<Instant>,
 }
 
@@ -110,7 +113,8 @@ pub(crate) struct Shared {
     node: SentinelNodeConnectionInfo,
     db: i64,
     connect_timeout: Duration,
-    lookup_timeout: Duration,
+    /// How long one sentinel may take to name the master, its `ROLE` check included.
+    per_sentinel: Duration,
     current: ArcSwapOption<Master>,
     lookup: tokio::sync::Mutex<Lookup>,
     /// A background lookup has been started and not finished.
@@ -157,17 +161,23 @@ impl Shared {
         if infos.is_empty() {
             return Err(invalid("no sentinel is configured".into()));
         }
-        let count = u32::try_from(infos.len()).unwrap_or(u32::MAX);
-        let sentinel = Sentinel::build(infos).map_err(Error::from)?;
+        // One client per sentinel, asked one at a time: redis-rs's client for several takes their
+        // answers in order, so one that accepts connections but never answers (stopped,
+        // overloaded) would hold up every lookup.
+        let clients = infos
+            .into_iter()
+            .map(|info| Ok((info.clone(), Sentinel::build(vec![info])?)))
+            .collect::<RedisResult<Vec<_>>>()
+            .map_err(Error::from)?;
         Ok(Shared {
             master_name: sentinels.master_name.clone(),
             node,
             db: master.redis_settings().db(),
             connect_timeout,
-            // Each sentinel may take a connect timeout, then the master's ROLE check another.
-            lookup_timeout: connect_timeout.saturating_mul(count.saturating_add(1)),
+            // A sentinel's answer, then the master's ROLE check: a connect timeout each.
+            per_sentinel: connect_timeout.saturating_mul(2),
             current: ArcSwapOption::empty(),
-            lookup: tokio::sync::Mutex::new(Lookup { sentinel, last: None }),
+            lookup: tokio::sync::Mutex::new(Lookup { sentinels: clients, last: None }),
             refreshing: AtomicBool::new(false),
             checking: AtomicBool::new(false),
             check_interval: sentinels.check_interval,
@@ -212,24 +222,9 @@ impl Shared {
         if let (Some(reason), Some(current)) = (reason, &current) {
             debug!(master_name = %self.master_name, master = %current.address, %reason, "asking the sentinels for the master after a failure");
         }
-        let found = tokio::time::timeout(
-            self.lookup_timeout,
-            lookup.sentinel.async_master_for(&self.master_name, Some(&self.node)),
-        )
-        .await;
+        let found = self.ask(&mut lookup).await;
         lookup.last = Some(Instant::now());
-        let client = match found {
-            Ok(found) => found?,
-            Err(_elapsed) => {
-                return Err(RedisError::from(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    format!(
-                        "the sentinels did not name a master within {} ms",
-                        self.lookup_timeout.as_millis()
-                    ),
-                )));
-            }
-        };
+        let client = found?;
         let address = address(client.get_connection_info().addr());
         match current {
             Some(current) if current.address == address => {}
@@ -249,6 +244,54 @@ impl Shared {
             }
         }
         Ok(true)
+    }
+
+    /// Asks the sentinels one at a time for the master (each checks it with `ROLE`); the first
+    /// that names one wins. A sentinel that does not answer within `per_sentinel` gets a fresh
+    /// connection next time and is asked last from now on.
+    async fn ask(&self, lookup: &mut Lookup) -> RedisResult<Client> {
+        let mut not_found = None;
+        let mut failed = None;
+        let mut slow = Vec::new();
+        let mut found = None;
+        for (index, (info, sentinel)) in lookup.sentinels.iter_mut().enumerate() {
+            match tokio::time::timeout(
+                self.per_sentinel,
+                sentinel.async_master_for(&self.master_name, Some(&self.node)),
+            )
+            .await
+            {
+                Ok(Ok(client)) => {
+                    found = Some(client);
+                    break;
+                }
+                Ok(Err(err)) if err.kind() == redis::ErrorKind::MasterNameNotFoundBySentinel => {
+                    not_found = Some(err)
+                }
+                Ok(Err(err)) => failed = Some(err),
+                Err(_elapsed) => {
+                    *sentinel = Sentinel::build(vec![info.clone()])?;
+                    slow.push(index);
+                    failed = Some(RedisError::from(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!(
+                            "a sentinel did not name a master within {} ms",
+                            self.per_sentinel.as_millis()
+                        ),
+                    )));
+                }
+            }
+        }
+        for index in slow.into_iter().rev() {
+            let entry = lookup.sentinels.remove(index);
+            lookup.sentinels.push(entry);
+        }
+        match (found, failed, not_found) {
+            (Some(client), _, _) => Ok(client),
+            // A failure (unreachable sentinel or master, timeout) says more than "not found".
+            (None, Some(err), _) | (None, None, Some(err)) => Err(err),
+            (None, None, None) => Err(RedisError::from((redis::ErrorKind::EmptySentinelList, "no sentinel"))),
+        }
     }
 
     /// Starts a lookup in the background for a failure seen on generation `seen`, unless one runs.
