@@ -247,3 +247,4 @@ impl Drop for Toolhost {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+pub mod sentinel;

@@ -18,8 +18,13 @@
 //! slot (the ledger places them so), but items of one batch need not: a batcher made
 //! [`Batcher::new`] with `by_slot` splits each batch by the slot of its items' first keys and
 //! runs one script call per slot, concurrently.
+//!
+//! A script written for batches ([`Batcher::for_batches`]) is run as it is: every call gives the
+//! keys and arguments its items share once ([`Shared`]), then each item's own, and the script
+//! returns one reply per item. Items with different shared parts go in different calls.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use redis::{Script, Value};
 use tokio::sync::{mpsc, oneshot};
@@ -32,11 +37,31 @@ use crate::slots;
 /// Most invocations in one batch.
 const MAX_BATCH: usize = 128;
 
+/// The keys and arguments every item of one call of a script written for batches shares, given
+/// once before the items' own.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct Shared {
+    pub(crate) keys: Vec<String>,
+    pub(crate) args: Vec<String>,
+}
+
 /// One queued invocation: its keys and arguments, and where its reply goes.
 struct Item {
+    shared: Option<Arc<Shared>>,
     keys: Vec<String>,
     args: Vec<String>,
     reply: oneshot::Sender<Result<Value, Error>>,
+}
+
+/// How a batch is laid out in one script call.
+#[derive(Clone, Copy)]
+enum Layout {
+    /// The single-item script wrapped by [`batch_source`]: `ARGV[1]` is the number of items,
+    /// each reply comes back as `{1, reply}` or `{0, error}`.
+    Wrapped,
+    /// A script written for batches: the shared keys and arguments, then the items'; one plain
+    /// reply per item.
+    Batch,
 }
 
 /// Runs invocations of one script, batched.
@@ -58,19 +83,61 @@ impl Batcher {
         connection: Connection,
         by_slot: bool,
     ) -> Batcher {
-        let (queue, receiver) = mpsc::unbounded_channel();
         let script = Script::new(&batch_source(source, keys_per_item, args_per_item));
-        tokio::spawn(run(script, receiver, connection, by_slot));
+        Batcher::start(script, Layout::Wrapped, keys_per_item, args_per_item, connection, by_slot)
+    }
+
+    /// Starts the batching task for `source`, a script written for batches (see the module
+    /// documentation), whose items take `keys_per_item` keys and `args_per_item` arguments each.
+    pub(crate) fn for_batches(
+        source: &str,
+        keys_per_item: usize,
+        args_per_item: usize,
+        connection: Connection,
+    ) -> Batcher {
+        Batcher::start(Script::new(source), Layout::Batch, keys_per_item, args_per_item, connection, false)
+    }
+
+    fn start(
+        script: Script,
+        layout: Layout,
+        keys_per_item: usize,
+        args_per_item: usize,
+        connection: Connection,
+        by_slot: bool,
+    ) -> Batcher {
+        let (queue, receiver) = mpsc::unbounded_channel();
+        tokio::spawn(run(script, layout, receiver, connection, by_slot));
         Batcher { queue, keys_per_item, args_per_item }
     }
 
     /// Runs one invocation and returns its reply.
     pub(crate) async fn invoke(&self, keys: Vec<String>, args: Vec<String>) -> Result<Value, Error> {
+        self.enqueue(None, keys, args).await
+    }
+
+    /// Runs one item of a script written for batches, in a call with the other items that
+    /// share `shared`, and returns its reply.
+    pub(crate) async fn invoke_shared(
+        &self,
+        shared: Arc<Shared>,
+        keys: Vec<String>,
+        args: Vec<String>,
+    ) -> Result<Value, Error> {
+        self.enqueue(Some(shared), keys, args).await
+    }
+
+    async fn enqueue(
+        &self,
+        shared: Option<Arc<Shared>>,
+        keys: Vec<String>,
+        args: Vec<String>,
+    ) -> Result<Value, Error> {
         debug_assert_eq!(keys.len(), self.keys_per_item);
         debug_assert_eq!(args.len(), self.args_per_item);
         let (reply, answer) = oneshot::channel();
         self.queue
-            .send(Item { keys, args, reply })
+            .send(Item { shared, keys, args, reply })
             .map_err(|_| Error::Protocol("the batching task has stopped".to_owned()))?;
         answer.await.map_err(|_| Error::Protocol("the batching task dropped a call".to_owned()))?
     }
@@ -78,6 +145,7 @@ impl Batcher {
 
 async fn run(
     script: Script,
+    layout: Layout,
     mut receiver: mpsc::UnboundedReceiver<Item>,
     connection: Connection,
     by_slot: bool,
@@ -91,24 +159,43 @@ async fn run(
                 Err(_) => break,
             }
         }
-        if by_slot {
-            let mut groups: BTreeMap<u16, Vec<Item>> = BTreeMap::new();
-            for item in batch.drain(..) {
-                let at = item.keys.first().map_or(0, |key| slots::slot(key.as_bytes()));
-                groups.entry(at).or_default().push(item);
-            }
-            let calls = groups.into_values().map(|group| invoke(&script, group, connection.clone()));
-            futures::future::join_all(calls).await;
-        } else {
-            invoke(&script, std::mem::take(&mut batch), connection.clone()).await;
+        let one_call = !by_slot && batch.iter().all(|item| item.shared == batch[0].shared);
+        if one_call {
+            invoke(&script, layout, std::mem::take(&mut batch), connection.clone()).await;
+            continue;
         }
+        // One call per slot (on a cluster) and per shared part.
+        let mut groups: BTreeMap<(u16, Option<Arc<Shared>>), Vec<Item>> = BTreeMap::new();
+        for item in batch.drain(..) {
+            let slot = match item.keys.first() {
+                Some(key) if by_slot => slots::slot(key.as_bytes()),
+                _ => 0,
+            };
+            groups.entry((slot, item.shared.clone())).or_default().push(item);
+        }
+        let calls = groups.into_values().map(|group| invoke(&script, layout, group, connection.clone()));
+        futures::future::join_all(calls).await;
     }
 }
 
 /// Runs one script call for `batch` and hands each item its reply.
-async fn invoke(script: &Script, batch: Vec<Item>, mut connection: Connection) {
+async fn invoke(script: &Script, layout: Layout, batch: Vec<Item>, mut connection: Connection) {
     let mut invocation = script.prepare_invoke();
-    invocation.arg(batch.len());
+    match layout {
+        Layout::Wrapped => {
+            invocation.arg(batch.len());
+        }
+        Layout::Batch => {
+            if let Some(shared) = batch.first().and_then(|item| item.shared.as_deref()) {
+                for key in &shared.keys {
+                    invocation.key(key);
+                }
+                for arg in &shared.args {
+                    invocation.arg(arg);
+                }
+            }
+        }
+    }
     for item in &batch {
         for key in &item.keys {
             invocation.key(key);
@@ -120,8 +207,19 @@ async fn invoke(script: &Script, batch: Vec<Item>, mut connection: Connection) {
     let res: Result<Vec<Value>, Error> = invocation.invoke_async(&mut connection).await.map_err(Error::from);
     match res {
         Ok(replies) if replies.len() == batch.len() => {
+            let mut demoted = false;
             for (item, reply) in batch.into_iter().zip(replies) {
-                let _ = item.reply.send(item_reply(reply));
+                let reply = match layout {
+                    Layout::Wrapped => item_reply(reply),
+                    Layout::Batch => Ok(reply),
+                };
+                demoted |=
+                    matches!(&reply, Err(Error::Unavailable(cause)) if cause.code() == Some("READONLY"));
+                let _ = item.reply.send(reply);
+            }
+            // A write refused inside the script: the server is a replica now.
+            if demoted {
+                connection.suspect_master();
             }
         }
         Ok(replies) => {
@@ -132,7 +230,7 @@ async fn invoke(script: &Script, batch: Vec<Item>, mut connection: Connection) {
         }
         Err(err) => {
             // Every item shares the fate of the call, and its kind: a retryable error stays
-            // retryable.
+            // retryable. A refused write as a whole is seen by the connection itself.
             for item in batch {
                 let _ = item.reply.send(Err(err.clone()));
             }

@@ -12,7 +12,10 @@
 //! or a resharding); what still fails reaches the caller as [`Error::Unavailable`], which the
 //! daemon retries in turn. Each blocking read gets a cluster connection of its own (its own
 //! socket to each node), since a blocked `XREADGROUP` holds its socket.
+//!
+//! The Sentinel topology ([`Topology::Sentinel`]) lives in `crate::sentinel`.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
@@ -21,6 +24,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::{Client, Cmd, IntoConnectionInfo, Pipeline, RedisFuture, Value};
 
 use crate::Error;
+use crate::sentinel::{SentinelConnection, Sentinels, Shared};
 
 /// Where Redis is.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -38,6 +42,9 @@ pub enum Topology {
         /// The seed nodes; the client learns the others from them.
         nodes: Vec<String>,
     },
+    /// A master watched by Redis Sentinel, found through the sentinels and followed across
+    /// failovers; [`crate::RedisOptions::url`] gives only its credentials, database and TLS.
+    Sentinel(Sentinels),
 }
 
 impl Topology {
@@ -54,6 +61,19 @@ pub(crate) enum Connection {
     Single(ConnectionManager),
     /// A Redis Cluster: one connection per node, commands routed by slot.
     Cluster(ClusterConnection),
+    /// Whichever server the sentinels name as master.
+    Sentinel(SentinelConnection),
+}
+
+impl Connection {
+    /// Says that something run on this connection was refused as by a server that is no master
+    /// (inside a reply, where the connection cannot see it): the Sentinel topology looks again.
+    pub(crate) fn suspect_master(&self) {
+        match self {
+            Connection::Single(_) | Connection::Cluster(_) => {}
+            Connection::Sentinel(connection) => connection.suspect(),
+        }
+    }
 }
 
 impl ConnectionLike for Connection {
@@ -61,6 +81,7 @@ impl ConnectionLike for Connection {
         match self {
             Connection::Single(connection) => connection.req_packed_command(cmd),
             Connection::Cluster(connection) => connection.req_packed_command(cmd),
+            Connection::Sentinel(connection) => connection.req_packed_command(cmd),
         }
     }
 
@@ -73,6 +94,7 @@ impl ConnectionLike for Connection {
         match self {
             Connection::Single(connection) => connection.req_packed_commands(pipeline, offset, count),
             Connection::Cluster(connection) => connection.req_packed_commands(pipeline, offset, count),
+            Connection::Sentinel(connection) => connection.req_packed_commands(pipeline, offset, count),
         }
     }
 
@@ -80,6 +102,7 @@ impl ConnectionLike for Connection {
         match self {
             Connection::Single(connection) => connection.get_db(),
             Connection::Cluster(connection) => connection.get_db(),
+            Connection::Sentinel(connection) => connection.get_db(),
         }
     }
 }
@@ -100,6 +123,7 @@ enum Kind {
         /// For blocking reads: no response timeout (the bus bounds each read itself).
         blocking: Box<ClusterClient>,
     },
+    Sentinel(Arc<Shared>),
 }
 
 /// How many times the cluster client retries a command that met `CLUSTERDOWN`, `TRYAGAIN` or a
@@ -124,6 +148,9 @@ impl Connector {
                 let blocking = cluster_client(url, &nodes, connect_timeout, None)?;
                 Kind::Cluster { nodes, url: url.to_owned(), blocking: Box::new(blocking) }
             }
+            Topology::Sentinel(sentinels) => {
+                Kind::Sentinel(Arc::new(Shared::new(url, sentinels, connect_timeout)?))
+            }
         };
         Ok(Connector { kind, connect_timeout })
     }
@@ -136,6 +163,7 @@ impl Connector {
     pub(crate) fn commands(&self, response_timeout: Duration) -> Result<Connection, Error> {
         match &self.kind {
             Kind::Single(client) => self.single(client, Some(response_timeout)),
+            Kind::Sentinel(shared) => Ok(Connection::Sentinel(shared.connection(Some(response_timeout)))),
             Kind::Cluster { nodes, url, .. } => {
                 let client = cluster_client(url, nodes, self.connect_timeout, Some(response_timeout))?;
                 Ok(Connection::Cluster(
@@ -157,6 +185,7 @@ impl Connector {
     pub(crate) fn blocking(&self) -> Result<Connection, Error> {
         match &self.kind {
             Kind::Single(client) => self.single(client, None),
+            Kind::Sentinel(shared) => Ok(Connection::Sentinel(shared.connection(None))),
             Kind::Cluster { blocking, .. } => {
                 Ok(Connection::Cluster(blocking.get_pending_async_connection_with_config(
                     ClusterConfig::new().set_connection_timeout(self.connect_timeout),
@@ -166,15 +195,25 @@ impl Connector {
     }
 
     fn single(&self, client: &Client, response_timeout: Option<Duration>) -> Result<Connection, Error> {
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(self.connect_timeout))
-            .set_response_timeout(response_timeout)
-            .set_number_of_retries(1)
-            .set_max_delay(Duration::from_secs(2));
-        ConnectionManager::new_lazy_with_config(client.clone(), config)
-            .map(Connection::Single)
-            .map_err(Error::from)
+        ConnectionManager::new_lazy_with_config(
+            client.clone(),
+            manager_config(self.connect_timeout, response_timeout),
+        )
+        .map(Connection::Single)
+        .map_err(Error::from)
     }
+}
+
+/// How every connection manager connects and reconnects.
+pub(crate) fn manager_config(
+    connect_timeout: Duration,
+    response_timeout: Option<Duration>,
+) -> ConnectionManagerConfig {
+    ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(connect_timeout))
+        .set_response_timeout(response_timeout)
+        .set_number_of_retries(1)
+        .set_max_delay(Duration::from_secs(2))
 }
 
 /// The seed nodes as URLs: a bare `host:port` takes the scheme, credentials and database of

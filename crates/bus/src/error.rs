@@ -81,8 +81,8 @@ impl std::error::Error for Cause {}
 /// script (`BUSY`), fails over or resharding (`TRYAGAIN`, `MASTERDOWN`, `READONLY`,
 /// `CLUSTERDOWN`), moved a slot the client had not heard of yet (`MOVED`, `ASK`: the cluster
 /// client follows these itself, so one reaches the bus only when its retries ran out), is out of
-/// memory under `noeviction` (`OOM`) or cannot persist (`MISCONF`). Each passes without anyone
-/// changing the command.
+/// memory under `noeviction` (`OOM`), cannot persist (`MISCONF`) or has too few replicas in sync
+/// under `min-replicas-to-write` (`NOREPLICAS`). Each passes without anyone changing the command.
 const RETRYABLE_CODES: &[&str] = &[
     "LOADING",
     "BUSY",
@@ -94,6 +94,7 @@ const RETRYABLE_CODES: &[&str] = &[
     "ASK",
     "OOM",
     "MISCONF",
+    "NOREPLICAS",
 ];
 
 impl Error {
@@ -106,6 +107,9 @@ impl Error {
     /// reply and for an error raised inside a script.
     pub fn from_cause(cause: Cause) -> Error {
         match cause.code() {
+            // A blocked read cut off because the server turned replica (a failover): "UNBLOCKED
+            // force unblock from blocking operation, instance state changed (master -> replica?)".
+            Some("UNBLOCKED") if cause.message().contains("state changed") => Error::Unavailable(cause),
             // UNBLOCKED: the stream was deleted under a blocked XREADGROUP, so its group is gone too.
             Some("NOGROUP" | "UNBLOCKED") => Error::NoGroup(cause),
             Some(code) if RETRYABLE_CODES.contains(&code) => Error::Unavailable(cause),
@@ -149,6 +153,7 @@ mod tests {
             "CLUSTERDOWN The cluster is down",
             "LOADING Redis is loading the dataset in memory",
             "READONLY You can't write against a read only replica.",
+            "NOREPLICAS Not enough good replicas to write.",
         ] {
             assert!(Error::from_cause(Cause::parse(reply)).is_retryable(), "{reply}");
         }
@@ -159,9 +164,27 @@ mod tests {
         {
             assert!(matches!(Error::from_cause(Cause::parse(reply)), Error::Refused(_)), "{reply}");
         }
+        let demoted = Error::from_cause(Cause::parse(
+            "UNBLOCKED force unblock from blocking operation, instance state changed (master -> replica?)",
+        ));
+        assert!(matches!(demoted, Error::Unavailable(_)), "{demoted}");
+        let deleted = Error::from_cause(Cause::parse("UNBLOCKED the stream key no longer exists"));
+        assert!(matches!(deleted, Error::NoGroup(_)), "{deleted}");
         let cause = Cause::parse("OOM command not allowed");
         assert_eq!((cause.code(), cause.message()), (Some("OOM"), "command not allowed"));
         assert_eq!(cause.to_string(), "OOM command not allowed");
         assert_eq!(Cause::parse("user_script:3: boom").code(), None);
+    }
+
+    /// A demoted master answers writes with READONLY: the caller must retry (on the new master),
+    /// whether the reply comes as a client error or as a server error value.
+    #[test]
+    fn readonly_from_a_demoted_master_is_retryable() {
+        let err = Error::from(redis::RedisError::from((
+            redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly),
+            "READONLY",
+            "You can't write against a read only replica.".to_owned(),
+        )));
+        assert!(matches!(err, Error::Unavailable(_)) && err.is_retryable(), "{err:?}");
     }
 }

@@ -22,6 +22,7 @@ mod error;
 mod keys;
 mod memory;
 mod redis_bus;
+mod sentinel;
 mod slots;
 
 pub use bus::{
@@ -34,3 +35,4 @@ pub use error::{Cause, Error};
 pub use keys::{Keys, RESERVED_TOPIC_PREFIXES, ResponseTopics, TopicRefusal};
 pub use memory::MemoryBus;
 pub use redis_bus::{RedisBus, RedisOptions};
+pub use sentinel::Sentinels;

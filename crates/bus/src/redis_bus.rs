@@ -17,7 +17,7 @@
 //! connections; what differs (the ledger's single-slot steps, scanning every primary, pruning
 //! consumers with their heartbeats looked up first) is in the `cluster` submodule.
 
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -25,7 +25,7 @@ use redis::streams::StreamReadOptions;
 use redis::{AsyncCommands, Script, Value};
 use toolhost_envelope::{DEFECT_HEAD_BYTES, Entry};
 
-use crate::batch::Batcher;
+use crate::batch::{Batcher, Shared};
 use crate::bus::{CallKeys, CallStart, Committed, EntryRef, Finish, GroupInfo, Reclaimed, is_entry_id};
 use crate::connection::{Connection, Connector, Topology};
 use crate::{Error, Groups, Ledger, Store, Streams};
@@ -87,6 +87,8 @@ pub struct RedisBus {
 struct Batchers {
     begin_call: OnceLock<Batcher>,
     finish: OnceLock<Batcher>,
+    /// The common end of a call, `scripts/answer_batch.lua`.
+    answer: OnceLock<Batcher>,
     /// The cluster ledger's steps (`scripts/cluster/`), each batched by slot.
     cluster_begin_call: OnceLock<Batcher>,
     cluster_claim: OnceLock<Batcher>,
@@ -429,6 +431,11 @@ impl Ledger for RedisBus {
         if self.cluster {
             return self.cluster_finish(finish).await;
         }
+        if let (Some(call), Some(answer), None, None, true) =
+            (finish.call, finish.answer, finish.answer_copy, finish.dead_letter, finish.final_answer)
+        {
+            return self.answer(finish.entry, &call, answer, finish.tracked).await;
+        }
         let entry = finish.entry;
         let (answered, call, refused, retention) = match finish.call {
             Some(call) => (call.answered, call.call, call.entry, call.retention),
@@ -468,12 +475,7 @@ impl Ledger for RedisBus {
                 args.iter().map(|arg| (*arg).to_owned()).collect(),
             )
             .await?;
-        let published: i8 = redis::from_redis_value(reply).map_err(|err| Error::Protocol(err.to_string()))?;
-        Ok(match published {
-            1 => Committed::Published,
-            -1 => Committed::WrongType,
-            _ => Committed::NotPublished,
-        })
+        committed_from(reply)
     }
 }
 
@@ -623,6 +625,56 @@ impl RedisBus {
             }
         }
     }
+}
+
+impl RedisBus {
+    /// The common end of a call, a final answer and nothing else, through the lean
+    /// `scripts/answer_batch.lua`: one `SET NX GET` for the answered mark, the answer, and one
+    /// `XACK` for all the entries of a stream and group finished together.
+    async fn answer(
+        &self,
+        entry: EntryRef<'_>,
+        call: &CallKeys<'_>,
+        answer: crate::Published<'_>,
+        tracked: bool,
+    ) -> Result<Committed, Error> {
+        let batcher = self.batchers.answer.get_or_init(|| {
+            Batcher::for_batches(include_str!("scripts/answer_batch.lua"), 4, 4, self.commands.clone())
+        });
+        let shared = Arc::new(Shared {
+            keys: vec![entry.topic.to_owned()],
+            args: vec![
+                entry.group.to_owned(),
+                self.options.maxlen.to_string(),
+                call.retention.as_millis().to_string(),
+            ],
+        });
+        let keys = vec![
+            call.answered.to_owned(),
+            call.entry.to_owned(),
+            call.call.to_owned(),
+            answer.topic.to_owned(),
+        ];
+        let args = vec![
+            entry.entry_id.to_owned(),
+            answer.id.to_owned(),
+            answer.payload.to_owned(),
+            if tracked { "1" } else { "0" }.to_owned(),
+        ];
+        let reply = batcher.invoke_shared(shared, keys, args).await?;
+        committed_from(reply)
+    }
+}
+
+/// Decodes a finish script's reply for one entry: 1 published, -1 wrong type, else not
+/// published.
+fn committed_from(reply: Value) -> Result<Committed, Error> {
+    let published: i8 = redis::from_redis_value(reply).map_err(|err| Error::Protocol(err.to_string()))?;
+    Ok(match published {
+        1 => Committed::Published,
+        -1 => Committed::WrongType,
+        _ => Committed::NotPublished,
+    })
 }
 
 /// Decodes the reply of a `begin_call` script, `{state, entry}`.

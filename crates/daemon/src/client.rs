@@ -8,7 +8,7 @@ use toolhost_bus::{Bus, CallError, Caller, Error as BusError, RedisBus, Store};
 use toolhost_envelope::DiscoveryFormat;
 
 use crate::EXIT_CONFIG;
-use crate::config::{Config, mask_url};
+use crate::config::Config;
 use crate::output;
 
 /// Exit code when the tool answered with an error.
@@ -18,9 +18,8 @@ pub const EXIT_TRANSPORT: i32 = 2;
 
 fn caller(config: &Config) -> Result<(Arc<dyn Bus>, Caller), String> {
     let raw = &config.raw;
-    let bus: Arc<dyn Bus> = Arc::new(
-        RedisBus::new(config.redis_options()).map_err(|err| redis_failure(&config.redis_target(), &err))?,
-    );
+    let bus: Arc<dyn Bus> =
+        Arc::new(RedisBus::new(config.redis_options()).map_err(|err| redis_failure(&raw.redis, &err))?);
     let keys = config.keys();
     let caller = Caller::new(bus.clone(), &keys, &raw.streams.requests, &raw.streams.results, "toolhost:cli");
     Ok((bus, caller))
@@ -111,7 +110,7 @@ async fn print_registry(config: &Config, bus: &dyn Store, format: DiscoveryForma
     let fields = match bus.hash_fields(&keys.registry(&raw.daemon.toolbox_id)).await {
         Ok(fields) => fields,
         Err(err) => {
-            eprintln!("toolhost: cannot read the registry: {}", redis_failure(&config.redis_target(), &err));
+            eprintln!("toolhost: cannot read the registry: {}", redis_failure(&raw.redis, &err));
             return EXIT_TRANSPORT;
         }
     };
@@ -133,21 +132,28 @@ fn describe(config: &Config, err: &CallError) -> String {
         CallError::Timeout(_) => format!(
             "{err}; is a toolhost daemon with toolbox_id '{}' serving {} (key prefix '{}', streams {} and {})?",
             raw.daemon.toolbox_id,
-            config.redis_target(),
+            raw.redis.describe(),
             raw.redis.key_prefix,
             raw.streams.requests,
             raw.streams.results,
         ),
-        CallError::Bus(err) => redis_failure(&config.redis_target(), err),
+        CallError::Bus(err) => redis_failure(&raw.redis, err),
         _ => err.to_string(),
     }
 }
 
-/// A Redis failure for a person: the URL with its password masked, what went wrong and, when
-/// Redis does not answer, where to look.
-pub(crate) fn redis_failure(url: &str, err: &BusError) -> String {
-    let url = mask_url(url);
-    if err.is_retryable() {
+/// A Redis failure for a person: where Redis is (the URL or the sentinels, passwords masked),
+/// what went wrong and, when Redis does not answer, where to look.
+pub(crate) fn redis_failure(redis: &crate::config::RedisSection, err: &BusError) -> String {
+    let url = redis.describe();
+    if err.is_retryable() && !redis.sentinels.is_empty() {
+        format!(
+            "Redis at {url} does not answer ({err}); are the sentinels reachable, and do they monitor \
+             '{}' with a master up? Set [redis] sentinels and sentinel_master (TOOLHOST__REDIS__SENTINELS, \
+             TOOLHOST__REDIS__SENTINEL_MASTER)",
+            redis.sentinel_master
+        )
+    } else if err.is_retryable() {
         format!(
             "Redis at {url} does not answer ({err}); is redis-server running there? \
              Set REDIS_URL, or [redis] url in the file given by --config or TOOLHOST_CONFIG"

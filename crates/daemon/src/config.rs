@@ -125,18 +125,54 @@ pub struct RedisSection {
     pub cluster_nodes: Vec<String>,
     pub key_prefix: String,
     pub response_timeout_ms: u64,
+    /// Sentinel URLs; when any is set, the master is found through them and `url` gives only its
+    /// credentials, database and TLS.
+    pub sentinels: Vec<String>,
+    pub sentinel_master: String,
+    /// For the sentinels whose URL names none; empty: none.
+    pub sentinel_username: String,
+    pub sentinel_password: String,
+    /// How often the sentinels are asked for the master when nothing fails; 0: only on failures.
+    pub sentinel_check_ms: u64,
 }
 
-/// Masks the password, so a configuration printed with `{:?}` leaks nothing.
+/// Masks the passwords, so a configuration printed with `{:?}` leaks nothing.
 impl std::fmt::Debug for RedisSection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let sentinels: Vec<String> = self.sentinels.iter().map(|url| mask_url(url)).collect();
         f.debug_struct("RedisSection")
             .field("url", &mask_url(&self.url))
             .field("cluster_nodes", &self.cluster_nodes.iter().map(|node| mask_url(node)).collect::<Vec<_>>())
             .field("key_prefix", &self.key_prefix)
             .field("response_timeout_ms", &self.response_timeout_ms)
+            .field("sentinels", &sentinels)
+            .field("sentinel_master", &self.sentinel_master)
+            .field("sentinel_username", &self.sentinel_username)
+            .field("sentinel_password", &mask_secret(&self.sentinel_password))
+            .field("sentinel_check_ms", &self.sentinel_check_ms)
             .finish()
     }
+}
+
+impl RedisSection {
+    /// Where Redis is, for logs and messages, passwords masked: the URL, the cluster's nodes, or
+    /// the sentinels and the master's name.
+    pub fn describe(&self) -> String {
+        if !self.cluster_nodes.is_empty() {
+            let nodes: Vec<String> = self.cluster_nodes.iter().map(|node| mask_url(node)).collect();
+            format!("cluster {}", nodes.join(","))
+        } else if self.sentinels.is_empty() {
+            mask_url(&self.url)
+        } else {
+            let sentinels: Vec<String> = self.sentinels.iter().map(|url| mask_url(url)).collect();
+            format!("master {} via sentinels {}", self.sentinel_master, sentinels.join(","))
+        }
+    }
+}
+
+/// `***` for a non-empty secret, empty for none.
+fn mask_secret(secret: &str) -> &'static str {
+    if secret.is_empty() { "" } else { "***" }
 }
 
 /// `[daemon]`
@@ -455,6 +491,7 @@ fn layer(
             .list_separator(",")
             .with_list_parse_key("tools.disabled")
             .with_list_parse_key("redis.cluster_nodes")
+            .with_list_parse_key("redis.sentinels")
             .source(Some(structured)),
     );
     let set =
@@ -640,7 +677,14 @@ fn validate_sources(
 
 /// Checks every value, adding each bad key to `errors`; the typed configuration when the values
 /// can be converted at all.
-fn validate(raw: RawConfig, vars: &HashMap<String, String>, errors: &mut Vec<KeyError>) -> Option<Config> {
+fn validate(
+    mut raw: RawConfig,
+    vars: &HashMap<String, String>,
+    errors: &mut Vec<KeyError>,
+) -> Option<Config> {
+    // `TOOLHOST__REDIS__SENTINELS=""` (an unset compose variable) means no Sentinel.
+    raw.redis.sentinels =
+        raw.redis.sentinels.iter().map(|url| url.trim().to_owned()).filter(|url| !url.is_empty()).collect();
     let http_headers = validate_sources(&raw, vars, errors);
     let mcp_env = EnvVars(vars.iter().map(|(name, value)| (name.clone(), value.clone())).collect());
     if let Err(found) = toolhost_mcp::config::resolve(&raw.mcp_servers, &mcp_env.0) {
@@ -671,6 +715,35 @@ fn validate(raw: RawConfig, vars: &HashMap<String, String>, errors: &mut Vec<Key
         };
         if let Some(db) = database(&raw.redis.url) {
             bad("redis.url", &format!("names database {db}, but a Redis Cluster has database 0 only"));
+        }
+    }
+    if !raw.redis.cluster_nodes.is_empty() && !raw.redis.sentinels.is_empty() {
+        bad(
+            "redis.sentinels",
+            "a Redis Cluster is not watched by Sentinel: set redis.cluster_nodes or redis.sentinels, not both",
+        );
+    }
+    for (index, url) in raw.redis.sentinels.iter().enumerate() {
+        let key = format!("redis.sentinels[{index}]");
+        match redis::parse_redis_url(url) {
+            None => bad(&key, "expected a redis:// or rediss:// URL of a sentinel"),
+            // Sentinels have no databases: redis-rs would send SELECT, which they refuse.
+            Some(parsed) if !matches!(parsed.path(), "" | "/" | "/0") => {
+                bad(&key, "a sentinel URL names no database (no /<db>)")
+            }
+            Some(_) => {}
+        }
+    }
+    if !raw.redis.sentinels.is_empty() {
+        if raw.redis.url.starts_with("unix://") {
+            bad(
+                "redis.url",
+                "with redis.sentinels the master is reached over TCP: expected redis:// or rediss://",
+            );
+        }
+        if raw.redis.sentinel_master.is_empty() || raw.redis.sentinel_master.chars().any(char::is_whitespace)
+        {
+            bad("redis.sentinel_master", "must be non-empty and without spaces");
         }
     }
     for (key, value) in [
@@ -776,6 +849,17 @@ impl Config {
             options.topology = toolhost_bus::Topology::Cluster { nodes: raw.redis.cluster_nodes.clone() };
         }
         options.key_prefix.clone_from(&raw.redis.key_prefix);
+        if !raw.redis.sentinels.is_empty() {
+            let given = |value: &str| (!value.is_empty()).then(|| value.to_owned());
+            options.topology = toolhost_bus::Topology::Sentinel(toolhost_bus::Sentinels {
+                urls: raw.redis.sentinels.clone(),
+                master_name: raw.redis.sentinel_master.clone(),
+                username: given(&raw.redis.sentinel_username),
+                password: given(&raw.redis.sentinel_password),
+                check_interval: (raw.redis.sentinel_check_ms > 0)
+                    .then(|| Duration::from_millis(raw.redis.sentinel_check_ms)),
+            });
+        }
         options.maxlen = raw.streams.maxlen;
         options.response_timeout = Duration::from_millis(raw.redis.response_timeout_ms);
         // Group reads deliver larger values only as head, size and digest, so one read stays small.
@@ -793,24 +877,14 @@ impl Config {
         }
     }
 
-    /// Where Redis is, for logs and messages, with passwords masked: the URL, or the cluster's
-    /// seed nodes.
-    pub fn redis_target(&self) -> String {
-        let redis = &self.raw.redis;
-        if redis.cluster_nodes.is_empty() {
-            mask_url(&redis.url)
-        } else {
-            let nodes: Vec<String> = redis.cluster_nodes.iter().map(|node| mask_url(node)).collect();
-            format!("cluster {}", nodes.join(","))
-        }
-    }
-
     /// The effective configuration as TOML, with secrets masked: the Redis password and the
     /// terminal redaction substrings and patterns.
     pub fn masked_toml(&self) -> String {
         let mut raw = self.raw.clone();
         raw.redis.url = mask_url(&raw.redis.url);
         raw.redis.cluster_nodes = raw.redis.cluster_nodes.iter().map(|node| mask_url(node)).collect();
+        raw.redis.sentinels = raw.redis.sentinels.iter().map(|url| mask_url(url)).collect();
+        raw.redis.sentinel_password = mask_secret(&raw.redis.sentinel_password).to_owned();
         let terminal = &mut raw.tools.terminal;
         terminal.redact_substrings = terminal.redact_substrings.iter().map(|_| "***".to_owned()).collect();
         terminal.redact_patterns = terminal.redact_patterns.iter().map(|_| "***".to_owned()).collect();
@@ -823,12 +897,15 @@ impl Config {
 
 impl Config {
     /// The daemon's own secrets that a child process could print or a service echo back: the
-    /// Redis URL's password (or its whole user information when it has no `:`), as written and
-    /// percent-decoded, a `pass`/`password` query parameter, and what the `${VAR}` references of
-    /// `[[http_tools]] headers` expanded to. Empty when there are none.
+    /// password of the Redis URL and of every sentinel URL (or the whole user information when it
+    /// has no `:`), as written and percent-decoded, a `pass`/`password` query parameter,
+    /// `sentinel_password`, and what the `${VAR}` references of `[[http_tools]] headers` expanded
+    /// to. Empty when there are none.
     pub fn secrets(&self) -> Vec<String> {
+        let redis = &self.raw.redis;
         let mut res = self.http_headers.secrets.clone();
-        for url in std::iter::once(&self.raw.redis.url).chain(&self.raw.redis.cluster_nodes) {
+        res.push(redis.sentinel_password.clone());
+        for url in std::iter::once(&redis.url).chain(&redis.sentinels).chain(&redis.cluster_nodes) {
             if let Some(scheme_end) = url.find("://") {
                 let rest = &url[scheme_end + 3..];
                 if let Some(at) = rest.rfind('@') {
@@ -1249,6 +1326,60 @@ mod tests {
     }
 
     #[test]
+    fn sentinels_are_read_from_the_environment_and_become_the_topology() {
+        let config = Config::load(
+            None,
+            &env(&[
+                ("TOOLHOST__REDIS__SENTINELS", "redis://10.0.0.1:26379, rediss://:s3ntinel@10.0.0.2:26380"),
+                ("TOOLHOST__REDIS__SENTINEL_MASTER", "orders"),
+                ("TOOLHOST__REDIS__SENTINEL_PASSWORD", "hunter2"),
+                ("REDIS_URL", "redis://:s3cret@ignored:6379/2"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(
+            config.raw.redis.sentinels,
+            ["redis://10.0.0.1:26379", "rediss://:s3ntinel@10.0.0.2:26380"]
+        );
+        let options = config.redis_options();
+        let toolhost_bus::Topology::Sentinel(sentinels) = &options.topology else {
+            panic!("{:?}", options.topology)
+        };
+        assert_eq!(sentinels.master_name, "orders");
+        assert_eq!((sentinels.username.as_deref(), sentinels.password.as_deref()), (None, Some("hunter2")));
+        assert_eq!(sentinels.check_interval, Some(Duration::from_secs(5)));
+        assert_eq!(options.url, "redis://:s3cret@ignored:6379/2");
+        for printed in [config.masked_toml(), format!("{config:?}"), config.raw.redis.describe()] {
+            for secret in ["s3ntinel", "hunter2", "s3cret"] {
+                assert!(!printed.contains(secret), "{secret} in {printed}");
+            }
+        }
+        assert!(config.masked_toml().contains("rediss://:***@10.0.0.2:26380"), "{}", config.masked_toml());
+        assert!(
+            config.raw.redis.describe().starts_with("master orders via sentinels redis://10.0.0.1:26379,")
+        );
+        assert_eq!(config.secrets(), ["hunter2", "s3cret", "s3ntinel"]);
+        // Unset (an empty compose variable): no Sentinel.
+        let config = Config::load(None, &env(&[("TOOLHOST__REDIS__SENTINELS", "")])).unwrap();
+        assert!(config.raw.redis.sentinels.is_empty());
+        assert_eq!(config.redis_options().topology, toolhost_bus::Topology::Single);
+    }
+
+    #[test]
+    fn bad_sentinel_settings_are_named_together() {
+        let path = file(
+            "[redis]\nurl = \"unix:///run/redis.sock\"\nsentinels = [\"http://x:1\", \"redis://:s3cret@h:26379/1\"]\n\
+             sentinel_master = \"\"\n",
+        );
+        let err = Config::load(Some(&path.0), &env(&[])).unwrap_err();
+        let text = err.to_string();
+        for key in ["redis.sentinels[0]", "redis.sentinels[1]", "redis.url", "redis.sentinel_master"] {
+            assert!(text.contains(key), "{key} missing from {text}");
+        }
+        assert!(!text.contains("s3cret"), "{text}");
+    }
+
+    #[test]
     fn acl_users_and_tls_urls_are_accepted() {
         for url in [
             "redis://ops:s3cret@10.0.0.1:6379/2",
@@ -1278,7 +1409,7 @@ mod tests {
         let options = config.redis_options();
         assert!(options.topology.is_cluster());
         assert!(config.keys().is_cluster());
-        for printed in [config.masked_toml(), format!("{config:?}"), config.redis_target()] {
+        for printed in [config.masked_toml(), format!("{config:?}"), config.raw.redis.describe()] {
             assert!(!printed.contains("s3cret") && !printed.contains("n0de"), "{printed}");
         }
         assert!(config.secrets().contains(&"n0de".to_owned()));

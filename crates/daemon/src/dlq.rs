@@ -242,7 +242,7 @@ pub async fn run_dlq(config: &Config, action: &DlqAction) -> i32 {
     let bus = match RedisBus::new(config.redis_options()) {
         Ok(bus) => Arc::new(bus),
         Err(err) => {
-            eprintln!("toolhost: {}", redis_failure(&config.redis_target(), &err));
+            eprintln!("toolhost: {}", redis_failure(&config.raw.redis, &err));
             return EXIT_TRANSPORT;
         }
     };
@@ -256,7 +256,7 @@ pub async fn run_dlq(config: &Config, action: &DlqAction) -> i32 {
         eprintln!(
             "toolhost: cannot read the dead letters of {}: {}",
             letters.topic(),
-            redis_failure(&config.redis_target(), &err)
+            redis_failure(&config.raw.redis, &err)
         );
         EXIT_TRANSPORT
     })

@@ -476,7 +476,7 @@ impl App {
         }
         let tasks = shutdown.tasks();
         let probe = Probe {
-            redis: config.redis_target(),
+            redis: raw.redis.describe(),
             bus: bus.clone(),
             telemetry: telemetry.clone(),
             groups: vec![
@@ -522,7 +522,7 @@ impl App {
             toolbox_id = %raw.daemon.toolbox_id,
             agent_name = %raw.daemon.agent_name,
             consumer = %consumer,
-            redis = %config.redis_target(),
+            redis = %raw.redis.describe(),
             requests = %requests_key,
             group = %raw.daemon.toolbox_id,
             results = %keys.topic(&raw.streams.results),

@@ -694,6 +694,97 @@ async fn ledger_steps_are_safe_to_repeat_against_redis() {
     assert_eq!(entries.iter().map(|entry| entry.id.as_str()).collect::<Vec<_>>(), ["m-1", "m-alive", "m-3"]);
 }
 
+/// The common end of a call (a final answer, nothing else) takes the lean path: finishes that
+/// meet are committed together with one `XACK`, each answer once; a lost reply's retry reports
+/// the same outcome; an entry another toolbox refused, or an answer topic of another type, writes
+/// nothing; a call record is deleted only by a finish whose call wrote one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn final_answers_finished_together_are_each_published_once_and_acked() {
+    let redis = RedisServer::start();
+    let mut connection = redis.connection().await;
+    let bus = RedisBus::new(RedisOptions::new(redis.url())).unwrap();
+    bus.ensure_group(REQUESTS, GROUP).await.unwrap();
+    for index in 0..40 {
+        bus.publish(REQUESTS, &format!("m-{index}"), "{}").await.unwrap();
+    }
+    let entries = bus.read_group(REQUESTS, GROUP, "c1", 100, Duration::from_millis(10)).await.unwrap();
+    assert_eq!(entries.len(), 40);
+    let names: Vec<(String, String, String, String)> = (0..40)
+        .map(|index| {
+            (
+                format!("ledger:answered:r-{index}"),
+                format!("ledger:call:r-{index}"),
+                format!("ledger:entry:{}", entries[index].entry_id),
+                format!("answer-{index}"),
+            )
+        })
+        .collect();
+    // An earlier call record of r-0 and r-1; only r-1's finish says its call wrote one.
+    for index in 0..2 {
+        let _: () =
+            redis::cmd("SET").arg(&names[index].1).arg("x").query_async(&mut connection).await.unwrap();
+    }
+    // Another toolbox refused the entry of r-2; r-3 names a topic that is not a stream.
+    let _: () = redis::cmd("SET").arg(&names[2].2).arg("refusal").query_async(&mut connection).await.unwrap();
+    let _: () = redis::cmd("SET").arg("not-a-stream").arg("x").query_async(&mut connection).await.unwrap();
+    let finish_of = |index: usize| {
+        let (answered, call, entry, id) = &names[index];
+        Finish {
+            entry: EntryRef { topic: REQUESTS, group: GROUP, entry_id: &entries[index].entry_id },
+            call: Some(CallKeys {
+                answered,
+                call,
+                entry,
+                lease: Duration::from_secs(1),
+                retention: Duration::from_secs(60),
+            }),
+            answer: Some(Published {
+                topic: if index == 3 { "not-a-stream" } else { RESULTS },
+                id,
+                payload: "{}",
+            }),
+            answer_copy: None,
+            dead_letter: None,
+            final_answer: true,
+            tracked: index == 1,
+        }
+    };
+    let finishes: Vec<Finish<'_>> = (0..40).map(finish_of).collect();
+    let outcomes = futures::future::join_all(finishes.iter().map(|finish| bus.finish(finish))).await;
+    let outcomes: Vec<Committed> = outcomes.into_iter().map(Result::unwrap).collect();
+    assert_eq!(outcomes[2], Committed::NotPublished);
+    assert_eq!(outcomes[3], Committed::WrongType);
+    assert!(
+        outcomes
+            .iter()
+            .enumerate()
+            .all(|(index, outcome)| index == 2 || index == 3 || *outcome == Committed::Published),
+        "{outcomes:?}"
+    );
+    // Every answer once, every entry acked but r-3's.
+    let published: u64 = redis::cmd("XLEN").arg(RESULTS).query_async(&mut connection).await.unwrap();
+    assert_eq!(published, 38);
+    assert_eq!(pending(&mut connection, REQUESTS, GROUP).await, 1);
+    let marks: Vec<Option<String>> = redis::cmd("MGET")
+        .arg(&names[2].0)
+        .arg(&names[3].0)
+        .arg(&names[4].0)
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    assert_eq!(marks, [None, None, Some("answer-4".to_owned())]);
+    let records: (bool, bool) =
+        redis::pipe().exists(&names[0].1).exists(&names[1].1).query_async(&mut connection).await.unwrap();
+    assert_eq!(records, (true, false), "only a finish whose call wrote a record deletes it");
+    // A retry after a lost reply reports the same; another answer for an answered request is not published.
+    assert_eq!(bus.finish(&finishes[5]).await.unwrap(), Committed::Published);
+    let other =
+        Finish { answer: Some(Published { topic: RESULTS, id: "answer-x", payload: "{}" }), ..finish_of(5) };
+    assert_eq!(bus.finish(&other).await.unwrap(), Committed::NotPublished);
+    let published: u64 = redis::cmd("XLEN").arg(RESULTS).query_async(&mut connection).await.unwrap();
+    assert_eq!(published, 38);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handed_over_entry_moves_to_the_named_consumer_undelivered() {
     let redis = RedisServer::start();

@@ -288,7 +288,8 @@ impl<D: Door> Lifecycle<D> {
             Work::Tool { name, arguments } => {
                 let owner = call_owner(&self.settings.consumer, &entry.entry_id);
                 let begun = self.begin(entry, &call, &ledger_id, &name, &owner, registry).await;
-                tracked = !matches!(begun, Begin::Run { tracked: false });
+                // A redelivered entry may have a record its earlier holder wrote.
+                tracked = entry.deliveries > 1 || !matches!(begun, Begin::Run { tracked: false });
                 let result = match begun {
                     Begin::End(outcome) => return outcome,
                     _ if poisoned => return self.poison(entry, request, &call).await,

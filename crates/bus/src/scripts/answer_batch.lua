@@ -1,0 +1,58 @@
+-- Ends a batch of entries of one stream and group that each publish a final answer: the common
+-- end of a call, and leaner than finish.lua, which handles every other end (refusals, dead
+-- letters, answer copies, entries of unidentified requests).
+-- KEYS[1] requests stream; then for item i, from k = 1 + (i - 1) * 4:
+--   KEYS[k + 1] answered mark, KEYS[k + 2] the entry's refusal mark, KEYS[k + 3] call record,
+--   KEYS[k + 4] answer topic
+-- ARGV[1] group, ARGV[2] maxlen, ARGV[3] retention ms; then for item i, from a = 3 + (i - 1) * 4:
+--   ARGV[a + 1] entry id, ARGV[a + 2] answer id, ARGV[a + 3] answer payload,
+--   ARGV[a + 4] '1' when the call wrote a call record (deleted here), '0' when it did not
+-- Returns one integer per item, as finish.lua: 1 when the answer is the one published for the
+-- request (now, or by an earlier run of this same batch whose reply was lost), 0 when the
+-- request or the entry was answered before, -1 when the answer topic holds a key that is not a
+-- stream (then nothing was written for that item, and its entry stays pending).
+--
+-- The answered mark is taken with one `SET NX GET`: nil means this item set it. A run cut short
+-- by an error leaves the items before it published and marked but the batch unacked; running
+-- the batch again publishes none of them twice (their marks hold their own answer ids) and acks
+-- them all, with one XACK.
+local n = (#ARGV - 3) / 4
+local replies = {}
+local acked = {}
+for i = 1, n do
+  local k, a = 1 + (i - 1) * 4, 3 + (i - 1) * 4
+  local id = ARGV[a + 2]
+  local reply
+  local before = redis.call('SET', KEYS[k + 1], id, 'NX', 'GET', 'PX', ARGV[3])
+  if before then
+    reply = before == id and 1 or 0
+  elseif redis.call('EXISTS', KEYS[k + 2]) == 1 then
+    -- Another toolbox answered this entry with a refusal: that stays its one answer.
+    redis.call('DEL', KEYS[k + 1])
+    reply = 0
+  else
+    local added = redis.pcall('XADD', KEYS[k + 4], 'MAXLEN', '~', ARGV[2], '*', 'id', id, 'payload', ARGV[a + 3])
+    if type(added) == 'table' and added.err then
+      -- Nothing of this item may stay written.
+      redis.call('DEL', KEYS[k + 1])
+      if string.sub(added.err, 1, 9) ~= 'WRONGTYPE' then
+        return redis.error_reply(added.err)
+      end
+      reply = -1
+    else
+      reply = 1
+    end
+  end
+  if reply ~= -1 then
+    if ARGV[a + 4] == '1' then
+      redis.call('DEL', KEYS[k + 3])
+    end
+    acked[#acked + 1] = ARGV[a + 1]
+  end
+  replies[i] = reply
+end
+if #acked > 0 then
+  -- A missing group (Redis lost its data) fails the ack; the answers above still stand.
+  redis.pcall('XACK', KEYS[1], ARGV[1], unpack(acked))
+end
+return replies

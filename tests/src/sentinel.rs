@@ -1,0 +1,220 @@
+//! A master and its replica watched by three `redis-server --sentinel` processes, for the
+//! Sentinel suite: everything on free loopback ports, each sentinel with its own configuration
+//! file in a directory of its own (a sentinel rewrites its file as it learns the topology).
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::{RedisProcess, free_port, temp_dir};
+
+/// The name the sentinels monitor the master under.
+pub const MASTER_NAME: &str = "mymaster";
+
+/// One `redis-server --sentinel` process.
+pub struct SentinelProcess {
+    port: u16,
+    dir: PathBuf,
+    child: Option<Child>,
+    stopped: bool,
+}
+
+impl SentinelProcess {
+    /// Starts a sentinel watching the master on `master_port` (quorum 2, down after 1 s,
+    /// failover timeout 3 s) and waits until it answers `PING`.
+    pub fn start(master_port: u16) -> SentinelProcess {
+        let port = free_port();
+        let dir = temp_dir("sentinel");
+        let conf = dir.join("sentinel.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "port {port}\nbind 127.0.0.1\ndir {dir}\nsentinel resolve-hostnames no\n\
+                 sentinel monitor {MASTER_NAME} 127.0.0.1 {master_port} 2\n\
+                 sentinel down-after-milliseconds {MASTER_NAME} 1000\n\
+                 sentinel failover-timeout {MASTER_NAME} 3000\n\
+                 sentinel parallel-syncs {MASTER_NAME} 1\n",
+                dir = dir.display()
+            ),
+        )
+        .expect("write sentinel.conf");
+        let child = Command::new("redis-server")
+            .arg(&conf)
+            .arg("--sentinel")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server must be installed (the justfile installs it)");
+        let sentinel = SentinelProcess { port, dir, child: Some(child), stopped: false };
+        poll("the sentinel to answer PING", Duration::from_secs(10), || {
+            sentinel.try_connection().and_then(|mut c| redis::cmd("PING").query::<String>(&mut c).ok())
+        });
+        sentinel
+    }
+
+    /// `redis://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Stops the process (SIGSTOP): it keeps accepting connections and answers nothing.
+    pub fn stop(&mut self) {
+        if let Some(child) = &self.child {
+            crate::signal(child.id(), libc::SIGSTOP);
+            self.stopped = true;
+        }
+    }
+
+    fn try_connection(&self) -> Option<redis::Connection> {
+        let connection = redis::Client::open(self.url())
+            .ok()?
+            .get_connection_with_timeout(Duration::from_millis(500))
+            .ok()?;
+        connection.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+        Some(connection)
+    }
+
+    /// A blocking connection, for commands to the sentinel.
+    pub fn connection(&self) -> redis::Connection {
+        self.try_connection().expect("connect to the sentinel")
+    }
+
+    /// The port of the master this sentinel names now (`SENTINEL get-master-addr-by-name`).
+    pub fn master_port(&self) -> Option<u16> {
+        let mut connection = self.try_connection()?;
+        let (_, port): (String, u16) = redis::cmd("SENTINEL")
+            .arg("get-master-addr-by-name")
+            .arg(MASTER_NAME)
+            .query(&mut connection)
+            .ok()?;
+        Some(port)
+    }
+
+    /// How many replicas and other sentinels it knows, and whether `SENTINEL CKQUORUM` is OK.
+    fn knows(&self) -> Option<(usize, usize, bool)> {
+        let mut connection = self.try_connection()?;
+        let replicas: Vec<redis::Value> =
+            redis::cmd("SENTINEL").arg("REPLICAS").arg(MASTER_NAME).query(&mut connection).ok()?;
+        let sentinels: Vec<redis::Value> =
+            redis::cmd("SENTINEL").arg("SENTINELS").arg(MASTER_NAME).query(&mut connection).ok()?;
+        let quorum = redis::cmd("SENTINEL").arg("CKQUORUM").arg(MASTER_NAME).query::<String>(&mut connection);
+        Some((replicas.len(), sentinels.len(), quorum.is_ok()))
+    }
+}
+
+impl Drop for SentinelProcess {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A master, its replica and three sentinels watching them.
+pub struct Watched {
+    /// The two data servers: the first starts as master, the second as its replica.
+    pub servers: [RedisProcess; 2],
+    /// The three sentinels.
+    pub sentinels: Vec<SentinelProcess>,
+}
+
+impl Watched {
+    /// Starts the master, the replica and the sentinels, and waits until the replica is in sync
+    /// and every sentinel knows the replica and the two other sentinels, with quorum: from then
+    /// on a failover can happen.
+    pub fn start() -> Watched {
+        let master = RedisProcess::start(&[]);
+        let port = master.port().to_string();
+        let replica = RedisProcess::start(&["--replicaof", "127.0.0.1", &port]);
+        poll("the replica to sync", Duration::from_secs(20), || {
+            let info: String = redis::cmd("INFO").arg("replication").query(&mut replica.connection()).ok()?;
+            info.contains("master_link_status:up").then_some(())
+        });
+        let sentinels: Vec<SentinelProcess> = (0..3).map(|_| SentinelProcess::start(master.port())).collect();
+        poll("the sentinels to know each other and the replica", Duration::from_secs(30), || {
+            sentinels
+                .iter()
+                .all(|sentinel| {
+                    sentinel
+                        .knows()
+                        .is_some_and(|(replicas, others, quorum)| replicas >= 1 && others >= 2 && quorum)
+                })
+                .then_some(())
+        });
+        Watched { servers: [master, replica], sentinels }
+    }
+
+    /// The sentinel URLs, comma-separated (as `TOOLHOST__REDIS__SENTINELS` takes them).
+    pub fn sentinel_urls(&self) -> String {
+        self.sentinels.iter().map(SentinelProcess::url).collect::<Vec<_>>().join(",")
+    }
+
+    /// The port of the master the first answering sentinel names.
+    pub fn named_master(&self) -> Option<u16> {
+        self.sentinels.iter().filter(|sentinel| !sentinel.stopped).find_map(SentinelProcess::master_port)
+    }
+
+    /// The data server on `port`.
+    pub fn server(&self, port: u16) -> &RedisProcess {
+        self.servers.iter().find(|server| server.port() == port).expect("a data server on that port")
+    }
+
+    /// The data server that is not on `port`.
+    pub fn other(&self, port: u16) -> &RedisProcess {
+        self.servers.iter().find(|server| server.port() != port).expect("two data servers")
+    }
+
+    /// Waits until every live sentinel names the server on `port` as master and that server
+    /// answers `ROLE` as one.
+    pub fn wait_for_master(&self, port: u16, timeout: Duration) {
+        poll(&format!("the sentinels to name 127.0.0.1:{port} as master"), timeout, || {
+            let named = self
+                .sentinels
+                .iter()
+                .filter(|sentinel| !sentinel.stopped)
+                .all(|sentinel| sentinel.master_port() == Some(port));
+            (named && role(self.server(port)).as_deref() == Some("master")).then_some(())
+        });
+    }
+
+    /// Waits until the master's writes so far are on the replica: a write, then `WAIT 1`.
+    /// Replication is ordered, so every earlier write, whoever made it, is on the replica too.
+    pub fn replicated(&self, master: &RedisProcess) {
+        let mut connection = master.connection();
+        let () = redis::cmd("SET")
+            .arg("e2e:fence")
+            .arg(uuid::Uuid::new_v4().to_string())
+            .query(&mut connection)
+            .expect("SET");
+        let acked: i64 = redis::cmd("WAIT").arg(1).arg(10_000).query(&mut connection).expect("WAIT");
+        assert_eq!(acked, 1, "the replica did not acknowledge the master's writes");
+    }
+}
+
+/// The role a server reports (`master`, `slave`), if it answers.
+pub fn role(server: &RedisProcess) -> Option<String> {
+    let mut connection = redis::Client::open(server.url())
+        .ok()?
+        .get_connection_with_timeout(Duration::from_millis(500))
+        .ok()?;
+    let reply: Vec<redis::Value> = redis::cmd("ROLE").query(&mut connection).ok()?;
+    match reply.first()? {
+        redis::Value::BulkString(bytes) => Some(String::from_utf8_lossy(bytes).into_owned()),
+        redis::Value::SimpleString(text) => Some(text.clone()),
+        _ => None,
+    }
+}
+
+/// Calls `probe` every 50 ms until it returns something, panicking with `what` after `timeout`.
+pub fn poll<T>(what: &str, timeout: Duration, mut probe: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(found) = probe() {
+            return found;
+        }
+        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
