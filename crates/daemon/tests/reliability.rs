@@ -720,9 +720,8 @@ async fn final_answers_finished_together_are_each_published_once_and_acked() {
         })
         .collect();
     // An earlier call record of r-0 and r-1; only r-1's finish says its call wrote one.
-    for index in 0..2 {
-        let _: () =
-            redis::cmd("SET").arg(&names[index].1).arg("x").query_async(&mut connection).await.unwrap();
+    for (_, record, _, _) in &names[..2] {
+        let _: () = redis::cmd("SET").arg(record).arg("x").query_async(&mut connection).await.unwrap();
     }
     // Another toolbox refused the entry of r-2; r-3 names a topic that is not a stream.
     let _: () = redis::cmd("SET").arg(&names[2].2).arg("refusal").query_async(&mut connection).await.unwrap();
