@@ -184,7 +184,7 @@ pub struct DaemonSection {
     pub agent_name: String,
     pub chat_conversation_id: String,
     pub heartbeat_ms: u64,
-    /// Worker threads of the async runtime; 0: one per core.
+    /// Worker threads of the async runtime (default 1); 0: one per core.
     pub worker_threads: usize,
 }
 
