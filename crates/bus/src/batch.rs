@@ -21,7 +21,9 @@
 //!
 //! A script written for batches ([`Batcher::for_batches`]) is run as it is: every call gives the
 //! keys and arguments its items share once ([`Shared`]), then each item's own, and the script
-//! returns one reply per item. Items with different shared parts go in different calls.
+//! returns one reply per item, `{0, error}` for an item Redis refused (the script catches its own
+//! errors item by item, with `redis.pcall`). Items with different shared parts go in different
+//! calls.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -211,7 +213,7 @@ async fn invoke(script: &Script, layout: Layout, batch: Vec<Item>, mut connectio
             for (item, reply) in batch.into_iter().zip(replies) {
                 let reply = match layout {
                     Layout::Wrapped => item_reply(reply),
-                    Layout::Batch => Ok(reply),
+                    Layout::Batch => batch_item_reply(reply),
                 };
                 demoted |=
                     matches!(&reply, Err(Error::Unavailable(cause)) if cause.code() == Some("READONLY"));
@@ -255,6 +257,22 @@ fn item_reply(reply: Value) -> Result<Value, Error> {
             Err(Error::from_cause(Cause::parse(&message)))
         }
         _ => Err(Error::Protocol("malformed batch item reply".to_owned())),
+    }
+}
+
+/// One item's reply from a script written for batches: the reply itself, or `{0, error}` when
+/// Redis refused one of the item's writes (sorted by its code, like [`item_reply`]).
+fn batch_item_reply(reply: Value) -> Result<Value, Error> {
+    match reply {
+        Value::Array(parts) if matches!(parts.first(), Some(Value::Int(0))) => {
+            let message = parts
+                .into_iter()
+                .nth(1)
+                .and_then(|message| redis::from_redis_value::<String>(message).ok())
+                .unwrap_or_default();
+            Err(Error::from_cause(Cause::parse(&message)))
+        }
+        reply => Ok(reply),
     }
 }
 

@@ -696,8 +696,9 @@ async fn ledger_steps_are_safe_to_repeat_against_redis() {
 
 /// The common end of a call (a final answer, nothing else) takes the lean path: finishes that
 /// meet are committed together with one `XACK`, each answer once; a lost reply's retry reports
-/// the same outcome; an entry another toolbox refused, or an answer topic of another type, writes
-/// nothing; a call record is deleted only by a finish whose call wrote one.
+/// the same outcome; an entry another toolbox refused, an answer topic of another type, or one
+/// Redis refuses to add to, writes nothing for that entry and fails no other; a call record is
+/// deleted only by a finish whose call wrote one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn final_answers_finished_together_are_each_published_once_and_acked() {
     let redis = RedisServer::start();
@@ -726,6 +727,15 @@ async fn final_answers_finished_together_are_each_published_once_and_acked() {
     // Another toolbox refused the entry of r-2; r-3 names a topic that is not a stream.
     let _: () = redis::cmd("SET").arg(&names[2].2).arg("refusal").query_async(&mut connection).await.unwrap();
     let _: () = redis::cmd("SET").arg("not-a-stream").arg("x").query_async(&mut connection).await.unwrap();
+    // r-6 names a stream that takes no more entries: it holds the largest possible id.
+    let _: String = redis::cmd("XADD")
+        .arg("exhausted")
+        .arg("18446744073709551615-18446744073709551615")
+        .arg("x")
+        .arg("y")
+        .query_async(&mut connection)
+        .await
+        .unwrap();
     let finish_of = |index: usize| {
         let (answered, call, entry, id) = &names[index];
         Finish {
@@ -738,7 +748,11 @@ async fn final_answers_finished_together_are_each_published_once_and_acked() {
                 retention: Duration::from_secs(60),
             }),
             answer: Some(Published {
-                topic: if index == 3 { "not-a-stream" } else { RESULTS },
+                topic: match index {
+                    3 => "not-a-stream",
+                    6 => "exhausted",
+                    _ => RESULTS,
+                },
                 id,
                 payload: "{}",
             }),
@@ -750,28 +764,31 @@ async fn final_answers_finished_together_are_each_published_once_and_acked() {
     };
     let finishes: Vec<Finish<'_>> = (0..40).map(finish_of).collect();
     let outcomes = futures::future::join_all(finishes.iter().map(|finish| bus.finish(finish))).await;
-    let outcomes: Vec<Committed> = outcomes.into_iter().map(Result::unwrap).collect();
+    assert!(outcomes[6].is_err(), "{:?}", outcomes[6]);
+    let outcomes: Vec<Committed> =
+        outcomes.into_iter().map(|outcome| outcome.unwrap_or(Committed::NotPublished)).collect();
     assert_eq!(outcomes[2], Committed::NotPublished);
     assert_eq!(outcomes[3], Committed::WrongType);
     assert!(
         outcomes
             .iter()
             .enumerate()
-            .all(|(index, outcome)| index == 2 || index == 3 || *outcome == Committed::Published),
+            .all(|(index, outcome)| [2, 3, 6].contains(&index) || *outcome == Committed::Published),
         "{outcomes:?}"
     );
-    // Every answer once, every entry acked but r-3's.
+    // Every answer once, every entry acked but r-3's and r-6's.
     let published: u64 = redis::cmd("XLEN").arg(RESULTS).query_async(&mut connection).await.unwrap();
-    assert_eq!(published, 38);
-    assert_eq!(pending(&mut connection, REQUESTS, GROUP).await, 1);
+    assert_eq!(published, 37);
+    assert_eq!(pending(&mut connection, REQUESTS, GROUP).await, 2);
     let marks: Vec<Option<String>> = redis::cmd("MGET")
         .arg(&names[2].0)
         .arg(&names[3].0)
+        .arg(&names[6].0)
         .arg(&names[4].0)
         .query_async(&mut connection)
         .await
         .unwrap();
-    assert_eq!(marks, [None, None, Some("answer-4".to_owned())]);
+    assert_eq!(marks, [None, None, None, Some("answer-4".to_owned())]);
     let records: (bool, bool) =
         redis::pipe().exists(&names[0].1).exists(&names[1].1).query_async(&mut connection).await.unwrap();
     assert_eq!(records, (true, false), "only a finish whose call wrote a record deletes it");
@@ -781,7 +798,7 @@ async fn final_answers_finished_together_are_each_published_once_and_acked() {
         Finish { answer: Some(Published { topic: RESULTS, id: "answer-x", payload: "{}" }), ..finish_of(5) };
     assert_eq!(bus.finish(&other).await.unwrap(), Committed::NotPublished);
     let published: u64 = redis::cmd("XLEN").arg(RESULTS).query_async(&mut connection).await.unwrap();
-    assert_eq!(published, 38);
+    assert_eq!(published, 37);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,15 +7,16 @@
 -- ARGV[1] group, ARGV[2] maxlen, ARGV[3] retention ms; then for item i, from a = 3 + (i - 1) * 4:
 --   ARGV[a + 1] entry id, ARGV[a + 2] answer id, ARGV[a + 3] answer payload,
 --   ARGV[a + 4] '1' when the call wrote a call record (deleted here), '0' when it did not
--- Returns one integer per item, as finish.lua: 1 when the answer is the one published for the
+-- Returns one reply per item, as finish.lua: 1 when the answer is the one published for the
 -- request (now, or by an earlier run of this same batch whose reply was lost), 0 when the
 -- request or the entry was answered before, -1 when the answer topic holds a key that is not a
--- stream (then nothing was written for that item, and its entry stays pending).
+-- stream; or {0, error} when Redis refused a write of the item. After -1 or an error nothing of
+-- the item stays written and its entry stays pending; the other items go on.
 --
 -- The answered mark is taken with one `SET NX GET`: nil means this item set it. A run cut short
--- by an error leaves the items before it published and marked but the batch unacked; running
--- the batch again publishes none of them twice (their marks hold their own answer ids) and acks
--- them all, with one XACK.
+-- (the script killed, the server gone) leaves the items before it published and marked but the
+-- batch unacked; running the batch again publishes none of them twice (their marks hold their
+-- own answer ids) and acks them all, with one XACK.
 local n = (#ARGV - 3) / 4
 local replies = {}
 local acked = {}
@@ -23,8 +24,10 @@ for i = 1, n do
   local k, a = 1 + (i - 1) * 4, 3 + (i - 1) * 4
   local id = ARGV[a + 2]
   local reply
-  local before = redis.call('SET', KEYS[k + 1], id, 'NX', 'GET', 'PX', ARGV[3])
-  if before then
+  local before = redis.pcall('SET', KEYS[k + 1], id, 'NX', 'GET', 'PX', ARGV[3])
+  if type(before) == 'table' and before.err then
+    reply = {0, before.err}
+  elseif before then
     reply = before == id and 1 or 0
   elseif redis.call('EXISTS', KEYS[k + 2]) == 1 then
     -- Another toolbox answered this entry with a refusal: that stays its one answer.
@@ -35,15 +38,16 @@ for i = 1, n do
     if type(added) == 'table' and added.err then
       -- Nothing of this item may stay written.
       redis.call('DEL', KEYS[k + 1])
-      if string.sub(added.err, 1, 9) ~= 'WRONGTYPE' then
-        return redis.error_reply(added.err)
+      if string.sub(added.err, 1, 9) == 'WRONGTYPE' then
+        reply = -1
+      else
+        reply = {0, added.err}
       end
-      reply = -1
     else
       reply = 1
     end
   end
-  if reply ~= -1 then
+  if reply == 0 or reply == 1 then
     if ARGV[a + 4] == '1' then
       redis.call('DEL', KEYS[k + 3])
     end
