@@ -188,8 +188,8 @@ pub trait Store: Send + Sync + 'static {
     /// primary of a cluster): for tools and rare checks, never for a path taken while serving.
     async fn keys_matching(&self, pattern: &str) -> Result<Vec<String>, Error>;
 
-    /// Adds `member` to the set at `key`.
-    async fn add_member(&self, key: &str, member: &str) -> Result<(), Error>;
+    /// Adds `member` to the set at `key`; `true` when it was not there.
+    async fn add_member(&self, key: &str, member: &str) -> Result<bool, Error>;
 
     /// The members of the set at `key`, sorted; none when it does not exist.
     async fn members(&self, key: &str) -> Result<Vec<String>, Error>;

@@ -266,15 +266,15 @@ impl Store for MemoryBus {
         Ok(keys)
     }
 
-    async fn add_member(&self, key: &str, member: &str) -> Result<(), Error> {
+    async fn add_member(&self, key: &str, member: &str) -> Result<bool, Error> {
         let mut state = self.lock();
         if !matches!(state.value(key), Some(Value::Set(_))) {
             state.values.insert(key.to_owned(), (Value::Set(std::collections::BTreeSet::new()), None));
         }
-        if let Some(Value::Set(set)) = state.value(key) {
-            set.insert(member.to_owned());
+        match state.value(key) {
+            Some(Value::Set(set)) => Ok(set.insert(member.to_owned())),
+            _ => Ok(false),
         }
-        Ok(())
     }
 
     async fn members(&self, key: &str) -> Result<Vec<String>, Error> {

@@ -551,9 +551,9 @@ impl Store for RedisBus {
         }
     }
 
-    async fn add_member(&self, key: &str, member: &str) -> Result<(), Error> {
-        let _: u64 = self.commands.clone().sadd(key, member).await?;
-        Ok(())
+    async fn add_member(&self, key: &str, member: &str) -> Result<bool, Error> {
+        let added: u64 = self.commands.clone().sadd(key, member).await?;
+        Ok(added == 1)
     }
 
     async fn members(&self, key: &str) -> Result<Vec<String>, Error> {

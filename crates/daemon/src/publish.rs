@@ -75,6 +75,11 @@ impl Publisher {
     /// them. A field nobody live hosts is dropped.
     pub async fn publish_once(&self, fields: &[(String, String)]) -> Result<(), toolhost_bus::Error> {
         self.beat().await?;
+        self.write_registry(fields).await
+    }
+
+    /// Writes the registry hash: this replica's tools, and those of live siblings.
+    async fn write_registry(&self, fields: &[(String, String)]) -> Result<(), toolhost_bus::Error> {
         let key = self.registry_key();
         let own: BTreeSet<&str> = fields.iter().map(|(name, _)| name.as_str()).collect();
         let mut union: Vec<(String, String)> = fields.to_vec();
@@ -89,8 +94,10 @@ impl Publisher {
     }
 
     /// Refreshes this replica's heartbeat, naming the tools it hosts, then reads every live
-    /// replica's to update the fleet view.
-    async fn beat(&self) -> Result<(), toolhost_bus::Error> {
+    /// replica's to update the fleet view. `true` when this replica was not listed in the fleet
+    /// set: another reader took it for dead (it was paused past its heartbeat, or read between
+    /// its heartbeat and its listing), and may have removed its toolbox's registry meanwhile.
+    async fn beat(&self) -> Result<bool, toolhost_bus::Error> {
         let registry = self.registry.snapshot();
         let hosted: BTreeMap<&str, Hosted> = registry
             .enabled_names()
@@ -110,8 +117,9 @@ impl Publisher {
         });
         let key = self.heartbeat_key();
         self.bus.set_expiring(&key, &heartbeat.to_string(), self.period * 3).await?;
-        self.bus.add_member(&self.keys.fleet(), &key).await?;
-        self.read_fleet().await
+        let listed_anew = self.bus.add_member(&self.keys.fleet(), &key).await?;
+        self.read_fleet().await?;
+        Ok(listed_anew)
     }
 
     /// The heartbeat keys listed in the fleet set whose keys have not expired, with their
@@ -157,7 +165,12 @@ impl Publisher {
             let res = if beats.is_multiple_of(REPUBLISH_EVERY) {
                 self.publish_once(&self.fields()).await
             } else {
-                self.beat().await
+                // Listed anew after another reader dropped it: its registry may be gone too.
+                match self.beat().await {
+                    Ok(true) => self.write_registry(&self.fields()).await,
+                    Ok(false) => Ok(()),
+                    Err(err) => Err(err),
+                }
             };
             if let Err(err) = res {
                 redis_warn!(&err, error = %err, "cannot refresh the registry heartbeat");

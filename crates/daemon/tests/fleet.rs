@@ -125,8 +125,9 @@ async fn toolboxes_sharing_a_stream_answer_every_request_once_also_across_a_rest
 
 /// The fleet is found through the set of heartbeat keys, never by walking the keyspace: with a
 /// day of answered marks retained, a `SCAN` per heartbeat would visit every one of them. A
-/// replica that dies without withdrawing is dropped from the set by the next reader; one that
-/// stops cleanly takes itself off.
+/// replica that dies without withdrawing is dropped from the set by the next reader; one taken
+/// for dead while alive lists itself again and rewrites its registry; one that stops cleanly
+/// takes itself off.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_fleet_is_read_from_its_set_without_scanning_and_dead_replicas_leave_it() {
     let redis = RedisServer::start();
@@ -165,6 +166,32 @@ async fn the_fleet_is_read_from_its_set_without_scanning_and_dead_replicas_leave
     let mut found = members(&mut connection).await;
     found.sort();
     assert_eq!(found, ["db", "web"]);
+
+    // Taken for dead by a reader that saw its heartbeat missing (paused past it), with its
+    // registry removed by a sibling's withdrawal meanwhile: the next beat lists it again and
+    // writes the registry back.
+    let web_key: String = {
+        let members: Vec<String> =
+            redis::cmd("SMEMBERS").arg("toolhost:fleet").query_async(&mut connection).await.unwrap();
+        members.into_iter().find(|key| key.starts_with("toolhost:heartbeat:web:")).unwrap()
+    };
+    let _: u64 =
+        redis::cmd("SREM").arg("toolhost:fleet").arg(&web_key).query_async(&mut connection).await.unwrap();
+    let _: u64 = redis::cmd("DEL").arg("toolhost:registry:web").query_async(&mut connection).await.unwrap();
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let back: (bool, bool) = redis::pipe()
+            .sismember("toolhost:fleet", &web_key)
+            .exists("toolhost:registry:web")
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        if back == (true, true) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "web was not listed again with its registry: {back:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 
     // Killed: its heartbeat expires and the survivor drops it from the set and the fleet.
     web.kill9();
