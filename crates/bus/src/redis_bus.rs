@@ -408,6 +408,7 @@ impl Ledger for RedisBus {
         owner: &str,
         entry: &EntryRef<'_>,
         consumer: &str,
+        tracked: bool,
     ) -> Result<bool, Error> {
         if self.cluster {
             cluster::same_slot("renew_call", &[call.call, entry.topic])?;
@@ -422,6 +423,7 @@ impl Ledger for RedisBus {
             .arg(entry.group)
             .arg(consumer)
             .arg(entry.entry_id)
+            .arg(if tracked { "1" } else { "0" })
             .invoke_async(&mut self.commands.clone())
             .await?;
         Ok(renewed == 1)
