@@ -211,6 +211,12 @@ pub trait Store: Send + Sync + 'static {
     async fn eviction_policy(&self) -> Result<Option<String>, Error> {
         Ok(None)
     }
+
+    /// The server's version (`redis_version` of `INFO server`; on a cluster the lowest of the
+    /// nodes asked), `None` when the transport has none or does not say.
+    async fn server_version(&self) -> Result<Option<String>, Error> {
+        Ok(None)
+    }
 }
 
 /// One consumer group of a topic, as [`Bus::group_info`] reports it.
