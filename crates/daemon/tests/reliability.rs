@@ -659,6 +659,63 @@ async fn sigterm_past_the_grace_leaves_the_call_to_a_replica() {
     assert_settled(&mut connection).await;
 }
 
+/// The renewal of a call without a record resets its entry's idle time and writes nothing, as
+/// long as the entry is pending to the renewing consumer; one taken over by another consumer is
+/// left to it. A tracked renewal without a record still reports the lease lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_untracked_renewal_resets_the_idle_time_of_its_own_entry_only() {
+    let _serial = SERIAL.lock().await;
+    let redis = RedisServer::start();
+    let mut connection = redis.connection().await;
+    let bus = RedisBus::new(RedisOptions::new(redis.url())).unwrap();
+    bus.ensure_group(REQUESTS, GROUP).await.unwrap();
+    let entry_id = bus.publish(REQUESTS, "m-1", "{}").await.unwrap();
+    bus.read_group(REQUESTS, GROUP, "c1", 10, Duration::from_millis(10)).await.unwrap();
+    let call = CallKeys {
+        answered: "toolhost:toolhost:answered:r-1",
+        call: "toolhost:toolhost:call:r-1",
+        entry: "toolhost:toolhost:entry:r-1",
+        lease: Duration::from_secs(1),
+        retention: Duration::from_secs(60),
+    };
+    let entry = EntryRef { topic: REQUESTS, group: GROUP, entry_id: &entry_id };
+    // (entry id, consumer, idle ms, deliveries) of the one pending entry.
+    async fn holder(connection: &mut MultiplexedConnection) -> (String, String, u64, u64) {
+        let pending: Vec<(String, String, u64, u64)> = redis::cmd("XPENDING")
+            .arg(REQUESTS)
+            .arg(GROUP)
+            .arg("-")
+            .arg("+")
+            .arg(10)
+            .query_async(connection)
+            .await
+            .unwrap();
+        pending.into_iter().next().unwrap()
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(holder(&mut connection).await.2 >= 300);
+    assert!(!bus.renew_call(&call, "c1/1", &entry, "c1", true).await.unwrap(), "no record, no lease");
+    assert!(bus.renew_call(&call, "c1/1", &entry, "c1", false).await.unwrap());
+    let (_, consumer, idle, deliveries) = holder(&mut connection).await;
+    assert_eq!((consumer.as_str(), deliveries), ("c1", 1));
+    assert!(idle < 300, "idle {idle} ms after renewal");
+    let records: u64 = redis::cmd("EXISTS").arg(call.call).query_async(&mut connection).await.unwrap();
+    assert_eq!(records, 0, "an untracked renewal writes no call record");
+    // Another consumer took the entry over: it stays with it.
+    let _: redis::Value = redis::cmd("XCLAIM")
+        .arg(REQUESTS)
+        .arg(GROUP)
+        .arg("c2")
+        .arg(0)
+        .arg(&entry_id)
+        .arg("JUSTID")
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    assert!(!bus.renew_call(&call, "c1/1", &entry, "c1", false).await.unwrap());
+    assert_eq!(holder(&mut connection).await.1, "c2");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ledger_steps_are_safe_to_repeat_against_redis() {
     let _serial = SERIAL.lock().await;
