@@ -138,12 +138,17 @@ pub trait Ledger: Send + Sync + 'static {
 
     /// Extends `owner`'s lease on a call and resets the idle time of its entry, so a slow call is
     /// not reclaimed. Returns `false` when the call is no longer `owner`'s.
+    ///
+    /// A call that is not `tracked` (one run without a call record: a read-only, idempotent
+    /// tool) has no lease: only its entry's idle time is reset, and `false` means the entry is
+    /// no longer pending to `consumer`.
     async fn renew_call(
         &self,
         call: &CallKeys<'_>,
         owner: &str,
         entry: &EntryRef<'_>,
         consumer: &str,
+        tracked: bool,
     ) -> Result<bool, Error>;
 
     /// Atomically: publishes the answer (unless the request was answered already) and the dead
@@ -204,6 +209,12 @@ pub trait Store: Send + Sync + 'static {
     /// The server's eviction policy (`maxmemory-policy`), `None` when the transport has none.
     /// Managed Redis services may refuse `CONFIG`: that is an error, not `None`.
     async fn eviction_policy(&self) -> Result<Option<String>, Error> {
+        Ok(None)
+    }
+
+    /// The server's version (`redis_version` of `INFO server`; on a cluster the lowest of the
+    /// nodes asked), `None` when the transport has none or does not say.
+    async fn server_version(&self) -> Result<Option<String>, Error> {
         Ok(None)
     }
 }

@@ -408,6 +408,7 @@ impl Ledger for RedisBus {
         owner: &str,
         entry: &EntryRef<'_>,
         consumer: &str,
+        tracked: bool,
     ) -> Result<bool, Error> {
         if self.cluster {
             cluster::same_slot("renew_call", &[call.call, entry.topic])?;
@@ -422,6 +423,7 @@ impl Ledger for RedisBus {
             .arg(entry.group)
             .arg(consumer)
             .arg(entry.entry_id)
+            .arg(if tracked { "1" } else { "0" })
             .invoke_async(&mut self.commands.clone())
             .await?;
         Ok(renewed == 1)
@@ -603,6 +605,41 @@ impl Store for RedisBus {
         .map_err(|err| Error::Protocol(err.to_string()))?;
         Ok(pairs.into_iter().find(|(name, _)| name == "maxmemory-policy").map(|(_, policy)| policy))
     }
+
+    async fn server_version(&self) -> Result<Option<String>, Error> {
+        // A cluster connection may ask every node and answer a map of node to text.
+        let reply: Value = redis::cmd("INFO").arg("server").query_async(&mut self.commands.clone()).await?;
+        Ok(lowest_version(reply))
+    }
+}
+
+/// The lowest `redis_version` of an `INFO server` reply (one text, or one per node).
+fn lowest_version(reply: Value) -> Option<String> {
+    let mut texts = Vec::new();
+    info_texts(reply, &mut texts);
+    let versions = texts.iter().flat_map(|text| text.lines()).filter_map(|line| {
+        line.trim().strip_prefix("redis_version:").map(|version| version.trim().to_owned())
+    });
+    versions.min_by_key(|version| version_key(version))
+}
+
+/// The texts of an `INFO` reply: one string, or one per node in a map or array.
+fn info_texts(reply: Value, texts: &mut Vec<String>) {
+    match reply {
+        Value::BulkString(bytes) => texts.push(String::from_utf8_lossy(&bytes).into_owned()),
+        Value::SimpleString(text) | Value::VerbatimString { text, .. } => texts.push(text),
+        Value::Map(pairs) => pairs.into_iter().for_each(|(_, value)| info_texts(value, texts)),
+        Value::Array(values) | Value::Set(values) => {
+            values.into_iter().for_each(|value| info_texts(value, texts))
+        }
+        Value::Attribute { data, .. } => info_texts(*data, texts),
+        _ => {}
+    }
+}
+
+/// `major.minor.patch` as numbers to order versions by; missing or unreadable parts count 0.
+fn version_key(version: &str) -> Vec<u64> {
+    version.split('.').map(|part| part.parse().unwrap_or(0)).collect()
 }
 
 impl RedisBus {
@@ -841,5 +878,18 @@ mod tests {
         let bus = RedisBus::new(options).unwrap();
         let err = bus.ping().await.unwrap_err();
         assert!(!err.to_string().contains("secret"), "{err}");
+    }
+
+    #[test]
+    fn the_lowest_redis_version_of_an_info_reply_is_read() {
+        let info = |version: &str| format!("# Server\r\nredis_version:{version}\r\nredis_mode:cluster\r\n");
+        assert_eq!(lowest_version(Value::BulkString(info("6.2.14").into_bytes())).as_deref(), Some("6.2.14"));
+        let nodes = Value::Map(vec![
+            (Value::SimpleString("a:7000".to_owned()), Value::BulkString(info("7.10.0").into_bytes())),
+            (Value::SimpleString("b:7001".to_owned()), Value::BulkString(info("7.2.4").into_bytes())),
+        ]);
+        assert_eq!(lowest_version(nodes).as_deref(), Some("7.2.4"));
+        assert_eq!(lowest_version(Value::Nil), None);
+        assert!(version_key("6.2.14") < version_key("7.0.0"));
     }
 }

@@ -12,8 +12,12 @@
 //! read is cut off by the role change, a refused, dropped or timed-out connection), and a periodic
 //! check while the bus is in use ([`Sentinels::check_interval`]), so a switch is noticed even
 //! when nothing fails. Lookups are single-flight: one runs at a time, a failure that comes while
-//! one runs starts none, and a lookup that finds the generation it was asked about already
-//! replaced does nothing. The failed command returns its error, which [`crate::Error`] sorts as
+//! one runs starts none, a lookup that finds the generation it was asked about already
+//! replaced does nothing, and a caller that waited while another lookup ran takes that lookup's
+//! answer, found or failed, instead of asking again (so at a cold start with unreachable
+//! sentinels, commands waiting for a master do not each run a full lookup in turn). Lookups run
+//! as tasks of their own, so a command that gives up waiting (its response timeout bounds the
+//! wait) does not cut one short. The failed command returns its error, which [`crate::Error`] sorts as
 //! `Unavailable`: the caller's retry goes to the new master.
 //!
 //! A lookup asks the sentinels one at a time for the masters they monitor (`SENTINEL MASTERS`)
@@ -23,7 +27,7 @@
 //! kept, and commands keep failing as retryable.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -105,6 +109,8 @@ struct Lookup {
     /// time is moved to the end).
     sentinels: Vec<(ConnectionInfo, Sentinel)>,
     last: Option<Instant>,
+    /// What the last lookup failed with; `None` when it found a master (or none ran yet).
+    failure: Option<RedisError>,
 }
 
 /// The state every connection of one bus shares: the current master and the sentinels.
@@ -117,6 +123,9 @@ pub(crate) struct Shared {
     per_sentinel: Duration,
     current: ArcSwapOption<Master>,
     lookup: tokio::sync::Mutex<Lookup>,
+    /// Lookups finished, counted under the `lookup` lock: a caller that sees it move while it
+    /// waited for the lock takes the answer of the lookup that just finished.
+    lookups: AtomicU64,
     /// A background lookup has been started and not finished.
     refreshing: AtomicBool,
     /// The periodic check has been started.
@@ -177,7 +186,8 @@ impl Shared {
             // A sentinel's answer, then the master's ROLE check: a connect timeout each.
             per_sentinel: connect_timeout.saturating_mul(2),
             current: ArcSwapOption::empty(),
-            lookup: tokio::sync::Mutex::new(Lookup { sentinels: clients, last: None }),
+            lookup: tokio::sync::Mutex::new(Lookup { sentinels: clients, last: None, failure: None }),
+            lookups: AtomicU64::new(0),
             refreshing: AtomicBool::new(false),
             checking: AtomicBool::new(false),
             check_interval: sentinels.check_interval,
@@ -194,27 +204,37 @@ impl Shared {
         self.current.load().as_ref().map_or(0, |master| master.generation)
     }
 
-    /// The current master, looked up first if none is known yet.
+    /// The current master, looked up first if none is known yet. The lookup runs as a task of
+    /// its own: a caller that stops waiting does not cancel it half-way.
     async fn master(self: &Arc<Self>) -> RedisResult<Arc<Master>> {
         if let Some(master) = self.current.load_full() {
             return Ok(master);
         }
-        self.refresh(0, None).await?;
+        let shared = Arc::clone(self);
+        tokio::spawn(async move { shared.refresh(0, None).await }).await.map_err(|err| {
+            RedisError::from((redis::ErrorKind::Io, "sentinel lookup ended", err.to_string()))
+        })??;
         self.start_checking();
         self.current.load_full().ok_or_else(|| {
             RedisError::from((redis::ErrorKind::MasterNameNotFoundBySentinel, "no master known yet"))
         })
     }
 
-    /// Asks the sentinels for the master, unless generation `seen` has already been replaced or,
-    /// when there is a master already, a lookup ran moments ago; swaps in the master they name
-    /// when it is another one. `reason`: the failure that asks, if one does. Whether a lookup ran.
+    /// Asks the sentinels for the master, unless generation `seen` has already been replaced,
+    /// another lookup finished while this one waited for its turn (its answer is returned: its
+    /// error, or `false`), or, when there is a master already, a lookup ran moments ago; swaps in
+    /// the master they name when it is another one. `reason`: the failure that asks, if one
+    /// does. Whether a lookup ran.
     async fn refresh(&self, seen: u64, reason: Option<&str>) -> RedisResult<bool> {
+        let finished = self.lookups.load(Ordering::Acquire);
         let mut lookup = self.lookup.lock().await;
         let current = self.current.load_full();
         let generation = current.as_ref().map_or(0, |master| master.generation);
         if generation != seen {
             return Ok(false);
+        }
+        if self.lookups.load(Ordering::Acquire) != finished {
+            return lookup.failure.clone().map_or(Ok(false), Err);
         }
         if current.is_some() && lookup.last.is_some_and(|last| last.elapsed() < MIN_LOOKUP_INTERVAL) {
             return Ok(false);
@@ -224,6 +244,8 @@ impl Shared {
         }
         let found = self.ask(&mut lookup).await;
         lookup.last = Some(Instant::now());
+        lookup.failure = found.as_ref().err().cloned();
+        self.lookups.fetch_add(1, Ordering::AcqRel);
         let client = found?;
         let address = address(client.get_connection_info().addr());
         match current {
@@ -414,9 +436,20 @@ pub(crate) struct SentinelConnection {
 }
 
 impl SentinelConnection {
-    /// The connection to the current master, made when the master changed.
+    /// The connection to the current master, made when the master changed. Waiting for a
+    /// master to be found is bounded by the response timeout, when there is one.
     async fn current(&self) -> RedisResult<(u64, ConnectionManager)> {
-        let master = self.shared.master().await?;
+        let master = match self.response_timeout {
+            Some(limit) => {
+                tokio::time::timeout(limit, self.shared.master()).await.map_err(|_elapsed| {
+                    RedisError::from(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!("the sentinels named no master within {} ms", limit.as_millis()),
+                    ))
+                })??
+            }
+            None => self.shared.master().await?,
+        };
         // A poisoned lock only means a panic while the slot was replaced; the slot is still whole.
         let mut bound = self.bound.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if let Some((generation, connection)) = bound.as_ref()
@@ -571,6 +604,50 @@ mod tests {
         // The clones share one binding: the command connection is one socket per master.
         assert_eq!(commands.bound.lock().unwrap().as_ref().map(|(generation, _)| *generation), Some(2));
         assert!(!Arc::ptr_eq(&commands.bound, &blocking.bound));
+    }
+
+    /// At a cold start with sentinels that accept connections and never answer, commands waiting
+    /// for a master share the lookup that runs instead of each running one in turn, and a command
+    /// with a response timeout stops waiting after it.
+    #[tokio::test]
+    async fn callers_waiting_for_a_lookup_take_its_answer() {
+        // Bound and listening, never accepting: connections complete and nothing is answered.
+        let silent = [
+            std::net::TcpListener::bind("127.0.0.1:0").unwrap(),
+            std::net::TcpListener::bind("127.0.0.1:0").unwrap(),
+        ];
+        let sentinels = Sentinels {
+            urls: silent
+                .iter()
+                .map(|listener| format!("redis://{}", listener.local_addr().unwrap()))
+                .collect(),
+            master_name: "m".into(),
+            ..Sentinels::default()
+        };
+        // Two sentinels of 2 x 100 ms each: one lookup takes about 400 ms.
+        let shared =
+            Arc::new(Shared::new("redis://127.0.0.1:2", &sentinels, Duration::from_millis(100)).unwrap());
+        let started = Instant::now();
+        let waiting: Vec<_> = (0..6)
+            .map(|_| {
+                let shared = Arc::clone(&shared);
+                tokio::spawn(async move { shared.master().await.map(|_| ()) })
+            })
+            .collect();
+        for waiter in waiting {
+            let err = waiter.await.unwrap().unwrap_err();
+            assert!(err.is_timeout() || err.is_io_error(), "{err:?}");
+        }
+        let took = started.elapsed();
+        // In turn, six lookups would take about 2.4 s; shared, one or two.
+        assert!(took < Duration::from_millis(1_300), "took {took:?}");
+        assert!(shared.lookups.load(Ordering::Acquire) <= 2, "{}", shared.lookups.load(Ordering::Acquire));
+
+        let commands = shared.connection(Some(Duration::from_millis(150)));
+        let started = Instant::now();
+        let err = commands.current().await.map(|_| ()).unwrap_err();
+        assert!(err.is_timeout(), "{err:?}");
+        assert!(started.elapsed() < Duration::from_millis(350), "took {:?}", started.elapsed());
     }
 
     #[test]

@@ -682,9 +682,17 @@ fn validate(
     vars: &HashMap<String, String>,
     errors: &mut Vec<KeyError>,
 ) -> Option<Config> {
-    // `TOOLHOST__REDIS__SENTINELS=""` (an unset compose variable) means no Sentinel.
+    // `TOOLHOST__REDIS__SENTINELS=""` (an unset compose variable) means no Sentinel, and
+    // `TOOLHOST__REDIS__CLUSTER_NODES=""` no cluster; items are trimmed (`"a:1, b:2"`).
     raw.redis.sentinels =
         raw.redis.sentinels.iter().map(|url| url.trim().to_owned()).filter(|url| !url.is_empty()).collect();
+    raw.redis.cluster_nodes = raw
+        .redis
+        .cluster_nodes
+        .iter()
+        .map(|node| node.trim().to_owned())
+        .filter(|node| !node.is_empty())
+        .collect();
     let http_headers = validate_sources(&raw, vars, errors);
     let mcp_env = EnvVars(vars.iter().map(|(name, value)| (name.clone(), value.clone())).collect());
     if let Err(found) = toolhost_mcp::config::resolve(&raw.mcp_servers, &mcp_env.0) {
@@ -697,7 +705,16 @@ fn validate(
     }
     if !raw.redis.cluster_nodes.is_empty() {
         for (index, node) in raw.redis.cluster_nodes.iter().enumerate() {
-            if !valid_cluster_node(node) {
+            if !node.contains("://") && (node.contains('@') || node.contains('/')) {
+                bad(
+                    &format!("redis.cluster_nodes[{index}]"),
+                    &format!(
+                        "'{}' is not host:port: write a node with credentials or a database as a redis:// or \
+                         rediss:// URL (or give them in redis.url)",
+                        mask_url(node)
+                    ),
+                );
+            } else if !valid_cluster_node(node) {
                 bad(
                     &format!("redis.cluster_nodes[{index}]"),
                     &format!("expected host:port or a redis:// or rediss:// URL, got '{}'", mask_url(node)),
@@ -727,6 +744,13 @@ fn validate(
         let key = format!("redis.sentinels[{index}]");
         match redis::parse_redis_url(url) {
             None => bad(&key, "expected a redis:// or rediss:// URL of a sentinel"),
+            Some(parsed) if !matches!(parsed.scheme(), "redis" | "rediss") => bad(
+                &key,
+                &format!(
+                    "sentinels are reached over TCP: expected a redis:// or rediss:// URL, not {}://",
+                    parsed.scheme()
+                ),
+            ),
             // Sentinels have no databases: redis-rs would send SELECT, which they refuse.
             Some(parsed) if !matches!(parsed.path(), "" | "/" | "/0") => {
                 bad(&key, "a sentinel URL names no database (no /<db>)")
@@ -955,30 +979,54 @@ fn percent_decode(text: &str) -> String {
     String::from_utf8(res).unwrap_or_else(|_| text.to_owned())
 }
 
-/// Whether `node` names a cluster node: `host:port`, or a `redis://` or `rediss://` URL.
+/// Whether `node` names a cluster node: `host:port` (no credentials, no database: those need a
+/// URL), or a `redis://` or `rediss://` URL.
 fn valid_cluster_node(node: &str) -> bool {
     if node.contains("://") {
         return redis::parse_redis_url(node).is_some_and(|url| {
             matches!(url.scheme(), "redis" | "rediss") && url.host_str().is_some_and(|host| !host.is_empty())
         });
     }
-    node.rsplit_once(':').is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok())
+    !node.contains(['@', '/'])
+        && node.rsplit_once(':').is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok())
 }
 
-/// A Redis URL with its password replaced by `***`.
+/// A Redis URL with its password, and the values of its `pass` and `password` query parameters
+/// (which [`Config::secrets`] counts as secrets too), replaced by `***`.
 ///
 /// The user information ends at the last `@`, wherever it is: a password with an unescaped `/`,
-/// `?` or `#` is still masked whole, at worst together with some of what follows it.
+/// `?` or `#` is still masked whole, at worst together with some of what follows it. Text with
+/// an `@` and no scheme (a mistyped `user:password@host:port`) is masked the same way.
 pub fn mask_url(url: &str) -> String {
-    let Some(scheme_end) = url.find("://") else { return url.to_owned() };
-    let rest = &url[scheme_end + 3..];
-    let Some(at) = rest.rfind('@') else { return url.to_owned() };
-    let userinfo = &rest[..at];
-    let masked = match userinfo.find(':') {
-        Some(colon) => format!("{}:***", &userinfo[..colon]),
-        None => "***".to_owned(),
+    let (scheme, rest) = match url.find("://") {
+        Some(scheme_end) => url.split_at(scheme_end + 3),
+        None => ("", url),
     };
-    format!("{}{masked}{}", &url[..scheme_end + 3], &rest[at..])
+    let (userinfo, after) = match rest.rfind('@') {
+        Some(at) => {
+            let userinfo = &rest[..at];
+            let masked = match userinfo.find(':') {
+                Some(colon) => format!("{}:***@", &userinfo[..colon]),
+                None => "***@".to_owned(),
+            };
+            (masked, &rest[at + 1..])
+        }
+        None => (String::new(), rest),
+    };
+    let after = match after.split_once('?') {
+        Some((path, query)) => {
+            let pairs: Vec<String> = query
+                .split('&')
+                .map(|pair| match pair.split_once('=') {
+                    Some((name @ ("pass" | "password"), _)) => format!("{name}=***"),
+                    _ => pair.to_owned(),
+                })
+                .collect();
+            format!("{path}?{}", pairs.join("&"))
+        }
+        None => after.to_owned(),
+    };
+    format!("{scheme}{userinfo}{after}")
 }
 
 #[cfg(test)]
@@ -1299,6 +1347,56 @@ mod tests {
         assert_eq!(mask_url("redis://host:6379"), "redis://host:6379");
         assert_eq!(mask_url("redis://:pa/ss@host:6379/0"), "redis://:***@host:6379/0");
         assert_eq!(mask_url("redis://token@host"), "redis://***@host");
+        // Query parameters `secrets()` counts as secrets, and credentials written without a scheme.
+        assert_eq!(
+            mask_url("unix:///run/redis.sock?db=1&pass=s3cret"),
+            "unix:///run/redis.sock?db=1&pass=***"
+        );
+        assert_eq!(mask_url("redis://h:1/0?password=s3cret&x=1"), "redis://h:1/0?password=***&x=1");
+        assert_eq!(mask_url("ops:s3cret@10.0.0.1:7000"), "ops:***@10.0.0.1:7000");
+        assert_eq!(mask_url("10.0.0.1:7000"), "10.0.0.1:7000");
+        let config =
+            Config::load(None, &env(&[("REDIS_URL", "unix:///run/redis.sock?db=1&password=s3cret")]))
+                .unwrap();
+        assert_eq!(config.secrets(), ["s3cret"]);
+        for printed in [config.masked_toml(), format!("{config:?}"), config.raw.redis.describe()] {
+            assert!(!printed.contains("s3cret"), "{printed}");
+        }
+    }
+
+    #[test]
+    fn cluster_nodes_are_trimmed_and_bare_nodes_take_no_credentials() {
+        let nodes = |value: &str| Config::load(None, &env(&[("TOOLHOST__REDIS__CLUSTER_NODES", value)]));
+        // Unset (an empty compose variable): no cluster.
+        let config = nodes("").unwrap();
+        assert!(config.raw.redis.cluster_nodes.is_empty());
+        assert!(!config.redis_options().topology.is_cluster());
+        let config = nodes(" 10.0.0.1:7000, 10.0.0.2:7001 ,").unwrap();
+        assert_eq!(config.raw.redis.cluster_nodes, ["10.0.0.1:7000", "10.0.0.2:7001"]);
+        assert!(config.redis_options().topology.is_cluster());
+        let err = nodes("ops:s3cret@10.0.0.1:7000,10.0.0.2:7001/2").unwrap_err().to_string();
+        for key in ["redis.cluster_nodes[0]", "redis.cluster_nodes[1]"] {
+            assert!(err.contains(key), "{key}: {err}");
+        }
+        assert!(err.contains("redis:// or rediss:// URL"), "{err}");
+        assert!(!err.contains("s3cret"), "{err}");
+        assert!(!valid_cluster_node("ops:s3cret@10.0.0.1:7000") && !valid_cluster_node("h:1/2"));
+        assert!(valid_cluster_node("redis://ops:s3cret@10.0.0.1:7000"));
+    }
+
+    #[test]
+    fn a_unix_sentinel_url_is_refused_as_not_tcp() {
+        let err = Config::load(
+            None,
+            &env(&[
+                ("TOOLHOST__REDIS__SENTINELS", "unix:///run/sentinel.sock"),
+                ("TOOLHOST__REDIS__SENTINEL_MASTER", "orders"),
+            ]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("redis.sentinels[0]") && err.contains("not unix://"), "{err}");
+        assert!(!err.contains("database"), "{err}");
     }
 
     #[test]

@@ -496,6 +496,12 @@ impl App {
             shutdown.drain(config.shutdown_grace).await;
             return Ok(());
         }
+        // The first moment Redis is known to answer: one too old would fail every final answer.
+        if let Err(err) = check_redis_version(&*bus).await {
+            error!(error = %err, "refusing to serve");
+            shutdown.drain(config.shutdown_grace).await;
+            return Err(err);
+        }
         // Hosted MCP servers start before the doors read, so their tools are listed from the
         // first request on; one that cannot be reached comes later (fail open).
         if let Some((sources, _)) = &sources
@@ -593,6 +599,45 @@ fn reader<D: Door>(
     Arc::new(GroupReader::new(bus, stream, lifecycle, budget.clone(), shutdown, telemetry))
 }
 
+/// The oldest Redis toolhost serves on: the call ledger's `SET ... NX GET` needs 7.0.
+const MIN_REDIS_VERSION: (u64, u64) = (7, 0);
+
+/// Whether Redis `version` (`7.0.15`) is [`MIN_REDIS_VERSION`] or later; `None` when it does not
+/// read as `major.minor[...]`.
+fn redis_version_supported(version: &str) -> Option<bool> {
+    let mut parts = version.trim().split('.');
+    let major: u64 = parts.next()?.parse().ok()?;
+    let minor: u64 = parts.next()?.parse().ok()?;
+    Some((major, minor) >= MIN_REDIS_VERSION)
+}
+
+/// Refuses a Redis older than [`MIN_REDIS_VERSION`], naming its version. A version that cannot
+/// be read (`INFO` refused, or an unusual text) is logged and let through.
+async fn check_redis_version(bus: &dyn Bus) -> anyhow::Result<()> {
+    let (major, minor) = MIN_REDIS_VERSION;
+    match bus.server_version().await {
+        Ok(Some(version)) => match redis_version_supported(&version) {
+            Some(true) => {
+                debug!(redis_version = %version, "Redis version supported");
+                Ok(())
+            }
+            Some(false) => Err(anyhow::anyhow!(
+                "Redis {version} is too old: toolhost needs Redis {major}.{minor} or later (the call ledger \
+                 uses SET ... NX GET); upgrade Redis"
+            )),
+            None => {
+                warn!(redis_version = %version, "cannot read the Redis version; not checked (needs {major}.{minor} or later)");
+                Ok(())
+            }
+        },
+        Ok(None) => Ok(()),
+        Err(err) => {
+            warn!(error = %err, "cannot read the Redis version (INFO refused?); not checked (needs {major}.{minor} or later)");
+            Ok(())
+        }
+    }
+}
+
 /// Warns when Redis may evict keys: eviction silently drops answered marks and call records, so
 /// a request could be answered twice. Managed services often refuse `CONFIG`; that is only noted.
 async fn check_eviction_policy(bus: &dyn Bus) {
@@ -683,6 +728,26 @@ mod tests {
         let config = Config::load(Some(&path), &env).unwrap();
         let _ = std::fs::remove_file(&path);
         config
+    }
+
+    #[test]
+    fn redis_before_7_0_is_not_supported() {
+        for (version, supported) in [
+            ("7.0.0", Some(true)),
+            ("7.0.15", Some(true)),
+            ("7.2.4", Some(true)),
+            ("8.0.2", Some(true)),
+            ("10.0.0", Some(true)),
+            ("6.2.14", Some(false)),
+            ("6.0.0", Some(false)),
+            ("5.0.14", Some(false)),
+            (" 7.0.11 ", Some(true)),
+            ("7", None),
+            ("", None),
+            ("unstable", None),
+        ] {
+            assert_eq!(redis_version_supported(version), supported, "{version}");
+        }
     }
 
     #[tokio::test]

@@ -347,7 +347,7 @@ async fn out_of_memory_inside_ledger_scripts_is_retryable_and_renewal_and_reads_
 
     // Below what is in use, with the default noeviction: every write that may grow memory fails.
     set_maxmemory(&mut connection, 1).await;
-    assert!(bus.renew_call(&call, "c1/1", &entry, "c1").await.unwrap(), "the lease was renewed");
+    assert!(bus.renew_call(&call, "c1/1", &entry, "c1", true).await.unwrap(), "the lease was renewed");
     let other =
         CallKeys { answered: "toolhost:toolhost:answered:r-2", call: "toolhost:toolhost:call:r-2", ..call };
     let begun = bus.begin_call(&other, "c1/2", &entry_id).await.unwrap_err();

@@ -495,6 +495,65 @@ async fn an_entry_redelivered_while_it_runs_is_answered_once() {
     assert_settled(&mut connection).await;
 }
 
+/// A replica with a read-only, idempotent `[[commands]]` tool `slow` that runs `sleep 3`.
+fn slow_tool_replica(redis: &RedisServer, name: &str) -> Daemon {
+    let dir = crate::support::temp_dir(&format!("untracked-{name}"));
+    let path = dir.join("toolhost.toml");
+    std::fs::write(
+        &path,
+        "[[commands]]\nname = \"slow\"\ndescription = \"Sleeps.\"\nargv = [\"sleep\", \"3\"]\n\
+         annotations = { read_only = true, idempotent = true }\n",
+    )
+    .unwrap();
+    Daemon::start_args(redis, &env(&[]), &["--config", path.to_str().unwrap()])
+}
+
+/// The highest delivery count among `stream`'s pending entries (0 when none is pending).
+async fn most_deliveries(connection: &mut MultiplexedConnection) -> u64 {
+    let pending: Vec<(String, String, u64, u64)> = redis::cmd("XPENDING")
+        .arg(REQUESTS)
+        .arg(GROUP)
+        .arg("-")
+        .arg("+")
+        .arg(100)
+        .query_async(connection)
+        .await
+        .unwrap();
+    pending.iter().map(|(_, _, _, deliveries)| *deliveries).max().unwrap_or(0)
+}
+
+/// A read-only, idempotent tool runs without a call record, yet its entry's idle time is still
+/// reset while it runs: a call three times longer than the lease is not reclaimed and rerun by
+/// a replica, is delivered once, answered once with its result, and no lease is reported lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_untracked_call_longer_than_the_lease_is_not_reclaimed() {
+    let _serial = SERIAL.lock().await;
+    let redis = RedisServer::start();
+    let first = slow_tool_replica(&redis, "first");
+    let second = slow_tool_replica(&redis, "second");
+    let mut connection = redis.connection().await;
+    send(&mut connection, &request("slow.requested", "slow-1", json!({}))).await;
+    // Watch the delivery count while the call runs, until it is answered.
+    let deadline = Instant::now() + WAIT;
+    let mut deliveries = 0;
+    while !answer_counts(&mut connection).await.contains_key("slow-1") {
+        assert!(Instant::now() < deadline, "slow-1 was never answered");
+        deliveries = deliveries.max(most_deliveries(&mut connection).await);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let all = ["slow-1".to_owned()];
+    let answers = assert_answered_once(&mut connection, &all, &[&first, &second]).await;
+    assert_eq!(answers["slow-1"]["data"]["success"], true, "{}", answers["slow-1"]);
+    assert_eq!(deliveries, 1, "the entry was reclaimed while it ran");
+    assert_eq!(outcomes_of(&[&first, &second], "slow-1"), ["success"], "run once, by one replica");
+    for daemon in [&first, &second] {
+        assert!(!daemon.log().contains("lost the lease"), "{}", daemon.log());
+    }
+    let dead: u64 = redis::cmd("XLEN").arg(DEAD_LETTERS).query_async(&mut connection).await.unwrap();
+    assert_eq!(dead, 0);
+    assert_settled(&mut connection).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_poison_entry_is_dead_lettered_after_max_deliveries_and_the_stream_flows_on() {
     let _serial = SERIAL.lock().await;
@@ -598,6 +657,63 @@ async fn sigterm_past_the_grace_leaves_the_call_to_a_replica() {
     assert_eq!(error_code(&answers["long-1"]), "interrupted");
     assert_eq!(outcomes_of(&[&stopping], "long-1"), ["left_pending"]);
     assert_settled(&mut connection).await;
+}
+
+/// The renewal of a call without a record resets its entry's idle time and writes nothing, as
+/// long as the entry is pending to the renewing consumer; one taken over by another consumer is
+/// left to it. A tracked renewal without a record still reports the lease lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_untracked_renewal_resets_the_idle_time_of_its_own_entry_only() {
+    let _serial = SERIAL.lock().await;
+    let redis = RedisServer::start();
+    let mut connection = redis.connection().await;
+    let bus = RedisBus::new(RedisOptions::new(redis.url())).unwrap();
+    bus.ensure_group(REQUESTS, GROUP).await.unwrap();
+    let entry_id = bus.publish(REQUESTS, "m-1", "{}").await.unwrap();
+    bus.read_group(REQUESTS, GROUP, "c1", 10, Duration::from_millis(10)).await.unwrap();
+    let call = CallKeys {
+        answered: "toolhost:toolhost:answered:r-1",
+        call: "toolhost:toolhost:call:r-1",
+        entry: "toolhost:toolhost:entry:r-1",
+        lease: Duration::from_secs(1),
+        retention: Duration::from_secs(60),
+    };
+    let entry = EntryRef { topic: REQUESTS, group: GROUP, entry_id: &entry_id };
+    // (entry id, consumer, idle ms, deliveries) of the one pending entry.
+    async fn holder(connection: &mut MultiplexedConnection) -> (String, String, u64, u64) {
+        let pending: Vec<(String, String, u64, u64)> = redis::cmd("XPENDING")
+            .arg(REQUESTS)
+            .arg(GROUP)
+            .arg("-")
+            .arg("+")
+            .arg(10)
+            .query_async(connection)
+            .await
+            .unwrap();
+        pending.into_iter().next().unwrap()
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(holder(&mut connection).await.2 >= 300);
+    assert!(!bus.renew_call(&call, "c1/1", &entry, "c1", true).await.unwrap(), "no record, no lease");
+    assert!(bus.renew_call(&call, "c1/1", &entry, "c1", false).await.unwrap());
+    let (_, consumer, idle, deliveries) = holder(&mut connection).await;
+    assert_eq!((consumer.as_str(), deliveries), ("c1", 1));
+    assert!(idle < 300, "idle {idle} ms after renewal");
+    let records: u64 = redis::cmd("EXISTS").arg(call.call).query_async(&mut connection).await.unwrap();
+    assert_eq!(records, 0, "an untracked renewal writes no call record");
+    // Another consumer took the entry over: it stays with it.
+    let _: redis::Value = redis::cmd("XCLAIM")
+        .arg(REQUESTS)
+        .arg(GROUP)
+        .arg("c2")
+        .arg(0)
+        .arg(&entry_id)
+        .arg("JUSTID")
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    assert!(!bus.renew_call(&call, "c1/1", &entry, "c1", false).await.unwrap());
+    assert_eq!(holder(&mut connection).await.1, "c2");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

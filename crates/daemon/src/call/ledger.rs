@@ -6,7 +6,7 @@ use tokio_util::sync::CancellationToken;
 use toolhost_bus::{CallKeys, CallStart, Committed, EntryRef, Finish, Ledger};
 use toolhost_envelope::ErrorCode;
 use toolhost_tools::Failure;
-use tracing::{error, warn};
+use tracing::{debug, error, warn};
 
 use crate::backoff::Backoff;
 use crate::outage::redis_warn;
@@ -45,6 +45,10 @@ pub(crate) async fn begin(
 /// once rather than a period later, so a lease outlives a Redis outage shorter than about two
 /// thirds of it (renewal itself works while Redis is out of memory). Never returns: select it
 /// against the call.
+///
+/// A call that is not `tracked` (a read-only, idempotent tool, run without a call record) has
+/// no lease to extend: only its entry's idle time is reset, so no replica reclaims and reruns
+/// it while it runs.
 pub(crate) async fn renew(
     bus: &dyn Ledger,
     call: &CallKeys<'_>,
@@ -52,6 +56,7 @@ pub(crate) async fn renew(
     entry: &EntryRef<'_>,
     consumer: &str,
     request_id: &str,
+    tracked: bool,
 ) {
     let mut tick = tokio::time::interval(call.renew_period());
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -62,10 +67,14 @@ pub(crate) async fn renew(
         tick.tick().await;
         let mut backoff = Backoff::new();
         loop {
-            match bus.renew_call(call, owner, entry, consumer).await {
+            match bus.renew_call(call, owner, entry, consumer, tracked).await {
                 Ok(true) => break,
-                Ok(false) => {
+                Ok(false) if tracked => {
                     warn!(request_id, "lost the lease of a running call");
+                    break;
+                }
+                Ok(false) => {
+                    debug!(request_id, "the entry of a running untracked call is no longer ours");
                     break;
                 }
                 Err(err) if err.is_retryable() => {

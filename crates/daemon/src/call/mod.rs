@@ -298,11 +298,12 @@ impl<D: Door> Lifecycle<D> {
                         self.door.finished(request, &name, &result, Duration::ZERO).await;
                         result
                     }
-                    Begin::Run { .. } => match self.expired(entry, request) {
+                    Begin::Run { tracked: recorded } => match self.expired(entry, request) {
                         Some(failure) => Err(failure),
                         None => {
                             let running = self.run_tool(
-                                entry, request, &call, &ledger_id, registry, &name, arguments, &owner, slot,
+                                entry, request, &call, &ledger_id, registry, &name, arguments, &owner,
+                                recorded, slot,
                             );
                             match running.await {
                                 Some(result) => result,
@@ -374,9 +375,10 @@ impl<D: Door> Lifecycle<D> {
         }
     }
 
-    /// Runs a tool: waits for a run slot of the tool, renewing the lease while it waits and runs,
-    /// and reports its steps to the door. `None` when shutdown was forced first: the tool is
-    /// cancelled and nothing is answered.
+    /// Runs a tool: waits for a run slot of the tool, renewing the lease while it waits and runs
+    /// (for a call without a record, `recorded` false, only its entry's idle time), and reports
+    /// its steps to the door. `None` when shutdown was forced first: the tool is cancelled and
+    /// nothing is answered.
     #[allow(clippy::too_many_arguments)]
     async fn run_tool(
         &self,
@@ -388,6 +390,7 @@ impl<D: Door> Lifecycle<D> {
         tool: &str,
         arguments: Value,
         owner: &str,
+        recorded: bool,
         slot: &mut Slot,
     ) -> Option<Result<Value, Failure>> {
         let services = &self.services;
@@ -395,8 +398,15 @@ impl<D: Door> Lifecycle<D> {
         context.cancel = services.shutdown.forced().child_token();
         let entry_ref =
             EntryRef { topic: &self.settings.topic, group: &self.settings.group, entry_id: &entry.entry_id };
-        let renew =
-            ledger::renew(&*services.bus, call, owner, &entry_ref, &self.settings.consumer, ledger_id);
+        let renew = ledger::renew(
+            &*services.bus,
+            call,
+            owner,
+            &entry_ref,
+            &self.settings.consumer,
+            ledger_id,
+            recorded,
+        );
         let forced = services.shutdown.forced().clone();
         let deadline = self.door.deadline(entry, request);
         let started = Instant::now();
