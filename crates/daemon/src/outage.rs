@@ -21,6 +21,21 @@ const REMINDERS: [Duration; 6] = [
 
 /// What the start line suggests.
 const HINT: &str = "is redis-server running and reachable at this URL? set REDIS_URL or [redis] url";
+/// The same for a Redis Cluster.
+const CLUSTER_HINT: &str = "are the cluster's nodes running and reachable, with the cluster state ok? set [redis] cluster_nodes (TOOLHOST__REDIS__CLUSTER_NODES)";
+/// The same for a master found through Redis Sentinel.
+const SENTINEL_HINT: &str = "are the sentinels reachable, and do they monitor the master with one up? set [redis] sentinels and sentinel_master";
+
+/// The hint for a Redis described as [`crate::config::RedisSection::describe`] does.
+fn hint(described: &str) -> &'static str {
+    if described.starts_with("cluster ") {
+        CLUSTER_HINT
+    } else if described.contains(" via sentinels ") {
+        SENTINEL_HINT
+    } else {
+        HINT
+    }
+}
 
 /// Whether `err` only says that Redis does not answer, which the probe reports as an outage.
 ///
@@ -66,7 +81,7 @@ pub struct OutageLog {
 }
 
 impl OutageLog {
-    /// An outage log for the Redis at `masked_url`.
+    /// An outage log for the Redis at `masked_url` (or the cluster or sentinels described so).
     pub fn new(masked_url: String) -> OutageLog {
         OutageLog { redis: masked_url, down_since: None, n_reminders: 0 }
     }
@@ -111,7 +126,7 @@ impl OutageLog {
         match self.observe(up, now) {
             None => {}
             Some(Report::Started) => {
-                warn!(redis = %self.redis, error, hint = HINT, "redis does not answer; not ready");
+                warn!(redis = %self.redis, error, hint = hint(&self.redis), "redis does not answer; not ready");
             }
             Some(Report::Continuing(down_for)) => {
                 warn!(redis = %self.redis, error, down_for_s = down_for.as_secs(), "redis still does not answer");
@@ -126,6 +141,24 @@ impl OutageLog {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_hint_names_what_the_topology_is_configured_with() {
+        let section = |cluster_nodes: &[&str], sentinels: &[&str]| crate::config::RedisSection {
+            url: "redis://:pw@10.0.0.1:6379".to_owned(),
+            cluster_nodes: cluster_nodes.iter().map(|node| (*node).to_owned()).collect(),
+            key_prefix: String::new(),
+            response_timeout_ms: 5000,
+            sentinels: sentinels.iter().map(|url| (*url).to_owned()).collect(),
+            sentinel_master: "mymaster".to_owned(),
+            sentinel_username: String::new(),
+            sentinel_password: String::new(),
+            sentinel_check_ms: 5000,
+        };
+        assert_eq!(hint(&section(&[], &[]).describe()), HINT);
+        assert_eq!(hint(&section(&["10.0.0.1:7000"], &[]).describe()), CLUSTER_HINT);
+        assert_eq!(hint(&section(&[], &["redis://10.0.0.2:26379"]).describe()), SENTINEL_HINT);
+    }
 
     #[test]
     fn an_outage_is_reported_at_start_at_a_falling_rate_and_at_end() {
