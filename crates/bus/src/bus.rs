@@ -324,8 +324,9 @@ pub struct Finish<'a> {
     /// `forbidden`, ...) are not final: a caller retrying with the same request id is answered
     /// again.
     pub final_answer: bool,
-    /// Whether this call wrote a call record ([`Ledger::begin_call`]). One that did not (a
-    /// read-only, idempotent tool) is finished without touching the record.
+    /// Whether the request may have a call record to delete: this call wrote one
+    /// ([`Ledger::begin_call`]), or an earlier holder of a redelivered entry may have. A first
+    /// delivery of a read-only, idempotent tool has none and is finished without touching it.
     pub tracked: bool,
 }
 

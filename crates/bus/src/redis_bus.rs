@@ -382,12 +382,15 @@ impl Groups for RedisBus {
 #[async_trait]
 impl Ledger for RedisBus {
     async fn begin_call(&self, call: &CallKeys<'_>, owner: &str, entry_id: &str) -> Result<CallStart, Error> {
-        if self.cluster {
-            return self.cluster_begin_call(call, owner, entry_id).await;
-        }
-        let batcher = self.batchers.begin_call.get_or_init(|| {
-            Batcher::new(include_str!("scripts/begin_call.lua"), 3, 4, self.commands.clone(), false)
-        });
+        let batcher = if self.cluster {
+            self.cluster_begin_batcher(call)?
+        } else {
+            self.batchers.begin_call.get_or_init(|| {
+                let source =
+                    concat!(include_str!("scripts/begin_call.lua"), include_str!("scripts/call_lease.lua"));
+                Batcher::new(source, 3, 4, self.commands.clone(), false)
+            })
+        };
         let reply = batcher
             .invoke(
                 vec![call.answered.to_owned(), call.call.to_owned(), call.entry.to_owned()],

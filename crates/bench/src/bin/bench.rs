@@ -136,20 +136,34 @@ fn main() -> std::process::ExitCode {
     if args.fleet {
         return fleet(&runtime, &args, &options);
     }
-    let report = match runtime.block_on(plan::run(&options)) {
-        Ok(report) => report,
+    let report = runtime.block_on(plan::run(&options));
+    emit(
+        report.map(|report| (report.to_markdown(), report)),
+        |report| report.write(&options.out_dir),
+        &options.out_dir.join("report.json"),
+    )
+}
+
+/// Prints a finished run's table and writes its files with `write`, or reports why it failed.
+fn emit<R>(
+    run: anyhow::Result<(String, R)>,
+    write: impl FnOnce(&R) -> anyhow::Result<()>,
+    written: &Path,
+) -> std::process::ExitCode {
+    let res = run.and_then(|(markdown, report)| {
+        println!("{markdown}");
+        write(&report)
+    });
+    match res {
+        Ok(()) => {
+            eprintln!("bench: wrote {}", written.display());
+            std::process::ExitCode::SUCCESS
+        }
         Err(err) => {
             eprintln!("toolhost-bench: {err:#}");
-            return std::process::ExitCode::FAILURE;
+            std::process::ExitCode::FAILURE
         }
-    };
-    println!("{}", report.to_markdown());
-    if let Err(err) = report.write(&options.out_dir) {
-        eprintln!("toolhost-bench: {err:#}");
-        return std::process::ExitCode::FAILURE;
     }
-    eprintln!("bench: wrote {}", options.out_dir.join("report.json").display());
-    std::process::ExitCode::SUCCESS
 }
 
 fn fleet(runtime: &tokio::runtime::Runtime, args: &Args, options: &Options) -> std::process::ExitCode {
@@ -169,20 +183,12 @@ fn fleet(runtime: &tokio::runtime::Runtime, args: &Args, options: &Options) -> s
         toolhost_bin: options.toolhost_bin.clone(),
         out_dir: options.out_dir.clone(),
     };
-    let report = match runtime.block_on(toolhost_bench::fleet::run(&fleet_options)) {
-        Ok(report) => report,
-        Err(err) => {
-            eprintln!("toolhost-bench: {err:#}");
-            return std::process::ExitCode::FAILURE;
-        }
-    };
-    println!("{}", report.to_markdown());
-    if let Err(err) = report.write(&options.out_dir) {
-        eprintln!("toolhost-bench: {err:#}");
-        return std::process::ExitCode::FAILURE;
-    }
-    eprintln!("bench: wrote {}", options.out_dir.join("fleet.json").display());
-    std::process::ExitCode::SUCCESS
+    let report = runtime.block_on(toolhost_bench::fleet::run(&fleet_options));
+    emit(
+        report.map(|report| (report.to_markdown(), report)),
+        |report| report.write(&options.out_dir),
+        &options.out_dir.join("fleet.json"),
+    )
 }
 
 fn options(args: &Args) -> Options {

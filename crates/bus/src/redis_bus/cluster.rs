@@ -33,9 +33,9 @@ use std::time::Duration;
 use redis::Value;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 
-use super::{RedisBus, start_from};
+use super::RedisBus;
 use crate::batch::Batcher;
-use crate::bus::{CallKeys, CallStart, Committed, Finish};
+use crate::bus::{CallKeys, Committed, Finish};
 use crate::connection::Connection;
 use crate::error::Cause;
 use crate::{Error, slots};
@@ -84,33 +84,15 @@ impl RedisBus {
         cell.get_or_init(|| Batcher::new(source, keys, args, self.commands.clone(), true))
     }
 
-    /// [`crate::Ledger::begin_call`] on a cluster: the claim, the call record and the refusal
-    /// mark's copy, all in the requests stream's slot.
-    pub(super) async fn cluster_begin_call(
-        &self,
-        call: &CallKeys<'_>,
-        owner: &str,
-        entry_id: &str,
-    ) -> Result<CallStart, Error> {
+    /// The batcher of [`crate::Ledger::begin_call`] on a cluster: the claim, the call record and
+    /// the refusal mark's copy, all in the requests stream's slot.
+    pub(super) fn cluster_begin_batcher(&self, call: &CallKeys<'_>) -> Result<&Batcher, Error> {
         same_slot("begin_call", &[call.answered, call.call, call.entry])?;
-        let batcher = self.cluster_batcher(
-            &self.batchers.cluster_begin_call,
+        let source = concat!(
             include_str!("../scripts/cluster/begin_call.lua"),
-            3,
-            4,
+            include_str!("../scripts/call_lease.lua")
         );
-        let reply = batcher
-            .invoke(
-                vec![call.answered.to_owned(), call.call.to_owned(), call.entry.to_owned()],
-                vec![
-                    owner.to_owned(),
-                    call.lease.as_millis().to_string(),
-                    call.retention.as_millis().to_string(),
-                    entry_id.to_owned(),
-                ],
-            )
-            .await?;
-        start_from(reply)
+        Ok(self.cluster_batcher(&self.batchers.cluster_begin_call, source, 3, 4))
     }
 
     /// [`crate::Ledger::finish`] on a cluster, in the steps the module documentation lists.

@@ -4,27 +4,7 @@
 -- ARGV[1] owner, ARGV[2] lease ms, ARGV[3] retention ms, ARGV[4] entry id
 -- Returns {state, entry}: 0 answered, 1 fresh, 2 started before (lease lapsed), 3 busy.
 --
--- Holders renew every third of the lease, so a live one always has more than two thirds left;
--- a lease with less than a third left counts as lapsed (its holder missed renewals).
--- The same owner again is a retry after a lost reply: it gets the state it got then.
+-- The lease rules follow, from call_lease.lua.
 if redis.call('EXISTS', KEYS[1], KEYS[3]) > 0 then
   return {0, ''}
 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local lease = tonumber(ARGV[2])
-local prev = redis.call('HMGET', KEYS[2], 'owner', 'lease_until', 'entry', 'state')
-local state = 1
-if prev[1] then
-  if prev[1] == ARGV[1] then
-    redis.call('HSET', KEYS[2], 'lease_until', now + lease)
-    return {tonumber(prev[4]) or 2, ''}
-  end
-  if tonumber(prev[2]) - math.floor(lease / 3) > now then
-    return {3, prev[3]}
-  end
-  state = 2
-end
-redis.call('HSET', KEYS[2], 'owner', ARGV[1], 'lease_until', now + lease, 'entry', ARGV[4], 'state', state)
-redis.call('PEXPIRE', KEYS[2], ARGV[3])
-return {state, ''}
