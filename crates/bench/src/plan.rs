@@ -16,7 +16,7 @@ use crate::envelope::{REQUESTS_STREAM, RESULTS_STREAM, RequestKind};
 use crate::load::{self, LoadResult, LoadSpec};
 use crate::procfs::{self, MachineInfo, RssSampler};
 use crate::redis_server::RedisServer;
-use crate::report::{MarkMemory, ReadyTime, Report, Row, Settings, Soak};
+use crate::report::{CommandCost, MarkMemory, ReadyTime, Report, Row, Settings, Soak};
 use crate::target::{self, Launch, Worker};
 
 /// Sequential PINGs for the floor row.
@@ -255,6 +255,7 @@ struct Rep {
     redis_cpu_us_per_request: Option<f64>,
     harness_cpu_us_per_request: Option<f64>,
     rss_peak_kib: Option<u64>,
+    redis_commands: Vec<CommandCost>,
 }
 
 impl Bench<'_> {
@@ -524,6 +525,7 @@ impl Bench<'_> {
         row.redis_cpu_us_per_request = rep.redis_cpu_us_per_request;
         row.harness_cpu_us_per_request = rep.harness_cpu_us_per_request;
         row.rss_peak_kib = rep.rss_peak_kib;
+        row.redis_commands = rep.redis_commands.clone();
         row.n_answered = rep.load.n_answered();
         row.n_failed = rep.load.n_failed;
         row.n_timeouts = rep.load.n_timeouts + rep.load.n_send_errors;
@@ -541,6 +543,9 @@ impl Bench<'_> {
             duration: self.options.duration,
             max_requests: None,
         };
+        // Command statistics count from here; a failure only leaves the row without them.
+        let reset: redis::RedisResult<()> =
+            redis::cmd("CONFIG").arg("RESETSTAT").query_async(&mut self.admin).await;
         let target_before = procfs::cpu_ticks(pid).ok();
         let redis_before = self.redis_cpu_us().await;
         let harness_before = procfs::cpu_ticks(std::process::id()).ok();
@@ -551,7 +556,14 @@ impl Bench<'_> {
         let redis_after = self.redis_cpu_us().await;
         let harness_after = procfs::cpu_ticks(std::process::id()).ok();
         let n_answered = load.n_answered();
+        let commandstats: redis::RedisResult<String> =
+            redis::cmd("INFO").arg("commandstats").query_async(&mut self.admin).await;
+        let redis_commands = match (reset, commandstats) {
+            (Ok(()), Ok(info)) => command_costs(&info, n_answered),
+            _ => Vec::new(),
+        };
         Ok(Rep {
+            redis_commands,
             cpu_us_per_request: self.cpu_per_request(target_before, target_after, n_answered),
             redis_cpu_us_per_request: us_per_request(redis_before, redis_after, n_answered),
             harness_cpu_us_per_request: self.cpu_per_request(harness_before, harness_after, n_answered),
@@ -648,6 +660,32 @@ fn us_per_request(before: Option<f64>, after: Option<f64>, n_requests: u64) -> O
     (n_requests > 0 && spent >= 0.0).then(|| spent / n_requests as f64)
 }
 
+/// Calls and time per request of every command in an `INFO commandstats` reply
+/// (`cmdstat_xadd:calls=3,usec=12,...`), most time first; the admin connection's `INFO` and
+/// `CONFIG` left out.
+fn command_costs(info: &str, n_requests: u64) -> Vec<CommandCost> {
+    if n_requests == 0 {
+        return Vec::new();
+    }
+    let per_request = |value: &str| value.parse::<f64>().ok().map(|value| value / n_requests as f64);
+    let mut costs: Vec<CommandCost> = info
+        .lines()
+        .filter_map(|line| {
+            let (command, fields) = line.strip_prefix("cmdstat_")?.split_once(':')?;
+            let field =
+                |name: &str| fields.split(',').find_map(|field| field.strip_prefix(name)?.strip_prefix('='));
+            Some(CommandCost {
+                command: command.to_owned(),
+                calls_per_request: per_request(field("calls")?)?,
+                us_per_request: per_request(field("usec")?)?,
+            })
+        })
+        .filter(|cost| !matches!(cost.command.as_str(), "info" | "config|resetstat" | "config"))
+        .collect();
+    costs.sort_by(|a, b| b.us_per_request.total_cmp(&a.us_per_request));
+    costs
+}
+
 /// The value of `field` in an `INFO` reply.
 fn info_field<'a>(info: &'a str, field: &str) -> Option<&'a str> {
     info.lines().find_map(|line| line.strip_prefix(field)?.strip_prefix(':')).map(str::trim)
@@ -663,6 +701,11 @@ fn median_row(rows: Vec<Row>) -> Option<Row> {
         median(&measured.iter().filter_map(|row| pick(row)).collect::<Vec<f64>>())
     };
     res.rps = median_of(&|row| Some(row.rps)).unwrap_or(0.0);
+    res.redis_commands = measured
+        .iter()
+        .find(|row| row.rps == res.rps)
+        .map(|row| row.redis_commands.clone())
+        .unwrap_or_default();
     res.p50_us = median_of(&|row| Some(row.p50_us as f64)).unwrap_or(0.0) as u64;
     res.p90_us = median_of(&|row| Some(row.p90_us as f64)).unwrap_or(0.0) as u64;
     res.p99_us = median_of(&|row| Some(row.p99_us as f64)).unwrap_or(0.0) as u64;
@@ -689,6 +732,22 @@ fn median(values: &[f64]) -> Option<f64> {
 #[allow(clippy::unwrap_used)] // A failed unwrap is a failed test, which is what we want.
 mod tests {
     use super::*;
+
+    #[test]
+    fn command_costs_are_per_request_and_most_time_first() {
+        let info = "# Commandstats\r\ncmdstat_xadd:calls=200,usec=400,usec_per_call=2.00,rejected_calls=0,failed_calls=0\r\n\
+                    cmdstat_evalsha:calls=10,usec=1000,usec_per_call=100.00,rejected_calls=0,failed_calls=0\r\n\
+                    cmdstat_info:calls=1,usec=50,usec_per_call=50.00\r\n";
+        let costs = command_costs(info, 100);
+        assert_eq!(
+            costs,
+            vec![
+                CommandCost { command: "evalsha".to_owned(), calls_per_request: 0.1, us_per_request: 10.0 },
+                CommandCost { command: "xadd".to_owned(), calls_per_request: 2.0, us_per_request: 4.0 },
+            ]
+        );
+        assert!(command_costs(info, 0).is_empty());
+    }
 
     #[test]
     fn toolhost_has_every_extra_row_and_the_reference_only_echo() {

@@ -97,8 +97,23 @@ pub struct Row {
     pub ratio_cpu_floor: Option<f64>,
     /// Throughput of each interleaved run, in run order (the row holds their medians).
     pub runs_rps: Vec<f64>,
+    /// Redis's commands per answered request (`INFO commandstats`, the load generator's
+    /// included), most time first; of the median run when runs were interleaved.
+    pub redis_commands: Vec<CommandCost>,
     /// Why the row has no numbers, or the first failure seen.
     pub error: Option<String>,
+}
+
+/// What one Redis command cost per answered request in a repetition.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct CommandCost {
+    /// The command, lower case (`evalsha`, `xadd`, ...); commands a script runs are counted both
+    /// under their own name and in the script's time.
+    pub command: String,
+    /// Calls per answered request.
+    pub calls_per_request: f64,
+    /// Redis's time in the command per answered request, µs.
+    pub us_per_request: f64,
 }
 
 /// Start-up time of a target.
@@ -302,6 +317,7 @@ impl Report {
                 );
             }
             self.cpu_table(&mut out);
+            self.commands_table(&mut out);
             self.runs_table(&mut out);
             self.targets_table(&mut out);
         }
@@ -387,6 +403,37 @@ impl Report {
                 format_option(row.redis_cpu_us_per_request, 1),
                 format_option(row.total_cpu_us_per_request, 1),
                 format_option(row.harness_cpu_us_per_request, 1),
+            );
+        }
+    }
+
+    /// Redis's commands per answered request of every row that has them: calls and µs.
+    fn commands_table(&self, out: &mut String) {
+        let rows: Vec<&Row> = self.rows.iter().filter(|row| !row.redis_commands.is_empty()).collect();
+        if rows.is_empty() {
+            return;
+        }
+        out.push_str(
+            "\nRedis commands per answered request (`INFO commandstats`; the load generator's `XADD` and `XREAD` \
+             included, and the commands a script runs counted in the script's time too): calls × µs.\n\n\
+             | target | scenario | in-flight | payload | commands |\n|---|---|---:|---:|---|\n",
+        );
+        for row in rows {
+            let commands: Vec<String> = row
+                .redis_commands
+                .iter()
+                .map(|cost| {
+                    format!("{} {:.2} × {:.1}", cost.command, cost.calls_per_request, cost.us_per_request)
+                })
+                .collect();
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {} |",
+                row.target,
+                row.scenario,
+                row.in_flight,
+                format_bytes(row.payload_bytes),
+                commands.join(", ")
             );
         }
     }

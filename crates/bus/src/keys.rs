@@ -43,16 +43,22 @@ impl Keys {
         self.cluster
     }
 
-    /// A ledger key of `stream` (bare name): `toolhost:ledger:<stream>:<rest>` under the prefix,
-    /// in the stream's slot on a cluster.
-    fn ledger(&self, stream: &str, rest: std::fmt::Arguments<'_>) -> String {
-        let tail = format!("toolhost:ledger:{stream}:{rest}");
+    /// A ledger key of `stream` (bare name): `toolhost:ledger:<stream>:<kind>:<id>` under the
+    /// prefix, in the stream's slot on a cluster. Built by appending: three of these are made per
+    /// request, and `format!` cost more than the rest of the key handling.
+    fn ledger(&self, stream: &str, kind: &str, id: &str) -> String {
+        let parts = ["toolhost:ledger:", stream, ":", kind, ":", id];
         if self.cluster {
             let at = slots::slot(self.topic(stream).as_bytes());
-            slots::place(&self.prefix, at, "", &tail)
-        } else {
-            format!("{}{tail}", self.prefix)
+            return slots::place(&self.prefix, at, "", &parts.concat());
         }
+        let mut key =
+            String::with_capacity(self.prefix.len() + parts.iter().map(|part| part.len()).sum::<usize>());
+        key.push_str(&self.prefix);
+        for part in parts {
+            key.push_str(part);
+        }
+        key
     }
 
     /// The configured prefix.
@@ -88,18 +94,18 @@ impl Keys {
     /// that gets the answer, and whether it was published); the answered mark itself lives next
     /// to the response topic (see `docs/CONTRACTS.md`).
     pub fn answered(&self, stream: &str, request_id: &str) -> String {
-        self.ledger(stream, format_args!("answered:{request_id}"))
+        self.ledger(stream, "answered", request_id)
     }
 
     /// Marks one entry of `stream` as answered by a refusal (an answer that is not final), so no
     /// other toolbox reading the stream answers the same entry again.
     pub fn answered_entry(&self, stream: &str, entry_id: &str) -> String {
-        self.ledger(stream, format_args!("entry:{entry_id}"))
+        self.ledger(stream, "entry", entry_id)
     }
 
     /// The record of a call in progress: owner, lease and entry.
     pub fn call(&self, stream: &str, request_id: &str) -> String {
-        self.ledger(stream, format_args!("call:{request_id}"))
+        self.ledger(stream, "call", request_id)
     }
 
     /// The hash of a toolbox's tool descriptions, one field per tool.

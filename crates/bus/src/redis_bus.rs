@@ -89,6 +89,9 @@ struct Batchers {
     finish: OnceLock<Batcher>,
     /// The common end of a call, `scripts/answer_batch.lua`.
     answer: OnceLock<Batcher>,
+    /// The shared parts of `answer`'s calls made so far (one per requests stream, group and
+    /// retention: a handful), so an answer does not allocate them again.
+    answer_shared: Mutex<Vec<Arc<Shared>>>,
     /// The cluster ledger's steps (`scripts/cluster/`), each batched by slot.
     cluster_begin_call: OnceLock<Batcher>,
     cluster_claim: OnceLock<Batcher>,
@@ -681,14 +684,7 @@ impl RedisBus {
         let batcher = self.batchers.answer.get_or_init(|| {
             Batcher::for_batches(include_str!("scripts/answer_batch.lua"), 4, 4, self.commands.clone())
         });
-        let shared = Arc::new(Shared {
-            keys: vec![entry.topic.to_owned()],
-            args: vec![
-                entry.group.to_owned(),
-                self.options.maxlen.to_string(),
-                call.retention.as_millis().to_string(),
-            ],
-        });
+        let shared = self.answer_shared(entry.topic, entry.group, call.retention);
         let keys = vec![
             call.answered.to_owned(),
             call.entry.to_owned(),
@@ -703,6 +699,28 @@ impl RedisBus {
         ];
         let reply = batcher.invoke_shared(shared, keys, args).await?;
         committed_from(reply)
+    }
+}
+
+impl RedisBus {
+    /// The shared part of `answer_batch.lua` calls for a stream, group and retention.
+    fn answer_shared(&self, topic: &str, group: &str, retention: Duration) -> Arc<Shared> {
+        let millis = retention.as_millis();
+        let mut known = self.batchers.answer_shared.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let found = known.iter().find(|shared| {
+            shared.keys.first().is_some_and(|key| key == topic)
+                && shared.args.first().is_some_and(|arg| arg == group)
+                && shared.args.get(2).is_some_and(|arg| arg.parse::<u128>().ok() == Some(millis))
+        });
+        if let Some(shared) = found {
+            return Arc::clone(shared);
+        }
+        let shared = Arc::new(Shared {
+            keys: vec![topic.to_owned()],
+            args: vec![group.to_owned(), self.options.maxlen.to_string(), millis.to_string()],
+        });
+        known.push(Arc::clone(&shared));
+        shared
     }
 }
 
@@ -758,18 +776,18 @@ fn entries_from_read(value: Value, limit: usize) -> Result<Vec<Entry>, Error> {
     Ok(entries)
 }
 
-/// Decodes the reply of `scripts/read_group.lua`: `[[entry id, [field, value, ...], [[field,
-/// size, sha1], ...]], ...]`.
+/// Decodes the reply of `scripts/read_group.lua`: `[[entry id, [field, value, ...]], ...]`, an
+/// entry with a value cut on the server carrying a third element, `[[field, size, sha1], ...]`.
 fn entries_from_script(value: Value, limit: usize) -> Result<Vec<Entry>, Error> {
     let bad = || Error::Protocol("malformed read_group reply".to_owned());
-    let mut entries = Vec::new();
-    for item in array(value).ok_or_else(bad)? {
+    let items = array(value).ok_or_else(bad)?;
+    let mut entries = Vec::with_capacity(items.len());
+    for item in items {
         let mut parts = array(item).ok_or_else(bad)?.into_iter();
-        let (Some(entry_id), Some(fields), Some(cut)) =
-            (parts.next().and_then(bytes), parts.next(), parts.next())
-        else {
+        let (Some(entry_id), Some(fields)) = (parts.next().and_then(bytes), parts.next()) else {
             return Err(bad());
         };
+        let cut = parts.next().unwrap_or(Value::Nil);
         entries.push(entry_from_raw(&entry_id, fields, cut, limit).ok_or_else(bad)?);
     }
     Ok(entries)

@@ -9,6 +9,7 @@
 //!
 //! Metric names are the constants below; `docs/OPERATIONS.md` explains each one.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -97,6 +98,17 @@ struct Inner {
     status: std::sync::Mutex<serde_json::Value>,
     reloads: Counter,
     reload_failures: Counter,
+    /// The handles of [`INVOCATIONS`] and [`INVOCATION_DURATION`] by tool label, so counting an
+    /// invocation looks them up once instead of registering them again (label vectors, key
+    /// hashing and the recorder's lock) on every call.
+    invocations: std::sync::Mutex<HashMap<String, ToolMetrics>>,
+}
+
+/// One tool label's invocation metrics.
+struct ToolMetrics {
+    duration: Histogram,
+    /// [`INVOCATIONS`] by outcome label; a handful per tool, so a list.
+    outcomes: Vec<(String, Counter)>,
 }
 
 /// Whether the daemon can take work, and if not, why.
@@ -143,6 +155,7 @@ impl Telemetry {
             status: std::sync::Mutex::new(serde_json::json!({"sources": []})),
             reloads: counter(RELOADS),
             reload_failures: counter(RELOAD_FAILURES),
+            invocations: std::sync::Mutex::new(HashMap::new()),
             recorder,
             redis_state: AtomicU8::new(REDIS_UNKNOWN),
             groups_ready: AtomicBool::new(false),
@@ -213,10 +226,24 @@ impl Telemetry {
     /// Counts one handled entry and its duration.
     pub fn invocation(&self, tool: &str, outcome: &str, duration: Duration) {
         let tool = if outcome == "unknown_tool" { UNKNOWN_TOOL_LABEL } else { tool };
-        let labels = vec![Label::new("tool", tool.to_owned()), Label::new("outcome", outcome.to_owned())];
-        self.counter(Key::from_parts(INVOCATIONS, labels)).increment(1);
-        let labels = vec![Label::new("tool", tool.to_owned())];
-        self.histogram(Key::from_parts(INVOCATION_DURATION, labels)).record(duration.as_secs_f64());
+        let mut invocations = self.inner.invocations.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if !invocations.contains_key(tool) {
+            let labels = vec![Label::new("tool", tool.to_owned())];
+            let duration = self.histogram(Key::from_parts(INVOCATION_DURATION, labels));
+            invocations.insert(tool.to_owned(), ToolMetrics { duration, outcomes: Vec::new() });
+        }
+        let Some(metrics) = invocations.get_mut(tool) else { return };
+        metrics.duration.record(duration.as_secs_f64());
+        match metrics.outcomes.iter().find(|(label, _)| label == outcome) {
+            Some((_, counter)) => counter.increment(1),
+            None => {
+                let labels =
+                    vec![Label::new("tool", tool.to_owned()), Label::new("outcome", outcome.to_owned())];
+                let counter = self.counter(Key::from_parts(INVOCATIONS, labels));
+                counter.increment(1);
+                metrics.outcomes.push((outcome.to_owned(), counter));
+            }
+        }
     }
 
     /// Records the state of every tool source: `toolhost_source_up{source}` and the `/status`

@@ -173,7 +173,9 @@ async fn through_toolhost(connection: &MultiplexedConnection, lane: usize) -> an
 }
 
 /// `toolhost serve` hosting server-everything, driven over Redis.
-async fn toolhost(program: &Path, toolhost_bin: &Path) -> anyhow::Result<(Row, Row)> {
+/// Returns the hosted row, the `PING` row and toolhost's idle RSS in KiB once the hosted
+/// server's tools are listed (the MCP session open, before any call).
+async fn toolhost(program: &Path, toolhost_bin: &Path) -> anyhow::Result<(Row, Row, Option<u64>)> {
     let redis = RedisServer::start()?;
     let dir = std::env::temp_dir().join(format!("toolhost-bench-mcp-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
@@ -215,6 +217,9 @@ async fn toolhost(program: &Path, toolhost_bin: &Path) -> anyhow::Result<(Row, R
         anyhow::ensure!(Instant::now() < deadline, "toolhost never listed get-sum");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // As `toolhost-bench` measures idle RSS: a moment after the start settles.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let rss_idle_kib = daemon.id().and_then(|pid| toolhost_bench::procfs::rss_kib(pid).ok());
     let lanes = connection.clone();
     let row = measure("toolhost (over Redis, hosting it over stdio)", move |lane| {
         let lanes = lanes.clone();
@@ -232,7 +237,7 @@ async fn toolhost(program: &Path, toolhost_bin: &Path) -> anyhow::Result<(Row, R
     .await?;
     let _ = daemon.kill().await;
     let _ = std::fs::remove_dir_all(&dir);
-    Ok((row, floor))
+    Ok((row, floor, rss_idle_kib))
 }
 
 #[tokio::main]
@@ -240,7 +245,7 @@ async fn main() -> anyhow::Result<()> {
     let program = everything()?;
     let toolhost_bin = std::env::current_exe()?.with_file_name("toolhost");
     let direct = direct(&program).await?;
-    let (hosted, floor) = toolhost(&program, &toolhost_bin).await?;
+    let (hosted, floor, rss_idle_kib) = toolhost(&program, &toolhost_bin).await?;
     let mut table = String::from(
         "| target | p50 µs (1 in flight) | p99 µs (1 in flight) | calls/s (16 in flight) |\n|---|---:|---:|---:|\n",
     );
@@ -256,6 +261,12 @@ async fn main() -> anyhow::Result<()> {
         floor.p50_us,
         hosted.calls_per_s / direct.calls_per_s
     ));
+    if let Some(kib) = rss_idle_kib {
+        table.push_str(&format!(
+            "toolhost's idle RSS with the server hosted (its session open, no call yet): {:.1} MiB.\n",
+            kib as f64 / 1024.0
+        ));
+    }
     print!("{table}");
     let out = PathBuf::from("target/bench");
     std::fs::create_dir_all(&out)?;

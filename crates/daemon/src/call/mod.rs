@@ -286,7 +286,12 @@ impl<D: Door> Lifecycle<D> {
                 None => (result, reply),
             },
             Work::Tool { name, arguments } => {
-                let owner = call_owner(&self.settings.consumer, &entry.entry_id);
+                // A call without a record has no lease to own (its renewal only keeps its entry).
+                let owner = if self.untracked(&name, registry) {
+                    String::new()
+                } else {
+                    call_owner(&self.settings.consumer, &entry.entry_id)
+                };
                 let begun = self.begin(entry, &call, &ledger_id, &name, &owner, registry).await;
                 // A redelivered entry may have a record its earlier holder wrote.
                 tracked = entry.deliveries > 1 || !matches!(begun, Begin::Run { tracked: false });
@@ -350,10 +355,10 @@ impl<D: Door> Lifecycle<D> {
         // A read-only, idempotent tool needs no call record: running it twice has no effect a
         // caller can see, and its answer is still published once, because the answered mark is
         // checked when the answer is committed. This saves a script and five commands per call.
-        let annotations = registry.annotations(tool);
-        if !self.door.tracks_every_call() && annotations.is_some_and(|a| a.read_only && a.idempotent) {
+        if self.untracked(tool, registry) {
             return Begin::Run { tracked: false };
         }
+        let annotations = registry.annotations(tool);
         let forced = self.services.shutdown.forced();
         let bus = &*self.services.bus;
         let Some(start) = ledger::begin(bus, call, owner, &entry.entry_id, ledger_id, forced).await else {
@@ -373,6 +378,13 @@ impl<D: Door> Lifecycle<D> {
             CallStart::StartedBefore => Begin::Interrupted,
             _ => Begin::End(Outcome::LeftPending),
         }
+    }
+
+    /// Whether a call of `tool` runs without a call record: a read-only, idempotent tool, unless
+    /// the door tracks every call.
+    fn untracked(&self, tool: &str, registry: &Registry) -> bool {
+        !self.door.tracks_every_call()
+            && registry.annotations(tool).is_some_and(|a| a.read_only && a.idempotent)
     }
 
     /// Runs a tool: waits for a run slot of the tool, renewing the lease while it waits and runs
@@ -419,7 +431,11 @@ impl<D: Door> Lifecycle<D> {
             let left = deadline.map(|deadline| deadline.saturating_sub(now_since_epoch()));
             registry.run(tool, arguments, &context, left).await
         };
+        // Polled in this order: a tool that answers at once (most read-only tools) ends the call
+        // on the first poll, before the lease renewal sets up its timer or the shutdown watch
+        // registers a waiter.
         let result = tokio::select! {
+            biased;
             res = run => res,
             () = renew => Err(Failure::new(ErrorCode::Internal, "lease renewal stopped")),
             () = forced.cancelled() => {

@@ -183,9 +183,10 @@ fn header_envelope(payload: &str) -> Option<EventEnvelope> {
 }
 
 fn target(envelope: &EventEnvelope, resolve: impl Fn(&str) -> Option<String>) -> Target {
+    let empty = Map::new();
     let data = match &envelope.data {
-        Value::Object(data) => data.clone(),
-        Value::Null => Map::new(),
+        Value::Object(data) => data,
+        Value::Null => &empty,
         _ => return Target::Invalid("data must be a JSON object".to_owned()),
     };
     match envelope.event_type.as_str() {
@@ -211,8 +212,11 @@ fn target(envelope: &EventEnvelope, resolve: impl Fn(&str) -> Option<String>) ->
         }
         event => match resolve(event) {
             Some(name) => {
-                let arguments: Map<String, Value> =
-                    data.into_iter().filter(|(key, _)| !RESERVED_DATA_KEYS.contains(&key.as_str())).collect();
+                let arguments: Map<String, Value> = data
+                    .iter()
+                    .filter(|(key, _)| !RESERVED_DATA_KEYS.contains(&key.as_str()))
+                    .map(|(key, value)| (key.clone(), value.clone()))
+                    .collect();
                 Target::Tool { name, arguments: Value::Object(arguments) }
             }
             None => Target::Unknown(event.to_owned()),
