@@ -21,6 +21,7 @@ mod connection;
 mod error;
 mod keys;
 mod memory;
+mod raw_read;
 mod redis_bus;
 mod sentinel;
 mod slots;

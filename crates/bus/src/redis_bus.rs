@@ -4,14 +4,17 @@
 //! wait, so they run on connections of their own, taken from a small pool; everything else is
 //! multiplexed on one connection. Every connection reconnects by itself after a failure.
 //!
-//! Group reads are bounded in bytes as well as in entries: new entries are read by a script
-//! (`scripts/read_group.lua`) that cuts every field value longer than
-//! [`RedisOptions::max_field_bytes`] to its first [`DEFECT_HEAD_BYTES`] on the server, with its
-//! full size and SHA-1; only when that finds nothing does the reader block, and then for one
-//! entry (`XREADGROUP COUNT 1 BLOCK`), so at most one raw entry of any size is in memory from a
-//! read. Reclaims cut the same way (`scripts/reclaim.lua`). Every entry is decoded on its own: a
-//! field that is not UTF-8 or over the limit becomes the entry's [`toolhost_envelope::EntryDefect`]
-//! and never fails the rest of the reply.
+//! Group reads are bounded in bytes as well as in entries: no field value longer than
+//! [`RedisOptions::max_field_bytes`] is ever held whole. On a single server reached over plain
+//! TCP or a Unix socket, a group read is one plain `XREADGROUP ... COUNT n BLOCK` on a connection
+//! of the bus's own (`raw_read`) that keeps the first [`DEFECT_HEAD_BYTES`] of a long value and
+//! its size and SHA-1 as the bytes stream past. Elsewhere (TLS, Sentinel, Cluster) new entries
+//! are read by a script (`scripts/read_group.lua`) that cuts the same way on the server; only
+//! when that finds nothing does the reader block, and then for one entry (`XREADGROUP COUNT 1
+//! BLOCK`), so at most one raw entry of any size is in memory from a read. Reclaims cut on the
+//! server (`scripts/reclaim.lua`). Every entry is decoded on its own: a field that is not UTF-8
+//! or over the limit becomes the entry's [`toolhost_envelope::EntryDefect`] and never fails the
+//! rest of the reply.
 //!
 //! On a Redis Cluster ([`Topology::Cluster`]) the same operations run on redis-rs cluster
 //! connections; what differs (the ledger's single-slot steps, scanning every primary, pruning
@@ -28,6 +31,7 @@ use toolhost_envelope::{DEFECT_HEAD_BYTES, Entry};
 use crate::batch::{Batcher, Shared};
 use crate::bus::{CallKeys, CallStart, Committed, EntryRef, Finish, GroupInfo, Reclaimed, is_entry_id};
 use crate::connection::{Connection, Connector, Topology};
+use crate::raw_read::{RawReader, RawTarget, ReadError};
 use crate::{Error, Groups, Ledger, Store, Streams};
 
 mod cluster;
@@ -51,6 +55,11 @@ pub struct RedisOptions {
     /// Group reads and reclaims deliver a field value longer than this only as its head, size and
     /// digest (the entry's defect); the daemon sets its `max_payload_bytes`.
     pub max_field_bytes: usize,
+    /// Group reads go through the read script, which cuts large values on the server, even
+    /// where a connection of the bus's own could cut them as they arrive (a single server over
+    /// plain TCP or a Unix socket). Off by default; the script path is what TLS, Sentinel and
+    /// Cluster use, and tests set this to check it on a single server.
+    pub script_reads: bool,
 }
 
 impl RedisOptions {
@@ -64,6 +73,7 @@ impl RedisOptions {
             response_timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(2),
             max_field_bytes: 1024 * 1024,
+            script_reads: false,
         }
     }
 }
@@ -77,10 +87,20 @@ pub struct RedisBus {
     commands: Connection,
     /// Idle connections for blocking reads.
     blocking: Mutex<Vec<Connection>>,
+    /// Group reads that cut large values as they arrive (`raw_read`), on a single server reached
+    /// over plain TCP or a Unix socket; `None` elsewhere (TLS, Sentinel, Cluster), where group
+    /// reads go through the read script.
+    raw: Option<RawReads>,
     scripts: Scripts,
     /// The ledger steps every call takes, batched across concurrent calls (started on first use,
     /// inside the runtime).
     batchers: Batchers,
+}
+
+/// Where raw group reads connect, and their idle connections.
+struct RawReads {
+    target: RawTarget,
+    idle: Mutex<Vec<RawReader>>,
 }
 
 #[derive(Default)]
@@ -128,12 +148,17 @@ impl RedisBus {
                 options.key_prefix
             )));
         }
+        let raw = (matches!(options.topology, Topology::Single) && !options.script_reads)
+            .then(|| RawTarget::of(&options.url))
+            .flatten()
+            .map(|target| RawReads { target, idle: Mutex::new(Vec::new()) });
         Ok(RedisBus {
             cluster: options.topology.is_cluster(),
             connector,
             options,
             commands,
             blocking: Mutex::new(Vec::new()),
+            raw,
             scripts: Scripts {
                 read_group: Script::new(concat!(
                     include_str!("scripts/cut_fields.lua"),
@@ -166,6 +191,45 @@ impl RedisBus {
         if pool.len() < MAX_IDLE_BLOCKING {
             pool.push(connection);
         }
+    }
+
+    /// A group read on a connection of `raw`'s: the plain `XREADGROUP ... COUNT count BLOCK`,
+    /// its large values cut as they arrive. A connection that failed or stalled is dropped.
+    async fn raw_read_group(
+        &self,
+        raw: &RawReads,
+        topic: &str,
+        group: &str,
+        consumer: &str,
+        count: usize,
+        block: Duration,
+    ) -> Result<Vec<Entry>, Error> {
+        let pooled = raw.idle.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).pop();
+        let mut reader = match pooled {
+            Some(reader) => reader,
+            None => raw.target.connect(self.options.connect_timeout).await?,
+        };
+        let limit = self.options.max_field_bytes;
+        let read = reader.read_group(topic, group, consumer, count, block, limit);
+        let (res, reusable) = match tokio::time::timeout(block + BLOCK_MARGIN, read).await {
+            Ok(Ok(entries)) => (Ok(entries), true),
+            Ok(Err(ReadError::Reply(err))) => (Err(err), true),
+            Ok(Err(ReadError::Broken(err))) => (Err(err), false),
+            Err(_elapsed) => (
+                Err(Error::Protocol(format!(
+                    "blocking read did not return within {} ms",
+                    (block + BLOCK_MARGIN).as_millis()
+                ))),
+                false,
+            ),
+        };
+        if reusable {
+            let mut idle = raw.idle.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            if idle.len() < MAX_IDLE_BLOCKING {
+                idle.push(reader);
+            }
+        }
+        res
     }
 
     /// Runs a blocking read on a pooled connection, abandoning it if the server stalls.
@@ -264,6 +328,9 @@ impl Groups for RedisBus {
         count: usize,
         block: Duration,
     ) -> Result<Vec<Entry>, Error> {
+        if let Some(raw) = &self.raw {
+            return self.raw_read_group(raw, topic, group, consumer, count, block).await;
+        }
         let limit = self.options.max_field_bytes;
         // New entries without blocking, their large values cut on the server.
         let value: Value = self

@@ -253,16 +253,29 @@ async fn an_oversized_entry_is_dead_lettered_as_head_size_and_digest_and_the_req
 }
 
 fn bus(redis: &RedisServer, max_field_bytes: usize) -> RedisBus {
+    bus_reading(redis, max_field_bytes, false)
+}
+
+/// A bus whose group reads go through the read script (`script_reads`), as on TLS, Sentinel
+/// and Cluster, or through its own connection that cuts values as they arrive.
+fn bus_reading(redis: &RedisServer, max_field_bytes: usize, script_reads: bool) -> RedisBus {
     let mut options = RedisOptions::new(redis.url());
     options.max_field_bytes = max_field_bytes;
+    options.script_reads = script_reads;
     RedisBus::new(options).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn group_reads_and_reclaims_decode_each_entry_on_its_own_and_cut_values_over_the_limit() {
+    for script_reads in [false, true] {
+        reads_cut_values_over_the_limit(script_reads).await;
+    }
+}
+
+async fn reads_cut_values_over_the_limit(script_reads: bool) {
     let redis = RedisServer::start();
     let mut connection = redis.connection().await;
-    let bus = bus(&redis, 1024);
+    let bus = bus_reading(&redis, 1024, script_reads);
     bus.ensure_group(REQUESTS, GROUP).await.unwrap();
     let large = vec![b'z'; 200_000];
     xadd_raw(&mut connection, REQUESTS, b"m-good", b"{}").await;
