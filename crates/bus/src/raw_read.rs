@@ -75,7 +75,7 @@ impl RawTarget {
                 }
                 Addr::Unix(path) => Box::new(tokio::net::UnixStream::connect(path).await?),
             };
-            io::Result::Ok(RawReader { stream: BufReader::new(stream) })
+            io::Result::Ok(RawReader { stream: BufReader::new(stream), line: Vec::new() })
         };
         let mut reader = tokio::time::timeout(timeout, connecting)
             .await
@@ -103,6 +103,8 @@ impl<S: AsyncRead + AsyncWrite + Send + Unpin> Stream for S {}
 /// One connection for group reads.
 pub(crate) struct RawReader {
     stream: BufReader<Box<dyn Stream>>,
+    /// The header line being read.
+    line: Vec<u8>,
 }
 
 /// How a read failed.
@@ -234,7 +236,15 @@ impl RawReader {
 
     /// Reads one value, or the header of a non-empty array whose items follow.
     async fn token(&mut self, limit: usize) -> io::Result<Token> {
-        let line = self.line().await?;
+        // The line's buffer is kept across lines, so reading a reply allocates only its values.
+        let mut line = std::mem::take(&mut self.line);
+        let token = self.token_of_line(&mut line, limit).await;
+        self.line = line;
+        token
+    }
+
+    async fn token_of_line(&mut self, line: &mut Vec<u8>, limit: usize) -> io::Result<Token> {
+        self.read_line(line).await?;
         let (kind, rest) = line.split_first().ok_or_else(|| bad("empty line"))?;
         let text = || String::from_utf8_lossy(rest).into_owned();
         let number = || -> io::Result<i64> {
@@ -257,9 +267,9 @@ impl RawReader {
         }))
     }
 
-    /// One line without its CRLF.
-    async fn line(&mut self) -> io::Result<Vec<u8>> {
-        let mut line = Vec::new();
+    /// One line without its CRLF, into `line`.
+    async fn read_line(&mut self, line: &mut Vec<u8>) -> io::Result<()> {
+        line.clear();
         loop {
             let available = self.stream.fill_buf().await?;
             if available.is_empty() {
@@ -284,7 +294,7 @@ impl RawReader {
         if line.pop() != Some(b'\r') {
             return Err(bad("line without CR"));
         }
-        Ok(line)
+        Ok(())
     }
 
     /// A bulk string of `size` bytes and its CRLF: whole up to `limit`, else cut as it streams.
@@ -393,7 +403,7 @@ mod tests {
             // Then end of file, which only a reply cut short runs into.
             let _ = server.shutdown().await;
         });
-        RawReader { stream: BufReader::with_capacity(chunk.max(1), Box::new(client)) }
+        RawReader { stream: BufReader::with_capacity(chunk.max(1), Box::new(client)), line: Vec::new() }
     }
 
     fn bulk(bytes: &[u8]) -> Vec<u8> {
