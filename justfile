@@ -36,6 +36,7 @@ bench *ARGS: ensure-redis-installed
     PAUSED=1 scripts/bench-large-entries.sh ./target/release/toolhost
     scripts/ensure-mcp-servers.sh >/dev/null
     ./target/release/toolhost-bench-mcp
+    ./target/release/toolhost-bench-clients
 
 # The issue-17 targets: echo at 1 and 64 in flight, the median of 5 interleaved runs of the
 # at-least-once reference, the exactly-once floor and toolhost, then Redis bytes per answered
