@@ -441,3 +441,45 @@ async fn an_eviction_policy_that_may_drop_answered_marks_is_warned_about_at_star
     let daemon = Daemon::start(&redis, &[]);
     daemon.wait_for_log("\"maxmemory_policy\":\"allkeys-lru\"", WAIT);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn group_reads_on_their_own_connection_log_in_as_the_urls_user_and_read_its_database() {
+    let redis = RedisServer::start();
+    let mut connection = redis.connection().await;
+    let () = redis::cmd("ACL")
+        .arg(&["SETUSER", "reader", "on", ">reader-pw", "~*", "&*", "+@all"][..])
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    let mut options = RedisOptions::new(format!("redis://reader:reader-pw@127.0.0.1:{}/3", redis.port()));
+    options.max_field_bytes = 1024;
+    let bus = RedisBus::new(options).unwrap();
+    bus.ensure_group(REQUESTS, GROUP).await.unwrap();
+    // Nothing yet: the blocking read waits its time and comes back empty.
+    assert!(bus.read_group(REQUESTS, GROUP, "c1", 10, Duration::from_millis(20)).await.unwrap().is_empty());
+    bus.publish(REQUESTS, "m-1", "{}").await.unwrap();
+    let read = bus.read_group(REQUESTS, GROUP, "c1", 10, Duration::from_millis(20)).await.unwrap();
+    assert_eq!(read.iter().map(|entry| entry.id.as_str()).collect::<Vec<_>>(), ["m-1"]);
+    // The stream is in database 3 only, and the reads went there as the URL's user.
+    let () = redis::cmd("SELECT").arg(3).query_async(&mut connection).await.unwrap();
+    let pending: redis::Value =
+        redis::cmd("XPENDING").arg(REQUESTS).arg(GROUP).query_async(&mut connection).await.unwrap();
+    assert!(
+        matches!(&pending, redis::Value::Array(parts) if parts.first() == Some(&redis::Value::Int(1))),
+        "{pending:?}"
+    );
+    let () = redis::cmd("SELECT").arg(0).query_async(&mut connection).await.unwrap();
+    let exists: u8 = redis::cmd("EXISTS").arg(REQUESTS).query_async(&mut connection).await.unwrap();
+    assert_eq!(exists, 0);
+    let clients: String = redis::cmd("CLIENT").arg("LIST").query_async(&mut connection).await.unwrap();
+    assert!(
+        clients.lines().any(|line| line.contains("user=reader") && line.contains("cmd=xreadgroup")),
+        "{clients}"
+    );
+
+    // A wrong password fails the read as Redis said it, and nothing panics.
+    let wrong = RedisBus::new(RedisOptions::new(format!("redis://reader:nope@127.0.0.1:{}/3", redis.port())))
+        .unwrap();
+    let err = wrong.read_group(REQUESTS, GROUP, "c2", 10, Duration::from_millis(20)).await.unwrap_err();
+    assert!(err.to_string().contains("WRONGPASS"), "{err}");
+}
