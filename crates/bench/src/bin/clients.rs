@@ -127,143 +127,150 @@ async fn fred_client(url: &str) -> anyhow::Result<fred::clients::Client> {
     Ok(client)
 }
 
-/// Runs `workload` on `client` until `stop`, counting operations.
+/// What every lane shares: the setup, the count of operations done and the stop flag.
+#[derive(Clone)]
+struct Lanes {
+    setup: Arc<Setup>,
+    done: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Lanes {
+    /// Spawns `count` tasks that each run `op(setup, n)` with a rising `n` until stopped,
+    /// counting every operation.
+    fn spawn<F, Fut>(&self, count: usize, op: F, tasks: &mut Vec<tokio::task::JoinHandle<anyhow::Result<()>>>)
+    where
+        F: Fn(Arc<Setup>, u64) -> Fut + Clone + Send + 'static,
+        Fut: std::future::Future<Output = anyhow::Result<()>> + Send,
+    {
+        for lane in 0..count {
+            let (lanes, op) = (self.clone(), op.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut n = lane as u64 * 1_000_000_000;
+                while !lanes.stop.load(Ordering::Relaxed) {
+                    op(Arc::clone(&lanes.setup), n).await?;
+                    n += 1;
+                    lanes.done.fetch_add(1, Ordering::Relaxed);
+                }
+                anyhow::Ok(())
+            }));
+        }
+    }
+}
+
+/// Runs `workload` on `client` for `duration`, counting operations.
 async fn drive(
     client: Client,
     workload: Workload,
     setup: Arc<Setup>,
     duration: Duration,
 ) -> anyhow::Result<u64> {
-    let done = Arc::new(AtomicU64::new(0));
-    let stop = Arc::new(AtomicBool::new(false));
+    let lanes = Lanes { setup, done: Arc::new(AtomicU64::new(0)), stop: Arc::new(AtomicBool::new(false)) };
     let mut tasks = Vec::new();
-    let lanes = if workload == Workload::Answer { IN_FLIGHT } else { 1 };
+    let count = if workload == Workload::Answer { IN_FLIGHT } else { 1 };
     match client {
         Client::Multiplexed => {
-            let connection = redis_rs(&setup.url).await?;
-            for lane in 0..lanes {
-                let (mut connection, setup, done, stop) =
-                    (connection.clone(), Arc::clone(&setup), Arc::clone(&done), Arc::clone(&stop));
-                tasks.push(tokio::spawn(async move {
-                    let mut n = lane as u64 * 1_000_000_000;
-                    while !stop.load(Ordering::Relaxed) {
-                        match workload {
-                            Workload::Answer => {
-                                let (keys, args) = answer_call(&setup, n);
-                                let _: redis::Value = redis::cmd("EVALSHA")
-                                    .arg(&setup.sha)
-                                    .arg(keys.len())
-                                    .arg(&keys)
-                                    .arg(&args)
-                                    .query_async(&mut connection)
-                                    .await?;
-                            }
-                            Workload::Read => {
-                                let _: redis::Value = redis::cmd("XRANGE")
-                                    .arg(STREAM)
-                                    .arg("-")
-                                    .arg("+")
-                                    .arg("COUNT")
-                                    .arg(READ_BATCH)
-                                    .query_async(&mut connection)
-                                    .await?;
-                            }
+            let connection = redis_rs(&lanes.setup.url).await?;
+            let op = move |setup: Arc<Setup>, n: u64| {
+                let mut connection = connection.clone();
+                async move {
+                    let cmd = match workload {
+                        Workload::Answer => {
+                            let (keys, args) = answer_call(&setup, n);
+                            let mut cmd = redis::cmd("EVALSHA");
+                            cmd.arg(&setup.sha).arg(keys.len()).arg(&keys).arg(&args);
+                            cmd
                         }
-                        n += 1;
-                        done.fetch_add(1, Ordering::Relaxed);
-                    }
+                        Workload::Read => read_cmd(),
+                    };
+                    let _: redis::Value = cmd.query_async(&mut connection).await?;
                     anyhow::Ok(())
-                }));
-            }
+                }
+            };
+            lanes.spawn(count, op, &mut tasks);
+        }
+        Client::Pipelined if workload == Workload::Read => {
+            // One reader on its own connection: the pipeline is its one command.
+            let connection = redis_rs(&lanes.setup.url).await?;
+            let op = move |_setup: Arc<Setup>, _n: u64| {
+                let mut connection = connection.clone();
+                async move {
+                    let mut pipe = redis::pipe();
+                    pipe.add_command(read_cmd());
+                    let _: Vec<redis::Value> = pipe.query_async(&mut connection).await?;
+                    anyhow::Ok(())
+                }
+            };
+            lanes.spawn(count, op, &mut tasks);
         }
         Client::Pipelined => {
-            let mut connection = redis_rs(&setup.url).await?;
-            if workload == Workload::Read {
-                // One reader on its own connection: the pipeline is its one command.
-                let (done, stop) = (Arc::clone(&done), Arc::clone(&stop));
-                tasks.push(tokio::spawn(async move {
-                    while !stop.load(Ordering::Relaxed) {
-                        let mut pipe = redis::pipe();
-                        pipe.cmd("XRANGE").arg(STREAM).arg("-").arg("+").arg("COUNT").arg(READ_BATCH);
-                        let _: Vec<redis::Value> = pipe.query_async(&mut connection).await?;
-                        done.fetch_add(1, Ordering::Relaxed);
+            type Queued = ((Vec<String>, Vec<String>), oneshot::Sender<redis::Value>);
+            let mut connection = redis_rs(&lanes.setup.url).await?;
+            let (queue, mut queued) = mpsc::unbounded_channel::<Queued>();
+            let sha = lanes.setup.sha.clone();
+            // The connection's owner: everything queued goes out as one pipeline.
+            tasks.push(tokio::spawn(async move {
+                let mut batch = Vec::with_capacity(IN_FLIGHT);
+                while queued.recv_many(&mut batch, IN_FLIGHT).await > 0 {
+                    let mut pipe = redis::pipe();
+                    for ((keys, args), _) in &batch {
+                        pipe.cmd("EVALSHA").arg(&sha).arg(keys.len()).arg(keys).arg(args);
                     }
-                    anyhow::Ok(())
-                }));
-            } else {
-                type Queued = ((Vec<String>, Vec<String>), oneshot::Sender<redis::Value>);
-                let (queue, mut queued) = mpsc::unbounded_channel::<Queued>();
-                let sha = setup.sha.clone();
-                // The connection's owner: everything queued goes out as one pipeline.
-                tasks.push(tokio::spawn(async move {
-                    let mut batch = Vec::with_capacity(IN_FLIGHT);
-                    while queued.recv_many(&mut batch, IN_FLIGHT).await > 0 {
-                        let mut pipe = redis::pipe();
-                        for ((keys, args), _) in &batch {
-                            pipe.cmd("EVALSHA").arg(&sha).arg(keys.len()).arg(keys).arg(args);
-                        }
-                        let replies: Vec<redis::Value> = pipe.query_async(&mut connection).await?;
-                        for ((_, reply), value) in batch.drain(..).zip(replies) {
-                            let _ = reply.send(value);
-                        }
+                    let replies: Vec<redis::Value> = pipe.query_async(&mut connection).await?;
+                    for ((_, reply), value) in batch.drain(..).zip(replies) {
+                        let _ = reply.send(value);
                     }
-                    anyhow::Ok(())
-                }));
-                for lane in 0..lanes {
-                    let (queue, setup, done, stop) =
-                        (queue.clone(), Arc::clone(&setup), Arc::clone(&done), Arc::clone(&stop));
-                    tasks.push(tokio::spawn(async move {
-                        let mut n = lane as u64 * 1_000_000_000;
-                        while !stop.load(Ordering::Relaxed) {
-                            let (reply, answer) = oneshot::channel();
-                            queue.send((answer_call(&setup, n), reply)).context("the owner stopped")?;
-                            answer.await.context("the owner dropped a call")?;
-                            n += 1;
-                            done.fetch_add(1, Ordering::Relaxed);
-                        }
-                        anyhow::Ok(())
-                    }));
                 }
-            }
+                anyhow::Ok(())
+            }));
+            let op = move |setup: Arc<Setup>, n: u64| {
+                let queue = queue.clone();
+                async move {
+                    let (reply, answer) = oneshot::channel();
+                    queue.send((answer_call(&setup, n), reply)).ok().context("the owner stopped")?;
+                    answer.await.context("the owner dropped a call")?;
+                    anyhow::Ok(())
+                }
+            };
+            lanes.spawn(count, op, &mut tasks);
         }
         Client::Fred => {
-            let fred = fred_client(&setup.url).await?;
-            for lane in 0..lanes {
-                let (fred, setup, done, stop) =
-                    (fred.clone(), Arc::clone(&setup), Arc::clone(&done), Arc::clone(&stop));
-                tasks.push(tokio::spawn(async move {
-                    let mut n = lane as u64 * 1_000_000_000;
-                    while !stop.load(Ordering::Relaxed) {
-                        match workload {
-                            Workload::Answer => {
-                                let (keys, args) = answer_call(&setup, n);
-                                let _: fred::types::Value =
-                                    fred.evalsha(setup.sha.as_str(), keys, args).await?;
-                            }
-                            Workload::Read => {
-                                let _: fred::types::Value =
-                                    fred.xrange(STREAM, "-", "+", Some(READ_BATCH as u64)).await?;
-                            }
+            let fred = fred_client(&lanes.setup.url).await?;
+            let op = move |setup: Arc<Setup>, n: u64| {
+                let fred = fred.clone();
+                async move {
+                    let _: fred::types::Value = match workload {
+                        Workload::Answer => {
+                            let (keys, args) = answer_call(&setup, n);
+                            fred.evalsha(setup.sha.as_str(), keys, args).await?
                         }
-                        n += 1;
-                        done.fetch_add(1, Ordering::Relaxed);
-                    }
+                        Workload::Read => fred.xrange(STREAM, "-", "+", Some(READ_BATCH as u64)).await?,
+                    };
                     anyhow::Ok(())
-                }));
-            }
+                }
+            };
+            lanes.spawn(count, op, &mut tasks);
         }
     }
     tokio::time::sleep(duration).await;
-    stop.store(true, Ordering::Relaxed);
-    let count = done.load(Ordering::Relaxed);
+    lanes.stop.store(true, Ordering::Relaxed);
+    let count = lanes.done.load(Ordering::Relaxed);
+    // The lanes end when they see `stop`; the pipelined owner when the lanes, which hold the
+    // queue's senders, are gone.
     for task in tasks {
-        // The pipelined owner ends when the senders are gone; the others when they see `stop`.
         match tokio::time::timeout(Duration::from_secs(5), task).await {
             Ok(joined) => joined??,
             Err(_) => anyhow::bail!("a task of {} did not stop", client.name()),
         }
     }
     Ok(count)
+}
+
+/// The read-shaped command: `XRANGE` of one read batch.
+fn read_cmd() -> redis::Cmd {
+    let mut cmd = redis::cmd("XRANGE");
+    cmd.arg(STREAM).arg("-").arg("+").arg("COUNT").arg(READ_BATCH);
+    cmd
 }
 
 async fn rep(
