@@ -252,10 +252,7 @@ fn item_reply(reply: Value) -> Result<Value, Error> {
     let mut parts = parts.into_iter();
     match (parts.next(), parts.next()) {
         (Some(Value::Int(1)), reply) => Ok(reply.unwrap_or(Value::Nil)),
-        (Some(Value::Int(0)), message) => {
-            let message = message.and_then(|m| redis::from_redis_value::<String>(m).ok()).unwrap_or_default();
-            Err(Error::from_cause(Cause::parse(&message)))
-        }
+        (Some(Value::Int(0)), message) => Err(item_error(message)),
         _ => Err(Error::Protocol("malformed batch item reply".to_owned())),
     }
 }
@@ -265,15 +262,17 @@ fn item_reply(reply: Value) -> Result<Value, Error> {
 fn batch_item_reply(reply: Value) -> Result<Value, Error> {
     match reply {
         Value::Array(parts) if matches!(parts.first(), Some(Value::Int(0))) => {
-            let message = parts
-                .into_iter()
-                .nth(1)
-                .and_then(|message| redis::from_redis_value::<String>(message).ok())
-                .unwrap_or_default();
-            Err(Error::from_cause(Cause::parse(&message)))
+            Err(item_error(parts.into_iter().nth(1)))
         }
         reply => Ok(reply),
     }
+}
+
+/// The error of an item whose reply is `{0, message}`, sorted by the message's code.
+fn item_error(message: Option<Value>) -> Error {
+    let message =
+        message.and_then(|message| redis::from_redis_value::<String>(message).ok()).unwrap_or_default();
+    Error::from_cause(Cause::parse(&message))
 }
 
 /// The batch form of a single-item script.

@@ -196,10 +196,12 @@ impl RawReader {
     }
 
     async fn send(&mut self, args: &[&[u8]]) -> io::Result<()> {
+        use std::io::Write as _;
         let mut out = Vec::with_capacity(16 + args.iter().map(|arg| arg.len() + 16).sum::<usize>());
-        out.extend_from_slice(format!("*{}\r\n", args.len()).as_bytes());
+        // Writing into a Vec cannot fail.
+        let _ = write!(out, "*{}\r\n", args.len());
         for arg in args {
-            out.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
+            let _ = write!(out, "${}\r\n", arg.len());
             out.extend_from_slice(arg);
             out.extend_from_slice(b"\r\n");
         }
@@ -275,20 +277,17 @@ impl RawReader {
             if available.is_empty() {
                 return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "connection closed"));
             }
-            match available.iter().position(|&byte| byte == b'\n') {
-                Some(at) => {
-                    line.extend_from_slice(&available[..at]);
-                    self.stream.consume(at + 1);
-                    break;
-                }
-                None => {
-                    let taken = available.len();
-                    line.extend_from_slice(available);
-                    self.stream.consume(taken);
-                }
-            }
-            if line.len() > MAX_LINE {
+            let end = available.iter().position(|&byte| byte == b'\n');
+            let taken = end.unwrap_or(available.len());
+            line.extend_from_slice(&available[..taken]);
+            self.stream.consume(taken + usize::from(end.is_some()));
+            // Checked whether or not the line ended in this chunk, so the bound does not depend
+            // on how the bytes arrived.
+            if line.len() > MAX_LINE + 1 {
                 return Err(bad("line too long"));
+            }
+            if end.is_some() {
+                break;
             }
         }
         if line.pop() != Some(b'\r') {
@@ -373,16 +372,28 @@ fn entries(reply: Reply, limit: usize) -> Option<Vec<Entry>> {
                 }
                 Some(_) => return None,
             }
-            let cut_of = |name: &[u8]| {
-                cuts.iter().position(|(cut, _, _)| cut.as_slice() == name).map(|at| {
-                    let (_, size, sha1) = cuts.swap_remove(at);
-                    (size, sha1)
-                })
-            };
-            entries.push(Entry::from_raw_fields(&String::from_utf8_lossy(&entry_id), pairs, limit, cut_of));
+            entries.push(entry_with_cuts(&String::from_utf8_lossy(&entry_id), pairs, cuts, limit));
         }
     }
     Some(entries)
+}
+
+/// One entry from its fields as read (a cut value as its head) and the values that were cut, as
+/// `(field, full size, SHA-1)`, whether the server cut them (the read and reclaim scripts) or
+/// this reader did.
+pub(crate) fn entry_with_cuts(
+    entry_id: &str,
+    pairs: Vec<(Vec<u8>, Vec<u8>)>,
+    mut cuts: Vec<(Vec<u8>, u64, String)>,
+    limit: usize,
+) -> Entry {
+    let cut_of = |name: &[u8]| {
+        cuts.iter().position(|(cut, _, _)| cut.as_slice() == name).map(|at| {
+            let (_, size, sha1) = cuts.swap_remove(at);
+            (size, sha1)
+        })
+    };
+    Entry::from_raw_fields(entry_id, pairs, limit, cut_of)
 }
 
 #[cfg(test)]
@@ -483,5 +494,18 @@ mod tests {
         assert!(reader(b"$3\r\nabcXY", 8).reply(8).await.is_err());
         assert!(reader(b":12", 8).reply(8).await.is_err(), "EOF inside a line");
         assert!(entries(Reply::Int(1), 8).is_none());
+    }
+
+    #[tokio::test]
+    async fn headers_that_claim_more_than_comes_allocate_no_more_than_their_bounds() {
+        // A length the stream never delivers: only the bounded head or first items are set aside
+        // (a terabyte-sized buffer would abort the process), and the early end is an error.
+        assert!(reader(b"$999999999999\r\nabc", 64).reply(8).await.is_err());
+        assert!(reader(b"*999999999999\r\n:1\r\n", 64).reply(8).await.is_err());
+        // A header line without end is given up past MAX_LINE, not buffered whole.
+        let mut endless = vec![b'+'; MAX_LINE + 10];
+        endless.extend_from_slice(b"\r\n");
+        let err = reader(&endless, 4096).reply(8).await.unwrap_err();
+        assert!(err.to_string().contains("line too long"), "{err}");
     }
 }

@@ -31,7 +31,7 @@ use toolhost_envelope::{DEFECT_HEAD_BYTES, Entry};
 use crate::batch::{Batcher, Shared};
 use crate::bus::{CallKeys, CallStart, Committed, EntryRef, Finish, GroupInfo, Reclaimed, is_entry_id};
 use crate::connection::{Connection, Connector, Topology};
-use crate::raw_read::{RawReader, RawTarget, ReadError};
+use crate::raw_read::{self, RawReader, RawTarget, ReadError};
 use crate::{Error, Groups, Ledger, Store, Streams};
 
 mod cluster;
@@ -86,7 +86,7 @@ pub struct RedisBus {
     options: RedisOptions,
     commands: Connection,
     /// Idle connections for blocking reads.
-    blocking: Mutex<Vec<Connection>>,
+    blocking: Idle<Connection>,
     /// Group reads that cut large values as they arrive (`raw_read`), on a single server reached
     /// over plain TCP or a Unix socket; `None` elsewhere (TLS, Sentinel, Cluster), where group
     /// reads go through the read script.
@@ -100,8 +100,12 @@ pub struct RedisBus {
 /// Where raw group reads connect, and their idle connections.
 struct RawReads {
     target: RawTarget,
-    idle: Mutex<Vec<RawReader>>,
+    idle: Idle<RawReader>,
 }
+
+/// What an `answer_batch.lua` call's shared part depends on: requests stream, group and
+/// retention in ms.
+type SharedOf = (String, String, u128);
 
 #[derive(Default)]
 struct Batchers {
@@ -109,9 +113,9 @@ struct Batchers {
     finish: OnceLock<Batcher>,
     /// The common end of a call, `scripts/answer_batch.lua`.
     answer: OnceLock<Batcher>,
-    /// The shared parts of `answer`'s calls made so far (one per requests stream, group and
-    /// retention: a handful), so an answer does not allocate them again.
-    answer_shared: Mutex<Vec<Arc<Shared>>>,
+    /// The shared parts of `answer`'s calls made so far, by requests stream, group and
+    /// retention in ms (a handful), so an answer does not allocate them again.
+    answer_shared: Mutex<Vec<(SharedOf, Arc<Shared>)>>,
     /// The cluster ledger's steps (`scripts/cluster/`), each batched by slot.
     cluster_begin_call: OnceLock<Batcher>,
     cluster_claim: OnceLock<Batcher>,
@@ -151,13 +155,13 @@ impl RedisBus {
         let raw = (matches!(options.topology, Topology::Single) && !options.script_reads)
             .then(|| RawTarget::of(&options.url))
             .flatten()
-            .map(|target| RawReads { target, idle: Mutex::new(Vec::new()) });
+            .map(|target| RawReads { target, idle: Idle::new() });
         Ok(RedisBus {
             cluster: options.topology.is_cluster(),
             connector,
             options,
             commands,
-            blocking: Mutex::new(Vec::new()),
+            blocking: Idle::new(),
             raw,
             scripts: Scripts {
                 read_group: Script::new(concat!(
@@ -177,22 +181,6 @@ impl RedisBus {
         })
     }
 
-    fn take_blocking(&self) -> Result<Connection, Error> {
-        // A poisoned lock only means another reader panicked while pushing; the pool is still sound.
-        let pooled = self.blocking.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).pop();
-        match pooled {
-            Some(connection) => Ok(connection),
-            None => self.connector.blocking(),
-        }
-    }
-
-    fn give_back(&self, connection: Connection) {
-        let mut pool = self.blocking.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if pool.len() < MAX_IDLE_BLOCKING {
-            pool.push(connection);
-        }
-    }
-
     /// A group read on a connection of `raw`'s: the plain `XREADGROUP ... COUNT count BLOCK`,
     /// its large values cut as they arrive. A connection that failed or stalled is dropped.
     async fn raw_read_group(
@@ -204,53 +192,72 @@ impl RedisBus {
         count: usize,
         block: Duration,
     ) -> Result<Vec<Entry>, Error> {
-        let pooled = raw.idle.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).pop();
-        let mut reader = match pooled {
+        let mut reader = match raw.idle.take() {
             Some(reader) => reader,
             None => raw.target.connect(self.options.connect_timeout).await?,
         };
         let limit = self.options.max_field_bytes;
         let read = reader.read_group(topic, group, consumer, count, block, limit);
-        let (res, reusable) = match tokio::time::timeout(block + BLOCK_MARGIN, read).await {
-            Ok(Ok(entries)) => (Ok(entries), true),
-            Ok(Err(ReadError::Reply(err))) => (Err(err), true),
-            Ok(Err(ReadError::Broken(err))) => (Err(err), false),
-            Err(_elapsed) => (
-                Err(Error::Protocol(format!(
-                    "blocking read did not return within {} ms",
-                    (block + BLOCK_MARGIN).as_millis()
-                ))),
-                false,
-            ),
-        };
-        if reusable {
-            let mut idle = raw.idle.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            if idle.len() < MAX_IDLE_BLOCKING {
-                idle.push(reader);
+        match tokio::time::timeout(block + BLOCK_MARGIN, read).await {
+            Ok(Ok(entries)) => {
+                raw.idle.give_back(reader);
+                Ok(entries)
             }
+            Ok(Err(ReadError::Reply(err))) => {
+                raw.idle.give_back(reader);
+                Err(err)
+            }
+            Ok(Err(ReadError::Broken(err))) => Err(err),
+            Err(_elapsed) => Err(stalled(block)),
         }
-        res
     }
 
     /// Runs a blocking read on a pooled connection, abandoning it if the server stalls.
     async fn blocking_read(&self, cmd: redis::Cmd, block: Duration) -> Result<Value, Error> {
-        let mut connection = self.take_blocking()?;
+        let mut connection = match self.blocking.take() {
+            Some(connection) => connection,
+            None => self.connector.blocking()?,
+        };
         match tokio::time::timeout(block + BLOCK_MARGIN, cmd.query_async::<Value>(&mut connection)).await {
             Ok(Ok(value)) => {
-                self.give_back(connection);
+                self.blocking.give_back(connection);
                 Ok(value)
             }
             Ok(Err(err)) => {
                 let err = Error::from(err);
                 if !matches!(err, Error::Unavailable(_)) {
-                    self.give_back(connection);
+                    self.blocking.give_back(connection);
                 }
                 Err(err)
             }
-            Err(_elapsed) => Err(Error::Protocol(format!(
-                "blocking read did not return within {} ms",
-                (block + BLOCK_MARGIN).as_millis()
-            ))),
+            Err(_elapsed) => Err(stalled(block)),
+        }
+    }
+}
+
+/// The error of a blocking read of `block` that did not come back within its margin.
+fn stalled(block: Duration) -> Error {
+    Error::Protocol(format!("blocking read did not return within {} ms", (block + BLOCK_MARGIN).as_millis()))
+}
+
+/// Idle connections of one kind, kept for the next blocking read (at most
+/// [`MAX_IDLE_BLOCKING`]).
+struct Idle<T>(Mutex<Vec<T>>);
+
+impl<T> Idle<T> {
+    fn new() -> Idle<T> {
+        Idle(Mutex::new(Vec::new()))
+    }
+
+    fn take(&self) -> Option<T> {
+        // A poisoned lock only means another reader panicked while pushing; the pool is still sound.
+        self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).pop()
+    }
+
+    fn give_back(&self, connection: T) {
+        let mut idle = self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if idle.len() < MAX_IDLE_BLOCKING {
+            idle.push(connection);
         }
     }
 }
@@ -774,19 +781,16 @@ impl RedisBus {
     fn answer_shared(&self, topic: &str, group: &str, retention: Duration) -> Arc<Shared> {
         let millis = retention.as_millis();
         let mut known = self.batchers.answer_shared.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let found = known.iter().find(|shared| {
-            shared.keys.first().is_some_and(|key| key == topic)
-                && shared.args.first().is_some_and(|arg| arg == group)
-                && shared.args.get(2).is_some_and(|arg| arg.parse::<u128>().ok() == Some(millis))
-        });
-        if let Some(shared) = found {
+        let found =
+            known.iter().find(|((stream, of, ms), _)| stream == topic && of == group && *ms == millis);
+        if let Some((_, shared)) = found {
             return Arc::clone(shared);
         }
         let shared = Arc::new(Shared {
             keys: vec![topic.to_owned()],
             args: vec![group.to_owned(), self.options.maxlen.to_string(), millis.to_string()],
         });
-        known.push(Arc::clone(&shared));
+        known.push(((topic.to_owned(), group.to_owned(), millis), Arc::clone(&shared)));
         shared
     }
 }
@@ -894,13 +898,7 @@ fn entry_from_raw(entry_id: &[u8], fields: Value, cut: Value, limit: usize) -> O
             cuts.push((name, size, sha1));
         }
     }
-    let cut_of = |name: &[u8]| {
-        cuts.iter().position(|(cut, _, _)| cut.as_slice() == name).map(|at| {
-            let (_, size, sha1) = cuts.swap_remove(at);
-            (size, sha1)
-        })
-    };
-    Some(Entry::from_raw_fields(&entry_id, pairs, limit, cut_of))
+    Some(raw_read::entry_with_cuts(&entry_id, pairs, cuts, limit))
 }
 
 /// The bytes of a string reply.

@@ -227,12 +227,21 @@ impl Telemetry {
     pub fn invocation(&self, tool: &str, outcome: &str, duration: Duration) {
         let tool = if outcome == "unknown_tool" { UNKNOWN_TOOL_LABEL } else { tool };
         let mut invocations = self.inner.invocations.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if !invocations.contains_key(tool) {
-            let labels = vec![Label::new("tool", tool.to_owned())];
-            let duration = self.histogram(Key::from_parts(INVOCATION_DURATION, labels));
-            invocations.insert(tool.to_owned(), ToolMetrics { duration, outcomes: Vec::new() });
+        match invocations.get_mut(tool) {
+            Some(metrics) => self.record(metrics, tool, outcome, duration),
+            None => {
+                let labels = vec![Label::new("tool", tool.to_owned())];
+                let histogram = self.histogram(Key::from_parts(INVOCATION_DURATION, labels));
+                let mut metrics = ToolMetrics { duration: histogram, outcomes: Vec::new() };
+                self.record(&mut metrics, tool, outcome, duration);
+                invocations.insert(tool.to_owned(), metrics);
+            }
         }
-        let Some(metrics) = invocations.get_mut(tool) else { return };
+    }
+
+    /// Records one invocation of `tool` in its metrics, registering its outcome's counter the
+    /// first time.
+    fn record(&self, metrics: &mut ToolMetrics, tool: &str, outcome: &str, duration: Duration) {
         metrics.duration.record(duration.as_secs_f64());
         match metrics.outcomes.iter().find(|(label, _)| label == outcome) {
             Some((_, counter)) => counter.increment(1),
@@ -400,6 +409,19 @@ mod tests {
             text.contains(&format!(r#"toolhost_build_info{{version="{}"}} 1"#, env!("CARGO_PKG_VERSION")))
         );
         assert!(text.contains("toolhost_dead_letters_total 0"), "{text}");
+    }
+
+    #[test]
+    fn repeated_invocations_add_up_on_the_handles_looked_up_once() {
+        let telemetry = Telemetry::new();
+        for _ in 0..3 {
+            telemetry.invocation("echo", "success", Duration::from_millis(3));
+        }
+        telemetry.invocation("echo", "timeout", Duration::from_millis(30));
+        let text = telemetry.render();
+        assert!(text.contains(r#"toolhost_invocations_total{tool="echo",outcome="success"} 3"#), "{text}");
+        assert!(text.contains(r#"toolhost_invocations_total{tool="echo",outcome="timeout"} 1"#), "{text}");
+        assert!(text.contains(r#"toolhost_invocation_duration_seconds_count{tool="echo"} 4"#), "{text}");
     }
 
     #[test]

@@ -16,7 +16,9 @@ use toolhost_bus::{
 };
 use toolhost_envelope::{DEFECT_HEAD_BYTES, DefectKind};
 
-use crate::support::{Daemon, RedisServer, answers_to, payloads, request, settled, settled_within, xadd};
+use crate::support::{
+    Daemon, RedisServer, answers_to, call_r1, deliver_one, payloads, request, settled, settled_within, xadd,
+};
 
 const REQUESTS: &str = "action-requests";
 const RESULTS: &str = "action-results";
@@ -336,16 +338,8 @@ async fn out_of_memory_inside_ledger_scripts_is_retryable_and_renewal_and_reads_
     let redis = RedisServer::start();
     let mut connection = redis.connection().await;
     let bus = bus(&redis, 1024 * 1024);
-    bus.ensure_group(REQUESTS, GROUP).await.unwrap();
-    let entry_id = bus.publish(REQUESTS, "m-1", "{}").await.unwrap();
-    bus.read_group(REQUESTS, GROUP, "c1", 10, Duration::from_millis(10)).await.unwrap();
-    let call = CallKeys {
-        answered: "toolhost:toolhost:answered:r-1",
-        call: "toolhost:toolhost:call:r-1",
-        entry: "toolhost:toolhost:entry:r-1",
-        lease: Duration::from_secs(30),
-        retention: Duration::from_secs(60),
-    };
+    let entry_id = deliver_one(&bus, REQUESTS, GROUP).await;
+    let call = call_r1(Duration::from_secs(30));
     assert_eq!(bus.begin_call(&call, "c1/1", &entry_id).await.unwrap(), CallStart::Fresh);
     let entry = EntryRef { topic: REQUESTS, group: GROUP, entry_id: &entry_id };
     let finish = Finish {

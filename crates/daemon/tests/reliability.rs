@@ -17,7 +17,7 @@ use toolhost_bus::{
     Streams,
 };
 
-use crate::support::{Daemon, RedisServer, pending, request, xadd};
+use crate::support::{Daemon, RedisServer, call_r1, deliver_one, pending, request, xadd};
 
 const REQUESTS: &str = "action-requests";
 const RESULTS: &str = "action-results";
@@ -699,16 +699,8 @@ async fn an_untracked_renewal_resets_the_idle_time_of_its_own_entry_only() {
     let redis = RedisServer::start();
     let mut connection = redis.connection().await;
     let bus = RedisBus::new(RedisOptions::new(redis.url())).unwrap();
-    bus.ensure_group(REQUESTS, GROUP).await.unwrap();
-    let entry_id = bus.publish(REQUESTS, "m-1", "{}").await.unwrap();
-    bus.read_group(REQUESTS, GROUP, "c1", 10, Duration::from_millis(10)).await.unwrap();
-    let call = CallKeys {
-        answered: "toolhost:toolhost:answered:r-1",
-        call: "toolhost:toolhost:call:r-1",
-        entry: "toolhost:toolhost:entry:r-1",
-        lease: Duration::from_secs(1),
-        retention: Duration::from_secs(60),
-    };
+    let entry_id = deliver_one(&bus, REQUESTS, GROUP).await;
+    let call = call_r1(Duration::from_secs(1));
     let entry = EntryRef { topic: REQUESTS, group: GROUP, entry_id: &entry_id };
     // (entry id, consumer, idle ms, deliveries) of the one pending entry.
     async fn holder(connection: &mut MultiplexedConnection) -> (String, String, u64, u64) {
@@ -753,16 +745,8 @@ async fn ledger_steps_are_safe_to_repeat_against_redis() {
     let redis = RedisServer::start();
     let mut connection = redis.connection().await;
     let bus = RedisBus::new(RedisOptions::new(redis.url())).unwrap();
-    bus.ensure_group(REQUESTS, GROUP).await.unwrap();
-    let entry_id = bus.publish(REQUESTS, "m-1", "{}").await.unwrap();
-    bus.read_group(REQUESTS, GROUP, "c1", 10, Duration::from_millis(10)).await.unwrap();
-    let call = CallKeys {
-        answered: "toolhost:toolhost:answered:r-1",
-        call: "toolhost:toolhost:call:r-1",
-        entry: "toolhost:toolhost:entry:r-1",
-        lease: Duration::from_secs(1),
-        retention: Duration::from_secs(60),
-    };
+    let entry_id = deliver_one(&bus, REQUESTS, GROUP).await;
+    let call = call_r1(Duration::from_secs(1));
     // A begin whose reply was lost is retried by the same owner: still fresh, not "started".
     for _ in 0..2 {
         assert_eq!(bus.begin_call(&call, "c1/1", &entry_id).await.unwrap(), CallStart::Fresh);

@@ -286,13 +286,11 @@ impl<D: Door> Lifecycle<D> {
                 None => (result, reply),
             },
             Work::Tool { name, arguments } => {
-                // A call without a record has no lease to own (its renewal only keeps its entry).
-                let owner = if self.untracked(&name, registry) {
-                    String::new()
-                } else {
-                    call_owner(&self.settings.consumer, &entry.entry_id)
-                };
-                let begun = self.begin(entry, &call, &ledger_id, &name, &owner, registry).await;
+                // A read-only, idempotent tool runs without a call record, so without a lease to
+                // own: no owner (its renewal only keeps its entry).
+                let owner = (!self.untracked(&name, registry))
+                    .then(|| call_owner(&self.settings.consumer, &entry.entry_id));
+                let begun = self.begin(entry, &call, &ledger_id, &name, owner.as_deref(), registry).await;
                 // A redelivered entry may have a record its earlier holder wrote.
                 tracked = entry.deliveries > 1 || !matches!(begun, Begin::Run { tracked: false });
                 let result = match begun {
@@ -307,8 +305,16 @@ impl<D: Door> Lifecycle<D> {
                         Some(failure) => Err(failure),
                         None => {
                             let running = self.run_tool(
-                                entry, request, &call, &ledger_id, registry, &name, arguments, &owner,
-                                recorded, slot,
+                                entry,
+                                request,
+                                &call,
+                                &ledger_id,
+                                registry,
+                                &name,
+                                arguments,
+                                owner.as_deref().unwrap_or_default(),
+                                recorded,
+                                slot,
                             );
                             match running.await {
                                 Some(result) => result,
@@ -342,22 +348,19 @@ impl<D: Door> Lifecycle<D> {
         }
     }
 
-    /// Consults the ledger before running a tool.
+    /// Consults the ledger before running a tool; a call without an `owner` is not recorded.
     async fn begin(
         &self,
         entry: &Entry,
         call: &CallKeys<'_>,
         ledger_id: &str,
         tool: &str,
-        owner: &str,
+        owner: Option<&str>,
         registry: &Registry,
     ) -> Begin {
-        // A read-only, idempotent tool needs no call record: running it twice has no effect a
-        // caller can see, and its answer is still published once, because the answered mark is
-        // checked when the answer is committed. This saves a script and five commands per call.
-        if self.untracked(tool, registry) {
+        let Some(owner) = owner else {
             return Begin::Run { tracked: false };
-        }
+        };
         let annotations = registry.annotations(tool);
         let forced = self.services.shutdown.forced();
         let bus = &*self.services.bus;
@@ -381,7 +384,9 @@ impl<D: Door> Lifecycle<D> {
     }
 
     /// Whether a call of `tool` runs without a call record: a read-only, idempotent tool, unless
-    /// the door tracks every call.
+    /// the door tracks every call. Running such a tool twice has no effect a caller can see, and
+    /// its answer is still published once, because the answered mark is checked when the answer
+    /// is committed; this saves a script and five commands per call.
     fn untracked(&self, tool: &str, registry: &Registry) -> bool {
         !self.door.tracks_every_call()
             && registry.annotations(tool).is_some_and(|a| a.read_only && a.idempotent)

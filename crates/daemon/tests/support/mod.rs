@@ -514,3 +514,24 @@ pub fn wait_http(
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// Publishes one request (`m-1`) to `stream` and delivers it to consumer `c1` of `group` through
+/// `bus`: the starting point of the ledger tests. Returns its entry id.
+pub async fn deliver_one(bus: &toolhost_bus::RedisBus, stream: &str, group: &str) -> String {
+    use toolhost_bus::{Groups as _, Streams as _};
+    bus.ensure_group(stream, group).await.unwrap();
+    let entry_id = bus.publish(stream, "m-1", "{}").await.unwrap();
+    bus.read_group(stream, group, "c1", 10, Duration::from_millis(10)).await.unwrap();
+    entry_id
+}
+
+/// The ledger keys of request `r-1` in the ledger tests, with `lease` and a minute's retention.
+pub fn call_r1(lease: Duration) -> toolhost_bus::CallKeys<'static> {
+    toolhost_bus::CallKeys {
+        answered: "toolhost:toolhost:answered:r-1",
+        call: "toolhost:toolhost:call:r-1",
+        entry: "toolhost:toolhost:entry:r-1",
+        lease,
+        retention: Duration::from_secs(60),
+    }
+}
