@@ -25,7 +25,7 @@ test: ensure-redis-installed
 # each against real servers the tests start, driving the built binary.
 test-fleet: ensure-redis-installed
     cargo build --bin toolhost
-    cargo test -p toolhost-e2e
+    cargo test -p toolhost-e2e --test harness --test cluster --test sentinel
 
 # Benchmarks: toolhost beside the at-least-once reference worker and the exactly-once floor on
 # the same Redis (see docs/PERFORMANCE.md).
@@ -92,6 +92,13 @@ unit-check:
 # The reliability soak with the issue's 100,000 requests (CI runs 30,000; see docs/RELIABILITY.md).
 soak requests="100000": ensure-redis-installed
     TOOLHOST_SOAK_REQUESTS={{requests}} cargo test -p toolhost --test tests reliability::soak -- --nocapture
+
+# The MCP door with real clients (the official MCP Python SDK and the OpenAI Agents SDK, pinned
+# into a venv) against two toolhost processes and a real Redis (tests/tests/mcp_door.rs).
+test-mcp-door: ensure-redis-installed
+    scripts/ensure-mcp-door-venv.sh >/dev/null
+    cargo build --bin toolhost
+    cargo test -p toolhost-e2e --test mcp_door
 
 # The MCP tool-source tests against real MCP servers (installed pinned into ~/.cache/toolhost).
 test-mcp:

@@ -1,8 +1,9 @@
 //! toolhost on a Redis Cluster (issue 16, part 2): the same contract as on one server. Requests
 //! are answered exactly once with response topics spread over the slots, across a replica
 //! killed mid-run, for duplicates naming another response topic, and across a coordinated
-//! failover of the shard holding the requests stream; the chat inbox, discovery and the client
-//! subcommands work there too.
+//! failover of the shard holding the requests stream; the chat inbox, discovery, the client
+//! subcommands and `tool.cancel` (forwarded between replicas, answered from the claims) work
+//! there too.
 
 #![allow(clippy::unwrap_used)]
 
@@ -396,7 +397,7 @@ fn assert_ledger_placement(cluster: &RedisCluster, prefix: &str, requests: &str,
 /// of keys in many slots are split by slot.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_bus_scans_every_primary_and_reads_and_deletes_keys_of_every_slot() {
-    use toolhost_bus::{RedisBus, RedisOptions, Store, Topology};
+    use toolhost_bus::{Directory, RedisBus, RedisOptions, Server, Topology};
     let cluster = RedisCluster::start(3, 0);
     let mut options = RedisOptions::new(cluster.nodes()[0].url());
     options.topology = Topology::Cluster { nodes: cluster.addresses() };
@@ -743,4 +744,115 @@ fn a_failover_of_the_requests_shard_loses_and_repeats_no_answer() {
     eprintln!("{succeeded} of 10 calls running through the failover succeeded");
     assert_no_slot_errors(&first);
     assert_no_slot_errors(&second);
+}
+
+/// `GET /status` of the toolhost that wrote `log`, parsed.
+fn status(log: &str) -> Value {
+    use std::io::{Read as _, Write as _};
+    let addr = log
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .find(|line| line["message"] == "http listening")
+        .and_then(|line| line["addr"].as_str().map(str::to_owned))
+        .expect("the http address in the log");
+    let Ok(mut stream) = std::net::TcpStream::connect(&addr) else { return Value::Null };
+    let _ = stream.write_all(b"GET /status HTTP/1.0\r\n\r\n");
+    let mut text = String::new();
+    let _ = stream.read_to_string(&mut text);
+    text.split_once("\r\n\r\n").and_then(|(_, body)| serde_json::from_str(body).ok()).unwrap_or(Value::Null)
+}
+
+/// Whether a process runs with exactly this command line.
+fn running(words: &[&str]) -> bool {
+    let wanted: Vec<u8> = words.iter().flat_map(|word| word.bytes().chain([0])).collect();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(Result::ok)
+        .any(|entry| std::fs::read(entry.path().join("cmdline")).is_ok_and(|cmdline| cmdline == wanted))
+}
+
+/// Waits until `check` holds, panicking with `what` after [`WAIT`].
+fn wait_until(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + WAIT;
+    while !check() {
+        assert!(Instant::now() < deadline, "{what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_cancel_read_by_another_replica_stops_the_call_and_the_ledger_answers_later_cancels_on_a_cluster() {
+    let cluster = RedisCluster::start(3, 0);
+    let mut env = env_with_prefix(&cluster, "");
+    env.push(("TOOLHOST__DAEMON__HEARTBEAT_MS".to_owned(), "200".to_owned()));
+    let start_with = |extra: &[(&str, &str)]| {
+        let mut all = env.clone();
+        all.extend(extra.iter().map(|(name, value)| ((*name).to_owned(), (*value).to_owned())));
+        let refs: Vec<(&str, &str)> =
+            all.iter().map(|(name, value)| (name.as_str(), value.as_str())).collect();
+        Toolhost::start(&refs)
+    };
+    // Two slots: the inbox's reader holds one and the call the other, so this replica reads
+    // nothing more while the call runs, and the cancel reaches it only forwarded.
+    let owner = start_with(&[("TOOLHOST__DISPATCH__MAX_IN_FLIGHT", "2")]);
+    let mut connection = cluster.connection();
+    let topic = topic(3);
+    xadd(
+        &mut connection,
+        REQUESTS,
+        &request("terminal_run.requested", "long", json!({"command": "sleep 67.1"}), &topic),
+    );
+    wait_until("the call never started", || running(&["sleep", "67.1"]));
+    let other = start_with(&[]);
+    for toolhost in [&owner, &other] {
+        wait_until("the replicas never saw each other", || {
+            status(&toolhost.log())["fleet"]["toolboxes"][GROUP]
+                .as_array()
+                .is_some_and(|live| live.len() == 2)
+        });
+    }
+
+    let cancel = |connection: &mut ClusterConnection, request_id: &str| {
+        xadd(connection, REQUESTS, &request("tool.cancel", request_id, json!({}), &topic));
+    };
+    let of = |connection: &mut ClusterConnection, request_id: &str, event_type: &str| -> Vec<Value> {
+        payloads(connection, &topic)
+            .into_iter()
+            .filter(|entry| entry["type"] == event_type && entry["data"]["request_id"] == request_id)
+            .collect()
+    };
+    cancel(&mut connection, "long");
+    wait_until("the call was never answered", || {
+        !of(&mut connection, "long", "terminal_run.requested.completed").is_empty()
+    });
+    wait_until("the cancel was never answered", || {
+        !of(&mut connection, "long", "tool.cancel.completed").is_empty()
+    });
+    let answer = of(&mut connection, "long", "terminal_run.requested.completed").remove(0);
+    assert_eq!(answer["data"]["error_code"], "cancelled", "{answer}");
+    let state = of(&mut connection, "long", "tool.cancel.completed").remove(0);
+    assert_eq!(state["data"]["result"]["state"], "cancelling", "{state}");
+    wait_until("the command still runs", || !running(&["sleep", "67.1"]));
+    let handled = |log: &str| log.lines().filter(|line| line.contains("\"tool\":\"tool.cancel\"")).count();
+    assert_eq!(handled(&owner.log()), 0, "{}", owner.log());
+
+    // Later cancels are answered from the ledger: the claim of the answered call, and nothing.
+    cancel(&mut connection, "long");
+    cancel(&mut connection, "never-sent");
+    wait_until("the second cancel was never answered", || {
+        of(&mut connection, "long", "tool.cancel.completed").len() == 2
+    });
+    wait_until("the unknown cancel was never answered", || {
+        !of(&mut connection, "never-sent", "tool.cancel.completed").is_empty()
+    });
+    let states: Vec<Value> = of(&mut connection, "long", "tool.cancel.completed")
+        .iter()
+        .map(|entry| entry["data"]["result"]["state"].clone())
+        .collect();
+    assert_eq!(states, [json!("cancelling"), json!("answered")]);
+    let unknown = of(&mut connection, "never-sent", "tool.cancel.completed").remove(0);
+    assert_eq!(unknown["data"]["result"]["state"], "unknown", "{unknown}");
+    assert_eq!(of(&mut connection, "long", "terminal_run.requested.completed").len(), 1);
+    assert_no_slot_errors(&owner);
+    assert_no_slot_errors(&other);
 }

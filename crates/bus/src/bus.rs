@@ -1,5 +1,5 @@
 //! The transport's traits, each what one consumer needs ([`Streams`], [`Groups`], [`Ledger`],
-//! [`Store`]), the [`Bus`] that is all of them, and the values their operations exchange.
+//! [`Directory`], [`Server`]), the [`Bus`] that is all of them, and the values their operations exchange.
 
 use std::time::Duration;
 
@@ -11,13 +11,13 @@ use crate::Error;
 /// The whole transport: every narrow trait at once.
 ///
 /// Implementations: [`crate::RedisBus`] for production, against Redis or nothing. A consumer asks
-/// for the narrowest trait it needs ([`Streams`], [`Groups`], [`Ledger`], [`Store`]); the daemon
+/// for the narrowest trait it needs ([`Streams`], [`Groups`], [`Ledger`], [`Directory`], [`Server`]); the daemon
 /// holds one `Arc<dyn Bus>` and hands out views of it. Entries read through a group stay pending
 /// until acked, pending entries idle past a limit can be claimed by another consumer, and
 /// delivery counts grow with each delivery.
-pub trait Bus: Streams + Groups + Ledger + Store {}
+pub trait Bus: FleetAccess + Groups + Ledger + Server {}
 
-impl<T: Streams + Groups + Ledger + Store> Bus for T {}
+impl<T: Streams + Groups + Ledger + Directory + Server> Bus for T {}
 
 /// Plain streams: append, read after a cursor, delete entries. What callers, chat tools and the
 /// dead-letter commands need.
@@ -167,13 +167,10 @@ pub trait Ledger: Send + Sync + 'static {
     async fn finish(&self, finish: &Finish<'_>) -> Result<Committed, Error>;
 }
 
-/// Keys, hashes and facts about the server: the registry and heartbeats, readiness probes, the
-/// dead-letter commands' bookkeeping.
+/// The fleet's shared records: the registry hashes, the heartbeats, the fleet set, and keys
+/// that expire. What the publisher writes and what a client of the fleet reads.
 #[async_trait]
-pub trait Store: Send + Sync + 'static {
-    /// Checks that the server answers.
-    async fn ping(&self) -> Result<(), Error>;
-
+pub trait Directory: Send + Sync + 'static {
     /// Replaces the hash at `key` with `fields`.
     async fn replace_hash(&self, key: &str, fields: &[(String, String)]) -> Result<(), Error>;
 
@@ -189,10 +186,6 @@ pub trait Store: Send + Sync + 'static {
     /// Deletes keys.
     async fn delete(&self, keys: &[String]) -> Result<(), Error>;
 
-    /// Names of the keys matching a glob `pattern`. This walks the whole keyspace (every
-    /// primary of a cluster): for tools and rare checks, never for a path taken while serving.
-    async fn keys_matching(&self, pattern: &str) -> Result<Vec<String>, Error>;
-
     /// Adds `member` to the set at `key`; `true` when it was not there.
     async fn add_member(&self, key: &str, member: &str) -> Result<bool, Error>;
 
@@ -201,6 +194,22 @@ pub trait Store: Send + Sync + 'static {
 
     /// Removes `members` from the set at `key`.
     async fn remove_members(&self, key: &str, members: &[String]) -> Result<(), Error>;
+
+    /// Makes `key` (of any type: a private response stream too) expire after `ttl`; `false`
+    /// when it does not exist.
+    async fn expire(&self, key: &str, ttl: Duration) -> Result<bool, Error>;
+}
+
+/// Facts about the server: readiness probes, group metrics, start-up checks, and the rare
+/// keyspace walk of the operator's commands.
+#[async_trait]
+pub trait Server: Send + Sync + 'static {
+    /// Checks that the server answers.
+    async fn ping(&self) -> Result<(), Error>;
+
+    /// Names of the keys matching a glob `pattern`. This walks the whole keyspace (every
+    /// primary of a cluster): for tools and rare checks, never for a path taken while serving.
+    async fn keys_matching(&self, pattern: &str) -> Result<Vec<String>, Error>;
 
     /// The consumer groups of `topic` with their pending counts and lag (`XINFO GROUPS`). A
     /// topic that does not exist has no groups.
@@ -218,6 +227,13 @@ pub trait Store: Send + Sync + 'static {
         Ok(None)
     }
 }
+
+/// What a client of the fleet needs: plain streams (publish requests, read its private
+/// response stream) and the directory (the fleet set, heartbeats, registries, its stream's
+/// expiry). The MCP door, `toolhost mcp` and the command-line client hold only this.
+pub trait FleetAccess: Streams + Directory {}
+
+impl<T: Streams + Directory> FleetAccess for T {}
 
 /// One consumer group of a topic, as [`Bus::group_info`] reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -70,6 +70,16 @@ impl Caller {
         data: Map<String, Value>,
         timeout: Duration,
     ) -> Result<(EventEnvelope, ResultData), CallError> {
+        let pending = self.send(event_type, data).await?;
+        self.wait(&pending, timeout).await
+    }
+
+    /// Sends an event of `event_type` with `data` (a `request_id` is added when missing), to
+    /// [`Caller::wait`] for its answer later.
+    ///
+    /// # Errors
+    /// The bus failed.
+    pub async fn send(&self, event_type: &str, data: Map<String, Value>) -> Result<Pending, CallError> {
         let mut data = data;
         let request_id = match data.get("request_id").and_then(Value::as_str) {
             Some(id) => id.to_owned(),
@@ -92,9 +102,25 @@ impl Caller {
             ..EventEnvelope::default()
         };
         // Start reading after the newest answer that exists before the request is sent.
-        let mut cursor = self.bus.last_entry_id(&self.results_topic).await?;
+        let cursor = self.bus.last_entry_id(&self.results_topic).await?;
         let payload = serde_json::to_string(&request).map_err(|err| CallError::Malformed(err.to_string()))?;
         self.bus.publish(&self.requests_topic, &request.id, &payload).await?;
+        Ok(Pending { request_id, answer_type: request.result_type(), cursor })
+    }
+
+    /// Waits up to `timeout` for the answer to `pending`: the entry of its answer type with its
+    /// `request_id` and a `success` field. Progress entries (no `success`) and the answers of
+    /// other requests naming the same id (a `tool.cancel`'s) are passed over. May be called again
+    /// for the same request: it reads from the same place.
+    ///
+    /// # Errors
+    /// The bus failed, the answer did not come in time, or it was not a result.
+    pub async fn wait(
+        &self,
+        pending: &Pending,
+        timeout: Duration,
+    ) -> Result<(EventEnvelope, ResultData), CallError> {
+        let mut cursor = pending.cursor.clone();
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
@@ -108,7 +134,10 @@ impl Caller {
                 else {
                     continue;
                 };
-                if answer.data.get("request_id").and_then(Value::as_str) != Some(request_id.as_str()) {
+                if answer.data.get("request_id").and_then(Value::as_str) != Some(pending.request_id.as_str())
+                    || answer.event_type != pending.answer_type
+                    || answer.data.get("success").is_none()
+                {
                     continue;
                 }
                 let result: ResultData = serde_json::from_value(answer.data.clone())
@@ -117,4 +146,15 @@ impl Caller {
             }
         }
     }
+}
+
+/// A request [`Caller::send`] sent, whose answer has not been read yet.
+#[derive(Debug, Clone)]
+pub struct Pending {
+    /// The request's `data.request_id`.
+    pub request_id: String,
+    /// The type its answer has.
+    answer_type: String,
+    /// The answers topic's newest entry before the request was sent.
+    cursor: String,
 }

@@ -125,10 +125,34 @@ impl Keys {
         format!("{}toolhost:fleet", self.prefix)
     }
 
+    /// A replica's control stream: calls to cancel, forwarded by the replica that read the
+    /// `tool.cancel`, and the replies to its own forwards. Deleted when the replica stops.
+    pub fn control(&self, toolbox_id: &str, consumer: &str) -> String {
+        format!("{}toolhost:control:{toolbox_id}:{consumer}", self.prefix)
+    }
+
     /// The heartbeat key of a toolbox's replica without its consumer name, for scripts that
     /// complete it with names they find.
     pub fn heartbeat_prefix(&self, toolbox_id: &str) -> String {
         format!("{}toolhost:heartbeat:{toolbox_id}:", self.prefix)
+    }
+
+    /// The bare name of a fleet client's private response stream (`results:<client id>`), as
+    /// written into a request's `response_topic`; the default response topics allow it.
+    pub fn private_results(client_id: &str) -> String {
+        format!("results:{client_id}")
+    }
+
+    /// The record of a durable MCP task: the call's request id, tool, answer stream and
+    /// deadline, expiring with the answered mark.
+    pub fn mcp_task(&self, task_id: &str) -> String {
+        format!("{}toolhost:mcp:task:{task_id}", self.prefix)
+    }
+
+    /// The bare name of a durable MCP task's answer stream, where the call's progress entries
+    /// and its answer are written.
+    pub fn mcp_task_results(task_id: &str) -> String {
+        format!("results:mcp-task:{task_id}")
     }
 }
 

@@ -3,10 +3,12 @@
 //! - Narrow traits, each what one consumer needs: [`Streams`] (publish, plain read: callers,
 //!   chat tools, dead-letter commands), [`Groups`] (consumer-group reads, acks, claims: a door's
 //!   reader), [`Ledger`] (the exactly-once call ledger: [`Ledger::begin_call`],
-//!   [`Ledger::finish`]) and [`Store`] (keys, hashes, server facts: registry, probes); [`Bus`] is
-//!   all four.
+//!   [`Ledger::finish`]), [`Directory`] (the registry hashes, heartbeats and the fleet set: the
+//!   publisher and clients of the fleet) and [`Server`] (server facts: probes, start-up checks);
+//!   [`Bus`] is all five, and [`FleetAccess`] (streams and the directory) is what a client of
+//!   the fleet holds.
 //! - [`RedisBus`]: the Redis implementation, over redis-rs connection managers.
-//! - [`MemoryBus`]: a test double of [`Streams`] and [`Store`] only; groups and the ledger are
+//! - [`MemoryBus`]: a test double of [`Streams`], [`Directory`] and [`Server`] only; groups and the ledger are
 //!   tested against a real Redis.
 //! - [`Keys`]: every Redis key and stream name, built in one place.
 //! - [`Caller`]: publish a request and await its answer, for clients and agents written in Rust.
@@ -27,10 +29,10 @@ mod sentinel;
 mod slots;
 
 pub use bus::{
-    Bus, CallKeys, CallStart, Committed, EntryRef, Finish, GroupInfo, Groups, Ledger, Published, Reclaimed,
-    Store, Streams, call_owner,
+    Bus, CallKeys, CallStart, Committed, Directory, EntryRef, Finish, FleetAccess, GroupInfo, Groups, Ledger,
+    Published, Reclaimed, Server, Streams, call_owner,
 };
-pub use caller::{CallError, Caller};
+pub use caller::{CallError, Caller, Pending};
 pub use connection::Topology;
 pub use error::{Cause, Error};
 pub use keys::{Keys, RESERVED_TOPIC_PREFIXES, ResponseTopics, TopicRefusal};

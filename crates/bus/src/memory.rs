@@ -1,4 +1,4 @@
-//! A test double of [`Streams`] and [`Store`] in memory, for unit tests of callers, chat tools,
+//! A test double of [`Streams`], [`Directory`] and [`Server`] in memory, for unit tests of callers, chat tools,
 //! probes and the dead-letter commands.
 //!
 //! It keeps plain streams (append, read after a cursor, blocking reads), keys and hashes with
@@ -15,7 +15,7 @@ use tokio::sync::Notify;
 use toolhost_envelope::Entry;
 
 use crate::Error;
-use crate::bus::{GroupInfo, Store, Streams, is_entry_id};
+use crate::bus::{Directory, GroupInfo, Server, Streams, is_entry_id};
 
 /// The in-memory implementation of [`Bus`].
 #[derive(Default)]
@@ -210,11 +210,7 @@ impl Streams for MemoryBus {
 }
 
 #[async_trait]
-impl Store for MemoryBus {
-    async fn ping(&self) -> Result<(), Error> {
-        Ok(())
-    }
-
+impl Directory for MemoryBus {
     async fn replace_hash(&self, key: &str, fields: &[(String, String)]) -> Result<(), Error> {
         let hash = fields.iter().cloned().collect();
         self.lock().values.insert(key.to_owned(), (Value::Hash(hash), None));
@@ -256,16 +252,6 @@ impl Store for MemoryBus {
         Ok(())
     }
 
-    async fn keys_matching(&self, pattern: &str) -> Result<Vec<String>, Error> {
-        // Only the trailing-`*` globs the daemon uses are supported.
-        let prefix = pattern.trim_end_matches('*');
-        let mut state = self.lock();
-        let names: Vec<String> = state.values.keys().filter(|key| key.starts_with(prefix)).cloned().collect();
-        let mut keys: Vec<String> = names.into_iter().filter(|key| state.value(key).is_some()).collect();
-        keys.sort();
-        Ok(keys)
-    }
-
     async fn add_member(&self, key: &str, member: &str) -> Result<bool, Error> {
         let mut state = self.lock();
         if !matches!(state.value(key), Some(Value::Set(_))) {
@@ -295,6 +281,35 @@ impl Store for MemoryBus {
             }
         }
         Ok(())
+    }
+
+    async fn expire(&self, key: &str, ttl: Duration) -> Result<bool, Error> {
+        // Only plain values expire in the double; its streams live until it is dropped.
+        let mut state = self.lock();
+        match state.values.get_mut(key) {
+            Some((_, expiry)) => {
+                *expiry = Some(Instant::now() + ttl);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+}
+
+#[async_trait]
+impl Server for MemoryBus {
+    async fn ping(&self) -> Result<(), Error> {
+        Ok(())
+    }
+
+    async fn keys_matching(&self, pattern: &str) -> Result<Vec<String>, Error> {
+        // Only the trailing-`*` globs the daemon uses are supported.
+        let prefix = pattern.trim_end_matches('*');
+        let mut state = self.lock();
+        let names: Vec<String> = state.values.keys().filter(|key| key.starts_with(prefix)).cloned().collect();
+        let mut keys: Vec<String> = names.into_iter().filter(|key| state.value(key).is_some()).collect();
+        keys.sort();
+        Ok(keys)
     }
 
     async fn group_info(&self, topic: &str) -> Result<Vec<GroupInfo>, Error> {

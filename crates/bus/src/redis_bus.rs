@@ -32,7 +32,7 @@ use crate::batch::{Batcher, Shared};
 use crate::bus::{CallKeys, CallStart, Committed, EntryRef, Finish, GroupInfo, Reclaimed, is_entry_id};
 use crate::connection::{Connection, Connector, Topology};
 use crate::raw_read::{self, RawReader, RawTarget, ReadError};
-use crate::{Error, Groups, Ledger, Store, Streams};
+use crate::{Directory, Error, Groups, Ledger, Server, Streams};
 
 mod cluster;
 
@@ -562,12 +562,7 @@ impl Ledger for RedisBus {
 }
 
 #[async_trait]
-impl Store for RedisBus {
-    async fn ping(&self) -> Result<(), Error> {
-        let _: String = redis::cmd("PING").query_async(&mut self.commands.clone()).await?;
-        Ok(())
-    }
-
+impl Directory for RedisBus {
     async fn replace_hash(&self, key: &str, fields: &[(String, String)]) -> Result<(), Error> {
         let mut pipe = redis::pipe();
         pipe.atomic().del(key).ignore();
@@ -608,6 +603,39 @@ impl Store for RedisBus {
         Ok(())
     }
 
+    async fn add_member(&self, key: &str, member: &str) -> Result<bool, Error> {
+        let added: u64 = self.commands.clone().sadd(key, member).await?;
+        Ok(added == 1)
+    }
+
+    async fn members(&self, key: &str) -> Result<Vec<String>, Error> {
+        let mut members: Vec<String> = self.commands.clone().smembers(key).await?;
+        members.sort();
+        Ok(members)
+    }
+
+    async fn remove_members(&self, key: &str, members: &[String]) -> Result<(), Error> {
+        if members.is_empty() {
+            return Ok(());
+        }
+        let _: u64 = self.commands.clone().srem(key, members).await?;
+        Ok(())
+    }
+
+    async fn expire(&self, key: &str, ttl: Duration) -> Result<bool, Error> {
+        let mut connection = self.commands.clone();
+        let set: bool = connection.pexpire(key, ttl.as_millis() as i64).await?;
+        Ok(set)
+    }
+}
+
+#[async_trait]
+impl Server for RedisBus {
+    async fn ping(&self) -> Result<(), Error> {
+        let _: String = redis::cmd("PING").query_async(&mut self.commands.clone()).await?;
+        Ok(())
+    }
+
     async fn keys_matching(&self, pattern: &str) -> Result<Vec<String>, Error> {
         if self.cluster {
             return self.cluster_keys_matching(pattern).await;
@@ -631,25 +659,6 @@ impl Store for RedisBus {
             }
             cursor = next;
         }
-    }
-
-    async fn add_member(&self, key: &str, member: &str) -> Result<bool, Error> {
-        let added: u64 = self.commands.clone().sadd(key, member).await?;
-        Ok(added == 1)
-    }
-
-    async fn members(&self, key: &str) -> Result<Vec<String>, Error> {
-        let mut members: Vec<String> = self.commands.clone().smembers(key).await?;
-        members.sort();
-        Ok(members)
-    }
-
-    async fn remove_members(&self, key: &str, members: &[String]) -> Result<(), Error> {
-        if members.is_empty() {
-            return Ok(());
-        }
-        let _: u64 = self.commands.clone().srem(key, members).await?;
-        Ok(())
     }
 
     async fn group_info(&self, topic: &str) -> Result<Vec<GroupInfo>, Error> {

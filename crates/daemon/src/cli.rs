@@ -54,6 +54,9 @@ pub enum Command {
         #[arg(long, default_value = "10s", value_parser = parse_duration)]
         timeout: Duration,
     },
+    /// Serve every live toolbox's tools to one MCP client over stdin and stdout (what desktop
+    /// and IDE clients launch); logs go to stderr.
+    Mcp,
     /// Validate the effective configuration exactly as `serve` would and print it with secrets
     /// masked; exits 64 naming every bad key.
     CheckConfig,

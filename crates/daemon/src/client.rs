@@ -4,17 +4,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Map, Value};
-use toolhost_bus::{Bus, CallError, Caller, Error as BusError, RedisBus, Store};
+use toolhost_bus::{Bus, CallError, Caller, Directory, Error as BusError, FleetAccess, RedisBus};
 use toolhost_envelope::DiscoveryFormat;
 
 use crate::EXIT_CONFIG;
 use crate::config::Config;
+use crate::fleet_client::{CallFailure, ClientSettings, FleetClient, Progress, Request};
 use crate::output;
 
 /// Exit code when the tool answered with an error.
 pub const EXIT_TOOL_ERROR: i32 = 1;
 /// Exit code for transport problems and timeouts.
 pub const EXIT_TRANSPORT: i32 = 2;
+/// How long `toolhost call` waits for the `cancelled` answer after Ctrl-C.
+const CANCEL_WAIT: Duration = Duration::from_secs(5);
 
 fn caller(config: &Config) -> Result<(Arc<dyn Bus>, Caller), String> {
     let raw = &config.raw;
@@ -25,7 +28,9 @@ fn caller(config: &Config) -> Result<(Arc<dyn Bus>, Caller), String> {
     Ok((bus, caller))
 }
 
-/// `toolhost call`: prints the result and returns the exit code (0, 1 or 2).
+/// `toolhost call`: calls the tool through the fleet client (a private response stream, the
+/// call's progress on stderr), prints the result and returns the exit code (0, 1 or 2). Ctrl-C
+/// sends `tool.cancel` for the call and prints its `cancelled` answer.
 pub async fn run_call(config: &Config, tool: &str, args: &str, timeout: Duration) -> i32 {
     let arguments: Value = match serde_json::from_str(args) {
         Ok(Value::Object(arguments)) => Value::Object(arguments),
@@ -38,22 +43,54 @@ pub async fn run_call(config: &Config, tool: &str, args: &str, timeout: Duration
             return EXIT_CONFIG;
         }
     };
-    let (_bus, caller) = match caller(config) {
-        Ok(caller) => caller,
+    // Listening before the call is sent, so a Ctrl-C at any moment after that cancels it.
+    let mut interrupt = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()) {
+        Ok(interrupt) => interrupt,
+        Err(err) => {
+            eprintln!("toolhost: cannot listen for Ctrl-C: {err}");
+            return EXIT_TRANSPORT;
+        }
+    };
+    let raw = &config.raw;
+    let fleet = match fleet_client(config).await {
+        Ok(fleet) => fleet,
         Err(err) => {
             eprintln!("toolhost: {err}");
             return EXIT_TRANSPORT;
         }
     };
-    let mut data = Map::new();
-    data.insert("tool".to_owned(), Value::String(tool.to_owned()));
-    data.insert("arguments".to_owned(), arguments);
-    match caller.call("tool.invoke", data, timeout).await {
-        Ok((_, result)) if result.success => {
+    let request = Request {
+        tool: tool.to_owned(),
+        arguments,
+        request_id: toolhost_envelope::new_message_id(),
+        timeout,
+        response_topic: None,
+    };
+    let (progress, mut reports) = tokio::sync::mpsc::unbounded_channel::<Progress>();
+    let call = fleet.call(&request, Some(progress));
+    tokio::pin!(call);
+    let answer = loop {
+        tokio::select! {
+            answer = &mut call => break answer,
+            Some(report) = reports.recv() => print_progress(&report),
+            // Ctrl-C: ask the host to stop the call, then wait briefly for its `cancelled` answer.
+            _ = interrupt.recv() => {
+                eprintln!("toolhost: interrupted; cancelling call {}", request.request_id);
+                if let Err(err) = fleet.cancel(&request.request_id).await {
+                    eprintln!("toolhost: cannot send tool.cancel: {err}");
+                }
+                let waited = tokio::time::timeout(CANCEL_WAIT, &mut call).await;
+                break waited.unwrap_or(Err(CallFailure::NoAnswer(CANCEL_WAIT)));
+            }
+        }
+    };
+    fleet.close().await;
+    match answer {
+        Ok(result) if result.success => {
             output::line(result.result.unwrap_or(Value::Null));
             0
         }
-        Ok((_, result)) => {
+        Ok(result) => {
             let error = serde_json::json!({
                 "error": result.error, "error_code": result.error_code, "details": result.details,
             });
@@ -61,11 +98,56 @@ pub async fn run_call(config: &Config, tool: &str, args: &str, timeout: Duration
             eprintln!("toolhost: {} failed: {}", tool, result.error.unwrap_or_default());
             EXIT_TOOL_ERROR
         }
+        Err(CallFailure::NoAnswer(_)) => {
+            eprintln!("toolhost: {}", no_answer(config, timeout));
+            EXIT_TRANSPORT
+        }
+        Err(CallFailure::Bus(err)) => {
+            eprintln!("toolhost: {}", redis_failure(&raw.redis, &err));
+            EXIT_TRANSPORT
+        }
         Err(err) => {
-            eprintln!("toolhost: {}", describe(config, &err));
+            eprintln!("toolhost: {err}");
             EXIT_TRANSPORT
         }
     }
+}
+
+/// A fleet client for one command: no fleet watch, a private stream that expires soon after.
+async fn fleet_client(config: &Config) -> Result<FleetClient, String> {
+    let raw = &config.raw;
+    let bus: Arc<dyn FleetAccess> =
+        Arc::new(RedisBus::new(config.redis_options()).map_err(|err| redis_failure(&raw.redis, &err))?);
+    let settings = ClientSettings {
+        requests_topic: raw.streams.requests.clone(),
+        source: "toolhost:cli".to_owned(),
+        stream_ttl: Duration::from_secs(60),
+        watch_period: None,
+    };
+    FleetClient::open(bus, config.keys(), settings).await.map_err(|err| redis_failure(&raw.redis, &err))
+}
+
+fn print_progress(report: &Progress) {
+    let amount = match report.total {
+        Some(total) => format!("{}/{total}", report.progress),
+        None => report.progress.to_string(),
+    };
+    match &report.message {
+        Some(message) => eprintln!("toolhost: progress {amount}: {message}"),
+        None => eprintln!("toolhost: progress {amount}"),
+    }
+}
+
+/// Why no answer came, for a person: the wait, and where a daemon should be.
+fn no_answer(config: &Config, timeout: Duration) -> String {
+    let raw = &config.raw;
+    format!(
+        "no answer within {} ms; is a toolhost daemon serving {} (key prefix '{}', requests stream {}) with a toolbox that hosts the tool?",
+        timeout.as_millis(),
+        raw.redis.describe(),
+        raw.redis.key_prefix,
+        raw.streams.requests,
+    )
 }
 
 /// `toolhost tools`: prints the discovery answer in `format`, exactly as a caller on the bus
@@ -104,7 +186,7 @@ pub async fn run_tools(config: &Config, format: &str, from_registry: bool, timeo
     }
 }
 
-async fn print_registry(config: &Config, bus: &dyn Store, format: DiscoveryFormat) -> i32 {
+async fn print_registry(config: &Config, bus: &dyn Directory, format: DiscoveryFormat) -> i32 {
     let raw = &config.raw;
     let keys = config.keys();
     let fields = match bus.hash_fields(&keys.registry(&raw.daemon.toolbox_id)).await {

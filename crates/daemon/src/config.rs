@@ -13,9 +13,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use toolhost_tools::sources::command::{CommandSettings, CommandTool};
-use toolhost_tools::sources::http::{HttpTool, HttpToolSettings};
-use toolhost_tools::terminal::{Identity, TerminalPolicy, TerminalSettings};
+use toolhost_tools::terminal::{Identity, TerminalSettings};
 
 /// The built-in defaults, the same text as `config/default.toml`.
 pub const DEFAULT_TOML: &str = include_str!("../../../config/default.toml");
@@ -99,18 +97,14 @@ pub struct RawConfig {
     pub http: HttpSection,
     pub log: LogSection,
     pub tools: ToolsSection,
-    #[serde(default)]
-    pub agents: Vec<AgentSection>,
-    /// `[[commands]]`: command-line programs hosted as tools.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub commands: Vec<CommandSettings>,
-    /// `[[http_tools]]`: HTTP endpoints hosted as tools.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub http_tools: Vec<HttpToolSettings>,
-    /// `[[mcp_servers]]`: MCP servers hosted as tool sources (`env` and `headers` values print
-    /// masked).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub mcp_servers: Vec<toolhost_mcp::McpServerConfig>,
+    /// The tool sources' sections (`[[agents]]`, `[[commands]]`, `[[http_tools]]`,
+    /// `[[mcp_servers]]`), defined beside the sources and read apart from the rest.
+    #[serde(flatten, skip_deserializing)]
+    pub sources: crate::sources::SourceSections,
+    /// The sections each door owns (`[mcp]`, ...), defined in the door's own folder and read
+    /// apart from the rest (see `deserialize_all`).
+    #[serde(flatten, skip_deserializing)]
+    pub doors: crate::doors::DoorSections,
 }
 
 /// `[redis]`
@@ -215,6 +209,8 @@ pub struct DispatchSection {
     pub max_request_age_ms: u64,
     pub shutdown_grace_ms: u64,
     pub answer_unknown_tools: bool,
+    /// Most progress entries written per call and second.
+    pub progress_per_second: u64,
 }
 
 /// `[http]`
@@ -260,27 +256,10 @@ pub struct ToolLimitSection {
     pub max_concurrent: Option<usize>,
     /// Calls waiting for a run slot before more are answered `overloaded`.
     pub max_queue: Option<usize>,
-}
-
-/// One `[[agents]]` entry: a specialist agent exposed as a tool.
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-#[allow(missing_docs)]
-pub struct AgentSection {
-    pub name: String,
-    pub description: String,
-    #[serde(default = "default_agent_parameter")]
-    pub parameter: String,
-    #[serde(default = "default_agent_timeout")]
-    pub timeout_s: f64,
-}
-
-fn default_agent_parameter() -> String {
-    "message".to_owned()
-}
-
-fn default_agent_timeout() -> f64 {
-    30.0
+    /// The tool's calls may run long: the MCP door answers them as durable tasks whatever the
+    /// tool's timeout (for clients that declare the tasks extension).
+    #[serde(default)]
+    pub long_running: bool,
 }
 
 /// The validated configuration the daemon runs with.
@@ -332,9 +311,9 @@ impl std::fmt::Debug for EnvVars {
 #[derive(Clone, Default)]
 pub struct ExpandedHeaders {
     /// Name and expanded value of each header, one list per `[[http_tools]]` entry.
-    per_tool: Vec<Vec<(String, String)>>,
+    pub(crate) per_tool: Vec<Vec<(String, String)>>,
     /// What the `${VAR}` references expanded to.
-    secrets: Vec<String>,
+    pub(crate) secrets: Vec<String>,
 }
 
 impl ExpandedHeaders {
@@ -417,12 +396,7 @@ impl Config {
         let (mut raw, mut errors) = layer(source, &vars)?;
         // A relative schema file is found beside the configuration file that names it.
         if let Some(dir) = source.and_then(|(_, path)| path.parent()) {
-            let schema_files = raw.commands.iter_mut().map(|command| &mut command.argument_schema_file);
-            let schema_files =
-                schema_files.chain(raw.http_tools.iter_mut().map(|tool| &mut tool.argument_schema_file));
-            for path in schema_files.flatten().filter(|path| path.is_relative()) {
-                *path = dir.join(&*path);
-            }
+            raw.sources.resolve_relative_paths(dir);
         }
         match validate(raw, &vars, &mut errors) {
             Some(mut config) if errors.is_empty() => {
@@ -526,6 +500,10 @@ fn layer(
 /// Deserialises the layered configuration, collecting every unknown key and every value of the
 /// wrong type instead of stopping at the first: serde names one bad key per attempt, so that key
 /// is dropped (unknown) or set back to its default (wrong type) and the rest is tried again.
+///
+/// The sections the doors and the sources own ([`crate::doors::DoorSections`],
+/// [`crate::sources::SourceSections`]) are read apart from the rest, so their keys are named as
+/// exactly as the others'.
 fn deserialize_all(layered: &config::Config) -> Result<(RawConfig, Vec<KeyError>), ConfigError> {
     let as_json = |layered: &config::Config| {
         layered
@@ -539,10 +517,45 @@ fn deserialize_all(layered: &config::Config) -> Result<(RawConfig, Vec<KeyError>
         .build()
         .map_err(|err| single("config", err.to_string()))?;
     let defaults = as_json(&defaults)?;
+    let doors_value = take_sections(&mut value, crate::doors::DoorSections::NAMES);
+    let sources_value = take_sections(&mut value, crate::sources::SourceSections::NAMES);
     let mut errors = Vec::new();
+    let doors = deserialize_repairing::<crate::doors::DoorSections>(doors_value, &defaults, &mut errors);
+    let sources =
+        deserialize_repairing::<crate::sources::SourceSections>(sources_value, &defaults, &mut errors);
+    match (deserialize_repairing::<RawConfig>(value, &defaults, &mut errors), doors, sources) {
+        (Some(mut raw), Some(doors), Some(sources)) => {
+            raw.doors = doors;
+            raw.sources = sources;
+            Ok((raw, errors))
+        }
+        _ => Err(ConfigError(errors)),
+    }
+}
+
+/// Moves the top-level keys `names` of `value` into an object of their own.
+fn take_sections(value: &mut serde_json::Value, names: &[&str]) -> serde_json::Value {
+    let mut taken = serde_json::Map::new();
+    if let Some(all) = value.as_object_mut() {
+        for name in names {
+            if let Some(section) = all.remove(*name) {
+                taken.insert((*name).to_owned(), section);
+            }
+        }
+    }
+    serde_json::Value::Object(taken)
+}
+
+/// Deserialises `value` as `T`, adding each unknown key or value of the wrong type to `errors`
+/// and repairing it from `defaults` until it reads; `None` when it cannot be repaired.
+fn deserialize_repairing<T: serde::de::DeserializeOwned>(
+    mut value: serde_json::Value,
+    defaults: &serde_json::Value,
+    errors: &mut Vec<KeyError>,
+) -> Option<T> {
     while errors.len() < MAX_KEY_ERRORS {
-        let err = match serde_path_to_error::deserialize::<_, RawConfig>(value.clone()) {
-            Ok(raw) => return Ok((raw, errors)),
+        let err = match serde_path_to_error::deserialize::<_, T>(value.clone()) {
+            Ok(read) => return Some(read),
             Err(err) => err,
         };
         let key = err.path().to_string();
@@ -557,11 +570,11 @@ fn deserialize_all(layered: &config::Config) -> Result<(RawConfig, Vec<KeyError>
             }),
             None => errors.push(KeyError { key: key.clone(), message }),
         }
-        if !repair(&mut value, &key, &defaults) {
+        if !repair(&mut value, &key, defaults) {
             break;
         }
     }
-    Err(ConfigError(errors))
+    None
 }
 
 /// Path segments of a dotted key such as `agents[1].timeout_s`.
@@ -631,50 +644,6 @@ fn terminal_scalar(variable: &str, value: &str) -> Result<config::Value, ConfigE
     value.trim().parse::<u64>().map(Into::into).map_err(|_| single(variable, "expected a whole number"))
 }
 
-/// Checks every `[[commands]]` and `[[http_tools]]` entry the way the registry will build it,
-/// and expands the HTTP tools' headers from `vars`.
-fn validate_sources(
-    raw: &RawConfig,
-    vars: &HashMap<String, String>,
-    errors: &mut Vec<KeyError>,
-) -> ExpandedHeaders {
-    let mut bad = |key: String, message: String| errors.push(KeyError { key, message });
-    let (policy, _) = TerminalPolicy::new(&raw.tools.terminal);
-    for (index, command) in raw.commands.iter().enumerate() {
-        for error in CommandTool::new(command, &policy).err().unwrap_or_default() {
-            bad(format!("commands[{index}].{}", error.field), error.message);
-        }
-    }
-    let mut expanded = ExpandedHeaders::default();
-    let client = (!raw.http_tools.is_empty()).then(toolhost_tools::sources::http::client);
-    for (index, tool) in raw.http_tools.iter().enumerate() {
-        let mut headers = Vec::new();
-        for (name, template) in &tool.headers {
-            match expand_vars(template, vars) {
-                Ok((value, secrets)) => {
-                    headers.push((name.clone(), value));
-                    expanded.secrets.extend(secrets);
-                }
-                Err(message) => bad(format!("http_tools[{index}].headers.{name}"), message),
-            }
-        }
-        match &client {
-            None => {}
-            Some(Ok(client)) => {
-                for error in HttpTool::new(tool, &headers, client.clone(), &[]).err().unwrap_or_default() {
-                    bad(format!("http_tools[{index}].{}", error.field), error.message);
-                }
-            }
-            Some(Err(message)) => {
-                bad(format!("http_tools[{index}]"), format!("cannot build an HTTP client: {message}"))
-            }
-        }
-        expanded.per_tool.push(headers);
-    }
-    expanded.secrets.retain(|secret| !secret.is_empty());
-    expanded
-}
-
 /// Checks every value, adding each bad key to `errors`; the typed configuration when the values
 /// can be converted at all.
 fn validate(
@@ -693,11 +662,9 @@ fn validate(
         .map(|node| node.trim().to_owned())
         .filter(|node| !node.is_empty())
         .collect();
-    let http_headers = validate_sources(&raw, vars, errors);
+    let http_headers = raw.sources.validate(&raw.tools, vars, errors);
+    errors.extend(raw.doors.validate(&raw));
     let mcp_env = EnvVars(vars.iter().map(|(name, value)| (name.clone(), value.clone())).collect());
-    if let Err(found) = toolhost_mcp::config::resolve(&raw.mcp_servers, &mcp_env.0) {
-        errors.extend(found.0.into_iter().map(|error| KeyError { key: error.key, message: error.message }));
-    }
     let mut bad =
         |key: &str, message: &str| errors.push(KeyError { key: key.to_owned(), message: message.to_owned() });
     if redis::parse_redis_url(&raw.redis.url).is_none() && !raw.redis.url.starts_with("unix://") {
@@ -786,6 +753,7 @@ fn validate(
         ("dispatch.claim_idle_ms", raw.dispatch.claim_idle_ms),
         ("dispatch.max_deliveries", raw.dispatch.max_deliveries),
         ("dispatch.answered_retention_ms", raw.dispatch.answered_retention_ms),
+        ("dispatch.progress_per_second", raw.dispatch.progress_per_second),
         ("daemon.heartbeat_ms", raw.daemon.heartbeat_ms),
         ("streams.maxlen", raw.streams.maxlen as u64),
         ("streams.max_payload_bytes", raw.streams.max_payload_bytes as u64),
@@ -832,18 +800,6 @@ fn validate(
     let terminal_identity = toolhost_tools::terminal::resolve_run_as(terminal.run_as.as_deref())
         .map_err(|message| bad("tools.terminal.run_as", &message))
         .unwrap_or(None);
-    for (index, agent) in raw.agents.iter().enumerate() {
-        // The agent becomes a tool of that name, so it follows the tool naming rule.
-        if !toolhost_tools::valid_tool_name(&agent.name) {
-            bad(&format!("agents[{index}].name"), "must be 1-64 of [a-zA-Z0-9_-] (it becomes a tool name)");
-        }
-        if agent.parameter.is_empty() || agent.parameter == toolhost_tools::builtin::CONVERSATION_ID {
-            bad(&format!("agents[{index}].parameter"), "must be non-empty and not conversation_id");
-        }
-        if !(agent.timeout_s.is_finite() && agent.timeout_s > 0.0) {
-            bad(&format!("agents[{index}].timeout_s"), "must be a positive number");
-        }
-    }
     let http_listen = http_listen.ok()?;
     let ms = Duration::from_millis;
     Some(Config {
@@ -912,7 +868,7 @@ impl Config {
         let terminal = &mut raw.tools.terminal;
         terminal.redact_substrings = terminal.redact_substrings.iter().map(|_| "***".to_owned()).collect();
         terminal.redact_patterns = terminal.redact_patterns.iter().map(|_| "***".to_owned()).collect();
-        for tool in &mut raw.http_tools {
+        for tool in &mut raw.sources.http_tools {
             tool.headers.values_mut().for_each(|value| *value = "***".to_owned());
         }
         toml::to_string_pretty(&raw).unwrap_or_else(|err| format!("# cannot print configuration: {err}\n"))
@@ -1130,6 +1086,16 @@ mod tests {
     }
 
     #[test]
+    fn progress_per_second_is_read_and_must_be_above_zero() {
+        assert_eq!(Config::load(None, &env(&[])).unwrap().raw.dispatch.progress_per_second, 10);
+        let three = file("[dispatch]\nprogress_per_second = 3\n");
+        assert_eq!(Config::load(Some(&three.0), &env(&[])).unwrap().raw.dispatch.progress_per_second, 3);
+        let zero = file("[dispatch]\nprogress_per_second = 0\n");
+        let err = Config::load(Some(&zero.0), &env(&[])).unwrap_err();
+        assert!(format!("{err:#}").contains("dispatch.progress_per_second"), "{err:#}");
+    }
+
+    #[test]
     fn default_toml_writes_out_every_key_with_its_default() {
         let written: toml::Value = toml::from_str(DEFAULT_TOML).unwrap();
         let mut effective = toml::Value::try_from(&Config::load(None, &env(&[])).unwrap().raw).unwrap();
@@ -1162,8 +1128,8 @@ mod tests {
         assert!(terminal.max_processes.is_some() && terminal.cpu_seconds.is_some());
         assert!(terminal.file_size_bytes.is_some());
         assert_eq!(config.raw.tools.limits["terminal_run"].max_concurrent, Some(2));
-        assert_eq!(config.raw.agents.len(), 1);
-        assert_eq!(config.raw.agents[0].name, "coder");
+        assert_eq!(config.raw.sources.agents.len(), 1);
+        assert_eq!(config.raw.sources.agents[0].name, "coder");
     }
 
     #[test]
@@ -1248,8 +1214,8 @@ mod tests {
         assert!(!text.contains("agents[0]"), "{text}");
         let path = file("[[agents]]\nname = \"coder\"\ndescription = \"Writes code.\"\n");
         let config = Config::load(Some(&path.0), &env(&[])).unwrap();
-        assert_eq!(config.raw.agents[0].parameter, "message");
-        assert_eq!(config.raw.agents[0].timeout_s, 30.0);
+        assert_eq!(config.raw.sources.agents[0].parameter, "message");
+        assert_eq!(config.raw.sources.agents[0].timeout_s, 30.0);
     }
 
     #[test]
@@ -1286,7 +1252,7 @@ mod tests {
         assert!(printed.contains("Authorization = \"***\""), "{printed}");
         assert!(!format!("{config:?}").contains("s3cret"));
         // The method defaults to POST.
-        assert_eq!(config.raw.http_tools[0].method, "POST");
+        assert_eq!(config.raw.sources.http_tools[0].method, "POST");
         let err = Config::load(Some(&path.0), &env(&[])).unwrap_err().to_string();
         assert!(
             err.contains(

@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use serde_json::{Value, json};
-use toolhost_bus::{Error as BusError, Keys, RedisBus, Store, Streams};
+use toolhost_bus::{Directory, Error as BusError, Keys, RedisBus, Streams};
 use toolhost_envelope::{Entry, new_message_id};
 
 use crate::cli::DlqAction;
@@ -37,7 +37,7 @@ pub struct DeadLetters {
     /// The dead-letter and requests streams.
     streams: Arc<dyn Streams>,
     /// The ledger's marks, forgotten on replay.
-    store: Arc<dyn Store>,
+    store: Arc<dyn Directory>,
     keys: Keys,
     /// Bare name of the requests stream: the ledger's namespace.
     requests_stream: String,
@@ -142,7 +142,7 @@ impl Letter {
 
 impl DeadLetters {
     /// The dead letters of the configured toolbox, over `streams` and `store`.
-    pub fn new(streams: Arc<dyn Streams>, store: Arc<dyn Store>, config: &Config) -> DeadLetters {
+    pub fn new(streams: Arc<dyn Streams>, store: Arc<dyn Directory>, config: &Config) -> DeadLetters {
         let raw = &config.raw;
         let keys = config.keys();
         DeadLetters {
@@ -316,7 +316,7 @@ mod tests {
     use std::collections::HashMap;
     use std::time::Duration;
 
-    use toolhost_bus::{MemoryBus, Store, Streams};
+    use toolhost_bus::{Directory, MemoryBus, Server, Streams};
 
     use super::*;
 

@@ -108,6 +108,18 @@ impl Fleet {
             .unwrap_or_default()
     }
 
+    /// Every live replica of every toolbox, `me` left out.
+    pub(crate) fn replicas(&self, me: &str) -> Vec<Host> {
+        let snapshot = self.snapshot.load();
+        let mut res = Vec::new();
+        for (toolbox_id, consumers) in &snapshot.toolboxes {
+            for consumer in consumers.iter().filter(|consumer| consumer.as_str() != me) {
+                res.push(Host { toolbox_id: toolbox_id.clone(), consumer: consumer.clone() });
+            }
+        }
+        res
+    }
+
     /// Whether a replica of `toolbox_id` is alive.
     pub(crate) fn is_live(&self, toolbox_id: &str) -> bool {
         self.snapshot.load().toolboxes.contains_key(toolbox_id)
@@ -177,6 +189,8 @@ mod tests {
         assert_eq!(route(&fleet, "fresh", "db", "db-1"), Route::Sibling("db-2".to_owned()));
         assert_eq!(route(&fleet, "nobody", "db", "db-1"), Route::Here);
         assert!(fleet.is_live("web") && !fleet.is_live("gone"));
+        let others: Vec<String> = fleet.replicas("db-1").into_iter().map(|host| host.consumer).collect();
+        assert_eq!(others, ["db-2", "web-1"]);
         assert_eq!(fleet.conflicts(), 1);
         // Reported once: the same conflict on the next reading is not new.
         let again = fleet

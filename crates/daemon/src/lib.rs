@@ -10,6 +10,8 @@
 //! - `group`: the consumer-group read and reclaim loops every door runs on.
 //! - `fleet`: what the other live replicas and toolboxes host, from their heartbeats; where a
 //!   request for a tool this replica lacks goes.
+//! - `fleet_client`: a client of the fleet (the MCP door, `toolhost mcp`): the fleet's tools
+//!   from the registries, calls over the requests stream answered on a private stream.
 //! - `publish`: the tool registry and heartbeat kept in Redis.
 //! - `sources`: the tool sources at run time (hosted MCP servers included) and the registry
 //!   rebuilt from them when their tools change or SIGHUP reloads the configuration.
@@ -35,6 +37,7 @@ mod dlq;
 mod doors;
 pub mod dumpable;
 mod fleet;
+mod fleet_client;
 mod group;
 pub mod http;
 pub mod logging;
@@ -49,8 +52,9 @@ mod sources;
 mod stats;
 mod telemetry;
 
-pub use client::{run_call, run_tools};
+pub use client::{EXIT_TRANSPORT, run_call, run_tools};
 pub use dlq::run_dlq;
+pub use doors::mcp::serve_stdio as serve_mcp_stdio;
 pub use doors::requests::{DispatchSettings, Requests};
 pub use services::Services;
 pub use shutdown::Shutdown;

@@ -20,9 +20,7 @@ pub fn resolve_format(format: &str, stdout_is_terminal: bool) -> &str {
 /// # Errors
 /// A subscriber was installed before.
 pub fn install(format: &str, level: &str, rust_log: Option<&str>) -> Result<(), String> {
-    let filter = rust_log
-        .and_then(|directives| EnvFilter::try_new(directives).ok())
-        .unwrap_or_else(|| EnvFilter::new(level));
+    let filter = filter(level, rust_log);
     let builder =
         tracing_subscriber::fmt().with_env_filter(filter).with_writer(|| LogStdout(std::io::stdout()));
     let res = if resolve_format(format, std::io::stdout().is_terminal()) == "pretty" {
@@ -31,6 +29,35 @@ pub fn install(format: &str, level: &str, rust_log: Option<&str>) -> Result<(), 
         builder.json().flatten_event(true).with_current_span(false).with_span_list(false).try_init()
     };
     res.map_err(|err| err.to_string())
+}
+
+/// The filter of `level` (or `RUST_LOG`). rmcp logs every MCP session's start and every error
+/// answer it sends; those are the MCP door's ordinary traffic, so it logs only its own errors
+/// unless the directives name it.
+fn filter(level: &str, rust_log: Option<&str>) -> EnvFilter {
+    let directives = rust_log.filter(|directives| EnvFilter::try_new(directives).is_ok()).unwrap_or(level);
+    if directives.contains("rmcp") {
+        EnvFilter::new(directives)
+    } else {
+        EnvFilter::new(format!("{directives},rmcp=error"))
+    }
+}
+
+/// Installs JSON log lines on stderr, for `toolhost mcp`, whose stdout is the MCP protocol.
+///
+/// # Errors
+/// A subscriber was installed before.
+pub fn install_stderr(level: &str, rust_log: Option<&str>) -> Result<(), String> {
+    let filter = filter(level, rust_log);
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .json()
+        .flatten_event(true)
+        .with_current_span(false)
+        .with_span_list(false)
+        .try_init()
+        .map_err(|err| err.to_string())
 }
 
 /// Stdout for log lines. When its reader has gone (`toolhost serve | head`), the lines are lost

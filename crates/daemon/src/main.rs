@@ -7,7 +7,7 @@
 use clap::Parser;
 use toolhost::cli::{Cli, Command};
 use toolhost::config::{Config, ConfigError, Env, ProcessEnv, unknown_variables};
-use toolhost::{EXIT_CONFIG, dumpable, http, logging, output, serve};
+use toolhost::{EXIT_CONFIG, EXIT_TRANSPORT, dumpable, http, logging, output, serve};
 
 // The daemon allocates many small, short-lived buffers per request (JSON values, Redis frames)
 // from several threads; glibc malloc spent about a third of the daemon's CPU on them under load.
@@ -81,6 +81,19 @@ fn main() {
                 toolhost::run_tools(&config, &format, from_registry, timeout).await
             }
             Command::Dlq { action } => toolhost::run_dlq(&config, &action).await,
+            Command::Mcp => {
+                let rust_log = std::env::var("RUST_LOG").ok();
+                if let Err(err) = logging::install_stderr(&config.raw.log.level, rust_log.as_deref()) {
+                    eprintln!("toolhost: cannot install logging: {err}");
+                }
+                match toolhost::serve_mcp_stdio(&config).await {
+                    Ok(()) => 0,
+                    Err(err) => {
+                        eprintln!("toolhost: {err:#}");
+                        EXIT_TRANSPORT
+                    }
+                }
+            }
             // In the runtime: preparing the bus, as `serve` does, needs one (nothing is sent).
             Command::CheckConfig => check_config(&config),
             Command::Healthcheck { .. } => 0,

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
-use toolhost_bus::Store;
+use toolhost_bus::Server;
 
 use crate::outage::{OutageLog, redis_warn};
 use crate::telemetry::Telemetry;
@@ -34,7 +34,7 @@ pub struct Probe {
     /// The Redis URL, password masked, for the outage lines.
     pub redis: String,
     /// The transport.
-    pub bus: Arc<dyn Store>,
+    pub bus: Arc<dyn Server>,
     /// Where readiness and group metrics go.
     pub telemetry: Telemetry,
     /// The groups that must exist.

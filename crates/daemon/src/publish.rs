@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
-use toolhost_bus::{Keys, Store};
+use toolhost_bus::{Directory, Keys};
 use toolhost_envelope::DiscoveryFormat;
 use toolhost_tools::SharedRegistry;
 use tracing::warn;
@@ -26,7 +26,7 @@ const REPUBLISH_EVERY: u64 = 12;
 
 /// Publishes the registry and the heartbeat of one replica.
 pub(crate) struct Publisher {
-    pub bus: Arc<dyn Store>,
+    pub bus: Arc<dyn Directory>,
     pub registry: Arc<SharedRegistry>,
     pub keys: Keys,
     pub toolbox_id: String,

@@ -21,6 +21,7 @@ use toolhost_tools::terminal::TerminalPolicy;
 use toolhost_tools::{DEFAULT_MAX_QUEUE, LimitSettings, Registry, SharedRegistry, Tool, ToolLimits};
 use tracing::{debug, error, info, warn};
 
+use crate::call::cancel::Calls;
 use crate::call::{Door, Lifecycle};
 use crate::config::{Config, ConfigError, KeyError, ProcessEnv};
 use crate::doors::chat::{Inbox, InboxSettings};
@@ -95,7 +96,7 @@ pub(crate) fn build_registry_with(
     let chat_send =
         ChatSend::new(bus.clone(), keys.clone(), &daemon.agent_name, &daemon.chat_conversation_id);
     registry.register(Arc::new(chat_send))?;
-    for (index, agent) in config.raw.agents.iter().enumerate() {
+    for (index, agent) in config.raw.sources.agents.iter().enumerate() {
         let settings = AgentSettings {
             name: agent.name.clone(),
             description: agent.description.clone(),
@@ -115,7 +116,7 @@ pub(crate) fn build_registry_with(
             errors.push(KeyError { key: "mcp_servers".to_owned(), message: err.to_string() });
         }
     }
-    let lenient = !config.raw.mcp_servers.is_empty();
+    let lenient = !config.raw.sources.mcp_servers.is_empty();
     let mut unknown_name = |key: String, message: String| {
         if lenient {
             warn!(key = %key, "{message}; an MCP server may list it later");
@@ -123,6 +124,15 @@ pub(crate) fn build_registry_with(
             errors.push(KeyError { key, message });
         }
     };
+    let long_running: Vec<String> = config
+        .raw
+        .tools
+        .limits
+        .iter()
+        .filter(|(_, section)| section.long_running)
+        .map(|(name, _)| name.clone())
+        .collect();
+    registry.mark_long_running(&long_running);
     let unknown = registry.disable(&config.raw.tools.disabled);
     if !unknown.is_empty() {
         unknown_name("tools.disabled".to_owned(), format!("names unknown tools: {}", unknown.join(", ")));
@@ -147,7 +157,7 @@ fn register_sources(
 ) {
     let mut origins: BTreeMap<String, String> =
         registry.names().into_iter().map(|name| (name.to_owned(), "a built-in tool".to_owned())).collect();
-    for (index, agent) in config.raw.agents.iter().enumerate() {
+    for (index, agent) in config.raw.sources.agents.iter().enumerate() {
         origins.insert(agent.name.clone(), format!("agents[{index}]"));
     }
     let mut tools: Vec<(String, Arc<dyn Tool>)> = Vec::new();
@@ -159,21 +169,21 @@ fn register_sources(
                 .map(|error| KeyError { key: format!("{place}.{}", error.field), message: error.message }),
         ),
     };
-    for (index, command) in config.raw.commands.iter().enumerate() {
+    for (index, command) in config.raw.sources.commands.iter().enumerate() {
         let tool = CommandTool::new(command, policy).map(|tool| Arc::new(tool) as Arc<dyn Tool>);
         add(format!("commands[{index}]"), tool);
     }
     let secrets = config.secrets();
     match toolhost_tools::sources::http::client() {
         Ok(client) => {
-            for (index, settings) in config.raw.http_tools.iter().enumerate() {
+            for (index, settings) in config.raw.sources.http_tools.iter().enumerate() {
                 let headers = config.http_headers.of(index);
                 let tool = HttpTool::new(settings, headers, client.clone(), &secrets)
                     .map(|tool| Arc::new(tool) as Arc<dyn Tool>);
                 add(format!("http_tools[{index}]"), tool);
             }
         }
-        Err(message) if !config.raw.http_tools.is_empty() => add(
+        Err(message) if !config.raw.sources.http_tools.is_empty() => add(
             "http_tools".to_owned(),
             Err(vec![FieldError {
                 field: "client".to_owned(),
@@ -286,6 +296,8 @@ pub struct App {
     sources: Option<(Arc<Sources>, mpsc::UnboundedReceiver<McpEvent>)>,
     /// The configuration file, read again on SIGHUP.
     config_path: Option<std::path::PathBuf>,
+    /// The calls running here; its loop reads this replica's control stream.
+    calls: Arc<Calls>,
 }
 
 impl App {
@@ -355,6 +367,14 @@ impl App {
             stats: Arc::new(Stats::default()),
             telemetry: telemetry.clone(),
             shutdown: shutdown.clone(),
+            calls: Arc::new(Calls::new(
+                bus.clone(),
+                keys.clone(),
+                fleet.clone(),
+                &raw.daemon.toolbox_id,
+                &consumer,
+            )),
+            progress_per_second: raw.dispatch.progress_per_second,
         };
         // One budget of `max_in_flight` slots over every door, so the configured limit is the
         // process's limit however many doors there are.
@@ -427,6 +447,7 @@ impl App {
             )
         });
         Ok(App {
+            calls: services.calls.clone(),
             config,
             bus,
             keys,
@@ -463,6 +484,7 @@ impl App {
             publisher,
             sources,
             config_path,
+            calls,
         } = self;
         let requests_key = requests.topic().to_owned();
         let raw = &config.raw;
@@ -523,6 +545,20 @@ impl App {
         if let Err(err) = publisher.publish_once(&fields).await {
             redis_warn!(&err, error = %err, "cannot publish the tool registry yet; will retry");
         }
+        // The doors that are clients of the fleet (MCP over HTTP); they stop after the drain, so
+        // the calls in flight through them get their answers.
+        let doors_stop = tokio_util::sync::CancellationToken::new();
+        let doors = match crate::doors::start(&config, bus.clone(), &doors_stop).await {
+            Ok(doors) => doors,
+            Err(err) => {
+                error!(error = %format!("{err:#}"), "a door cannot start");
+                shutdown.drain(config.shutdown_grace).await;
+                if let Some((sources, _)) = &sources {
+                    sources.stop().await;
+                }
+                return Err(err);
+            }
+        };
         info!(
             version = env!("CARGO_PKG_VERSION"),
             toolbox_id = %raw.daemon.toolbox_id,
@@ -541,6 +577,7 @@ impl App {
         tasks.spawn(requests.clone().run_reader());
         tasks.spawn(requests.clone().run_reclaimer());
         tasks.spawn(publisher.clone().run(shutdown.clone()));
+        tasks.spawn(calls.clone().run(shutdown.stopping().clone()));
         tasks.spawn(inbox.clone().run_reader());
         tasks.spawn(inbox.clone().run_reclaimer());
         let sources = sources.map(|(sources, events)| {
@@ -564,6 +601,10 @@ impl App {
         // blocking reads return (what they delivered is handled, not left pending).
         if !shutdown.drain(config.shutdown_grace).await {
             warn!("grace period over; unfinished calls are left pending for another replica");
+        }
+        doors_stop.cancel();
+        for door in doors {
+            let _ = door.await;
         }
         // After the calls that used them: every MCP child is killed and waited for.
         if let Some(sources) = &sources {

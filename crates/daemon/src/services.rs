@@ -28,4 +28,8 @@ pub struct Services {
     pub telemetry: Telemetry,
     /// The shutdown signal and task tracker.
     pub shutdown: Shutdown,
+    /// The calls running here, and the routing of `tool.cancel` between replicas.
+    pub(crate) calls: Arc<crate::call::cancel::Calls>,
+    /// `[dispatch] progress_per_second`: most progress entries per call and second.
+    pub progress_per_second: u64,
 }

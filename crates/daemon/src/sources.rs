@@ -13,6 +13,8 @@
 //! server is stopped only once no call holds the snapshot it served in (or the shutdown grace
 //! has passed). Limits and statistics live outside the snapshot, so a swap never resets them.
 
+mod settings;
+
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -24,6 +26,8 @@ use toolhost_bus::{Bus, Keys};
 use toolhost_mcp::{Children, McpEvent, McpServerConfig, McpSources};
 use toolhost_tools::terminal::Limits;
 use toolhost_tools::{Registry, SharedRegistry, Tool, ToolLimits};
+
+pub use settings::SourceSections;
 use tracing::{error, info, warn};
 
 use crate::config::{Config, RawConfig};
@@ -130,7 +134,7 @@ impl Sources {
             limits: Limits::from_settings(&config.raw.tools.terminal),
             run_as: config.terminal_identity,
         };
-        for server in &config.raw.mcp_servers {
+        for server in &config.raw.sources.mcp_servers {
             if hosted.contains_key(&server.name) {
                 continue;
             }
@@ -287,7 +291,7 @@ impl Sources {
 /// with other settings.
 fn take_stale(hosted: &mut BTreeMap<String, Hosted>, config: &Config) -> Vec<Hosted> {
     let wanted: BTreeMap<&str, &McpServerConfig> =
-        config.raw.mcp_servers.iter().map(|server| (server.name.as_str(), server)).collect();
+        config.raw.sources.mcp_servers.iter().map(|server| (server.name.as_str(), server)).collect();
     let stale: Vec<String> = hosted
         .iter()
         .filter(|(name, running)| wanted.get(name.as_str()).is_none_or(|server| **server != running.config))

@@ -53,3 +53,6 @@ mod mcp_hosted;
 
 /// Issue 16: toolboxes sharing one requests stream answer every request once.
 mod fleet;
+
+/// `tool.cancel`: running and queued calls stopped and answered once, wherever the cancel is read.
+mod cancel;

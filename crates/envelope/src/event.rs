@@ -100,12 +100,33 @@ impl EventEnvelope {
     /// The result envelope for this request as its message id and compact JSON payload, written
     /// in one pass without building an intermediate JSON value (the hot path of every answer).
     pub fn result_json(&self, source: &str, topic: &str, data: &ResultData) -> (String, String) {
+        self.envelope_json(source, topic, &self.result_type(), data)
+    }
+
+    /// The type of this request's progress entries: its result type followed by `.progress`.
+    pub fn progress_type(&self) -> String {
+        format!("{}.progress", self.result_type())
+    }
+
+    /// A progress entry of this request (never an answer: `data` holds no `success`), as its
+    /// message id and compact JSON payload, with the answer's copied fields.
+    pub fn progress_json(&self, source: &str, topic: &str, data: &Value) -> (String, String) {
+        self.envelope_json(source, topic, &self.progress_type(), data)
+    }
+
+    fn envelope_json<D: Serialize>(
+        &self,
+        source: &str,
+        topic: &str,
+        event_type: &str,
+        data: &D,
+    ) -> (String, String) {
         let id = new_message_id();
         let view = ResultView {
             id: &id,
             source,
             specversion: SPEC_VERSION,
-            event_type: &self.result_type(),
+            event_type,
             topic,
             time: &now_rfc3339(),
             data,
@@ -123,7 +144,7 @@ impl EventEnvelope {
 
 /// A result envelope borrowed from its parts, serialised with [`EventEnvelope`]'s field names.
 #[derive(Serialize)]
-struct ResultView<'a> {
+struct ResultView<'a, D> {
     id: &'a str,
     source: &'a str,
     specversion: &'a str,
@@ -131,7 +152,7 @@ struct ResultView<'a> {
     event_type: &'a str,
     topic: &'a str,
     time: &'a str,
-    data: &'a ResultData,
+    data: &'a D,
     #[serde(skip_serializing_if = "Option::is_none")]
     correlation_id: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -22,6 +22,11 @@ pub struct ToolDescription {
     pub annotations: Annotations,
     /// How long one call may run.
     pub timeout_ms: u64,
+    /// The operator marked it long-running (`[tools.limits."<name>"] long_running`): doors that
+    /// can answer later (MCP tasks) do so whatever its timeout. Left out when false, so the
+    /// hashes of other tools' descriptions do not change.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub long_running: bool,
     /// Hex SHA-256 of the description without this field, so callers can cache.
     #[serde(default)]
     pub hash: String,
@@ -250,6 +255,7 @@ mod tests {
             produced_event: "echo.completed".into(),
             annotations: Annotations { read_only: true, idempotent: true, destructive: false },
             timeout_ms: 1000,
+            long_running: false,
             hash: "abc".into(),
         }
     }

@@ -11,7 +11,7 @@
 //! The tools of a source stay listed while it is down; a call then answers at once with
 //! [`ToolError::Unavailable`] (`overloaded`, with `retry_after_ms` until the next attempt).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
@@ -20,10 +20,15 @@ use async_trait::async_trait;
 use backon::{BackoffBuilder, ExponentialBuilder};
 #[allow(deprecated)]
 use rmcp::model::{
-    CallToolRequestParams, ClientCapabilities, ClientConfig, CreateMessageRequestParams, CreateMessageResult,
-    ElicitRequestParams, ElicitResult, ErrorCode, Implementation, ListRootsResult, ProtocolVersion,
+    CallToolRequest, CallToolRequestParams, CallToolResponse, CallToolResult, CancelledNotificationParam,
+    ClientCapabilities, ClientConfig, ClientRequest, CreateMessageRequestParams, CreateMessageResult,
+    ElicitRequestParams, ElicitResult, ErrorCode, Implementation, ListRootsResult, ProgressNotificationParam,
+    ProgressToken, ProtocolVersion, RequestId, ServerResult,
 };
-use rmcp::service::{NotificationContext, RequestContext, RunningService, RunningServiceCancellationToken};
+use rmcp::service::{
+    NotificationContext, PeerRequestOptions, RequestContext, RunningService, RunningServiceCancellationToken,
+    ServiceError,
+};
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::{ClientHandler, ErrorData, Peer, RoleClient, ServiceExt};
@@ -33,7 +38,7 @@ use tokio::sync::{Notify, Semaphore, mpsc};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use toolhost_tools::terminal::{Identity, Limits};
-use toolhost_tools::{Context, Registry, Tool, ToolError, ToolSpec};
+use toolhost_tools::{Context, Progress, ProgressReport, Registry, Tool, ToolError, ToolSpec};
 
 use crate::child::{ChildSpec, ManagedChild};
 use crate::config::{ServerSpec, Transport};
@@ -134,6 +139,148 @@ pub(crate) struct Shared {
     permits: Semaphore,
     /// A call saw the connection break.
     recheck: Notify,
+    /// Where the server's `notifications/progress` go, by progress token.
+    progress: Arc<ProgressRoutes>,
+}
+
+/// The calls waiting for progress, by the progress token their request carried.
+///
+/// rmcp picks a request's token itself as it sends the request, so a call learns its token only
+/// once the request is on its way; a notification that overtakes that moment is kept among a
+/// few orphans and handed over when the call registers.
+#[derive(Default)]
+pub(crate) struct ProgressRoutes {
+    inner: Mutex<Routes>,
+}
+
+#[derive(Default)]
+struct Routes {
+    /// Each call's handle and the last progress it was given.
+    calls: HashMap<ProgressToken, (Progress, Option<f64>)>,
+    /// Notifications for tokens nobody registered, with when they came.
+    orphans: VecDeque<(Instant, ProgressNotificationParam)>,
+}
+
+/// How many notifications for tokens nobody registered are kept (the latest win).
+const PROGRESS_ORPHANS: usize = 16;
+/// How long such a notification is kept. One that overtook its call's registration is
+/// microseconds ahead; one that is older came after its call ended, and must not reach a later
+/// call that gets the same token (rmcp numbers tokens from 0 again on a new connection).
+const PROGRESS_ORPHAN_AGE: Duration = Duration::from_secs(1);
+
+impl ProgressRoutes {
+    /// Sends the progress of `token` to `progress` until the guard is dropped.
+    fn add(self: &Arc<Self>, token: ProgressToken, progress: Progress) -> ProgressRoute {
+        let orphans = {
+            let mut routes = lock(&self.inner);
+            let (mine, others): (Vec<_>, Vec<_>) =
+                routes.orphans.drain(..).partition(|(_, orphan)| orphan.progress_token == token);
+            routes.orphans = others.into();
+            let mut last: Option<f64> = None;
+            let mut fresh = Vec::new();
+            for (_, orphan) in mine.into_iter().filter(|(at, _)| at.elapsed() < PROGRESS_ORPHAN_AGE) {
+                if last.is_none_or(|last| orphan.progress > last) {
+                    last = Some(orphan.progress);
+                    fresh.push(orphan);
+                }
+            }
+            routes.calls.insert(token.clone(), (progress.clone(), last));
+            fresh
+        };
+        for orphan in orphans {
+            progress.report(report_of(orphan));
+        }
+        ProgressRoute { routes: self.clone(), token }
+    }
+
+    /// Hands a notification to the call it belongs to. rmcp handles each notification on a task
+    /// of its own, so two may arrive out of order: one that does not advance the call's progress
+    /// is dropped (MCP says progress grows with every notification).
+    fn deliver(&self, params: ProgressNotificationParam) {
+        let progress = {
+            let mut routes = lock(&self.inner);
+            match routes.calls.get_mut(&params.progress_token) {
+                Some((_, last)) if last.is_some_and(|last| params.progress <= last) => return,
+                Some((progress, last)) => {
+                    *last = Some(params.progress);
+                    progress.clone()
+                }
+                None => {
+                    if routes.orphans.len() == PROGRESS_ORPHANS {
+                        routes.orphans.pop_front();
+                    }
+                    routes.orphans.push_back((Instant::now(), params));
+                    return;
+                }
+            }
+        };
+        progress.report(report_of(params));
+    }
+}
+
+/// Removes a call's progress route when the call ends.
+struct ProgressRoute {
+    routes: Arc<ProgressRoutes>,
+    token: ProgressToken,
+}
+
+impl Drop for ProgressRoute {
+    fn drop(&mut self) {
+        let mut routes = lock(&self.routes.inner);
+        routes.calls.remove(&self.token);
+        // A notification that came after the call ended belongs to nobody.
+        routes.orphans.retain(|(_, orphan)| orphan.progress_token != self.token);
+    }
+}
+
+fn report_of(params: ProgressNotificationParam) -> ProgressReport {
+    ProgressReport { progress: params.progress, total: params.total, message: params.message }
+}
+
+/// Tells the server about a call nobody waits for any more (the future was dropped: a timeout,
+/// a cancel, shutdown), as rmcp's own `call_tool_once` does.
+struct Abandoned {
+    peer: Peer<RoleClient>,
+    id: Option<RequestId>,
+}
+
+impl Drop for Abandoned {
+    fn drop(&mut self) {
+        let Some(id) = self.id.take() else { return };
+        let peer = self.peer.clone();
+        let params =
+            CancelledNotificationParam::new(Some(id), Some("request abandoned by the caller".to_owned()));
+        // Best effort, like rmcp's: the notification is queued on the session's own task.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let _ = peer.notify_cancelled(params).await;
+            });
+        }
+    }
+}
+
+/// `tools/call` with a progress route: what `call_tool_once` does, keeping the request's
+/// progress token so the server's `notifications/progress` for it reach `progress`.
+async fn call_with_progress(
+    peer: &Peer<RoleClient>,
+    params: CallToolRequestParams,
+    routes: &Arc<ProgressRoutes>,
+    progress: &Progress,
+) -> Result<CallToolResponse, ServiceError> {
+    let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
+    let handle = peer.send_request_with_option(request, PeerRequestOptions::no_options()).await?;
+    let _route = routes.add(handle.progress_token.clone(), progress.clone());
+    let mut abandoned = Abandoned { peer: peer.clone(), id: Some(handle.id.clone()) };
+    let result = handle.await_response().await;
+    abandoned.id = None;
+    match result? {
+        ServerResult::CallToolResult(result) => Ok(CallToolResponse::Complete(result)),
+        ServerResult::InputRequiredResult(result) => Ok(CallToolResponse::InputRequired(result)),
+        ServerResult::CreateTaskResult(result) => Ok(CallToolResponse::Task(result)),
+        // A reply without `content` decodes as an empty result.
+        ServerResult::EmptyResult(_) => Ok(CallToolResponse::Complete(CallToolResult::default())),
+        _ => Err(ServiceError::UnexpectedResponse),
+    }
 }
 
 /// How the first connection attempt of a source ended.
@@ -170,6 +317,7 @@ impl Shared {
             tools: RwLock::new(Vec::new()),
             listing: Mutex::new(String::new()),
             recheck: Notify::new(),
+            progress: Arc::default(),
         })
     }
 
@@ -243,8 +391,15 @@ impl Tool for McpTool {
                 return Err(ToolError::InvalidArguments(format!("arguments must be an object, not {other}")));
             }
         };
-        // Dropping this future before its answer makes rmcp send notifications/cancelled.
-        let call = peer.call_tool_once(params);
+        // Dropping this future before its answer makes rmcp send notifications/cancelled (or
+        // `Abandoned`, when progress is relayed).
+        let call = async {
+            if context.progress.is_relayed() {
+                call_with_progress(&peer, params, &source.progress, &context.progress).await
+            } else {
+                peer.call_tool_once(params).await
+            }
+        };
         tokio::select! {
             biased;
             () = context.cancel.cancelled() => Err(cancelled()),
@@ -266,10 +421,11 @@ impl Tool for McpTool {
 struct Handler {
     info: ClientConfig,
     changed: mpsc::Sender<()>,
+    progress: Arc<ProgressRoutes>,
 }
 
 impl Handler {
-    fn new(changed: mpsc::Sender<()>) -> Handler {
+    fn new(changed: mpsc::Sender<()>, progress: Arc<ProgressRoutes>) -> Handler {
         // No sampling, elicitation or roots. The last protocol version with `initialize`, so
         // that list_changed arrives as a plain notification.
         let info = ClientConfig::new(
@@ -277,7 +433,7 @@ impl Handler {
             Implementation::new("toolhost", env!("CARGO_PKG_VERSION")),
         )
         .with_protocol_version(ProtocolVersion::LATEST_WITH_INITIALIZE);
-        Handler { info, changed }
+        Handler { info, changed, progress }
     }
 }
 
@@ -298,6 +454,15 @@ impl ClientHandler for Handler {
     ) -> impl Future<Output = ()> + Send + '_ {
         // A full channel already holds a change to handle; this one joins it.
         let _ = self.changed.try_send(());
+        std::future::ready(())
+    }
+
+    fn on_progress(
+        &self,
+        params: ProgressNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) -> impl Future<Output = ()> + Send + '_ {
+        self.progress.deliver(params);
         std::future::ready(())
     }
 
@@ -492,7 +657,7 @@ fn backoff() -> impl Iterator<Item = Duration> {
 async fn connect(shared: &Shared, common: &Common) -> Result<Connection, String> {
     let spec = &shared.spec;
     let (changed_tx, changed) = mpsc::channel(1);
-    let handler = Handler::new(changed_tx);
+    let handler = Handler::new(changed_tx, shared.progress.clone());
     match &spec.transport {
         Transport::Stdio { command, args, env, cwd } => {
             let child_spec = ChildSpec {
@@ -727,6 +892,31 @@ async fn quiet(changes: &mut mpsc::Receiver<()>, spell: Duration) {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn progress_reaches_its_call_in_order_also_when_it_overtakes_the_registration() {
+        let routes = Arc::new(ProgressRoutes::default());
+        let token = |n| ProgressToken(rmcp::model::NumberOrString::Number(n));
+        let note = |n, progress| ProgressNotificationParam::new(token(n), progress);
+        // Before the call registered: kept for it.
+        routes.deliver(note(1, 1.0));
+        // Another call's.
+        routes.deliver(note(2, 5.0));
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let route = {
+            let seen = seen.clone();
+            routes.add(token(1), Progress::new(move |report| lock(&seen).push(report.progress)))
+        };
+        routes.deliver(note(1, 3.0));
+        // Overtaken by a later one: dropped.
+        routes.deliver(note(1, 2.0));
+        routes.deliver(note(1, 4.0));
+        drop(route);
+        // After the call: nobody's.
+        routes.deliver(note(1, 9.0));
+        assert_eq!(*lock(&seen), [1.0, 3.0, 4.0]);
+        assert!(lock(&routes.inner).calls.is_empty());
+    }
 
     #[tokio::test]
     async fn a_burst_of_list_changed_waits_for_one_quiet_spell_after_the_last() {

@@ -14,7 +14,7 @@ use support::*;
 use tokio_util::sync::CancellationToken;
 use toolhost_envelope::{Annotations, DiscoveryFormat, ErrorCode};
 use toolhost_mcp::{Children, McpEvent, McpSources, StartError, mapping};
-use toolhost_tools::Context;
+use toolhost_tools::{Context, Progress, ProgressReport};
 
 fn time_config() -> String {
     format!(
@@ -476,4 +476,33 @@ async fn a_streamable_http_server_is_called_fails_open_while_down_and_comes_back
     assert_eq!(sum, json!("The sum of 2 and 2 is 4."));
     sources.stop().await;
     server.stop().await;
+}
+
+#[tokio::test]
+#[ignore = "needs the MCP servers of scripts/ensure-mcp-servers.sh; run `just test-mcp`"]
+async fn a_servers_progress_notifications_reach_the_calls_progress_handle_in_order() {
+    let sources = Sources::start(&everything_config("everything", ""), &env(&[])).await;
+    let registry = sources.registry();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let progress = {
+        let seen = seen.clone();
+        Progress::new(move |report: ProgressReport| seen.lock().unwrap().push(report))
+    };
+    let context = Context { request_id: "progress".into(), progress, ..Context::default() };
+    let done = registry
+        .invoke(
+            "everything__trigger-long-running-operation",
+            json!({"duration": 2, "steps": 4}),
+            &context,
+            None,
+        )
+        .await
+        .unwrap();
+    assert!(done.as_str().unwrap().contains("completed"), "{done}");
+    let seen = seen.lock().unwrap().clone();
+    let steps: Vec<f64> = seen.iter().map(|report| report.progress).collect();
+    // rmcp handles each notification on a task of its own, so the last one may lose the race
+    // with the answer; the others come, in order, each with the total.
+    assert!(steps == [1.0, 2.0, 3.0] || steps == [1.0, 2.0, 3.0, 4.0], "{seen:?}");
+    assert!(seen.iter().all(|report| report.total == Some(4.0)), "{seen:?}");
 }

@@ -153,6 +153,21 @@ impl Registry {
             self.tools.iter().enumerate().map(|(i, t)| (t.description.consumed_event.clone(), i)).collect();
     }
 
+    /// Marks tools long-running (their descriptions say so, and hash anew); unknown names are
+    /// ignored.
+    pub fn mark_long_running(&mut self, names: &[String]) {
+        for registered in self.tools.iter_mut().filter(|registered| names.contains(&registered.spec.name)) {
+            // The stored description holds no schemas; hash the whole one, as `describe` did.
+            let mut full = registered.description.clone();
+            full.argument_schema = (*registered.arguments.value).clone();
+            full.output_schema = (*registered.output.value).clone();
+            full.long_running = true;
+            rehash(&mut full);
+            registered.description.long_running = true;
+            registered.description.hash = full.hash;
+        }
+    }
+
     /// Disables tools by name; calls to them answer `tool_disabled`. Unknown names are returned.
     pub fn disable(&mut self, names: &[String]) -> Vec<String> {
         let mut unknown = Vec::new();
@@ -341,12 +356,19 @@ fn describe(spec: &ToolSpec) -> ToolDescription {
         produced_event: spec.produced_event.clone().unwrap_or_else(|| format!("{}.completed", spec.name)),
         annotations: spec.annotations,
         timeout_ms: spec.timeout.as_millis() as u64,
+        long_running: false,
         hash: String::new(),
     };
-    // serde_json's map is ordered by key, so this serialisation is canonical.
-    let canonical = serde_json::to_vec(&description).unwrap_or_default();
-    description.hash = Sha256::digest(&canonical).iter().map(|byte| format!("{byte:02x}")).collect();
+    rehash(&mut description);
     description
+}
+
+/// Sets a description's hash from the rest of it.
+fn rehash(description: &mut ToolDescription) {
+    description.hash = String::new();
+    // serde_json's map is ordered by key, so this serialisation is canonical.
+    let canonical = serde_json::to_vec(&*description).unwrap_or_default();
+    description.hash = Sha256::digest(&canonical).iter().map(|byte| format!("{byte:02x}")).collect();
 }
 
 fn optional_properties(schema: &Value) -> Vec<String> {
@@ -489,6 +511,31 @@ mod tests {
             registry.invoke("echo", json!({"message": "x"}), &Context::default(), None).await.unwrap_err();
         assert_eq!(failure.code, ErrorCode::ToolDisabled);
         assert!(registry.export(DiscoveryFormat::Native, "a", "b").iter().all(|tool| tool["name"] != "echo"));
+    }
+
+    #[test]
+    fn long_running_tools_say_so_and_hash_anew_as_a_fresh_description_would() {
+        let mut registry = registry();
+        let before = registry.description("echo").unwrap();
+        assert!(!before.long_running);
+        registry.mark_long_running(&["echo".into(), "nope".into()]);
+        let after = registry.description("echo").unwrap();
+        assert!(after.long_running);
+        assert_ne!(after.hash, before.hash);
+        // The hash is the one of the whole description, schemas included.
+        let mut full = after.clone();
+        full.hash = String::new();
+        rehash(&mut full);
+        assert_eq!(full.hash, after.hash);
+        let native = registry.export(DiscoveryFormat::Native, "a", "b");
+        let echo = native.iter().find(|tool| tool["name"] == "echo").unwrap();
+        assert_eq!(echo["long_running"], true);
+        assert!(
+            native
+                .iter()
+                .filter(|tool| tool["name"] != "echo")
+                .all(|tool| tool.get("long_running").is_none())
+        );
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! The [`Tool`] trait and what a call receives.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -74,8 +75,53 @@ pub struct Context {
     pub correlation_id: Option<String>,
     /// The conversation the call runs in, when it has one.
     pub conversation_id: Option<String>,
-    /// Cancelled when the call must stop (timeout, shutdown).
+    /// Cancelled when the call must stop (timeout, shutdown, a `tool.cancel`).
     pub cancel: CancellationToken,
+    /// Where the tool reports how far it got; reports go nowhere unless the host relays them.
+    pub progress: Progress,
+}
+
+/// One progress report of a running call, as MCP's `notifications/progress` carries it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProgressReport {
+    /// How far the call got; grows with every report, even when the total is unknown.
+    pub progress: f64,
+    /// What `progress` counts up to, when known.
+    pub total: Option<f64>,
+    /// A sentence about the current step.
+    pub message: Option<String>,
+}
+
+/// Where a running tool reports progress: a cheap, cloneable handle. Reporting never waits and
+/// never fails; the host decides what reaches the caller (it rate-limits and drops reports).
+#[derive(Clone, Default)]
+pub struct Progress {
+    sink: Option<Arc<dyn Fn(ProgressReport) + Send + Sync>>,
+}
+
+impl Progress {
+    /// A handle that hands every report to `sink`, which must not block.
+    pub fn new(sink: impl Fn(ProgressReport) + Send + Sync + 'static) -> Progress {
+        Progress { sink: Some(Arc::new(sink)) }
+    }
+
+    /// Reports progress; does nothing when nobody listens.
+    pub fn report(&self, report: ProgressReport) {
+        if let Some(sink) = &self.sink {
+            sink(report);
+        }
+    }
+
+    /// Whether reports go anywhere, so a tool can skip asking its backend for progress.
+    pub fn is_relayed(&self) -> bool {
+        self.sink.is_some()
+    }
+}
+
+impl std::fmt::Debug for Progress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Progress").field("relayed", &self.is_relayed()).finish()
+    }
 }
 
 /// Why a tool call failed, from the tool's side.

@@ -6,7 +6,9 @@
 //! 1. **direct**: an rmcp client in this binary calls its `get-sum` tool;
 //! 2. **toolhost**: the same call goes through `toolhost serve` (hosting the server with
 //!    `[[mcp_servers]]`) over Redis, as a `tool.invoke` request answered on a results stream;
-//! 3. **redis**: sequential `PING`s, the round trip a Redis-borne call cannot avoid.
+//! 3. **redis**: sequential `PING`s, the round trip a Redis-borne call cannot avoid;
+//! 4. **the MCP door**: the built-in `echo` through the same daemon's `/mcp` (`[mcp] listen`)
+//!    by an rmcp streamable HTTP client, next to the same `echo` sent over Redis directly.
 //!
 //! Each is measured at 1 call in flight (p50, p99) and at 16 (calls/s). The table goes to
 //! stdout and `target/bench/mcp.md`.
@@ -130,12 +132,22 @@ async fn direct(program: &Path) -> anyhow::Result<Row> {
 
 /// A `tool.invoke` of `get-sum` through toolhost, answered on this lane's results stream.
 async fn through_toolhost(connection: &MultiplexedConnection, lane: usize) -> anyhow::Result<()> {
+    invoke(connection, lane, HOSTED_TOOL, Value::Object(arguments())).await
+}
+
+/// A `tool.invoke` of `tool` over Redis, answered on this lane's results stream.
+async fn invoke(
+    connection: &MultiplexedConnection,
+    lane: usize,
+    tool: &str,
+    arguments: Value,
+) -> anyhow::Result<()> {
     let mut connection = connection.clone();
     let request_id = uuid::Uuid::new_v4().to_string();
     let topic = format!("results:lane-{lane}");
     let envelope = json!({
         "id": request_id, "type": "tool.invoke", "response_topic": topic,
-        "data": {"request_id": request_id, "tool": HOSTED_TOOL, "arguments": arguments()},
+        "data": {"request_id": request_id, "tool": tool, "arguments": arguments},
     });
     let _: String = redis::cmd("XADD")
         .arg("action-requests")
@@ -164,7 +176,7 @@ async fn through_toolhost(connection: &MultiplexedConnection, lane: usize) -> an
                     // Trimmed as it goes, so each read finds only the answers still awaited.
                     let _: u64 =
                         redis::cmd("XDEL").arg(&topic).arg(&entry.id).query_async(&mut connection).await?;
-                    anyhow::ensure!(payload.contains("\"success\":true"), "get-sum failed: {payload}");
+                    anyhow::ensure!(payload.contains("\"success\":true"), "{tool} failed: {payload}");
                     return Ok(());
                 }
             }
@@ -172,21 +184,32 @@ async fn through_toolhost(connection: &MultiplexedConnection, lane: usize) -> an
     }
 }
 
-/// `toolhost serve` hosting server-everything, driven over Redis.
-/// Returns the hosted row, the `PING` row and toolhost's idle RSS in KiB once the hosted
-/// server's tools are listed (the MCP session open, before any call).
-async fn toolhost(program: &Path, toolhost_bin: &Path) -> anyhow::Result<(Row, Row, Option<u64>)> {
+/// What one daemon run measured.
+struct Measured {
+    hosted: Row,
+    floor: Row,
+    echo_redis: Row,
+    echo_door: Row,
+    rss_idle_kib: Option<u64>,
+}
+
+/// `toolhost serve` hosting server-everything, driven over Redis, with its MCP door on.
+/// Returns the hosted row, the `PING` row, echo over Redis and through `/mcp`, and toolhost's
+/// idle RSS in KiB once the hosted server's tools are listed (the MCP session open, before any
+/// call).
+async fn toolhost(program: &Path, toolhost_bin: &Path) -> anyhow::Result<Measured> {
     let redis = RedisServer::start()?;
     let dir = std::env::temp_dir().join(format!("toolhost-bench-mcp-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let config = dir.join("toolhost.toml");
+    let door_port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
     let user =
         std::env::var("USER").ok().filter(|user| !user.is_empty()).unwrap_or_else(|| "root".to_owned());
     std::fs::write(
         &config,
         format!(
-            "[tools.terminal]\nrun_as = \"{user}\"\n\n[[mcp_servers]]\nname = \"everything\"\n\
-             command = \"{}\"\nargs = [\"stdio\"]\nmax_concurrent = 64\n",
+            "[mcp]\nlisten = \"127.0.0.1:{door_port}\"\n[tools.terminal]\nrun_as = \"{user}\"\n\n\
+             [[mcp_servers]]\nname = \"everything\"\ncommand = \"{}\"\nargs = [\"stdio\"]\nmax_concurrent = 64\n",
             program.display()
         ),
     )?;
@@ -235,9 +258,29 @@ async fn toolhost(program: &Path, toolhost_bin: &Path) -> anyhow::Result<(Row, R
         }
     })
     .await?;
+    let lanes = connection.clone();
+    let echo_redis = measure("echo over Redis (tool.invoke, a results stream per lane)", move |lane| {
+        let lanes = lanes.clone();
+        async move { invoke(&lanes, lane, "echo", json!({"message": "hi"})).await }
+    })
+    .await?;
+    let transport =
+        rmcp::transport::StreamableHttpClientTransport::from_uri(format!("http://127.0.0.1:{door_port}/mcp"));
+    let door = Arc::new(().serve(transport).await.context("initialising a session with the MCP door")?);
+    let echo_door = measure("echo through the MCP door (/mcp, rmcp streamable HTTP client)", move |_| {
+        let door = Arc::clone(&door);
+        async move {
+            let mut params = CallToolRequestParams::new("echo");
+            params.arguments = json!({"message": "hi"}).as_object().cloned();
+            let result = door.call_tool(params).await?;
+            anyhow::ensure!(result.is_error != Some(true), "echo failed: {result:?}");
+            Ok(())
+        }
+    })
+    .await?;
     let _ = daemon.kill().await;
     let _ = std::fs::remove_dir_all(&dir);
-    Ok((row, floor, rss_idle_kib))
+    Ok(Measured { hosted: row, floor, echo_redis, echo_door, rss_idle_kib })
 }
 
 #[tokio::main]
@@ -245,11 +288,14 @@ async fn main() -> anyhow::Result<()> {
     let program = everything()?;
     let toolhost_bin = std::env::current_exe()?.with_file_name("toolhost");
     let direct = direct(&program).await?;
-    let (hosted, floor, rss_idle_kib) = toolhost(&program, &toolhost_bin).await?;
+    // The door's HTTP client is built without a TLS provider of its own.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let Measured { hosted, floor, echo_redis, echo_door, rss_idle_kib } =
+        toolhost(&program, &toolhost_bin).await?;
     let mut table = String::from(
         "| target | p50 µs (1 in flight) | p99 µs (1 in flight) | calls/s (16 in flight) |\n|---|---:|---:|---:|\n",
     );
-    for row in [&direct, &hosted, &floor] {
+    for row in [&direct, &hosted, &floor, &echo_redis, &echo_door] {
         table.push_str(&format!(
             "| {} | {} | {} | {:.0} |\n",
             row.target, row.p50_us, row.p99_us, row.calls_per_s
@@ -260,6 +306,11 @@ async fn main() -> anyhow::Result<()> {
         hosted.p50_us.saturating_sub(direct.p50_us),
         floor.p50_us,
         hosted.calls_per_s / direct.calls_per_s
+    ));
+    table.push_str(&format!(
+        "The MCP door adds {} µs at p50 to echo over Redis and keeps {:.2} of its throughput at 16 in flight.\n",
+        echo_door.p50_us.saturating_sub(echo_redis.p50_us),
+        echo_door.calls_per_s / echo_redis.calls_per_s
     ));
     if let Some(kib) = rss_idle_kib {
         table.push_str(&format!(

@@ -326,7 +326,7 @@ impl RedisBus {
         Ok(())
     }
 
-    /// [`crate::Store::keys_matching`] on a cluster: `SCAN` on every primary.
+    /// [`crate::Server::keys_matching`] on a cluster: `SCAN` on every primary.
     pub(super) async fn cluster_keys_matching(&self, pattern: &str) -> Result<Vec<String>, Error> {
         let Connection::Cluster(connection) = &self.commands else {
             return Err(Error::Protocol("not a cluster connection".to_owned()));

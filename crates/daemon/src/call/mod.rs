@@ -20,16 +20,19 @@
 //! ledger (begin, lease renewal, commit), the per-tool limits and the global slot, deadlines,
 //! poison, forced shutdown, a response topic of the wrong type, and the outcome's metrics.
 
+pub(crate) mod cancel;
 pub(crate) mod ledger;
+pub(crate) mod progress;
 
 use std::future::Future;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
 use toolhost_bus::{CallKeys, CallStart, Committed, EntryRef, Finish, Published, call_owner};
 use toolhost_envelope::{Entry, ErrorCode};
-use toolhost_tools::{Admit, Context, Failure, Full, Registry, Running};
-use tracing::{error, warn};
+use toolhost_tools::{Admit, Context, Failure, Full, ProgressReport, Registry, Running};
+use tracing::{debug, error, warn};
 
 use crate::group::{EntryHandler, Slot, StreamSettings};
 use crate::services::Services;
@@ -62,6 +65,9 @@ pub(crate) enum Work {
     AckOnly,
     /// Hand the entry to this consumer of the same group, which hosts its tool.
     HandOver(String),
+    /// Cancel the call with this request id, wherever it runs, and answer (not final) with
+    /// what was found.
+    Cancel(String),
 }
 
 /// What kind of answer a [`Work::Answer`] is, for logs and metrics.
@@ -162,6 +168,16 @@ pub(crate) trait Door: Send + Sync + 'static {
 
     /// The dead letter of an admitted request's entry.
     fn letter(&self, entry: &Entry, request: &Self::Request, reason: &str) -> Letter;
+
+    /// Whether the door relays the progress of its calls (see [`Door::progress`]).
+    fn relays_progress(&self) -> bool {
+        false
+    }
+
+    /// A progress entry of the request's running call, to publish on the answer's topic.
+    fn progress(&self, _request: &Self::Request, _report: &ProgressReport) -> Option<Answer> {
+        None
+    }
 
     /// Whether every tool call takes a call record, even of read-only, idempotent tools: a door
     /// whose calls have effects of their own (progress events) must not run a duplicate.
@@ -275,6 +291,10 @@ impl<D: Door> Lifecycle<D> {
         let poisoned = entry.deliveries > self.settings.max_deliveries;
         // Whether a call record was written for this request, which finishing then deletes.
         let mut tracked = false;
+        // A cancel's answer is never final: the id it names is the call's, not its own.
+        let mut cancel = false;
+        // Held until the call's answer is committed: a `tool.cancel` finds the call here.
+        let mut registration = None;
         let (result, reply) = match self.door.work(request, registry) {
             Work::HandOver(consumer) => return self.hand_over(entry, &consumer).await,
             Work::AckOnly => {
@@ -285,7 +305,27 @@ impl<D: Door> Lifecycle<D> {
                 Some(failure) => (Err(failure), Reply::Result),
                 None => (result, reply),
             },
+            Work::Cancel(_) if poisoned => return self.poison(entry, request, &call).await,
+            Work::Cancel(call_id) => {
+                cancel = true;
+                match self.expired(entry, request) {
+                    Some(failure) => (Err(failure), Reply::Result),
+                    None => {
+                        let forced = self.services.shutdown.forced();
+                        let ledger = &self.settings.ledger;
+                        let Some(state) = self.services.calls.cancel(ledger, &call_id, forced).await else {
+                            return Outcome::LeftPending;
+                        };
+                        (Ok(json!({"request_id": call_id, "state": state.as_str()})), Reply::Result)
+                    }
+                }
+            }
             Work::Tool { name, arguments } => {
+                // Registered before the ledger step, so a cancel that finds the call record
+                // also finds the call here.
+                let (cancel_token, registered) =
+                    self.services.calls.register(&self.settings.ledger, &ledger_id);
+                registration = Some(registered);
                 // A read-only, idempotent tool runs without a call record, so without a lease to
                 // own: no owner (its renewal only keeps its entry).
                 let owner = (!self.untracked(&name, registry))
@@ -314,6 +354,7 @@ impl<D: Door> Lifecycle<D> {
                                 arguments,
                                 owner.as_deref().unwrap_or_default(),
                                 recorded,
+                                &cancel_token,
                                 slot,
                             );
                             match running.await {
@@ -338,9 +379,11 @@ impl<D: Door> Lifecycle<D> {
         {
             error!(entry_id = %entry.entry_id, details = ?failure.details, "tool bug: output breaks the tool's output schema");
         }
-        let final_answer = result.as_ref().err().is_none_or(|failure| failure.code.is_final());
+        let final_answer = !cancel && result.as_ref().err().is_none_or(|failure| failure.code.is_final());
         let answer = self.door.answer(request, &result);
-        match self.commit(entry, Some(call), Some(&answer), None, final_answer, tracked).await {
+        let committed = self.commit(entry, Some(call), Some(&answer), None, final_answer, tracked).await;
+        drop(registration);
+        match committed {
             Some(Committed::Published) => outcome,
             Some(Committed::NotPublished) => Outcome::Duplicate,
             Some(Committed::WrongType) => self.wrong_type(entry, request, &call, &answer).await,
@@ -408,11 +451,23 @@ impl<D: Door> Lifecycle<D> {
         arguments: Value,
         owner: &str,
         recorded: bool,
+        cancelled: &CancellationToken,
         slot: &mut Slot,
     ) -> Option<Result<Value, Failure>> {
         let services = &self.services;
         let mut context = self.door.context(request);
         context.cancel = services.shutdown.forced().child_token();
+        let relay = progress::Relay::new(services.progress_per_second);
+        if self.door.relays_progress() {
+            context.progress = relay.handle();
+        }
+        let write_progress = |report: ProgressReport| async move {
+            let Some(entry) = self.door.progress(request, &report) else { return };
+            if let Err(err) = services.bus.publish(&entry.topic, &entry.id, &entry.payload).await {
+                debug!(error = %err, entry_id = %entry.id, "cannot write a progress entry; dropped");
+            }
+        };
+        let relay_stop = CancellationToken::new();
         let entry_ref =
             EntryRef { topic: &self.settings.topic, group: &self.settings.group, entry_id: &entry.entry_id };
         let renew = ledger::renew(
@@ -428,6 +483,11 @@ impl<D: Door> Lifecycle<D> {
         let deadline = self.door.deadline(entry, request);
         let started = Instant::now();
         let run = async {
+            // Cancelled before it started (while its ledger step waited out a Redis outage): it
+            // never starts.
+            if cancelled.is_cancelled() {
+                return Err(cancelled_failure(tool));
+            }
             self.door.started(request, tool).await;
             // Arguments are checked before the call waits: a bad request never takes a queue slot.
             let arguments = registry.prepare(tool, arguments)?;
@@ -438,17 +498,31 @@ impl<D: Door> Lifecycle<D> {
         };
         // Polled in this order: a tool that answers at once (most read-only tools) ends the call
         // on the first poll, before the lease renewal sets up its timer or the shutdown watch
-        // registers a waiter.
-        let result = tokio::select! {
-            biased;
-            res = run => res,
-            () = renew => Err(Failure::new(ErrorCode::Internal, "lease renewal stopped")),
-            () = forced.cancelled() => {
-                context.cancel.cancel();
-                warn!(entry_id = %entry.entry_id, tool, "grace period over; call abandoned, left to a replica");
-                return None;
-            }
+        // registers a waiter. A cancel drops the tool's future, which stops it (a command's
+        // process group is killed, an MCP server gets `notifications/cancelled`), also while it
+        // waits in the tool's queue.
+        let call = async {
+            let result = tokio::select! {
+                biased;
+                res = run => Some(res),
+                () = renew => Some(Err(Failure::new(ErrorCode::Internal, "lease renewal stopped"))),
+                () = cancelled.cancelled() => {
+                    context.cancel.cancel();
+                    Some(Err(cancelled_failure(tool)))
+                }
+                () = forced.cancelled() => {
+                    context.cancel.cancel();
+                    warn!(entry_id = %entry.entry_id, tool, "grace period over; call abandoned, left to a replica");
+                    None
+                }
+            };
+            relay_stop.cancel();
+            result
         };
+        // The relay stops with the call, finishing a write under way, so no progress entry is
+        // written after the answer.
+        let (result, ()) = tokio::join!(call, relay.run(&relay_stop, write_progress));
+        let result = result?;
         self.door.finished(request, tool, &result, started.elapsed()).await;
         Some(result)
     }
@@ -638,6 +712,11 @@ enum Begin {
     Interrupted,
     /// Nothing to answer; the entry ended this way.
     End(Outcome),
+}
+
+/// The answer of a call stopped by a `tool.cancel`.
+fn cancelled_failure(tool: &str) -> Failure {
+    Failure::new(ErrorCode::Cancelled, format!("the call of '{tool}' was cancelled by a tool.cancel request"))
 }
 
 /// Now, as time since the UNIX epoch.

@@ -199,6 +199,7 @@ impl Door for Inbox {
             correlation_id: Inbox::call(message).map(|call| call.id.clone()),
             conversation_id: Some(message.envelope.conversation_id.clone()),
             cancel: Default::default(),
+            progress: Default::default(),
         }
     }
 

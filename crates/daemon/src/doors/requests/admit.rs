@@ -43,6 +43,9 @@ pub(crate) enum Target {
     Discover,
     /// `tools.stats`.
     Stats,
+    /// `tool.cancel`: stop the call `call_id`. `cancel_id` is the cancel's own id (its
+    /// envelope's `id`, else the entry's message id), which the ledger remembers it by.
+    Cancel { call_id: String, cancel_id: String },
     /// The envelope can be answered but not run; the sentence says why.
     Invalid(String),
     /// The caller asked for something it may not have (a reserved or unlisted response topic);
@@ -56,6 +59,8 @@ pub(crate) const TOOL_INVOKE: &str = "tool.invoke";
 pub(crate) const TOOLS_DISCOVER: &str = "tools.discover";
 /// Statistics.
 pub(crate) const TOOLS_STATS: &str = "tools.stats";
+/// Cancelling a running call.
+pub(crate) const TOOL_CANCEL: &str = "tool.cancel";
 
 /// Decodes an entry; `resolve` maps an event type to the tool consuming it, `topics` says which
 /// response topics a caller may name.
@@ -121,7 +126,12 @@ pub(crate) fn admit(
         (Some(problem), _) => Target::Invalid(problem),
         (None, Some(TopicRefusal::Empty)) => Target::Invalid(TopicRefusal::Empty.to_string()),
         (None, Some(refusal)) => Target::Forbidden(refusal.to_string()),
-        (None, None) => target(&envelope, resolve),
+        (None, None) => match target(&envelope, resolve) {
+            Target::Cancel { call_id, cancel_id } if cancel_id.is_empty() => {
+                Target::Cancel { call_id, cancel_id: entry.id.clone() }
+            }
+            target => target,
+        },
     };
     let deadline = deadline(&envelope, entry);
     Admission::Request(Box::new(Request { envelope, request_id, target, response_topic, deadline }))
@@ -193,6 +203,14 @@ fn target(envelope: &EventEnvelope, resolve: impl Fn(&str) -> Option<String>) ->
         "" => Target::Invalid("envelope has no type".to_owned()),
         TOOLS_DISCOVER => Target::Discover,
         TOOLS_STATS => Target::Stats,
+        TOOL_CANCEL => match data.get("request_id") {
+            Some(Value::String(call_id)) if !call_id.is_empty() => {
+                Target::Cancel { call_id: call_id.clone(), cancel_id: envelope.id.clone() }
+            }
+            _ => {
+                Target::Invalid("tool.cancel needs data.request_id, the id of the call to cancel".to_owned())
+            }
+        },
         TOOL_INVOKE => {
             let Some(name) = data.get("tool").and_then(Value::as_str) else {
                 return Target::Invalid("tool.invoke needs data.tool, the tool's name".to_owned());
@@ -308,6 +326,29 @@ mod tests {
                 Admission::DeadLetter(text) => assert!(text.contains(reason), "{text}"),
                 Admission::Request(request) => panic!("admitted {request:?}"),
             }
+        }
+    }
+
+    #[test]
+    fn a_cancel_names_the_call_and_is_remembered_by_its_own_id() {
+        let cancel = request(r#"{"id":"e-9","type":"tool.cancel","data":{"request_id":"call-1"}}"#);
+        assert_eq!(cancel.request_id, "call-1");
+        assert!(
+            matches!(&cancel.target, Target::Cancel { call_id, cancel_id } if call_id == "call-1" && cancel_id == "e-9")
+        );
+        // Without an envelope id, the entry's message id.
+        let cancel = request(r#"{"type":"tool.cancel","data":{"request_id":"call-1"}}"#);
+        assert!(matches!(&cancel.target, Target::Cancel { cancel_id, .. } if cancel_id == "m-1"));
+        // Without the call's id it is refused (an empty id, by the rule for every request id).
+        for (data, why) in
+            [(r#"{}"#, "tool.cancel needs data.request_id"), (r#"{"request_id":""}"#, "must not be empty")]
+        {
+            let cancel = request(&format!(r#"{{"id":"e-9","type":"tool.cancel","data":{data}}}"#));
+            assert!(
+                matches!(&cancel.target, Target::Invalid(reason) if reason.contains(why)),
+                "{data}: {:?}",
+                cancel.target
+            );
         }
     }
 

@@ -14,7 +14,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use toolhost_bus::{Keys, ResponseTopics};
 use toolhost_envelope::{DiscoveryFormat, Entry, ErrorCode, EventEnvelope, ResultData, new_message_id};
-use toolhost_tools::{Context, Failure, Registry};
+use toolhost_tools::{Context, Failure, ProgressReport, Registry};
 use tracing::info;
 
 pub(crate) use self::admit::{Request, Target, entry_millis};
@@ -141,8 +141,13 @@ impl Door for Requests {
         }
     }
 
+    /// A cancel is remembered by its own id: the request id it carries is the call's, whose
+    /// answered mark must not swallow the cancel's answer (and a cancel's answer sets no mark).
     fn ledger_id(&self, request: &Request) -> String {
-        request.request_id.clone()
+        match &request.target {
+            Target::Cancel { cancel_id, .. } => format!("{}:{cancel_id}", admit::TOOL_CANCEL),
+            _ => request.request_id.clone(),
+        }
     }
 
     fn work(&self, request: &Request, registry: &Registry) -> Work {
@@ -177,6 +182,8 @@ impl Door for Requests {
                 ErrorCode::InvalidRequest,
                 format!("no live toolbox '{}' reads this stream", addressed.unwrap_or_default()),
             ))),
+            // Every toolbox reading the stream looks for the call; one of them answers.
+            Target::Cancel { call_id, .. } => Work::Cancel(call_id.clone()),
             Target::Discover => answer(Ok(self.discover(&request.envelope, registry))),
             Target::Stats => answer(Ok(
                 json!({"toolbox_id": self.settings.toolbox_id, "tools": self.stats.snapshot()["tools"]}),
@@ -208,6 +215,7 @@ impl Door for Requests {
                 .or(envelope.session_id.as_deref())
                 .map(str::to_owned),
             cancel: Default::default(),
+            progress: Default::default(),
         }
     }
 
@@ -223,6 +231,24 @@ impl Door for Requests {
             }
         };
         self.result_on(request, &request.response_topic, &data)
+    }
+
+    fn relays_progress(&self) -> bool {
+        true
+    }
+
+    /// `<answer type>.progress` on the answer's topic, `data` without `success`.
+    fn progress(&self, request: &Request, report: &ProgressReport) -> Option<Answer> {
+        let mut data = json!({"request_id": request.request_id, "progress": report.progress});
+        if let Some(total) = report.total {
+            data["total"] = json!(total);
+        }
+        if let Some(message) = &report.message {
+            data["message"] = json!(message);
+        }
+        let topic = self.keys.topic(&request.response_topic);
+        let (id, payload) = request.envelope.progress_json(&self.source, &topic, &data);
+        Some(Answer { topic, copy: None, id, payload })
     }
 
     /// `internal`, once, on the default results topic (unless that is the topic that failed).
@@ -250,6 +276,7 @@ impl Door for Requests {
             Target::Tool { .. } | Target::Unknown(_) => Some(UNKNOWN_TOOL_LABEL.to_owned()),
             Target::Discover => Some(admit::TOOLS_DISCOVER.to_owned()),
             Target::Stats => Some(admit::TOOLS_STATS.to_owned()),
+            Target::Cancel { .. } => Some(admit::TOOL_CANCEL.to_owned()),
             Target::Invalid(_) | Target::Forbidden(_) => None,
         }
     }

@@ -1,0 +1,100 @@
+//! The MCP door over streamable HTTP: `/mcp` on `[mcp] listen`, its own port.
+//!
+//! rmcp's streamable HTTP service does the protocol: sessions by `Mcp-Session-Id`, JSON
+//! responses or SSE streams, the `Origin` and `Host` checks against DNS rebinding, and the body
+//! limit (413). This module adds what a long-running daemon needs around it: a cap on open
+//! sessions (503 past it), idle sessions closed, and a graceful stop.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{Method, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use super::Settings;
+use super::handler::{Door, Session};
+
+/// The HTTP header that names a session.
+const SESSION_HEADER: &str = "mcp-session-id";
+
+/// What the session cap needs.
+#[derive(Clone)]
+struct Cap {
+    sessions: Arc<LocalSessionManager>,
+    max: usize,
+}
+
+/// Binds `[mcp] listen` and serves `/mcp` until `stop` is cancelled.
+///
+/// # Errors
+/// The address cannot be bound.
+pub(crate) async fn serve(
+    door: Arc<Door>,
+    settings: &Settings,
+    addr: SocketAddr,
+    stop: CancellationToken,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let mut sessions = LocalSessionManager::default();
+    sessions.session_config.keep_alive = Some(settings.session_idle());
+    let sessions = Arc::new(sessions);
+    let mut hosts = vec!["localhost".to_owned(), "127.0.0.1".to_owned(), "::1".to_owned(), addr.to_string()];
+    hosts.extend(settings.allowed_hosts.iter().cloned());
+    let config = StreamableHttpServerConfig::default()
+        .with_json_response(true)
+        .with_allowed_hosts(hosts)
+        .with_allowed_origins(settings.allowed_origins.clone())
+        .enforce_origin_validation()
+        .with_max_request_body_bytes(settings.max_body_bytes)
+        .with_cancellation_token(stop.child_token());
+    let service =
+        StreamableHttpService::new(move || Ok(Session::new(door.clone())), sessions.clone(), config);
+    let cap = Cap { sessions, max: settings.max_sessions };
+    let router =
+        Router::new().route_service("/mcp", service).layer(middleware::from_fn_with_state(cap, cap_sessions));
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|err| anyhow::anyhow!("cannot bind the MCP door to {addr} ([mcp] listen): {err}"))?;
+    let bound = listener.local_addr().unwrap_or(addr);
+    info!(address = %bound, "MCP door listening at /mcp");
+    Ok(tokio::spawn(async move {
+        let served = axum::serve(listener, router).with_graceful_shutdown(stop.cancelled_owned()).await;
+        if let Err(err) = served {
+            warn!(error = %err, "the MCP door's HTTP server stopped");
+        }
+    }))
+}
+
+/// Refuses a request that would open a session past `[mcp] max_sessions` (a POST without a
+/// session id), with 503 and a JSON-RPC error, so the client can retry later.
+async fn cap_sessions(State(cap): State<Cap>, request: Request, next: Next) -> Response {
+    let opens_session = request.method() == Method::POST && !request.headers().contains_key(SESSION_HEADER);
+    if opens_session && cap.sessions.sessions.read().await.len() >= cap.max {
+        let body = json!({
+            "jsonrpc": "2.0",
+            "id": null,
+            "error": {"code": -32000, "message": format!("too many MCP sessions (the limit is {}); retry later", cap.max)},
+        });
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(header::CONTENT_TYPE, "application/json"), (header::RETRY_AFTER, "1")],
+            Body::from(body.to_string()),
+        )
+            .into_response();
+    }
+    let deletes = request.method() == Method::DELETE;
+    let mut response = next.run(request).await;
+    // A closed session answers 204, what clients check for (rmcp says 202 Accepted).
+    if deletes && response.status() == StatusCode::ACCEPTED {
+        *response.status_mut() = StatusCode::NO_CONTENT;
+    }
+    response
+}

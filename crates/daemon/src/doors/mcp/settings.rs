@@ -1,0 +1,111 @@
+//! `[mcp]`: the MCP door's configuration section, owned by the door.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::{KeyError, RawConfig};
+
+/// `[mcp]` as written in the configuration.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Settings {
+    /// Streamable HTTP at `/mcp` on this address; empty: off.
+    pub listen: String,
+    /// `Origin` values a browser may send (scheme, host and port; `:*` for any port). A request
+    /// with any other `Origin` is refused; requests without one (programs) pass.
+    pub allowed_origins: Vec<String>,
+    /// `Host` values accepted besides the loopback names and the listen address.
+    pub allowed_hosts: Vec<String>,
+    /// Globs of the fleet tools the door exposes.
+    pub tools: Vec<String>,
+    /// The largest request body accepted.
+    pub max_body_bytes: usize,
+    /// Sessions open at once; a new one past this is refused.
+    pub max_sessions: usize,
+    /// A session with no request for this long is closed.
+    pub session_idle_ms: u64,
+    /// A call of a tool whose timeout is above this becomes a durable task for clients that
+    /// declare the tasks extension.
+    pub task_threshold_ms: u64,
+    /// How often the fleet's tools are read again.
+    pub watch_ms: u64,
+    /// Tools per `tools/list` page.
+    pub page_size: usize,
+}
+
+impl Default for Settings {
+    fn default() -> Settings {
+        Settings {
+            listen: String::new(),
+            allowed_origins: Vec::new(),
+            allowed_hosts: Vec::new(),
+            tools: vec!["*".to_owned()],
+            max_body_bytes: 4 * 1024 * 1024,
+            max_sessions: 256,
+            session_idle_ms: 300_000,
+            task_threshold_ms: 10_000,
+            watch_ms: 1_000,
+            page_size: 100,
+        }
+    }
+}
+
+impl Settings {
+    /// The listen address, `None` when the HTTP door is off.
+    pub(crate) fn listen_addr(&self) -> Option<SocketAddr> {
+        self.listen.trim().parse().ok()
+    }
+
+    /// The idle time after which a session closes.
+    pub(crate) fn session_idle(&self) -> Duration {
+        Duration::from_millis(self.session_idle_ms)
+    }
+
+    /// The task threshold.
+    pub(crate) fn task_threshold(&self) -> Duration {
+        Duration::from_millis(self.task_threshold_ms)
+    }
+
+    /// The fleet watch period.
+    pub(crate) fn watch_period(&self) -> Duration {
+        Duration::from_millis(self.watch_ms)
+    }
+
+    /// Every bad key of the section.
+    pub(crate) fn validate(&self, _raw: &RawConfig) -> Vec<KeyError> {
+        let mut errors = Vec::new();
+        let mut bad = |key: &str, message: String| {
+            errors.push(KeyError { key: format!("mcp.{key}"), message });
+        };
+        if !self.listen.trim().is_empty() && self.listen_addr().is_none() {
+            bad("listen", format!("'{}' is not an address and port such as 127.0.0.1:8931", self.listen));
+        }
+        for (index, origin) in self.allowed_origins.iter().enumerate() {
+            if origin != "null" && !(origin.starts_with("http://") || origin.starts_with("https://")) {
+                bad(
+                    &format!("allowed_origins[{index}]"),
+                    format!("'{origin}' must start with http:// or https:// (or be \"null\")"),
+                );
+            }
+        }
+        for (index, pattern) in self.tools.iter().enumerate() {
+            if let Err(err) = glob::Pattern::new(pattern) {
+                bad(&format!("tools[{index}]"), format!("'{pattern}' is not a glob: {err}"));
+            }
+        }
+        for (key, value) in [
+            ("max_body_bytes", self.max_body_bytes as u64),
+            ("max_sessions", self.max_sessions as u64),
+            ("session_idle_ms", self.session_idle_ms),
+            ("watch_ms", self.watch_ms),
+            ("page_size", self.page_size as u64),
+        ] {
+            if value == 0 {
+                bad(key, "must be above 0".to_owned());
+            }
+        }
+        errors
+    }
+}

@@ -1,0 +1,604 @@
+//! A client of the fleet: what the MCP door, `toolhost mcp` and other doors that are not a
+//! consumer group use to list and call every tool of every live toolbox.
+//!
+//! It hosts nothing. It calls a tool the way any caller does, by publishing a `tool.invoke`
+//! request to the requests stream, so the call gets the fleet's promises (validation, limits,
+//! deadlines, the ledger, one answer per request id) from whichever toolbox hosts the tool. The
+//! answers come back on a private response stream of its own, `results:<client id>`, which it
+//! creates with a TTL, keeps alive while it lives and deletes when it closes; one reader task
+//! routes answers and progress entries to the calls waiting for them, by request id.
+//!
+//! The fleet's tools are read from the fleet set, heartbeats and registries ([`view`]) every
+//! watch period, and a change is announced on [`FleetClient::changes`].
+//!
+//! It holds only [`FleetAccess`]: plain streams and the directory, no groups, no ledger.
+
+pub(crate) mod view;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use serde_json::{Map, Value, json};
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio_util::sync::CancellationToken;
+use toolhost_bus::{Error as BusError, FleetAccess, Keys};
+use toolhost_envelope::{Entry, EventEnvelope, ResultData, SPEC_VERSION, new_message_id, now_rfc3339};
+use tracing::{debug, warn};
+
+pub(crate) use view::FleetTools;
+
+/// How long past a call's timeout the client waits for its answer before it says no toolbox
+/// answered: the host answers `timeout` itself at the timeout, and this covers the trip back.
+pub(crate) const ANSWER_MARGIN: Duration = Duration::from_secs(2);
+
+/// How long a cancel waits for the host to say what it did.
+const CANCEL_WAIT: Duration = Duration::from_secs(5);
+
+/// The event type of a cancel's answer (docs/CONTRACTS.md, "Cancelling a call").
+const CANCEL_ANSWER: &str = "tool.cancel.completed";
+
+/// The event type of the entry that creates a private stream, skipped by its reader.
+const OPENED: &str = "toolhost.client.opened";
+
+/// How a client of the fleet is set up.
+#[derive(Debug, Clone)]
+pub(crate) struct ClientSettings {
+    /// Bare name of the requests stream.
+    pub requests_topic: String,
+    /// What the requests' `source` says, e.g. `toolhost:mcp`.
+    pub source: String,
+    /// How long the private response stream outlives the client when it dies without closing.
+    pub stream_ttl: Duration,
+    /// How often the fleet's tools are read again; `None`: never (a client that only calls).
+    pub watch_period: Option<Duration>,
+}
+
+/// One call of a fleet tool.
+#[derive(Debug, Clone)]
+pub(crate) struct Request {
+    /// The tool's name.
+    pub tool: String,
+    /// Its arguments (validated by the host).
+    pub arguments: Value,
+    /// The request id: a retry with the same id is answered from the host's ledger.
+    pub request_id: String,
+    /// The call's timeout, sent as `timeout_ms`.
+    pub timeout: Duration,
+    /// Bare name of the topic the answer goes to; `None` for the client's private stream.
+    pub response_topic: Option<String>,
+}
+
+/// A progress report of a running call.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Progress {
+    /// How far it is.
+    pub progress: f64,
+    /// Out of how much, when known.
+    pub total: Option<f64>,
+    /// What it is doing.
+    pub message: Option<String>,
+}
+
+impl Progress {
+    /// The progress of a progress entry's `data`; `None` when it is not one.
+    pub(crate) fn from_data(data: &Value) -> Option<Progress> {
+        if data.get("success").is_some() {
+            return None;
+        }
+        Some(Progress {
+            progress: data.get("progress")?.as_f64()?,
+            total: data.get("total").and_then(Value::as_f64),
+            message: data.get("message").and_then(Value::as_str).map(str::to_owned),
+        })
+    }
+}
+
+/// Why a call has no answer.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum CallFailure {
+    /// The request could not be published.
+    #[error("cannot publish the request: {0}")]
+    Bus(#[from] BusError),
+    /// Nothing answered within the tool's timeout plus the margin.
+    #[error("no toolbox answered within {} ms", .0.as_millis())]
+    NoAnswer(Duration),
+    /// The client is closed.
+    #[error("the fleet client is closed")]
+    Closed,
+}
+
+/// What a cancel did, as the host answered it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum CancelState {
+    /// The host's `state`: `cancelling`, `answered` or `unknown`.
+    Answered(String),
+    /// The host did not answer the cancel in time.
+    NoAnswer,
+}
+
+/// One call waiting for its answer.
+struct Waiter {
+    answer: oneshot::Sender<ResultData>,
+    progress: Option<mpsc::UnboundedSender<Progress>>,
+}
+
+/// Calls waiting for answers and cancels waiting for theirs, by request id.
+#[derive(Default)]
+struct Pending {
+    calls: HashMap<String, Vec<Waiter>>,
+    cancels: HashMap<String, Vec<oneshot::Sender<String>>>,
+}
+
+struct Inner {
+    bus: Arc<dyn FleetAccess>,
+    keys: Keys,
+    settings: ClientSettings,
+    /// Full key of the requests stream.
+    requests_key: String,
+    /// Bare name of the private response stream.
+    private_topic: String,
+    /// Its full key.
+    private_key: String,
+    pending: Mutex<Pending>,
+    view: ArcSwap<FleetTools>,
+    changes: watch::Sender<u64>,
+    stop: CancellationToken,
+}
+
+/// A client of the fleet; cheap to clone, closed by [`FleetClient::close`] (or when the last
+/// clone is dropped, without deleting its stream, which then expires).
+#[derive(Clone)]
+pub(crate) struct FleetClient {
+    inner: Arc<Inner>,
+}
+
+impl FleetClient {
+    /// Opens a client: creates its private response stream with its TTL, reads the fleet once,
+    /// and starts the answer reader, the stream's keep-alive and the fleet watch.
+    ///
+    /// # Errors
+    /// Redis failed.
+    pub(crate) async fn open(
+        bus: Arc<dyn FleetAccess>,
+        keys: Keys,
+        settings: ClientSettings,
+    ) -> Result<FleetClient, BusError> {
+        let client_id = format!("fleet-{}", new_message_id());
+        let private_topic = Keys::private_results(&client_id);
+        let inner = Arc::new(Inner {
+            requests_key: keys.topic(&settings.requests_topic),
+            private_key: keys.topic(&private_topic),
+            private_topic,
+            bus,
+            keys,
+            settings,
+            pending: Mutex::new(Pending::default()),
+            view: ArcSwap::from_pointee(FleetTools::default()),
+            changes: watch::Sender::new(0),
+            stop: CancellationToken::new(),
+        });
+        inner.create_stream().await?;
+        tokio::spawn(read_answers(Arc::downgrade(&inner), inner.stop.clone()));
+        tokio::spawn(keep_alive(Arc::downgrade(&inner), inner.stop.clone()));
+        if let Some(period) = inner.settings.watch_period {
+            inner.refresh().await?;
+            tokio::spawn(watch_fleet(Arc::downgrade(&inner), period, inner.stop.clone()));
+        }
+        Ok(FleetClient { inner })
+    }
+
+    /// The fleet's tools as last read.
+    pub(crate) fn tools(&self) -> Arc<FleetTools> {
+        self.inner.view.load_full()
+    }
+
+    /// Ticks each time the fleet's tools change.
+    pub(crate) fn changes(&self) -> watch::Receiver<u64> {
+        self.inner.changes.subscribe()
+    }
+
+    /// The key prefix and key builder of the client's Redis.
+    pub(crate) fn keys(&self) -> &Keys {
+        &self.inner.keys
+    }
+
+    /// The Redis access the client holds, for doors that keep records of their own (tasks).
+    pub(crate) fn bus(&self) -> &Arc<dyn FleetAccess> {
+        &self.inner.bus
+    }
+
+    /// Calls a tool and waits for its answer, sending progress entries to `progress`.
+    ///
+    /// # Errors
+    /// The request could not be published, or no toolbox answered within the tool's timeout
+    /// plus [`ANSWER_MARGIN`].
+    ///
+    /// # Cancel safety
+    /// Dropping the future stops waiting; the call itself goes on unless it is cancelled with
+    /// [`FleetClient::cancel`].
+    pub(crate) async fn call(
+        &self,
+        request: &Request,
+        progress: Option<mpsc::UnboundedSender<Progress>>,
+    ) -> Result<ResultData, CallFailure> {
+        let inner = &self.inner;
+        if inner.stop.is_cancelled() {
+            return Err(CallFailure::Closed);
+        }
+        let (answer, receiver) = oneshot::channel();
+        inner.lock().calls.entry(request.request_id.clone()).or_default().push(Waiter { answer, progress });
+        // Removes this call's waiter however the wait ends.
+        let _forget = Forget { inner, request_id: &request.request_id };
+        self.submit(request).await?;
+        let wait = request.timeout + ANSWER_MARGIN;
+        match tokio::time::timeout(wait, receiver).await {
+            Ok(Ok(answer)) => Ok(answer),
+            Ok(Err(_closed)) => Err(CallFailure::Closed),
+            Err(_elapsed) => Err(CallFailure::NoAnswer(wait)),
+        }
+    }
+
+    /// Publishes a call's request without waiting for its answer (tasks read it later).
+    ///
+    /// # Errors
+    /// The request could not be published.
+    pub(crate) async fn submit(&self, request: &Request) -> Result<(), CallFailure> {
+        let mut data = Map::new();
+        data.insert("request_id".to_owned(), json!(request.request_id));
+        data.insert("tool".to_owned(), json!(request.tool));
+        data.insert("arguments".to_owned(), request.arguments.clone());
+        data.insert("timeout_ms".to_owned(), json!(request.timeout.as_millis() as u64));
+        let topic = request.response_topic.as_deref().unwrap_or(&self.inner.private_topic);
+        self.inner.publish("tool.invoke", data, &request.request_id, topic).await
+    }
+
+    /// Asks the host to cancel the call `request_id` (`tool.cancel`) and returns what it did.
+    ///
+    /// # Errors
+    /// The cancel could not be published.
+    pub(crate) async fn cancel(&self, request_id: &str) -> Result<CancelState, CallFailure> {
+        let inner = &self.inner;
+        let (sender, receiver) = oneshot::channel();
+        inner.lock().cancels.entry(request_id.to_owned()).or_default().push(sender);
+        let mut data = Map::new();
+        data.insert("request_id".to_owned(), json!(request_id));
+        let published = inner.publish("tool.cancel", data, request_id, &inner.private_topic).await;
+        let state = match published {
+            Ok(()) => tokio::time::timeout(CANCEL_WAIT, receiver).await.ok().and_then(Result::ok),
+            Err(err) => {
+                inner.lock().cancels.remove(request_id);
+                return Err(err);
+            }
+        };
+        // A late answer finds no sender; the others waiting for the same id keep theirs.
+        let mut pending = inner.lock();
+        if let Some(senders) = pending.cancels.get_mut(request_id) {
+            senders.retain(|sender| !sender.is_closed());
+            if senders.is_empty() {
+                pending.cancels.remove(request_id);
+            }
+        }
+        Ok(state.map_or(CancelState::NoAnswer, CancelState::Answered))
+    }
+
+    /// The newest entry of the bare topic `topic`, if any.
+    ///
+    /// # Errors
+    /// Redis failed.
+    pub(crate) async fn last_entry(&self, topic: &str) -> Result<Option<Entry>, BusError> {
+        let key = self.inner.keys.topic(topic);
+        let last = self.inner.bus.last_entry_id(&key).await?;
+        let Some(before) = preceding_entry_id(&last) else { return Ok(None) };
+        let entries = self.inner.bus.read(&key, &before, 1, None).await?;
+        Ok(entries.into_iter().next())
+    }
+
+    /// Stops the client's tasks and deletes its private stream. Calls still waiting end with
+    /// [`CallFailure::Closed`].
+    pub(crate) async fn close(&self) {
+        let inner = &self.inner;
+        inner.stop.cancel();
+        let pending = std::mem::take(&mut *inner.lock());
+        drop(pending);
+        if let Err(err) = inner.bus.delete(std::slice::from_ref(&inner.private_key)).await {
+            warn!(error = %err, stream = %inner.private_key, "cannot delete the private response stream; it expires");
+        }
+    }
+}
+
+impl Inner {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Pending> {
+        // A panic while the lock is held leaves a map that is still consistent.
+        self.pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Creates the private stream with an entry of its own, so the TTL has a key to hold.
+    async fn create_stream(&self) -> Result<(), BusError> {
+        let opened = json!({"id": new_message_id(), "type": OPENED, "time": now_rfc3339()}).to_string();
+        self.bus.publish(&self.private_key, &new_message_id(), &opened).await?;
+        self.bus.expire(&self.private_key, self.settings.stream_ttl).await?;
+        Ok(())
+    }
+
+    async fn refresh(&self) -> Result<(), BusError> {
+        let previous = self.view.load_full();
+        let next = view::read(&*self.bus, &self.keys, &previous).await?;
+        if !Arc::ptr_eq(&previous, &next) {
+            debug!(tools = next.len(), "the fleet's tools changed");
+            self.view.store(next);
+            self.changes.send_modify(|tick| *tick += 1);
+        }
+        Ok(())
+    }
+
+    async fn publish(
+        &self,
+        event_type: &str,
+        data: Map<String, Value>,
+        request_id: &str,
+        response_topic: &str,
+    ) -> Result<(), CallFailure> {
+        let request = EventEnvelope {
+            id: new_message_id(),
+            source: Some(self.settings.source.clone()),
+            specversion: Some(SPEC_VERSION.to_owned()),
+            event_type: event_type.to_owned(),
+            topic: Some(self.settings.requests_topic.clone()),
+            time: Some(now_rfc3339()),
+            data: Value::Object(data),
+            correlation_id: Some(request_id.to_owned()),
+            response_topic: Some(response_topic.to_owned()),
+            ..EventEnvelope::default()
+        };
+        // Serialising a struct of strings and JSON values cannot fail.
+        let payload = serde_json::to_string(&request).unwrap_or_default();
+        self.bus.publish(&self.requests_key, &request.id, &payload).await?;
+        Ok(())
+    }
+
+    /// Routes one entry of the private stream to whoever waits for it.
+    fn route(&self, entry: Entry) {
+        let Some(envelope) =
+            entry.payload.and_then(|payload| serde_json::from_str::<EventEnvelope>(&payload).ok())
+        else {
+            return;
+        };
+        let Some(request_id) = envelope.data.get("request_id").and_then(Value::as_str) else { return };
+        let request_id = request_id.to_owned();
+        let request_id = request_id.as_str();
+        let mut pending = self.lock();
+        if envelope.event_type == CANCEL_ANSWER {
+            let state = envelope.data.pointer("/result/state").and_then(Value::as_str).unwrap_or("unknown");
+            for sender in pending.cancels.remove(request_id).unwrap_or_default() {
+                let _ = sender.send(state.to_owned());
+            }
+            return;
+        }
+        if envelope.event_type.ends_with(".progress")
+            && let Some(progress) = Progress::from_data(&envelope.data)
+        {
+            for waiter in pending.calls.get(request_id).into_iter().flatten() {
+                if let Some(sender) = &waiter.progress {
+                    let _ = sender.send(progress.clone());
+                }
+            }
+            return;
+        }
+        let Ok(result) = serde_json::from_value::<ResultData>(envelope.data) else { return };
+        for waiter in pending.calls.remove(request_id).unwrap_or_default() {
+            let _ = waiter.answer.send(result.clone());
+        }
+    }
+}
+
+/// Removes a call's closed waiters when its wait ends.
+struct Forget<'a> {
+    inner: &'a Inner,
+    request_id: &'a str,
+}
+
+impl Drop for Forget<'_> {
+    fn drop(&mut self) {
+        let mut pending = self.inner.lock();
+        if let Some(waiters) = pending.calls.get_mut(self.request_id) {
+            waiters.retain(|waiter| !waiter.answer.is_closed());
+            if waiters.is_empty() {
+                pending.calls.remove(self.request_id);
+            }
+        }
+    }
+}
+
+/// The entry id just before `entry_id`, so a read "after" it returns that entry; `None` for
+/// `0-0` (an empty stream).
+fn preceding_entry_id(entry_id: &str) -> Option<String> {
+    let (ms, seq) = entry_id.split_once('-')?;
+    let (ms, seq): (u64, u64) = (ms.parse().ok()?, seq.parse().ok()?);
+    match (ms, seq) {
+        (0, 0) => None,
+        (ms, 0) => Some(format!("{}-{}", ms - 1, u64::MAX)),
+        (ms, seq) => Some(format!("{ms}-{}", seq - 1)),
+    }
+}
+
+/// Reads the private stream until the client stops, routing every entry.
+async fn read_answers(inner: std::sync::Weak<Inner>, stop: CancellationToken) {
+    let mut cursor = "0-0".to_owned();
+    let mut failures: u32 = 0;
+    loop {
+        let Some(client) = inner.upgrade() else { return };
+        let (bus, key) = (client.bus.clone(), client.private_key.clone());
+        drop(client);
+        let read = tokio::select! {
+            read = bus.read(&key, &cursor, 256, Some(Duration::from_secs(1))) => read,
+            () = stop.cancelled() => return,
+        };
+        match read {
+            Ok(entries) => {
+                failures = 0;
+                let Some(client) = inner.upgrade() else { return };
+                for entry in entries {
+                    cursor.clone_from(&entry.entry_id);
+                    client.route(entry);
+                }
+            }
+            Err(err) => {
+                failures = failures.saturating_add(1);
+                if failures == 1 {
+                    warn!(error = %err, "cannot read the private response stream; retrying");
+                }
+                let pause = Duration::from_millis(50 * u64::from(failures.min(20)));
+                tokio::select! {
+                    () = tokio::time::sleep(pause) => {}
+                    () = stop.cancelled() => return,
+                }
+            }
+        }
+    }
+}
+
+/// Refreshes the private stream's TTL, creating it again if it expired meanwhile.
+async fn keep_alive(inner: std::sync::Weak<Inner>, stop: CancellationToken) {
+    loop {
+        let Some(period) = inner.upgrade().map(|client| client.settings.stream_ttl / 3) else { return };
+        tokio::select! {
+            () = tokio::time::sleep(period) => {}
+            () = stop.cancelled() => return,
+        }
+        let Some(client) = inner.upgrade() else { return };
+        let kept = client.bus.expire(&client.private_key, client.settings.stream_ttl).await;
+        let res = match kept {
+            Ok(true) => Ok(()),
+            Ok(false) => client.create_stream().await,
+            Err(err) => Err(err),
+        };
+        if let Err(err) = res {
+            warn!(error = %err, "cannot refresh the private response stream's TTL");
+        }
+    }
+}
+
+/// Reads the fleet's tools every `period`.
+async fn watch_fleet(inner: std::sync::Weak<Inner>, period: Duration, stop: CancellationToken) {
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(period) => {}
+            () = stop.cancelled() => return,
+        }
+        let Some(client) = inner.upgrade() else { return };
+        if let Err(err) = client.refresh().await {
+            debug!(error = %err, "cannot read the fleet's tools");
+        }
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use toolhost_bus::{MemoryBus, Streams};
+
+    use super::*;
+
+    #[test]
+    fn the_preceding_entry_id_reads_back_the_entry() {
+        assert_eq!(preceding_entry_id("0-0"), None);
+        assert_eq!(preceding_entry_id("5-3").as_deref(), Some("5-2"));
+        assert_eq!(preceding_entry_id("5-0").as_deref(), Some(&*format!("4-{}", u64::MAX)));
+        assert_eq!(preceding_entry_id("garbage"), None);
+    }
+
+    #[test]
+    fn progress_entries_are_told_from_answers() {
+        let progress =
+            Progress::from_data(&json!({"request_id": "r", "progress": 2, "total": 4, "message": "half"}));
+        assert_eq!(
+            progress,
+            Some(Progress { progress: 2.0, total: Some(4.0), message: Some("half".to_owned()) })
+        );
+        assert_eq!(Progress::from_data(&json!({"request_id": "r", "success": true, "progress": 1})), None);
+    }
+
+    fn settings() -> ClientSettings {
+        ClientSettings {
+            requests_topic: "action-requests".to_owned(),
+            source: "toolhost:test".to_owned(),
+            stream_ttl: Duration::from_secs(60),
+            watch_period: Some(Duration::from_secs(60)),
+        }
+    }
+
+    fn answer(event_type: &str, data: Value) -> String {
+        json!({"id": new_message_id(), "type": event_type, "data": data}).to_string()
+    }
+
+    #[tokio::test]
+    async fn answers_and_progress_reach_the_call_that_waits_for_them_and_no_other() {
+        let bus = Arc::new(MemoryBus::new());
+        let client = FleetClient::open(bus.clone(), Keys::new(""), settings()).await.unwrap();
+        let private = client.inner.private_key.clone();
+        let (progress_tx, mut progress_rx) = mpsc::unbounded_channel();
+        let request = |id: &str| Request {
+            tool: "echo".to_owned(),
+            arguments: json!({"message": "hi"}),
+            request_id: id.to_owned(),
+            timeout: Duration::from_secs(5),
+            response_topic: None,
+        };
+        let (r1, r2) = (request("r-1"), request("r-2"));
+        let first = client.call(&r1, Some(progress_tx));
+        let second = client.call(&r2, None);
+        let answers = async {
+            // Wait until both requests are on the requests stream, then answer them in reverse.
+            loop {
+                let entries = bus.read("action-requests", "0-0", 10, None).await.unwrap();
+                if entries.len() == 2 {
+                    let envelope: EventEnvelope =
+                        serde_json::from_str(entries[0].payload.as_deref().unwrap()).unwrap();
+                    assert_eq!(envelope.event_type, "tool.invoke");
+                    assert_eq!(envelope.response_topic.as_deref(), Some(client.inner.private_topic.as_str()));
+                    assert_eq!(envelope.data["timeout_ms"], 5000);
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            let progress = answer("x.progress", json!({"request_id": "r-1", "progress": 1}));
+            bus.publish(&private, "p", &progress).await.unwrap();
+            let done = answer("x", json!({"request_id": "r-2", "success": true, "result": 2}));
+            bus.publish(&private, "a2", &done).await.unwrap();
+            let done = answer("x", json!({"request_id": "r-1", "success": true, "result": 1}));
+            bus.publish(&private, "a1", &done).await.unwrap();
+        };
+        let (first, second, ()) = tokio::join!(first, second, answers);
+        assert_eq!(first.unwrap().result, Some(json!(1)));
+        assert_eq!(second.unwrap().result, Some(json!(2)));
+        assert_eq!(progress_rx.recv().await.map(|p| p.progress), Some(1.0));
+        assert!(client.inner.lock().calls.is_empty(), "answered calls leave no waiter");
+        client.close().await;
+        assert!(matches!(client.call(&request("r-3"), None).await, Err(CallFailure::Closed)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_call_nobody_answers_ends_after_its_timeout_and_the_margin() {
+        let bus = Arc::new(MemoryBus::new());
+        let client = FleetClient::open(bus, Keys::new(""), settings()).await.unwrap();
+        let request = Request {
+            tool: "slow".to_owned(),
+            arguments: json!({}),
+            request_id: "r".to_owned(),
+            timeout: Duration::from_secs(3),
+            response_topic: None,
+        };
+        match client.call(&request, None).await {
+            Err(CallFailure::NoAnswer(waited)) => assert_eq!(waited, Duration::from_secs(3) + ANSWER_MARGIN),
+            other => panic!("expected no answer, got {other:?}"),
+        }
+        assert!(client.inner.lock().calls.is_empty());
+    }
+}

@@ -1,0 +1,250 @@
+"""What real MCP clients do against toolhost's MCP door, driven by tests/tests/mcp_door.rs.
+
+Each scenario connects with a real client (the official `mcp` SDK, the OpenAI Agents SDK, or raw
+JSON-RPC over HTTP where the SDK has no such request), does its part, and prints one JSON object
+on its last line for the Rust test to check. A line `READY` tells the test a scenario is waiting
+for it to act (start a toolbox, restart the door).
+
+    scenarios.py list-call <target>         list the tools, call echo, add, a bad call, a nameless tool
+    scenarios.py call <target> <tool> <json>   one call, its result
+    scenarios.py cancel <target>            call `slow__slow`, cancel it after its first progress
+    scenarios.py progress <target>          call `slow__slow` briefly, collecting its progress
+    scenarios.py list-changed <target>      wait for notifications/tools/list_changed
+    scenarios.py agents <target>            the Agents SDK lists and invokes the tools
+    scenarios.py task-create <url>          a tools/call answered with a task (raw JSON-RPC)
+    scenarios.py task-get <url> <task_id>   tasks/get until the task ends (raw JSON-RPC)
+
+A target is the door's URL (`http://...`) or `stdio:<config file>` for `toolhost mcp`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from typing import Any
+
+import httpx2 as httpx
+from mcp.client.client import Client
+from mcp.client.stdio import StdioServerParameters
+
+TOOLHOST = os.environ.get("MCP_DOOR_TOOLHOST", "toolhost")
+
+
+def server_of(target: str) -> Any:
+    if target.startswith("stdio:"):
+        return StdioServerParameters(
+            command=TOOLHOST, args=["mcp", "--config", target[len("stdio:") :]], env=dict(os.environ)
+        )
+    return target
+
+
+def text_of(result: Any) -> str:
+    return "\n".join(block.text for block in result.content if getattr(block, "type", "") == "text")
+
+
+def done(report: dict[str, Any]) -> None:
+    print(json.dumps(report), flush=True)
+
+
+async def list_call(target: str) -> None:
+    async with Client(server_of(target), cache=None) as client:
+        session = client.session
+        report: dict[str, Any] = {
+            "protocol": session.initialize_result.protocol_version if session.initialize_result else None,
+            "discovered": session.discover_result is not None,
+        }
+        names: list[str] = []
+        cursor = None
+        while True:
+            page = await client.list_tools(cursor=cursor) if cursor else await client.list_tools()
+            names.extend(tool.name for tool in page.tools)
+            cursor = page.next_cursor
+            if not cursor:
+                break
+        report["tools"] = names
+        echo = await client.call_tool("echo", {"message": "hi"})
+        report["echo"] = {"structured": echo.structured_content, "text": text_of(echo), "error": echo.is_error}
+        add = await client.call_tool("slow__add", {"a": 2, "b": 3})
+        report["add"] = {"structured": add.structured_content, "error": add.is_error}
+        bad = await client.call_tool("echo", {"message": 5})
+        report["bad"] = {"text": text_of(bad), "error": bad.is_error}
+        try:
+            await client.call_tool("no_such_tool", {})
+            report["unknown"] = None
+        except Exception as err:  # the SDK raises the JSON-RPC error
+            report["unknown"] = {"code": getattr(getattr(err, "error", None), "code", None), "text": str(err)}
+        done(report)
+
+
+async def call(target: str, tool: str, arguments: str) -> None:
+    async with Client(server_of(target), cache=None) as client:
+        try:
+            result = await client.call_tool(tool, json.loads(arguments), read_timeout_seconds=60)
+        except Exception as err:  # a JSON-RPC error
+            done({"raised": str(err)})
+            return
+        done({"error": result.is_error, "text": text_of(result), "structured": result.structured_content})
+
+
+async def cancel(target: str) -> None:
+    async with Client(server_of(target), cache=None) as client:
+        first = asyncio.Event()
+
+        async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+            first.set()
+
+        call = asyncio.create_task(client.call_tool("slow__slow", {"seconds": 20}, progress_callback=on_progress))
+        got_progress = True
+        try:
+            await asyncio.wait_for(first.wait(), 15)
+        except asyncio.TimeoutError:
+            got_progress = False
+            await asyncio.sleep(1)
+        call.cancel()
+        try:
+            await call
+            outcome = "answered"
+        except asyncio.CancelledError:
+            outcome = "cancelled"
+        # The session stays usable after a cancel.
+        after = await client.call_tool("echo", {"message": "after"})
+        done({"progress_seen": got_progress, "outcome": outcome, "after": after.structured_content})
+
+
+async def progress(target: str) -> None:
+    async with Client(server_of(target), cache=None) as client:
+        seen: list[dict[str, Any]] = []
+
+        async def on_progress(value: float, total: float | None, message: str | None) -> None:
+            seen.append({"progress": value, "total": total, "message": message})
+
+        result = await client.call_tool("slow__slow", {"seconds": 1.5}, progress_callback=on_progress)
+        done({"progress": seen, "result": result.structured_content, "error": result.is_error})
+
+
+async def list_changed(target: str) -> None:
+    changed = asyncio.Event()
+
+    async def on_message(message: Any) -> None:
+        root = getattr(message, "root", message)
+        if getattr(root, "method", None) == "notifications/tools/list_changed":
+            changed.set()
+
+    async with Client(server_of(target), cache=None, message_handler=on_message) as client:
+        before = [tool.name for tool in (await client.list_tools()).tools]
+        print("READY", flush=True)
+        try:
+            await asyncio.wait_for(changed.wait(), 30)
+            notified = True
+        except asyncio.TimeoutError:
+            notified = False
+        after = [tool.name for tool in (await client.list_tools()).tools]
+        done({"notified": notified, "before": before, "after": after})
+
+
+async def agents(target: str) -> None:
+    from agents import Agent, RunContextWrapper
+    from agents.mcp import MCPServerStdio, MCPServerStreamableHttp
+    from agents.tool_context import ToolContext
+
+    if target.startswith("stdio:"):
+        server: Any = MCPServerStdio(
+            params={"command": TOOLHOST, "args": ["mcp", "--config", target[len("stdio:") :]], "env": dict(os.environ)},
+            client_session_timeout_seconds=30,
+        )
+    else:
+        server = MCPServerStreamableHttp(params={"url": target}, client_session_timeout_seconds=30)
+    async with server:
+        agent = Agent(name="ops", mcp_servers=[server])
+        tools = await agent.get_all_tools(RunContextWrapper(context=None))
+        by_name = {tool.name: tool for tool in tools}
+        results = {}
+        for name, arguments in [("echo", {"message": "from agents"}), ("slow__add", {"a": 20, "b": 22})]:
+            text = json.dumps(arguments)
+            context = ToolContext(context=None, tool_name=name, tool_call_id=f"call-{name}", tool_arguments=text)
+            results[name] = await by_name[name].on_invoke_tool(context, text)
+        done({"tools": sorted(by_name), "results": results})
+
+
+def post(client: httpx.Client, session: str | None, message: dict[str, Any]) -> tuple[httpx.Response, Any]:
+    headers = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
+    if session:
+        headers["mcp-session-id"] = session
+        headers["mcp-protocol-version"] = "2025-11-25"
+    response = client.post(str(client.base_url).rstrip("/"), headers=headers, json=message)
+    body = None
+    if "id" in message and response.status_code == 200:
+        for line in response.text.splitlines():
+            if line.startswith("data: ") and line[6:].strip():
+                body = json.loads(line[6:])
+        if body is None and response.text.strip().startswith("{"):
+            body = response.json()
+    return response, body
+
+
+def open_task_session(client: httpx.Client) -> str:
+    init = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-11-25",
+            "capabilities": {"extensions": {"io.modelcontextprotocol/tasks": {}}},
+            "clientInfo": {"name": "task-test", "version": "1"},
+        },
+    }
+    response, _ = post(client, None, init)
+    session = response.headers["mcp-session-id"]
+    post(client, session, {"jsonrpc": "2.0", "method": "notifications/initialized"})
+    return session
+
+
+def task_create(url: str) -> None:
+    with httpx.Client(base_url=url, timeout=30) as client:
+        session = open_task_session(client)
+        call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "slow__slow", "arguments": {"seconds": 4}}}
+        _, body = post(client, session, call)
+        done({"response": body})
+
+
+def task_get(url: str, task_id: str) -> None:
+    with httpx.Client(base_url=url, timeout=30) as client:
+        session = open_task_session(client)
+        states = []
+        for attempt in range(120):
+            message = {"jsonrpc": "2.0", "id": 10 + attempt, "method": "tasks/get", "params": {"taskId": task_id}}
+            _, body = post(client, session, message)
+            result = (body or {}).get("result") or {}
+            states.append(result.get("status") or (body or {}).get("error"))
+            if result.get("status") in ("completed", "failed", "cancelled"):
+                done({"states": states, "final": result})
+                return
+            import time
+
+            time.sleep(0.25)
+        done({"states": states, "final": None})
+
+
+def main() -> None:
+    scenario, args = sys.argv[1], sys.argv[2:]
+    if scenario == "task-create":
+        task_create(*args)
+        return
+    if scenario == "task-get":
+        task_get(*args)
+        return
+    runs = {
+        "list-call": list_call,
+        "call": call,
+        "cancel": cancel,
+        "progress": progress,
+        "list-changed": list_changed,
+        "agents": agents,
+    }
+    asyncio.run(runs[scenario](*args))
+
+
+if __name__ == "__main__":
+    main()

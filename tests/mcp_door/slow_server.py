@@ -1,0 +1,48 @@
+"""A small MCP server on the official Python SDK, hosted by toolhost in the MCP door's tests.
+
+`add` answers at once; `slow` reports progress ten times a second until it is done, and when it
+is cancelled it appends a line to `$SLOW_SERVER_MARKS/cancelled`, so a test can see that the
+server was told (`notifications/cancelled` cancels the tool's task in the SDK).
+"""
+
+import os
+
+import anyio
+from mcp.server.mcpserver import Context, MCPServer
+from pydantic import BaseModel
+
+server = MCPServer("slow")
+MARKS = os.environ.get("SLOW_SERVER_MARKS", ".")
+
+
+class Sum(BaseModel):
+    sum: int
+
+
+@server.tool()
+async def add(a: int, b: int) -> Sum:
+    """Adds two numbers."""
+    return Sum(sum=a + b)
+
+
+class Slept(BaseModel):
+    slept: float
+
+
+@server.tool()
+async def slow(seconds: float, ctx: Context) -> Slept:
+    """Sleeps for `seconds`, reporting progress every 100 ms."""
+    steps = max(1, int(seconds * 10))
+    try:
+        for step in range(steps):
+            await ctx.report_progress(step + 1, steps, f"step {step + 1} of {steps}")
+            await anyio.sleep(0.1)
+    except anyio.get_cancelled_exc_class():
+        with open(os.path.join(MARKS, "cancelled"), "a", encoding="utf-8") as marks:
+            marks.write("slow\n")
+        raise
+    return Slept(slept=seconds)
+
+
+if __name__ == "__main__":
+    server.run("stdio")

@@ -1,0 +1,509 @@
+//! The MCP door with real clients: the official `mcp` Python SDK and the OpenAI Agents SDK list
+//! and call tools that a *second* toolhost process hosts (one of them from a hosted MCP server),
+//! over streamable HTTP (`[mcp] listen`) and over stdio (`toolhost mcp`); cancel, progress,
+//! durable tasks across a restart of the door, `list_changed`, and hostile input.
+//!
+//! The clients run in `tests/mcp_door/scenarios.py` under the venv `just test-mcp-door` makes
+//! (`scripts/ensure-mcp-door-venv.sh`; `TOOLHOST_MCP_DOOR_VENV` names another). The hosted MCP
+//! server is `tests/mcp_door/slow_server.py`, on the same SDK.
+
+// Test code: a failed step is a failed test.
+#![allow(clippy::unwrap_used)]
+
+use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use toolhost_e2e::{RedisProcess, Toolhost, free_port, temp_dir, toolhost_bin};
+
+/// The venv with the clients, as `scripts/ensure-mcp-door-venv.sh` lays it out.
+fn venv() -> PathBuf {
+    let venv = std::env::var_os("TOOLHOST_MCP_DOOR_VENV").map(PathBuf::from).unwrap_or_else(|| {
+        PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/toolhost/venv-mcp-door")
+    });
+    assert!(
+        venv.join("bin/python").exists(),
+        "{} is missing: run scripts/ensure-mcp-door-venv.sh (`just test-mcp-door` does)",
+        venv.display()
+    );
+    venv
+}
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("mcp_door").join(name)
+}
+
+/// The name of the user running the tests: a root daemon runs hosted servers as `nobody`, who
+/// cannot read root's home where the venv is, so the tests name their own user.
+fn user() -> String {
+    std::env::var("USER").ok().filter(|user| !user.is_empty()).unwrap_or_else(|| "root".to_owned())
+}
+
+/// A Redis, a toolbox `hosts` hosting the slow MCP server, and a toolbox `door` serving the MCP
+/// door over HTTP.
+struct Fleet {
+    redis: RedisProcess,
+    hosts: Option<Toolhost>,
+    door: Option<Toolhost>,
+    dir: PathBuf,
+    door_port: u16,
+    /// More `[mcp]` keys for the door.
+    door_extra: String,
+}
+
+impl Fleet {
+    fn start() -> Fleet {
+        Fleet::start_with("")
+    }
+
+    fn start_with(door_extra: &str) -> Fleet {
+        let redis = RedisProcess::start(&[]);
+        let dir = temp_dir("mcp-door");
+        std::fs::create_dir_all(dir.join("marks")).unwrap();
+        let hosts_config = dir.join("hosts.toml");
+        std::fs::write(
+            &hosts_config,
+            format!(
+                "[daemon]\ntoolbox_id = \"hosts\"\n[tools.terminal]\nrun_as = \"{}\"\n\n[[mcp_servers]]\nname = \"slow\"\n\
+                 command = \"{}\"\nargs = [\"{}\"]\ntimeout_ms = 8000\nenv = {{ SLOW_SERVER_MARKS = \"{}\" }}\n",
+                user(),
+                venv().join("bin/python").display(),
+                fixture("slow_server.py").display(),
+                dir.join("marks").display()
+            ),
+        )
+        .unwrap();
+        let hosts = Toolhost::start(&[
+            ("REDIS_URL", &redis.url()),
+            ("TOOLHOST_CONFIG", hosts_config.to_str().unwrap()),
+        ]);
+        let mut fleet = Fleet {
+            redis,
+            hosts: Some(hosts),
+            door: None,
+            dir,
+            door_port: free_port(),
+            door_extra: door_extra.to_owned(),
+        };
+        fleet.start_door();
+        fleet
+    }
+
+    /// The door's configuration, also what `toolhost mcp` reads.
+    fn door_config(&self) -> PathBuf {
+        let path = self.dir.join("door.toml");
+        std::fs::write(
+            &path,
+            format!(
+                "[redis]\nurl = \"{}\"\n[daemon]\ntoolbox_id = \"door\"\n[mcp]\nlisten = \"127.0.0.1:{}\"\n\
+                 allowed_origins = [\"http://localhost:*\"]\nmax_body_bytes = 65536\nmax_sessions = 8\n\
+                 task_threshold_ms = 1000\npage_size = 2\n{}\n",
+                self.redis.url(),
+                self.door_port,
+                self.door_extra
+            ),
+        )
+        .unwrap();
+        path
+    }
+
+    fn start_door(&mut self) {
+        let config = self.door_config();
+        let door = Toolhost::start(&[("TOOLHOST_CONFIG", config.to_str().unwrap())]);
+        door.wait_for_log("MCP door listening at /mcp", Duration::from_secs(10));
+        self.door = Some(door);
+    }
+
+    fn restart_door(&mut self) {
+        if let Some(mut door) = self.door.take() {
+            assert_eq!(door.terminate(Duration::from_secs(30)), Some(0), "the door stops cleanly");
+        }
+        self.start_door();
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/mcp", self.door_port)
+    }
+
+    fn stdio(&self) -> String {
+        format!("stdio:{}", self.door_config().display())
+    }
+
+    fn marks(&self) -> String {
+        std::fs::read_to_string(self.dir.join("marks/cancelled")).unwrap_or_default()
+    }
+
+    /// Every entry of every fleet client's private stream and task stream.
+    fn client_answers(&self) -> Vec<Value> {
+        let mut connection = self.redis.connection();
+        let keys: Vec<String> = redis::cmd("KEYS").arg("results:*").query(&mut connection).unwrap();
+        let mut answers = Vec::new();
+        for key in keys {
+            let entries: Vec<(String, Vec<(String, String)>)> =
+                redis::cmd("XRANGE").arg(&key).arg("-").arg("+").query(&mut connection).unwrap();
+            for (_, fields) in entries {
+                for (field, value) in fields {
+                    if field == "payload"
+                        && let Ok(payload) = serde_json::from_str::<Value>(&value)
+                    {
+                        answers.push(payload);
+                    }
+                }
+            }
+        }
+        answers
+    }
+}
+
+fn scenario_command(args: &[&str]) -> Command {
+    let mut command = Command::new(venv().join("bin/python"));
+    command
+        .arg(fixture("scenarios.py"))
+        .args(args)
+        .env("MCP_DOOR_TOOLHOST", toolhost_bin())
+        .stderr(Stdio::inherit());
+    command
+}
+
+/// Runs a scenario to its end and returns its report (the last line).
+fn scenario(args: &[&str]) -> Value {
+    let output = scenario_command(args).stdout(Stdio::piped()).output().expect("run scenarios.py");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let last = stdout.lines().rev().find(|line| line.starts_with('{')).unwrap_or_default();
+    serde_json::from_str(last).unwrap_or_else(|_| panic!("scenario {args:?} reported nothing:\n{stdout}"))
+}
+
+fn check_list_call(target: &str, report: &Value) {
+    assert_eq!(report["protocol"], "2025-11-25", "{target}: {report}");
+    assert_eq!(
+        report["discovered"], false,
+        "{target}: the discover probe is refused and the client falls back: {report}"
+    );
+    let tools: Vec<&str> = report["tools"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
+    for name in ["echo", "slow__add", "slow__slow"] {
+        assert!(tools.contains(&name), "{target}: {name} listed: {tools:?}");
+    }
+    assert_eq!(report["echo"]["structured"], json!({"message": "hi"}), "{target}: {report}");
+    assert_eq!(report["echo"]["text"], "{\"message\":\"hi\"}", "{target}: {report}");
+    assert_eq!(
+        report["add"]["structured"],
+        json!({"sum": 5}),
+        "{target}: the hosted tool of the other process: {report}"
+    );
+    assert_eq!(report["bad"]["error"], true, "{target}: {report}");
+    let bad = report["bad"]["text"].as_str().unwrap();
+    assert!(bad.starts_with("invalid_arguments") && bad.contains("/message (rule type)"), "{target}: {bad}");
+    assert_eq!(report["unknown"]["code"], -32602, "{target}: {report}");
+}
+
+#[test]
+fn mcp_clients_list_and_call_tools_another_toolhost_hosts_over_http_and_stdio() {
+    let fleet = Fleet::start();
+    check_list_call("http", &scenario(&["list-call", &fleet.url()]));
+    check_list_call("stdio", &scenario(&["list-call", &fleet.stdio()]));
+}
+
+#[test]
+fn the_agents_sdk_lists_and_invokes_fleet_tools_over_http_and_stdio() {
+    let fleet = Fleet::start();
+    for target in [fleet.url(), fleet.stdio()] {
+        let report = scenario(&["agents", &target]);
+        let tools: Vec<&str> = report["tools"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
+        assert!(tools.contains(&"echo") && tools.contains(&"slow__add"), "{target}: {report}");
+        // The SDK hands the model the tool's text content: the same JSON as the structured result.
+        let text =
+            |name: &str| report["results"][name]["text"].as_str().map(str::to_owned).unwrap_or_default();
+        assert_eq!(
+            serde_json::from_str::<Value>(&text("echo")).ok(),
+            Some(json!({"message": "from agents"})),
+            "{target}: {report}"
+        );
+        assert_eq!(
+            serde_json::from_str::<Value>(&text("slow__add")).ok(),
+            Some(json!({"sum": 42})),
+            "{target}: {report}"
+        );
+    }
+}
+
+#[test]
+fn a_client_cancel_stops_the_hosted_tool_and_the_call_is_answered_cancelled_once() {
+    let fleet = Fleet::start();
+    let report = scenario(&["cancel", &fleet.url()]);
+    assert_eq!(report["outcome"], "cancelled", "{report}");
+    assert_eq!(report["progress_seen"], true, "progress reached the client before the cancel: {report}");
+    assert_eq!(report["after"], json!({"message": "after"}), "{report}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let cancelled: Vec<Value> = fleet
+            .client_answers()
+            .into_iter()
+            .filter(|answer| answer["data"]["error_code"] == "cancelled")
+            .collect();
+        if fleet.marks().contains("slow") && !cancelled.is_empty() {
+            assert_eq!(cancelled.len(), 1, "one cancelled answer: {cancelled:?}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the hosted server was told ({:?}) and the call answered cancelled",
+            fleet.marks()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn progress_of_a_hosted_tool_reaches_the_mcp_client() {
+    let fleet = Fleet::start();
+    let report = scenario(&["progress", &fleet.url()]);
+    assert_eq!(report["result"], json!({"slept": 1.5}), "{report}");
+    let progress = report["progress"].as_array().unwrap();
+    assert!(!progress.is_empty(), "{report}");
+    assert!(progress.len() <= 16, "rate-limited to about 10 a second: {report}");
+    assert_eq!(progress[0]["total"], 15.0, "{report}");
+}
+
+#[test]
+fn a_long_call_is_a_task_that_survives_a_restart_of_the_door() {
+    let mut fleet = Fleet::start();
+    let created = scenario(&["task-create", &fleet.url()]);
+    let result = &created["response"]["result"];
+    assert_eq!(result["resultType"], "task", "{created}");
+    assert_eq!(result["status"], "working", "{created}");
+    let task_id = result["taskId"].as_str().unwrap().to_owned();
+    assert_eq!(task_id.len(), 36, "a UUID: {task_id}");
+    fleet.restart_door();
+    let got = scenario(&["task-get", &fleet.url(), &task_id]);
+    assert_eq!(got["final"]["status"], "completed", "{got}");
+    assert_eq!(got["final"]["result"]["structuredContent"], json!({"slept": 4.0}), "{got}");
+    let unknown = scenario(&["task-get", &fleet.url(), "00000000-0000-4000-8000-000000000000"]);
+    assert!(unknown["states"][0]["code"] == -32602, "an unknown task: {unknown}");
+}
+
+#[test]
+fn list_changed_reaches_the_client_when_a_second_toolbox_starts() {
+    let fleet = Fleet::start();
+    let mut child = scenario_command(&["list-changed", &fleet.url()]).stdout(Stdio::piped()).spawn().unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let ready = lines.next().and_then(Result::ok).unwrap_or_default();
+    assert_eq!(ready, "READY");
+    let config = fleet.dir.join("third.toml");
+    std::fs::write(
+        &config,
+        "[daemon]\ntoolbox_id = \"third\"\n[[commands]]\nname = \"uptime_now\"\ndescription = \"Uptime.\"\nargv = [\"uptime\"]\n",
+    )
+    .unwrap();
+    let _third =
+        Toolhost::start(&[("REDIS_URL", &fleet.redis.url()), ("TOOLHOST_CONFIG", config.to_str().unwrap())]);
+    let report: Value = serde_json::from_str(&lines.last().and_then(Result::ok).unwrap_or_default()).unwrap();
+    let _ = child.wait();
+    assert_eq!(report["notified"], true, "{report}");
+    assert!(report["after"].as_array().unwrap().contains(&json!("uptime_now")), "{report}");
+}
+
+#[test]
+fn a_call_nobody_answers_ends_after_the_tools_timeout_with_no_toolbox_answered() {
+    let mut fleet = Fleet::start();
+    // The hosting toolbox dies without a word: its heartbeat still lists its tools for a while,
+    // so the door still lists them and the other toolboxes leave the request to it.
+    if let Some(mut hosts) = fleet.hosts.take() {
+        hosts.kill9();
+    }
+    let started = Instant::now();
+    let report = scenario(&["call", &fleet.url(), "slow__add", r#"{"a": 1, "b": 2}"#]);
+    assert_eq!(report["error"], true, "{report}");
+    let text = report["text"].as_str().unwrap_or_default();
+    assert!(text.contains("no toolbox answered"), "{report}");
+    // The tool's timeout is 8 s; the door waits that plus its margin, and not much longer.
+    assert!(started.elapsed() < Duration::from_secs(30), "{:?}", started.elapsed());
+}
+
+#[test]
+fn the_tools_globs_narrow_what_the_door_exposes() {
+    let fleet = Fleet::start_with("tools = [\"echo\", \"slow__*\"]");
+    let report = scenario(&["list-call", &fleet.url()]);
+    check_list_call("narrowed", &report);
+    assert_eq!(report["tools"], json!(["echo", "slow__add", "slow__slow"]), "{report}");
+    let hidden =
+        scenario(&["call", &fleet.url(), "chat_send", r#"{"recipient": "chat:x", "content": "hi"}"#]);
+    assert!(
+        hidden["raised"].as_str().unwrap_or_default().contains("unknown tool"),
+        "a hidden tool is unknown: {hidden}"
+    );
+}
+
+#[test]
+fn idle_sessions_are_closed() {
+    let fleet = Fleet::start_with("session_idle_ms = 1000");
+    let port = fleet.door_port;
+    let (status, response) = post(port, "", INITIALIZE);
+    assert_eq!(status, 200);
+    let session = session_id(&response);
+    let list = r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#;
+    let headers = format!("Mcp-Session-Id: {session}\r\nMCP-Protocol-Version: 2025-11-25\r\n");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (status, _) = post(port, &headers, list);
+        if status == 404 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the idle session is still open: {status}");
+        // Each request keeps the session alive: ask less often than the idle time.
+        std::thread::sleep(Duration::from_millis(2500));
+    }
+    check_list_call("a new session after the idle one closed", &scenario(&["list-call", &fleet.url()]));
+}
+
+#[test]
+fn toolhost_mcp_over_stdio_answers_malformed_frames_and_serves_on() {
+    let fleet = Fleet::start();
+    let mut child = Command::new(toolhost_bin())
+        .args(["mcp", "--config"])
+        .arg(fleet.door_config())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let long = format!("{{\"jsonrpc\":\"2.0\",\"id\":99,\"method\":\"{}\"}}", "x".repeat(200_000));
+    for frame in [
+        "not json at all",
+        "{\"jsonrpc\":\"2.0\"}",
+        "[1,2,3]",
+        "{\"jsonrpc\":\"2.0\",\"id\":5,\"method\":42}",
+        &long,
+    ] {
+        writeln!(stdin, "{frame}").unwrap();
+    }
+    writeln!(stdin, "{INITIALIZE}").unwrap();
+    writeln!(stdin, r#"{{"jsonrpc":"2.0","method":"notifications/initialized"}}"#).unwrap();
+    writeln!(stdin, r#"{{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{{"name":"echo","arguments":{{"message":"still here"}}}}}}"#).unwrap();
+    stdin.flush().unwrap();
+    let mut answered = Vec::new();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        let Ok(message) = serde_json::from_str::<Value>(&line) else { continue };
+        answered.push(message.clone());
+        if message["id"] == 2 {
+            assert_eq!(message["result"]["structuredContent"], json!({"message": "still here"}), "{message}");
+            break;
+        }
+    }
+    assert!(
+        answered
+            .iter()
+            .any(|message| message["id"] == 1 && message["result"]["protocolVersion"] == "2025-11-25"),
+        "{answered:?}"
+    );
+    drop(stdin);
+    let status = child.wait().unwrap();
+    assert!(status.success(), "toolhost mcp exits 0 when its client closes stdin: {status}");
+}
+
+/// One raw HTTP/1.1 request to the door; the status code and body.
+fn raw(port: u16, request: &str) -> (u16, String) {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut response = Vec::new();
+    let _ = stream.read_to_end(&mut response);
+    let text = String::from_utf8_lossy(&response).into_owned();
+    let status = text.split_whitespace().nth(1).and_then(|code| code.parse().ok()).unwrap_or(0);
+    (status, text)
+}
+
+fn post(port: u16, headers: &str, body: &str) -> (u16, String) {
+    raw(
+        port,
+        &format!(
+            "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n\
+             Accept: application/json, text/event-stream\r\nConnection: close\r\n{headers}Content-Length: {}\r\n\r\n{body}",
+            body.len()
+        ),
+    )
+}
+
+const INITIALIZE: &str = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#;
+
+#[test]
+fn hostile_input_gets_the_protocols_errors_and_the_door_keeps_serving() {
+    let fleet = Fleet::start();
+    let port = fleet.door_port;
+    // A real client keeps calling while the door is driven with bad input.
+    let url = fleet.url();
+    let calls =
+        std::thread::spawn(move || (0..3).map(|_| scenario(&["list-call", &url])).collect::<Vec<_>>());
+
+    let (status, _) = post(port, "", "{not json");
+    assert!((400..500).contains(&status), "not JSON: {status}");
+    let (status, _) = post(port, "", r#"{"jsonrpc":"2.0","id":1}"#);
+    assert!((400..500).contains(&status), "no method: {status}");
+    let (status, _) = post(port, "", &format!("{{\"pad\":\"{}\"}}", "x".repeat(70_000)));
+    assert_eq!(status, 413, "a body over max_body_bytes");
+    let (status, _) = post(port, "Origin: http://evil.example\r\n", INITIALIZE);
+    assert_eq!(status, 403, "a foreign Origin");
+    let (status, _) = post(port, "Origin: http://localhost:3000\r\n", INITIALIZE);
+    assert_eq!(status, 200, "an allowed Origin");
+    let (status, _) = raw(
+        port,
+        "POST /mcp HTTP/1.1\r\nHost: evil.example\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}",
+    );
+    assert!((400..500).contains(&status), "a foreign Host: {status}");
+    // Inside a session: an unknown method is -32601, and the session serves on.
+    let (status, response) = post(port, "", INITIALIZE);
+    assert_eq!(status, 200);
+    let session = session_id(&response);
+    let headers = format!("Mcp-Session-Id: {session}\r\nMCP-Protocol-Version: 2025-11-25\r\n");
+    let (_, body) = post(port, &headers, r#"{"jsonrpc":"2.0","id":7,"method":"no/such/method"}"#);
+    assert!(body.contains("-32601"), "an unknown method: {body}");
+    let (_, body) = post(port, &headers, r#"{"jsonrpc":"2.0","id":8,"method":"tools/list"}"#);
+    assert!(body.contains("\"echo\""), "the session serves on: {body}");
+    // A discovery request of a newer generation is refused, so clients fall back.
+    let discover = r#"{"jsonrpc":"2.0","id":1,"method":"server/discover","params":{"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}}"#;
+    let (status, body) = post(port, "MCP-Protocol-Version: 2026-07-28\r\n", discover);
+    assert!(status == 400 || body.contains("-32601"), "discover refused: {status} {body}");
+    for report in calls.join().unwrap() {
+        check_list_call("http under hostile input", &report);
+    }
+
+    // Sessions past max_sessions are refused with 503; closing one makes room again.
+    let mut sessions = Vec::new();
+    let mut refused = 0;
+    for _ in 0..12 {
+        let (status, response) = post(port, "", INITIALIZE);
+        match status {
+            200 => sessions.push(session_id(&response)),
+            503 => refused += 1,
+            other => panic!("initialize answered {other}: {response}"),
+        }
+    }
+    assert!(refused > 0 && sessions.len() <= 8, "{} sessions, {refused} refused", sessions.len());
+    let delete = |session: &str| {
+        raw(
+            port,
+            &format!(
+                "DELETE /mcp HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nMcp-Session-Id: {session}\r\nConnection: close\r\n\r\n"
+            ),
+        )
+    };
+    for session in &sessions {
+        let (status, _) = delete(session);
+        assert_eq!(status, 204, "a closed session");
+    }
+    check_list_call("http after the sessions closed", &scenario(&["list-call", &fleet.url()]));
+}
+
+fn session_id(response: &str) -> String {
+    response
+        .lines()
+        .find_map(|line| {
+            line.to_ascii_lowercase().starts_with("mcp-session-id:").then(|| line[15..].trim().to_owned())
+        })
+        .unwrap_or_default()
+}
