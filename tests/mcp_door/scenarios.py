@@ -48,6 +48,18 @@ def done(report: dict[str, Any]) -> None:
     print(json.dumps(report), flush=True)
 
 
+async def all_tool_names(client: Any) -> list[str]:
+    """Every page of tools/list (the door's tests serve small pages)."""
+    names: list[str] = []
+    cursor = None
+    while True:
+        page = await client.list_tools(cursor=cursor) if cursor else await client.list_tools()
+        names.extend(tool.name for tool in page.tools)
+        cursor = page.next_cursor
+        if not cursor:
+            return names
+
+
 async def list_call(target: str) -> None:
     async with Client(server_of(target), cache=None) as client:
         session = client.session
@@ -55,15 +67,7 @@ async def list_call(target: str) -> None:
             "protocol": session.initialize_result.protocol_version if session.initialize_result else None,
             "discovered": session.discover_result is not None,
         }
-        names: list[str] = []
-        cursor = None
-        while True:
-            page = await client.list_tools(cursor=cursor) if cursor else await client.list_tools()
-            names.extend(tool.name for tool in page.tools)
-            cursor = page.next_cursor
-            if not cursor:
-                break
-        report["tools"] = names
+        report["tools"] = await all_tool_names(client)
         echo = await client.call_tool("echo", {"message": "hi"})
         report["echo"] = {"structured": echo.structured_content, "text": text_of(echo), "error": echo.is_error}
         add = await client.call_tool("slow__add", {"a": 2, "b": 3})
@@ -133,14 +137,14 @@ async def list_changed(target: str) -> None:
             changed.set()
 
     async with Client(server_of(target), cache=None, message_handler=on_message) as client:
-        before = [tool.name for tool in (await client.list_tools()).tools]
+        before = await all_tool_names(client)
         print("READY", flush=True)
         try:
             await asyncio.wait_for(changed.wait(), 30)
             notified = True
         except asyncio.TimeoutError:
             notified = False
-        after = [tool.name for tool in (await client.list_tools()).tools]
+        after = await all_tool_names(client)
         done({"notified": notified, "before": before, "after": after})
 
 
