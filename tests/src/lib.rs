@@ -19,6 +19,16 @@ pub fn free_port() -> u16 {
     listener.local_addr().expect("local addr").port()
 }
 
+/// A free loopback port below 55536 whose cluster-bus port (plus 10000) is free too.
+pub fn free_cluster_port() -> u16 {
+    loop {
+        let port = free_port();
+        if port < 55536 && TcpListener::bind(("127.0.0.1", port + 10000)).is_ok() {
+            return port;
+        }
+    }
+}
+
 /// A fresh, unique temporary directory.
 pub fn temp_dir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("toolhost-e2e-{name}-{}", uuid::Uuid::new_v4().simple()));
@@ -60,18 +70,35 @@ pub struct RedisProcess {
 impl RedisProcess {
     /// Starts `redis-server` with `args` after the port, bind, directory and no persistence, and
     /// waits until it answers `PING`.
+    ///
+    /// A free port can be taken by someone else between the check and the server's bind (other
+    /// suites run beside this one), and a cluster node also binds its bus on the port plus 10000:
+    /// a server that exits at start is tried again on another port, a few times.
     pub fn start(args: &[&str]) -> RedisProcess {
+        let cluster = args.contains(&"--cluster-enabled");
         let mut server = RedisProcess {
-            port: free_port(),
+            port: 0,
             dir: temp_dir("redis"),
             args: args.iter().map(|arg| (*arg).to_owned()).collect(),
             child: None,
         };
-        server.spawn();
-        server
+        for _ in 0..4 {
+            server.port = if cluster { free_cluster_port() } else { free_port() };
+            if server.try_spawn() {
+                return server;
+            }
+            server.kill();
+        }
+        panic!("redis-server did not start on four free ports; the last was {}", server.port);
     }
 
     fn spawn(&mut self) {
+        assert!(self.try_spawn(), "redis-server did not start on port {}", self.port);
+    }
+
+    /// Starts the server and waits until it answers `PING`; false if it exited or never
+    /// answered in 10 s.
+    fn try_spawn(&mut self) -> bool {
         let child = Command::new("redis-server")
             .args([
                 "--port",
@@ -94,11 +121,14 @@ impl RedisProcess {
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
             if self.ping() {
-                return;
+                return true;
+            }
+            if self.child.as_mut().is_some_and(|child| matches!(child.try_wait(), Ok(Some(_)))) {
+                return false;
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        panic!("redis-server did not start on port {}", self.port);
+        false
     }
 
     /// Whether the server answers `PING`.
