@@ -359,6 +359,73 @@ fn idle_sessions_are_closed() {
 }
 
 #[test]
+fn a_client_that_stops_reading_holds_up_only_its_own_session() {
+    let fleet = Fleet::start_with("session_idle_ms = 2000");
+    let port = fleet.door_port;
+    let (status, response) = post(port, "", INITIALIZE);
+    assert_eq!(status, 200);
+    let session = session_id(&response);
+    let headers = format!("Mcp-Session-Id: {session}\r\nMCP-Protocol-Version: 2025-11-25\r\n");
+    let (status, _) = post(port, &headers, r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
+    assert!((200..300).contains(&status), "initialized: {status}");
+    // The session's standalone SSE stream, opened and never read.
+    let mut sse = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    sse.write_all(
+        format!("GET /mcp HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAccept: text/event-stream\r\n{headers}\r\n")
+            .as_bytes(),
+    )
+    .unwrap();
+    // Calls with large answers pipelined on one connection that is never read, with a small
+    // receive buffer: the door's writes to it stall once the socket buffers are full, and it
+    // reads the next request only after it has written the previous answer.
+    let mut redis = fleet.redis.connection();
+    let published = |redis: &mut redis::Connection| -> usize {
+        redis::cmd("XLEN").arg("action-requests").query(redis).unwrap()
+    };
+    let before = published(&mut redis);
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    socket.connect(&std::net::SocketAddr::from(([127, 0, 0, 1], port)).into()).unwrap();
+    let mut calls: TcpStream = socket.into();
+    calls.set_write_timeout(Some(Duration::from_secs(5))).unwrap();
+    let message = "x".repeat(60_000);
+    const PIPELINED: usize = 200;
+    for id in 0..PIPELINED {
+        let body = format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"echo","arguments":{{"message":"{message}"}}}}}}"#
+        );
+        let request = format!(
+            "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n\
+             Accept: application/json, text/event-stream\r\n{headers}Content-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        if calls.write_all(request.as_bytes()).is_err() {
+            break; // the door stopped reading this connection
+        }
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    let called = published(&mut redis) - before;
+    assert!(called > 0 && called < PIPELINED, "the stalled connection's calls: {called} of {PIPELINED} made");
+    // Other clients are served meanwhile.
+    check_list_call("http beside a stalled client", &scenario(&["list-call", &fleet.url()]));
+    // The stalled session is closed once idle, and its slot is free again.
+    let list = r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (status, _) = post(port, &headers, list);
+        if status == 404 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the stalled session is still open: {status}");
+        std::thread::sleep(Duration::from_millis(3000));
+    }
+    drop((sse, calls));
+    check_list_call("http after the stalled client left", &scenario(&["list-call", &fleet.url()]));
+    let log = fleet.door.as_ref().unwrap().log();
+    assert!(!log.contains("panicked"), "the door panicked:\n{log}");
+}
+
+#[test]
 fn toolhost_mcp_over_stdio_answers_malformed_frames_and_serves_on() {
     let fleet = Fleet::start();
     let mut child = Command::new(toolhost_bin())

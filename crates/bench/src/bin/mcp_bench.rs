@@ -8,7 +8,10 @@
 //!    `[[mcp_servers]]`) over Redis, as a `tool.invoke` request answered on a results stream;
 //! 3. **redis**: sequential `PING`s, the round trip a Redis-borne call cannot avoid;
 //! 4. **the MCP door**: the built-in `echo` through the same daemon's `/mcp` (`[mcp] listen`)
-//!    by an rmcp streamable HTTP client, next to the same `echo` sent over Redis directly.
+//!    by an rmcp streamable HTTP client, next to the same `echo` sent over Redis directly,
+//!    interleaved for five rounds, each row the median of its rounds;
+//! 5. **`toolhost mcp`**: the stdio door's start, from spawn to its answer to `initialize` and
+//!    to its first `tools/list` (the fleet's tools), the median of five starts.
 //!
 //! Each is measured at 1 call in flight (p50, p99) and at 16 (calls/s). The table goes to
 //! stdout and `target/bench/mcp.md`.
@@ -37,6 +40,8 @@ const PHASE: Duration = Duration::from_secs(5);
 const HOSTED_TOOL: &str = "everything__get-sum";
 /// Calls measured one at a time for the latency rows.
 const SEQUENTIAL_CALLS: usize = 2000;
+/// Interleaved rounds of the MCP door's rows, and starts of `toolhost mcp`; the medians count.
+const ROUNDS: usize = 5;
 /// Calls in flight for the throughput rows.
 const LANES: usize = 16;
 
@@ -191,6 +196,8 @@ struct Measured {
     echo_redis: Row,
     echo_door: Row,
     rss_idle_kib: Option<u64>,
+    /// `toolhost mcp`'s start: to `initialize` answered, to the first `tools/list`, in ms.
+    stdio_start: (f64, f64),
 }
 
 /// `toolhost serve` hosting server-everything, driven over Redis, with its MCP door on.
@@ -258,29 +265,87 @@ async fn toolhost(program: &Path, toolhost_bin: &Path) -> anyhow::Result<Measure
         }
     })
     .await?;
-    let lanes = connection.clone();
-    let echo_redis = measure("echo over Redis (tool.invoke, a results stream per lane)", move |lane| {
-        let lanes = lanes.clone();
-        async move { invoke(&lanes, lane, "echo", json!({"message": "hi"})).await }
-    })
-    .await?;
     let transport =
         rmcp::transport::StreamableHttpClientTransport::from_uri(format!("http://127.0.0.1:{door_port}/mcp"));
     let door = Arc::new(().serve(transport).await.context("initialising a session with the MCP door")?);
-    let echo_door = measure("echo through the MCP door (/mcp, rmcp streamable HTTP client)", move |_| {
+    // Echo over Redis and through the door, interleaved round by round; each row is the median
+    // of its rounds.
+    let (mut over_redis, mut through_door) = (Vec::new(), Vec::new());
+    for _ in 0..ROUNDS {
+        let lanes = connection.clone();
+        over_redis.push(
+            measure("echo over Redis (tool.invoke, a results stream per lane)", move |lane| {
+                let lanes = lanes.clone();
+                async move { invoke(&lanes, lane, "echo", json!({"message": "hi"})).await }
+            })
+            .await?,
+        );
         let door = Arc::clone(&door);
-        async move {
-            let mut params = CallToolRequestParams::new("echo");
-            params.arguments = json!({"message": "hi"}).as_object().cloned();
-            let result = door.call_tool(params).await?;
-            anyhow::ensure!(result.is_error != Some(true), "echo failed: {result:?}");
-            Ok(())
-        }
-    })
-    .await?;
+        through_door.push(
+            measure("echo through the MCP door (/mcp, rmcp streamable HTTP client)", move |_| {
+                let door = Arc::clone(&door);
+                async move {
+                    let mut params = CallToolRequestParams::new("echo");
+                    params.arguments = json!({"message": "hi"}).as_object().cloned();
+                    let result = door.call_tool(params).await?;
+                    anyhow::ensure!(result.is_error != Some(true), "echo failed: {result:?}");
+                    Ok(())
+                }
+            })
+            .await?,
+        );
+    }
+    let (echo_redis, echo_door) = (median(over_redis), median(through_door));
+    let stdio_start = stdio_start(toolhost_bin, &redis.url(), &dir).await?;
     let _ = daemon.kill().await;
     let _ = std::fs::remove_dir_all(&dir);
-    Ok(Measured { hosted: row, floor, echo_redis, echo_door, rss_idle_kib })
+    Ok(Measured { hosted: row, floor, echo_redis, echo_door, rss_idle_kib, stdio_start })
+}
+
+/// The median of each column over the rounds of one target.
+fn median(mut rounds: Vec<Row>) -> Row {
+    fn middle<T: Copy + PartialOrd>(mut values: Vec<T>) -> T {
+        values.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+        values[values.len() / 2]
+    }
+    let p50_us = middle(rounds.iter().map(|row| row.p50_us).collect());
+    let p99_us = middle(rounds.iter().map(|row| row.p99_us).collect());
+    let calls_per_s = middle(rounds.iter().map(|row| row.calls_per_s).collect());
+    let target = rounds.pop().map_or("", |row| row.target);
+    Row { target, p50_us, p99_us, calls_per_s }
+}
+
+/// `toolhost mcp` from spawn to its answer to `initialize`, and to its first `tools/list`: the
+/// median of `ROUNDS` starts, in milliseconds.
+async fn stdio_start(toolhost_bin: &Path, redis_url: &str, dir: &Path) -> anyhow::Result<(f64, f64)> {
+    let config = dir.join("stdio.toml");
+    std::fs::write(&config, format!("[redis]\nurl = \"{redis_url}\"\n"))?;
+    let (mut initialized, mut listed) = (Vec::new(), Vec::new());
+    for _ in 0..ROUNDS {
+        let started = Instant::now();
+        let mut child = tokio::process::Command::new(toolhost_bin)
+            .arg("mcp")
+            .arg("--config")
+            .arg(&config)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .context("starting toolhost mcp")?;
+        let (stdin, stdout) = (child.stdin.take().context("stdin")?, child.stdout.take().context("stdout")?);
+        let client = ().serve((stdout, stdin)).await.context("initialising toolhost mcp")?;
+        initialized.push(started.elapsed().as_secs_f64() * 1000.0);
+        let tools = client.list_tools(None).await?;
+        anyhow::ensure!(tools.tools.iter().any(|tool| tool.name == "echo"), "toolhost mcp listed no echo");
+        listed.push(started.elapsed().as_secs_f64() * 1000.0);
+        let _ = client.cancel().await;
+        let _ = child.kill().await;
+    }
+    for values in [&mut initialized, &mut listed] {
+        values.sort_by(f64::total_cmp);
+    }
+    Ok((initialized[ROUNDS / 2], listed[ROUNDS / 2]))
 }
 
 #[tokio::main]
@@ -290,7 +355,7 @@ async fn main() -> anyhow::Result<()> {
     let direct = direct(&program).await?;
     // The door's HTTP client is built without a TLS provider of its own.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let Measured { hosted, floor, echo_redis, echo_door, rss_idle_kib } =
+    let Measured { hosted, floor, echo_redis, echo_door, rss_idle_kib, stdio_start } =
         toolhost(&program, &toolhost_bin).await?;
     let mut table = String::from(
         "| target | p50 µs (1 in flight) | p99 µs (1 in flight) | calls/s (16 in flight) |\n|---|---:|---:|---:|\n",
@@ -311,6 +376,10 @@ async fn main() -> anyhow::Result<()> {
         "The MCP door adds {} µs at p50 to echo over Redis and keeps {:.2} of its throughput at 16 in flight.\n",
         echo_door.p50_us.saturating_sub(echo_redis.p50_us),
         echo_door.calls_per_s / echo_redis.calls_per_s
+    ));
+    table.push_str(&format!(
+        "`toolhost mcp` answers initialize {:.1} ms after it is spawned and its first tools/list {:.1} ms after (median of {ROUNDS} starts).\n",
+        stdio_start.0, stdio_start.1
     ));
     if let Some(kib) = rss_idle_kib {
         table.push_str(&format!(
