@@ -9,7 +9,8 @@
 //! 3. **redis**: sequential `PING`s, the round trip a Redis-borne call cannot avoid;
 //! 4. **the MCP door**: the built-in `echo` through the same daemon's `/mcp` (`[mcp] listen`)
 //!    by an rmcp streamable HTTP client, next to the same `echo` sent over Redis directly,
-//!    interleaved for five rounds, each row the median of its rounds;
+//!    and by plain HTTP POSTs (reqwest, no MCP client library), interleaved for five rounds, each
+//!    row the median of its rounds;
 //! 5. **`toolhost mcp`**: the stdio door's start, from spawn to its answer to `initialize` and
 //!    to its first `tools/list` (the fleet's tools), the median of five starts.
 //!
@@ -195,6 +196,7 @@ struct Measured {
     floor: Row,
     echo_redis: Row,
     echo_door: Row,
+    echo_plain: Row,
     rss_idle_kib: Option<u64>,
     /// `toolhost mcp`'s start: to `initialize` answered, to the first `tools/list`, in ms.
     stdio_start: (f64, f64),
@@ -270,7 +272,8 @@ async fn toolhost(program: &Path, toolhost_bin: &Path) -> anyhow::Result<Measure
     let door = Arc::new(().serve(transport).await.context("initialising a session with the MCP door")?);
     // Echo over Redis and through the door, interleaved round by round; each row is the median
     // of its rounds.
-    let (mut over_redis, mut through_door) = (Vec::new(), Vec::new());
+    let plain = Arc::new(PlainSession::open(door_port).await?);
+    let (mut over_redis, mut through_door, mut through_plain) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..ROUNDS {
         let lanes = connection.clone();
         over_redis.push(
@@ -294,12 +297,81 @@ async fn toolhost(program: &Path, toolhost_bin: &Path) -> anyhow::Result<Measure
             })
             .await?,
         );
+        let plain = Arc::clone(&plain);
+        through_plain.push(
+            measure("echo through the MCP door (/mcp, one plain HTTP POST per call)", move |_| {
+                let plain = Arc::clone(&plain);
+                async move { plain.echo().await }
+            })
+            .await?,
+        );
     }
-    let (echo_redis, echo_door) = (median(over_redis), median(through_door));
+    let (echo_redis, echo_door, echo_plain) =
+        (median(over_redis), median(through_door), median(through_plain));
     let stdio_start = stdio_start(toolhost_bin, &redis.url(), &dir).await?;
     let _ = daemon.kill().await;
     let _ = std::fs::remove_dir_all(&dir);
-    Ok(Measured { hosted: row, floor, echo_redis, echo_door, rss_idle_kib, stdio_start })
+    Ok(Measured { hosted: row, floor, echo_redis, echo_door, echo_plain, rss_idle_kib, stdio_start })
+}
+
+/// An MCP session on the door driven with plain HTTP POSTs (reqwest, keep-alive): a caller
+/// much lighter than the rmcp client, so that the door's own cost shows.
+struct PlainSession {
+    http: reqwest::Client,
+    url: String,
+    session: String,
+    next_id: std::sync::atomic::AtomicU64,
+}
+
+impl PlainSession {
+    async fn open(port: u16) -> anyhow::Result<PlainSession> {
+        let http = reqwest::Client::builder().tcp_nodelay(true).build()?;
+        let url = format!("http://127.0.0.1:{port}/mcp");
+        let initialize = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "bench", "version": "1"}}});
+        let response = PlainSession::post(&http, &url, None, &initialize).await?;
+        let session = response
+            .headers()
+            .get("mcp-session-id")
+            .and_then(|value| value.to_str().ok())
+            .context("the door opened no session")?
+            .to_owned();
+        response.bytes().await?;
+        let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+        PlainSession::post(&http, &url, Some(&session), &initialized).await?.bytes().await?;
+        Ok(PlainSession { http, url, session, next_id: std::sync::atomic::AtomicU64::new(1) })
+    }
+
+    async fn post(
+        http: &reqwest::Client,
+        url: &str,
+        session: Option<&str>,
+        body: &Value,
+    ) -> anyhow::Result<reqwest::Response> {
+        let mut request = http
+            .post(url)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-protocol-version", "2025-11-25")
+            .body(body.to_string());
+        if let Some(session) = session {
+            request = request.header("mcp-session-id", session);
+        }
+        let response = request.send().await?;
+        anyhow::ensure!(response.status().is_success(), "the door answered {}", response.status());
+        Ok(response)
+    }
+
+    /// One `tools/call` of echo, with an id of its own; the SSE body must hold its result.
+    async fn echo(&self) -> anyhow::Result<()> {
+        let id = self.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let call = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": {"name": "echo", "arguments": {"message": "hi"}}});
+        let body =
+            PlainSession::post(&self.http, &self.url, Some(&self.session), &call).await?.text().await?;
+        anyhow::ensure!(body.contains("\"isError\":false"), "echo failed: {body}");
+        Ok(())
+    }
 }
 
 /// The median of each column over the rounds of one target.
@@ -355,12 +427,12 @@ async fn main() -> anyhow::Result<()> {
     let direct = direct(&program).await?;
     // The door's HTTP client is built without a TLS provider of its own.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let Measured { hosted, floor, echo_redis, echo_door, rss_idle_kib, stdio_start } =
+    let Measured { hosted, floor, echo_redis, echo_door, echo_plain, rss_idle_kib, stdio_start } =
         toolhost(&program, &toolhost_bin).await?;
     let mut table = String::from(
         "| target | p50 µs (1 in flight) | p99 µs (1 in flight) | calls/s (16 in flight) |\n|---|---:|---:|---:|\n",
     );
-    for row in [&direct, &hosted, &floor, &echo_redis, &echo_door] {
+    for row in [&direct, &hosted, &floor, &echo_redis, &echo_door, &echo_plain] {
         table.push_str(&format!(
             "| {} | {} | {} | {:.0} |\n",
             row.target, row.p50_us, row.p99_us, row.calls_per_s
@@ -373,9 +445,11 @@ async fn main() -> anyhow::Result<()> {
         hosted.calls_per_s / direct.calls_per_s
     ));
     table.push_str(&format!(
-        "The MCP door adds {} µs at p50 to echo over Redis and keeps {:.2} of its throughput at 16 in flight.\n",
+        "The MCP door adds {} µs at p50 to echo over Redis and keeps {:.2} of its throughput at 16 in flight with the rmcp client; {} µs and {:.2} with plain HTTP POSTs.\n",
         echo_door.p50_us.saturating_sub(echo_redis.p50_us),
-        echo_door.calls_per_s / echo_redis.calls_per_s
+        echo_door.calls_per_s / echo_redis.calls_per_s,
+        echo_plain.p50_us.saturating_sub(echo_redis.p50_us),
+        echo_plain.calls_per_s / echo_redis.calls_per_s
     ));
     table.push_str(&format!(
         "`toolhost mcp` answers initialize {:.1} ms after it is spawned and its first tools/list {:.1} ms after (median of {ROUNDS} starts).\n",

@@ -14,6 +14,7 @@ use axum::extract::{Request, State};
 use axum::http::{Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
+use axum::serve::ListenerExt as _;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use serde_json::json;
@@ -64,6 +65,13 @@ pub(crate) async fn serve(
         .await
         .map_err(|err| anyhow::anyhow!("cannot bind the MCP door to {addr} ([mcp] listen): {err}"))?;
     let bound = listener.local_addr().unwrap_or(addr);
+    // An answer is written in pieces (an SSE priming event, then the message): without
+    // TCP_NODELAY the second waits for the client's delayed ACK, about 40 ms.
+    let listener = listener.tap_io(|stream| {
+        if let Err(err) = stream.set_nodelay(true) {
+            warn!(error = %err, "cannot set TCP_NODELAY on an MCP connection");
+        }
+    });
     info!(address = %bound, "MCP door listening at /mcp");
     Ok(tokio::spawn(async move {
         let served = axum::serve(listener, router).with_graceful_shutdown(stop.cancelled_owned()).await;
