@@ -1,0 +1,462 @@
+"""AsyncClient: calls over Redis with answers on a private stream that one reader task serves."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import re
+import uuid
+from collections.abc import AsyncGenerator, Callable
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis import exceptions as redis_errors
+
+from . import _wire
+from ._errors import ClientClosed, ClientError, ConnectionFailed, NoAnswer, Overloaded, ToolError, error_from
+from ._wire import Answer, Finished, Progress
+
+log = logging.getLogger("toolhost")
+
+# How long a call waits past its own timeout before it says NoAnswer: the host answers a call
+# at its deadline, and the answer needs a moment to arrive.
+ANSWER_MARGIN = 2.0
+# Error codes worth sending again with the same request id after a pause.
+RETRIED_CODES = frozenset({"overloaded", "internal", "expired"})
+# Entries read from the private stream per XREAD.
+READ_COUNT = 256
+# How long one XREAD blocks; also how soon a closed client's reader notices.
+READ_BLOCK_MS = 1000
+
+
+def _redacted(url: str) -> str:
+    """The URL without its password, for messages."""
+    if "@" not in url:
+        return url
+    scheme, _, rest = url.partition("://")
+    return f"{scheme}://***@{rest.rpartition('@')[2]}"
+
+
+class AsyncClient:
+    """Calls toolhost's tools over Redis from asyncio.
+
+    Each client reads its answers on its own stream `results:<client_id>` (the default
+    `[streams] response_topics` allow it), which lives `stream_ttl` seconds past the client's
+    last sign of life and is deleted by `close()`. One reader task routes every answer to the
+    call waiting for its request id, so any number of calls may be in flight.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        key_prefix: str = "",
+        requests_topic: str = "action-requests",
+        client_id: str | None = None,
+        source: str = "toolhost-python",
+        stream_ttl: float = 60.0,
+        default_timeout: float = 300.0,
+        retries: int = 0,
+        max_connections: int = 64,
+        tenant_id: str | None = None,
+        user_id: str | None = None,
+        session_id: str | None = None,
+        trace_id: str | None = None,
+    ) -> None:
+        self.url = url or os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/0"
+        self.key_prefix = key_prefix
+        self.requests_topic = requests_topic
+        self.client_id = client_id or f"py-{uuid.uuid4().hex}"
+        if not re.fullmatch(r"[A-Za-z0-9_.:-]{1,128}", self.client_id):
+            raise ClientError(f"client_id {self.client_id!r} must be 1-128 letters, digits, '-', '_', '.' or ':'")
+        self.response_topic = f"results:{self.client_id}"
+        self.source = source
+        self.stream_ttl = stream_ttl
+        self.default_timeout = default_timeout
+        self.retries = retries
+        self.tags = {"tenant_id": tenant_id, "user_id": user_id, "session_id": session_id, "trace_id": trace_id}
+        self._stream_key = key_prefix + self.response_topic
+        self._requests_key = key_prefix + requests_topic
+        self._pool = aioredis.BlockingConnectionPool.from_url(self.url, max_connections=max_connections, timeout=None)
+        self._redis = aioredis.Redis(connection_pool=self._pool)
+        # Request id to the queues of the calls waiting for it (answers and progress).
+        self._waiting: dict[str, list[asyncio.Queue[Answer]]] = {}
+        # Request id to the queues of the cancels waiting for their answer.
+        self._cancelling: dict[str, list[asyncio.Queue[Answer]]] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._open_lock: asyncio.Lock | None = None
+        self._opened = False
+        self._closed = False
+        self._last_id = b"0-0"
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    async def open(self) -> AsyncClient:
+        """Checks Redis, creates the private stream and starts its reader. Calls do this on
+        their own; call it to see a bad URL or password at once."""
+        if self._closed:
+            raise ClientClosed("this client is closed")
+        if self._opened:
+            return self
+        if self._open_lock is None:
+            self._open_lock = asyncio.Lock()
+        async with self._open_lock:
+            if self._opened:
+                return self
+            try:
+                await self._redis.ping()
+                opened = _wire.to_json({"id": _wire.new_id(), "type": "client.opened", "time": _wire.now_rfc3339()}, "")
+                self._last_id = await self._redis.xadd(self._stream_key, {"id": _wire.new_id(), "payload": opened})
+                await self._redis.expire(self._stream_key, max(1, round(self.stream_ttl)))
+            except redis_errors.AuthenticationError as err:
+                raise ConnectionFailed(f"Redis at {_redacted(self.url)} refused the login: {err}") from err
+            except redis_errors.ResponseError as err:
+                if "NOAUTH" in str(err) or "WRONGPASS" in str(err) or "NOPERM" in str(err):
+                    raise ConnectionFailed(f"Redis at {_redacted(self.url)} refused the login: {err}") from err
+                raise ConnectionFailed(f"Redis at {_redacted(self.url)} refused the client: {err}") from err
+            except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError) as err:
+                raise ConnectionFailed(f"cannot reach Redis at {_redacted(self.url)}: {err}") from err
+            self._tasks = [
+                asyncio.create_task(self._read(), name="toolhost-reader"),
+                asyncio.create_task(self._keep_alive(), name="toolhost-keepalive"),
+            ]
+            self._opened = True
+        return self
+
+    async def close(self) -> None:
+        """Stops the reader, fails the calls still waiting with ClientClosed, and deletes the
+        private stream. Closing twice is fine."""
+        if self._closed:
+            return
+        self._closed = True
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+        closing = Answer("closed", "", {})
+        for queues in (*self._waiting.values(), *self._cancelling.values()):
+            for queue in queues:
+                queue.put_nowait(closing)
+        if self._opened:
+            try:
+                await self._redis.delete(self._stream_key)
+            except redis_errors.RedisError as err:
+                log.warning("cannot delete %s (it expires in %g s): %s", self._stream_key, self.stream_ttl, err)
+        await self._redis.aclose()
+        await self._pool.aclose()
+
+    async def __aenter__(self) -> AsyncClient:
+        return await self.open()
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.close()
+
+    # -- calls ---------------------------------------------------------------------------------
+
+    async def call(
+        self,
+        tool: str,
+        arguments: dict[str, Any] | None = None,
+        *,
+        timeout: float | None = None,
+        request_id: str | None = None,
+        retries: int | None = None,
+        correlation_id: str | None = None,
+        on_progress: Callable[[Progress], None] | None = None,
+    ) -> Any:
+        """Calls `tool` and returns its result, or raises the answer's ToolError.
+
+        `timeout` (seconds) is sent as `timeout_ms`: the host answers `timeout` or `expired`
+        when it passes. Without it the tool's own timeout applies and the client waits up to
+        `default_timeout`. NoAnswer is raised when nothing answers in time. `request_id` makes
+        the call idempotent: the host never runs one id twice. `retries` (default: the
+        client's) sends the same request again after an `overloaded`, `internal` or `expired`
+        answer or no answer, with backoff; final answers are never retried.
+        """
+        async for event in self.stream(
+            tool,
+            arguments,
+            timeout=timeout,
+            request_id=request_id,
+            retries=retries,
+            correlation_id=correlation_id,
+        ):
+            if isinstance(event, Finished):
+                return event.result
+            if on_progress is not None:
+                on_progress(event)
+        raise AssertionError("a stream ends with Finished or an error")  # pragma: no cover
+
+    async def stream(
+        self,
+        tool: str,
+        arguments: dict[str, Any] | None = None,
+        *,
+        timeout: float | None = None,
+        request_id: str | None = None,
+        retries: int | None = None,
+        correlation_id: str | None = None,
+    ) -> AsyncGenerator[Progress | Finished, None]:
+        """Calls `tool` and yields its progress entries, then Finished with the result; an
+        error answer is raised. Takes the same arguments as `call`."""
+        _wire.check_tool_name(tool)
+        if arguments is None:
+            arguments = {}
+        if not isinstance(arguments, dict):
+            raise ClientError(f"arguments must be a dict (a JSON object), not {type(arguments).__name__}")
+        rid = _wire.check_request_id(request_id) if request_id is not None else _wire.new_id()
+        millis = _wire.timeout_ms(timeout)
+        data: dict[str, Any] = {"request_id": rid, "tool": tool, "arguments": arguments}
+        if millis is not None:
+            data["timeout_ms"] = millis
+        wait = (timeout if timeout is not None else self.default_timeout) + ANSWER_MARGIN
+        attempts = 1 + max(0, self.retries if retries is None else retries)
+        # Refused here, before anything is sent: arguments that are not JSON.
+        _wire.to_json(arguments, "the arguments")
+        await self.open()
+        queue: asyncio.Queue[Answer] = asyncio.Queue()
+        self._waiting.setdefault(rid, []).append(queue)
+        try:
+            for attempt in range(attempts):
+                last = attempt == attempts - 1
+                try:
+                    await self._publish("tool.invoke", data, rid, correlation_id)
+                except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError) as err:
+                    if last:
+                        raise ConnectionFailed(f"cannot send the call of '{tool}' to Redis: {err}") from err
+                    await asyncio.sleep(self._backoff(attempt, None))
+                    continue
+                loop = asyncio.get_running_loop()
+                deadline = loop.time() + wait
+                answer: Answer | None = None
+                while answer is None:
+                    left = deadline - loop.time()
+                    if left <= 0:
+                        break
+                    try:
+                        got = await asyncio.wait_for(queue.get(), left)
+                    except asyncio.TimeoutError:
+                        break
+                    if got.kind == "closed":
+                        raise ClientClosed("the client was closed while the call waited")
+                    if got.kind == "progress":
+                        yield _wire.progress_of(got)
+                    else:
+                        answer = got
+                if answer is None:
+                    if last:
+                        raise NoAnswer(rid, wait, tool)
+                    await asyncio.sleep(self._backoff(attempt, None))
+                    continue
+                if answer.data.get("success") is True:
+                    yield Finished(rid, answer.data.get("result"))
+                    return
+                error = error_from(answer.data, rid)
+                if last or error.code not in RETRIED_CODES:
+                    raise error
+                await asyncio.sleep(self._backoff(attempt, error))
+        finally:
+            self._forget(self._waiting, rid, queue)
+
+    async def cancel(self, request_id: str, *, timeout: float = 5.0) -> str:
+        """Asks the host to cancel the call `request_id` (the wire's `tool.cancel`) and returns
+        what it did: `cancelling` (the call's `cancelled` answer follows), `answered` (it had
+        already ended) or `unknown`."""
+        rid = _wire.check_request_id(request_id)
+        await self.open()
+        queue: asyncio.Queue[Answer] = asyncio.Queue()
+        self._cancelling.setdefault(rid, []).append(queue)
+        try:
+            await self._publish("tool.cancel", {"request_id": rid}, rid, None)
+            try:
+                answer = await asyncio.wait_for(queue.get(), timeout)
+            except asyncio.TimeoutError:
+                raise NoAnswer(rid, timeout, "tool.cancel") from None
+            if answer.kind == "closed":
+                raise ClientClosed("the client was closed while the cancel waited")
+            if answer.data.get("success") is not True:
+                raise error_from(answer.data, rid)
+            result = answer.data.get("result")
+            return str(result.get("state")) if isinstance(result, dict) else "unknown"
+        finally:
+            self._forget(self._cancelling, rid, queue)
+
+    async def tools(self, format: str = "native", *, timeout: float = 5.0) -> list[dict[str, Any]]:
+        """The tools of every live toolbox, in a discovery format (`native`, `openai`, `mcp`,
+        `toolbox` or `capabilities`), each name once."""
+        if format not in ("native", "openai", "mcp", "toolbox", "capabilities"):
+            raise ClientError(f"unknown discovery format {format!r}")
+        await self.open()
+        toolboxes = await self._live_toolboxes()
+        answers = await asyncio.gather(
+            *(self._discover(format, toolbox, timeout) for toolbox in sorted(toolboxes))
+        )
+        seen: set[str] = set()
+        listed: list[dict[str, Any]] = []
+        for tools in answers:
+            for tool in tools:
+                name = _tool_name(tool)
+                if name not in seen:
+                    seen.add(name)
+                    listed.append(tool)
+        return sorted(listed, key=_tool_name)
+
+    async def send(
+        self,
+        recipient: str,
+        content: str,
+        *,
+        conversation_id: str | None = None,
+        sender: str = "agent:python",
+        metadata: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Sends a chat message as the daemon's `chat_send` writes it: on
+        `chat:<conversation_id>`, and also on `chat:<Name>` for an agent. A bare name is an
+        agent (`"Alice"` is `agent:Alice`); without a conversation id a new one is made."""
+        if not isinstance(content, str) or not content.strip():
+            raise ClientError("content must be non-empty")
+        if not recipient.startswith(("agent:", "chat:")):
+            recipient = f"agent:{recipient}"
+        kind, _, name = recipient.partition(":")
+        if not name.strip():
+            raise ClientError("recipient must be 'chat:{conversation_id}' or 'agent:{Name}'")
+        conversation = name if kind == "chat" else (conversation_id or _wire.new_id())
+        envelope_id = _wire.new_id()
+        envelope = {
+            "id": envelope_id,
+            "conversation_id": conversation,
+            "sender": sender,
+            "recipient": recipient,
+            "type": "message",
+            "content": content,
+            "metadata": metadata or {},
+            "created_at": _wire.now_rfc3339(),
+        }
+        payload = _wire.to_json(envelope, "the message")
+        await self.open()
+        topics = [f"{self.key_prefix}chat:{conversation}"]
+        if kind == "agent":
+            topics.append(f"{self.key_prefix}chat:{name}")
+        for topic in topics:
+            await self._redis.xadd(topic, {"id": envelope_id, "payload": payload})
+        return {"envelope_id": envelope_id, "conversation_id": conversation, "published_to": topics}
+
+    # -- inside ----------------------------------------------------------------------------------
+
+    async def _publish(self, event_type: str, data: dict[str, Any], rid: str, correlation_id: str | None) -> None:
+        envelope_id, payload = _wire.request_entry(
+            event_type,
+            data,
+            source=self.source,
+            topic=self.requests_topic,
+            response_topic=self.response_topic,
+            correlation_id=correlation_id if correlation_id is not None else rid,
+            tags={name: value for name, value in self.tags.items() if value is not None},
+        )
+        await self._redis.xadd(self._requests_key, {"id": envelope_id, "payload": payload})
+
+    async def _discover(self, format: str, toolbox: str, timeout: float) -> list[dict[str, Any]]:
+        rid = _wire.new_id()
+        queue: asyncio.Queue[Answer] = asyncio.Queue()
+        self._waiting.setdefault(rid, []).append(queue)
+        try:
+            await self._publish("tools.discover", {"request_id": rid, "format": format, "toolbox_id": toolbox}, rid, None)
+            try:
+                answer = await asyncio.wait_for(queue.get(), timeout)
+            except asyncio.TimeoutError:
+                return []  # a toolbox that died since its heartbeat
+            if answer.kind != "answer" or answer.data.get("success") is not True:
+                return []
+            result = answer.data.get("result")
+            tools = result.get("tools") if isinstance(result, dict) else None
+            return [tool for tool in tools if isinstance(tool, dict)] if isinstance(tools, list) else []
+        finally:
+            self._forget(self._waiting, rid, queue)
+
+    async def _live_toolboxes(self) -> set[str]:
+        members: set[bytes] = await self._redis.smembers(f"{self.key_prefix}toolhost:fleet")  # type: ignore[misc]
+        if not members:
+            return set()
+        beats = await self._redis.mget(sorted(members))
+        toolboxes: set[str] = set()
+        for beat in beats:
+            if beat is None:
+                continue
+            try:
+                toolbox = json.loads(beat).get("toolbox_id")
+            except (ValueError, AttributeError):
+                continue
+            if isinstance(toolbox, str):
+                toolboxes.add(toolbox)
+        return toolboxes
+
+    async def _read(self) -> None:
+        """The one reader: XREAD BLOCK on the private stream, each entry to its waiters. A lost
+        connection is retried with backoff, from the last entry read, so nothing is missed."""
+        failures = 0
+        while not self._closed:
+            try:
+                replies = await self._redis.xread({self._stream_key: self._last_id}, count=READ_COUNT, block=READ_BLOCK_MS)
+                failures = 0
+            except asyncio.CancelledError:
+                raise
+            except (redis_errors.RedisError, OSError) as err:
+                failures += 1
+                delay = min(2.0, 0.05 * 2 ** min(failures, 6))
+                if failures in (1, 10) or failures % 100 == 0:
+                    log.warning("reading %s failed (%s); retrying in %.2f s", self._stream_key, err, delay)
+                await asyncio.sleep(delay)
+                continue
+            for _, entries in replies or []:
+                for entry_id, fields in entries:
+                    self._last_id = entry_id
+                    self._route(fields)
+
+    def _route(self, fields: dict[bytes, bytes]) -> None:
+        answer = _wire.parse_entry(fields)
+        if answer is None:
+            return
+        waiters = self._cancelling if answer.kind == "cancel" else self._waiting
+        for queue in waiters.get(answer.request_id, ()):
+            queue.put_nowait(answer)
+
+    async def _keep_alive(self) -> None:
+        """Refreshes the private stream's TTL while the client lives."""
+        period = max(0.5, self.stream_ttl / 3)
+        while not self._closed:
+            await asyncio.sleep(period)
+            try:
+                await self._redis.expire(self._stream_key, max(1, round(self.stream_ttl)))
+            except (redis_errors.RedisError, OSError):
+                pass  # the reader reports the outage
+
+    @staticmethod
+    def _forget(waiters: dict[str, list[asyncio.Queue[Answer]]], rid: str, queue: asyncio.Queue[Answer]) -> None:
+        queues = waiters.get(rid)
+        if queues is not None:
+            queues.remove(queue)
+            if not queues:
+                del waiters[rid]
+
+    @staticmethod
+    def _backoff(attempt: int, error: ToolError | None) -> float:
+        backoff = float(min(5.0, 0.1 * 2**attempt))
+        if isinstance(error, Overloaded) and error.retry_after is not None:
+            return min(30.0, max(backoff, error.retry_after))
+        return backoff
+
+
+def _tool_name(tool: dict[str, Any]) -> str:
+    """A tool's name in any discovery format."""
+    for key in ("name", "task_name"):
+        if isinstance(tool.get(key), str):
+            return str(tool[key])
+    function = tool.get("function")
+    if isinstance(function, dict) and isinstance(function.get("name"), str):
+        return str(function["name"])
+    return ""

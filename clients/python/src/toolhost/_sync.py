@@ -1,0 +1,139 @@
+"""Client: the blocking face of AsyncClient, which runs on an event loop thread of its own."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from typing import Any, TypeVar
+
+from ._aio import AsyncClient
+from ._errors import ClientClosed
+from ._wire import Finished, Progress
+
+T = TypeVar("T")
+
+
+async def _awaited(awaitable: Awaitable[T]) -> T:
+    return await awaitable
+
+
+class Client:
+    """Calls toolhost's tools over Redis, blocking. Takes AsyncClient's arguments; the URL
+    defaults to `REDIS_URL`. Safe to use from several threads; close it (or use `with`)."""
+
+    def __init__(self, url: str | None = None, **options: Any) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="toolhost-client", daemon=True)
+        self._thread.start()
+        self._closed = False
+        try:
+            self._client: AsyncClient = self._run(self._open(url, options))
+        except BaseException:
+            self._stop_loop()
+            raise
+
+    @staticmethod
+    async def _open(url: str | None, options: dict[str, Any]) -> AsyncClient:
+        client = AsyncClient(url, **options)
+        try:
+            return await client.open()
+        except BaseException:
+            await client.close()
+            raise
+
+    @property
+    def client_id(self) -> str:
+        return self._client.client_id
+
+    @property
+    def response_topic(self) -> str:
+        return self._client.response_topic
+
+    def _run(self, coroutine: Coroutine[Any, Any, T] | Awaitable[T]) -> T:
+        if self._closed:
+            if isinstance(coroutine, Coroutine):
+                coroutine.close()
+            raise ClientClosed("this client is closed")
+        return asyncio.run_coroutine_threadsafe(_awaited(coroutine), self._loop).result()
+
+    def call(
+        self,
+        tool: str,
+        arguments: dict[str, Any] | None = None,
+        *,
+        timeout: float | None = None,
+        request_id: str | None = None,
+        retries: int | None = None,
+        correlation_id: str | None = None,
+        on_progress: Callable[[Progress], None] | None = None,
+    ) -> Any:
+        """AsyncClient.call, blocking; `on_progress` runs on the client's thread."""
+        return self._run(
+            self._client.call(
+                tool,
+                arguments,
+                timeout=timeout,
+                request_id=request_id,
+                retries=retries,
+                correlation_id=correlation_id,
+                on_progress=on_progress,
+            )
+        )
+
+    def stream(
+        self,
+        tool: str,
+        arguments: dict[str, Any] | None = None,
+        *,
+        timeout: float | None = None,
+        request_id: str | None = None,
+        retries: int | None = None,
+        correlation_id: str | None = None,
+    ) -> Iterator[Progress | Finished]:
+        """AsyncClient.stream, as a plain iterator."""
+        events = self._client.stream(
+            tool, arguments, timeout=timeout, request_id=request_id, retries=retries, correlation_id=correlation_id
+        )
+        try:
+            while True:
+                try:
+                    yield self._run(events.__anext__())
+                except StopAsyncIteration:
+                    return
+        finally:
+            if not self._closed:
+                self._run(events.aclose())
+
+    def cancel(self, request_id: str, *, timeout: float = 5.0) -> str:
+        """AsyncClient.cancel, blocking."""
+        return self._run(self._client.cancel(request_id, timeout=timeout))
+
+    def tools(self, format: str = "native", *, timeout: float = 5.0) -> list[dict[str, Any]]:
+        """AsyncClient.tools, blocking."""
+        return self._run(self._client.tools(format, timeout=timeout))
+
+    def send(self, recipient: str, content: str, **options: Any) -> dict[str, Any]:
+        """AsyncClient.send, blocking."""
+        return self._run(self._client.send(recipient, content, **options))
+
+    def close(self) -> None:
+        """Closes the client and its thread. Closing twice is fine."""
+        if self._closed:
+            return
+        try:
+            self._run(self._client.close())
+        finally:
+            self._closed = True
+            self._stop_loop()
+
+    def _stop_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()

@@ -1,0 +1,156 @@
+"""The wire, as docs/CONTRACTS.md of the daemon describes it: request envelopes written as
+`id` + `payload` stream entries, and the answers and progress entries read back."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from ._errors import ClientError
+
+SPEC_VERSION = "1.0"
+# A tool name the host accepts (1-64 of [a-zA-Z0-9_-]).
+TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+# The answer type of a cancel, unless the cancel names a response_event.
+CANCEL_ANSWER = "tool.cancel.completed"
+# The fields of the envelope a caller may set to tag a call.
+TAGS = ("tenant_id", "user_id", "session_id", "trace_id")
+
+
+def now_rfc3339() -> str:
+    """The current time in RFC 3339 UTC with microseconds."""
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def new_id() -> str:
+    return str(uuid.uuid4())
+
+
+def check_tool_name(tool: object) -> str:
+    if not isinstance(tool, str) or not TOOL_NAME.fullmatch(tool):
+        raise ClientError(f"not a tool name: {tool!r} (tool names are 1-64 of [a-zA-Z0-9_-])")
+    return tool
+
+
+def check_request_id(request_id: object) -> str:
+    if not isinstance(request_id, str) or not request_id.strip():
+        raise ClientError(f"a request id must be a non-empty string, not {request_id!r}")
+    return request_id
+
+
+def to_json(value: Any, what: str) -> str:
+    """Compact JSON of `value`, or a ClientError naming what cannot be sent."""
+    try:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as err:
+        raise ClientError(f"{what} cannot be sent as JSON: {err}") from err
+
+
+def timeout_ms(timeout: float | None) -> int | None:
+    if timeout is None:
+        return None
+    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not math.isfinite(timeout) or timeout <= 0:
+        raise ClientError(f"timeout must be a positive number of seconds, not {timeout!r}")
+    return max(1, round(timeout * 1000))
+
+
+def request_entry(
+    event_type: str,
+    data: dict[str, Any],
+    *,
+    source: str,
+    topic: str,
+    response_topic: str,
+    correlation_id: str | None,
+    tags: dict[str, str],
+) -> tuple[str, str]:
+    """The `id` and `payload` fields of a request entry."""
+    message_id = new_id()
+    envelope: dict[str, Any] = {
+        "id": message_id,
+        "source": source,
+        "specversion": SPEC_VERSION,
+        "type": event_type,
+        "topic": topic,
+        "time": now_rfc3339(),
+        "data": data,
+        "response_topic": response_topic,
+    }
+    if correlation_id is not None:
+        envelope["correlation_id"] = correlation_id
+    for name in TAGS:
+        if tags.get(name) is not None:
+            envelope[name] = tags[name]
+    return message_id, to_json(envelope, "the arguments")
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A progress entry of a running call: never final, and ignoring it loses nothing."""
+
+    request_id: str
+    progress: float
+    total: float | None = None
+    message: str | None = None
+
+
+@dataclass(frozen=True)
+class Finished:
+    """The end of a streamed call: its result (errors are raised instead)."""
+
+    request_id: str
+    result: Any
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One entry read from the private stream, sorted out."""
+
+    kind: str  # "answer", "progress", "cancel"
+    request_id: str
+    data: dict[str, Any]
+
+
+def parse_entry(fields: dict[bytes, bytes]) -> Answer | None:
+    """What an entry of the private stream is, or None for one that is not for a call (the
+    stream's opening entry, or anything unreadable)."""
+    raw = fields.get(b"payload")
+    if raw is None:
+        return None
+    try:
+        payload = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(payload, dict):
+        return None
+    data = payload.get("data")
+    event_type = payload.get("type")
+    if not isinstance(data, dict) or not isinstance(event_type, str):
+        return None
+    request_id = data.get("request_id")
+    if not isinstance(request_id, str):
+        return None
+    if "success" not in data:
+        if event_type.endswith(".progress") and isinstance(data.get("progress"), (int, float)):
+            return Answer("progress", request_id, data)
+        return None
+    if event_type == CANCEL_ANSWER:
+        return Answer("cancel", request_id, data)
+    return Answer("answer", request_id, data)
+
+
+def progress_of(answer: Answer) -> Progress:
+    data = answer.data
+    total = data.get("total")
+    message = data.get("message")
+    return Progress(
+        request_id=answer.request_id,
+        progress=float(data["progress"]),
+        total=float(total) if isinstance(total, (int, float)) else None,
+        message=message if isinstance(message, str) else None,
+    )
