@@ -100,6 +100,12 @@ test-mcp-door: ensure-redis-installed
     cargo build --bin toolhost
     cargo test -p toolhost-e2e --test mcp_door
 
+# The Python client (clients/python) against a real daemon and redis-server: pytest, mypy
+# --strict, and the wheel built and checked with twine (the venv is made once, pinned).
+test-python: ensure-redis-installed
+    cargo build --bin toolhost
+    scripts/test-python-client.sh
+
 # The MCP tool-source tests against real MCP servers (installed pinned into ~/.cache/toolhost).
 test-mcp:
     scripts/ensure-mcp-servers.sh >/dev/null

@@ -15,6 +15,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -100,7 +101,8 @@ class RedisServer:
             self.process.wait()
             self.process = None
 
-    def connection(self) -> redis.Redis:
+    def connection(self) -> Any:
+        """A blocking redis-py connection (typed Any: redis-py types its sync replies as maybe-awaitable)."""
         return redis.Redis(port=self.port)
 
 

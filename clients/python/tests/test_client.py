@@ -191,15 +191,19 @@ async def test_a_redis_restart_while_calls_are_in_flight(redis_server: RedisServ
         host.stop()
 
 
-# The abandoned client's reader task is collected with its loop, which Python reports.
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_the_private_stream_expires_after_its_client_is_gone(daemon: Daemon, redis_server: RedisServer) -> None:
     client = Client(redis_server.url, stream_ttl=2.0)
     assert client.call("echo", {"message": "hi"}) == {"message": "hi"}
     stream = client.response_topic
-    # Gone without closing: the loop thread stops, nobody refreshes the TTL.
-    client._loop.call_soon_threadsafe(client._loop.stop)
-    client._thread.join()
+
+    async def vanish() -> None:
+        # As a killed process would: the reader and the keep-alive stop, nothing is deleted.
+        for task in client._client._tasks:
+            task.cancel()
+        await asyncio.gather(*client._client._tasks, return_exceptions=True)
+        await client._client._redis.aclose()
+
+    asyncio.run_coroutine_threadsafe(vanish(), client._loop).result()
     deadline = time.monotonic() + 10
     while redis_server.connection().exists(stream) and time.monotonic() < deadline:
         time.sleep(0.2)
