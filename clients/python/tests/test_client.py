@@ -88,10 +88,10 @@ def test_every_error_code_the_host_answers_this_client_is_typed(daemon: Daemon, 
 async def test_invalid_request_and_forbidden(daemon: Daemon, redis_server: RedisServer) -> None:
     async with AsyncClient(redis_server.url) as client:
         # A malformed envelope the client itself never writes: data.tool not a string.
-        queue: asyncio.Queue[Any] = asyncio.Queue()
-        client._waiting["bad-envelope"] = [queue]
-        await client._publish("tool.invoke", {"request_id": "bad-envelope", "tool": 5}, "bad-envelope", None)
-        answer = await asyncio.wait_for(queue.get(), 10)
+        answer = await client._ask(
+            "tool.invoke", {"request_id": "bad-envelope", "tool": 5}, "bad-envelope", client._calls, 10.0
+        )
+        assert answer is not None
         with pytest.raises(toolhost.InvalidRequest):
             raise toolhost._errors.error_from(answer.data, "bad-envelope")
     # A response topic the host does not allow is refused on the default results topic: this

@@ -76,15 +76,16 @@ class AsyncClient:
         self.stream_ttl = stream_ttl
         self.default_timeout = default_timeout
         self.retries = retries
-        self.tags = {"tenant_id": tenant_id, "user_id": user_id, "session_id": session_id, "trace_id": trace_id}
+        tags = {"tenant_id": tenant_id, "user_id": user_id, "session_id": session_id, "trace_id": trace_id}
+        self._tags = {name: value for name, value in tags.items() if value is not None}
         self._stream_key = key_prefix + self.response_topic
         self._requests_key = key_prefix + requests_topic
         self._pool = aioredis.BlockingConnectionPool.from_url(self.url, max_connections=max_connections, timeout=None)
         self._redis = aioredis.Redis(connection_pool=self._pool)
-        # Request id to the queues of the calls waiting for it (answers and progress).
-        self._waiting: dict[str, list[asyncio.Queue[Answer]]] = {}
-        # Request id to the queues of the cancels waiting for their answer.
-        self._cancelling: dict[str, list[asyncio.Queue[Answer]]] = {}
+        # Request id to the calls (and discoveries) waiting for its answer.
+        self._calls: dict[str, list[_Waiter]] = {}
+        # Request id to the cancels waiting for their answer.
+        self._cancels: dict[str, list[_Waiter]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._open_lock: asyncio.Lock | None = None
         self._opened = False
@@ -138,10 +139,10 @@ class AsyncClient:
                 await task
             except asyncio.CancelledError:
                 pass
-        closing = Answer("closed", "", {})
-        for queues in (*self._waiting.values(), *self._cancelling.values()):
-            for queue in queues:
-                queue.put_nowait(closing)
+        for waiters in (*self._calls.values(), *self._cancels.values()):
+            for waiter in waiters:
+                if not waiter.future.done():
+                    waiter.future.set_exception(ClientClosed("the client was closed while the call waited"))
         if self._opened:
             try:
                 await self._redis.delete(self._stream_key)
@@ -176,21 +177,56 @@ class AsyncClient:
         `default_timeout`. NoAnswer is raised when nothing answers in time. `request_id` makes
         the call idempotent: the host never runs one id twice. `retries` (default: the
         client's) sends the same request again after an `overloaded`, `internal` or `expired`
-        answer or no answer, with backoff; final answers are never retried.
+        answer or no answer, with backoff; final answers are never retried. `on_progress` gets
+        the call's progress entries, on the client's event loop.
         """
-        async for event in self.stream(
-            tool,
-            arguments,
-            timeout=timeout,
-            request_id=request_id,
-            retries=retries,
-            correlation_id=correlation_id,
-        ):
-            if isinstance(event, Finished):
-                return event.result
-            if on_progress is not None:
-                on_progress(event)
-        raise AssertionError("a stream ends with Finished or an error")  # pragma: no cover
+        _wire.check_tool_name(tool)
+        if arguments is None:
+            arguments = {}
+        if not isinstance(arguments, dict):
+            raise ClientError(f"arguments must be a dict (a JSON object), not {type(arguments).__name__}")
+        rid = _wire.check_request_id(request_id) if request_id is not None else _wire.new_id()
+        millis = _wire.timeout_ms(timeout)
+        data: dict[str, Any] = {"request_id": rid, "tool": tool, "arguments": arguments}
+        if millis is not None:
+            data["timeout_ms"] = millis
+        # Refused here, before anything is sent: arguments that are not JSON.
+        envelope_id, payload = self._entry("tool.invoke", data, rid, correlation_id)
+        wait = (timeout if timeout is not None else self.default_timeout) + ANSWER_MARGIN
+        attempts = 1 + max(0, self.retries if retries is None else retries)
+        await self.open()
+        loop = asyncio.get_running_loop()
+        waiter = _Waiter(loop.create_future(), on_progress)
+        self._calls.setdefault(rid, []).append(waiter)
+        try:
+            for attempt in range(attempts):
+                last = attempt == attempts - 1
+                if attempt > 0:
+                    waiter.future = loop.create_future()
+                    envelope_id, payload = self._entry("tool.invoke", data, rid, correlation_id)
+                try:
+                    await self._redis.xadd(self._requests_key, {"id": envelope_id, "payload": payload})
+                except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError) as err:
+                    if last:
+                        raise ConnectionFailed(f"cannot send the call of '{tool}' to Redis: {err}") from err
+                    await asyncio.sleep(self._backoff(attempt, None))
+                    continue
+                try:
+                    answer = await asyncio.wait_for(waiter.future, wait)
+                except asyncio.TimeoutError:
+                    if last:
+                        raise NoAnswer(rid, wait, tool) from None
+                    await asyncio.sleep(self._backoff(attempt, None))
+                    continue
+                if answer.data.get("success") is True:
+                    return answer.data.get("result")
+                error = error_from(answer.data, rid)
+                if last or error.code not in RETRIED_CODES:
+                    raise error
+                await asyncio.sleep(self._backoff(attempt, error))
+            raise AssertionError("every attempt returns, raises or continues")  # pragma: no cover
+        finally:
+            self._forget(self._calls, rid, waiter)
 
     async def stream(
         self,
@@ -204,87 +240,47 @@ class AsyncClient:
     ) -> AsyncGenerator[Progress | Finished, None]:
         """Calls `tool` and yields its progress entries, then Finished with the result; an
         error answer is raised. Takes the same arguments as `call`."""
-        _wire.check_tool_name(tool)
-        if arguments is None:
-            arguments = {}
-        if not isinstance(arguments, dict):
-            raise ClientError(f"arguments must be a dict (a JSON object), not {type(arguments).__name__}")
         rid = _wire.check_request_id(request_id) if request_id is not None else _wire.new_id()
-        millis = _wire.timeout_ms(timeout)
-        data: dict[str, Any] = {"request_id": rid, "tool": tool, "arguments": arguments}
-        if millis is not None:
-            data["timeout_ms"] = millis
-        wait = (timeout if timeout is not None else self.default_timeout) + ANSWER_MARGIN
-        attempts = 1 + max(0, self.retries if retries is None else retries)
-        # Refused here, before anything is sent: arguments that are not JSON.
-        _wire.to_json(arguments, "the arguments")
-        await self.open()
-        queue: asyncio.Queue[Answer] = asyncio.Queue()
-        self._waiting.setdefault(rid, []).append(queue)
+        events: asyncio.Queue[Progress] = asyncio.Queue()
+        call = asyncio.ensure_future(
+            self.call(
+                tool,
+                arguments,
+                timeout=timeout,
+                request_id=rid,
+                retries=retries,
+                correlation_id=correlation_id,
+                on_progress=events.put_nowait,
+            )
+        )
         try:
-            for attempt in range(attempts):
-                last = attempt == attempts - 1
-                try:
-                    await self._publish("tool.invoke", data, rid, correlation_id)
-                except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError) as err:
-                    if last:
-                        raise ConnectionFailed(f"cannot send the call of '{tool}' to Redis: {err}") from err
-                    await asyncio.sleep(self._backoff(attempt, None))
+            while True:
+                getter = asyncio.ensure_future(events.get())
+                await asyncio.wait({call, getter}, return_when=asyncio.FIRST_COMPLETED)
+                if getter.done():
+                    yield getter.result()
                     continue
-                loop = asyncio.get_running_loop()
-                deadline = loop.time() + wait
-                answer: Answer | None = None
-                while answer is None:
-                    left = deadline - loop.time()
-                    if left <= 0:
-                        break
-                    try:
-                        got = await asyncio.wait_for(queue.get(), left)
-                    except asyncio.TimeoutError:
-                        break
-                    if got.kind == "closed":
-                        raise ClientClosed("the client was closed while the call waited")
-                    if got.kind == "progress":
-                        yield _wire.progress_of(got)
-                    else:
-                        answer = got
-                if answer is None:
-                    if last:
-                        raise NoAnswer(rid, wait, tool)
-                    await asyncio.sleep(self._backoff(attempt, None))
-                    continue
-                if answer.data.get("success") is True:
-                    yield Finished(rid, answer.data.get("result"))
-                    return
-                error = error_from(answer.data, rid)
-                if last or error.code not in RETRIED_CODES:
-                    raise error
-                await asyncio.sleep(self._backoff(attempt, error))
+                getter.cancel()
+                while not events.empty():
+                    yield events.get_nowait()
+                yield Finished(rid, call.result())
+                return
         finally:
-            self._forget(self._waiting, rid, queue)
+            if not call.done():
+                call.cancel()
 
     async def cancel(self, request_id: str, *, timeout: float = 5.0) -> str:
         """Asks the host to cancel the call `request_id` (the wire's `tool.cancel`) and returns
         what it did: `cancelling` (the call's `cancelled` answer follows), `answered` (it had
         already ended) or `unknown`."""
         rid = _wire.check_request_id(request_id)
-        await self.open()
-        queue: asyncio.Queue[Answer] = asyncio.Queue()
-        self._cancelling.setdefault(rid, []).append(queue)
-        try:
-            await self._publish("tool.cancel", {"request_id": rid}, rid, None)
-            try:
-                answer = await asyncio.wait_for(queue.get(), timeout)
-            except asyncio.TimeoutError:
-                raise NoAnswer(rid, timeout, "tool.cancel") from None
-            if answer.kind == "closed":
-                raise ClientClosed("the client was closed while the cancel waited")
-            if answer.data.get("success") is not True:
-                raise error_from(answer.data, rid)
-            result = answer.data.get("result")
-            return str(result.get("state")) if isinstance(result, dict) else "unknown"
-        finally:
-            self._forget(self._cancelling, rid, queue)
+        answer = await self._ask("tool.cancel", {"request_id": rid}, rid, self._cancels, timeout)
+        if answer is None:
+            raise NoAnswer(rid, timeout, "tool.cancel")
+        if answer.data.get("success") is not True:
+            raise error_from(answer.data, rid)
+        result = answer.data.get("result")
+        return str(result.get("state")) if isinstance(result, dict) else "unknown"
 
     async def tools(self, format: str = "native", *, timeout: float = 5.0) -> list[dict[str, Any]]:
         """The tools of every live toolbox, in a discovery format (`native`, `openai`, `mcp`,
@@ -348,35 +344,53 @@ class AsyncClient:
 
     # -- inside ----------------------------------------------------------------------------------
 
-    async def _publish(self, event_type: str, data: dict[str, Any], rid: str, correlation_id: str | None) -> None:
-        envelope_id, payload = _wire.request_entry(
+    def _entry(self, event_type: str, data: dict[str, Any], rid: str, correlation_id: str | None) -> tuple[str, str]:
+        return _wire.request_entry(
             event_type,
             data,
             source=self.source,
             topic=self.requests_topic,
             response_topic=self.response_topic,
             correlation_id=correlation_id if correlation_id is not None else rid,
-            tags={name: value for name, value in self.tags.items() if value is not None},
+            tags=self._tags,
         )
+
+    async def _publish(self, event_type: str, data: dict[str, Any], rid: str, correlation_id: str | None) -> None:
+        envelope_id, payload = self._entry(event_type, data, rid, correlation_id)
         await self._redis.xadd(self._requests_key, {"id": envelope_id, "payload": payload})
+
+    async def _ask(
+        self,
+        event_type: str,
+        data: dict[str, Any],
+        rid: str,
+        waiters: dict[str, list[_Waiter]],
+        timeout: float,
+    ) -> Answer | None:
+        """Publishes a request that is not a call (a cancel, a discovery) and waits for its
+        answer; None when none came in `timeout` seconds."""
+        await self.open()
+        waiter = _Waiter(asyncio.get_running_loop().create_future(), None)
+        waiters.setdefault(rid, []).append(waiter)
+        try:
+            await self._publish(event_type, data, rid, None)
+            try:
+                return await asyncio.wait_for(waiter.future, timeout)
+            except asyncio.TimeoutError:
+                return None
+        finally:
+            self._forget(waiters, rid, waiter)
 
     async def _discover(self, format: str, toolbox: str, timeout: float) -> list[dict[str, Any]]:
         rid = _wire.new_id()
-        queue: asyncio.Queue[Answer] = asyncio.Queue()
-        self._waiting.setdefault(rid, []).append(queue)
-        try:
-            await self._publish("tools.discover", {"request_id": rid, "format": format, "toolbox_id": toolbox}, rid, None)
-            try:
-                answer = await asyncio.wait_for(queue.get(), timeout)
-            except asyncio.TimeoutError:
-                return []  # a toolbox that died since its heartbeat
-            if answer.kind != "answer" or answer.data.get("success") is not True:
-                return []
-            result = answer.data.get("result")
-            tools = result.get("tools") if isinstance(result, dict) else None
-            return [tool for tool in tools if isinstance(tool, dict)] if isinstance(tools, list) else []
-        finally:
-            self._forget(self._waiting, rid, queue)
+        data = {"request_id": rid, "format": format, "toolbox_id": toolbox}
+        answer = await self._ask("tools.discover", data, rid, self._calls, timeout)
+        # No answer: a toolbox that died since its heartbeat.
+        if answer is None or answer.data.get("success") is not True:
+            return []
+        result = answer.data.get("result")
+        tools = result.get("tools") if isinstance(result, dict) else None
+        return [tool for tool in tools if isinstance(tool, dict)] if isinstance(tools, list) else []
 
     async def _live_toolboxes(self) -> set[str]:
         members: set[bytes] = await self._redis.smembers(f"{self.key_prefix}toolhost:fleet")  # type: ignore[misc]
@@ -421,9 +435,16 @@ class AsyncClient:
         answer = _wire.parse_entry(fields)
         if answer is None:
             return
-        waiters = self._cancelling if answer.kind == "cancel" else self._waiting
-        for queue in waiters.get(answer.request_id, ()):
-            queue.put_nowait(answer)
+        if answer.kind == "progress":
+            progress = None
+            for waiter in self._calls.get(answer.request_id, ()):
+                if waiter.on_progress is not None:
+                    progress = progress or _wire.progress_of(answer)
+                    waiter.on_progress(progress)
+            return
+        for waiter in (self._cancels if answer.kind == "cancel" else self._calls).get(answer.request_id, ()):
+            if not waiter.future.done():
+                waiter.future.set_result(answer)
 
     async def _keep_alive(self) -> None:
         """Refreshes the private stream's TTL while the client lives."""
@@ -436,11 +457,11 @@ class AsyncClient:
                 pass  # the reader reports the outage
 
     @staticmethod
-    def _forget(waiters: dict[str, list[asyncio.Queue[Answer]]], rid: str, queue: asyncio.Queue[Answer]) -> None:
-        queues = waiters.get(rid)
-        if queues is not None:
-            queues.remove(queue)
-            if not queues:
+    def _forget(waiters: dict[str, list[_Waiter]], rid: str, waiter: _Waiter) -> None:
+        listed = waiters.get(rid)
+        if listed is not None:
+            listed.remove(waiter)
+            if not listed:
                 del waiters[rid]
 
     @staticmethod
@@ -449,6 +470,16 @@ class AsyncClient:
         if isinstance(error, Overloaded) and error.retry_after is not None:
             return min(30.0, max(backoff, error.retry_after))
         return backoff
+
+
+class _Waiter:
+    """A call, cancel or discovery waiting for its answer."""
+
+    __slots__ = ("future", "on_progress")
+
+    def __init__(self, future: asyncio.Future[Answer], on_progress: Callable[[Progress], None] | None) -> None:
+        self.future = future
+        self.on_progress = on_progress
 
 
 def _tool_name(tool: dict[str, Any]) -> str:
