@@ -87,6 +87,10 @@ class AsyncClient:
         # Request id to the cancels waiting for their answer.
         self._cancels: dict[str, list[_Waiter]] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        # Requests waiting for the next pipeline, and whether one is being sent.
+        self._outbox: list[tuple[str, dict[str, str], asyncio.Future[None]]] = []
+        self._flushing = False
+        self._flusher: asyncio.Future[None] | None = None
         self._open_lock: asyncio.Lock | None = None
         self._opened = False
         self._closed = False
@@ -205,7 +209,7 @@ class AsyncClient:
                     waiter.future = loop.create_future()
                     envelope_id, payload = self._entry("tool.invoke", data, rid, correlation_id)
                 try:
-                    await self._redis.xadd(self._requests_key, {"id": envelope_id, "payload": payload})
+                    await self._send(self._requests_key, {"id": envelope_id, "payload": payload})
                 except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError) as err:
                     if last:
                         raise ConnectionFailed(f"cannot send the call of '{tool}' to Redis: {err}") from err
@@ -357,7 +361,58 @@ class AsyncClient:
 
     async def _publish(self, event_type: str, data: dict[str, Any], rid: str, correlation_id: str | None) -> None:
         envelope_id, payload = self._entry(event_type, data, rid, correlation_id)
-        await self._redis.xadd(self._requests_key, {"id": envelope_id, "payload": payload})
+        await self._send(self._requests_key, {"id": envelope_id, "payload": payload})
+
+    async def _send(self, key: str, fields: dict[str, str]) -> None:
+        """XADDs `fields` to `key`. Requests sent while a pipeline is on its way wait and go
+        out together in the next one, on one connection: one call alone pays one round trip,
+        many in flight share them."""
+        sent: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._outbox.append((key, fields, sent))
+        if not self._flushing:
+            self._flushing = True
+            try:
+                await self._flush_once()
+            finally:
+                if self._outbox:
+                    self._flusher = asyncio.ensure_future(self._flush())
+                else:
+                    self._flushing = False
+        await sent
+
+    async def _flush(self) -> None:
+        try:
+            while self._outbox:
+                await self._flush_once()
+        finally:
+            self._flushing = False
+
+    async def _flush_once(self) -> None:
+        batch, self._outbox = self._outbox, []
+        try:
+            if len(batch) == 1:
+                key, fields, _ = batch[0]
+                results: list[Any] = [await self._redis.xadd(key, fields)]  # type: ignore[arg-type]
+            else:
+                async with self._redis.pipeline(transaction=False) as pipe:
+                    for key, fields, _ in batch:
+                        pipe.xadd(key, fields)  # type: ignore[arg-type]
+                    results = await pipe.execute(raise_on_error=False)
+        except BaseException as err:
+            failure = err if isinstance(err, (redis_errors.RedisError, OSError)) else redis_errors.ConnectionError(str(err))
+            for _, _, sent in batch:
+                if not sent.done():
+                    sent.set_exception(failure)
+            if not isinstance(err, (redis_errors.RedisError, OSError)):
+                raise
+            return
+        for (_, _, sent), result in zip(batch, results):
+            if sent.done():
+                continue
+            if isinstance(result, BaseException):
+                sent.set_exception(result)
+            else:
+                sent.set_result(None)
 
     async def _ask(
         self,
