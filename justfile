@@ -37,6 +37,7 @@ bench *ARGS: ensure-redis-installed
     scripts/ensure-mcp-servers.sh >/dev/null
     ./target/release/toolhost-bench-mcp
     ./target/release/toolhost-bench-clients
+    "$(scripts/ensure-python-client-venv.sh)/bin/python" clients/python/bench/bench.py
 
 # The issue-17 targets: echo at 1 and 64 in flight, the median of 5 interleaved runs of the
 # at-least-once reference, the exactly-once floor and toolhost, then Redis bytes per answered

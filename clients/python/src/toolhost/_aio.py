@@ -80,7 +80,8 @@ class AsyncClient:
         self._tags = {name: value for name, value in tags.items() if value is not None}
         self._stream_key = key_prefix + self.response_topic
         self._requests_key = key_prefix + requests_topic
-        self._pool = aioredis.BlockingConnectionPool.from_url(self.url, max_connections=max_connections, timeout=None)
+        # Requests are pipelined (see _send), so a few connections serve any number of calls.
+        self._pool = aioredis.ConnectionPool.from_url(self.url, max_connections=max_connections)
         self._redis = aioredis.Redis(connection_pool=self._pool)
         # Request id to the calls (and discoveries) waiting for its answer.
         self._calls: dict[str, list[_Waiter]] = {}
