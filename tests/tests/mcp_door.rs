@@ -343,18 +343,8 @@ fn idle_sessions_are_closed() {
     let (status, response) = post(port, "", INITIALIZE);
     assert_eq!(status, 200);
     let session = session_id(&response);
-    let list = r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#;
     let headers = format!("Mcp-Session-Id: {session}\r\nMCP-Protocol-Version: 2025-11-25\r\n");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let (status, _) = post(port, &headers, list);
-        if status == 404 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the idle session is still open: {status}");
-        // Each request keeps the session alive: ask less often than the idle time.
-        std::thread::sleep(Duration::from_millis(2500));
-    }
+    wait_until_closed(port, &headers, Duration::from_millis(2500), "the idle session");
     check_list_call("a new session after the idle one closed", &scenario(&["list-call", &fleet.url()]));
 }
 
@@ -409,16 +399,7 @@ fn a_client_that_stops_reading_holds_up_only_its_own_session() {
     // Other clients are served meanwhile.
     check_list_call("http beside a stalled client", &scenario(&["list-call", &fleet.url()]));
     // The stalled session is closed once idle, and its slot is free again.
-    let list = r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let (status, _) = post(port, &headers, list);
-        if status == 404 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the stalled session is still open: {status}");
-        std::thread::sleep(Duration::from_millis(3000));
-    }
+    wait_until_closed(port, &headers, Duration::from_millis(3000), "the stalled session");
     drop((sse, calls));
     check_list_call("http after the stalled client left", &scenario(&["list-call", &fleet.url()]));
     let log = fleet.door.as_ref().unwrap().log();
@@ -564,6 +545,21 @@ fn hostile_input_gets_the_protocols_errors_and_the_door_keeps_serving() {
         assert_eq!(status, 204, "a closed session");
     }
     check_list_call("http after the sessions closed", &scenario(&["list-call", &fleet.url()]));
+}
+
+/// Asks the session of `headers` for its tools every `every` (longer than its idle time, since
+/// each request keeps it alive) until the door says it is gone (404), for at most 30 s.
+fn wait_until_closed(port: u16, headers: &str, every: Duration, what: &str) {
+    let list = r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (status, _) = post(port, headers, list);
+        if status == 404 {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{what} is still open: {status}");
+        std::thread::sleep(every);
+    }
 }
 
 fn session_id(response: &str) -> String {
