@@ -303,6 +303,9 @@ pub enum CallStart {
     StartedBefore,
     /// It was answered already: ack without running or answering.
     Answered,
+    /// It was answered already and its answer was kept ([`Finish::keep`]): answer this copy
+    /// with it ([`Finish::replay`]) without running the tool.
+    AnsweredKept(KeptAnswer),
     /// Another owner holds a live lease on it, for the entry named here.
     Busy {
         /// The entry the owner is working on.
@@ -344,10 +347,18 @@ pub struct Finish<'a> {
     /// ([`Ledger::begin_call`]), or an earlier holder of a redelivered entry may have. A first
     /// delivery of a read-only, idempotent tool has none and is finished without touching it.
     pub tracked: bool,
+    /// Whether a final answer is kept with the answered mark, so that a retry of the request
+    /// (another entry with the same request id) can be answered with it. A final answer that
+    /// finds the request answered by another entry whose answer was kept then writes nothing and
+    /// returns [`Committed::Kept`], leaving the entry pending for a replay.
+    pub keep: bool,
+    /// Whether the answer replays a kept answer for a retry: it is published once for this entry
+    /// (guarded like a refusal, by the entry), whatever the request's answered mark holds.
+    pub replay: bool,
 }
 
 /// What [`Bus::finish`] did with the answer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Committed {
     /// This answer is the one published for the request (now, or by an earlier attempt of the
@@ -359,6 +370,32 @@ pub enum Committed {
     /// An answer topic holds a key of another type; nothing was written and the entry is still
     /// pending.
     WrongType,
+    /// The request had been answered by another entry and that answer was kept
+    /// ([`Finish::keep`]): nothing was written and the entry is still pending, to be answered
+    /// with the kept answer ([`Finish::replay`]).
+    Kept(KeptAnswer),
+}
+
+/// A request's final answer as the ledger keeps it for retries: the original answer's message
+/// id, the entry it answered, and its payload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeptAnswer {
+    /// The original answer's message id.
+    pub id: String,
+    /// The entry of the requests stream it answered.
+    pub entry_id: String,
+    /// The original answer's JSON payload.
+    pub payload: String,
+}
+
+impl KeptAnswer {
+    /// Reads an answered mark: `<answer id>\n<entry id>\n<payload>` when the answer was kept,
+    /// `None` for a mark that holds the answer's id alone.
+    pub fn from_mark(mark: &str) -> Option<KeptAnswer> {
+        let (id, rest) = mark.split_once('\n')?;
+        let (entry_id, payload) = rest.split_once('\n')?;
+        Some(KeptAnswer { id: id.to_owned(), entry_id: entry_id.to_owned(), payload: payload.to_owned() })
+    }
 }
 
 /// What [`Bus::reclaim`] returns.

@@ -29,8 +29,8 @@ mod sentinel;
 mod slots;
 
 pub use bus::{
-    Bus, CallKeys, CallStart, Committed, Directory, EntryRef, Finish, FleetAccess, GroupInfo, Groups, Ledger,
-    Published, Reclaimed, Server, Streams, call_owner,
+    Bus, CallKeys, CallStart, Committed, Directory, EntryRef, Finish, FleetAccess, GroupInfo, Groups,
+    KeptAnswer, Ledger, Published, Reclaimed, Server, Streams, call_owner,
 };
 pub use caller::{CallError, Caller, Pending};
 pub use connection::Topology;

@@ -29,7 +29,9 @@ use redis::{AsyncCommands, Script, Value};
 use toolhost_envelope::{DEFECT_HEAD_BYTES, Entry};
 
 use crate::batch::{Batcher, Shared};
-use crate::bus::{CallKeys, CallStart, Committed, EntryRef, Finish, GroupInfo, Reclaimed, is_entry_id};
+use crate::bus::{
+    CallKeys, CallStart, Committed, EntryRef, Finish, GroupInfo, KeptAnswer, Reclaimed, is_entry_id,
+};
 use crate::connection::{Connection, Connector, Topology};
 use crate::raw_read::{self, RawReader, RawTarget, ReadError};
 use crate::{Directory, Error, Groups, Ledger, Server, Streams};
@@ -513,10 +515,15 @@ impl Ledger for RedisBus {
         if self.cluster {
             return self.cluster_finish(finish).await;
         }
-        if let (Some(call), Some(answer), None, None, true) =
-            (finish.call, finish.answer, finish.answer_copy, finish.dead_letter, finish.final_answer)
-        {
-            return self.answer(finish.entry, &call, answer, finish.tracked).await;
+        if let (Some(call), Some(answer), None, None, true, false) = (
+            finish.call,
+            finish.answer,
+            finish.answer_copy,
+            finish.dead_letter,
+            finish.final_answer,
+            finish.replay,
+        ) {
+            return self.answer(finish.entry, &call, answer, finish.tracked, finish.keep).await;
         }
         let entry = finish.entry;
         let (answered, call, refused, retention) = match finish.call {
@@ -527,7 +534,7 @@ impl Ledger for RedisBus {
         let dead_letter =
             finish.dead_letter.unwrap_or(crate::Published { topic: entry.topic, id: "", payload: "" });
         let batcher = self.batchers.finish.get_or_init(|| {
-            Batcher::new(include_str!("scripts/finish.lua"), 7, 11, self.commands.clone(), false)
+            Batcher::new(include_str!("scripts/finish.lua"), 7, 13, self.commands.clone(), false)
         });
         let keys = [
             entry.topic,
@@ -550,6 +557,8 @@ impl Ledger for RedisBus {
             if finish.call.is_some() { "1" } else { "0" },
             if finish.answer_copy.is_some() { "1" } else { "0" },
             if finish.final_answer { "1" } else { "0" },
+            if finish.keep { "1" } else { "0" },
+            if finish.replay { "1" } else { "0" },
         ];
         let reply = batcher
             .invoke(
@@ -763,6 +772,7 @@ impl RedisBus {
         call: &CallKeys<'_>,
         answer: crate::Published<'_>,
         tracked: bool,
+        keep: bool,
     ) -> Result<Committed, Error> {
         let batcher = self.batchers.answer.get_or_init(|| {
             Batcher::for_batches(include_str!("scripts/answer_batch.lua"), 4, 4, self.commands.clone())
@@ -778,7 +788,8 @@ impl RedisBus {
             entry.entry_id.to_owned(),
             answer.id.to_owned(),
             answer.payload.to_owned(),
-            if tracked { "1" } else { "0" }.to_owned(),
+            // Flags: 1 a call record to delete, 2 the answer kept in the mark.
+            (u8::from(tracked) + 2 * u8::from(keep)).to_string(),
         ];
         let reply = batcher.invoke_shared(shared, keys, args).await?;
         committed_from(reply)
@@ -804,9 +815,18 @@ impl RedisBus {
     }
 }
 
-/// Decodes a finish script's reply for one entry: 1 published, -1 wrong type, else not
-/// published.
+/// Decodes a finish script's reply for one entry: 1 published, -1 wrong type, `{2, mark}` a
+/// kept answer of another entry, else not published.
 fn committed_from(reply: Value) -> Result<Committed, Error> {
+    if let Value::Array(parts) = &reply
+        && let [Value::Int(2), mark] = parts.as_slice()
+    {
+        let mark: String =
+            redis::from_redis_value(mark.clone()).map_err(|err| Error::Protocol(err.to_string()))?;
+        let kept = KeptAnswer::from_mark(&mark)
+            .ok_or_else(|| Error::Protocol("a kept answer's mark without its payload".to_owned()))?;
+        return Ok(Committed::Kept(kept));
+    }
     let published: i8 = redis::from_redis_value(reply).map_err(|err| Error::Protocol(err.to_string()))?;
     Ok(match published {
         1 => Committed::Published,
@@ -815,8 +835,16 @@ fn committed_from(reply: Value) -> Result<Committed, Error> {
     })
 }
 
-/// Decodes the reply of a `begin_call` script, `{state, entry}`.
+/// Decodes the reply of a `begin_call` script, `{state, entry}`, or `{0, '', mark}` for a request
+/// answered with a kept answer.
 fn start_from(reply: Value) -> Result<CallStart, Error> {
+    if let Value::Array(parts) = &reply
+        && let [Value::Int(0), _, mark] = parts.as_slice()
+    {
+        let mark: String =
+            redis::from_redis_value(mark.clone()).map_err(|err| Error::Protocol(err.to_string()))?;
+        return Ok(KeptAnswer::from_mark(&mark).map_or(CallStart::Answered, CallStart::AnsweredKept));
+    }
     let (state, entry): (u8, String) =
         redis::from_redis_value(reply).map_err(|err| Error::Protocol(err.to_string()))?;
     Ok(match state {

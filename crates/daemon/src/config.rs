@@ -211,6 +211,9 @@ pub struct DispatchSection {
     pub answer_unknown_tools: bool,
     /// Most progress entries written per call and second.
     pub progress_per_second: u64,
+    /// The largest answer payload kept with its answered mark, so a retry of the request is
+    /// answered with it; 0 keeps none.
+    pub kept_answer_max_bytes: usize,
 }
 
 /// `[http]`

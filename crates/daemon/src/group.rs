@@ -72,6 +72,9 @@ pub(crate) struct StreamSettings {
     pub max_deliveries: u64,
     /// How long final answers are remembered.
     pub answered_retention: Duration,
+    /// The largest answer payload kept with its answered mark for retries (doors that keep
+    /// answers); 0 keeps none.
+    pub kept_answer_max_bytes: usize,
     /// A replica's heartbeat key without its consumer name: consumers without a heartbeat that
     /// hold nothing are pruned.
     pub heartbeat_prefix: String,

@@ -389,6 +389,7 @@ impl App {
             claim_idle: config.claim_idle,
             max_deliveries: raw.dispatch.max_deliveries,
             answered_retention: config.answered_retention,
+            kept_answer_max_bytes: raw.dispatch.kept_answer_max_bytes,
             heartbeat_prefix: keys.heartbeat_prefix(&raw.daemon.toolbox_id),
         };
         let chat = InboxSettings {

@@ -131,10 +131,14 @@ async fn a_cancelled_command_is_killed_and_answered_cancelled_once_and_later_can
     assert_eq!(states, [json!("cancelling"), json!("answered")]);
     assert_eq!(cancel_state(&mut connection, "never-sent").await, "unknown");
     assert_eq!(answers(&mut connection, "never-sent", "tool.cancel.completed").await.len(), 1);
-    // `cancelled` is final: the same call sent again is not run again.
+    // `cancelled` is final: the same call sent again is not run again; it is answered with the
+    // original answer.
     call(&mut connection, "slow", "c-1", "61.1").await;
     settle(&mut connection).await;
-    assert_eq!(answers(&mut connection, "c-1", "slow.requested.completed").await.len(), 1);
+    let again = answers(&mut connection, "c-1", "slow.requested.completed").await;
+    assert_eq!(again.len(), 2, "{again:?}");
+    assert_eq!(again[1]["data"], again[0]["data"], "{again:?}");
+    assert!(processes(&["sleep", "61.1"]).is_empty(), "the command ran again");
 
     // A cancel without the id of a call is refused.
     let bare = json!({"id": uuid::Uuid::new_v4().to_string(), "type": "tool.cancel", "data": {}});

@@ -192,7 +192,8 @@ async fn tool_names_no_tool_has_never_become_stats_rows_or_metric_series() {
     let daemon = Daemon::start(&redis, &[]);
     let mut connection = redis.connection().await;
 
-    // An answered request id re-sent with a made-up tool takes the duplicate path; a made-up tool
+    // An answered request id re-sent with a made-up tool is answered with its kept answer (the
+    // `replayed` path, which runs nothing); a made-up tool
     // by event type or by tool.invoke takes the unknown-tool path.
     xadd(
         &mut connection,
@@ -219,7 +220,7 @@ async fn tool_names_no_tool_has_never_become_stats_rows_or_metric_series() {
     let (status, metrics) = http_get(http_addr(&daemon.log()), "/metrics");
     assert_eq!(status, 200);
     assert!(!metrics.contains("made-up"), "{metrics}");
-    assert!(metrics.contains(r#"tool="_unknown",outcome="duplicate""#), "{metrics}");
+    assert!(metrics.contains(r#"tool="_unknown",outcome="replayed""#), "{metrics}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

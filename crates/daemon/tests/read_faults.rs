@@ -350,6 +350,8 @@ async fn out_of_memory_inside_ledger_scripts_is_retryable_and_renewal_and_reads_
         dead_letter: None,
         final_answer: true,
         tracked: true,
+        keep: false,
+        replay: false,
     };
 
     // Below what is in use, with the default noeviction: every write that may grow memory fails.

@@ -465,24 +465,85 @@ async fn a_daemon_paused_past_its_lease_still_answers_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_request_sent_twice_runs_once_and_is_answered_once() {
+async fn a_request_sent_twice_runs_once_and_a_retry_after_its_answer_gets_the_original_answer() {
     let _serial = SERIAL.lock().await;
     let redis = RedisServer::start();
     let first = Daemon::start(&redis, &env(&[]));
     let second = Daemon::start(&redis, &env(&[]));
     let mut connection = redis.connection().await;
-    // The same request twice while it runs (either replica may take either copy), then again
-    // after it was answered.
+    // The same request twice while it runs (either replica may take either copy): the copy is
+    // acked, and the call's one answer is on the topic both named.
     let payload = sleep("twice-1", 1);
     send(&mut connection, &payload).await;
     send(&mut connection, &payload).await;
     let all = ["twice-1".to_owned()];
-    assert_answered_once(&mut connection, &all, &[&first, &second]).await;
-    send(&mut connection, &payload).await;
     let answers = assert_answered_once(&mut connection, &all, &[&first, &second]).await;
-    assert_eq!(answers["twice-1"]["data"]["success"], true, "{}", answers["twice-1"]);
-    assert_eq!(outcomes_of(&[&first, &second], "twice-1"), ["duplicate", "duplicate", "success"]);
+    let original = answers["twice-1"].clone();
+    assert_eq!(original["data"]["success"], true, "{original}");
+    // A caller that lost that answer sends the request again, to a private topic of its own: it
+    // gets the original answer there (the same data, in an envelope of its own), without a run.
+    let mut retry = payload.clone();
+    retry["id"] = json!(uuid::Uuid::new_v4().to_string());
+    retry["response_topic"] = json!("results:retrier");
+    retry["correlation_id"] = json!("retry-correlation");
+    send(&mut connection, &retry).await;
+    let replayed = wait_for_answer_on(&mut connection, "results:retrier", "twice-1").await;
+    assert_eq!(replayed["data"], original["data"], "{replayed}");
+    assert_eq!(replayed["topic"], "results:retrier");
+    assert_eq!(replayed["correlation_id"], "retry-correlation");
+    assert_ne!(replayed["id"], original["id"]);
     assert_settled(&mut connection).await;
+    assert_eq!(outcomes_of(&[&first, &second], "twice-1"), ["duplicate", "replayed", "success"]);
+    // Still one answer on the original topic, and the command ran once.
+    assert_answered_once(&mut connection, &all, &[&first, &second]).await;
+    assert_eq!(answers_on(&mut connection, "results:retrier").await.len(), 1);
+}
+
+/// The entries on `topic`, as JSON payloads.
+async fn answers_on(connection: &mut MultiplexedConnection, topic: &str) -> Vec<Value> {
+    let entries: Vec<(String, Vec<(String, String)>)> =
+        redis::cmd("XRANGE").arg(topic).arg("-").arg("+").query_async(connection).await.unwrap();
+    entries
+        .into_iter()
+        .filter_map(|(_, fields)| fields.into_iter().find(|(name, _)| name == "payload"))
+        .map(|(_, payload)| serde_json::from_str(&payload).unwrap())
+        .collect()
+}
+
+/// Waits for the answer to `request_id` on `topic`.
+async fn wait_for_answer_on(connection: &mut MultiplexedConnection, topic: &str, request_id: &str) -> Value {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let found = answers_on(connection, topic).await;
+        if let Some(answer) = found.into_iter().find(|answer| answer["data"]["request_id"] == request_id) {
+            return answer;
+        }
+        assert!(Instant::now() < deadline, "no answer to {request_id} on {topic}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_kept_answers_off_a_retry_after_the_answer_is_acked_unanswered() {
+    let _serial = SERIAL.lock().await;
+    let redis = RedisServer::start();
+    let daemon = Daemon::start(&redis, &env(&[("TOOLHOST__DISPATCH__KEPT_ANSWER_MAX_BYTES", "0")]));
+    let mut connection = redis.connection().await;
+    let all = ["unkept-1".to_owned()];
+    send(&mut connection, &echo("unkept-1")).await;
+    assert_answered_once(&mut connection, &all, &[&daemon]).await;
+    let mark: String = redis::cmd("GET")
+        .arg("toolhost:ledger:action-requests:answered:unkept-1")
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    assert!(!mark.contains('\n'), "the mark holds the answer's id alone: {mark}");
+    let mut retry = echo("unkept-1");
+    retry["id"] = json!(uuid::Uuid::new_v4().to_string());
+    send(&mut connection, &retry).await;
+    assert_settled(&mut connection).await;
+    assert_answered_once(&mut connection, &all, &[&daemon]).await;
+    assert_eq!(outcomes_of(&[&daemon], "unkept-1"), ["duplicate", "success"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -764,6 +825,8 @@ async fn ledger_steps_are_safe_to_repeat_against_redis() {
         dead_letter: Some(Published { topic: DEAD_LETTERS, id: "letter-1", payload: "{}" }),
         final_answer: true,
         tracked: true,
+        keep: false,
+        replay: false,
     };
     // The first run's reply is lost; the retry changes nothing and reports the same outcome.
     assert_eq!(bus.finish(&finish).await.unwrap(), Committed::Published);
@@ -817,6 +880,8 @@ async fn ledger_steps_are_safe_to_repeat_against_redis() {
         dead_letter: None,
         final_answer: true,
         tracked: true,
+        keep: false,
+        replay: false,
     };
     assert_eq!(bus.finish(&finish).await.unwrap(), Committed::Published);
     // Re-created from the start, the group delivers what callers added meanwhile.
@@ -891,6 +956,8 @@ async fn final_answers_finished_together_are_each_published_once_and_acked() {
             dead_letter: None,
             final_answer: true,
             tracked: index == 1,
+            keep: false,
+            replay: false,
         }
     };
     let finishes: Vec<Finish<'_>> = (0..40).map(finish_of).collect();
@@ -1142,6 +1209,8 @@ async fn concurrent_ledger_steps_share_batches_and_keep_their_own_replies() {
             dead_letter: None,
             final_answer: true,
             tracked: true,
+            keep: false,
+            replay: false,
         };
         let bus = &bus;
         async move { bus.finish(&finish).await }
@@ -1167,4 +1236,78 @@ async fn concurrent_ledger_steps_share_batches_and_keep_their_own_replies() {
     }
     let published: u64 = redis::cmd("XLEN").arg(RESULTS).query_async(&mut connection).await.unwrap();
     assert_eq!(published, (n_calls / 2 - 1) as u64);
+}
+
+/// The ledger's kept answers: a final answer kept with its mark answers later entries of the same
+/// request (a retry), once each, and never the entry it answered, however often that entry's
+/// finish runs again; both finish scripts find it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_answer_answers_each_retry_once_and_never_its_own_entry_again() {
+    let _serial = SERIAL.lock().await;
+    let redis = RedisServer::start();
+    let mut connection = redis.connection().await;
+    let bus = RedisBus::new(RedisOptions::new(redis.url())).unwrap();
+    bus.ensure_group(REQUESTS, GROUP).await.unwrap();
+    let mut entries = Vec::new();
+    for id in ["m-1", "m-2", "m-3"] {
+        entries.push(bus.publish(REQUESTS, id, "{}").await.unwrap());
+    }
+    bus.read_group(REQUESTS, GROUP, "c1", 10, Duration::from_millis(10)).await.unwrap();
+    let marks: Vec<String> = entries.iter().map(|entry| format!("toolhost:entry:{entry}")).collect();
+    let keys = |index: usize| CallKeys {
+        answered: "toolhost:answered:r-1",
+        call: "toolhost:call:r-1",
+        entry: &marks[index],
+        lease: Duration::from_secs(1),
+        retention: Duration::from_secs(60),
+    };
+    let finish = |index: usize, id: &'static str, copy: Option<&'static str>, replay: bool| Finish {
+        entry: EntryRef { topic: REQUESTS, group: GROUP, entry_id: &entries[index] },
+        call: Some(keys(index)),
+        answer: Some(Published {
+            topic: RESULTS,
+            id,
+            payload: r#"{"data":{"request_id":"r-1","success":true}}"#,
+        }),
+        answer_copy: copy,
+        dead_letter: None,
+        final_answer: !replay,
+        tracked: true,
+        keep: true,
+        replay,
+    };
+    // The first entry's answer, kept; its finish run again is still its own.
+    assert_eq!(bus.finish(&finish(0, "a-1", None, false)).await.unwrap(), Committed::Published);
+    assert_eq!(bus.finish(&finish(0, "a-1", None, false)).await.unwrap(), Committed::Published);
+    // Another holder of the same entry (a reclaim, or another toolbox's group) finds it answered.
+    assert_eq!(bus.finish(&finish(0, "a-9", None, false)).await.unwrap(), Committed::NotPublished);
+    assert_eq!(bus.begin_call(&keys(0), "c1/again", &entries[0]).await.unwrap(), CallStart::Answered);
+    // A retry, through either script, is handed the kept answer with nothing written.
+    let kept = |reply| match reply {
+        CallStart::AnsweredKept(kept) => kept,
+        other => panic!("not kept: {other:?}"),
+    };
+    let found = kept(bus.begin_call(&keys(1), "c1/retry", &entries[1]).await.unwrap());
+    assert_eq!((found.id.as_str(), found.entry_id.as_str()), ("a-1", entries[0].as_str()));
+    assert_eq!(found.payload, r#"{"data":{"request_id":"r-1","success":true}}"#);
+    for copy in [None, Some("results:copy")] {
+        match bus.finish(&finish(1, "a-2", copy, false)).await.unwrap() {
+            Committed::Kept(found) => assert_eq!(found.id, "a-1"),
+            other => panic!("not kept: {other:?}"),
+        }
+    }
+    // The replay is published once for its entry, a second replayer of it (another toolbox)
+    // publishes nothing, and the request's mark still holds the original.
+    assert_eq!(bus.finish(&finish(1, "r-2", None, true)).await.unwrap(), Committed::Published);
+    assert_eq!(bus.finish(&finish(1, "r-2", None, true)).await.unwrap(), Committed::Published);
+    assert_eq!(bus.finish(&finish(1, "r-9", None, true)).await.unwrap(), Committed::NotPublished);
+    let found = kept(bus.begin_call(&keys(2), "c1/third", &entries[2]).await.unwrap());
+    assert_eq!(found.id, "a-1");
+    let published: Vec<(String, Vec<(String, String)>)> =
+        redis::cmd("XRANGE").arg(RESULTS).arg("-").arg("+").query_async(&mut connection).await.unwrap();
+    let ids: Vec<&str> = published.iter().map(|(_, fields)| fields[0].1.as_str()).collect();
+    assert_eq!(ids, ["a-1", "r-2"]);
+    let pending: (u64, redis::Value, redis::Value, redis::Value) =
+        redis::cmd("XPENDING").arg(REQUESTS).arg(GROUP).query_async(&mut connection).await.unwrap();
+    assert_eq!(pending.0, 1, "the third entry is left, the others are acked");
 }

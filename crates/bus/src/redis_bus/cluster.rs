@@ -559,6 +559,8 @@ mod tests {
                                 dead_letter: Some(Published { topic: &letters, id: "d", payload: "{}" }),
                                 final_answer,
                                 tracked: true,
+                                keep: false,
+                                replay: false,
                             };
                             let found = FinishKeys::new(prefix, &finish);
                             let (final_mark, refusal_mark) = found.answer.clone().unwrap();

@@ -6,29 +6,51 @@
 --   KEYS[k + 4] answer topic
 -- ARGV[1] group, ARGV[2] maxlen, ARGV[3] retention ms; then for item i, from a = 3 + (i - 1) * 4:
 --   ARGV[a + 1] entry id, ARGV[a + 2] answer id, ARGV[a + 3] answer payload,
---   ARGV[a + 4] '1' when the call wrote a call record (deleted here), '0' when it did not
+--   ARGV[a + 4] flags: 1 when the call wrote a call record (deleted here), plus 2 when the
+--   answer is kept in the mark for retries (the mark is then `<answer id>\n<entry id>\n<payload>`)
 -- Returns one reply per item, as finish.lua: 1 when the answer is the one published for the
 -- request (now, or by an earlier run of this same batch whose reply was lost), 0 when the
 -- request or the entry was answered before, -1 when the answer topic holds a key that is not a
 -- stream; or {0, error} when Redis refused a write of the item. After -1 or an error nothing of
 -- the item stays written and its entry stays pending; the other items go on.
+-- An item that keeps answers and finds the request answered by another entry, with that answer
+-- kept, gets {2, mark}: nothing is written and its entry stays pending, for the caller to answer
+-- it with the original answer (finish.lua's replay).
 --
 -- The answered mark is taken with one `SET NX GET`: nil means this item set it. A run cut short
 -- (the script killed, the server gone) leaves the items before it published and marked but the
--- batch unacked; running the batch again publishes none of them twice (their marks hold their
--- own answer ids) and acks them all, with one XACK.
+-- batch unacked; running the batch again publishes none of them twice (their marks begin with
+-- their own answer ids) and acks them all, with one XACK.
+-- Whether `mark` keeps an answer given to an entry other than `entry` (a retry, not this entry
+-- answered by another holder or another toolbox).
+local function kept_by_other(mark, entry)
+  local at = string.find(mark, '\n', 1, true)
+  return at ~= nil and string.sub(mark, at + 1, at + #entry + 1) ~= entry .. '\n'
+end
 local n = (#ARGV - 3) / 4
 local replies = {}
 local acked = {}
 for i = 1, n do
   local k, a = 1 + (i - 1) * 4, 3 + (i - 1) * 4
   local id = ARGV[a + 2]
+  local flags = tonumber(ARGV[a + 4])
+  local keep = flags >= 2
   local reply
-  local before = redis.pcall('SET', KEYS[k + 1], id, 'NX', 'GET', 'PX', ARGV[3])
+  local mark = id
+  if keep then
+    mark = id .. '\n' .. ARGV[a + 1] .. '\n' .. ARGV[a + 3]
+  end
+  local before = redis.pcall('SET', KEYS[k + 1], mark, 'NX', 'GET', 'PX', ARGV[3])
   if type(before) == 'table' and before.err then
     reply = {0, before.err}
   elseif before then
-    reply = before == id and 1 or 0
+    if string.sub(before, 1, #id) == id then
+      reply = 1
+    elseif keep and kept_by_other(before, ARGV[a + 1]) and redis.call('EXISTS', KEYS[k + 2]) == 0 then
+      reply = {2, before}
+    else
+      reply = 0
+    end
   elseif redis.call('EXISTS', KEYS[k + 2]) == 1 then
     -- Another toolbox answered this entry with a refusal: that stays its one answer.
     redis.call('DEL', KEYS[k + 1])
@@ -48,7 +70,7 @@ for i = 1, n do
     end
   end
   if reply == 0 or reply == 1 then
-    if ARGV[a + 4] == '1' then
+    if flags % 2 == 1 then
       redis.call('DEL', KEYS[k + 3])
     end
     acked[#acked + 1] = ARGV[a + 1]

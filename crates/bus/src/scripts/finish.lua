@@ -8,6 +8,13 @@
 -- ARGV[9] '1' when the request is identified (KEYS[2] and KEYS[3] are real)
 -- ARGV[10] '1' when the answer also goes to KEYS[6]
 -- ARGV[11] '1' when the answer is final (sets the answered mark)
+-- ARGV[12] '1' when answers are kept for retries: a final answer's mark is then
+--   `<answer id>\n<entry id>\n<payload>`, and a final answer that finds the request answered by
+--   another entry, with that answer kept, writes nothing and returns {2, mark}: the entry stays
+--   pending for the caller to answer with the original answer
+-- ARGV[13] '1' when this answer replays a kept answer for a retry: it is guarded by the entry's
+--   refusal mark alone (the request's answered mark is the original's) and sets it, like a
+--   refusal, so the retry's entry is answered once
 -- Returns 1 when the answer is the one published for the request (now, or by an earlier run of
 -- this same finish whose reply was lost), 0 otherwise, and -1 when an answer topic holds a key
 -- that is not a stream: then nothing at all was written and the entry is still pending.
@@ -21,6 +28,7 @@
 -- (Redis lost its data), the answer is still published so a waiting caller gets it.
 local identified = ARGV[9] == '1'
 local final = ARGV[11] == '1'
+local keep, replay = ARGV[12] == '1', ARGV[13] == '1'
 local has_answer = ARGV[6] ~= ''
 local has_letter = ARGV[8] ~= ''
 -- Only a dead letter needs to know whether the entry is still pending; skip the lookup otherwise.
@@ -35,7 +43,17 @@ if identified then
   local marks = redis.call('MGET', KEYS[2], KEYS[7])
   mark, entry_mark = marks[1], marks[2]
 end
-local answered = mark ~= false or entry_mark ~= false
+-- The answer ids are UUIDs: a mark that begins with this answer's id is this answer's.
+local function own(value)
+  return value ~= false and string.sub(value, 1, #ARGV[5]) == ARGV[5]
+end
+if keep and final and has_answer and mark and not entry_mark and not own(mark) then
+  local at = string.find(mark, '\n', 1, true)
+  if at and string.sub(mark, at + 1, at + #ARGV[2] + 1) ~= ARGV[2] .. '\n' then
+    return {2, mark}
+  end
+end
+local answered = entry_mark ~= false or (mark ~= false and not replay)
 local published = 0
 if has_answer then
   if not answered then
@@ -57,13 +75,15 @@ if has_answer then
     if ARGV[10] == '1' then
       redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[3], '*', 'id', ARGV[5], 'payload', ARGV[6])
     end
-    if identified and final then
+    if identified and final and keep then
+      redis.call('SET', KEYS[2], ARGV[5] .. '\n' .. ARGV[2] .. '\n' .. ARGV[6], 'PX', ARGV[4])
+    elseif identified and final then
       redis.call('SET', KEYS[2], ARGV[5], 'PX', ARGV[4])
     elseif identified then
       redis.call('SET', KEYS[7], ARGV[5], 'PX', ARGV[4])
     end
     published = 1
-  elseif mark == ARGV[5] or entry_mark == ARGV[5] then
+  elseif own(mark) or own(entry_mark) then
     published = 1
   end
 end

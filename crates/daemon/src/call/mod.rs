@@ -29,8 +29,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
-use toolhost_bus::{CallKeys, CallStart, Committed, EntryRef, Finish, Published, call_owner};
-use toolhost_envelope::{Entry, ErrorCode};
+use toolhost_bus::{CallKeys, CallStart, Committed, EntryRef, Finish, KeptAnswer, Published, call_owner};
+use toolhost_envelope::{Entry, ErrorCode, ResultData};
 use toolhost_tools::{Admit, Context, Failure, Full, ProgressReport, Registry, Running};
 use tracing::{debug, error, warn};
 
@@ -116,6 +116,8 @@ pub(crate) enum Outcome {
     DeadLetter,
     /// Acked unanswered: the request was answered, or is being answered, by another entry.
     Duplicate,
+    /// A retry of a request answered by another entry, answered with that entry's kept answer.
+    Replayed,
     /// Left pending: its owner is alive elsewhere, Redis refused the commit, or shutdown was
     /// forced; a replica (or this one) takes it over after the lease.
     LeftPending,
@@ -133,6 +135,7 @@ impl Outcome {
             Outcome::Ignored => "ignored",
             Outcome::DeadLetter => "dead_letter",
             Outcome::Duplicate => "duplicate",
+            Outcome::Replayed => "replayed",
             Outcome::LeftPending => "left_pending",
             Outcome::HandedOver => "handed_over",
         }
@@ -177,6 +180,12 @@ pub(crate) trait Door: Send + Sync + 'static {
     /// A progress entry of the request's running call, to publish on the answer's topic.
     fn progress(&self, _request: &Self::Request, _report: &ProgressReport) -> Option<Answer> {
         None
+    }
+
+    /// Whether the door keeps final answers with the answered mark and answers a retry of an
+    /// answered request (another entry with the same request id) with the original answer.
+    fn keeps_answers(&self) -> bool {
+        false
     }
 
     /// Whether every tool call takes a call record, even of read-only, idempotent tools: a door
@@ -335,6 +344,7 @@ impl<D: Door> Lifecycle<D> {
                 tracked = entry.deliveries > 1 || !matches!(begun, Begin::Run { tracked: false });
                 let result = match begun {
                     Begin::End(outcome) => return outcome,
+                    Begin::Replay(kept) => return self.replay(entry, request, &call, kept).await,
                     _ if poisoned => return self.poison(entry, request, &call).await,
                     Begin::Interrupted => {
                         let result = Err(ledger::interrupted(&name));
@@ -387,6 +397,32 @@ impl<D: Door> Lifecycle<D> {
             Some(Committed::Published) => outcome,
             Some(Committed::NotPublished) => Outcome::Duplicate,
             Some(Committed::WrongType) => self.wrong_type(entry, request, &call, &answer).await,
+            // Another entry of the request was answered meanwhile: its answer is this one's too.
+            Some(Committed::Kept(kept)) => self.replay(entry, request, &call, kept).await,
+            Some(_) | None => Outcome::LeftPending,
+        }
+    }
+
+    /// Answers a retry of an answered request with the original answer, kept with its answered
+    /// mark: the same `data`, in an envelope made for the retry (its response event and topic,
+    /// its correlation id), published once for this entry and never run again.
+    async fn replay(
+        &self,
+        entry: &Entry,
+        request: &D::Request,
+        call: &CallKeys<'_>,
+        kept: KeptAnswer,
+    ) -> Outcome {
+        let Some(result) = kept_result(&kept.payload) else {
+            warn!(entry_id = %entry.entry_id, answer_id = %kept.id, "a kept answer cannot be read; the retry is acked unanswered");
+            return self.ack(entry, Some(*call)).await.map_or(Outcome::LeftPending, |_| Outcome::Duplicate);
+        };
+        debug!(entry_id = %entry.entry_id, answer_id = %kept.id, "answering a retry with the kept answer");
+        let answer = self.door.answer(request, &result);
+        match self.commit_as(entry, Some(*call), Some(&answer), None, false, true, true).await {
+            Some(Committed::Published) => Outcome::Replayed,
+            Some(Committed::NotPublished) => Outcome::Duplicate,
+            Some(Committed::WrongType) => self.wrong_type(entry, request, call, &answer).await,
             Some(_) | None => Outcome::LeftPending,
         }
     }
@@ -414,8 +450,9 @@ impl<D: Door> Lifecycle<D> {
             CallStart::Fresh => Begin::Run { tracked: true },
             // The owner is alive and will ack this very entry.
             CallStart::Busy { entry_id } if entry_id == entry.entry_id => Begin::End(Outcome::LeftPending),
+            CallStart::AnsweredKept(kept) if self.door.keeps_answers() => Begin::Replay(kept),
             // Answered, or a re-sent copy while the original runs: the original's answer is the one.
-            CallStart::Answered | CallStart::Busy { .. } => {
+            CallStart::Answered | CallStart::AnsweredKept(_) | CallStart::Busy { .. } => {
                 Begin::End(self.ack(entry, None).await.map_or(Outcome::LeftPending, |_| Outcome::Duplicate))
             }
             CallStart::StartedBefore if annotations.is_some_and(|a| a.idempotent) => {
@@ -672,6 +709,26 @@ impl<D: Door> Lifecycle<D> {
         final_answer: bool,
         tracked: bool,
     ) -> Option<Committed> {
+        self.commit_as(entry, call, answer, letter, final_answer, tracked, false).await
+    }
+
+    /// [`Lifecycle::commit`], for an answer that replays a kept one when `replay`. A final answer
+    /// of a door that keeps answers is kept with its mark when it fits
+    /// `[dispatch] kept_answer_max_bytes`.
+    #[allow(clippy::too_many_arguments)]
+    async fn commit_as(
+        &self,
+        entry: &Entry,
+        call: Option<CallKeys<'_>>,
+        answer: Option<&Answer>,
+        letter: Option<&Letter>,
+        final_answer: bool,
+        tracked: bool,
+        replay: bool,
+    ) -> Option<Committed> {
+        let keep = final_answer
+            && self.door.keeps_answers()
+            && answer.is_some_and(|answer| answer.payload.len() <= self.settings.kept_answer_max_bytes);
         let finish = Finish {
             entry: EntryRef {
                 topic: &self.settings.topic,
@@ -692,6 +749,8 @@ impl<D: Door> Lifecycle<D> {
             }),
             final_answer,
             tracked,
+            keep,
+            replay,
         };
         let services = &self.services;
         ledger::finish(&*services.bus, &finish, services.shutdown.forced(), &services.telemetry).await
@@ -712,6 +771,27 @@ enum Begin {
     Interrupted,
     /// Nothing to answer; the entry ended this way.
     End(Outcome),
+    /// Answered already, with this answer kept: answer this retry with it.
+    Replay(KeptAnswer),
+}
+
+/// The result a kept answer's payload carries in its `data`; `None` when it is not a result
+/// envelope.
+fn kept_result(payload: &str) -> Option<Result<Value, Failure>> {
+    #[derive(serde::Deserialize)]
+    struct Envelope {
+        data: ResultData,
+    }
+    let data = serde_json::from_str::<Envelope>(payload).ok()?.data;
+    Some(if data.success {
+        Ok(data.result.unwrap_or(Value::Null))
+    } else {
+        Err(Failure {
+            code: data.error_code.unwrap_or(ErrorCode::Internal),
+            message: data.error.unwrap_or_default(),
+            details: data.details,
+        })
+    })
 }
 
 /// The answer of a call stopped by a `tool.cancel`.

@@ -237,6 +237,11 @@ impl Door for Requests {
         true
     }
 
+    /// A caller that lost its answer and sends the request again gets the original answer.
+    fn keeps_answers(&self) -> bool {
+        true
+    }
+
     /// `<answer type>.progress` on the answer's topic, `data` without `success`.
     fn progress(&self, request: &Request, report: &ProgressReport) -> Option<Answer> {
         let mut data = json!({"request_id": request.request_id, "progress": report.progress});
