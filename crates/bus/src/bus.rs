@@ -347,11 +347,12 @@ pub struct Finish<'a> {
     /// ([`Ledger::begin_call`]), or an earlier holder of a redelivered entry may have. A first
     /// delivery of a read-only, idempotent tool has none and is finished without touching it.
     pub tracked: bool,
-    /// Whether a final answer is kept with the answered mark, so that a retry of the request
-    /// (another entry with the same request id) can be answered with it. A final answer that
-    /// finds the request answered by another entry whose answer was kept then writes nothing and
-    /// returns [`Committed::Kept`], leaving the entry pending for a replay.
-    pub keep: bool,
+    /// What to keep of a final answer with the answered mark (the answer's `data`), so that a
+    /// retry of the request (another entry with the same request id) can be answered with it. A
+    /// final answer with something to keep that finds the request answered by another entry
+    /// whose answer was kept writes nothing and returns [`Committed::Kept`], leaving the entry
+    /// pending for a replay.
+    pub kept: Option<&'a str>,
     /// Whether the answer replays a kept answer for a retry: it is published once for this entry
     /// (guarded like a refusal, by the entry), whatever the request's answered mark holds.
     pub replay: bool,
@@ -377,24 +378,24 @@ pub enum Committed {
 }
 
 /// A request's final answer as the ledger keeps it for retries: the original answer's message
-/// id, the entry it answered, and its payload.
+/// id, the entry it answered, and what was kept of it (its `data`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeptAnswer {
     /// The original answer's message id.
     pub id: String,
     /// The entry of the requests stream it answered.
     pub entry_id: String,
-    /// The original answer's JSON payload.
-    pub payload: String,
+    /// What was kept of the original answer: its `data`, as JSON.
+    pub data: String,
 }
 
 impl KeptAnswer {
-    /// Reads an answered mark: `<answer id>\n<entry id>\n<payload>` when the answer was kept,
+    /// Reads an answered mark: `<answer id>\n<entry id>\n<kept>` when the answer was kept,
     /// `None` for a mark that holds the answer's id alone.
     pub fn from_mark(mark: &str) -> Option<KeptAnswer> {
         let (id, rest) = mark.split_once('\n')?;
-        let (entry_id, payload) = rest.split_once('\n')?;
-        Some(KeptAnswer { id: id.to_owned(), entry_id: entry_id.to_owned(), payload: payload.to_owned() })
+        let (entry_id, data) = rest.split_once('\n')?;
+        Some(KeptAnswer { id: id.to_owned(), entry_id: entry_id.to_owned(), data: data.to_owned() })
     }
 }
 

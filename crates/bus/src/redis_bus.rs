@@ -523,7 +523,7 @@ impl Ledger for RedisBus {
             finish.final_answer,
             finish.replay,
         ) {
-            return self.answer(finish.entry, &call, answer, finish.tracked, finish.keep).await;
+            return self.answer(finish.entry, &call, answer, finish.tracked, finish.kept).await;
         }
         let entry = finish.entry;
         let (answered, call, refused, retention) = match finish.call {
@@ -557,7 +557,7 @@ impl Ledger for RedisBus {
             if finish.call.is_some() { "1" } else { "0" },
             if finish.answer_copy.is_some() { "1" } else { "0" },
             if finish.final_answer { "1" } else { "0" },
-            if finish.keep { "1" } else { "0" },
+            finish.kept.unwrap_or_default(),
             if finish.replay { "1" } else { "0" },
         ];
         let reply = batcher
@@ -772,10 +772,10 @@ impl RedisBus {
         call: &CallKeys<'_>,
         answer: crate::Published<'_>,
         tracked: bool,
-        keep: bool,
+        kept: Option<&str>,
     ) -> Result<Committed, Error> {
         let batcher = self.batchers.answer.get_or_init(|| {
-            Batcher::for_batches(include_str!("scripts/answer_batch.lua"), 4, 4, self.commands.clone())
+            Batcher::for_batches(include_str!("scripts/answer_batch.lua"), 4, 5, self.commands.clone())
         });
         let shared = self.answer_shared(entry.topic, entry.group, call.retention);
         let keys = vec![
@@ -788,8 +788,8 @@ impl RedisBus {
             entry.entry_id.to_owned(),
             answer.id.to_owned(),
             answer.payload.to_owned(),
-            // Flags: 1 a call record to delete, 2 the answer kept in the mark.
-            (u8::from(tracked) + 2 * u8::from(keep)).to_string(),
+            if tracked { "1" } else { "0" }.to_owned(),
+            kept.unwrap_or_default().to_owned(),
         ];
         let reply = batcher.invoke_shared(shared, keys, args).await?;
         committed_from(reply)

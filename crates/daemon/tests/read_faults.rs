@@ -350,7 +350,7 @@ async fn out_of_memory_inside_ledger_scripts_is_retryable_and_renewal_and_reads_
         dead_letter: None,
         final_answer: true,
         tracked: true,
-        keep: false,
+        kept: None,
         replay: false,
     };
 

@@ -825,7 +825,7 @@ async fn ledger_steps_are_safe_to_repeat_against_redis() {
         dead_letter: Some(Published { topic: DEAD_LETTERS, id: "letter-1", payload: "{}" }),
         final_answer: true,
         tracked: true,
-        keep: false,
+        kept: None,
         replay: false,
     };
     // The first run's reply is lost; the retry changes nothing and reports the same outcome.
@@ -880,7 +880,7 @@ async fn ledger_steps_are_safe_to_repeat_against_redis() {
         dead_letter: None,
         final_answer: true,
         tracked: true,
-        keep: false,
+        kept: None,
         replay: false,
     };
     assert_eq!(bus.finish(&finish).await.unwrap(), Committed::Published);
@@ -956,7 +956,7 @@ async fn final_answers_finished_together_are_each_published_once_and_acked() {
             dead_letter: None,
             final_answer: true,
             tracked: index == 1,
-            keep: false,
+            kept: None,
             replay: false,
         }
     };
@@ -1209,7 +1209,7 @@ async fn concurrent_ledger_steps_share_batches_and_keep_their_own_replies() {
             dead_letter: None,
             final_answer: true,
             tracked: true,
-            keep: false,
+            kept: None,
             replay: false,
         };
         let bus = &bus;
@@ -1273,7 +1273,7 @@ async fn a_kept_answer_answers_each_retry_once_and_never_its_own_entry_again() {
         dead_letter: None,
         final_answer: !replay,
         tracked: true,
-        keep: true,
+        kept: (!replay).then_some(r#"{"request_id":"r-1","success":true}"#),
         replay,
     };
     // The first entry's answer, kept; its finish run again is still its own.
@@ -1289,7 +1289,7 @@ async fn a_kept_answer_answers_each_retry_once_and_never_its_own_entry_again() {
     };
     let found = kept(bus.begin_call(&keys(1), "c1/retry", &entries[1]).await.unwrap());
     assert_eq!((found.id.as_str(), found.entry_id.as_str()), ("a-1", entries[0].as_str()));
-    assert_eq!(found.payload, r#"{"data":{"request_id":"r-1","success":true}}"#);
+    assert_eq!(found.data, r#"{"request_id":"r-1","success":true}"#);
     for copy in [None, Some("results:copy")] {
         match bus.finish(&finish(1, "a-2", copy, false)).await.unwrap() {
             Committed::Kept(found) => assert_eq!(found.id, "a-1"),

@@ -103,6 +103,29 @@ impl EventEnvelope {
         self.envelope_json(source, topic, &self.result_type(), data)
     }
 
+    /// [`EventEnvelope::result_json`], with the JSON text of `data` as well (what the ledger keeps
+    /// for a retry of the request), serialised once and copied into the envelope.
+    pub fn result_json_with_data(
+        &self,
+        source: &str,
+        topic: &str,
+        data: &ResultData,
+    ) -> (String, String, String) {
+        // Serialising a plain data struct cannot fail, and its output is valid JSON.
+        let text = serde_json::to_string(data).unwrap_or_default();
+        match serde_json::value::RawValue::from_string(text) {
+            Ok(raw) => {
+                let (id, payload) = self.envelope_json(source, topic, &self.result_type(), &*raw);
+                let text: Box<str> = raw.into();
+                (id, payload, text.into())
+            }
+            Err(_) => {
+                let (id, payload) = self.result_json(source, topic, data);
+                (id, payload, String::new())
+            }
+        }
+    }
+
     /// The type of this request's progress entries: its result type followed by `.progress`.
     pub fn progress_type(&self) -> String {
         format!("{}.progress", self.result_type())
@@ -114,7 +137,7 @@ impl EventEnvelope {
         self.envelope_json(source, topic, &self.progress_type(), data)
     }
 
-    fn envelope_json<D: Serialize>(
+    fn envelope_json<D: Serialize + ?Sized>(
         &self,
         source: &str,
         topic: &str,
@@ -144,7 +167,7 @@ impl EventEnvelope {
 
 /// A result envelope borrowed from its parts, serialised with [`EventEnvelope`]'s field names.
 #[derive(Serialize)]
-struct ResultView<'a, D> {
+struct ResultView<'a, D: ?Sized> {
     id: &'a str,
     source: &'a str,
     specversion: &'a str,

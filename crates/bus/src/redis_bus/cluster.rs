@@ -559,7 +559,7 @@ mod tests {
                                 dead_letter: Some(Published { topic: &letters, id: "d", payload: "{}" }),
                                 final_answer,
                                 tracked: true,
-                                keep: false,
+                                kept: None,
                                 replay: false,
                             };
                             let found = FinishKeys::new(prefix, &finish);

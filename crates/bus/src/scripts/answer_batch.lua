@@ -4,10 +4,11 @@
 -- KEYS[1] requests stream; then for item i, from k = 1 + (i - 1) * 4:
 --   KEYS[k + 1] answered mark, KEYS[k + 2] the entry's refusal mark, KEYS[k + 3] call record,
 --   KEYS[k + 4] answer topic
--- ARGV[1] group, ARGV[2] maxlen, ARGV[3] retention ms; then for item i, from a = 3 + (i - 1) * 4:
+-- ARGV[1] group, ARGV[2] maxlen, ARGV[3] retention ms; then for item i, from a = 3 + (i - 1) * 5:
 --   ARGV[a + 1] entry id, ARGV[a + 2] answer id, ARGV[a + 3] answer payload,
---   ARGV[a + 4] flags: 1 when the call wrote a call record (deleted here), plus 2 when the
---   answer is kept in the mark for retries (the mark is then `<answer id>\n<entry id>\n<payload>`)
+--   ARGV[a + 4] '1' when the call wrote a call record (deleted here), '0' when it did not,
+--   ARGV[a + 5] what to keep of the answer for retries ('' for nothing): the mark is then
+--   `<answer id>\n<entry id>\n<kept>`
 -- Returns one reply per item, as finish.lua: 1 when the answer is the one published for the
 -- request (now, or by an earlier run of this same batch whose reply was lost), 0 when the
 -- request or the entry was answered before, -1 when the answer topic holds a key that is not a
@@ -27,18 +28,17 @@ local function kept_by_other(mark, entry)
   local at = string.find(mark, '\n', 1, true)
   return at ~= nil and string.sub(mark, at + 1, at + #entry + 1) ~= entry .. '\n'
 end
-local n = (#ARGV - 3) / 4
+local n = (#ARGV - 3) / 5
 local replies = {}
 local acked = {}
 for i = 1, n do
-  local k, a = 1 + (i - 1) * 4, 3 + (i - 1) * 4
+  local k, a = 1 + (i - 1) * 4, 3 + (i - 1) * 5
   local id = ARGV[a + 2]
-  local flags = tonumber(ARGV[a + 4])
-  local keep = flags >= 2
+  local keep = ARGV[a + 5] ~= ''
   local reply
   local mark = id
   if keep then
-    mark = id .. '\n' .. ARGV[a + 1] .. '\n' .. ARGV[a + 3]
+    mark = id .. '\n' .. ARGV[a + 1] .. '\n' .. ARGV[a + 5]
   end
   local before = redis.pcall('SET', KEYS[k + 1], mark, 'NX', 'GET', 'PX', ARGV[3])
   if type(before) == 'table' and before.err then
@@ -70,7 +70,7 @@ for i = 1, n do
     end
   end
   if reply == 0 or reply == 1 then
-    if flags % 2 == 1 then
+    if ARGV[a + 4] == '1' then
       redis.call('DEL', KEYS[k + 3])
     end
     acked[#acked + 1] = ARGV[a + 1]

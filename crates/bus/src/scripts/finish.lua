@@ -8,10 +8,10 @@
 -- ARGV[9] '1' when the request is identified (KEYS[2] and KEYS[3] are real)
 -- ARGV[10] '1' when the answer also goes to KEYS[6]
 -- ARGV[11] '1' when the answer is final (sets the answered mark)
--- ARGV[12] '1' when answers are kept for retries: a final answer's mark is then
---   `<answer id>\n<entry id>\n<payload>`, and a final answer that finds the request answered by
---   another entry, with that answer kept, writes nothing and returns {2, mark}: the entry stays
---   pending for the caller to answer with the original answer
+-- ARGV[12] what to keep of a final answer for retries ('' for nothing): its mark is then
+--   `<answer id>\n<entry id>\n<kept>`, and a final answer that keeps something and finds the
+--   request answered by another entry, with that answer kept, writes nothing and returns
+--   {2, mark}: the entry stays pending for the caller to answer with the original answer
 -- ARGV[13] '1' when this answer replays a kept answer for a retry: it is guarded by the entry's
 --   refusal mark alone (the request's answered mark is the original's) and sets it, like a
 --   refusal, so the retry's entry is answered once
@@ -28,7 +28,7 @@
 -- (Redis lost its data), the answer is still published so a waiting caller gets it.
 local identified = ARGV[9] == '1'
 local final = ARGV[11] == '1'
-local keep, replay = ARGV[12] == '1', ARGV[13] == '1'
+local keep, replay = ARGV[12] ~= '', ARGV[13] == '1'
 local has_answer = ARGV[6] ~= ''
 local has_letter = ARGV[8] ~= ''
 -- Only a dead letter needs to know whether the entry is still pending; skip the lookup otherwise.
@@ -76,7 +76,7 @@ if has_answer then
       redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[3], '*', 'id', ARGV[5], 'payload', ARGV[6])
     end
     if identified and final and keep then
-      redis.call('SET', KEYS[2], ARGV[5] .. '\n' .. ARGV[2] .. '\n' .. ARGV[6], 'PX', ARGV[4])
+      redis.call('SET', KEYS[2], ARGV[5] .. '\n' .. ARGV[2] .. '\n' .. ARGV[12], 'PX', ARGV[4])
     elseif identified and final then
       redis.call('SET', KEYS[2], ARGV[5], 'PX', ARGV[4])
     elseif identified then

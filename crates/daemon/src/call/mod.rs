@@ -89,6 +89,9 @@ pub(crate) struct Answer {
     pub id: String,
     /// Its JSON payload.
     pub payload: String,
+    /// What the ledger keeps of it for a retry of the request (its `data`), when the door keeps
+    /// answers ([`Door::keeps_answers`]).
+    pub kept: Option<String>,
 }
 
 /// A dead letter ready to publish.
@@ -413,7 +416,7 @@ impl<D: Door> Lifecycle<D> {
         call: &CallKeys<'_>,
         kept: KeptAnswer,
     ) -> Outcome {
-        let Some(result) = kept_result(&kept.payload) else {
+        let Some(result) = kept_result(&kept.data) else {
             warn!(entry_id = %entry.entry_id, answer_id = %kept.id, "a kept answer cannot be read; the retry is acked unanswered");
             return self.ack(entry, Some(*call)).await.map_or(Outcome::LeftPending, |_| Outcome::Duplicate);
         };
@@ -713,7 +716,7 @@ impl<D: Door> Lifecycle<D> {
     }
 
     /// [`Lifecycle::commit`], for an answer that replays a kept one when `replay`. A final answer
-    /// of a door that keeps answers is kept with its mark when it fits
+    /// of a door that keeps answers is kept with its mark (its `data`) when that fits
     /// `[dispatch] kept_answer_max_bytes`.
     #[allow(clippy::too_many_arguments)]
     async fn commit_as(
@@ -726,9 +729,9 @@ impl<D: Door> Lifecycle<D> {
         tracked: bool,
         replay: bool,
     ) -> Option<Committed> {
-        let keep = final_answer
-            && self.door.keeps_answers()
-            && answer.is_some_and(|answer| answer.payload.len() <= self.settings.kept_answer_max_bytes);
+        let kept = answer.and_then(|answer| answer.kept.as_deref()).filter(|kept| {
+            final_answer && self.door.keeps_answers() && kept.len() <= self.settings.kept_answer_max_bytes
+        });
         let finish = Finish {
             entry: EntryRef {
                 topic: &self.settings.topic,
@@ -749,7 +752,7 @@ impl<D: Door> Lifecycle<D> {
             }),
             final_answer,
             tracked,
-            keep,
+            kept,
             replay,
         };
         let services = &self.services;
@@ -775,14 +778,9 @@ enum Begin {
     Replay(KeptAnswer),
 }
 
-/// The result a kept answer's payload carries in its `data`; `None` when it is not a result
-/// envelope.
-fn kept_result(payload: &str) -> Option<Result<Value, Failure>> {
-    #[derive(serde::Deserialize)]
-    struct Envelope {
-        data: ResultData,
-    }
-    let data = serde_json::from_str::<Envelope>(payload).ok()?.data;
+/// The result a kept answer's `data` holds; `None` when it is not a result's `data`.
+fn kept_result(data: &str) -> Option<Result<Value, Failure>> {
+    let data = serde_json::from_str::<ResultData>(data).ok()?;
     Some(if data.success {
         Ok(data.result.unwrap_or(Value::Null))
     } else {

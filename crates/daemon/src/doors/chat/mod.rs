@@ -249,7 +249,7 @@ impl Door for Inbox {
             .filter(|copy| *copy != topic);
         // Serialising a struct of strings and JSON values cannot fail.
         let payload = serde_json::to_string(&reply).unwrap_or_default();
-        Answer { topic, copy, id: reply.id, payload }
+        Answer { topic, copy, id: reply.id, payload, kept: None }
     }
 
     /// A chat reply has nowhere else to go.

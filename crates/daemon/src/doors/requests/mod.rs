@@ -94,8 +94,8 @@ impl Requests {
     /// The result envelope of `request` on the bare `topic`.
     fn result_on(&self, request: &Request, topic: &str, data: &ResultData) -> Answer {
         let topic = self.keys.topic(topic);
-        let (id, payload) = request.envelope.result_json(&self.source, &topic, data);
-        Answer { topic, copy: None, id, payload }
+        let (id, payload, kept) = request.envelope.result_json_with_data(&self.source, &topic, data);
+        Answer { topic, copy: None, id, payload, kept: Some(kept) }
     }
 
     /// The dead letter of an entry.
@@ -253,7 +253,7 @@ impl Door for Requests {
         }
         let topic = self.keys.topic(&request.response_topic);
         let (id, payload) = request.envelope.progress_json(&self.source, &topic, &data);
-        Some(Answer { topic, copy: None, id, payload })
+        Some(Answer { topic, copy: None, id, payload, kept: None })
     }
 
     /// `internal`, once, on the default results topic (unless that is the topic that failed).
