@@ -82,7 +82,10 @@ impl std::error::Error for Cause {}
 /// `CLUSTERDOWN`), moved a slot the client had not heard of yet (`MOVED`, `ASK`: the cluster
 /// client follows these itself, so one reaches the bus only when its retries ran out), is out of
 /// memory under `noeviction` (`OOM`), cannot persist (`MISCONF`) or has too few replicas in sync
-/// under `min-replicas-to-write` (`NOREPLICAS`). Each passes without anyone changing the command.
+/// under `min-replicas-to-write` (`NOREPLICAS`), or lacks a script (`NOSCRIPT`: a replica just
+/// promoted, or a `SCRIPT FLUSH`; the script is loaded again on the next attempt, also when the
+/// load of the failed attempt went to a node the cluster client had not yet learnt was gone).
+/// Each passes without anyone changing the command.
 const RETRYABLE_CODES: &[&str] = &[
     "LOADING",
     "BUSY",
@@ -95,6 +98,7 @@ const RETRYABLE_CODES: &[&str] = &[
     "OOM",
     "MISCONF",
     "NOREPLICAS",
+    "NOSCRIPT",
 ];
 
 impl Error {
@@ -154,6 +158,7 @@ mod tests {
             "LOADING Redis is loading the dataset in memory",
             "READONLY You can't write against a read only replica.",
             "NOREPLICAS Not enough good replicas to write.",
+            "NOSCRIPT No matching script. Please use EVAL.",
         ] {
             assert!(Error::from_cause(Cause::parse(reply)).is_retryable(), "{reply}");
         }
