@@ -11,6 +11,8 @@
 //! - [`MemoryBus`]: a test double of [`Streams`], [`Directory`] and [`Server`] only; groups and the ledger are
 //!   tested against a real Redis.
 //! - [`Keys`]: every Redis key and stream name, built in one place.
+//! - [`Tls`]: TLS to Redis with the operator's own CA and client certificate, for every
+//!   connection the bus makes.
 //! - [`Caller`]: publish a request and await its answer, for clients and agents written in Rust.
 //!
 //! **Invariant:** nothing outside this crate talks to Redis directly, except the daemon's health
@@ -27,6 +29,7 @@ mod raw_read;
 mod redis_bus;
 mod sentinel;
 mod slots;
+mod tls;
 
 pub use bus::{
     Bus, CallKeys, CallStart, Committed, Directory, EntryRef, Finish, FleetAccess, GroupInfo, Groups, Ledger,
@@ -39,3 +42,4 @@ pub use keys::{Keys, RESERVED_TOPIC_PREFIXES, ResponseTopics, TopicRefusal};
 pub use memory::MemoryBus;
 pub use redis_bus::{RedisBus, RedisOptions};
 pub use sentinel::Sentinels;
+pub use tls::Tls;

@@ -509,9 +509,17 @@ impl App {
         tasks.spawn(probe.run(shutdown.stopping().clone()));
 
         tokio::pin!(signal);
-        let ready = tokio::select! {
-            ready = async { requests.ensure_group().await && inbox.ensure_group().await } => ready,
-            () = &mut signal => false,
+        let ready: Result<bool, toolhost_bus::Error> = tokio::select! {
+            ready = async { Ok(requests.ensure_group().await? && inbox.ensure_group().await?) } => ready,
+            () = &mut signal => Ok(false),
+        };
+        let ready = match ready {
+            Ok(ready) => ready,
+            Err(err) => {
+                error!(error = %err, redis = %raw.redis.describe(), "refusing to serve");
+                shutdown.drain(config.shutdown_grace).await;
+                return Err(anyhow::Error::new(err).context(format!("cannot reach {}", raw.redis.describe())));
+            }
         };
         if !ready {
             info!("stopped before the consumer group could be created");

@@ -1,0 +1,212 @@
+//! Certificates made by the tests (with the `openssl` command line) and a `redis-server` that
+//! speaks TLS on a port of its own beside its plain one (which the tests use to look inside).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use crate::{RedisProcess, free_port, temp_dir, toolhost_bin};
+
+/// A private CA with a server certificate for `127.0.0.1`/`localhost` and a client certificate,
+/// and a second CA nobody trusts with a server certificate of its own, as PEM files in a
+/// directory of their own.
+pub struct Pki {
+    dir: PathBuf,
+}
+
+impl Pki {
+    /// Makes every certificate (EC P-256 keys, valid for two days).
+    pub fn new() -> Pki {
+        let pki = Pki { dir: temp_dir("pki") };
+        pki.ca("ca", "toolhost test CA");
+        pki.issue("ca", "server", "localhost", "serverAuth");
+        pki.issue("ca", "client", "toolhost", "clientAuth");
+        pki.ca("rogue-ca", "nobody's CA");
+        pki.issue("rogue-ca", "rogue-server", "localhost", "serverAuth");
+        pki
+    }
+
+    /// The path of `<name>.pem` or `<name>.key`.
+    pub fn path(&self, file: &str) -> PathBuf {
+        self.dir.join(file)
+    }
+
+    /// The path as a string, for environment variables.
+    pub fn file(&self, file: &str) -> String {
+        self.path(file).display().to_string()
+    }
+
+    fn ca(&self, name: &str, subject: &str) {
+        openssl(
+            &self.dir,
+            &[
+                "req",
+                "-x509",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:prime256v1",
+                "-nodes",
+                "-days",
+                "2",
+                "-subj",
+                &format!("/CN={subject}"),
+                "-addext",
+                "basicConstraints=critical,CA:TRUE",
+                "-addext",
+                "keyUsage=critical,keyCertSign,cRLSign",
+                "-keyout",
+                &format!("{name}.key"),
+                "-out",
+                &format!("{name}.pem"),
+            ],
+        );
+    }
+
+    fn issue(&self, ca: &str, name: &str, subject: &str, usage: &str) {
+        openssl(
+            &self.dir,
+            &[
+                "req",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:prime256v1",
+                "-nodes",
+                "-subj",
+                &format!("/CN={subject}"),
+                "-keyout",
+                &format!("{name}.key"),
+                "-out",
+                &format!("{name}.csr"),
+            ],
+        );
+        let extensions = self.dir.join(format!("{name}.ext"));
+        std::fs::write(
+            &extensions,
+            format!(
+                "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n\
+                 keyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage={usage}\n"
+            ),
+        )
+        .expect("write extensions");
+        openssl(
+            &self.dir,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                &format!("{name}.csr"),
+                "-CA",
+                &format!("{ca}.pem"),
+                "-CAkey",
+                &format!("{ca}.key"),
+                "-CAcreateserial",
+                "-days",
+                "2",
+                "-extfile",
+                &format!("{name}.ext"),
+                "-out",
+                &format!("{name}.pem"),
+            ],
+        );
+    }
+}
+
+impl Default for Pki {
+    fn default() -> Pki {
+        Pki::new()
+    }
+}
+
+impl Drop for Pki {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let output =
+        Command::new("openssl").args(args).current_dir(dir).output().expect("openssl must be installed");
+    assert!(output.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&output.stderr));
+}
+
+/// A `redis-server` with a TLS port beside its plain one.
+pub struct TlsRedis {
+    /// The server; its plain port is for the tests' own looks inside.
+    pub server: RedisProcess,
+    /// The TLS port toolhost is pointed at.
+    pub tls_port: u16,
+}
+
+impl TlsRedis {
+    /// Starts a server presenting `<cert>.pem` (`server` or `rogue-server`), trusting the test
+    /// CA for client certificates, and requiring one when `client_auth`.
+    pub fn start(pki: &Pki, cert: &str, client_auth: bool) -> TlsRedis {
+        let tls_port = free_port();
+        let port = tls_port.to_string();
+        let cert_file = pki.file(&format!("{cert}.pem"));
+        let key_file = pki.file(&format!("{cert}.key"));
+        let ca_file = pki.file("ca.pem");
+        let server = RedisProcess::start(&[
+            "--tls-port",
+            &port,
+            "--tls-cert-file",
+            &cert_file,
+            "--tls-key-file",
+            &key_file,
+            "--tls-ca-cert-file",
+            &ca_file,
+            "--tls-auth-clients",
+            if client_auth { "yes" } else { "no" },
+        ]);
+        TlsRedis { server, tls_port }
+    }
+
+    /// `rediss://127.0.0.1:<tls port>`.
+    pub fn url(&self) -> String {
+        format!("rediss://127.0.0.1:{}", self.tls_port)
+    }
+
+    /// `CLIENT LIST`, asked on the plain port.
+    pub fn clients(&self) -> String {
+        redis::cmd("CLIENT").arg("LIST").query(&mut self.server.connection()).expect("CLIENT LIST")
+    }
+}
+
+/// Runs `toolhost <args>` with a clean environment plus `env`, for at most `timeout`; its exit
+/// code (`None`: still running at the deadline, then killed) and everything it printed.
+pub fn run_toolhost(args: &[&str], env: &[(&str, &str)], timeout: Duration) -> (Option<i32>, String) {
+    let dir = temp_dir("toolhost-run");
+    let log = dir.join("out.log");
+    let stdout = std::fs::File::create(&log).expect("log file");
+    let stderr = stdout.try_clone().expect("log file");
+    let mut command = Command::new(toolhost_bin());
+    command
+        .args(args)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("TOOLHOST__HTTP__LISTEN", "127.0.0.1:0")
+        .env("TOOLHOST__LOG__FORMAT", "json")
+        .stdout(stdout)
+        .stderr(stderr);
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    let mut child = command.spawn().expect("spawn toolhost");
+    let deadline = Instant::now() + timeout;
+    let code = loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            break status.code();
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    let _ = std::fs::remove_dir_all(&dir);
+    (code, text)
+}
