@@ -210,3 +210,111 @@ pub fn run_toolhost(args: &[&str], env: &[(&str, &str)], timeout: Duration) -> (
     let _ = std::fs::remove_dir_all(&dir);
     (code, text)
 }
+
+/// The TLS arguments of a server presenting the test CA's server certificate.
+fn server_tls_args(pki: &Pki, tls_port: u16) -> Vec<String> {
+    [
+        ("--tls-port", tls_port.to_string()),
+        ("--tls-cert-file", pki.file("server.pem")),
+        ("--tls-key-file", pki.file("server.key")),
+        ("--tls-ca-cert-file", pki.file("ca.pem")),
+        ("--tls-auth-clients", "no".to_owned()),
+    ]
+    .into_iter()
+    .flat_map(|(name, value)| [name.to_owned(), value])
+    .collect()
+}
+
+impl TlsRedis {
+    /// A one-node Redis Cluster holding every slot, whose cluster bus and announced ports are
+    /// TLS (`tls-cluster yes`): the smallest cluster a TLS cluster client can be pointed at.
+    pub fn start_cluster(pki: &Pki) -> TlsRedis {
+        let tls_port = free_port();
+        let mut args = server_tls_args(pki, tls_port);
+        args.extend(
+            ["--tls-cluster", "yes", "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"]
+                .map(str::to_owned),
+        );
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let server = RedisProcess::start(&args);
+        let mut connection = server.connection();
+        let () = redis::cmd("CLUSTER")
+            .arg(&["ADDSLOTSRANGE", "0", "16383"][..])
+            .query(&mut connection)
+            .expect("CLUSTER ADDSLOTSRANGE");
+        crate::sentinel::poll("the one-node cluster to be ok", Duration::from_secs(20), || {
+            let info: String = redis::cmd("CLUSTER").arg("INFO").query(&mut connection).ok()?;
+            info.contains("cluster_state:ok").then_some(())
+        });
+        TlsRedis { server, tls_port }
+    }
+}
+
+/// A `redis-server --sentinel` speaking TLS on a port of its own, watching a master on its TLS
+/// port over TLS (`tls-replication yes`), so that what it announces is the TLS port.
+pub struct TlsSentinel {
+    /// The TLS port toolhost is pointed at.
+    pub tls_port: u16,
+    dir: PathBuf,
+    child: std::process::Child,
+}
+
+impl TlsSentinel {
+    /// Starts a sentinel (quorum 1) watching the master on `master_tls_port` as
+    /// [`crate::sentinel::MASTER_NAME`], and waits until it names that master.
+    pub fn start(pki: &Pki, master_tls_port: u16) -> TlsSentinel {
+        let (port, tls_port) = (free_port(), free_port());
+        let dir = temp_dir("tls-sentinel");
+        let conf = dir.join("sentinel.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "port {port}\ntls-port {tls_port}\nbind 127.0.0.1\ndir {dir}\n\
+                 tls-cert-file {cert}\ntls-key-file {key}\ntls-ca-cert-file {ca}\ntls-auth-clients no\n\
+                 tls-replication yes\nsentinel resolve-hostnames no\n\
+                 sentinel monitor {name} 127.0.0.1 {master_tls_port} 1\n",
+                dir = dir.display(),
+                cert = pki.file("server.pem"),
+                key = pki.file("server.key"),
+                ca = pki.file("ca.pem"),
+                name = crate::sentinel::MASTER_NAME,
+            ),
+        )
+        .expect("write sentinel.conf");
+        let child = Command::new("redis-server")
+            .arg(&conf)
+            .arg("--sentinel")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("redis-server must be installed");
+        let sentinel = TlsSentinel { tls_port, dir, child };
+        let url = format!("redis://127.0.0.1:{port}");
+        crate::sentinel::poll("the TLS sentinel to name its master", Duration::from_secs(20), || {
+            let mut connection = redis::Client::open(url.as_str())
+                .ok()?
+                .get_connection_with_timeout(Duration::from_millis(500))
+                .ok()?;
+            let (_, port): (String, u16) = redis::cmd("SENTINEL")
+                .arg("get-master-addr-by-name")
+                .arg(crate::sentinel::MASTER_NAME)
+                .query(&mut connection)
+                .ok()?;
+            (port == master_tls_port).then_some(())
+        });
+        sentinel
+    }
+
+    /// `rediss://127.0.0.1:<tls port>`.
+    pub fn url(&self) -> String {
+        format!("rediss://127.0.0.1:{}", self.tls_port)
+    }
+}
+
+impl Drop for TlsSentinel {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

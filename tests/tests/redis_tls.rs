@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use toolhost_e2e::Toolhost;
-use toolhost_e2e::tls::{Pki, TlsRedis, run_toolhost};
+use toolhost_e2e::tls::{Pki, TlsRedis, TlsSentinel, run_toolhost};
 
 /// How long a start-up that must fail may take: far less than the retry loop would run.
 const FAIL_FAST: Duration = Duration::from_secs(10);
@@ -135,4 +135,50 @@ fn bad_tls_files_are_configuration_errors_naming_the_key() {
         assert_eq!(code, Some(64), "{env:?}: {out}");
         assert!(out.contains(expected), "{env:?}: {out}");
     }
+}
+
+#[test]
+fn a_master_found_through_tls_sentinels_is_reached_with_the_private_ca() {
+    let pki = Pki::new();
+    let master = TlsRedis::start(&pki, "server", false);
+    let sentinel = TlsSentinel::start(&pki, master.tls_port);
+    let sentinels = sentinel.url();
+    let ca = pki.file("ca.pem");
+    let env = [
+        // With sentinels the URL gives only credentials, database and TLS.
+        ("REDIS_URL", "rediss://ignored:1"),
+        ("TOOLHOST__REDIS__SENTINELS", sentinels.as_str()),
+        ("TOOLHOST__REDIS__CA_FILE", ca.as_str()),
+    ];
+    let daemon = Toolhost::start(&env);
+    call_echo(&env);
+    let tls_addr = format!("laddr=127.0.0.1:{}", master.tls_port);
+    let clients = master.clients();
+    assert!(
+        clients.lines().any(|line| line.contains(&tls_addr) && line.contains("cmd=xreadgroup")),
+        "{clients}"
+    );
+    assert!(daemon.log().contains("redis master found through the sentinels"), "{}", daemon.log());
+}
+
+#[test]
+fn a_tls_cluster_is_reached_with_the_private_ca() {
+    let pki = Pki::new();
+    let node = TlsRedis::start_cluster(&pki);
+    let nodes = format!("127.0.0.1:{}", node.tls_port);
+    let ca = pki.file("ca.pem");
+    let env = [
+        // Bare nodes take the URL's scheme: TLS.
+        ("REDIS_URL", "rediss://127.0.0.1:1"),
+        ("TOOLHOST__REDIS__CLUSTER_NODES", nodes.as_str()),
+        ("TOOLHOST__REDIS__CA_FILE", ca.as_str()),
+    ];
+    let _daemon = Toolhost::start(&env);
+    call_echo(&env);
+    let tls_addr = format!("laddr=127.0.0.1:{}", node.tls_port);
+    let clients = node.clients();
+    assert!(
+        clients.lines().any(|line| line.contains(&tls_addr) && line.contains("cmd=xreadgroup")),
+        "{clients}"
+    );
 }
