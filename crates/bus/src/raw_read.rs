@@ -99,12 +99,6 @@ impl RawTarget {
         }))
     }
 
-    /// Whether the connections are TLS.
-    #[cfg(test)]
-    pub(crate) fn is_tls(&self) -> bool {
-        matches!(self.addr, Addr::Tls { .. })
-    }
-
     /// A new connection, authenticated and on the URL's database, within `timeout`.
     pub(crate) async fn connect(&self, timeout: Duration) -> Result<RawReader, Error> {
         let unavailable = |err: io::Error| io_failure("reader connection", &err);

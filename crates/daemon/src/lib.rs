@@ -1,6 +1,7 @@
 //! The `toolhost` daemon and its command-line client.
 //!
-//! - [`cli`]: the command line (`serve`, `call`, `tools`, `check-config`, `healthcheck`, `dlq`).
+//! - [`cli`]: the command line (`serve`, `call`, `tools`, `check-config`, `healthcheck`, `dlq`,
+//!   `redis-acl`).
 //! - [`config`]: layered configuration (defaults, file, environment), validated once.
 //! - [`serve`]: builds everything from a [`config::Config`] and runs until shutdown.
 //! - `call`: the one call lifecycle every door drives: admission, the ledger, limits, the tool
@@ -16,6 +17,7 @@
 //! - `sources`: the tool sources at run time (hosted MCP servers included) and the registry
 //!   rebuilt from them when their tools change or SIGHUP reloads the configuration.
 //! - `client`: the `call` and `tools` commands.
+//! - [`redis_acl`]: the `redis-acl` command, the least-privilege Redis user's `ACL SETUSER` line.
 //! - `dlq`: the `dlq list|replay|purge` commands over `dlq:<toolbox_id>`.
 //! - [`output`]: stdout of the client commands, quiet when the reader closes it.
 //! - [`http`]: `/healthz`, `/readyz` and `/metrics` on a thread of their own, and the
@@ -45,6 +47,7 @@ mod outage;
 pub mod output;
 mod probe;
 mod publish;
+pub mod redis_acl;
 pub mod serve;
 mod services;
 mod shutdown;
