@@ -8,6 +8,8 @@
 //!   run, the answer committed once, the ack.
 //! - `doors`: how calls come in: `doors::requests` (`action-requests`) and `doors::chat` (the
 //!   inbox `chat:<AGENT_NAME>`).
+//! - `host_access`: what the user commands and stdio MCP servers run as cannot reach, found at
+//!   start.
 //! - `group`: the consumer-group read and reclaim loops every door runs on.
 //! - `fleet`: what the other live replicas and toolboxes host, from their heartbeats; where a
 //!   request for a tool this replica lacks goes.
@@ -41,6 +43,7 @@ pub mod dumpable;
 mod fleet;
 mod fleet_client;
 mod group;
+mod host_access;
 pub mod http;
 pub mod logging;
 mod outage;

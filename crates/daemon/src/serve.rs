@@ -140,6 +140,7 @@ pub(crate) fn build_registry_with(
     for name in config.raw.tools.limits.keys().filter(|name| !registry.contains(name)) {
         unknown_name(format!("tools.limits.{name}"), "no tool has this name".to_owned());
     }
+    errors.extend(crate::host_access::problems(config));
     if !errors.is_empty() {
         return Err(ConfigError(errors).into());
     }
