@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::{RedisProcess, free_port, temp_dir, toolhost_bin};
+use crate::{RedisProcess, free_port, temp_dir, toolhost_command};
 
 /// A private CA with a server certificate for `127.0.0.1`/`localhost` and a client certificate,
 /// and a second CA nobody trusts with a server certificate of its own, as PEM files in a
@@ -172,6 +172,50 @@ impl TlsRedis {
     pub fn clients(&self) -> String {
         redis::cmd("CLIENT").arg("LIST").query(&mut self.server.connection()).expect("CLIENT LIST")
     }
+
+    /// The `XREADGROUP` commands the server ran while `during` ran (and a moment after), as
+    /// `MONITOR` prints them (a command run by a script is marked `lua`).
+    pub fn group_reads_during(&self, during: impl FnOnce()) -> Vec<String> {
+        use std::io::BufRead as _;
+        let mut monitor = Command::new("redis-cli")
+            .args(["-p", &self.server.port().to_string(), "monitor"])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("redis-cli monitor");
+        let stdout = monitor.stdout.take().expect("monitor stdout");
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let lines = std::sync::Arc::clone(&seen);
+        let reader = std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+                if line.contains("\"XREADGROUP\"") {
+                    lines.lock().expect("lines").push(line);
+                }
+            }
+        });
+        // MONITOR answers OK before it streams; give it that moment.
+        std::thread::sleep(Duration::from_millis(200));
+        during();
+        std::thread::sleep(Duration::from_millis(500));
+        let _ = monitor.kill();
+        let _ = monitor.wait();
+        let _ = reader.join();
+        seen.lock().expect("lines").clone()
+    }
+
+    /// Waits until a connection to the TLS port is in a blocking `XREADGROUP` (as `CLIENT LIST`
+    /// shows its last command): the group reader reads over TLS.
+    pub fn wait_for_group_read_over_tls(&self) {
+        let tls_addr = format!("laddr=127.0.0.1:{}", self.tls_port);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let clients = self.clients();
+            if clients.lines().any(|line| line.contains(&tls_addr) && line.contains("cmd=xreadgroup")) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "no XREADGROUP on the TLS port:\n{clients}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
 }
 
 /// Runs `toolhost <args>` with a clean environment plus `env`, for at most `timeout`; its exit
@@ -179,21 +223,7 @@ impl TlsRedis {
 pub fn run_toolhost(args: &[&str], env: &[(&str, &str)], timeout: Duration) -> (Option<i32>, String) {
     let dir = temp_dir("toolhost-run");
     let log = dir.join("out.log");
-    let stdout = std::fs::File::create(&log).expect("log file");
-    let stderr = stdout.try_clone().expect("log file");
-    let mut command = Command::new(toolhost_bin());
-    command
-        .args(args)
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("TOOLHOST__HTTP__LISTEN", "127.0.0.1:0")
-        .env("TOOLHOST__LOG__FORMAT", "json")
-        .stdout(stdout)
-        .stderr(stderr);
-    for (name, value) in env {
-        command.env(name, value);
-    }
-    let mut child = command.spawn().expect("spawn toolhost");
+    let mut child = toolhost_command(args, env, &log).spawn().expect("spawn toolhost");
     let deadline = Instant::now() + timeout;
     let code = loop {
         if let Ok(Some(status)) = child.try_wait() {

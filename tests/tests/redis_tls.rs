@@ -26,21 +26,17 @@ fn a_private_ca_is_trusted_and_group_reads_stream_over_tls() {
     let url = redis.url();
     let ca = pki.file("ca.pem");
     let env = [("REDIS_URL", url.as_str()), ("TOOLHOST__REDIS__CA_FILE", ca.as_str())];
-    let daemon = Toolhost::start(&env);
-    call_echo(&env);
-    // The group reader is the streaming one (plain XREADGROUP on a connection of its own), not
-    // the read script, and it is on the TLS port.
-    let tls_addr = format!("laddr=127.0.0.1:{}", redis.tls_port);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let clients = redis.clients();
-        if clients.lines().any(|line| line.contains(&tls_addr) && line.contains("cmd=xreadgroup")) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "no XREADGROUP on the TLS port:\n{clients}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    assert!(!daemon.log().contains("read_group.lua"), "{}", daemon.log());
+    let _daemon = Toolhost::start(&env);
+    // The group reader is the streaming one: plain XREADGROUP for as many entries as it has
+    // slots, never the read script (whose XREADGROUP runs in Lua, and whose blocking read asks
+    // for one entry). And it is on the TLS port.
+    let reads = redis.group_reads_during(|| call_echo(&env));
+    assert!(reads.iter().all(|read| !read.contains(" lua]")), "{reads:#?}");
+    assert!(
+        reads.iter().any(|read| read.contains("\"COUNT\"") && !read.contains("\"COUNT\" \"1\"")),
+        "{reads:#?}"
+    );
+    redis.wait_for_group_read_over_tls();
 }
 
 #[test]
@@ -97,12 +93,7 @@ fn insecure_skips_verification_for_every_connection_the_streaming_reader_include
     let env = [("REDIS_URL", url.as_str())];
     let _daemon = Toolhost::start(&env);
     call_echo(&env);
-    let tls_addr = format!("laddr=127.0.0.1:{}", redis.tls_port);
-    let clients = redis.clients();
-    assert!(
-        clients.lines().any(|line| line.contains(&tls_addr) && line.contains("cmd=xreadgroup")),
-        "{clients}"
-    );
+    redis.wait_for_group_read_over_tls();
 }
 
 #[test]
@@ -152,12 +143,7 @@ fn a_master_found_through_tls_sentinels_is_reached_with_the_private_ca() {
     ];
     let daemon = Toolhost::start(&env);
     call_echo(&env);
-    let tls_addr = format!("laddr=127.0.0.1:{}", master.tls_port);
-    let clients = master.clients();
-    assert!(
-        clients.lines().any(|line| line.contains(&tls_addr) && line.contains("cmd=xreadgroup")),
-        "{clients}"
-    );
+    master.wait_for_group_read_over_tls();
     assert!(daemon.log().contains("redis master found through the sentinels"), "{}", daemon.log());
 }
 
@@ -175,10 +161,5 @@ fn a_tls_cluster_is_reached_with_the_private_ca() {
     ];
     let _daemon = Toolhost::start(&env);
     call_echo(&env);
-    let tls_addr = format!("laddr=127.0.0.1:{}", node.tls_port);
-    let clients = node.clients();
-    assert!(
-        clients.lines().any(|line| line.contains(&tls_addr) && line.contains("cmd=xreadgroup")),
-        "{clients}"
-    );
+    node.wait_for_group_read_over_tls();
 }
