@@ -9,7 +9,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use toolhost_e2e::tls::run_toolhost;
+use toolhost_e2e::tls::{Pki, TlsRedis, TlsSentinel, run_toolhost};
 use toolhost_e2e::{RedisProcess, Toolhost, toolhost_bin};
 
 const PASSWORD: &str = "acl-pw-7";
@@ -66,6 +66,22 @@ fn wait_for_payload(redis: &RedisProcess, stream: &str, matches: impl Fn(&Value)
         assert!(Instant::now() < deadline, "nothing matching on {stream}: {:#?}", payloads(redis, stream));
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// Not one command was refused on the way but the one toolhost is meant to go without: `CONFIG
+/// GET maxmemory-policy` at start, whose refusal is noted (it would read every setting,
+/// passwords included). Redis's `ACL LOG` says so, and so does the daemon's log.
+fn assert_only_config_get_refused(redis: &RedisProcess, daemon: &Toolhost) {
+    let denied: Vec<Vec<(String, redis::Value)>> =
+        redis::cmd("ACL").arg("LOG").query(&mut redis.connection()).unwrap();
+    for entry in &denied {
+        let object = entry.iter().find(|(name, _)| name == "object").map(|(_, value)| format!("{value:?}"));
+        assert!(object.as_deref().is_some_and(|object| object.contains("config|get")), "refused: {entry:?}");
+    }
+    let log = daemon.log();
+    let refusals: Vec<&str> =
+        log.lines().filter(|line| line.contains("NOPERM") && !line.contains("maxmemory-policy")).collect();
+    assert!(refusals.is_empty(), "{refusals:#?}");
 }
 
 fn request(event_type: &str, request_id: &str, data: Value) -> String {
@@ -208,19 +224,7 @@ fn the_daemon_serves_as_the_user_redis_acl_prints_and_that_user_can_do_nothing_e
     assert!(!members.is_empty(), "no fleet member");
     let exists: u64 = redis::cmd("EXISTS").arg(&members).query(&mut redis.connection()).unwrap();
     assert_eq!(exists, members.len() as u64, "{members:?}");
-    // Not one command was refused on the way but the one toolhost is meant to go without: `CONFIG
-    // GET maxmemory-policy` at start, whose refusal is noted (it would read every setting,
-    // passwords included).
-    let denied: Vec<Vec<(String, redis::Value)>> =
-        redis::cmd("ACL").arg("LOG").query(&mut redis.connection()).unwrap();
-    for entry in &denied {
-        let object = entry.iter().find(|(name, _)| name == "object").map(|(_, value)| format!("{value:?}"));
-        assert!(object.as_deref().is_some_and(|object| object.contains("config|get")), "refused: {entry:?}");
-    }
-    let log = daemon.log();
-    let refusals: Vec<&str> =
-        log.lines().filter(|line| line.contains("NOPERM") && !line.contains("maxmemory-policy")).collect();
-    assert!(refusals.is_empty(), "{refusals:#?}");
+    assert_only_config_get_refused(&redis, &daemon);
     assert!(!daemon.log().contains("\"level\":\"ERROR\""), "{}", daemon.log());
 
     // And the user can do nothing else.
@@ -252,4 +256,48 @@ fn the_daemon_serves_as_the_user_redis_acl_prints_and_that_user_can_do_nothing_e
         .query(&mut restricted)
         .expect("its own results stream");
     assert!(line.contains(" -@all "), "{line}");
+}
+
+/// On a cluster the line grants `CLUSTER SLOTS` and the keys placed in other slots; with
+/// Sentinel, `ROLE` (the check that the master the sentinels name is one). Both over TLS here,
+/// since the harness's smallest cluster and sentinel are the TLS suite's.
+#[test]
+fn a_cluster_and_a_sentinel_master_serve_as_the_redis_acl_user() {
+    let pki = Pki::new();
+    let ca = pki.file("ca.pem");
+    let node = TlsRedis::start_cluster(&pki);
+    let nodes = format!("127.0.0.1:{}", node.tls_port);
+    let plain = node.server.url();
+    apply_acl(
+        &node.server,
+        &[("REDIS_URL", plain.as_str()), ("TOOLHOST__REDIS__CLUSTER_NODES", nodes.as_str())],
+    );
+    let url = format!("rediss://toolhost:{PASSWORD}@127.0.0.1:1");
+    let env = [
+        ("REDIS_URL", url.as_str()),
+        ("TOOLHOST__REDIS__CLUSTER_NODES", nodes.as_str()),
+        ("TOOLHOST__REDIS__CA_FILE", ca.as_str()),
+    ];
+    let daemon = Toolhost::start(&env);
+    let (code, out) = run_toolhost(&["call", "echo", "--args", r#"{"message":"on a cluster"}"#], &env, WAIT);
+    assert_eq!(code, Some(0), "{out}");
+    assert_only_config_get_refused(&node.server, &daemon);
+
+    let master = TlsRedis::start(&pki, "server", false);
+    let sentinel = TlsSentinel::start(&pki, master.tls_port);
+    let sentinels = sentinel.url();
+    let plain = master.server.url();
+    apply_acl(
+        &master.server,
+        &[("REDIS_URL", plain.as_str()), ("TOOLHOST__REDIS__SENTINELS", sentinels.as_str())],
+    );
+    let env = [
+        ("REDIS_URL", url.as_str()),
+        ("TOOLHOST__REDIS__SENTINELS", sentinels.as_str()),
+        ("TOOLHOST__REDIS__CA_FILE", ca.as_str()),
+    ];
+    let daemon = Toolhost::start(&env);
+    let (code, out) = run_toolhost(&["call", "echo", "--args", r#"{"message":"via sentinels"}"#], &env, WAIT);
+    assert_eq!(code, Some(0), "{out}");
+    assert_only_config_get_refused(&master.server, &daemon);
 }
