@@ -73,7 +73,7 @@ fn wait_for_payload(redis: &RedisProcess, stream: &str, matches: impl Fn(&Value)
 /// passwords included). Redis's `ACL LOG` says so, and so does the daemon's log.
 fn assert_only_config_get_refused(redis: &RedisProcess, daemon: &Toolhost) {
     let denied: Vec<Vec<(String, redis::Value)>> =
-        redis::cmd("ACL").arg("LOG").query(&mut redis.connection()).unwrap();
+        redis::cmd("ACL").arg("LOG").query(&mut redis.connection()).expect("ACL LOG");
     for entry in &denied {
         let object = entry.iter().find(|(name, _)| name == "object").map(|(_, value)| format!("{value:?}"));
         assert!(object.as_deref().is_some_and(|object| object.contains("config|get")), "refused: {entry:?}");
