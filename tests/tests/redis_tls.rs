@@ -163,3 +163,24 @@ fn a_tls_cluster_is_reached_with_the_private_ca() {
     call_echo(&env);
     node.wait_for_group_read_over_tls();
 }
+
+#[test]
+fn an_untrusted_cluster_or_sentinel_stops_start_up_at_once_too() {
+    let pki = Pki::new();
+    let node = TlsRedis::start_cluster(&pki);
+    let nodes = format!("127.0.0.1:{}", node.tls_port);
+    let master = TlsRedis::start(&pki, "server", false);
+    let sentinel = TlsSentinel::start(&pki, master.tls_port);
+    let sentinels = sentinel.url();
+    // No ca_file: the Mozilla roots do not know the test CA.
+    for env in [
+        [("REDIS_URL", "rediss://127.0.0.1:1"), ("TOOLHOST__REDIS__CLUSTER_NODES", nodes.as_str())],
+        [("REDIS_URL", "rediss://127.0.0.1:1"), ("TOOLHOST__REDIS__SENTINELS", sentinels.as_str())],
+    ] {
+        let started = Instant::now();
+        let (code, out) = run_toolhost(&["serve"], &env, FAIL_FAST * 2);
+        assert_eq!(code, Some(1), "{env:?}: {out}");
+        assert!(started.elapsed() < FAIL_FAST, "took {:?}", started.elapsed());
+        assert!(out.contains("UnknownIssuer") && out.contains("set [redis] ca_file"), "{env:?}: {out}");
+    }
+}

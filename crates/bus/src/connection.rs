@@ -204,6 +204,20 @@ impl Connector {
         }
     }
 
+    /// On a cluster, whether connecting fails for a TLS reason no retry mends, found by
+    /// connecting once more at once: the lazily connected cluster connection reports only that it
+    /// has no connection, and logs the cause. `None` elsewhere (one server and Sentinel report the
+    /// cause with the command) and for any other failure.
+    pub(crate) async fn tls_failure(&self) -> Option<Error> {
+        let Kind::Cluster { nodes, url, tls, .. } = &self.kind else { return None };
+        let client = cluster_client(url, nodes, tls, self.connect_timeout, Some(self.connect_timeout)).ok()?;
+        let connecting = client.get_async_connection();
+        match tokio::time::timeout(self.connect_timeout * 2, connecting).await {
+            Ok(Err(err)) => Some(Error::from(err)).filter(|err| matches!(err, Error::Tls(_))),
+            _ => None,
+        }
+    }
+
     fn single(&self, client: &Client, response_timeout: Option<Duration>) -> Result<Connection, Error> {
         ConnectionManager::new_lazy_with_config(
             client.clone(),

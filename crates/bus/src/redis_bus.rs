@@ -330,7 +330,12 @@ impl Groups for RedisBus {
         match connection.xgroup_create_mkstream::<_, _, _, ()>(topic, group, start).await {
             Ok(()) => Ok(()),
             Err(err) if err.code() == Some("BUSYGROUP") => Ok(()),
-            Err(err) => Err(err.into()),
+            // The first command of a start: a cluster connection that could not connect says
+            // only that it has no connection, so ask what stopped it (a TLS failure ends start-up).
+            Err(err) => match self.connector.tls_failure().await {
+                Some(tls) => Err(tls),
+                None => Err(err.into()),
+            },
         }
     }
 

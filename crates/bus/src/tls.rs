@@ -18,7 +18,7 @@ use std::sync::Arc;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
-use rustls::{AlertDescription, CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore};
+use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore};
 
 /// The certificates of TLS to Redis: a CA to trust instead of the Mozilla roots, and a client
 /// certificate with its key. Both optional; the empty value changes nothing.
@@ -156,7 +156,7 @@ pub(crate) fn problem(err: &(dyn std::error::Error + 'static)) -> Option<String>
         }
         next = err.source();
     }
-    None
+    explain_text(&err.to_string())
 }
 
 /// The rustls error `err` is, or wraps as an I/O error (how tokio-rustls reports one, and
@@ -179,45 +179,74 @@ fn rustls_error<'a>(err: &'a (dyn std::error::Error + 'static)) -> Option<&'a ru
 
 fn explain(err: &rustls::Error) -> Option<String> {
     let hint = match err {
-        rustls::Error::InvalidCertificate(CertificateError::UnknownIssuer) => {
-            "the server's certificate is not signed by a CA toolhost trusts: set [redis] ca_file to the CA \
-             that signed it"
-        }
-        rustls::Error::InvalidCertificate(
-            CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
-        ) => {
-            "the server's certificate does not name the host in the URL: connect by a name or address the \
-             certificate lists"
-        }
-        rustls::Error::InvalidCertificate(
-            CertificateError::Expired
-            | CertificateError::ExpiredContext { .. }
-            | CertificateError::NotValidYet
-            | CertificateError::NotValidYetContext { .. },
-        ) => "the server's certificate is outside its validity period (or this host's clock is wrong)",
-        rustls::Error::InvalidCertificate(_) => "the server's certificate cannot be trusted",
-        rustls::Error::AlertReceived(
-            AlertDescription::CertificateRequired
-            | AlertDescription::BadCertificate
-            | AlertDescription::UnknownCA
-            | AlertDescription::CertificateUnknown
-            | AlertDescription::CertificateExpired
-            | AlertDescription::CertificateRevoked
-            | AlertDescription::UnsupportedCertificate
-            | AlertDescription::AccessDenied,
-        ) => {
-            "the server refused toolhost's client certificate (or its absence): set [redis] client_cert_file \
-             and client_key_file to a certificate signed by a CA the server trusts"
-        }
-        rustls::Error::AlertReceived(
-            AlertDescription::HandshakeFailure | AlertDescription::ProtocolVersion,
-        ) => "the server and toolhost share no TLS version or cipher suite",
-        rustls::Error::InvalidMessage(_) => {
-            "the server does not speak TLS on this port: use redis://, or its TLS port"
-        }
+        rustls::Error::InvalidCertificate(certificate) => certificate_hint(&format!("{certificate:?}")),
+        rustls::Error::AlertReceived(alert) => alert_hint(&format!("{alert:?}"))?,
+        rustls::Error::InvalidMessage(_) => NOT_TLS,
         _ => return None,
     };
     Some(format!("TLS handshake failed: {err}: {hint}"))
+}
+
+/// The same explanation from an error's text, for the errors that keep only the text of the
+/// rustls error (the cluster client's "Failed to create initial connections - Io: ...").
+fn explain_text(message: &str) -> Option<String> {
+    let name_after = |marker: &str| {
+        let at = message.find(marker)? + marker.len();
+        let rest = &message[at..];
+        let end = rest.find(|char: char| !char.is_ascii_alphanumeric()).unwrap_or(rest.len());
+        Some(rest[..end].to_owned())
+    };
+    if let Some(name) = name_after("invalid peer certificate: ") {
+        return Some(format!(
+            "TLS handshake failed: invalid peer certificate: {name}: {}",
+            certificate_hint(&name)
+        ));
+    }
+    let name = name_after("received fatal alert: ")?;
+    Some(format!("TLS handshake failed: received fatal alert: {name}: {}", alert_hint(&name)?))
+}
+
+const NOT_TLS: &str = "the server does not speak TLS on this port: use redis://, or its TLS port";
+
+/// What to do about a server certificate rustls refused, by the `CertificateError` variant's name.
+fn certificate_hint(name: &str) -> &'static str {
+    let variant = name.split(|char: char| !char.is_ascii_alphanumeric()).next().unwrap_or_default();
+    match variant {
+        "UnknownIssuer" => {
+            "the server's certificate is not signed by a CA toolhost trusts: set [redis] ca_file to the CA that \
+             signed it"
+        }
+        "NotValidForName" | "NotValidForNameContext" => {
+            "the server's certificate does not name the host in the URL: connect by a name or address the \
+             certificate lists"
+        }
+        "Expired" | "ExpiredContext" | "NotValidYet" | "NotValidYetContext" => {
+            "the server's certificate is outside its validity period (or this host's clock is wrong)"
+        }
+        _ => "the server's certificate cannot be trusted",
+    }
+}
+
+/// What to do about an alert the server sent, by the `AlertDescription` variant's name; `None`
+/// for alerts that say nothing about the configuration.
+fn alert_hint(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "CertificateRequired"
+        | "BadCertificate"
+        | "UnknownCA"
+        | "CertificateUnknown"
+        | "CertificateExpired"
+        | "CertificateRevoked"
+        | "UnsupportedCertificate"
+        | "AccessDenied" => {
+            "the server refused toolhost's client certificate (or its absence): set [redis] client_cert_file \
+             and client_key_file to a certificate signed by a CA the server trusts"
+        }
+        "HandshakeFailure" | "ProtocolVersion" => {
+            "the server and toolhost share no TLS version or cipher suite"
+        }
+        _ => return None,
+    })
 }
 
 /// Accepts any server certificate: `rediss://...#insecure`, as redis-rs does it. Signatures are
@@ -277,7 +306,21 @@ mod tests {
     }
 
     #[test]
+    fn failures_kept_only_as_text_are_explained_too() {
+        let message = explain_text(
+            "Failed to create initial connections - Io: invalid peer certificate: UnknownIssuer",
+        )
+        .unwrap();
+        assert!(message.contains("UnknownIssuer") && message.contains("set [redis] ca_file"), "{message}");
+        let message = explain_text("Io: received fatal alert: CertificateRequired").unwrap();
+        assert!(message.contains("client_cert_file"), "{message}");
+        assert_eq!(explain_text("received fatal alert: DecodeError"), None);
+        assert_eq!(explain_text("Connection refused (os error 111)"), None);
+    }
+
+    #[test]
     fn certificate_failures_are_explained_through_io_and_arc_wrappers() {
+        use rustls::{AlertDescription, CertificateError};
         let rustls = rustls::Error::InvalidCertificate(CertificateError::UnknownIssuer);
         let io = std::io::Error::new(std::io::ErrorKind::InvalidData, rustls);
         let message = problem(&io).unwrap();
