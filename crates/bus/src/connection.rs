@@ -210,7 +210,8 @@ impl Connector {
     /// cause with the command) and for any other failure.
     pub(crate) async fn tls_failure(&self) -> Option<Error> {
         let Kind::Cluster { nodes, url, tls, .. } = &self.kind else { return None };
-        let client = cluster_client(url, nodes, tls, self.connect_timeout, Some(self.connect_timeout)).ok()?;
+        let client =
+            cluster_client(url, nodes, tls, self.connect_timeout, Some(self.connect_timeout)).ok()?;
         let connecting = client.get_async_connection();
         match tokio::time::timeout(self.connect_timeout * 2, connecting).await {
             Ok(Err(err)) => Some(Error::from(err)).filter(|err| matches!(err, Error::Tls(_))),
