@@ -1,7 +1,8 @@
 //! TLS to Redis with a private CA, end to end: a real `redis-server` with a TLS port and
 //! certificates the test makes, and the built binary pointed at it with `[redis] ca_file` (and a
-//! client certificate for mutual TLS). A server whose certificate is not trusted, or one that
-//! refuses toolhost's client certificate, stops start-up at once with a message that says so.
+//! client certificate for mutual TLS), on one server, a one-node cluster and a master found
+//! through a TLS sentinel. A server whose certificate is not trusted, or one that refuses
+//! toolhost's client certificate, stops start-up at once with a message that says so.
 
 use std::time::{Duration, Instant};
 
