@@ -27,6 +27,12 @@ test-fleet: ensure-redis-installed
     cargo build --bin toolhost
     cargo test -p toolhost-e2e --test harness --test cluster --test sentinel
 
+# The security suites (tests/): TLS to Redis with a private CA and mutual TLS, and the
+# least-privilege Redis user `toolhost redis-acl` prints, against real servers the tests start.
+test-security: ensure-redis-installed
+    cargo build --bin toolhost
+    cargo test -p toolhost-e2e --test redis_tls --test redis_acl
+
 # Benchmarks: toolhost beside the at-least-once reference worker and the exactly-once floor on
 # the same Redis (see docs/PERFORMANCE.md).
 bench *ARGS: ensure-redis-installed

@@ -12,6 +12,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 pub mod cluster;
+pub mod tls;
 
 /// A free loopback TCP port (bound, then released).
 pub fn free_port() -> u16 {
@@ -186,6 +187,27 @@ impl Drop for RedisProcess {
     }
 }
 
+/// `toolhost <args>` with a clean environment (PATH, an HTTP endpoint on a free port, JSON logs
+/// at info) plus `env`, its stdout and stderr both written to `log`.
+pub fn toolhost_command(args: &[&str], env: &[(&str, &str)], log: &Path) -> Command {
+    let stdout = std::fs::File::create(log).expect("log file");
+    let stderr = stdout.try_clone().expect("log file");
+    let mut command = Command::new(toolhost_bin());
+    command
+        .args(args)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("TOOLHOST__HTTP__LISTEN", "127.0.0.1:0")
+        .env("TOOLHOST__LOG__LEVEL", "info")
+        .env("TOOLHOST__LOG__FORMAT", "json")
+        .stdout(stdout)
+        .stderr(stderr);
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    command
+}
+
 /// A `toolhost serve` process owned by a test.
 pub struct Toolhost {
     child: Option<Child>,
@@ -199,22 +221,7 @@ impl Toolhost {
     pub fn start(env: &[(&str, &str)]) -> Toolhost {
         let dir = temp_dir("toolhost");
         let log = dir.join("toolhost.log");
-        let stdout = std::fs::File::create(&log).expect("log file");
-        let stderr = stdout.try_clone().expect("log file");
-        let mut command = Command::new(toolhost_bin());
-        command
-            .arg("serve")
-            .env_clear()
-            .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .env("TOOLHOST__HTTP__LISTEN", "127.0.0.1:0")
-            .env("TOOLHOST__LOG__LEVEL", "info")
-            .env("TOOLHOST__LOG__FORMAT", "json")
-            .stdout(stdout)
-            .stderr(stderr);
-        for (name, value) in env {
-            command.env(name, value);
-        }
-        let child = command.spawn().expect("spawn toolhost");
+        let child = toolhost_command(&["serve"], env, &log).spawn().expect("spawn toolhost");
         let toolhost = Toolhost { child: Some(child), log, dir };
         toolhost.wait_for_log("\"message\":\"ready\"", Duration::from_secs(30));
         toolhost

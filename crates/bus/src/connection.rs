@@ -23,8 +23,8 @@ use redis::cluster::{ClusterClient, ClusterClientBuilder, ClusterConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::{Client, Cmd, IntoConnectionInfo, Pipeline, RedisFuture, Value};
 
-use crate::Error;
 use crate::sentinel::{SentinelConnection, Sentinels, Shared};
+use crate::{Error, Tls};
 
 /// Where Redis is.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -120,6 +120,7 @@ enum Kind {
         nodes: Vec<String>,
         /// The configured URL: credentials for nodes that carry none.
         url: String,
+        tls: Tls,
         /// For blocking reads: no response timeout (the bus bounds each read itself).
         blocking: Box<ClusterClient>,
     },
@@ -136,20 +137,29 @@ const CLUSTER_MAX_RETRY_WAIT_MS: u64 = 1000;
 impl Connector {
     /// A connector for `url` under `topology`. Nothing is connected yet.
     ///
+    /// `tls` applies to every `rediss://` connection: the URL's, the cluster nodes', the
+    /// sentinels' and the master's they name.
+    ///
     /// # Errors
-    /// The URL or a cluster node cannot be parsed, or the nodes disagree on credentials or TLS.
-    pub(crate) fn new(url: &str, topology: &Topology, connect_timeout: Duration) -> Result<Connector, Error> {
+    /// The URL or a cluster node cannot be parsed, the nodes disagree on credentials or TLS, or
+    /// `tls` is set for a URL without TLS.
+    pub(crate) fn new(
+        url: &str,
+        topology: &Topology,
+        tls: &Tls,
+        connect_timeout: Duration,
+    ) -> Result<Connector, Error> {
         let kind = match topology {
-            Topology::Single => Kind::Single(Client::open(url).map_err(Error::from)?),
+            Topology::Single => Kind::Single(single_client(url, tls)?),
             Topology::Cluster { nodes } => {
                 let nodes = cluster_nodes(url, nodes)?;
                 // Both checked now, so a bad node list fails at start-up rather than on first use.
-                cluster_client(url, &nodes, connect_timeout, Some(connect_timeout))?;
-                let blocking = cluster_client(url, &nodes, connect_timeout, None)?;
-                Kind::Cluster { nodes, url: url.to_owned(), blocking: Box::new(blocking) }
+                cluster_client(url, &nodes, tls, connect_timeout, Some(connect_timeout))?;
+                let blocking = cluster_client(url, &nodes, tls, connect_timeout, None)?;
+                Kind::Cluster { nodes, url: url.to_owned(), tls: tls.clone(), blocking: Box::new(blocking) }
             }
             Topology::Sentinel(sentinels) => {
-                Kind::Sentinel(Arc::new(Shared::new(url, sentinels, connect_timeout)?))
+                Kind::Sentinel(Arc::new(Shared::new(url, sentinels, tls, connect_timeout)?))
             }
         };
         Ok(Connector { kind, connect_timeout })
@@ -164,8 +174,8 @@ impl Connector {
         match &self.kind {
             Kind::Single(client) => self.single(client, Some(response_timeout)),
             Kind::Sentinel(shared) => Ok(Connection::Sentinel(shared.connection(Some(response_timeout)))),
-            Kind::Cluster { nodes, url, .. } => {
-                let client = cluster_client(url, nodes, self.connect_timeout, Some(response_timeout))?;
+            Kind::Cluster { nodes, url, tls, .. } => {
+                let client = cluster_client(url, nodes, tls, self.connect_timeout, Some(response_timeout))?;
                 Ok(Connection::Cluster(
                     client.get_pending_async_connection_with_config(
                         ClusterConfig::new()
@@ -194,6 +204,21 @@ impl Connector {
         }
     }
 
+    /// On a cluster, whether connecting fails for a TLS reason no retry mends, found by
+    /// connecting once more at once: the lazily connected cluster connection reports only that it
+    /// has no connection, and logs the cause. `None` elsewhere (one server and Sentinel report the
+    /// cause with the command) and for any other failure.
+    pub(crate) async fn tls_failure(&self) -> Option<Error> {
+        let Kind::Cluster { nodes, url, tls, .. } = &self.kind else { return None };
+        let client =
+            cluster_client(url, nodes, tls, self.connect_timeout, Some(self.connect_timeout)).ok()?;
+        let connecting = client.get_async_connection();
+        match tokio::time::timeout(self.connect_timeout * 2, connecting).await {
+            Ok(Err(err)) => Some(Error::from(err)).filter(|err| matches!(err, Error::Tls(_))),
+            _ => None,
+        }
+    }
+
     fn single(&self, client: &Client, response_timeout: Option<Duration>) -> Result<Connection, Error> {
         ConnectionManager::new_lazy_with_config(
             client.clone(),
@@ -201,6 +226,17 @@ impl Connector {
         )
         .map(Connection::Single)
         .map_err(Error::from)
+    }
+}
+
+/// A client for the one server at `url`, with `tls`'s CA and client certificate when set.
+///
+/// # Errors
+/// The URL cannot be parsed, or `tls` is set and the URL is not `rediss://`.
+pub(crate) fn single_client(url: &str, tls: &Tls) -> Result<Client, Error> {
+    match tls.certificates() {
+        None => Client::open(url).map_err(Error::from),
+        Some(certificates) => Client::build_with_tls(url, certificates).map_err(Error::from),
     }
 }
 
@@ -252,6 +288,7 @@ pub(crate) fn cluster_nodes(url: &str, nodes: &[String]) -> Result<Vec<String>, 
 fn cluster_client(
     url: &str,
     nodes: &[String],
+    tls: &Tls,
     connect_timeout: Duration,
     response_timeout: Option<Duration>,
 ) -> Result<ClusterClient, Error> {
@@ -259,6 +296,9 @@ fn cluster_client(
         .connection_timeout(connect_timeout)
         .retries(CLUSTER_RETRIES)
         .max_retry_wait(CLUSTER_MAX_RETRY_WAIT_MS);
+    if let Some(certificates) = tls.certificates() {
+        builder = builder.certs(certificates);
+    }
     if let Some(timeout) = response_timeout {
         builder = builder
             .response_timeout(timeout)
@@ -309,6 +349,7 @@ mod tests {
         let connector = Connector::new(
             "redis://app:s3cret@seed:6379",
             &Topology::Cluster { nodes: vec!["redis://127.0.0.1:1".to_owned()] },
+            &Tls::default(),
             Duration::from_millis(100),
         );
         assert!(connector.is_ok());

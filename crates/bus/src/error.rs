@@ -23,6 +23,11 @@ pub enum Error {
     /// Redis answered with something this crate did not expect.
     #[error("unexpected reply from redis: {0}")]
     Protocol(String),
+    /// A TLS connection failed in a way retrying will not mend: the server's certificate is not
+    /// trusted, the server refused the client certificate, or it does not speak TLS. Fix the
+    /// configuration (`ca_file`, the client certificate, the URL); the message says which.
+    #[error("redis {0}")]
+    Tls(String),
 }
 
 /// What went wrong, as Redis or the connection said it: the server's error code (`OOM`,
@@ -124,6 +129,9 @@ impl Error {
 
 impl From<redis::RedisError> for Error {
     fn from(err: redis::RedisError) -> Error {
+        if let Some(problem) = crate::tls::problem(&err) {
+            return Error::Tls(problem);
+        }
         let cause = match err.code() {
             Some(code) => Cause::server(code, err.detail().unwrap_or_default()),
             None => Cause::other(err.to_string()),

@@ -156,6 +156,70 @@ impl Keys {
     }
 }
 
+/// The bare names the key patterns of toolhost's Redis user ([`Keys::acl_patterns`]) are made
+/// from: what the configuration names.
+#[derive(Debug, Clone, Copy)]
+pub struct AclNames<'a> {
+    /// `[daemon] toolbox_id`: its dead letters.
+    pub toolbox_id: &'a str,
+    /// `[daemon] agent_name`: the chat door's dead letters.
+    pub agent_name: &'a str,
+    /// `[streams] requests`.
+    pub requests: &'a str,
+    /// `[streams] results`.
+    pub results: &'a str,
+    /// `[streams] response_topics`, glob patterns already.
+    pub response_topics: &'a [String],
+}
+
+impl Keys {
+    /// The key patterns (Redis ACL `~` globs, without the `~`) of every key toolhost reads or
+    /// writes under `names`: its streams and the response topics callers may name, chat
+    /// inboxes and conversation streams, its dead letters, `audit:*`, and its own `toolhost:`
+    /// keys (ledger, registries, heartbeats, fleet set, control streams, MCP tasks); on a
+    /// cluster also the ledger keys and marks placed in other slots.
+    pub fn acl_patterns(&self, names: &AclNames<'_>) -> Vec<String> {
+        let prefix = glob_escape(&self.prefix);
+        let literal = |name: &str| format!("{prefix}{}", glob_escape(name));
+        let mut res = vec![literal(names.requests), literal(names.results)];
+        res.extend(names.response_topics.iter().map(|pattern| format!("{prefix}{pattern}")));
+        res.extend([
+            format!("{prefix}chat:*"),
+            format!("{prefix}stream:*"),
+            literal(&format!("dlq:{}", names.toolbox_id)),
+            literal(&format!("dlq:{}", names.agent_name)),
+            format!("{prefix}audit:*"),
+            format!("{prefix}toolhost:ledger:*"),
+            format!("{prefix}toolhost:registry:*"),
+            format!("{prefix}toolhost:heartbeat:*"),
+            literal("toolhost:fleet"),
+            format!("{prefix}toolhost:control:*"),
+            format!("{prefix}toolhost:mcp:task:*"),
+        ]);
+        if self.cluster {
+            // Ledger keys and marks carry a hash tag after the prefix, unless the prefix is one.
+            let tag = if slots::prefix_is_tag(&self.prefix) { "" } else { "{*}" };
+            res.push(format!("{prefix}{tag}toolhost:ledger:*"));
+            res.extend(slots::MARK_ROLES.iter().map(|role| format!("{prefix}{tag}{role}*")));
+        }
+        let mut seen = std::collections::HashSet::new();
+        res.retain(|pattern| seen.insert(pattern.clone()));
+        res
+    }
+}
+
+/// `text` as a Redis glob that matches only itself.
+fn glob_escape(text: &str) -> String {
+    let mut res = String::with_capacity(text.len());
+    for char in text.chars() {
+        if matches!(char, '*' | '?' | '[' | ']' | '\\') {
+            res.push('\\');
+        }
+        res.push(char);
+    }
+    res
+}
+
 /// The prefixes of toolhost's own keys. A caller never names one of these as a response topic,
 /// whatever the configured patterns say: an answer published there would inject messages into an
 /// agent's inbox, forge dead letters, or break the exactly-once ledger.

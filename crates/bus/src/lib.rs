@@ -11,11 +11,16 @@
 //! - [`MemoryBus`]: a test double of [`Streams`], [`Directory`] and [`Server`] only; groups and the ledger are
 //!   tested against a real Redis.
 //! - [`Keys`]: every Redis key and stream name, built in one place.
+//! - [`acl`]: the commands toolhost sends, for the least-privilege Redis user
+//!   (`toolhost redis-acl`).
+//! - [`Tls`]: TLS to Redis with the operator's own CA and client certificate, for every
+//!   connection the bus makes.
 //! - [`Caller`]: publish a request and await its answer, for clients and agents written in Rust.
 //!
 //! **Invariant:** nothing outside this crate talks to Redis directly, except the daemon's health
 //! probe and benchmarks.
 
+pub mod acl;
 mod batch;
 mod bus;
 mod caller;
@@ -27,6 +32,7 @@ mod raw_read;
 mod redis_bus;
 mod sentinel;
 mod slots;
+mod tls;
 
 pub use bus::{
     Bus, CallKeys, CallStart, Committed, Directory, EntryRef, Finish, FleetAccess, GroupInfo, Groups,
@@ -35,7 +41,8 @@ pub use bus::{
 pub use caller::{CallError, Caller, Pending};
 pub use connection::Topology;
 pub use error::{Cause, Error};
-pub use keys::{Keys, RESERVED_TOPIC_PREFIXES, ResponseTopics, TopicRefusal};
+pub use keys::{AclNames, Keys, RESERVED_TOPIC_PREFIXES, ResponseTopics, TopicRefusal};
 pub use memory::MemoryBus;
 pub use redis_bus::{RedisBus, RedisOptions};
 pub use sentinel::Sentinels;
+pub use tls::Tls;

@@ -4,24 +4,30 @@
 //! so reads on a client that buffers replies whole go through a Lua script that cuts values on
 //! the server (`scripts/read_group.lua`). That script costs Redis about three microseconds per
 //! entry to copy every entry into Lua and back. This reader sends the plain command instead, on a
-//! TCP or Unix connection it owns, and reads the reply as a stream: a value longer than the
+//! TCP (plain or TLS) or Unix connection it owns, and reads the reply as a stream: a value longer than the
 //! limit is never held whole, only its first [`DEFECT_HEAD_BYTES`] are kept while the rest is
 //! hashed (SHA-1, as `redis.sha1hex` would) and dropped. So one read costs Redis what the plain
 //! command costs, and holds no more memory than the script's reply would.
 //!
 //! The connection speaks RESP2 (no `HELLO`), authenticates and selects the database of the URL,
-//! and is used by one read at a time; any I/O error or protocol surprise drops it.
+//! and is used by one read at a time; any I/O error or protocol surprise drops it. Over TLS it
+//! trusts what redis-rs trusts for the same URL and [`Tls`] (`crate::tls`), so the reader and the
+//! rest of the bus accept the same servers, and an untrusted server fails the same way
+//! ([`Error::Tls`]).
 
 use std::io;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo};
+use rustls::pki_types::ServerName;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio_rustls::TlsConnector;
 use toolhost_envelope::{DEFECT_HEAD_BYTES, Entry};
 
-use crate::Error;
 use crate::error::Cause;
+use crate::{Error, Tls};
 
 /// The longest status, error or length line accepted; anything longer is not Redis talking.
 const MAX_LINE: usize = 64 * 1024;
@@ -37,41 +43,76 @@ pub(crate) struct RawTarget {
     db: i64,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 enum Addr {
     Tcp(String, u16),
+    /// TCP with TLS: the name the server's certificate must carry, and the client setup.
+    Tls {
+        host: String,
+        port: u16,
+        name: ServerName<'static>,
+        connector: TlsConnector,
+    },
     Unix(PathBuf),
 }
 
+/// The connector holds no secret worth printing and has no `Debug` of its own.
+impl std::fmt::Debug for Addr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Addr::Tcp(host, port) => write!(f, "tcp {host}:{port}"),
+            Addr::Tls { host, port, .. } => write!(f, "tls {host}:{port}"),
+            Addr::Unix(path) => write!(f, "unix {}", path.display()),
+        }
+    }
+}
+
 impl RawTarget {
-    /// The target of `url` when this reader can reach it: a plain TCP or Unix socket URL.
-    /// `None` for TLS, whose reads keep going through the script.
-    pub(crate) fn of(url: &str) -> Option<RawTarget> {
-        let info: ConnectionInfo = url.into_connection_info().ok()?;
+    /// The target of `url` when this reader can reach it: a TCP (plain or TLS, with `tls`'s CA
+    /// and client certificate) or Unix socket URL; `None` for what it cannot reach, whose reads
+    /// keep going through the script.
+    ///
+    /// # Errors
+    /// The URL is TLS and its server name or `tls` cannot be used.
+    pub(crate) fn of(url: &str, tls: &Tls) -> Result<Option<RawTarget>, Error> {
+        let Ok(info): Result<ConnectionInfo, _> = url.into_connection_info() else { return Ok(None) };
         let addr = match info.addr() {
             ConnectionAddr::Tcp(host, port) => Addr::Tcp(host.clone(), *port),
+            ConnectionAddr::TcpTls { host, port, insecure, .. } => {
+                let config = tls.client_config(*insecure).map_err(Error::Tls)?;
+                Addr::Tls {
+                    host: host.clone(),
+                    port: *port,
+                    name: crate::tls::server_name(host).map_err(Error::Tls)?,
+                    connector: TlsConnector::from(Arc::clone(&config)),
+                }
+            }
             ConnectionAddr::Unix(path) => Addr::Unix(path.clone()),
-            _ => return None,
+            _ => return Ok(None),
         };
         let settings = info.redis_settings();
-        Some(RawTarget {
+        Ok(Some(RawTarget {
             addr,
             username: settings.username().map(str::to_owned),
             password: settings.password().map(str::to_owned),
             db: settings.db(),
-        })
+        }))
     }
 
     /// A new connection, authenticated and on the URL's database, within `timeout`.
     pub(crate) async fn connect(&self, timeout: Duration) -> Result<RawReader, Error> {
-        let unavailable =
-            |err: io::Error| Error::Unavailable(Cause::other(format!("reader connection: {err}")));
+        let unavailable = |err: io::Error| io_failure("reader connection", &err);
         let connecting = async {
             let stream: Box<dyn Stream> = match &self.addr {
                 Addr::Tcp(host, port) => {
                     let stream = tokio::net::TcpStream::connect((host.as_str(), *port)).await?;
                     stream.set_nodelay(true)?;
                     Box::new(stream)
+                }
+                Addr::Tls { host, port, name, connector } => {
+                    let stream = tokio::net::TcpStream::connect((host.as_str(), *port)).await?;
+                    stream.set_nodelay(true)?;
+                    Box::new(connector.connect(name.clone(), stream).await?)
                 }
                 Addr::Unix(path) => Box::new(tokio::net::UnixStream::connect(path).await?),
             };
@@ -161,9 +202,7 @@ impl RawReader {
             args.extend([b"BLOCK".as_slice(), millis.as_bytes()]);
         }
         args.extend([b"STREAMS".as_slice(), topic.as_bytes(), b">"]);
-        let broken = |err: io::Error| {
-            ReadError::Broken(Error::Unavailable(Cause::other(format!("group read: {err}"))))
-        };
+        let broken = |err: io::Error| ReadError::Broken(io_failure("group read", &err));
         self.send(&args).await.map_err(broken)?;
         match self.reply(limit).await.map_err(broken)? {
             Reply::Error(message) => {
@@ -190,7 +229,7 @@ impl RawReader {
             Ok(Ok(other)) => {
                 Err(Error::Protocol(format!("unexpected reply to {:?}: {other:?}", args.first())))
             }
-            Ok(Err(err)) => Err(Error::Unavailable(Cause::other(format!("reader connection: {err}")))),
+            Ok(Err(err)) => Err(io_failure("reader connection", &err)),
             Err(_elapsed) => Err(Error::Unavailable(Cause::other("reader connection: no answer in time"))),
         }
     }
@@ -326,6 +365,15 @@ impl RawReader {
             Some(digest) => Reply::Cut { head: kept, size: size as u64, sha1: digest.digest().to_string() },
             None => Reply::Bulk(kept),
         })
+    }
+}
+
+/// The error of a failed exchange: [`Error::Tls`] when TLS failed for good (a certificate the
+/// server refused arrives as an alert on the first read), else the connection is unavailable.
+fn io_failure(context: &str, err: &io::Error) -> Error {
+    match crate::tls::problem(err) {
+        Some(problem) => Error::Tls(problem),
+        None => Error::Unavailable(Cause::other(format!("{context}: {err}"))),
     }
 }
 

@@ -5,10 +5,10 @@
 //! multiplexed on one connection. Every connection reconnects by itself after a failure.
 //!
 //! Group reads are bounded in bytes as well as in entries: no field value longer than
-//! [`RedisOptions::max_field_bytes`] is ever held whole. On a single server reached over plain
-//! TCP or a Unix socket, a group read is one plain `XREADGROUP ... COUNT n BLOCK` on a connection
+//! [`RedisOptions::max_field_bytes`] is ever held whole. On a single server reached over TCP
+//! (plain or TLS) or a Unix socket, a group read is one plain `XREADGROUP ... COUNT n BLOCK` on a connection
 //! of the bus's own (`raw_read`) that keeps the first [`DEFECT_HEAD_BYTES`] of a long value and
-//! its size and SHA-1 as the bytes stream past. Elsewhere (TLS, Sentinel, Cluster) new entries
+//! its size and SHA-1 as the bytes stream past. Elsewhere (Sentinel, Cluster) new entries
 //! are read by a script (`scripts/read_group.lua`) that cuts the same way on the server; only
 //! when that finds nothing does the reader block, and then for one entry (`XREADGROUP COUNT 1
 //! BLOCK`), so at most one raw entry of any size is in memory from a read. Reclaims cut on the
@@ -59,9 +59,13 @@ pub struct RedisOptions {
     pub max_field_bytes: usize,
     /// Group reads go through the read script, which cuts large values on the server, even
     /// where a connection of the bus's own could cut them as they arrive (a single server over
-    /// plain TCP or a Unix socket). Off by default; the script path is what TLS, Sentinel and
+    /// TCP, plain or TLS, or a Unix socket). Off by default; the script path is what Sentinel and
     /// Cluster use, and tests set this to check it on a single server.
     pub script_reads: bool,
+    /// The CA to trust and the client certificate for `rediss://` (the URL, cluster nodes,
+    /// sentinels and the master they name, and the streaming group reader); empty: the Mozilla
+    /// roots and no client certificate.
+    pub tls: crate::Tls,
 }
 
 impl RedisOptions {
@@ -76,6 +80,7 @@ impl RedisOptions {
             connect_timeout: Duration::from_secs(2),
             max_field_bytes: 1024 * 1024,
             script_reads: false,
+            tls: crate::Tls::default(),
         }
     }
 }
@@ -90,7 +95,7 @@ pub struct RedisBus {
     /// Idle connections for blocking reads.
     blocking: Idle<Connection>,
     /// Group reads that cut large values as they arrive (`raw_read`), on a single server reached
-    /// over plain TCP or a Unix socket; `None` elsewhere (TLS, Sentinel, Cluster), where group
+    /// over TCP (plain or TLS) or a Unix socket; `None` elsewhere (Sentinel, Cluster), where group
     /// reads go through the read script.
     raw: Option<RawReads>,
     scripts: Scripts,
@@ -146,7 +151,8 @@ impl RedisBus {
     /// # Errors
     /// The URL cannot be parsed.
     pub fn new(options: RedisOptions) -> Result<RedisBus, Error> {
-        let connector = Connector::new(&options.url, &options.topology, options.connect_timeout)?;
+        let connector =
+            Connector::new(&options.url, &options.topology, &options.tls, options.connect_timeout)?;
         let commands = connector.commands(options.response_timeout)?;
         if options.topology.is_cluster() && !crate::slots::prefix_is_valid(&options.key_prefix) {
             return Err(Error::Protocol(format!(
@@ -154,10 +160,11 @@ impl RedisBus {
                 options.key_prefix
             )));
         }
-        let raw = (matches!(options.topology, Topology::Single) && !options.script_reads)
-            .then(|| RawTarget::of(&options.url))
-            .flatten()
-            .map(|target| RawReads { target, idle: Idle::new() });
+        let raw = match matches!(options.topology, Topology::Single) && !options.script_reads {
+            true => RawTarget::of(&options.url, &options.tls)?
+                .map(|target| RawReads { target, idle: Idle::new() }),
+            false => None,
+        };
         Ok(RedisBus {
             cluster: options.topology.is_cluster(),
             connector,
@@ -325,7 +332,12 @@ impl Groups for RedisBus {
         match connection.xgroup_create_mkstream::<_, _, _, ()>(topic, group, start).await {
             Ok(()) => Ok(()),
             Err(err) if err.code() == Some("BUSYGROUP") => Ok(()),
-            Err(err) => Err(err.into()),
+            // The first command of a start: a cluster connection that could not connect says
+            // only that it has no connection, so ask what stopped it (a TLS failure ends start-up).
+            Err(err) => match self.connector.tls_failure().await {
+                Some(tls) => Err(tls),
+                None => Err(err.into()),
+            },
         }
     }
 

@@ -33,15 +33,15 @@ use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwapOption;
 use redis::aio::{ConnectionLike, ConnectionManager};
-use redis::sentinel::{Sentinel, SentinelNodeConnectionInfo};
+use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
 use redis::{
     Client, Cmd, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, Pipeline, RedisError, RedisFuture,
     RedisResult, TlsMode, Value,
 };
 use tracing::{debug, info, warn};
 
-use crate::Error;
 use crate::connection::manager_config;
+use crate::{Error, Tls};
 
 /// Where the sentinels are, which master they watch, and how to authenticate to them.
 ///
@@ -107,7 +107,7 @@ struct Master {
 struct Lookup {
     /// One redis-rs client per sentinel, in the order they are asked (one that did not answer in
     /// time is moved to the end).
-    sentinels: Vec<(ConnectionInfo, Sentinel)>,
+    sentinels: Vec<(ConnectionInfo, SentinelClient)>,
     last: Option<Instant>,
     /// What the last lookup failed with; `None` when it found a master (or none ran yet).
     failure: Option<RedisError>,
@@ -116,7 +116,10 @@ struct Lookup {
 /// The state every connection of one bus shares: the current master and the sentinels.
 pub(crate) struct Shared {
     master_name: String,
-    node: SentinelNodeConnectionInfo,
+    /// How the master is reached: its credentials, database and TLS.
+    master: ConnectionInfo,
+    /// The CA and client certificate of every `rediss://` connection, sentinels' and master's.
+    tls: Tls,
     db: i64,
     connect_timeout: Duration,
     /// How long one sentinel may take to name the master, its `ROLE` check included.
@@ -137,29 +140,22 @@ pub(crate) struct Shared {
 
 impl Shared {
     /// The state for the master named in `sentinels`, reached with the credentials, database and
-    /// TLS of `url`. Nothing is connected yet.
+    /// TLS of `url`; `tls` for every `rediss://` connection. Nothing is connected yet.
     ///
     /// # Errors
     /// A URL cannot be parsed, `url` is a Unix socket, or there is no sentinel.
-    pub(crate) fn new(url: &str, sentinels: &Sentinels, connect_timeout: Duration) -> Result<Shared, Error> {
+    pub(crate) fn new(
+        url: &str,
+        sentinels: &Sentinels,
+        tls: &Tls,
+        connect_timeout: Duration,
+    ) -> Result<Shared, Error> {
         let invalid = |message: String| {
             Error::from(RedisError::from((redis::ErrorKind::InvalidClientConfig, "sentinel", message)))
         };
         let master = url.into_connection_info().map_err(Error::from)?;
-        let tls = match master.addr() {
-            ConnectionAddr::Tcp(..) => None,
-            ConnectionAddr::TcpTls { insecure: true, .. } => Some(TlsMode::Insecure),
-            ConnectionAddr::TcpTls { insecure: false, .. } => Some(TlsMode::Secure),
-            _ => {
-                return Err(invalid(
-                    "the master is reached over TCP: url must be redis:// or rediss://".into(),
-                ));
-            }
-        };
-        let mut node =
-            SentinelNodeConnectionInfo::default().set_redis_connection_info(master.redis_settings().clone());
-        if let Some(tls) = tls {
-            node = node.set_tls_mode(tls);
+        if tls_mode(master.addr()).is_err() {
+            return Err(invalid("the master is reached over TCP: url must be redis:// or rediss://".into()));
         }
         let infos = sentinels
             .urls
@@ -175,12 +171,13 @@ impl Shared {
         // overloaded) would hold up every lookup.
         let clients = infos
             .into_iter()
-            .map(|info| Ok((info.clone(), Sentinel::build(vec![info])?)))
+            .map(|info| Ok((info.clone(), sentinel_client(&info, &sentinels.master_name, &master, tls)?)))
             .collect::<RedisResult<Vec<_>>>()
             .map_err(Error::from)?;
         Ok(Shared {
             master_name: sentinels.master_name.clone(),
-            node,
+            master: master.clone(),
+            tls: tls.clone(),
             db: master.redis_settings().db(),
             connect_timeout,
             // A sentinel's answer, then the master's ROLE check: a connect timeout each.
@@ -277,12 +274,7 @@ impl Shared {
         let mut slow = Vec::new();
         let mut found = None;
         for (index, (info, sentinel)) in lookup.sentinels.iter_mut().enumerate() {
-            match tokio::time::timeout(
-                self.per_sentinel,
-                sentinel.async_master_for(&self.master_name, Some(&self.node)),
-            )
-            .await
-            {
+            match tokio::time::timeout(self.per_sentinel, sentinel.async_get_client()).await {
                 Ok(Ok(client)) => {
                     found = Some(client);
                     break;
@@ -292,7 +284,7 @@ impl Shared {
                 }
                 Ok(Err(err)) => failed = Some(err),
                 Err(_elapsed) => {
-                    *sentinel = Sentinel::build(vec![info.clone()])?;
+                    *sentinel = sentinel_client(info, &self.master_name, &self.master, &self.tls)?;
                     slow.push(index);
                     failed = Some(RedisError::from(std::io::Error::new(
                         std::io::ErrorKind::TimedOut,
@@ -371,6 +363,59 @@ impl Shared {
             }
         });
     }
+}
+
+/// The TLS mode of a TCP address (`None`: plain TCP); `Err` for a Unix socket.
+fn tls_mode(addr: &ConnectionAddr) -> Result<Option<TlsMode>, ()> {
+    match addr {
+        ConnectionAddr::Tcp(..) => Ok(None),
+        ConnectionAddr::TcpTls { insecure: true, .. } => Ok(Some(TlsMode::Insecure)),
+        ConnectionAddr::TcpTls { insecure: false, .. } => Ok(Some(TlsMode::Secure)),
+        _ => Err(()),
+    }
+}
+
+/// A client of the sentinel at `sentinel` for the master `master_name`, which it reaches with
+/// the credentials, database and TLS of `master`; `tls` for the sentinel and the master alike
+/// where they speak TLS.
+fn sentinel_client(
+    sentinel: &ConnectionInfo,
+    master_name: &str,
+    master: &ConnectionInfo,
+    tls: &Tls,
+) -> RedisResult<SentinelClient> {
+    let settings = master.redis_settings();
+    let mut builder =
+        SentinelClientBuilder::new([sentinel.addr().clone()], master_name, SentinelServerType::Master)?
+            .set_client_to_redis_db(settings.db())
+            .set_client_to_redis_protocol(settings.protocol());
+    if let Some(username) = settings.username() {
+        builder = builder.set_client_to_redis_username(username);
+    }
+    if let Some(password) = settings.password() {
+        builder = builder.set_client_to_redis_password(password);
+    }
+    // Checked in `Shared::new`: the master is reached over TCP.
+    if let Ok(Some(mode)) = tls_mode(master.addr()) {
+        builder = builder.set_client_to_redis_tls_mode(mode);
+    }
+    let own = sentinel.redis_settings();
+    if let Some(username) = own.username() {
+        builder = builder.set_client_to_sentinel_username(username);
+    }
+    if let Some(password) = own.password() {
+        builder = builder.set_client_to_sentinel_password(password);
+    }
+    if let Some(certificates) = tls.certificates() {
+        if matches!(tls_mode(master.addr()), Ok(Some(_))) {
+            builder = builder.set_client_to_redis_certificates(certificates.clone());
+        }
+        // redis-rs refuses certificates for a sentinel reached over plain TCP.
+        if matches!(tls_mode(sentinel.addr()), Ok(Some(_))) {
+            builder = builder.set_client_to_sentinel_certificates(certificates);
+        }
+    }
+    builder.build()
 }
 
 /// A sentinel's connection information, with the configured user and password when its URL
@@ -565,11 +610,22 @@ mod tests {
             master_name: "m".into(),
             ..Sentinels::default()
         };
-        assert!(Shared::new("unix:///run/redis.sock", &sentinels, Duration::from_secs(1)).is_err());
         assert!(
-            Shared::new("redis://127.0.0.1:6379", &Sentinels::default(), Duration::from_secs(1)).is_err()
+            Shared::new("unix:///run/redis.sock", &sentinels, &Tls::default(), Duration::from_secs(1))
+                .is_err()
         );
-        let shared = Shared::new("rediss://:pw@ignored:1/3", &sentinels, Duration::from_secs(1)).unwrap();
+        assert!(
+            Shared::new(
+                "redis://127.0.0.1:6379",
+                &Sentinels::default(),
+                &Tls::default(),
+                Duration::from_secs(1)
+            )
+            .is_err()
+        );
+        let shared =
+            Shared::new("rediss://:pw@ignored:1/3", &sentinels, &Tls::default(), Duration::from_secs(1))
+                .unwrap();
         assert_eq!(shared.db, 3);
     }
 
@@ -582,8 +638,9 @@ mod tests {
             master_name: "m".into(),
             ..Sentinels::default()
         };
-        let shared =
-            Arc::new(Shared::new("redis://127.0.0.1:2", &sentinels, Duration::from_secs(1)).unwrap());
+        let shared = Arc::new(
+            Shared::new("redis://127.0.0.1:2", &sentinels, &Tls::default(), Duration::from_secs(1)).unwrap(),
+        );
         let switch = |generation: u64, port: u16| {
             let client = Client::open(format!("redis://127.0.0.1:{port}")).unwrap();
             shared.current.store(Some(Arc::new(Master {
@@ -625,8 +682,10 @@ mod tests {
             ..Sentinels::default()
         };
         // Two sentinels of 2 x 100 ms each: one lookup takes about 400 ms.
-        let shared =
-            Arc::new(Shared::new("redis://127.0.0.1:2", &sentinels, Duration::from_millis(100)).unwrap());
+        let shared = Arc::new(
+            Shared::new("redis://127.0.0.1:2", &sentinels, &Tls::default(), Duration::from_millis(100))
+                .unwrap(),
+        );
         let started = Instant::now();
         let waiting: Vec<_> = (0..6)
             .map(|_| {

@@ -43,7 +43,7 @@ pub(crate) fn prefix_is_valid(prefix: &str) -> bool {
 }
 
 /// Whether `prefix` starts with a non-empty hash tag and holds no other brace.
-fn prefix_is_tag(prefix: &str) -> bool {
+pub(crate) fn prefix_is_tag(prefix: &str) -> bool {
     let Some(rest) = prefix.strip_prefix('{') else { return false };
     let Some((tag, after)) = rest.split_once('}') else { return false };
     !tag.is_empty() && !tag.contains('{') && !after.contains(['{', '}'])
@@ -80,6 +80,17 @@ pub(crate) fn tag(slot: u16) -> &'static str {
     });
     &tags[usize::from(slot % SLOTS)]
 }
+
+/// The answered mark of a request, next to its response topic.
+pub(crate) const ROLE_ANSWER: &str = "answer:";
+/// The refusal mark of an entry, next to its response topic.
+pub(crate) const ROLE_REFUSAL: &str = "refusal:";
+/// The mark of an answer's copy, next to the copy's topic.
+pub(crate) const ROLE_COPY: &str = "copy:";
+/// The mark of an entry's dead letter, next to the dead-letter topic.
+pub(crate) const ROLE_LETTER: &str = "letter:";
+/// Every role of a mark [`place`] names on a cluster.
+pub(crate) const MARK_ROLES: &[&str] = &[ROLE_ANSWER, ROLE_REFUSAL, ROLE_COPY, ROLE_LETTER];
 
 /// `tail` named as a key in slot `slot`, under `prefix`, with `role` in front of `tail` (see the
 /// module documentation). A prefix that is a hash tag keeps every key in its own slot, so then

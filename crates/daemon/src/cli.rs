@@ -60,6 +60,13 @@ pub enum Command {
     /// Validate the effective configuration exactly as `serve` would and print it with secrets
     /// masked; exits 64 naming every bad key.
     CheckConfig,
+    /// Print the `ACL SETUSER` line of the least-privilege Redis user this configuration needs
+    /// (its key patterns and the commands toolhost sends), with a `<password>` placeholder.
+    RedisAcl {
+        /// The Redis user name.
+        #[arg(long, default_value = crate::redis_acl::DEFAULT_USER)]
+        user: String,
+    },
     /// Exit 0 if the local daemon's HTTP endpoint answers 200, else 1 (for container health
     /// checks: needs no curl).
     Healthcheck {

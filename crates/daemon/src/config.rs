@@ -128,6 +128,12 @@ pub struct RedisSection {
     pub sentinel_password: String,
     /// How often the sentinels are asked for the master when nothing fails; 0: only on failures.
     pub sentinel_check_ms: u64,
+    /// PEM file of the CA that signed the servers' certificates, for every `rediss://`
+    /// connection; empty: the Mozilla roots.
+    pub ca_file: String,
+    /// PEM files of the client certificate and its key, for mutual TLS; empty: none.
+    pub client_cert_file: String,
+    pub client_key_file: String,
 }
 
 /// Masks the passwords, so a configuration printed with `{:?}` leaks nothing.
@@ -144,6 +150,9 @@ impl std::fmt::Debug for RedisSection {
             .field("sentinel_username", &self.sentinel_username)
             .field("sentinel_password", &mask_secret(&self.sentinel_password))
             .field("sentinel_check_ms", &self.sentinel_check_ms)
+            .field("ca_file", &self.ca_file)
+            .field("client_cert_file", &self.client_cert_file)
+            .field("client_key_file", &self.client_key_file)
             .finish()
     }
 }
@@ -160,6 +169,56 @@ impl RedisSection {
         } else {
             let sentinels: Vec<String> = self.sentinels.iter().map(|url| mask_url(url)).collect();
             format!("master {} via sentinels {}", self.sentinel_master, sentinels.join(","))
+        }
+    }
+}
+
+/// The TLS files of `[redis]`, read and checked; every problem goes to `bad`, and then the
+/// settings are left empty (the configuration is refused anyway).
+fn redis_tls(redis: &RedisSection, bad: &mut impl FnMut(&str, &str)) -> toolhost_bus::Tls {
+    let mut read = |key: &str, path: &str| -> Option<Vec<u8>> {
+        if path.is_empty() {
+            return None;
+        }
+        std::fs::read(path).map_err(|err| bad(key, &format!("cannot read {path}: {err}"))).ok()
+    };
+    let ca = read("redis.ca_file", &redis.ca_file);
+    let cert = read("redis.client_cert_file", &redis.client_cert_file);
+    let key = read("redis.client_key_file", &redis.client_key_file);
+    if redis.client_cert_file.is_empty() != redis.client_key_file.is_empty() {
+        bad("redis.client_key_file", "client_cert_file and client_key_file go together: set both or neither");
+        return toolhost_bus::Tls::default();
+    }
+    let set = [&redis.ca_file, &redis.client_cert_file].iter().any(|path| !path.is_empty());
+    let tls_url = |url: &str| url.starts_with("rediss://");
+    let uses_tls = tls_url(&redis.url)
+        || redis.cluster_nodes.iter().any(|node| tls_url(node))
+        || redis.sentinels.iter().any(|url| tls_url(url));
+    if set && !uses_tls {
+        bad(
+            if redis.ca_file.is_empty() { "redis.client_cert_file" } else { "redis.ca_file" },
+            "is set, but no connection uses TLS: write redis.url (or the sentinels or cluster nodes) as rediss://",
+        );
+        return toolhost_bus::Tls::default();
+    }
+    let ca_checked = match toolhost_bus::Tls::new(ca.clone(), None) {
+        Ok(_) => true,
+        Err(message) => {
+            bad("redis.ca_file", &format!("{}: {message}", redis.ca_file));
+            false
+        }
+    };
+    let identity = cert.zip(key);
+    match toolhost_bus::Tls::new(ca, identity) {
+        Ok(tls) => tls,
+        Err(message) => {
+            if ca_checked {
+                bad(
+                    "redis.client_cert_file",
+                    &format!("{} with {}: {message}", redis.client_cert_file, redis.client_key_file),
+                );
+            }
+            toolhost_bus::Tls::default()
         }
     }
 }
@@ -289,6 +348,8 @@ pub struct Config {
     /// `[tools.terminal] run_as`, resolved once: whom terminal commands run as (`None`: the
     /// daemon's own user).
     pub terminal_identity: Option<Identity>,
+    /// `[redis] ca_file`, `client_cert_file` and `client_key_file`, read and checked.
+    pub redis_tls: toolhost_bus::Tls,
     /// `[[http_tools]] headers` with `${VAR}` expanded, one list per tool, in order.
     pub http_headers: ExpandedHeaders,
     /// The environment hosted MCP servers start from (`${VAR}` in their settings, and the
@@ -803,6 +864,7 @@ fn validate(
     let terminal_identity = toolhost_tools::terminal::resolve_run_as(terminal.run_as.as_deref())
         .map_err(|message| bad("tools.terminal.run_as", &message))
         .unwrap_or(None);
+    let redis_tls = redis_tls(&raw.redis, &mut bad);
     let http_listen = http_listen.ok()?;
     let ms = Duration::from_millis;
     Some(Config {
@@ -815,6 +877,7 @@ fn validate(
         heartbeat: ms(raw.daemon.heartbeat_ms),
         http_idle_timeout: ms(raw.http.idle_timeout_ms),
         terminal_identity,
+        redis_tls,
         http_headers,
         mcp_env,
         warnings: Vec::new(),
@@ -843,6 +906,7 @@ impl Config {
                     .then(|| Duration::from_millis(raw.redis.sentinel_check_ms)),
             });
         }
+        options.tls = self.redis_tls.clone();
         options.maxlen = raw.streams.maxlen;
         options.response_timeout = Duration::from_millis(raw.redis.response_timeout_ms);
         // Group reads deliver larger values only as head, size and digest, so one read stays small.

@@ -122,15 +122,20 @@ impl<H: EntryHandler> GroupReader<H> {
 
     /// Creates the consumer group, retrying while Redis is unavailable or until shutdown.
     /// Returns `false` when shutdown came first.
-    pub async fn ensure_group(&self) -> bool {
+    ///
+    /// # Errors
+    /// A TLS failure that no retry mends ([`toolhost_bus::Error::Tls`]: a certificate not
+    /// trusted or refused), at once: start-up stops there rather than retry forever.
+    pub async fn ensure_group(&self) -> Result<bool, toolhost_bus::Error> {
         let mut backoff = Backoff::new();
         loop {
             match self.bus.ensure_group(&self.settings.topic, &self.settings.group).await {
-                Ok(()) => return true,
+                Ok(()) => return Ok(true),
+                Err(err @ toolhost_bus::Error::Tls(_)) => return Err(err),
                 Err(err) => {
                     redis_warn!(&err, error = %err, stream = %self.settings.topic, "cannot create consumer group; retrying");
                     if !backoff.wait(self.shutdown.stopping()).await {
-                        return false;
+                        return Ok(false);
                     }
                 }
             }

@@ -1,12 +1,15 @@
 //! The `toolhost` daemon and its command-line client.
 //!
-//! - [`cli`]: the command line (`serve`, `call`, `tools`, `check-config`, `healthcheck`, `dlq`).
+//! - [`cli`]: the command line (`serve`, `call`, `tools`, `check-config`, `healthcheck`, `dlq`,
+//!   `redis-acl`).
 //! - [`config`]: layered configuration (defaults, file, environment), validated once.
 //! - [`serve`]: builds everything from a [`config::Config`] and runs until shutdown.
 //! - `call`: the one call lifecycle every door drives: admission, the ledger, limits, the tool
 //!   run, the answer committed once, the ack.
 //! - `doors`: how calls come in: `doors::requests` (`action-requests`) and `doors::chat` (the
 //!   inbox `chat:<AGENT_NAME>`).
+//! - `host_access`: what the user commands and stdio MCP servers run as cannot reach, found at
+//!   start.
 //! - `group`: the consumer-group read and reclaim loops every door runs on.
 //! - `fleet`: what the other live replicas and toolboxes host, from their heartbeats; where a
 //!   request for a tool this replica lacks goes.
@@ -16,6 +19,7 @@
 //! - `sources`: the tool sources at run time (hosted MCP servers included) and the registry
 //!   rebuilt from them when their tools change or SIGHUP reloads the configuration.
 //! - `client`: the `call` and `tools` commands.
+//! - [`redis_acl`]: the `redis-acl` command, the least-privilege Redis user's `ACL SETUSER` line.
 //! - `dlq`: the `dlq list|replay|purge` commands over `dlq:<toolbox_id>`.
 //! - [`output`]: stdout of the client commands, quiet when the reader closes it.
 //! - [`http`]: `/healthz`, `/readyz` and `/metrics` on a thread of their own, and the
@@ -39,12 +43,14 @@ pub mod dumpable;
 mod fleet;
 mod fleet_client;
 mod group;
+mod host_access;
 pub mod http;
 pub mod logging;
 mod outage;
 pub mod output;
 mod probe;
 mod publish;
+pub mod redis_acl;
 pub mod serve;
 mod services;
 mod shutdown;

@@ -48,6 +48,16 @@ fn main() {
     if let Command::Healthcheck { path, timeout } = &cli.command {
         std::process::exit(healthcheck(&config, path, *timeout));
     }
+    if let Command::RedisAcl { user } = &cli.command {
+        match toolhost::redis_acl::setuser_line(&config, user) {
+            Ok(line) => output::text(&format!("{line}\n")),
+            Err(err) => {
+                eprintln!("toolhost: {err}");
+                std::process::exit(EXIT_CONFIG);
+            }
+        }
+        std::process::exit(0);
+    }
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     if config.raw.daemon.worker_threads > 0 {
         builder.worker_threads(config.raw.daemon.worker_threads);
@@ -96,7 +106,7 @@ fn main() {
             }
             // In the runtime: preparing the bus, as `serve` does, needs one (nothing is sent).
             Command::CheckConfig => check_config(&config),
-            Command::Healthcheck { .. } => 0,
+            Command::Healthcheck { .. } | Command::RedisAcl { .. } => 0,
         }
     });
     std::process::exit(code);

@@ -154,6 +154,9 @@ mod tests {
             sentinel_username: String::new(),
             sentinel_password: String::new(),
             sentinel_check_ms: 5000,
+            ca_file: String::new(),
+            client_cert_file: String::new(),
+            client_key_file: String::new(),
         };
         assert_eq!(hint(&section(&[], &[]).describe()), HINT);
         assert_eq!(hint(&section(&["10.0.0.1:7000"], &[]).describe()), CLUSTER_HINT);

@@ -140,6 +140,7 @@ pub(crate) fn build_registry_with(
     for name in config.raw.tools.limits.keys().filter(|name| !registry.contains(name)) {
         unknown_name(format!("tools.limits.{name}"), "no tool has this name".to_owned());
     }
+    errors.extend(crate::host_access::problems(config));
     if !errors.is_empty() {
         return Err(ConfigError(errors).into());
     }
@@ -510,9 +511,17 @@ impl App {
         tasks.spawn(probe.run(shutdown.stopping().clone()));
 
         tokio::pin!(signal);
-        let ready = tokio::select! {
-            ready = async { requests.ensure_group().await && inbox.ensure_group().await } => ready,
-            () = &mut signal => false,
+        let ready: Result<bool, toolhost_bus::Error> = tokio::select! {
+            ready = async { Ok(requests.ensure_group().await? && inbox.ensure_group().await?) } => ready,
+            () = &mut signal => Ok(false),
+        };
+        let ready = match ready {
+            Ok(ready) => ready,
+            Err(err) => {
+                error!(error = %err, redis = %raw.redis.describe(), "refusing to serve");
+                shutdown.drain(config.shutdown_grace).await;
+                return Err(anyhow::Error::new(err).context(format!("cannot reach {}", raw.redis.describe())));
+            }
         };
         if !ready {
             info!("stopped before the consumer group could be created");
@@ -690,9 +699,12 @@ async fn check_eviction_policy(bus: &dyn Bus) {
              records let a request be answered twice; set maxmemory-policy noeviction"
         ),
         Ok(_) => {}
-        Err(err) => {
-            debug!(error = %err, "cannot read maxmemory-policy (CONFIG GET refused?); eviction not checked")
-        }
+        // A least-privilege user (`toolhost redis-acl`) may not run CONFIG GET, which reads every
+        // setting, passwords included: said once at start, and serving goes on.
+        Err(err) => info!(
+            error = %err,
+            "cannot read maxmemory-policy (CONFIG GET refused?); eviction not checked: make sure it is noeviction"
+        ),
     }
 }
 

@@ -495,3 +495,77 @@ fn kubernetes_and_dockerfile_match_the_configuration() {
         "a failing ExecStartPre= is restarted forever, whatever RestartPreventExitStatus= says"
     );
 }
+
+/// A root daemon runs commands as `nobody`: a working directory or program that user cannot
+/// reach is refused by `check-config` and `serve` at start, naming the path, the user and the fix,
+/// and one it can reach passes without a word.
+#[test]
+fn paths_the_commands_user_cannot_reach_are_refused_at_start_with_the_fix() {
+    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+    let chmod = |path: &Path, mode: u32| {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap()
+    };
+    let dir = temp_dir("host-access");
+    chmod(&dir, 0o755);
+    let (closed, open) = (dir.join("closed"), dir.join("open"));
+    let work = closed.join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    std::fs::create_dir_all(&open).unwrap();
+    for place in [&closed, &open] {
+        std::fs::write(place.join("tool.sh"), "#!/bin/sh\necho hi\n").unwrap();
+        chmod(&place.join("tool.sh"), 0o755);
+    }
+    chmod(&work, 0o755);
+    chmod(&open, 0o755);
+    chmod(&closed, 0o700);
+    let config = |place: &Path, cwd: &Path| {
+        format!(
+            "[tools.terminal]\nsandbox_cwd = \"{cwd}\"\n\n[[commands]]\nname = \"hello\"\ndescription = \"says hi\"\n\
+             argv = [\"{program}\"]\ncwd = \"{cwd}\"\n\n[[mcp_servers]]\nname = \"files\"\ncommand = \"{program}\"\n",
+            cwd = cwd.display(),
+            program = place.join("tool.sh").display()
+        )
+    };
+    let closed_toml = dir.join("closed.toml");
+    std::fs::write(&closed_toml, config(&closed, &work)).unwrap();
+    let open_toml = dir.join("open.toml");
+    std::fs::write(&open_toml, config(&open, &open)).unwrap();
+    let env = [("REDIS_URL", "redis://127.0.0.1:1")];
+
+    // Only a root daemon switches user; /proc/self belongs to this process's effective user.
+    let root = std::fs::metadata("/proc/self").unwrap().uid() == 0;
+    for command in ["check-config", "serve"] {
+        let output = toolhost(&[command, "--config", closed_toml.to_str().unwrap()], &env);
+        let out = text(&output);
+        if !root {
+            // Commands run as the daemon's own user, which is the operator's to check.
+            assert!(!out.contains("cannot enter"), "{out}");
+            continue;
+        }
+        assert_eq!(output.status.code(), Some(64), "{command}: {out}");
+        for expected in [
+            format!(
+                "tools.terminal.sandbox_cwd: nobody (uid 65534, gid 65534) cannot enter {}",
+                work.display()
+            ),
+            format!("cannot pass through {}", closed.display()),
+            format!("`chmod o+x {}`", closed.display()),
+            format!("commands[0].cwd: nobody (uid 65534, gid 65534) cannot enter {}", work.display()),
+            format!(
+                "commands[0].argv[0]: nobody (uid 65534, gid 65534) cannot run {}",
+                closed.join("tool.sh").display()
+            ),
+            format!(
+                "mcp_servers[0].command: nobody (uid 65534, gid 65534) cannot run {}",
+                closed.join("tool.sh").display()
+            ),
+        ] {
+            assert!(out.contains(&expected), "{command}: {expected} missing from {out}");
+        }
+    }
+    let output = toolhost(&["check-config", "--config", open_toml.to_str().unwrap()], &env);
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output));
+    assert!(!text(&output).contains("cannot"), "{}", text(&output));
+    chmod(&closed, 0o755);
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -38,16 +38,9 @@ use crate::batch::Batcher;
 use crate::bus::{CallKeys, Committed, Finish};
 use crate::connection::Connection;
 use crate::error::Cause;
+use crate::slots::{ROLE_ANSWER, ROLE_COPY, ROLE_LETTER, ROLE_REFUSAL};
 use crate::{Error, slots};
 
-/// The answered mark of a request, next to its response topic.
-const ROLE_ANSWER: &str = "answer:";
-/// The refusal mark of an entry, next to its response topic.
-const ROLE_REFUSAL: &str = "refusal:";
-/// The mark of an answer's copy, next to the copy's topic.
-const ROLE_COPY: &str = "copy:";
-/// The mark of an entry's dead letter, next to the dead-letter topic.
-const ROLE_LETTER: &str = "letter:";
 /// How long a dead letter's mark is kept at least: it only has to outlive the entry's last
 /// redelivery.
 const LETTER_MARK_TTL: Duration = Duration::from_secs(24 * 3600);

@@ -43,6 +43,7 @@
 //! `exec` module for how the group is killed on timeout, after exit and on
 //! cancellation.
 
+pub mod access;
 pub(crate) mod exec;
 mod identity;
 pub(crate) mod parse;
