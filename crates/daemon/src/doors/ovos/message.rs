@@ -42,7 +42,11 @@ pub(crate) enum Defect {
 
 impl BusMessage {
     /// A message of `msg_type` with `data` and `context`.
-    pub(crate) fn new(msg_type: impl Into<String>, data: Map<String, Value>, context: Map<String, Value>) -> Self {
+    pub(crate) fn new(
+        msg_type: impl Into<String>,
+        data: Map<String, Value>,
+        context: Map<String, Value>,
+    ) -> Self {
         BusMessage { msg_type: msg_type.into(), data, context }
     }
 
@@ -171,7 +175,9 @@ mod tests {
         let request = BusMessage::new(
             "q",
             Map::new(),
-            object(json!({"source": "persona", "destination": "tools", "session": {"session_id": "s-1"}, "x": [1]})),
+            object(
+                json!({"source": "persona", "destination": "tools", "session": {"session_id": "s-1"}, "x": [1]}),
+            ),
         );
         let reply = request.response(object(json!({"result": 1})));
         assert_eq!(reply.msg_type, "q.response");
@@ -182,7 +188,8 @@ mod tests {
         // Only a source: nothing to swap.
         let request = BusMessage::new("q", Map::new(), object(json!({"source": "persona"})));
         assert_eq!(Value::Object(request.response(Map::new()).context), json!({"source": "persona"}));
-        let frame: Value = serde_json::from_str(&request.response(object(json!({"a": 1}))).serialize()).unwrap();
+        let frame: Value =
+            serde_json::from_str(&request.response(object(json!({"a": 1}))).serialize()).unwrap();
         assert_eq!(frame, json!({"type": "q.response", "data": {"a": 1}, "context": {"source": "persona"}}));
     }
 
@@ -194,8 +201,10 @@ mod tests {
                 .map(python_type)
                 .collect();
         assert_eq!(types, ["NoneType", "bool", "int", "float", "str", "list", "dict"]);
-        let strings: Vec<String> =
-            [json!(null), json!(false), json!(5), json!(5.0), json!(0.25), json!("n")].iter().map(python_str).collect();
+        let strings: Vec<String> = [json!(null), json!(false), json!(5), json!(5.0), json!(0.25), json!("n")]
+            .iter()
+            .map(python_str)
+            .collect();
         assert_eq!(strings, ["None", "False", "5", "5.0", "0.25", "n"]);
     }
 }

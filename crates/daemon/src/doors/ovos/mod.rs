@@ -67,7 +67,8 @@ pub(crate) async fn start(
         reporter.set_door("ovos", down, serde_json::to_value(status).unwrap_or_default());
     });
     let link_stop = stop.child_token();
-    let (link, mut events) = Link::start("door", &settings.url, settings.max_frame_bytes, on_change, link_stop);
+    let (link, mut events) =
+        Link::start("door", &settings.url, settings.max_frame_bytes, on_change, link_stop);
     let toolbox_id = config.raw.daemon.toolbox_id.clone();
     // Validated when the configuration was loaded.
     let tools = settings.tools.iter().filter_map(|pattern| glob::Pattern::new(pattern).ok()).collect();

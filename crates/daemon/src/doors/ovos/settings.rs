@@ -86,9 +86,10 @@ impl Settings {
                         crate::config::mask_url(url)
                     ),
                 );
-            } else if url.parse::<tokio_tungstenite::tungstenite::http::Uri>().map_or(true, |uri| {
-                uri.scheme_str() != Some("ws") || uri.host().is_none_or(str::is_empty)
-            }) {
+            } else if url
+                .parse::<tokio_tungstenite::tungstenite::http::Uri>()
+                .map_or(true, |uri| uri.scheme_str() != Some("ws") || uri.host().is_none_or(str::is_empty))
+            {
                 bad(
                     "url",
                     format!(

@@ -230,7 +230,8 @@ pub(crate) fn answer_of(result: &ResultData, tool: &str, toolbox_id: &str) -> Re
     let details = result.details.as_ref();
     Err(match result.error_code {
         Some(ErrorCode::InvalidArguments) => {
-            let mut text = format!("ValueError: Tool input validation failed for '{tool}' in ToolBox '{toolbox_id}'");
+            let mut text =
+                format!("ValueError: Tool input validation failed for '{tool}' in ToolBox '{toolbox_id}'");
             let errors = details.and_then(|details| details.get("errors")).and_then(Value::as_array);
             let pointers: Vec<String> = errors
                 .into_iter()
@@ -239,8 +240,10 @@ pub(crate) fn answer_of(result: &ResultData, tool: &str, toolbox_id: &str) -> Re
                     let pointer =
                         error.get("pointer").and_then(Value::as_str).filter(|p| !p.is_empty()).unwrap_or("/");
                     let rule = error.get("rule").and_then(Value::as_str).unwrap_or("?");
-                    let message = error.get("message").and_then(Value::as_str).unwrap_or_default();
-                    format!("at {pointer} (rule {rule}): {message}")
+                    match error.get("message").and_then(Value::as_str).filter(|m| !m.is_empty()) {
+                        Some(message) => format!("{message} (rule {rule})"),
+                        None => format!("at {pointer} (rule {rule})"),
+                    }
                 })
                 .collect();
             if pointers.is_empty() {
@@ -254,7 +257,9 @@ pub(crate) fn answer_of(result: &ResultData, tool: &str, toolbox_id: &str) -> Re
         code => {
             let code = code.map_or("internal", ErrorCode::as_str);
             let mut text = format!("RuntimeError: {code}: {sentence}");
-            if let Some(retry) = details.and_then(|details| details.get("retry_after_ms")).and_then(Value::as_u64) {
+            if let Some(retry) =
+                details.and_then(|details| details.get("retry_after_ms")).and_then(Value::as_u64)
+            {
                 text.push_str(&format!(" (retry after {retry} ms)"));
             }
             text
@@ -286,24 +291,32 @@ mod tests {
     fn answers_become_the_references_result_and_error_strings() {
         let ok = answer(json!({"request_id": "r", "success": true, "result": {"a": 1}}));
         assert_eq!(answer_of(&ok, "t", "th"), Ok(json!({"a": 1})));
-        let invalid = answer(json!({"request_id": "r", "success": false, "error": "bad", "error_code": "invalid_arguments",
-            "details": {"errors": [{"pointer": "/message", "rule": "type", "message": "5 is not of type \"string\""},
-                                   {"pointer": "", "rule": "required", "message": "\"x\" is a required property"}]}}));
+        let invalid = answer(
+            json!({"request_id": "r", "success": false, "error": "bad", "error_code": "invalid_arguments",
+            "details": {"errors": [{"pointer": "/message", "rule": "type", "message": "argument '/message': 5 is not of type \"string\""},
+                                   {"pointer": "", "rule": "required"}]}}),
+        );
         assert_eq!(
             answer_of(&invalid, "echo", "th"),
-            Err("ValueError: Tool input validation failed for 'echo' in ToolBox 'th': at /message (rule type): \
-                 5 is not of type \"string\"; at / (rule required): \"x\" is a required property"
+            Err("ValueError: Tool input validation failed for 'echo' in ToolBox 'th': argument '/message': \
+                 5 is not of type \"string\" (rule type); at / (rule required)"
                 .to_owned())
         );
-        let unknown = answer(json!({"request_id": "r", "success": false, "error": "no", "error_code": "unknown_tool"}));
-        assert_eq!(answer_of(&unknown, "gone", "th"), Err("ValueError: Unknown tool 'gone' for ToolBox 'th'.".to_owned()));
+        let unknown =
+            answer(json!({"request_id": "r", "success": false, "error": "no", "error_code": "unknown_tool"}));
+        assert_eq!(
+            answer_of(&unknown, "gone", "th"),
+            Err("ValueError: Unknown tool 'gone' for ToolBox 'th'.".to_owned())
+        );
         let overloaded = answer(json!({"request_id": "r", "success": false, "error": "the queue is full",
             "error_code": "overloaded", "details": {"retry_after_ms": 250}}));
         assert_eq!(
             answer_of(&overloaded, "t", "th"),
             Err("RuntimeError: overloaded: the queue is full (retry after 250 ms)".to_owned())
         );
-        let timeout = answer(json!({"request_id": "r", "success": false, "error": "ran past 100 ms", "error_code": "timeout"}));
+        let timeout = answer(
+            json!({"request_id": "r", "success": false, "error": "ran past 100 ms", "error_code": "timeout"}),
+        );
         assert_eq!(answer_of(&timeout, "t", "th"), Err("RuntimeError: timeout: ran past 100 ms".to_owned()));
         assert_eq!(
             failure_text("t", &CallFailure::NoAnswer(Duration::from_millis(1500))),
