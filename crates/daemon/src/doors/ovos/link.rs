@@ -43,6 +43,8 @@ pub(crate) enum LinkEvent {
     Connected,
     /// A message arrived.
     Message(BusMessage),
+    /// The connection was lost (it is opened again).
+    Disconnected,
 }
 
 /// The state of a link, for `/status` and `/readyz`.
@@ -187,6 +189,9 @@ impl Link {
                     warn!(role = self.role, url = %self.masked, error = %why, "OVOS messagebus connection lost; connecting again");
                     self.set_error(why);
                     self.changed();
+                    if events.send(LinkEvent::Disconnected).await.is_err() {
+                        return;
+                    }
                     if opened_at.elapsed() >= STABLE_AFTER {
                         backoff.reset();
                     }

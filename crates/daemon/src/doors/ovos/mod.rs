@@ -93,6 +93,7 @@ pub(crate) async fn start(
                 event = events.recv() => match event {
                     Some(LinkEvent::Connected) => door.announce(),
                     Some(LinkEvent::Message(message)) => door.on_message(message),
+                    Some(LinkEvent::Disconnected) => {}
                     None => break,
                 },
                 changed = changes.changed() => {
