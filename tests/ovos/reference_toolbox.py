@@ -12,6 +12,7 @@ import sys
 import time
 
 from ovos_bus_client import Message, MessageBusClient
+from pydantic import field_validator
 from ovos_plugin_manager.templates.agent_tools import AgentTool, ToolArguments, ToolBox, ToolOutput
 
 
@@ -32,6 +33,23 @@ class AddOutput(ToolOutput):
     sum: int
 
 
+class DivideArgs(ToolArguments):
+    a: int
+    b: int
+
+    # A rule the JSON Schema does not carry: only the toolbox itself refuses b = 0.
+    @field_validator("b")
+    @classmethod
+    def not_zero(cls, b: int) -> int:
+        if b == 0:
+            raise ValueError("b must not be 0")
+        return b
+
+
+class DivideOutput(ToolOutput):
+    quotient: float
+
+
 class NapArgs(ToolArguments):
     seconds: float
 
@@ -48,6 +66,10 @@ def add(args: AddArgs) -> dict:
     return {"sum": args.a + args.b}
 
 
+def divide(args: DivideArgs) -> dict:
+    return {"quotient": args.a / args.b}
+
+
 def nap(args: NapArgs) -> dict:
     time.sleep(args.seconds)
     return {"slept": args.seconds}
@@ -62,6 +84,7 @@ class ReferenceToolBox(ToolBox):
         return [
             AgentTool("echo", "Return the message.", EchoArgs, EchoOutput, echo),
             AgentTool("add", "Add two integers.", AddArgs, AddOutput, add),
+            AgentTool("divide", "Divide a by b.", DivideArgs, DivideOutput, divide),
             AgentTool("nap", "Sleep a while.", NapArgs, NapOutput, nap),
             AgentTool("broken", "Answer with the wrong shape.", EchoArgs, EchoOutput, broken),
         ]

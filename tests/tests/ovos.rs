@@ -448,3 +448,117 @@ fn the_door_reconnects_after_the_bus_restarts_and_a_call_cut_by_it_reached_redis
     assert_eq!(status["doors"]["ovos"]["reconnects"], 1, "{status}");
     assert_eq!(requests_of(&redis, "nap"), 1, "nothing was sent twice");
 }
+
+/// Runs the toolhost CLI with `config`; returns its exit code and stdout (stderr after it when
+/// stdout is empty).
+fn cli(redis: &RedisProcess, config: &Path, args: &[&str]) -> (i32, String) {
+    let output = Command::new(toolhost_e2e::toolhost_bin())
+        .args(args)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("REDIS_URL", redis.url())
+        .env("TOOLHOST_CONFIG", config)
+        .output()
+        .expect("run the toolhost CLI");
+    let mut stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    if stdout.trim().is_empty() {
+        stdout = String::from_utf8_lossy(&output.stderr).into_owned();
+    }
+    (output.status.code().unwrap_or(-1), stdout)
+}
+
+/// `toolhost call`: the result, or the error object.
+fn call(redis: &RedisProcess, config: &Path, tool: &str, arguments: Value) -> Value {
+    let (_, stdout) =
+        cli(redis, config, &["call", tool, "--args", &arguments.to_string(), "--timeout", "20s"]);
+    serde_json::from_str(stdout.trim()).unwrap_or_else(|_| json!({"unparsed": stdout}))
+}
+
+#[test]
+fn a_reference_toolboxs_tools_are_hosted_called_over_redis_and_answer_overloaded_while_it_is_gone() {
+    let redis = RedisProcess::start(&[]);
+    let bus = Bus::start();
+    let dir = temp_dir("ovos");
+    let mut reference = Some(Reference::start(&bus, "ref", &[]));
+    // A toolbox that answers every call and every discovery 50 times.
+    let _flood = Reference::start(&bus, "flood", &["--flood", "50"]);
+    let th = toolhost(&redis, &bus, &dir, "th", 3_000, "host_toolboxes = [\"*\"]\nrediscover_ms = 500");
+    let config = dir.join("th.toml");
+
+    wait_for("the hosted toolboxes' tools in `toolhost tools`", Duration::from_secs(20), || {
+        let (_, listed) = cli(&redis, &config, &["tools"]);
+        listed.contains("ovos__ref__echo") && listed.contains("ovos__flood__echo")
+    });
+    let (code, listed) = cli(&redis, &config, &["tools"]);
+    assert_eq!(code, 0);
+    for name in ["ovos__ref__add", "ovos__ref__divide", "ovos__ref__nap", "ovos__ref__broken"] {
+        assert!(listed.contains(name), "{name} listed: {listed}");
+    }
+    // toolhost never hosts its own toolbox: its door answered the source's discovery as `th`,
+    // and no `ovos__th__*` tool came of it.
+    assert!(!listed.contains("ovos__th__"), "no loop: {listed}");
+    th.wait_for_log("OVOS toolbox listed its tools", Duration::from_secs(5));
+
+    // Called over Redis, answered by the Python toolbox on the bus.
+    assert_eq!(call(&redis, &config, "ovos__ref__add", json!({"a": 2, "b": 3})), json!({"sum": 5}));
+    assert_eq!(call(&redis, &config, "ovos__ref__echo", json!({"message": "hi"})), json!({"message": "hi"}));
+    // toolhost validates strictly against the toolbox's JSON Schema: "5" is not an integer here,
+    // though the toolbox's pydantic would take it.
+    let strict = call(&redis, &config, "ovos__ref__add", json!({"a": "5", "b": 3}));
+    assert_eq!(strict["error_code"], "invalid_arguments", "{strict}");
+    // A rule only the toolbox knows: its validation error is tool_failed, with its text.
+    let refused = call(&redis, &config, "ovos__ref__divide", json!({"a": 1, "b": 0}));
+    assert_eq!(refused["error_code"], "tool_failed", "{refused}");
+    assert_eq!(
+        refused["error"], "ValueError: Tool input validation failed for 'divide' in ToolBox 'ref'",
+        "{refused}"
+    );
+    let broken = call(&redis, &config, "ovos__ref__broken", json!({"message": "x"}));
+    assert_eq!(broken["error_code"], "tool_failed", "{broken}");
+    assert!(
+        broken["error"].as_str().unwrap().starts_with("RuntimeError: Tool output validation failed"),
+        "{broken}"
+    );
+    // No reply within the tool's timeout ([ovos] call_timeout_ms, 3 s).
+    let slow = call(&redis, &config, "ovos__ref__nap", json!({"seconds": 10}));
+    assert_eq!(slow["error_code"], "timeout", "{slow}");
+
+    // A flood of replies: the call is answered once, the rest dropped and counted.
+    assert_eq!(
+        call(&redis, &config, "ovos__flood__echo", json!({"message": "once"})),
+        json!({"message": "once"})
+    );
+    th.wait_for_log("replied again to an answered call", Duration::from_secs(5));
+    assert_eq!(
+        call(&redis, &config, "ovos__ref__echo", json!({"message": "still"})),
+        json!({"message": "still"})
+    );
+
+    // The door does not show the hosted tools on the bus again (they are there already).
+    let door =
+        scenario(&bus, &["call", &bus.port.to_string(), "th", "ovos__ref__echo", r#"{"message": "x"}"#]);
+    assert_eq!(
+        door["data"]["error"], "ValueError: Unknown tool 'ovos__ref__echo' for ToolBox 'th'.",
+        "{door}"
+    );
+
+    // The toolbox dies: after a discovery it does not answer, its tools answer overloaded.
+    drop(reference.take());
+    let mut gone = Value::Null;
+    wait_for("overloaded while the toolbox is gone", Duration::from_secs(15), || {
+        gone = call(&redis, &config, "ovos__ref__echo", json!({"message": "gone"}));
+        gone["error_code"] == "overloaded"
+    });
+    assert!(gone["details"]["retry_after_ms"].as_u64().is_some(), "{gone}");
+    let (_, status) = get(http_port(&th), "/status");
+    let state =
+        status["sources"].as_array().unwrap().iter().find(|source| source["name"] == "ovos:ref").cloned();
+    assert_eq!(state.as_ref().map(|state| state["up"].clone()), Some(json!(false)), "{status}");
+
+    // It comes back: it serves again.
+    reference = Some(Reference::start(&bus, "ref", &[]));
+    wait_for("the toolbox serving again", Duration::from_secs(15), || {
+        call(&redis, &config, "ovos__ref__echo", json!({"message": "back"})) == json!({"message": "back"})
+    });
+    drop(reference);
+}

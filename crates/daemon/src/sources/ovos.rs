@@ -268,7 +268,11 @@ impl Inner {
                     let extra = self.extra_replies.fetch_add(1, Ordering::Relaxed) + 1;
                     // A flood logs its first reply and then one in a thousand.
                     if extra == 1 || extra % 1000 == 0 {
-                        warn!(call, extra_replies = extra, "an OVOS toolbox replied again to an answered call; dropped");
+                        warn!(
+                            call,
+                            extra_replies = extra,
+                            "an OVOS toolbox replied again to an answered call; dropped"
+                        );
                     }
                 }
             }
@@ -340,7 +344,9 @@ impl Inner {
                 return Err(format!("its tools '{other}' and '{original}' both map to '{name}'"));
             }
             if let Some(other) = taken.get(&name) {
-                return Err(format!("its tool '{original}' maps to '{name}', which toolbox '{other}' serves"));
+                return Err(format!(
+                    "its tool '{original}' maps to '{name}', which toolbox '{other}' serves"
+                ));
             }
             let schema = |key: &str| match entry.get(key) {
                 Some(schema @ Value::Object(_)) => schema.clone(),
