@@ -267,7 +267,7 @@ impl Inner {
                 None => {
                     let extra = self.extra_replies.fetch_add(1, Ordering::Relaxed) + 1;
                     // A flood logs its first reply and then one in a thousand.
-                    if extra == 1 || extra % 1000 == 0 {
+                    if extra == 1 || extra.is_multiple_of(1000) {
                         warn!(
                             call,
                             extra_replies = extra,
@@ -461,4 +461,122 @@ impl Drop for Forget<'_> {
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A source whose link never connects (nothing listens on the port), with `wanted`.
+    fn source(wanted: &[&str]) -> (Arc<Inner>, mpsc::UnboundedReceiver<McpEvent>, CancellationToken) {
+        let stop = CancellationToken::new();
+        let (link, _events) =
+            Link::start("source", "ws://127.0.0.1:9/core", 1 << 20, Box::new(|_| {}), stop.clone());
+        let (events, receiver) = mpsc::unbounded_channel();
+        let wanted = if wanted.contains(&"*") {
+            Wanted::All
+        } else {
+            Wanted::Some(wanted.iter().map(|id| (*id).to_owned()).collect())
+        };
+        let inner = Arc::new(Inner {
+            own_id: "th".to_owned(),
+            wanted,
+            link,
+            toolboxes: Mutex::new(BTreeMap::new()),
+            pending: Mutex::new(HashMap::new()),
+            extra_replies: AtomicU64::new(0),
+            discovered_at: Mutex::new(None),
+            rediscover: Duration::from_millis(500),
+            call_timeout: Duration::from_secs(3),
+            events,
+        });
+        (inner, receiver, stop)
+    }
+
+    fn listing(toolbox_id: &str, names: &[&str]) -> Map<String, Value> {
+        let tools: Vec<Value> = names
+            .iter()
+            .map(|name| {
+                json!({"name": name, "description": "d", "toolbox_id": toolbox_id,
+                       "argument_schema": {"type": "object", "properties": {"a": {"type": "integer"}}},
+                       "output_schema": {"type": "object"}})
+            })
+            .collect();
+        json!({"toolbox_id": toolbox_id, "tools": tools}).as_object().cloned().unwrap()
+    }
+
+    fn names(inner: &Inner) -> Vec<String> {
+        let toolboxes = lock(&inner.toolboxes);
+        let mut names: Vec<String> = toolboxes
+            .values()
+            .flat_map(|toolbox| toolbox.tools.iter().map(|tool| tool.spec().name))
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[tokio::test]
+    async fn the_own_toolbox_is_never_hosted_even_for_a_star() {
+        let (inner, _events, stop) = source(&["*"]);
+        inner.listed(&listing("th", &["echo"]));
+        inner.listed(&listing("bad id!", &["echo"]));
+        assert!(names(&inner).is_empty());
+        inner.listed(&listing("weather", &["forecast"]));
+        assert_eq!(names(&inner), ["ovos__weather__forecast"]);
+        let (listed_only, _events, stop2) = source(&["weather"]);
+        listed_only.listed(&listing("news", &["headlines"]));
+        assert!(names(&listed_only).is_empty(), "only the listed toolboxes are hosted");
+        stop.cancel();
+        stop2.cancel();
+    }
+
+    #[tokio::test]
+    async fn names_follow_the_rule_and_a_colliding_listing_is_refused_whole() {
+        let (inner, mut events, stop) = source(&["*"]);
+        inner.listed(&listing("home.lights", &["turn on", "status"]));
+        assert_eq!(names(&inner), ["ovos__home_lights__status", "ovos__home_lights__turn_on"]);
+        assert_eq!(events.try_recv().ok(), Some(McpEvent::Up { source: "ovos:home.lights".to_owned() }));
+        assert_eq!(
+            events.try_recv().ok(),
+            Some(McpEvent::ToolsChanged { source: "ovos:home.lights".to_owned() })
+        );
+        // Another toolbox whose names map onto the same ones: refused, the first keeps its tools.
+        inner.listed(&listing("home_lights", &["status"]));
+        // One listing with two names that map to one.
+        inner.listed(&listing("twins", &["a b", "a_b"]));
+        assert_eq!(names(&inner), ["ovos__home_lights__status", "ovos__home_lights__turn_on"]);
+        let toolboxes = lock(&inner.toolboxes);
+        assert_eq!(toolboxes["home_lights"].rejected_lists, 1);
+        assert!(toolboxes["twins"].last_error.as_deref().unwrap().contains("both map to 'ovos__twins__a_b'"));
+        drop(toolboxes);
+        // The same listing again changes nothing.
+        while events.try_recv().is_ok() {}
+        inner.listed(&listing("home.lights", &["turn on", "status"]));
+        assert!(events.try_recv().is_err());
+        stop.cancel();
+    }
+
+    #[tokio::test]
+    async fn a_toolbox_that_misses_a_discovery_is_down_and_its_tools_answer_overloaded() {
+        let (inner, mut events, stop) = source(&["*"]);
+        inner.listed(&listing("weather", &["forecast"]));
+        while events.try_recv().is_ok() {}
+        *lock(&inner.discovered_at) = Some(Instant::now() + Duration::from_millis(1));
+        inner.expire();
+        assert!(matches!(events.try_recv(), Ok(McpEvent::Down { .. })));
+        assert!(!inner.is_up("weather"));
+        let tool = lock(&inner.toolboxes)["weather"].tools[0].clone();
+        let context = Context::default();
+        match tool.call(json!({"a": 1}), &context).await {
+            Err(ToolError::Unavailable { retry_after, .. }) => {
+                assert_eq!(retry_after, Duration::from_millis(500))
+            }
+            other => panic!("expected overloaded, got {other:?}"),
+        }
+        // It answers a discovery: up again, tools unchanged.
+        inner.listed(&listing("weather", &["forecast"]));
+        assert!(inner.is_up("weather"));
+        assert_eq!(events.try_recv().ok(), Some(McpEvent::Up { source: "ovos:weather".to_owned() }));
+        stop.cancel();
+    }
 }

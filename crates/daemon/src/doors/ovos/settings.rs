@@ -150,3 +150,47 @@ pub(crate) fn valid_toolbox_id(id: &str) -> bool {
         && id.len() <= 64
         && id.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+    use crate::config::Config;
+
+    fn errors(change: impl FnOnce(&mut Settings)) -> Vec<String> {
+        let raw = Config::load(None, &HashMap::new()).unwrap().raw;
+        let mut settings = Settings { url: "ws://127.0.0.1:8181/core".to_owned(), ..Settings::default() };
+        change(&mut settings);
+        settings.validate(&raw).into_iter().map(|error| format!("{}: {}", error.key, error.message)).collect()
+    }
+
+    #[test]
+    fn bad_keys_are_named_and_the_own_toolbox_cannot_be_hosted() {
+        assert!(errors(|_| {}).is_empty());
+        assert!(
+            errors(|settings| settings.host_toolboxes = vec!["*".to_owned(), "weather.v2".to_owned()])
+                .is_empty()
+        );
+        let found = errors(|settings| settings.url = "wss://bus.example/core".to_owned());
+        assert!(
+            found[0].starts_with("ovos.url: ") && found[0].contains("wss:// is not supported"),
+            "{found:?}"
+        );
+        let found = errors(|settings| settings.url = "http://127.0.0.1:8181/core".to_owned());
+        assert!(found[0].starts_with("ovos.url: "), "{found:?}");
+        let found = errors(|settings| settings.max_frame_bytes = 10);
+        assert!(found[0].starts_with("ovos.max_frame_bytes: "), "{found:?}");
+        let found = errors(|settings| settings.call_timeout_ms = 0);
+        assert!(found[0].starts_with("ovos.call_timeout_ms: "), "{found:?}");
+        let found = errors(|settings| settings.host_toolboxes = vec!["toolhost".to_owned()]);
+        assert!(found[0].contains("this toolbox's own id"), "{found:?}");
+        let found = errors(|settings| settings.host_toolboxes = vec!["a b".to_owned()]);
+        assert!(found[0].starts_with("ovos.host_toolboxes[0]: "), "{found:?}");
+        let found = errors(|settings| {
+            settings.url = String::new();
+            settings.host_toolboxes = vec!["weather".to_owned()];
+        });
+        assert!(found[0].contains("needs ovos.url"), "{found:?}");
+    }
+}
