@@ -16,28 +16,15 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use toolhost_e2e::{RedisProcess, Toolhost, free_port, temp_dir};
+use toolhost_e2e::{RedisProcess, Toolhost, free_port, temp_dir, user};
 
 /// The venv with the bus, its client and the plugin manager.
 fn venv() -> PathBuf {
-    let venv = std::env::var_os("TOOLHOST_OVOS_VENV").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/toolhost/venv-ovos")
-    });
-    assert!(
-        venv.join("bin/python").exists(),
-        "{} is missing: run scripts/ensure-ovos-venv.sh (`just test-ovos` does)",
-        venv.display()
-    );
-    venv
+    toolhost_e2e::venv("TOOLHOST_OVOS_VENV", "venv-ovos", "ensure-ovos-venv.sh", "test-ovos")
 }
 
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("ovos").join(name)
-}
-
-/// The user running the tests: a root daemon runs commands as `nobody` otherwise.
-fn user() -> String {
-    std::env::var("USER").ok().filter(|user| !user.is_empty()).unwrap_or_else(|| "root".to_owned())
+    toolhost_e2e::fixture("ovos", name)
 }
 
 /// A Python process of the venv with the OVOS configuration of `dir` (its XDG directories), so

@@ -99,25 +99,15 @@ impl OvosSource {
         if !settings.enabled() || settings.host_toolboxes.is_empty() {
             return None;
         }
-        let wanted = if settings.host_toolboxes.iter().any(|toolbox| toolbox == "*") {
-            Wanted::All
-        } else {
-            Wanted::Some(settings.host_toolboxes.iter().cloned().collect())
-        };
         let (link, mut link_events) =
             Link::start("source", &settings.url, settings.max_frame_bytes, Box::new(|_| {}), stop.clone());
-        let inner = Arc::new(Inner {
-            own_id: own_id.to_owned(),
-            wanted,
+        let inner = Inner::new(
+            own_id,
+            Wanted::of(&settings.host_toolboxes),
             link,
-            toolboxes: Mutex::new(BTreeMap::new()),
-            pending: Mutex::new(HashMap::new()),
-            extra_replies: AtomicU64::new(0),
-            discovered_at: Mutex::new(None),
-            rediscover: settings.rediscover(),
-            call_timeout: settings.call_timeout(),
+            (settings.rediscover(), settings.call_timeout()),
             events,
-        });
+        );
         // The first connection and the listings that answer its discovery within the window.
         let deadline = tokio::time::Instant::now() + FIRST_DISCOVERY;
         while let Ok(Some(event)) = tokio::time::timeout_at(deadline, link_events.recv()).await {
@@ -186,7 +176,37 @@ async fn run(inner: Arc<Inner>, mut events: mpsc::Receiver<LinkEvent>, stop: Can
     }
 }
 
+impl Wanted {
+    /// The toolboxes `host_toolboxes` names; `"*"` among them is all.
+    fn of(ids: &[String]) -> Wanted {
+        if ids.iter().any(|id| id == "*") { Wanted::All } else { Wanted::Some(ids.iter().cloned().collect()) }
+    }
+}
+
 impl Inner {
+    /// A source of `own_id` over `link`; `periods` is the rediscovery period and the calls'
+    /// timeout.
+    fn new(
+        own_id: &str,
+        wanted: Wanted,
+        link: Arc<Link>,
+        periods: (Duration, Duration),
+        events: mpsc::UnboundedSender<McpEvent>,
+    ) -> Arc<Inner> {
+        Arc::new(Inner {
+            own_id: own_id.to_owned(),
+            wanted,
+            link,
+            toolboxes: Mutex::new(BTreeMap::new()),
+            pending: Mutex::new(HashMap::new()),
+            extra_replies: AtomicU64::new(0),
+            discovered_at: Mutex::new(None),
+            rediscover: periods.0,
+            call_timeout: periods.1,
+            events,
+        })
+    }
+
     fn handle(self: &Arc<Self>, event: LinkEvent) {
         match event {
             LinkEvent::Connected => self.discover(),
@@ -473,23 +493,9 @@ mod tests {
         let (link, _events) =
             Link::start("source", "ws://127.0.0.1:9/core", 1 << 20, Box::new(|_| {}), stop.clone());
         let (events, receiver) = mpsc::unbounded_channel();
-        let wanted = if wanted.contains(&"*") {
-            Wanted::All
-        } else {
-            Wanted::Some(wanted.iter().map(|id| (*id).to_owned()).collect())
-        };
-        let inner = Arc::new(Inner {
-            own_id: "th".to_owned(),
-            wanted,
-            link,
-            toolboxes: Mutex::new(BTreeMap::new()),
-            pending: Mutex::new(HashMap::new()),
-            extra_replies: AtomicU64::new(0),
-            discovered_at: Mutex::new(None),
-            rediscover: Duration::from_millis(500),
-            call_timeout: Duration::from_secs(3),
-            events,
-        });
+        let wanted: Vec<String> = wanted.iter().map(|id| (*id).to_owned()).collect();
+        let periods = (Duration::from_millis(500), Duration::from_secs(3));
+        let inner = Inner::new("th", Wanted::of(&wanted), link, periods, events);
         (inner, receiver, stop)
     }
 
