@@ -8,6 +8,7 @@ Prints `ready` on stdout once bound, then serves until killed. With `--flood N` 
 answered N times and every discovery N times: a misbehaving toolbox for the source's tests.
 """
 
+import os
 import sys
 import time
 
@@ -71,6 +72,10 @@ def divide(args: DivideArgs) -> dict:
 
 
 def nap(args: NapArgs) -> dict:
+    # The tests wait for this mark to know the call reached the toolbox.
+    if os.environ.get("NAP_MARK"):
+        with open(os.environ["NAP_MARK"], "a") as mark:
+            mark.write("nap\n")
     time.sleep(args.seconds)
     return {"slept": args.seconds}
 

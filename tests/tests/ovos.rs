@@ -125,7 +125,20 @@ struct Reference {
 
 impl Reference {
     fn start(bus: &Bus, toolbox_id: &str, extra: &[&str]) -> Reference {
-        let mut child = python(&bus.dir)
+        Reference::spawn(bus, toolbox_id, extra, None)
+    }
+
+    /// A reference whose `nap` tool writes a line to `mark` when it starts.
+    fn marked(bus: &Bus, toolbox_id: &str, mark: &Path) -> Reference {
+        Reference::spawn(bus, toolbox_id, &[], Some(mark))
+    }
+
+    fn spawn(bus: &Bus, toolbox_id: &str, extra: &[&str], mark: Option<&Path>) -> Reference {
+        let mut command = python(&bus.dir);
+        if let Some(mark) = mark {
+            command.env("NAP_MARK", mark);
+        }
+        let mut child = command
             .arg(fixture("reference_toolbox.py"))
             .arg(bus.port.to_string())
             .arg(toolbox_id)
@@ -410,7 +423,7 @@ fn the_door_reconnects_after_the_bus_restarts_and_a_call_cut_by_it_reached_redis
     let redis = RedisProcess::start(&[]);
     let mut bus = Bus::start();
     let dir = temp_dir("ovos");
-    let th = toolhost(&redis, &bus, &dir, "th", 20_000, "");
+    let th = toolhost(&redis, &bus, &dir, "th", 20_000, "tenant = \"house-1\"");
     th.wait_for_log("connected to the OVOS messagebus", Duration::from_secs(20));
     let port = http_port(&th);
     assert_eq!(get(port, "/readyz").0, 200);
@@ -440,6 +453,9 @@ fn the_door_reconnects_after_the_bus_restarts_and_a_call_cut_by_it_reached_redis
     let (_, status) = get(port, "/status");
     assert_eq!(status["doors"]["ovos"]["reconnects"], 1, "{status}");
     assert_eq!(requests_of(&redis, "nap"), 1, "nothing was sent twice");
+    // Every request of a bus call carries [ovos] tenant.
+    let all = requests(&redis);
+    assert!(!all.is_empty() && all.iter().all(|request| request["tenant_id"] == "house-1"), "{all:?}");
 }
 
 /// Runs the toolhost CLI with `config`; returns its exit code and stdout (stderr after it when
@@ -560,4 +576,47 @@ fn a_reference_toolboxs_tools_are_hosted_called_over_redis_and_answer_overloaded
         call(&redis, &config, "ovos__ref__echo", json!({"message": "back"})) == json!({"message": "back"})
     });
     drop(reference);
+}
+
+#[test]
+fn a_hosted_call_cut_by_the_bus_is_answered_once_and_the_toolbox_serves_when_the_bus_is_back() {
+    let redis = RedisProcess::start(&[]);
+    let mut bus = Bus::start();
+    let dir = temp_dir("ovos");
+    let mark = dir.join("nap.mark");
+    let _reference = Reference::marked(&bus, "ref", &mark);
+    let th = toolhost(&redis, &bus, &dir, "th", 20_000, "host_toolboxes = [\"ref\"]\nrediscover_ms = 500");
+    let config = dir.join("th.toml");
+    wait_for("the hosted tools", Duration::from_secs(20), || {
+        call(&redis, &config, "ovos__ref__echo", json!({"message": "up"})) == json!({"message": "up"})
+    });
+
+    // A call under way on the toolbox when the bus goes away.
+    let (redis_url, config_path) = (redis.url(), config.clone());
+    let cut = std::thread::spawn(move || {
+        let output = Command::new(toolhost_e2e::toolhost_bin())
+            .args(["call", "ovos__ref__nap", "--args", r#"{"seconds": 5}"#, "--timeout", "30s"])
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("REDIS_URL", redis_url)
+            .env("TOOLHOST_CONFIG", config_path)
+            .output()
+            .unwrap();
+        serde_json::from_slice::<Value>(&output.stdout).unwrap_or(Value::Null)
+    });
+    wait_for("the nap to start on the toolbox", Duration::from_secs(10), || mark.exists());
+    bus.kill();
+    let answer = cut.join().unwrap();
+    assert_eq!(answer["error_code"], "tool_failed", "{answer}");
+    assert!(answer["error"].as_str().unwrap().contains("the call may have run"), "{answer}");
+    assert_eq!(requests_of(&redis, "ovos__ref__nap"), 1, "one request, answered once");
+    th.wait_for_log("OVOS messagebus connection lost", Duration::from_secs(5));
+    // While the bus is gone the toolbox's tools answer overloaded.
+    let gone = call(&redis, &config, "ovos__ref__echo", json!({"message": "gone"}));
+    assert_eq!(gone["error_code"], "overloaded", "{gone}");
+
+    bus.restart();
+    wait_for("the toolbox serving again over the restarted bus", Duration::from_secs(30), || {
+        call(&redis, &config, "ovos__ref__echo", json!({"message": "back"})) == json!({"message": "back"})
+    });
 }
