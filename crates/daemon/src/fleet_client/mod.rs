@@ -589,6 +589,32 @@ mod tests {
         assert!(matches!(client.call(&request("r-3"), None).await, Err(CallFailure::Closed)));
     }
 
+    #[tokio::test]
+    async fn a_requests_tenant_is_the_envelopes_tenant_id() {
+        let bus = Arc::new(MemoryBus::new());
+        let client = FleetClient::open(bus.clone(), Keys::new(""), settings()).await.unwrap();
+        let mut request = Request {
+            tool: "echo".to_owned(),
+            arguments: json!({}),
+            request_id: "r-t".to_owned(),
+            timeout: Duration::from_secs(1),
+            response_topic: None,
+            tenant_id: Some("house-1".to_owned()),
+        };
+        client.submit(&request).await.unwrap();
+        request.tenant_id = None;
+        client.submit(&request).await.unwrap();
+        let entries = bus.read("action-requests", "0-0", 10, None).await.unwrap();
+        let tenants: Vec<Option<String>> = entries
+            .iter()
+            .map(|entry| {
+                serde_json::from_str::<EventEnvelope>(entry.payload.as_deref().unwrap()).unwrap().tenant_id
+            })
+            .collect();
+        assert_eq!(tenants, [Some("house-1".to_owned()), None]);
+        client.close().await;
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_call_nobody_answers_ends_after_its_timeout_and_the_margin() {
         let bus = Arc::new(MemoryBus::new());
