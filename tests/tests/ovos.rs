@@ -423,16 +423,24 @@ fn the_door_reconnects_after_the_bus_restarts_and_a_call_cut_by_it_reached_redis
     let redis = RedisProcess::start(&[]);
     let mut bus = Bus::start();
     let dir = temp_dir("ovos");
-    let th = toolhost(&redis, &bus, &dir, "th", 20_000, "tenant = \"house-1\"");
+    let th = toolhost(&redis, &bus, &dir, "th", 20_000, "tenant = \"house-1\"\nmax_concurrent_calls = 1");
     th.wait_for_log("connected to the OVOS messagebus", Duration::from_secs(20));
     let port = http_port(&th);
     assert_eq!(get(port, "/readyz").0, 200);
 
     // A call under way when the bus goes away: it runs to its end on Redis, once; its reply has
     // nowhere to go and is dropped (logged).
-    let fired = scenario(&bus, &["fire", &bus.port.to_string(), "th", "nap", r#"{"seconds": "2"}"#]);
+    let fired = scenario(&bus, &["fire", &bus.port.to_string(), "th", "nap", r#"{"seconds": "6"}"#]);
     assert!(fired["sent"].is_string(), "{fired}");
     wait_for("the nap request on Redis", Duration::from_secs(10), || requests_of(&redis, "nap") == 1);
+    // One call waits for its answer, [ovos] max_concurrent_calls = 1: the next is refused at once.
+    let refused = scenario(&bus, &["call", &bus.port.to_string(), "th", "echo", r#"{"message": "x"}"#]);
+    assert_eq!(
+        refused["data"]["error"],
+        "RuntimeError: overloaded: the OVOS door has 1 calls in flight; retry later",
+        "{refused}"
+    );
+    assert_eq!(requests_of(&redis, "echo"), 0, "a refused call never reaches Redis");
     bus.kill();
     wait_for("readiness to see the bus gone", Duration::from_secs(10), || {
         let (status, body) = get(port, "/readyz");
