@@ -247,6 +247,37 @@ fn wait_for(what: &str, timeout: Duration, mut check: impl FnMut() -> bool) {
     panic!("{what} within {timeout:?}");
 }
 
+/// A persona on the bus waiting (up to 30 s) for `th` to announce a discovery response that
+/// lists `tool` unasked; returns once it listens. Its report is the last line of its output.
+fn listen_for_announcement(bus: &Bus, tool: &str) -> (Child, Lines) {
+    let mut listener = python(&bus.dir)
+        .arg(fixture("scenarios.py"))
+        .args(["announced", &bus.port.to_string(), "th", tool, "30"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = Lines(BufReader::new(listener.stdout.take().unwrap()));
+    assert_eq!(lines.next_report_line(), "listening");
+    (listener, lines)
+}
+
+/// The output of a scenario, line by line.
+struct Lines(BufReader<std::process::ChildStdout>);
+
+impl Lines {
+    /// The next line that is not a log line of the OVOS libraries.
+    fn next_report_line(&mut self) -> String {
+        loop {
+            let mut line = String::new();
+            assert!(self.0.read_line(&mut line).unwrap() > 0, "the scenario ended early");
+            let line = line.trim();
+            if line == "listening" || line.starts_with('{') {
+                return line.to_owned();
+            }
+        }
+    }
+}
+
 /// A report with the toolbox id replaced by `<id>`, so two toolboxes' reports compare.
 fn normalized(report: &Value, toolbox_id: &str) -> Value {
     let text = report
@@ -349,14 +380,7 @@ fn a_persona_discovers_and_calls_toolhost_on_both_topics_as_the_reference_toolbo
 
     // The whole fleet: a second toolbox's tool is announced to a listening persona and called
     // through toolhost's door (over Redis).
-    let mut listener = python(&bus.dir)
-        .arg(fixture("scenarios.py"))
-        .args(["announced", &bus.port.to_string(), "th", "stamp", "30"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(listener.stdout.take().unwrap()).lines();
-    assert_eq!(lines.next().unwrap().unwrap(), "listening");
+    let (mut listener, mut lines) = listen_for_announcement(&bus, "stamp");
     let config = dir.join("other.toml");
     std::fs::write(
         &config,
@@ -369,7 +393,7 @@ fn a_persona_discovers_and_calls_toolhost_on_both_topics_as_the_reference_toolbo
     .unwrap();
     let _other =
         Toolhost::start(&[("REDIS_URL", &redis.url()), ("TOOLHOST_CONFIG", config.to_str().unwrap())]);
-    let announced: Value = serde_json::from_str(&lines.last().unwrap().unwrap()).unwrap();
+    let announced: Value = serde_json::from_str(&lines.next_report_line()).unwrap();
     let _ = listener.wait();
     assert_eq!(announced["announced"], true, "the fleet's change was announced: {announced}");
     // `th`'s own consumer group answers a tool no toolbox it knows of hosts (`unknown_tool`);
@@ -423,8 +447,14 @@ fn the_door_reconnects_after_the_bus_restarts_and_a_call_cut_by_it_reached_redis
     let redis = RedisProcess::start(&[]);
     let mut bus = Bus::start();
     let dir = temp_dir("ovos");
+    // A persona already on the bus hears toolhost announce its tools when it connects.
+    let (mut listener, mut lines) = listen_for_announcement(&bus, "echo");
     let th = toolhost(&redis, &bus, &dir, "th", 20_000, "tenant = \"house-1\"\nmax_concurrent_calls = 1");
     th.wait_for_log("connected to the OVOS messagebus", Duration::from_secs(20));
+    let announced: Value = serde_json::from_str(&lines.next_report_line()).unwrap();
+    let _ = listener.wait();
+    assert_eq!(announced["announced"], true, "announced on connect: {announced}");
+    assert_eq!(announced["context"]["source"], "th", "{announced}");
     let port = http_port(&th);
     assert_eq!(get(port, "/readyz").0, 200);
 
