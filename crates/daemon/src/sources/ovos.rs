@@ -193,11 +193,25 @@ impl Inner {
         periods: (Duration, Duration),
         events: mpsc::UnboundedSender<McpEvent>,
     ) -> Arc<Inner> {
+        // The toolboxes named are shown (down) before they first answer.
+        let named = match &wanted {
+            Wanted::All => BTreeMap::new(),
+            Wanted::Some(ids) => ids
+                .iter()
+                .map(|id| {
+                    let waiting = Toolbox {
+                        last_error: Some("it has not answered a discovery yet".to_owned()),
+                        ..Toolbox::default()
+                    };
+                    (id.clone(), waiting)
+                })
+                .collect(),
+        };
         Arc::new(Inner {
             own_id: own_id.to_owned(),
             wanted,
             link,
-            toolboxes: Mutex::new(BTreeMap::new()),
+            toolboxes: Mutex::new(named),
             pending: Mutex::new(HashMap::new()),
             extra_replies: AtomicU64::new(0),
             discovered_at: Mutex::new(None),
@@ -532,6 +546,13 @@ mod tests {
         let (listed_only, _events, stop2) = source(&["weather"]);
         listed_only.listed(&listing("news", &["headlines"]));
         assert!(names(&listed_only).is_empty(), "only the listed toolboxes are hosted");
+        // A listed toolbox shows, down, before it first answers.
+        let source = OvosSource { inner: listed_only.clone(), stop: stop2.clone() };
+        let status = source.status();
+        assert_eq!(status.len(), 1);
+        assert_eq!((status[0].name.as_str(), status[0].up, status[0].tools), ("ovos:weather", false, 0));
+        listed_only.listed(&listing("weather", &["forecast"]));
+        assert_eq!(names(&listed_only), ["ovos__weather__forecast"]);
         stop.cancel();
         stop2.cancel();
     }
