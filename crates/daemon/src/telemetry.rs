@@ -404,6 +404,24 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_doors_connection_shows_in_status_and_readiness() {
+        let telemetry = Telemetry::new();
+        telemetry.set_redis_up(true);
+        telemetry.set_groups_ready(true);
+        assert!(telemetry.readiness().is_ready());
+        telemetry.set_door(
+            "ovos",
+            Some("the OVOS messagebus is not connected"),
+            serde_json::json!({"connected": false}),
+        );
+        assert_eq!(telemetry.readiness().reasons, ["the OVOS messagebus is not connected"]);
+        assert_eq!(telemetry.status()["doors"]["ovos"]["connected"], false);
+        telemetry.set_door("ovos", None, serde_json::json!({"connected": true}));
+        assert!(telemetry.readiness().is_ready());
+        assert_eq!(telemetry.status()["doors"]["ovos"]["connected"], true);
+    }
+
+    #[test]
     fn invocations_are_counted_by_tool_and_outcome_with_buckets() {
         let telemetry = Telemetry::new();
         telemetry.invocation("echo", "success", Duration::from_millis(3));
