@@ -107,6 +107,14 @@ test-mcp-door: ensure-redis-installed
     cargo build --bin toolhost
     cargo test -p toolhost-e2e --test mcp_door
 
+# The OpenVoiceOS door and source against the real bus (ovos-messagebus), personas on
+# ovos-bus-client and reference ToolBoxes of ovos-plugin-manager 3.1.0a1, pinned into a venv,
+# with toolhost processes and a real Redis (tests/tests/ovos.rs).
+test-ovos: ensure-redis-installed
+    scripts/ensure-ovos-venv.sh >/dev/null
+    cargo build --bin toolhost
+    cargo test -p toolhost-e2e --test ovos
+
 # The Python client (clients/python) against a real daemon and redis-server: pytest, mypy
 # --strict, and the wheel built and checked with twine (the venv is made once, pinned).
 test-python: ensure-redis-installed

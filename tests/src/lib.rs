@@ -53,6 +53,32 @@ pub fn toolhost_bin() -> PathBuf {
     binary
 }
 
+/// A Python venv made by `scripts/<script>` (default `~/.cache/toolhost/<name>`, or the
+/// directory the variable `env` names); panics naming the script and the recipe when it is
+/// missing.
+pub fn venv(env: &str, name: &str, script: &str, recipe: &str) -> PathBuf {
+    let venv = std::env::var_os(env).map(PathBuf::from).unwrap_or_else(|| {
+        PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/toolhost").join(name)
+    });
+    assert!(
+        venv.join("bin/python").exists(),
+        "{} is missing: run scripts/{script} (`just {recipe}` does)",
+        venv.display()
+    );
+    venv
+}
+
+/// A file of the suite's fixtures, `tests/<dir>/<name>`.
+pub fn fixture(dir: &str, name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(dir).join(name)
+}
+
+/// The name of the user running the tests: a root daemon runs commands and hosted servers as
+/// `nobody`, who cannot read root's home where the venvs are, so the tests name their own user.
+pub fn user() -> String {
+    std::env::var("USER").ok().filter(|user| !user.is_empty()).unwrap_or_else(|| "root".to_owned())
+}
+
 /// Sends a signal to a process.
 pub fn signal(pid: u32, signal: i32) {
     if pid > 0 {

@@ -12,34 +12,20 @@
 
 use std::io::{BufRead as _, BufReader, Read as _, Write as _};
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use toolhost_e2e::{RedisProcess, Toolhost, free_port, temp_dir, toolhost_bin};
+use toolhost_e2e::{RedisProcess, Toolhost, free_port, temp_dir, toolhost_bin, user};
 
 /// The venv with the clients, as `scripts/ensure-mcp-door-venv.sh` lays it out.
 fn venv() -> PathBuf {
-    let venv = std::env::var_os("TOOLHOST_MCP_DOOR_VENV").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/toolhost/venv-mcp-door")
-    });
-    assert!(
-        venv.join("bin/python").exists(),
-        "{} is missing: run scripts/ensure-mcp-door-venv.sh (`just test-mcp-door` does)",
-        venv.display()
-    );
-    venv
+    toolhost_e2e::venv("TOOLHOST_MCP_DOOR_VENV", "venv-mcp-door", "ensure-mcp-door-venv.sh", "test-mcp-door")
 }
 
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("mcp_door").join(name)
-}
-
-/// The name of the user running the tests: a root daemon runs hosted servers as `nobody`, who
-/// cannot read root's home where the venv is, so the tests name their own user.
-fn user() -> String {
-    std::env::var("USER").ok().filter(|user| !user.is_empty()).unwrap_or_else(|| "root".to_owned())
+    toolhost_e2e::fixture("mcp_door", name)
 }
 
 /// A Redis, a toolbox `hosts` hosting the slow MCP server, and a toolbox `door` serving the MCP

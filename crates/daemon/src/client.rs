@@ -65,6 +65,7 @@ pub async fn run_call(config: &Config, tool: &str, args: &str, timeout: Duration
         request_id: toolhost_envelope::new_message_id(),
         timeout,
         response_topic: None,
+        tenant_id: None,
     };
     let (progress, mut reports) = tokio::sync::mpsc::unbounded_channel::<Progress>();
     let call = fleet.call(&request, Some(progress));

@@ -558,7 +558,7 @@ impl App {
         // The doors that are clients of the fleet (MCP over HTTP); they stop after the drain, so
         // the calls in flight through them get their answers.
         let doors_stop = tokio_util::sync::CancellationToken::new();
-        let doors = match crate::doors::start(&config, bus.clone(), &doors_stop).await {
+        let doors = match crate::doors::start(&config, bus.clone(), &telemetry, &doors_stop).await {
             Ok(doors) => doors,
             Err(err) => {
                 error!(error = %format!("{err:#}"), "a door cannot start");

@@ -1,10 +1,12 @@
 //! The tool sources of a running daemon, and how their registry is kept current.
 //!
 //! The registry is built from the configuration (built-ins, `[[agents]]`, `[[commands]]`,
-//! `[[http_tools]]`) plus the tools of the hosted MCP servers (`[[mcp_servers]]`), and swapped
-//! whole ([`SharedRegistry`]) when:
+//! `[[http_tools]]`) plus the tools of the hosted MCP servers (`[[mcp_servers]]`) and of the
+//! hosted OVOS toolboxes (`[ovos] host_toolboxes`, [`ovos`]), and swapped whole
+//! ([`SharedRegistry`]) when:
 //!
-//! - an MCP server's tools change (`list_changed`, a restart);
+//! - an MCP server's or an OVOS toolbox's tools change (`list_changed`, a restart, a new
+//!   discovery response);
 //! - the configuration is reloaded (SIGHUP): MCP servers that were added, removed or changed
 //!   are started, stopped or restarted, the others keep running; a configuration that does not
 //!   load, or a registry that does not build, is refused whole and the old one keeps serving.
@@ -13,6 +15,7 @@
 //! server is stopped only once no call holds the snapshot it served in (or the shutdown grace
 //! has passed). Limits and statistics live outside the snapshot, so a swap never resets them.
 
+mod ovos;
 mod settings;
 
 use std::collections::BTreeMap;
@@ -51,6 +54,9 @@ pub(crate) struct Sources {
     config: Mutex<Config>,
     /// The running MCP servers, by name.
     hosted: tokio::sync::Mutex<BTreeMap<String, Hosted>>,
+    /// The hosted OVOS toolboxes, when `[ovos] host_toolboxes` names any (started once; the
+    /// `[ovos]` section applies after a restart).
+    ovos: Mutex<Option<Arc<ovos::OvosSource>>>,
     /// Where every server's events go.
     events: mpsc::UnboundedSender<McpEvent>,
     /// Parent of every server's stop token.
@@ -99,6 +105,7 @@ impl Sources {
             telemetry,
             config: Mutex::new(config),
             hosted: tokio::sync::Mutex::new(BTreeMap::new()),
+            ovos: Mutex::new(None),
             events,
             stop: CancellationToken::new(),
             grace,
@@ -116,6 +123,14 @@ impl Sources {
     /// Two servers (or a server and another tool) serve the same tool name.
     pub(crate) async fn start(&self) -> anyhow::Result<()> {
         let config = self.config();
+        let ovos = ovos::OvosSource::start(
+            &config.raw.doors.ovos,
+            &config.raw.daemon.toolbox_id,
+            self.events.clone(),
+            self.stop.child_token(),
+        )
+        .await;
+        *self.ovos.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = ovos.map(Arc::new);
         let stopped = self.reconcile(&config).await?;
         self.rebuild(&config).await?;
         self.retire(stopped, None);
@@ -181,8 +196,11 @@ impl Sources {
     /// Builds the registry from `config` and every hosted server's tools, swaps it in, updates
     /// the limits and republishes the registry. Returns the snapshot it replaced.
     async fn rebuild(&self, config: &Config) -> anyhow::Result<Arc<Registry>> {
-        let hosted_tools: Vec<Arc<dyn Tool>> =
+        let mut hosted_tools: Vec<Arc<dyn Tool>> =
             self.hosted.lock().await.values().flat_map(|hosted| hosted.sources.tools()).collect();
+        if let Some(ovos) = self.ovos() {
+            hosted_tools.extend(ovos.tools());
+        }
         let registry = build_registry_with(config, &self.options, &self.bus, &self.keys, &hosted_tools)?;
         self.limits.update(limit_settings(config, &registry));
         let old = self.registry.replace(registry);
@@ -250,16 +268,16 @@ impl Sources {
                 _ = tick.tick() => self.report().await,
                 event = events.recv() => match event {
                     Some(McpEvent::ToolsChanged { source }) => {
-                        info!(source = %source, "an MCP server's tools changed; rebuilding the registry");
+                        info!(source = %source, "a hosted source's tools changed; rebuilding the registry");
                         let config = self.config();
                         if let Err(err) = self.rebuild(&config).await {
                             error!(error = %format!("{err:#}"), source = %source, "new tool list refused; the old registry keeps serving");
                             self.telemetry.reloaded(false);
                         }
                     }
-                    Some(McpEvent::Up { source }) => info!(source = %source, "MCP server up"),
+                    Some(McpEvent::Up { source }) => info!(source = %source, "hosted source up"),
                     Some(McpEvent::Down { source, error }) => {
-                        warn!(source = %source, error = %error, "MCP server down; its tools answer overloaded");
+                        warn!(source = %source, error = %error, "hosted source down; its tools answer overloaded");
                     }
                     None => return,
                 },
@@ -270,16 +288,28 @@ impl Sources {
     /// Copies every hosted server's state to the telemetry.
     async fn report(&self) {
         let hosted = self.hosted.lock().await;
-        let states: Vec<toolhost_mcp::SourceStatus> =
+        let mut states: Vec<toolhost_mcp::SourceStatus> =
             hosted.values().flat_map(|hosted| hosted.sources.status()).collect();
+        drop(hosted);
+        if let Some(ovos) = self.ovos() {
+            states.extend(ovos.status());
+        }
         let up: Vec<(String, bool)> = states.iter().map(|state| (state.name.clone(), state.up)).collect();
         let details = serde_json::to_value(&states).unwrap_or_else(|_| json!([]));
         self.telemetry.set_sources(&up, details);
     }
 
-    /// Stops every MCP server: children killed and waited for.
+    /// The hosted OVOS toolboxes, if any.
+    fn ovos(&self) -> Option<Arc<ovos::OvosSource>> {
+        self.ovos.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()
+    }
+
+    /// Stops every MCP server (children killed and waited for) and the OVOS source.
     pub(crate) async fn stop(&self) {
         self.stop.cancel();
+        if let Some(ovos) = self.ovos() {
+            ovos.stop();
+        }
         let hosted = std::mem::take(&mut *self.hosted.lock().await);
         for (_, hosted) in hosted {
             hosted.sources.stopped().await;

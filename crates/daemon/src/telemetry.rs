@@ -96,6 +96,9 @@ struct Inner {
     /// What `/status` shows beside readiness: the tool sources' states, kept current by the
     /// sources' loop.
     status: std::sync::Mutex<serde_json::Value>,
+    /// Why a door that keeps a connection of its own (the OVOS messagebus) is not ready, by
+    /// door; `None` while it is.
+    doors_down: std::sync::Mutex<std::collections::BTreeMap<&'static str, Option<&'static str>>>,
     reloads: Counter,
     reload_failures: Counter,
     /// The handles of [`INVOCATIONS`] and [`INVOCATION_DURATION`] by tool label, so counting an
@@ -153,6 +156,7 @@ impl Telemetry {
             reconnects: counter(REDIS_RECONNECTS),
             redis_up: gauge(REDIS_UP),
             status: std::sync::Mutex::new(serde_json::json!({"sources": []})),
+            doors_down: std::sync::Mutex::new(std::collections::BTreeMap::new()),
             reloads: counter(RELOADS),
             reload_failures: counter(RELOAD_FAILURES),
             invocations: std::sync::Mutex::new(HashMap::new()),
@@ -215,6 +219,9 @@ impl Telemetry {
         if self.inner.draining.load(Ordering::Relaxed) {
             reasons.push("shutting down");
         }
+        let doors_down = self.inner.doors_down.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        reasons.extend(doors_down.values().flatten());
+        drop(doors_down);
         let last_probe = self.inner.last_probe_ms.load(Ordering::Relaxed);
         let now = self.inner.started.elapsed().as_millis() as u64;
         if last_probe > 0 && now.saturating_sub(last_probe) > PROBE_STALE_AFTER.as_millis() as u64 {
@@ -264,6 +271,14 @@ impl Telemetry {
         }
         let mut status = self.inner.status.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         status["sources"] = details;
+    }
+
+    /// Records the state of a door's own connection: the `/status` page's `doors.<door>`, and
+    /// `down`, when set, as a reason the daemon is not ready.
+    pub fn set_door(&self, door: &'static str, down: Option<&'static str>, details: serde_json::Value) {
+        self.inner.doors_down.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(door, down);
+        let mut status = self.inner.status.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        status["doors"][door] = details;
     }
 
     /// Records the fleet view: `toolhost_fleet_conflicts` and the `/status` page's `fleet`.
@@ -387,6 +402,24 @@ impl Drop for InFlight {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_doors_connection_shows_in_status_and_readiness() {
+        let telemetry = Telemetry::new();
+        telemetry.set_redis_up(true);
+        telemetry.set_groups_ready(true);
+        assert!(telemetry.readiness().is_ready());
+        telemetry.set_door(
+            "ovos",
+            Some("the OVOS messagebus is not connected"),
+            serde_json::json!({"connected": false}),
+        );
+        assert_eq!(telemetry.readiness().reasons, ["the OVOS messagebus is not connected"]);
+        assert_eq!(telemetry.status()["doors"]["ovos"]["connected"], false);
+        telemetry.set_door("ovos", None, serde_json::json!({"connected": true}));
+        assert!(telemetry.readiness().is_ready());
+        assert_eq!(telemetry.status()["doors"]["ovos"]["connected"], true);
+    }
 
     #[test]
     fn invocations_are_counted_by_tool_and_outcome_with_buckets() {

@@ -5,6 +5,8 @@
 //! - [`chat`]: the agent inbox `chat:<AGENT_NAME>`, answered with chat replies.
 //! - [`mcp`]: MCP clients over stdio (`toolhost mcp`) and streamable HTTP (`[mcp] listen`),
 //!   served the whole fleet's tools through the fleet client.
+//! - [`ovos`]: the OpenVoiceOS messagebus (`[ovos] url`), where toolhost answers as a `ToolBox`
+//!   with the whole fleet's tools.
 //!
 //! The two stream doors read a consumer group and implement [`crate::call::Door`], which the
 //! call lifecycle drives. A door that speaks another protocol (MCP, a message bus) is a client of
@@ -16,6 +18,7 @@
 
 pub(crate) mod chat;
 pub(crate) mod mcp;
+pub(crate) mod ovos;
 pub(crate) mod requests;
 
 use std::sync::Arc;
@@ -25,6 +28,7 @@ use tokio_util::sync::CancellationToken;
 use toolhost_bus::FleetAccess;
 
 use crate::config::{Config, KeyError, RawConfig};
+use crate::telemetry::Telemetry;
 
 /// The configuration sections the doors own, one field per door, each defined in the door's
 /// folder. They are read apart from the rest of the configuration.
@@ -34,15 +38,20 @@ pub struct DoorSections {
     /// `[mcp]`: the MCP door.
     #[serde(default)]
     pub mcp: mcp::Settings,
+    /// `[ovos]`: the OpenVoiceOS door (and the OVOS tool source's keys).
+    #[serde(default)]
+    pub ovos: ovos::Settings,
 }
 
 impl DoorSections {
     /// The top-level keys of the sections, as written in the configuration.
-    pub const NAMES: &[&str] = &["mcp"];
+    pub const NAMES: &[&str] = &["mcp", "ovos"];
 
     /// Every bad key of every door's section.
     pub(crate) fn validate(&self, raw: &RawConfig) -> Vec<KeyError> {
-        self.mcp.validate(raw)
+        let mut errors = self.mcp.validate(raw);
+        errors.extend(self.ovos.validate(raw));
+        errors
     }
 }
 
@@ -54,10 +63,12 @@ impl DoorSections {
 pub(crate) async fn start(
     config: &Config,
     bus: Arc<dyn FleetAccess>,
+    telemetry: &Telemetry,
     stop: &CancellationToken,
 ) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
     let mut running = Vec::new();
     running.extend(mcp::start(config, bus.clone(), stop.clone()).await?);
+    running.extend(ovos::start(config, bus.clone(), telemetry, stop.clone()).await?);
     Ok(running)
 }
 

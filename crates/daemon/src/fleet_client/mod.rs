@@ -68,6 +68,8 @@ pub(crate) struct Request {
     pub timeout: Duration,
     /// Bare name of the topic the answer goes to; `None` for the client's private stream.
     pub response_topic: Option<String>,
+    /// The request's `tenant_id`, when the door has one.
+    pub tenant_id: Option<String>,
 }
 
 /// A progress report of a running call.
@@ -251,7 +253,7 @@ impl FleetClient {
         data.insert("arguments".to_owned(), request.arguments.clone());
         data.insert("timeout_ms".to_owned(), json!(request.timeout.as_millis() as u64));
         let topic = request.response_topic.as_deref().unwrap_or(&self.inner.private_topic);
-        self.inner.publish("tool.invoke", data, &request.request_id, topic).await
+        self.inner.publish("tool.invoke", data, &request.request_id, topic, request.tenant_id.clone()).await
     }
 
     /// Asks the host to cancel the call `request_id` (`tool.cancel`) and returns what it did.
@@ -264,7 +266,7 @@ impl FleetClient {
         inner.lock().cancels.entry(request_id.to_owned()).or_default().push(sender);
         let mut data = Map::new();
         data.insert("request_id".to_owned(), json!(request_id));
-        let published = inner.publish("tool.cancel", data, request_id, &inner.private_topic).await;
+        let published = inner.publish("tool.cancel", data, request_id, &inner.private_topic, None).await;
         let state = match published {
             Ok(()) => tokio::time::timeout(CANCEL_WAIT, receiver).await.ok().and_then(Result::ok),
             Err(err) => {
@@ -339,6 +341,7 @@ impl Inner {
         data: Map<String, Value>,
         request_id: &str,
         response_topic: &str,
+        tenant_id: Option<String>,
     ) -> Result<(), CallFailure> {
         let request = EventEnvelope {
             id: new_message_id(),
@@ -350,6 +353,7 @@ impl Inner {
             data: Value::Object(data),
             correlation_id: Some(request_id.to_owned()),
             response_topic: Some(response_topic.to_owned()),
+            tenant_id,
             ..EventEnvelope::default()
         };
         // Serialising a struct of strings and JSON values cannot fail.
@@ -550,6 +554,7 @@ mod tests {
             request_id: id.to_owned(),
             timeout: Duration::from_secs(5),
             response_topic: None,
+            tenant_id: None,
         };
         let (r1, r2) = (request("r-1"), request("r-2"));
         let first = client.call(&r1, Some(progress_tx));
@@ -584,6 +589,32 @@ mod tests {
         assert!(matches!(client.call(&request("r-3"), None).await, Err(CallFailure::Closed)));
     }
 
+    #[tokio::test]
+    async fn a_requests_tenant_is_the_envelopes_tenant_id() {
+        let bus = Arc::new(MemoryBus::new());
+        let client = FleetClient::open(bus.clone(), Keys::new(""), settings()).await.unwrap();
+        let mut request = Request {
+            tool: "echo".to_owned(),
+            arguments: json!({}),
+            request_id: "r-t".to_owned(),
+            timeout: Duration::from_secs(1),
+            response_topic: None,
+            tenant_id: Some("house-1".to_owned()),
+        };
+        client.submit(&request).await.unwrap();
+        request.tenant_id = None;
+        client.submit(&request).await.unwrap();
+        let entries = bus.read("action-requests", "0-0", 10, None).await.unwrap();
+        let tenants: Vec<Option<String>> = entries
+            .iter()
+            .map(|entry| {
+                serde_json::from_str::<EventEnvelope>(entry.payload.as_deref().unwrap()).unwrap().tenant_id
+            })
+            .collect();
+        assert_eq!(tenants, [Some("house-1".to_owned()), None]);
+        client.close().await;
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_call_nobody_answers_ends_after_its_timeout_and_the_margin() {
         let bus = Arc::new(MemoryBus::new());
@@ -594,6 +625,7 @@ mod tests {
             request_id: "r".to_owned(),
             timeout: Duration::from_secs(3),
             response_topic: None,
+            tenant_id: None,
         };
         match client.call(&request, None).await {
             Err(CallFailure::NoAnswer(waited)) => assert_eq!(waited, Duration::from_secs(3) + ANSWER_MARGIN),

@@ -239,6 +239,7 @@ impl ServerHandler for Session {
             request_id: self.request_id(&jsonrpc_id),
             timeout: Duration::from_millis(tool.timeout_ms.max(1)),
             response_topic: None,
+            tenant_id: None,
         };
         let wants_task = context.client_capabilities().is_some_and(|caps| caps.supports_tasks());
         if wants_task && (tool.long_running || call.timeout > self.door.task_threshold) {
