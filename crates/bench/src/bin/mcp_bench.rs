@@ -3,16 +3,21 @@
 //! In one run, against the same real `@modelcontextprotocol/server-everything` over stdio
 //! (installed by `scripts/ensure-mcp-servers.sh`):
 //!
-//! 1. **direct**: an rmcp client in this binary calls its `get-sum` tool;
+//! 1. **direct**: an rmcp client in this binary calls its `get-sum` tool, over stdio and over
+//!    streamable HTTP (the same server started with `streamableHttp`);
 //! 2. **toolhost**: the same call goes through `toolhost serve` (hosting the server with
-//!    `[[mcp_servers]]`) over Redis, as a `tool.invoke` request answered on a results stream;
+//!    `[[mcp_servers]]`, over stdio and over streamable HTTP) over Redis, as a `tool.invoke`
+//!    request answered on a results stream; beside it the built-in `echo` the same way, and the
+//!    sum as a `[[commands]]` tool (`expr`);
 //! 3. **redis**: sequential `PING`s, the round trip a Redis-borne call cannot avoid;
 //! 4. **the MCP door**: the built-in `echo` through the same daemon's `/mcp` (`[mcp] listen`)
-//!    by an rmcp streamable HTTP client, next to the same `echo` sent over Redis directly,
-//!    and by plain HTTP POSTs (reqwest, no MCP client library), interleaved for five rounds, each
-//!    row the median of its rounds;
+//!    by an rmcp streamable HTTP client, and by plain HTTP POSTs (reqwest, no MCP client
+//!    library); the rows through the daemon take turns for five rounds, each row the median of
+//!    its rounds;
 //! 5. **`toolhost mcp`**: the stdio door's start, from spawn to its answer to `initialize` and
-//!    to its first `tools/list` (the fleet's tools), the median of five starts.
+//!    to its first `tools/list` (the fleet's tools), the median of five starts;
+//! 6. **idle memory**: RSS, anonymous memory and PSS of `toolhost serve` without an MCP server
+//!    and with server-everything hosted over stdio.
 //!
 //! Each is measured at 1 call in flight (p50, p99) and at 16 (calls/s). The table goes to
 //! stdout and `target/bench/mcp.md`.
@@ -190,73 +195,192 @@ async fn invoke(
     }
 }
 
-/// What one daemon run measured.
+/// What one daemon run measured: every row the median of its interleaved rounds.
 struct Measured {
     hosted: Row,
+    hosted_http: Row,
+    command: Row,
     floor: Row,
     echo_redis: Row,
     echo_door: Row,
     echo_plain: Row,
-    rss_idle_kib: Option<u64>,
     /// `toolhost mcp`'s start: to `initialize` answered, to the first `tools/list`, in ms.
     stdio_start: (f64, f64),
 }
 
-/// `toolhost serve` hosting server-everything, driven over Redis, with its MCP door on.
-/// Returns the hosted row, the `PING` row, echo over Redis and through `/mcp`, and toolhost's
-/// idle RSS in KiB once the hosted server's tools are listed (the MCP session open, before any
-/// call).
-async fn toolhost(program: &Path, toolhost_bin: &Path) -> anyhow::Result<Measured> {
-    let redis = RedisServer::start()?;
-    let dir = std::env::temp_dir().join(format!("toolhost-bench-mcp-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
-    let config = dir.join("toolhost.toml");
-    let door_port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+/// `get-sum` hosted over streamable HTTP, as toolhost names it.
+const HOSTED_HTTP_TOOL: &str = "http__get-sum";
+/// The same sum as a `[[commands]]` tool: `expr a + b`, a process per call.
+const COMMAND_TOOL: &str = "sum_command";
+
+/// The daemon's configuration: the MCP door, server-everything over stdio (`everything__`) and,
+/// when `http_url` is given, over streamable HTTP (`http__`), and `expr` as a `[[commands]]` tool.
+fn daemon_config(program: &Path, door_port: Option<u16>, http_url: Option<&str>, command: bool) -> String {
     let user =
         std::env::var("USER").ok().filter(|user| !user.is_empty()).unwrap_or_else(|| "root".to_owned());
-    std::fs::write(
-        &config,
-        format!(
-            "[mcp]\nlisten = \"127.0.0.1:{door_port}\"\n[tools.terminal]\nrun_as = \"{user}\"\n\n\
-             [[mcp_servers]]\nname = \"everything\"\ncommand = \"{}\"\nargs = [\"stdio\"]\nmax_concurrent = 64\n",
-            program.display()
-        ),
-    )?;
-    let mut daemon = tokio::process::Command::new(toolhost_bin)
-        .args(["serve", "--config"])
-        .arg(&config)
-        .env("REDIS_URL", redis.url())
-        .env("TOOLHOST__HTTP__LISTEN", "127.0.0.1:0")
-        .env("TOOLHOST__LOG__LEVEL", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .context("starting toolhost")?;
+    let mut config = String::new();
+    if let Some(port) = door_port {
+        config.push_str(&format!("[mcp]\nlisten = \"127.0.0.1:{port}\"\n"));
+    }
+    config.push_str(&format!(
+        "[tools.terminal]\nrun_as = \"{user}\"\n\n[[mcp_servers]]\nname = \"everything\"\ncommand = \"{}\"\n\
+         args = [\"stdio\"]\nmax_concurrent = 64\n",
+        program.display()
+    ));
+    if let Some(url) = http_url {
+        config.push_str(&format!(
+            "\n[[mcp_servers]]\nname = \"everything-http\"\nprefix = \"http__\"\nurl = \"{url}\"\nmax_concurrent = 64\n"
+        ));
+    }
+    if command {
+        config.push_str(&format!(
+            "\n[[commands]]\nname = \"{COMMAND_TOOL}\"\ndescription = \"a + b, by expr.\"\nargv = [\"expr\", \"{{a}}\", \"+\", \"{{b}}\"]\n\
+             argument_schema = {{ type = \"object\", properties = {{ a = {{ type = \"integer\" }}, b = {{ type = \"integer\" }} }}, required = [\"a\", \"b\"] }}\n"
+        ));
+    }
+    config
+}
+
+/// A started `toolhost serve` against `redis`, killed on drop.
+struct Daemon {
+    child: tokio::process::Child,
+    dir: PathBuf,
+}
+
+impl Daemon {
+    /// Starts it with `config` and waits until every tool of `tools` is in its registry.
+    async fn start(
+        toolhost_bin: &Path,
+        redis: &RedisServer,
+        connection: &MultiplexedConnection,
+        config: &str,
+        tools: &[&str],
+    ) -> anyhow::Result<Daemon> {
+        static STARTS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let start = STARTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("toolhost-bench-mcp-{}-{start}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        let path = dir.join("toolhost.toml");
+        std::fs::write(&path, config)?;
+        let child = tokio::process::Command::new(toolhost_bin)
+            .args(["serve", "--config"])
+            .arg(&path)
+            .env("REDIS_URL", redis.url())
+            .env("TOOLHOST__HTTP__LISTEN", "127.0.0.1:0")
+            .env("TOOLHOST__LOG__LEVEL", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .context("starting toolhost")?;
+        let daemon = Daemon { child, dir };
+        let mut probe = connection.clone();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let fields: Vec<String> = redis::cmd("HKEYS")
+                .arg("toolhost:registry:toolhost")
+                .query_async(&mut probe)
+                .await
+                .unwrap_or_default();
+            if tools.iter().all(|tool| fields.iter().any(|field| field == tool)) {
+                break;
+            }
+            anyhow::ensure!(Instant::now() < deadline, "toolhost never listed {tools:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // As `toolhost-bench` measures idle memory: a moment after the start settles.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        Ok(daemon)
+    }
+
+    fn memory(&self) -> Option<toolhost_bench::procfs::Memory> {
+        self.child.id().and_then(|pid| toolhost_bench::procfs::memory(pid).ok())
+    }
+
+    async fn stop(mut self) {
+        let _ = self.child.kill().await;
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// server-everything over streamable HTTP on a free loopback port, killed on drop.
+struct HttpServer {
+    _child: tokio::process::Child,
+    url: String,
+}
+
+impl HttpServer {
+    async fn start(program: &Path) -> anyhow::Result<HttpServer> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let child = tokio::process::Command::new(program)
+            .arg("streamableHttp")
+            .env("PORT", port.to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .context("starting server-everything over streamable HTTP")?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_err() {
+            anyhow::ensure!(Instant::now() < deadline, "server-everything never listened on {port}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(HttpServer { _child: child, url: format!("http://127.0.0.1:{port}/mcp") })
+    }
+}
+
+/// The same server spoken to directly over streamable HTTP by an rmcp client.
+async fn direct_http(url: &str) -> anyhow::Result<Row> {
+    let transport = rmcp::transport::StreamableHttpClientTransport::from_uri(url.to_owned());
+    let client = Arc::new(().serve(transport).await.context("initialising the HTTP MCP session")?);
+    measure("direct (rmcp client, streamable HTTP)", move |_| {
+        let client = Arc::clone(&client);
+        async move {
+            let mut params = CallToolRequestParams::new("get-sum");
+            params.arguments = Some(arguments());
+            let result = client.call_tool(params).await?;
+            anyhow::ensure!(result.is_error != Some(true), "get-sum failed: {result:?}");
+            Ok(())
+        }
+    })
+    .await
+}
+
+/// Idle memory of `toolhost serve` without an MCP server, and with server-everything hosted over
+/// stdio (its session open, no call yet).
+async fn idle_memory(
+    program: &Path,
+    toolhost_bin: &Path,
+) -> anyhow::Result<(Option<toolhost_bench::procfs::Memory>, Option<toolhost_bench::procfs::Memory>)> {
+    let redis = RedisServer::start()?;
+    let connection = redis::Client::open(redis.url())?.get_multiplexed_async_connection().await?;
+    let plain = Daemon::start(toolhost_bin, &redis, &connection, "", &["echo"]).await?;
+    let without = plain.memory();
+    plain.stop().await;
+    let config = daemon_config(program, None, None, false);
+    let hosted = Daemon::start(toolhost_bin, &redis, &connection, &config, &[HOSTED_TOOL]).await?;
+    let with = hosted.memory();
+    hosted.stop().await;
+    Ok((without, with))
+}
+
+/// `toolhost serve` hosting server-everything over stdio and over streamable HTTP, `expr` as a
+/// command, and its MCP door, driven over Redis. Echo over Redis, the hosted and command sums and
+/// the door's rows take turns, round by round; each row is the median of its rounds.
+async fn toolhost(program: &Path, toolhost_bin: &Path, http_url: &str) -> anyhow::Result<Measured> {
+    let redis = RedisServer::start()?;
+    let door_port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
     let client = redis::Client::open(redis.url())?;
     let connection = client.get_multiplexed_async_connection().await?;
-    let mut probe = connection.clone();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let fields: Vec<String> = redis::cmd("HKEYS")
-            .arg("toolhost:registry:toolhost")
-            .query_async(&mut probe)
-            .await
-            .unwrap_or_default();
-        if fields.iter().any(|field| field == HOSTED_TOOL) {
-            break;
-        }
-        anyhow::ensure!(Instant::now() < deadline, "toolhost never listed get-sum");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    // As `toolhost-bench` measures idle RSS: a moment after the start settles.
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let rss_idle_kib = daemon.id().and_then(|pid| toolhost_bench::procfs::rss_kib(pid).ok());
-    let lanes = connection.clone();
-    let row = measure("toolhost (over Redis, hosting it over stdio)", move |lane| {
-        let lanes = lanes.clone();
-        async move { through_toolhost(&lanes, lane).await }
-    })
+    let config = daemon_config(program, Some(door_port), Some(http_url), true);
+    let daemon = Daemon::start(
+        toolhost_bin,
+        &redis,
+        &connection,
+        &config,
+        &[HOSTED_TOOL, HOSTED_HTTP_TOOL, COMMAND_TOOL],
+    )
     .await?;
     let pings = connection.clone();
     let floor = measure("redis PING round trip", move |_| {
@@ -270,21 +394,44 @@ async fn toolhost(program: &Path, toolhost_bin: &Path) -> anyhow::Result<Measure
     let transport =
         rmcp::transport::StreamableHttpClientTransport::from_uri(format!("http://127.0.0.1:{door_port}/mcp"));
     let door = Arc::new(().serve(transport).await.context("initialising a session with the MCP door")?);
-    // Echo over Redis and through the door, interleaved round by round; each row is the median
-    // of its rounds.
     let plain = Arc::new(PlainSession::open(door_port).await?);
-    let (mut over_redis, mut through_door, mut through_plain) = (Vec::new(), Vec::new(), Vec::new());
-    for _ in 0..ROUNDS {
+    let mut rounds: [Vec<Row>; 6] = Default::default();
+    for round in 0..ROUNDS {
+        eprintln!("bench-mcp: round {}/{ROUNDS}", round + 1);
         let lanes = connection.clone();
-        over_redis.push(
+        rounds[0].push(
             measure("echo over Redis (tool.invoke, a results stream per lane)", move |lane| {
                 let lanes = lanes.clone();
                 async move { invoke(&lanes, lane, "echo", json!({"message": "hi"})).await }
             })
             .await?,
         );
+        let lanes = connection.clone();
+        rounds[1].push(
+            measure("get-sum over Redis, hosted over stdio", move |lane| {
+                let lanes = lanes.clone();
+                async move { through_toolhost(&lanes, lane).await }
+            })
+            .await?,
+        );
+        let lanes = connection.clone();
+        rounds[2].push(
+            measure("get-sum over Redis, hosted over streamable HTTP", move |lane| {
+                let lanes = lanes.clone();
+                async move { invoke(&lanes, lane, HOSTED_HTTP_TOOL, Value::Object(arguments())).await }
+            })
+            .await?,
+        );
+        let lanes = connection.clone();
+        rounds[3].push(
+            measure("sum over Redis, as [[commands]] (expr, a process per call)", move |lane| {
+                let lanes = lanes.clone();
+                async move { invoke(&lanes, lane, COMMAND_TOOL, Value::Object(arguments())).await }
+            })
+            .await?,
+        );
         let door = Arc::clone(&door);
-        through_door.push(
+        rounds[4].push(
             measure("echo through the MCP door (/mcp, rmcp streamable HTTP client)", move |_| {
                 let door = Arc::clone(&door);
                 async move {
@@ -298,7 +445,7 @@ async fn toolhost(program: &Path, toolhost_bin: &Path) -> anyhow::Result<Measure
             .await?,
         );
         let plain = Arc::clone(&plain);
-        through_plain.push(
+        rounds[5].push(
             measure("echo through the MCP door (/mcp, one plain HTTP POST per call)", move |_| {
                 let plain = Arc::clone(&plain);
                 async move { plain.echo().await }
@@ -306,12 +453,10 @@ async fn toolhost(program: &Path, toolhost_bin: &Path) -> anyhow::Result<Measure
             .await?,
         );
     }
-    let (echo_redis, echo_door, echo_plain) =
-        (median(over_redis), median(through_door), median(through_plain));
-    let stdio_start = stdio_start(toolhost_bin, &redis.url(), &dir).await?;
-    let _ = daemon.kill().await;
-    let _ = std::fs::remove_dir_all(&dir);
-    Ok(Measured { hosted: row, floor, echo_redis, echo_door, echo_plain, rss_idle_kib, stdio_start })
+    let [echo_redis, hosted, hosted_http, command, echo_door, echo_plain] = rounds.map(median);
+    let stdio_start = stdio_start(toolhost_bin, &redis.url(), &daemon.dir).await?;
+    daemon.stop().await;
+    Ok(Measured { hosted, hosted_http, command, floor, echo_redis, echo_door, echo_plain, stdio_start })
 }
 
 /// An MCP session on the door driven with plain HTTP POSTs (reqwest, keep-alive): a caller
@@ -424,25 +569,45 @@ async fn stdio_start(toolhost_bin: &Path, redis_url: &str, dir: &Path) -> anyhow
 async fn main() -> anyhow::Result<()> {
     let program = everything()?;
     let toolhost_bin = std::env::current_exe()?.with_file_name("toolhost");
-    let direct = direct(&program).await?;
-    // The door's HTTP client is built without a TLS provider of its own.
+    // The HTTP clients are built without a TLS provider of their own.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let Measured { hosted, floor, echo_redis, echo_door, echo_plain, rss_idle_kib, stdio_start } =
-        toolhost(&program, &toolhost_bin).await?;
+    let direct = direct(&program).await?;
+    let http_server = HttpServer::start(&program).await?;
+    let direct_http = direct_http(&http_server.url).await?;
+    let Measured { hosted, hosted_http, command, floor, echo_redis, echo_door, echo_plain, stdio_start } =
+        toolhost(&program, &toolhost_bin, &http_server.url).await?;
+    let (without_mcp, with_mcp) = idle_memory(&program, &toolhost_bin).await?;
     let mut table = String::from(
         "| target | p50 µs (1 in flight) | p99 µs (1 in flight) | calls/s (16 in flight) |\n|---|---:|---:|---:|\n",
     );
-    for row in [&direct, &hosted, &floor, &echo_redis, &echo_door, &echo_plain] {
+    for row in
+        [&direct, &direct_http, &floor, &echo_redis, &hosted, &hosted_http, &command, &echo_door, &echo_plain]
+    {
         table.push_str(&format!(
             "| {} | {} | {} | {:.0} |\n",
             row.target, row.p50_us, row.p99_us, row.calls_per_s
         ));
     }
+    let above = |row: &Row, base: &Row| row.p50_us as i64 - base.p50_us as i64;
     table.push_str(&format!(
-        "\ntoolhost adds {} µs at p50 over the direct call (the Redis round trip alone is {} µs) and keeps {:.2} of the direct throughput.\n",
-        hosted.p50_us.saturating_sub(direct.p50_us),
+        "\nRows through toolhost are the medians of {ROUNDS} interleaved rounds.\n\
+         Hosted over stdio, get-sum costs {:+} µs at p50 over echo through the same daemon (target ≤ +150), {:+} µs over the \
+         direct call (the Redis round trip alone is {} µs), and keeps {:.2} of the direct throughput at 16 in flight \
+         (target ≥ 0.6; {:.2} of echo's).\n",
+        above(&hosted, &echo_redis),
+        above(&hosted, &direct),
         floor.p50_us,
-        hosted.calls_per_s / direct.calls_per_s
+        hosted.calls_per_s / direct.calls_per_s,
+        hosted.calls_per_s / echo_redis.calls_per_s,
+    ));
+    table.push_str(&format!(
+        "Hosted over streamable HTTP: {:+} µs over echo, {:+} µs over the direct HTTP call, {:.2} of its throughput. \
+         As a `[[commands]]` tool (`expr`, a process per call): {:+} µs over echo, {:.0} calls/s.\n",
+        above(&hosted_http, &echo_redis),
+        above(&hosted_http, &direct_http),
+        hosted_http.calls_per_s / direct_http.calls_per_s,
+        above(&command, &echo_redis),
+        command.calls_per_s,
     ));
     table.push_str(&format!(
         "The MCP door adds {} µs at p50 to echo over Redis and keeps {:.2} of its throughput at 16 in flight with the rmcp client; {} µs and {:.2} with plain HTTP POSTs.\n",
@@ -455,11 +620,20 @@ async fn main() -> anyhow::Result<()> {
         "`toolhost mcp` answers initialize {:.1} ms after it is spawned and its first tools/list {:.1} ms after (median of {ROUNDS} starts).\n",
         stdio_start.0, stdio_start.1
     ));
-    if let Some(kib) = rss_idle_kib {
-        table.push_str(&format!(
-            "toolhost's idle RSS with the server hosted (its session open, no call yet): {:.1} MiB.\n",
-            kib as f64 / 1024.0
-        ));
+    let mib = |kib: u64| kib as f64 / 1024.0;
+    for (what, memory) in [
+        ("without an MCP server", without_mcp),
+        ("with server-everything hosted over stdio (session open, no call yet)", with_mcp),
+    ] {
+        if let Some(memory) = memory {
+            table.push_str(&format!(
+                "toolhost idle {what}: RSS {:.1} MiB, anonymous {:.1} MiB, file-backed {:.1} MiB, PSS {}.\n",
+                mib(memory.rss_kib),
+                mib(memory.anon_kib),
+                mib(memory.file_kib),
+                memory.pss_kib.map_or_else(|| "unknown".to_owned(), |kib| format!("{:.1} MiB", mib(kib))),
+            ));
+        }
     }
     print!("{table}");
     let out = PathBuf::from("target/bench");
