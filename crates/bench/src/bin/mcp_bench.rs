@@ -57,6 +57,53 @@ struct Row {
     p50_us: u64,
     p99_us: u64,
     calls_per_s: f64,
+    /// CPU per call at 16 in flight of each watched process, µs.
+    cpu_us: Vec<(&'static str, f64)>,
+}
+
+/// Which processes a watched pid stands for.
+#[derive(Clone, Copy)]
+enum Scope {
+    /// The process alone.
+    Own,
+    /// The processes below it (a daemon's stdio server and commands), not itself.
+    Children,
+    /// It and every process below it (a server's wrapper and node).
+    Tree,
+}
+
+/// Processes whose CPU a row reports per call: (label, pid, scope).
+type Watched = Vec<(&'static str, u32, Scope)>;
+
+/// CPU ticks of each watched set of processes.
+fn cpu_ticks(watched: &Watched) -> Vec<Option<u64>> {
+    let ticks = |pid| toolhost_bench::procfs::cpu_ticks(pid).ok();
+    let below = |pid| descendants(pid).into_iter().map(|child| ticks(child).unwrap_or(0)).sum::<u64>();
+    watched
+        .iter()
+        .map(|&(_, pid, scope)| match scope {
+            Scope::Own => ticks(pid),
+            Scope::Children => Some(below(pid)),
+            Scope::Tree => Some(ticks(pid)? + below(pid)),
+        })
+        .collect()
+}
+
+/// Every process below `pid`, from `/proc/<pid>/task/*/children`.
+fn descendants(pid: u32) -> Vec<u32> {
+    let mut res = Vec::new();
+    let mut queue = vec![pid];
+    while let Some(parent) = queue.pop() {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{parent}/task")) else { continue };
+        for task in tasks.flatten() {
+            let children = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+            for child in children.split_whitespace().filter_map(|child| child.parse::<u32>().ok()) {
+                res.push(child);
+                queue.push(child);
+            }
+        }
+    }
+    res
 }
 
 fn everything() -> anyhow::Result<PathBuf> {
@@ -74,7 +121,7 @@ fn arguments() -> serde_json::Map<String, Value> {
 
 /// Latency of `SEQUENTIAL_CALLS` calls one at a time, and calls per second with `LANES` in
 /// flight for `PHASE`.
-async fn measure<F, Fut>(target: &'static str, call: F) -> anyhow::Result<Row>
+async fn measure<F, Fut>(target: &'static str, watched: &Watched, call: F) -> anyhow::Result<Row>
 where
     F: Fn(usize) -> Fut + Send + Sync + 'static,
     Fut: std::future::Future<Output = anyhow::Result<()>> + Send,
@@ -89,6 +136,7 @@ where
         call(index).await?;
         histogram.record(started.elapsed().as_micros() as u64)?;
     }
+    let before = cpu_ticks(watched);
     let deadline = Instant::now() + PHASE;
     let mut lanes = Vec::new();
     for lane in 0..LANES {
@@ -106,11 +154,22 @@ where
     for lane in lanes {
         total += lane.await??;
     }
+    let after = cpu_ticks(watched);
+    let ticks_per_second = toolhost_bench::procfs::ticks_per_second() as f64;
+    let cpu_us = watched
+        .iter()
+        .zip(before.iter().zip(&after))
+        .filter_map(|(&(label, _, _), (before, after))| {
+            let spent = after.as_ref()?.checked_sub(*before.as_ref()?)?;
+            Some((label, spent as f64 * 1e6 / ticks_per_second / total.max(1) as f64))
+        })
+        .collect();
     Ok(Row {
         target,
         p50_us: histogram.value_at_quantile(0.5),
         p99_us: histogram.value_at_quantile(0.99),
         calls_per_s: total as f64 / PHASE.as_secs_f64(),
+        cpu_us,
     })
 }
 
@@ -126,7 +185,11 @@ async fn direct(program: &Path) -> anyhow::Result<Row> {
         .context("starting server-everything")?;
     let (stdin, stdout) = (child.stdin.take().context("stdin")?, child.stdout.take().context("stdout")?);
     let client = Arc::new(().serve((stdout, stdin)).await.context("initialising the MCP session")?);
-    let row = measure("direct (rmcp client, stdio)", move |_| {
+    let watched = vec![
+        ("client", std::process::id(), Scope::Own),
+        ("server", child.id().context("the server's pid")?, Scope::Tree),
+    ];
+    let row = measure("direct (rmcp client, stdio)", &watched, move |_| {
         let client = Arc::clone(&client);
         async move {
             let mut params = CallToolRequestParams::new("get-sum");
@@ -141,19 +204,35 @@ async fn direct(program: &Path) -> anyhow::Result<Row> {
     row
 }
 
+/// A connection of each lane's own. Redis serves one connection's commands in order, so a lane's
+/// `XREAD BLOCK` on a shared connection would hold every other lane's `XADD` until its answer
+/// came, and 16 lanes would have about one call in flight.
+#[derive(Clone)]
+struct Lanes(Arc<Vec<MultiplexedConnection>>);
+
+impl Lanes {
+    async fn open(client: &redis::Client) -> anyhow::Result<Lanes> {
+        let mut connections = Vec::with_capacity(LANES);
+        for _ in 0..LANES {
+            connections.push(client.get_multiplexed_async_connection().await?);
+        }
+        Ok(Lanes(Arc::new(connections)))
+    }
+
+    fn get(&self, lane: usize) -> &MultiplexedConnection {
+        &self.0[lane % self.0.len()]
+    }
+}
+
 /// A `tool.invoke` of `get-sum` through toolhost, answered on this lane's results stream.
-async fn through_toolhost(connection: &MultiplexedConnection, lane: usize) -> anyhow::Result<()> {
-    invoke(connection, lane, HOSTED_TOOL, Value::Object(arguments())).await
+async fn through_toolhost(lanes: &Lanes, lane: usize) -> anyhow::Result<()> {
+    invoke(lanes, lane, HOSTED_TOOL, Value::Object(arguments())).await
 }
 
 /// A `tool.invoke` of `tool` over Redis, answered on this lane's results stream.
-async fn invoke(
-    connection: &MultiplexedConnection,
-    lane: usize,
-    tool: &str,
-    arguments: Value,
-) -> anyhow::Result<()> {
-    let mut connection = connection.clone();
+async fn invoke(lanes: &Lanes, lane: usize, tool: &str, arguments: Value) -> anyhow::Result<()> {
+    let lane = lane % LANES;
+    let mut connection = lanes.get(lane).clone();
     let request_id = uuid::Uuid::new_v4().to_string();
     let topic = format!("results:lane-{lane}");
     let envelope = json!({
@@ -305,7 +384,7 @@ impl Daemon {
 
 /// server-everything over streamable HTTP on a free loopback port, killed on drop.
 struct HttpServer {
-    _child: tokio::process::Child,
+    child: tokio::process::Child,
     url: String,
 }
 
@@ -326,15 +405,16 @@ impl HttpServer {
             anyhow::ensure!(Instant::now() < deadline, "server-everything never listened on {port}");
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        Ok(HttpServer { _child: child, url: format!("http://127.0.0.1:{port}/mcp") })
+        Ok(HttpServer { child, url: format!("http://127.0.0.1:{port}/mcp") })
     }
 }
 
 /// The same server spoken to directly over streamable HTTP by an rmcp client.
-async fn direct_http(url: &str) -> anyhow::Result<Row> {
+async fn direct_http(url: &str, server: u32) -> anyhow::Result<Row> {
+    let watched = vec![("client", std::process::id(), Scope::Own), ("server", server, Scope::Tree)];
     let transport = rmcp::transport::StreamableHttpClientTransport::from_uri(url.to_owned());
     let client = Arc::new(().serve(transport).await.context("initialising the HTTP MCP session")?);
-    measure("direct (rmcp client, streamable HTTP)", move |_| {
+    measure("direct (rmcp client, streamable HTTP)", &watched, move |_| {
         let client = Arc::clone(&client);
         async move {
             let mut params = CallToolRequestParams::new("get-sum");
@@ -368,7 +448,8 @@ async fn idle_memory(
 /// `toolhost serve` hosting server-everything over stdio and over streamable HTTP, `expr` as a
 /// command, and its MCP door, driven over Redis. Echo over Redis, the hosted and command sums and
 /// the door's rows take turns, round by round; each row is the median of its rounds.
-async fn toolhost(program: &Path, toolhost_bin: &Path, http_url: &str) -> anyhow::Result<Measured> {
+async fn toolhost(program: &Path, toolhost_bin: &Path, http_server: &HttpServer) -> anyhow::Result<Measured> {
+    let http_url = http_server.url.as_str();
     let redis = RedisServer::start()?;
     let door_port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
     let client = redis::Client::open(redis.url())?;
@@ -382,8 +463,18 @@ async fn toolhost(program: &Path, toolhost_bin: &Path, http_url: &str) -> anyhow
         &[HOSTED_TOOL, HOSTED_HTTP_TOOL, COMMAND_TOOL],
     )
     .await?;
+    let mut watched = vec![
+        ("bench", std::process::id(), Scope::Own),
+        ("redis", redis.pid(), Scope::Own),
+        ("toolhost", daemon.child.id().context("the daemon's pid")?, Scope::Own),
+        ("stdio server, commands", daemon.child.id().context("the daemon's pid")?, Scope::Children),
+    ];
+    if let Some(pid) = http_server.child.id() {
+        watched.push(("HTTP server", pid, Scope::Tree));
+    }
+    let all_lanes = Lanes::open(&client).await?;
     let pings = connection.clone();
-    let floor = measure("redis PING round trip", move |_| {
+    let floor = measure("redis PING round trip", &watched, move |_| {
         let mut pings = pings.clone();
         async move {
             let _: String = redis::cmd("PING").query_async(&mut pings).await?;
@@ -398,33 +489,33 @@ async fn toolhost(program: &Path, toolhost_bin: &Path, http_url: &str) -> anyhow
     let mut rounds: [Vec<Row>; 6] = Default::default();
     for round in 0..ROUNDS {
         eprintln!("bench-mcp: round {}/{ROUNDS}", round + 1);
-        let lanes = connection.clone();
+        let lanes = all_lanes.clone();
         rounds[0].push(
-            measure("echo over Redis (tool.invoke, a results stream per lane)", move |lane| {
+            measure("echo over Redis (tool.invoke, a results stream per lane)", &watched, move |lane| {
                 let lanes = lanes.clone();
                 async move { invoke(&lanes, lane, "echo", json!({"message": "hi"})).await }
             })
             .await?,
         );
-        let lanes = connection.clone();
+        let lanes = all_lanes.clone();
         rounds[1].push(
-            measure("get-sum over Redis, hosted over stdio", move |lane| {
+            measure("get-sum over Redis, hosted over stdio", &watched, move |lane| {
                 let lanes = lanes.clone();
                 async move { through_toolhost(&lanes, lane).await }
             })
             .await?,
         );
-        let lanes = connection.clone();
+        let lanes = all_lanes.clone();
         rounds[2].push(
-            measure("get-sum over Redis, hosted over streamable HTTP", move |lane| {
+            measure("get-sum over Redis, hosted over streamable HTTP", &watched, move |lane| {
                 let lanes = lanes.clone();
                 async move { invoke(&lanes, lane, HOSTED_HTTP_TOOL, Value::Object(arguments())).await }
             })
             .await?,
         );
-        let lanes = connection.clone();
+        let lanes = all_lanes.clone();
         rounds[3].push(
-            measure("sum over Redis, as [[commands]] (expr, a process per call)", move |lane| {
+            measure("sum over Redis, as [[commands]] (expr, a process per call)", &watched, move |lane| {
                 let lanes = lanes.clone();
                 async move { invoke(&lanes, lane, COMMAND_TOOL, Value::Object(arguments())).await }
             })
@@ -432,7 +523,7 @@ async fn toolhost(program: &Path, toolhost_bin: &Path, http_url: &str) -> anyhow
         );
         let door = Arc::clone(&door);
         rounds[4].push(
-            measure("echo through the MCP door (/mcp, rmcp streamable HTTP client)", move |_| {
+            measure("echo through the MCP door (/mcp, rmcp streamable HTTP client)", &watched, move |_| {
                 let door = Arc::clone(&door);
                 async move {
                     let mut params = CallToolRequestParams::new("echo");
@@ -446,7 +537,7 @@ async fn toolhost(program: &Path, toolhost_bin: &Path, http_url: &str) -> anyhow
         );
         let plain = Arc::clone(&plain);
         rounds[5].push(
-            measure("echo through the MCP door (/mcp, one plain HTTP POST per call)", move |_| {
+            measure("echo through the MCP door (/mcp, one plain HTTP POST per call)", &watched, move |_| {
                 let plain = Arc::clone(&plain);
                 async move { plain.echo().await }
             })
@@ -528,8 +619,20 @@ fn median(mut rounds: Vec<Row>) -> Row {
     let p50_us = middle(rounds.iter().map(|row| row.p50_us).collect());
     let p99_us = middle(rounds.iter().map(|row| row.p99_us).collect());
     let calls_per_s = middle(rounds.iter().map(|row| row.calls_per_s).collect());
+    let labels: Vec<&'static str> =
+        rounds.first().map(|row| row.cpu_us.iter().map(|&(label, _)| label).collect()).unwrap_or_default();
+    let cpu_us = labels
+        .into_iter()
+        .map(|label| {
+            let values: Vec<f64> = rounds
+                .iter()
+                .filter_map(|row| row.cpu_us.iter().find(|(other, _)| *other == label).map(|&(_, us)| us))
+                .collect();
+            (label, if values.is_empty() { 0.0 } else { middle(values) })
+        })
+        .collect();
     let target = rounds.pop().map_or("", |row| row.target);
-    Row { target, p50_us, p99_us, calls_per_s }
+    Row { target, p50_us, p99_us, calls_per_s, cpu_us }
 }
 
 /// `toolhost mcp` from spawn to its answer to `initialize`, and to its first `tools/list`: the
@@ -573,9 +676,10 @@ async fn main() -> anyhow::Result<()> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let direct = direct(&program).await?;
     let http_server = HttpServer::start(&program).await?;
-    let direct_http = direct_http(&http_server.url).await?;
+    let direct_http =
+        direct_http(&http_server.url, http_server.child.id().context("the HTTP server's pid")?).await?;
     let Measured { hosted, hosted_http, command, floor, echo_redis, echo_door, echo_plain, stdio_start } =
-        toolhost(&program, &toolhost_bin, &http_server.url).await?;
+        toolhost(&program, &toolhost_bin, &http_server).await?;
     let (without_mcp, with_mcp) = idle_memory(&program, &toolhost_bin).await?;
     let mut table = String::from(
         "| target | p50 µs (1 in flight) | p99 µs (1 in flight) | calls/s (16 in flight) |\n|---|---:|---:|---:|\n",
