@@ -205,8 +205,8 @@ async fn direct(program: &Path) -> anyhow::Result<Row> {
 }
 
 /// A connection of each lane's own. Redis serves one connection's commands in order, so a lane's
-/// `XREAD BLOCK` on a shared connection would hold every other lane's `XADD` until its answer
-/// came, and 16 lanes would have about one call in flight.
+/// `XREAD BLOCK` on a shared connection holds the commands other lanes queued behind it until its
+/// own answer comes.
 #[derive(Clone)]
 struct Lanes(Arc<Vec<MultiplexedConnection>>);
 
@@ -682,14 +682,20 @@ async fn main() -> anyhow::Result<()> {
         toolhost(&program, &toolhost_bin, &http_server).await?;
     let (without_mcp, with_mcp) = idle_memory(&program, &toolhost_bin).await?;
     let mut table = String::from(
-        "| target | p50 µs (1 in flight) | p99 µs (1 in flight) | calls/s (16 in flight) |\n|---|---:|---:|---:|\n",
+        "| target | p50 µs (1 in flight) | p99 µs (1 in flight) | calls/s (16 in flight) | CPU µs per call at 16 in flight |\n\
+         |---|---:|---:|---:|---|\n",
     );
     for row in
         [&direct, &direct_http, &floor, &echo_redis, &hosted, &hosted_http, &command, &echo_door, &echo_plain]
     {
+        let cpu: Vec<String> = row.cpu_us.iter().map(|(label, us)| format!("{label} {us:.1}")).collect();
         table.push_str(&format!(
-            "| {} | {} | {} | {:.0} |\n",
-            row.target, row.p50_us, row.p99_us, row.calls_per_s
+            "| {} | {} | {} | {:.0} | {} |\n",
+            row.target,
+            row.p50_us,
+            row.p99_us,
+            row.calls_per_s,
+            cpu.join(", ")
         ));
     }
     let above = |row: &Row, base: &Row| row.p50_us as i64 - base.p50_us as i64;
