@@ -99,6 +99,7 @@ pub fn request(kind: &RequestKind) -> serde_json::Result<Request> {
         topic: REQUESTS_STREAM,
         time: now_rfc3339(),
         correlation_id: &request_id,
+        response_topic: None,
         data,
     };
     let payload = serde_json::to_string(&envelope)?;
@@ -117,16 +118,16 @@ pub const INDEPENDENT_MESSAGE: &str = "ping";
 /// Only if serde_json fails to write a string, which it does not do for these types.
 pub fn independent_request() -> serde_json::Result<Request> {
     let id = uuid::Uuid::new_v4().to_string();
-    let envelope = IndependentRequest {
+    let envelope = OutgoingRequest {
         id: &id,
         source: "loadgen",
         specversion: "1.0",
         event_type: "echo.requested",
         topic: REQUESTS_STREAM,
         time: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
-        data: RequestData::Echo { request_id: &id, message: INDEPENDENT_MESSAGE },
         correlation_id: &id,
-        response_topic: RESULTS_STREAM,
+        response_topic: Some(RESULTS_STREAM),
+        data: RequestData::Echo { request_id: &id, message: INDEPENDENT_MESSAGE },
     };
     let payload = serde_json::to_string(&envelope)?;
     Ok(Request { request_id: id.clone(), id, payload })
@@ -265,22 +266,9 @@ struct OutgoingRequest<'a> {
     topic: &'a str,
     time: String,
     correlation_id: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    response_topic: Option<&'a str>,
     data: RequestData<'a>,
-}
-
-/// The independent generator's envelope, its fields in the order that generator writes them.
-#[derive(Serialize)]
-struct IndependentRequest<'a> {
-    id: &'a str,
-    source: &'a str,
-    specversion: &'a str,
-    #[serde(rename = "type")]
-    event_type: &'a str,
-    topic: &'a str,
-    time: String,
-    data: RequestData<'a>,
-    correlation_id: &'a str,
-    response_topic: &'a str,
 }
 
 #[derive(Serialize)]

@@ -223,6 +223,24 @@ impl Scenario {
         self
     }
 
+    /// The load of its warm-up or of one repetition: the harness's generator for a duration,
+    /// the independent one for a count of requests.
+    fn load(&self, options: &Options, warmup: bool) -> LoadSpec {
+        let (duration, max_requests) = match (self.generator, warmup) {
+            (Generator::Harness, true) => (options.warmup, None),
+            (Generator::Harness, false) => (options.duration, None),
+            (Generator::Independent, true) => (COUNTED_RUN_LIMIT, Some(options.independent_warmup)),
+            (Generator::Independent, false) => (COUNTED_RUN_LIMIT, Some(options.independent_requests)),
+        };
+        LoadSpec {
+            generator: self.generator,
+            in_flight: self.in_flight,
+            kind: self.kind.clone(),
+            duration,
+            max_requests,
+        }
+    }
+
     /// An empty row for this scenario on `worker`.
     fn row(&self, worker: Worker) -> Row {
         Row {
@@ -524,22 +542,7 @@ impl Bench<'_> {
             row.pss_idle_kib = memory.pss_kib;
         }
         let url = self.redis.url();
-        let warmup = match scenario.generator {
-            Generator::Harness => LoadSpec {
-                generator: Generator::Harness,
-                in_flight: scenario.in_flight,
-                kind: scenario.kind.clone(),
-                duration: self.options.warmup,
-                max_requests: None,
-            },
-            Generator::Independent => LoadSpec {
-                generator: Generator::Independent,
-                in_flight: scenario.in_flight,
-                kind: scenario.kind.clone(),
-                duration: COUNTED_RUN_LIMIT,
-                max_requests: Some(self.options.independent_warmup),
-            },
-        };
+        let warmup = scenario.load(self.options, true);
         match load::run(&url, &warmup).await {
             Ok(res) if res.n_answered() > 0 => {}
             Ok(res) => {
@@ -597,27 +600,12 @@ impl Bench<'_> {
     }
 
     async fn rep(&mut self, url: &str, pid: u32, scenario: &Scenario) -> anyhow::Result<Rep> {
-        let spec = match scenario.generator {
-            Generator::Harness => {
-                self.trim_streams().await?;
-                LoadSpec {
-                    generator: Generator::Harness,
-                    in_flight: scenario.in_flight,
-                    kind: scenario.kind.clone(),
-                    duration: self.options.duration,
-                    max_requests: None,
-                }
-            }
-            // The independent generator trims nothing: its streams keep the warm-up's entries
-            // and grow by every request.
-            Generator::Independent => LoadSpec {
-                generator: Generator::Independent,
-                in_flight: scenario.in_flight,
-                kind: scenario.kind.clone(),
-                duration: COUNTED_RUN_LIMIT,
-                max_requests: Some(self.options.independent_requests),
-            },
-        };
+        // The independent generator trims nothing: its streams keep the warm-up's entries and
+        // grow by every request.
+        if scenario.generator == Generator::Harness {
+            self.trim_streams().await?;
+        }
+        let spec = scenario.load(self.options, false);
         // Command statistics count from here; a failure only leaves the row without them.
         let reset: redis::RedisResult<()> =
             redis::cmd("CONFIG").arg("RESETSTAT").query_async(&mut self.admin).await;

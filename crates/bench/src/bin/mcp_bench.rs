@@ -224,11 +224,6 @@ impl Lanes {
     }
 }
 
-/// A `tool.invoke` of `get-sum` through toolhost, answered on this lane's results stream.
-async fn through_toolhost(lanes: &Lanes, lane: usize) -> anyhow::Result<()> {
-    invoke(lanes, lane, HOSTED_TOOL, Value::Object(arguments())).await
-}
-
 /// A `tool.invoke` of `tool` over Redis, answered on this lane's results stream.
 async fn invoke(lanes: &Lanes, lane: usize, tool: &str, arguments: Value) -> anyhow::Result<()> {
     let lane = lane % LANES;
@@ -489,38 +484,26 @@ async fn toolhost(program: &Path, toolhost_bin: &Path, http_server: &HttpServer)
     let mut rounds: [Vec<Row>; 6] = Default::default();
     for round in 0..ROUNDS {
         eprintln!("bench-mcp: round {}/{ROUNDS}", round + 1);
-        let lanes = all_lanes.clone();
-        rounds[0].push(
-            measure("echo over Redis (tool.invoke, a results stream per lane)", &watched, move |lane| {
-                let lanes = lanes.clone();
-                async move { invoke(&lanes, lane, "echo", json!({"message": "hi"})).await }
-            })
-            .await?,
-        );
-        let lanes = all_lanes.clone();
-        rounds[1].push(
-            measure("get-sum over Redis, hosted over stdio", &watched, move |lane| {
-                let lanes = lanes.clone();
-                async move { through_toolhost(&lanes, lane).await }
-            })
-            .await?,
-        );
-        let lanes = all_lanes.clone();
-        rounds[2].push(
-            measure("get-sum over Redis, hosted over streamable HTTP", &watched, move |lane| {
-                let lanes = lanes.clone();
-                async move { invoke(&lanes, lane, HOSTED_HTTP_TOOL, Value::Object(arguments())).await }
-            })
-            .await?,
-        );
-        let lanes = all_lanes.clone();
-        rounds[3].push(
-            measure("sum over Redis, as [[commands]] (expr, a process per call)", &watched, move |lane| {
-                let lanes = lanes.clone();
-                async move { invoke(&lanes, lane, COMMAND_TOOL, Value::Object(arguments())).await }
-            })
-            .await?,
-        );
+        let over_redis = [
+            ("echo over Redis (tool.invoke, a results stream per lane)", "echo", json!({"message": "hi"})),
+            ("get-sum over Redis, hosted over stdio", HOSTED_TOOL, Value::Object(arguments())),
+            ("get-sum over Redis, hosted over streamable HTTP", HOSTED_HTTP_TOOL, Value::Object(arguments())),
+            (
+                "sum over Redis, as [[commands]] (expr, a process per call)",
+                COMMAND_TOOL,
+                Value::Object(arguments()),
+            ),
+        ];
+        for (row, (target, tool, arguments)) in over_redis.into_iter().enumerate() {
+            let lanes = all_lanes.clone();
+            rounds[row].push(
+                measure(target, &watched, move |lane| {
+                    let (lanes, arguments) = (lanes.clone(), arguments.clone());
+                    async move { invoke(&lanes, lane, tool, arguments).await }
+                })
+                .await?,
+            );
+        }
         let door = Arc::clone(&door);
         rounds[4].push(
             measure("echo through the MCP door (/mcp, rmcp streamable HTTP client)", &watched, move |_| {
