@@ -185,11 +185,20 @@ async fn direct(program: &Path) -> anyhow::Result<Row> {
         .context("starting server-everything")?;
     let (stdin, stdout) = (child.stdin.take().context("stdin")?, child.stdout.take().context("stdout")?);
     let client = Arc::new(().serve((stdout, stdin)).await.context("initialising the MCP session")?);
-    let watched = vec![
-        ("client", std::process::id(), Scope::Own),
-        ("server", child.id().context("the server's pid")?, Scope::Tree),
-    ];
-    let row = measure("direct (rmcp client, stdio)", &watched, move |_| {
+    let server = child.id().context("the server's pid")?;
+    let row = measure_direct("direct (rmcp client, stdio)", client, server).await;
+    let _ = child.kill().await;
+    row
+}
+
+/// `get-sum` called by `client` directly, with the CPU of this process and of the server's.
+async fn measure_direct(
+    target: &'static str,
+    client: Arc<rmcp::service::RunningService<rmcp::RoleClient, ()>>,
+    server: u32,
+) -> anyhow::Result<Row> {
+    let watched = vec![("client", std::process::id(), Scope::Own), ("server", server, Scope::Tree)];
+    measure(target, &watched, move |_| {
         let client = Arc::clone(&client);
         async move {
             let mut params = CallToolRequestParams::new("get-sum");
@@ -199,9 +208,7 @@ async fn direct(program: &Path) -> anyhow::Result<Row> {
             Ok(())
         }
     })
-    .await;
-    let _ = child.kill().await;
-    row
+    .await
 }
 
 /// A connection of each lane's own. Redis serves one connection's commands in order, so a lane's
@@ -406,20 +413,9 @@ impl HttpServer {
 
 /// The same server spoken to directly over streamable HTTP by an rmcp client.
 async fn direct_http(url: &str, server: u32) -> anyhow::Result<Row> {
-    let watched = vec![("client", std::process::id(), Scope::Own), ("server", server, Scope::Tree)];
     let transport = rmcp::transport::StreamableHttpClientTransport::from_uri(url.to_owned());
     let client = Arc::new(().serve(transport).await.context("initialising the HTTP MCP session")?);
-    measure("direct (rmcp client, streamable HTTP)", &watched, move |_| {
-        let client = Arc::clone(&client);
-        async move {
-            let mut params = CallToolRequestParams::new("get-sum");
-            params.arguments = Some(arguments());
-            let result = client.call_tool(params).await?;
-            anyhow::ensure!(result.is_error != Some(true), "get-sum failed: {result:?}");
-            Ok(())
-        }
-    })
-    .await
+    measure_direct("direct (rmcp client, streamable HTTP)", client, server).await
 }
 
 /// Idle memory of `toolhost serve` without an MCP server, and with server-everything hosted over
