@@ -45,7 +45,8 @@ bench *ARGS: ensure-redis-installed
     ./target/release/toolhost-bench-clients
     "$(scripts/ensure-python-client-venv.sh)/bin/python" clients/python/bench/bench.py
 
-# The issue-17 targets: echo at 1 and 64 in flight, the median of 5 interleaved runs of the
+# The issue-17 and issue-27 targets: echo at 1 and 64 in flight from the harness's generator and
+# at 64 from issue 27's independent generator, the median of 5 interleaved runs of the
 # at-least-once reference, the exactly-once floor and toolhost, then Redis bytes per answered
 # mark. Pass `--baseline-bin OLD/toolhost` to measure an older build beside them.
 bench-targets *ARGS: ensure-redis-installed

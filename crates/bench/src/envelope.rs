@@ -99,10 +99,38 @@ pub fn request(kind: &RequestKind) -> serde_json::Result<Request> {
         topic: REQUESTS_STREAM,
         time: now_rfc3339(),
         correlation_id: &request_id,
+        response_topic: None,
         data,
     };
     let payload = serde_json::to_string(&envelope)?;
     Ok(Request { id, request_id, payload })
+}
+
+/// The message of the independent generator's requests.
+pub const INDEPENDENT_MESSAGE: &str = "ping";
+
+/// A request of the independent generator's shape (issue 27): one fresh UUID serves as the
+/// event id, `data.request_id` and `correlation_id`; `source` is `loadgen`, `time` is RFC 3339
+/// with microseconds, the message is `ping` and `response_topic` names `action-results`.
+///
+/// # Errors
+///
+/// Only if serde_json fails to write a string, which it does not do for these types.
+pub fn independent_request() -> serde_json::Result<Request> {
+    let id = uuid::Uuid::new_v4().to_string();
+    let envelope = OutgoingRequest {
+        id: &id,
+        source: "loadgen",
+        specversion: "1.0",
+        event_type: "echo.requested",
+        topic: REQUESTS_STREAM,
+        time: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+        correlation_id: &id,
+        response_topic: Some(RESULTS_STREAM),
+        data: RequestData::Echo { request_id: &id, message: INDEPENDENT_MESSAGE },
+    };
+    let payload = serde_json::to_string(&envelope)?;
+    Ok(Request { request_id: id.clone(), id, payload })
 }
 
 /// The valid 20-field argument object for `synthetic_0000`, matching the schema the daemon
@@ -238,6 +266,8 @@ struct OutgoingRequest<'a> {
     topic: &'a str,
     time: String,
     correlation_id: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    response_topic: Option<&'a str>,
     data: RequestData<'a>,
 }
 
@@ -412,5 +442,44 @@ mod tests {
             assert!(sent["data"].get(format!("f{field_idx:02}")).is_some(), "f{field_idx:02}");
         }
         assert_eq!(sent["data"]["request_id"], request.request_id.as_str());
+    }
+
+    #[test]
+    fn independent_request_has_the_issue_shape_with_one_uuid() {
+        let request = independent_request().unwrap();
+        let sent = parse(&request.payload);
+        let keys: Vec<&str> = sent.as_object().unwrap().keys().map(String::as_str).collect();
+        assert_eq!(
+            keys.iter().copied().collect::<std::collections::BTreeSet<_>>(),
+            [
+                "correlation_id",
+                "data",
+                "id",
+                "response_topic",
+                "source",
+                "specversion",
+                "time",
+                "topic",
+                "type"
+            ]
+            .into_iter()
+            .collect()
+        );
+        assert_eq!(sent["source"], "loadgen");
+        assert_eq!(sent["type"], "echo.requested");
+        assert_eq!(sent["topic"], REQUESTS_STREAM);
+        assert_eq!(sent["response_topic"], RESULTS_STREAM);
+        assert_eq!(sent["data"]["message"], "ping");
+        assert_eq!(request.id.len(), 36);
+        for id in [&sent["id"], &sent["correlation_id"], &sent["data"]["request_id"]] {
+            assert_eq!(id, request.id.as_str());
+        }
+        assert_eq!(request.request_id, request.id);
+        // Microseconds: six digits between the seconds and the Z.
+        let time = sent["time"].as_str().unwrap();
+        let fraction = time.rsplit_once('.').unwrap().1;
+        assert_eq!(fraction.len(), 7, "{time}");
+        assert!(fraction.ends_with('Z'));
+        assert!(chrono::DateTime::parse_from_rfc3339(time).is_ok());
     }
 }

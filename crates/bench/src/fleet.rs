@@ -15,7 +15,7 @@ use serde::Serialize;
 use tokio::process::{Child, Command};
 
 use crate::envelope::{REQUESTS_STREAM, RESULTS_STREAM, RequestKind};
-use crate::load::{self, LoadSpec};
+use crate::load::{self, Generator, LoadSpec};
 use crate::procfs::{self, MachineInfo};
 use crate::redis_server::{RedisCluster, RedisServer};
 
@@ -328,6 +328,7 @@ async fn run_row(
     let (publish, read) = redis.endpoints()?;
     let kind = RequestKind::echo(100);
     let warmup = LoadSpec {
+        generator: Generator::Harness,
         in_flight: row.in_flight,
         kind: kind.clone(),
         duration: options.warmup,
@@ -346,7 +347,13 @@ async fn run_row(
     let replicas_before: Vec<Option<f64>> = pids.iter().map(|&pid| cpu_us(pid, ticks)).collect();
     let redis_before = redis.cpu_us(ticks);
     let load_before = cpu_us(std::process::id(), ticks);
-    let spec = LoadSpec { in_flight: row.in_flight, kind, duration: options.duration, max_requests: None };
+    let spec = LoadSpec {
+        generator: Generator::Harness,
+        in_flight: row.in_flight,
+        kind,
+        duration: options.duration,
+        max_requests: None,
+    };
     let load = load::run_split(&publish, &read, &spec).await?;
     let replicas_after: Vec<Option<f64>> = pids.iter().map(|&pid| cpu_us(pid, ticks)).collect();
     let redis_after = redis.cpu_us(ticks);

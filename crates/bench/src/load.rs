@@ -5,6 +5,10 @@
 //! `XREAD BLOCK` after the last id it saw and routes each answer to its lane. Publishing
 //! and reading use separate connections so a blocked read never delays a publish.
 //! Latency runs from just before the `XADD` to the moment the dispatcher read the answer.
+//!
+//! Two shapes of the same loop ([`Generator`]): the harness's own, and the independent
+//! generator of issue 27, which differs in the envelope, in trimming nothing and in reading
+//! answers without a `COUNT`.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -30,9 +34,35 @@ pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
 /// cannot fill the machine's memory within one repetition.
 const STREAM_BYTES_BUDGET: usize = 128 * 1024 * 1024;
 
+/// The shape of the requests and of the answer reads.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Generator {
+    /// The harness's own: fresh ids for the event and the request, `source` `bench:loadgen`,
+    /// `time` in milliseconds, `XADD ... MAXLEN ~`, answers read with `XREAD COUNT 1024`.
+    #[default]
+    Harness,
+    /// Issue 27's independent generator: one UUID for every id, `source` `loadgen`, `time` in
+    /// microseconds, `response_topic` given, message `ping`, `XADD` without `MAXLEN`, answers
+    /// read with `XREAD BLOCK` without `COUNT`; [`LoadSpec::kind`] is ignored.
+    Independent,
+}
+
+impl Generator {
+    /// The name in reports and on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Generator::Harness => "harness",
+            Generator::Independent => "independent",
+        }
+    }
+}
+
 /// One run of the load generator.
 #[derive(Clone, Debug)]
 pub struct LoadSpec {
+    /// The request and read shape.
+    pub generator: Generator,
     /// Lanes, i.e. requests in flight.
     pub in_flight: usize,
     /// What each request asks.
@@ -108,8 +138,14 @@ pub async fn run_split(publish_url: &str, read_url: &str, spec: &LoadSpec) -> an
     let last_id = last_entry_id(&mut reader, RESULTS_STREAM).await?;
     let pending: Pending = Arc::default();
     let stop = Arc::new(AtomicBool::new(false));
-    let dispatcher =
-        tokio::spawn(dispatch(reader, last_id, Arc::clone(&pending), Arc::clone(&stop), stream_cap));
+    let dispatcher = tokio::spawn(dispatch(
+        reader,
+        last_id,
+        Arc::clone(&pending),
+        Arc::clone(&stop),
+        stream_cap,
+        spec.generator,
+    ));
 
     let started = Instant::now();
     let deadline = started + spec.duration;
@@ -121,10 +157,14 @@ pub async fn run_split(publish_url: &str, read_url: &str, spec: &LoadSpec) -> an
             pending: Arc::clone(&pending),
             issued: Arc::clone(&issued),
             kind: spec.kind.clone(),
+            generator: spec.generator,
             deadline,
             max_requests: spec.max_requests,
-            add_options: StreamAddOptions::default()
-                .trim(StreamTrimStrategy::maxlen(StreamTrimmingMode::Approx, stream_cap)),
+            add_options: match spec.generator {
+                Generator::Harness => StreamAddOptions::default()
+                    .trim(StreamTrimStrategy::maxlen(StreamTrimmingMode::Approx, stream_cap)),
+                Generator::Independent => StreamAddOptions::default(),
+            },
         };
         lanes.push(tokio::spawn(lane.run()));
     }
@@ -193,6 +233,7 @@ struct Lane {
     pending: Pending,
     issued: Arc<AtomicU64>,
     kind: RequestKind,
+    generator: Generator,
     deadline: Instant,
     max_requests: Option<u64>,
     add_options: StreamAddOptions,
@@ -223,7 +264,11 @@ impl Lane {
             {
                 break;
             }
-            let request = match envelope::request(&self.kind) {
+            let built = match self.generator {
+                Generator::Harness => envelope::request(&self.kind),
+                Generator::Independent => envelope::independent_request(),
+            };
+            let request = match built {
                 Ok(request) => request,
                 Err(err) => {
                     tally.n_send_errors += 1;
@@ -290,8 +335,12 @@ async fn dispatch(
     pending: Pending,
     stop: Arc<AtomicBool>,
     stream_cap: usize,
+    generator: Generator,
 ) {
-    let options = StreamReadOptions::default().count(1024).block(100);
+    let options = match generator {
+        Generator::Harness => StreamReadOptions::default().count(1024).block(100),
+        Generator::Independent => StreamReadOptions::default().block(100),
+    };
     let mut n_since_trim = 0usize;
     while !stop.load(Ordering::Relaxed) {
         let reply: redis::RedisResult<Option<StreamReadReply>> =
@@ -337,7 +386,7 @@ async fn dispatch(
         }
         // Large answers are trimmed here as well, since the worker under test chooses its
         // own MAXLEN for the results stream.
-        if stream_cap < DEFAULT_MAXLEN && n_since_trim >= stream_cap / 4 {
+        if generator == Generator::Harness && stream_cap < DEFAULT_MAXLEN && n_since_trim >= stream_cap / 4 {
             n_since_trim = 0;
             let trimmed: redis::RedisResult<usize> = reader
                 .xtrim_options(

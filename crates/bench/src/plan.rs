@@ -13,12 +13,18 @@ use anyhow::Context as _;
 use redis::aio::MultiplexedConnection;
 
 use crate::envelope::{REQUESTS_STREAM, RESULTS_STREAM, RequestKind};
-use crate::load::{self, LoadResult, LoadSpec};
+use crate::load::{self, Generator, LoadResult, LoadSpec};
 use crate::procfs::{self, MachineInfo, RssSampler};
 use crate::redis_server::RedisServer;
 use crate::report::{CommandCost, MarkMemory, ReadyTime, Report, Row, Settings, Soak};
 use crate::target::{self, Launch, Worker};
 
+/// The scenario name of the independent generator's rows.
+pub const INDEPENDENT_SCENARIO: &str = "echo, independent generator";
+/// Lanes of the independent generator (issue 27).
+pub const INDEPENDENT_IN_FLIGHT: usize = 64;
+/// The longest a run counted in requests (the independent generator's) may take.
+const COUNTED_RUN_LIMIT: Duration = Duration::from_secs(600);
 /// Sequential PINGs for the floor row.
 const N_PINGS: u32 = 20_000;
 /// The message size of the main echo rows.
@@ -61,6 +67,13 @@ pub struct Options {
     pub interleave: usize,
     /// In-flight counts of the echo rows, when not all of them.
     pub in_flight: Option<Vec<usize>>,
+    /// The load generators of the interleaved rows: the harness's at every in-flight count,
+    /// the independent one at [`INDEPENDENT_IN_FLIGHT`] (or the first `--in-flight`).
+    pub generators: Vec<Generator>,
+    /// Requests of one independent-generator run.
+    pub independent_requests: u64,
+    /// Warm-up requests before it.
+    pub independent_warmup: u64,
     /// Only measure Redis memory per answered mark, after this many requests per target.
     pub marks: Option<u64>,
     /// Run only the soak, with this many requests.
@@ -94,6 +107,8 @@ pub async fn run(options: &Options) -> anyhow::Result<Report> {
             warmup_s: options.warmup.as_secs_f64(),
             ready_starts: options.ready_starts,
             interleave: options.interleave,
+            independent_requests: options.independent_requests,
+            independent_warmup: options.independent_warmup,
         },
         rows: Vec::new(),
         ready: Vec::new(),
@@ -156,6 +171,7 @@ pub async fn run(options: &Options) -> anyhow::Result<Report> {
 /// One row to measure: a request kind at an in-flight count, and how to start the daemon.
 #[derive(Clone, Debug)]
 struct Scenario {
+    generator: Generator,
     name: String,
     baseline: Option<&'static str>,
     in_flight: usize,
@@ -167,6 +183,7 @@ struct Scenario {
 impl Scenario {
     fn echo(in_flight: usize, payload_bytes: usize) -> Self {
         Scenario {
+            generator: Generator::Harness,
             name: "echo".to_owned(),
             baseline: Some("echo"),
             in_flight,
@@ -178,6 +195,7 @@ impl Scenario {
 
     fn toolhost_only(name: &str, kind: RequestKind) -> Self {
         Scenario {
+            generator: Generator::Harness,
             name: name.to_owned(),
             baseline: None,
             in_flight: 8,
@@ -187,9 +205,40 @@ impl Scenario {
         }
     }
 
+    /// Echo `ping` at `in_flight` from the independent generator.
+    fn independent(in_flight: usize) -> Self {
+        Scenario {
+            generator: Generator::Independent,
+            name: INDEPENDENT_SCENARIO.to_owned(),
+            baseline: Some(INDEPENDENT_SCENARIO),
+            in_flight,
+            kind: RequestKind::Echo { message: crate::envelope::INDEPENDENT_MESSAGE.to_owned() },
+            serve_args: Vec::new(),
+            env: Vec::new(),
+        }
+    }
+
     fn with_tools(mut self, n_tools: usize) -> Self {
         self.serve_args = vec!["--synthetic-tools".to_owned(), n_tools.to_string()];
         self
+    }
+
+    /// The load of its warm-up or of one repetition: the harness's generator for a duration,
+    /// the independent one for a count of requests.
+    fn load(&self, options: &Options, warmup: bool) -> LoadSpec {
+        let (duration, max_requests) = match (self.generator, warmup) {
+            (Generator::Harness, true) => (options.warmup, None),
+            (Generator::Harness, false) => (options.duration, None),
+            (Generator::Independent, true) => (COUNTED_RUN_LIMIT, Some(options.independent_warmup)),
+            (Generator::Independent, false) => (COUNTED_RUN_LIMIT, Some(options.independent_requests)),
+        };
+        LoadSpec {
+            generator: self.generator,
+            in_flight: self.in_flight,
+            kind: self.kind.clone(),
+            duration,
+            max_requests,
+        }
     }
 
     /// An empty row for this scenario on `worker`.
@@ -236,6 +285,21 @@ fn scenarios(worker: Worker, in_flight: Option<&[usize]>) -> Vec<Scenario> {
             count.name = format!("echo, {n_tools} synthetic tools");
             res.push(count);
         }
+    }
+    res
+}
+
+/// The interleaved rows: the harness's echo at each in-flight count, then the independent
+/// generator's at 64 (or the first `--in-flight`), as `options.generators` asks.
+fn interleaved_scenarios(options: &Options) -> Vec<Scenario> {
+    let in_flight = options.in_flight.clone().unwrap_or_else(|| INTERLEAVED_IN_FLIGHT.to_vec());
+    let mut res = Vec::new();
+    if options.generators.contains(&Generator::Harness) {
+        res.extend(in_flight.iter().map(|&in_flight| Scenario::echo(in_flight, DEFAULT_PAYLOAD)));
+    }
+    if options.generators.contains(&Generator::Independent) {
+        let lanes = options.in_flight.as_ref().and_then(|given| given.first().copied());
+        res.push(Scenario::independent(lanes.unwrap_or(INDEPENDENT_IN_FLIGHT)));
     }
     res
 }
@@ -309,10 +373,9 @@ impl Bench<'_> {
     /// `options.interleave` times with the targets taking turns, so slow drifts of a shared
     /// machine spread over all of them; each row holds the medians of its runs.
     async fn interleaved(&mut self, report: &mut Report) {
-        let in_flight = self.options.in_flight.clone().unwrap_or_else(|| INTERLEAVED_IN_FLIGHT.to_vec());
         let workers = self.options.workers.clone();
-        for &in_flight in &in_flight {
-            let scenario = Scenario::echo(in_flight, DEFAULT_PAYLOAD);
+        for scenario in interleaved_scenarios(self.options) {
+            let in_flight = scenario.in_flight;
             let mut runs: Vec<Vec<Row>> = vec![Vec::new(); workers.len()];
             for round in 0..self.options.interleave {
                 for turn in 0..workers.len() {
@@ -320,10 +383,11 @@ impl Bench<'_> {
                     let idx = (turn + round) % workers.len();
                     let worker = workers[idx];
                     eprintln!(
-                        "bench: run {}/{} {} echo in-flight={in_flight}",
+                        "bench: run {}/{} {} {} in-flight={in_flight}",
                         round + 1,
                         self.options.interleave,
-                        worker.name()
+                        worker.name(),
+                        scenario.name,
                     );
                     let row = self.measure(worker, &scenario, 1).await;
                     if let Some(error) = &row.error {
@@ -356,6 +420,7 @@ impl Bench<'_> {
         let launch = self.launch(worker, &[], &[], format!("{}-marks.log", worker.name()));
         let running = self.start(&launch).await?;
         let spec = LoadSpec {
+            generator: Generator::Harness,
             in_flight: MARKS_IN_FLIGHT,
             kind: RequestKind::echo(DEFAULT_PAYLOAD),
             duration: Duration::from_secs(3600),
@@ -471,14 +536,13 @@ impl Bench<'_> {
         };
         // Give the process a moment to finish whatever it does right after registering.
         tokio::time::sleep(Duration::from_millis(200)).await;
-        row.rss_idle_kib = procfs::rss_kib(running.pid()).ok();
+        if let Ok(memory) = procfs::memory(running.pid()) {
+            row.rss_idle_kib = Some(memory.rss_kib);
+            row.anon_idle_kib = Some(memory.anon_kib);
+            row.pss_idle_kib = memory.pss_kib;
+        }
         let url = self.redis.url();
-        let warmup = LoadSpec {
-            in_flight: scenario.in_flight,
-            kind: scenario.kind.clone(),
-            duration: self.options.warmup,
-            max_requests: None,
-        };
+        let warmup = scenario.load(self.options, true);
         match load::run(&url, &warmup).await {
             Ok(res) if res.n_answered() > 0 => {}
             Ok(res) => {
@@ -536,13 +600,12 @@ impl Bench<'_> {
     }
 
     async fn rep(&mut self, url: &str, pid: u32, scenario: &Scenario) -> anyhow::Result<Rep> {
-        self.trim_streams().await?;
-        let spec = LoadSpec {
-            in_flight: scenario.in_flight,
-            kind: scenario.kind.clone(),
-            duration: self.options.duration,
-            max_requests: None,
-        };
+        // The independent generator trims nothing: its streams keep the warm-up's entries and
+        // grow by every request.
+        if scenario.generator == Generator::Harness {
+            self.trim_streams().await?;
+        }
+        let spec = scenario.load(self.options, false);
         // Command statistics count from here; a failure only leaves the row without them.
         let reset: redis::RedisResult<()> =
             redis::cmd("CONFIG").arg("RESETSTAT").query_async(&mut self.admin).await;
@@ -594,6 +657,7 @@ impl Bench<'_> {
             }
         };
         let spec = LoadSpec {
+            generator: Generator::Harness,
             in_flight: 64,
             kind: RequestKind::echo(DEFAULT_PAYLOAD),
             duration: Duration::from_secs(7 * 24 * 3600),
@@ -714,6 +778,8 @@ fn median_row(rows: Vec<Row>) -> Option<Row> {
     res.redis_cpu_us_per_request = median_of(&|row| row.redis_cpu_us_per_request);
     res.harness_cpu_us_per_request = median_of(&|row| row.harness_cpu_us_per_request);
     res.rss_idle_kib = median_of(&|row| row.rss_idle_kib.map(|kib| kib as f64)).map(|kib| kib as u64);
+    res.anon_idle_kib = median_of(&|row| row.anon_idle_kib.map(|kib| kib as f64)).map(|kib| kib as u64);
+    res.pss_idle_kib = median_of(&|row| row.pss_idle_kib.map(|kib| kib as f64)).map(|kib| kib as u64);
     res.rss_peak_kib = measured.iter().filter_map(|row| row.rss_peak_kib).max();
     res.n_answered = rows.iter().map(|row| row.n_answered).sum();
     res.n_failed = rows.iter().map(|row| row.n_failed).sum();

@@ -40,6 +40,46 @@ pub fn rss_kib(pid: u32) -> std::io::Result<u64> {
     parse_rss_kib(&status).ok_or_else(|| std::io::Error::other(format!("no VmRSS in /proc/{pid}/status")))
 }
 
+/// A process's memory: resident, of it anonymous and file-backed, and its proportional share.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Memory {
+    /// `VmRSS`, KiB.
+    pub rss_kib: u64,
+    /// `RssAnon`: heap, stacks, the runtime; what this process alone costs, KiB.
+    pub anon_kib: u64,
+    /// `RssFile`: mapped file pages, mostly the executable's text, shared page cache, KiB.
+    pub file_kib: u64,
+    /// `Pss` from `smaps_rollup`: resident pages, each shared one divided by its sharers, KiB;
+    /// `None` when the kernel does not let this process read it.
+    pub pss_kib: Option<u64>,
+}
+
+/// The memory of a process, from `/proc/<pid>/status` and `/proc/<pid>/smaps_rollup`.
+///
+/// # Errors
+///
+/// When the process is gone or its status has no `VmRSS` line (a zombie).
+pub fn memory(pid: u32) -> std::io::Result<Memory> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let rss_kib = parse_rss_kib(&status)
+        .ok_or_else(|| std::io::Error::other(format!("no VmRSS in /proc/{pid}/status")))?;
+    let pss_kib = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
+        .ok()
+        .and_then(|rollup| kib_field(&rollup, "Pss:"));
+    Ok(Memory {
+        rss_kib,
+        anon_kib: kib_field(&status, "RssAnon:").unwrap_or(0),
+        file_kib: kib_field(&status, "RssFile:").unwrap_or(0),
+        pss_kib,
+    })
+}
+
+/// The KiB value of the line starting with `field` (`Name:   123 kB`).
+fn kib_field(text: &str, field: &str) -> Option<u64> {
+    let line = text.lines().find(|line| line.starts_with(field))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
 /// Samples a process's RSS on a fixed period until stopped.
 ///
 /// Dropping it stops the sampling task.
@@ -143,8 +183,7 @@ fn parse_cpu_ticks(stat: &str) -> Option<u64> {
 }
 
 fn parse_rss_kib(status: &str) -> Option<u64> {
-    let line = status.lines().find(|line| line.starts_with("VmRSS:"))?;
-    line.split_whitespace().nth(1)?.parse().ok()
+    kib_field(status, "VmRSS:")
 }
 
 #[cfg(test)]
@@ -169,5 +208,19 @@ mod tests {
         let pid = std::process::id();
         assert!(cpu_ticks(pid).is_ok());
         assert!(rss_kib(pid).unwrap() > 0);
+        let memory = memory(pid).unwrap();
+        assert!(memory.anon_kib > 0 && memory.file_kib > 0, "{memory:?}");
+        assert!(memory.anon_kib + memory.file_kib <= memory.rss_kib, "{memory:?}");
+        // Our own smaps_rollup is always readable; PSS never exceeds RSS.
+        assert!(memory.pss_kib.is_some_and(|pss| pss > 0 && pss <= memory.rss_kib), "{memory:?}");
+    }
+
+    #[test]
+    fn memory_fields_are_read_by_name() {
+        let status = "VmRSS:\t  16000 kB\nRssAnon:\t    2600 kB\nRssFile:\t   13300 kB\nRssShmem:\t 0 kB\n";
+        assert_eq!(kib_field(status, "RssAnon:"), Some(2600));
+        assert_eq!(kib_field(status, "RssFile:"), Some(13300));
+        assert_eq!(kib_field(status, "Pss:"), None);
+        assert_eq!(kib_field("Rss: 10 kB\nPss:   7 kB\nPss_Anon: 3 kB\n", "Pss:"), Some(7));
     }
 }

@@ -8,7 +8,9 @@
 //! target/release/toolhost-bench --quick                     # smoke run, about a minute
 //! target/release/toolhost-bench                             # 3 reps x 5 s per row
 //! target/release/toolhost-bench --interleave 5              # the issue's targets: echo at 1
-//!                                                           # and 64 in flight, 5 runs each
+//!                                                           # and 64 in flight, 5 runs each,
+//!                                                           # and the independent generator
+//!                                                           # at 64 (50,000 requests a run)
 //! target/release/toolhost-bench --baseline-bin OLD/toolhost # adds toolhost-base rows
 //! target/release/toolhost-bench --only at-least-once,floor  # without the daemon
 //! target/release/toolhost-bench --soak 1000000              # RSS over a million requests
@@ -24,6 +26,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use toolhost_bench::fleet::{FleetOptions, Topology};
+use toolhost_bench::load::Generator;
 use toolhost_bench::plan::{self, Options};
 use toolhost_bench::target::Worker;
 
@@ -53,6 +56,17 @@ struct Args {
     /// Only the 100 B echo rows at these in-flight counts, comma separated.
     #[arg(long, value_delimiter = ',')]
     in_flight: Option<Vec<usize>>,
+    /// Load generators of the interleaved rows, comma separated: harness (this harness's own,
+    /// at every in-flight count) and independent (issue 27's shape at 64 in flight, or the
+    /// first --in-flight, a fixed count of requests).
+    #[arg(long, value_delimiter = ',', default_value = "harness,independent")]
+    generators: Vec<GeneratorName>,
+    /// Requests of one independent-generator run (default 50000, or 5000 with --quick).
+    #[arg(long)]
+    independent_requests: Option<u64>,
+    /// Warm-up requests before it (default 3000, or 500 with --quick).
+    #[arg(long)]
+    independent_warmup: Option<u64>,
     /// Seconds of warm-up per row (default 1, or 0.5 with --quick).
     #[arg(long)]
     warmup_s: Option<f64>,
@@ -95,6 +109,15 @@ enum FleetTopology {
     Single,
     /// A 3-master Redis Cluster.
     Cluster,
+}
+
+/// A value of `--generators`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum GeneratorName {
+    /// The harness's own generator.
+    Harness,
+    /// Issue 27's independent generator.
+    Independent,
 }
 
 /// A value of `--only`.
@@ -241,6 +264,19 @@ fn options(args: &Args) -> Options {
         baseline_bin: args.baseline_bin.clone(),
         interleave,
         in_flight: args.in_flight.clone().filter(|in_flight| !in_flight.is_empty()),
+        generators: args
+            .generators
+            .iter()
+            .map(|generator| match generator {
+                GeneratorName::Harness => Generator::Harness,
+                GeneratorName::Independent => Generator::Independent,
+            })
+            .collect(),
+        independent_requests: args
+            .independent_requests
+            .unwrap_or(if args.quick { 5_000 } else { 50_000 })
+            .max(1),
+        independent_warmup: args.independent_warmup.unwrap_or(if args.quick { 500 } else { 3_000 }).max(1),
         marks: args.marks,
         soak: args.soak,
         out_dir: args.out_dir.clone().unwrap_or(default_out_dir),

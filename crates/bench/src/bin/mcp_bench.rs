@@ -3,16 +3,21 @@
 //! In one run, against the same real `@modelcontextprotocol/server-everything` over stdio
 //! (installed by `scripts/ensure-mcp-servers.sh`):
 //!
-//! 1. **direct**: an rmcp client in this binary calls its `get-sum` tool;
+//! 1. **direct**: an rmcp client in this binary calls its `get-sum` tool, over stdio and over
+//!    streamable HTTP (the same server started with `streamableHttp`);
 //! 2. **toolhost**: the same call goes through `toolhost serve` (hosting the server with
-//!    `[[mcp_servers]]`) over Redis, as a `tool.invoke` request answered on a results stream;
+//!    `[[mcp_servers]]`, over stdio and over streamable HTTP) over Redis, as a `tool.invoke`
+//!    request answered on a results stream; beside it the built-in `echo` the same way, and the
+//!    sum as a `[[commands]]` tool (`expr`);
 //! 3. **redis**: sequential `PING`s, the round trip a Redis-borne call cannot avoid;
 //! 4. **the MCP door**: the built-in `echo` through the same daemon's `/mcp` (`[mcp] listen`)
-//!    by an rmcp streamable HTTP client, next to the same `echo` sent over Redis directly,
-//!    and by plain HTTP POSTs (reqwest, no MCP client library), interleaved for five rounds, each
-//!    row the median of its rounds;
+//!    by an rmcp streamable HTTP client, and by plain HTTP POSTs (reqwest, no MCP client
+//!    library); the rows through the daemon take turns for five rounds, each row the median of
+//!    its rounds;
 //! 5. **`toolhost mcp`**: the stdio door's start, from spawn to its answer to `initialize` and
-//!    to its first `tools/list` (the fleet's tools), the median of five starts.
+//!    to its first `tools/list` (the fleet's tools), the median of five starts;
+//! 6. **idle memory**: RSS, anonymous memory and PSS of `toolhost serve` without an MCP server
+//!    and with server-everything hosted over stdio.
 //!
 //! Each is measured at 1 call in flight (p50, p99) and at 16 (calls/s). The table goes to
 //! stdout and `target/bench/mcp.md`.
@@ -52,6 +57,53 @@ struct Row {
     p50_us: u64,
     p99_us: u64,
     calls_per_s: f64,
+    /// CPU per call at 16 in flight of each watched process, µs.
+    cpu_us: Vec<(&'static str, f64)>,
+}
+
+/// Which processes a watched pid stands for.
+#[derive(Clone, Copy)]
+enum Scope {
+    /// The process alone.
+    Own,
+    /// The processes below it (a daemon's stdio server and commands), not itself.
+    Children,
+    /// It and every process below it (a server's wrapper and node).
+    Tree,
+}
+
+/// Processes whose CPU a row reports per call: (label, pid, scope).
+type Watched = Vec<(&'static str, u32, Scope)>;
+
+/// CPU ticks of each watched set of processes.
+fn cpu_ticks(watched: &Watched) -> Vec<Option<u64>> {
+    let ticks = |pid| toolhost_bench::procfs::cpu_ticks(pid).ok();
+    let below = |pid| descendants(pid).into_iter().map(|child| ticks(child).unwrap_or(0)).sum::<u64>();
+    watched
+        .iter()
+        .map(|&(_, pid, scope)| match scope {
+            Scope::Own => ticks(pid),
+            Scope::Children => Some(below(pid)),
+            Scope::Tree => Some(ticks(pid)? + below(pid)),
+        })
+        .collect()
+}
+
+/// Every process below `pid`, from `/proc/<pid>/task/*/children`.
+fn descendants(pid: u32) -> Vec<u32> {
+    let mut res = Vec::new();
+    let mut queue = vec![pid];
+    while let Some(parent) = queue.pop() {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{parent}/task")) else { continue };
+        for task in tasks.flatten() {
+            let children = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+            for child in children.split_whitespace().filter_map(|child| child.parse::<u32>().ok()) {
+                res.push(child);
+                queue.push(child);
+            }
+        }
+    }
+    res
 }
 
 fn everything() -> anyhow::Result<PathBuf> {
@@ -69,7 +121,7 @@ fn arguments() -> serde_json::Map<String, Value> {
 
 /// Latency of `SEQUENTIAL_CALLS` calls one at a time, and calls per second with `LANES` in
 /// flight for `PHASE`.
-async fn measure<F, Fut>(target: &'static str, call: F) -> anyhow::Result<Row>
+async fn measure<F, Fut>(target: &'static str, watched: &Watched, call: F) -> anyhow::Result<Row>
 where
     F: Fn(usize) -> Fut + Send + Sync + 'static,
     Fut: std::future::Future<Output = anyhow::Result<()>> + Send,
@@ -84,6 +136,7 @@ where
         call(index).await?;
         histogram.record(started.elapsed().as_micros() as u64)?;
     }
+    let before = cpu_ticks(watched);
     let deadline = Instant::now() + PHASE;
     let mut lanes = Vec::new();
     for lane in 0..LANES {
@@ -101,11 +154,22 @@ where
     for lane in lanes {
         total += lane.await??;
     }
+    let after = cpu_ticks(watched);
+    let ticks_per_second = toolhost_bench::procfs::ticks_per_second() as f64;
+    let cpu_us = watched
+        .iter()
+        .zip(before.iter().zip(&after))
+        .filter_map(|(&(label, _, _), (before, after))| {
+            let spent = after.as_ref()?.checked_sub(*before.as_ref()?)?;
+            Some((label, spent as f64 * 1e6 / ticks_per_second / total.max(1) as f64))
+        })
+        .collect();
     Ok(Row {
         target,
         p50_us: histogram.value_at_quantile(0.5),
         p99_us: histogram.value_at_quantile(0.99),
         calls_per_s: total as f64 / PHASE.as_secs_f64(),
+        cpu_us,
     })
 }
 
@@ -121,7 +185,20 @@ async fn direct(program: &Path) -> anyhow::Result<Row> {
         .context("starting server-everything")?;
     let (stdin, stdout) = (child.stdin.take().context("stdin")?, child.stdout.take().context("stdout")?);
     let client = Arc::new(().serve((stdout, stdin)).await.context("initialising the MCP session")?);
-    let row = measure("direct (rmcp client, stdio)", move |_| {
+    let server = child.id().context("the server's pid")?;
+    let row = measure_direct("direct (rmcp client, stdio)", client, server).await;
+    let _ = child.kill().await;
+    row
+}
+
+/// `get-sum` called by `client` directly, with the CPU of this process and of the server's.
+async fn measure_direct(
+    target: &'static str,
+    client: Arc<rmcp::service::RunningService<rmcp::RoleClient, ()>>,
+    server: u32,
+) -> anyhow::Result<Row> {
+    let watched = vec![("client", std::process::id(), Scope::Own), ("server", server, Scope::Tree)];
+    measure(target, &watched, move |_| {
         let client = Arc::clone(&client);
         async move {
             let mut params = CallToolRequestParams::new("get-sum");
@@ -131,24 +208,33 @@ async fn direct(program: &Path) -> anyhow::Result<Row> {
             Ok(())
         }
     })
-    .await;
-    let _ = child.kill().await;
-    row
+    .await
 }
 
-/// A `tool.invoke` of `get-sum` through toolhost, answered on this lane's results stream.
-async fn through_toolhost(connection: &MultiplexedConnection, lane: usize) -> anyhow::Result<()> {
-    invoke(connection, lane, HOSTED_TOOL, Value::Object(arguments())).await
+/// A connection of each lane's own. Redis serves one connection's commands in order, so a lane's
+/// `XREAD BLOCK` on a shared connection holds the commands other lanes queued behind it until its
+/// own answer comes.
+#[derive(Clone)]
+struct Lanes(Arc<Vec<MultiplexedConnection>>);
+
+impl Lanes {
+    async fn open(client: &redis::Client) -> anyhow::Result<Lanes> {
+        let mut connections = Vec::with_capacity(LANES);
+        for _ in 0..LANES {
+            connections.push(client.get_multiplexed_async_connection().await?);
+        }
+        Ok(Lanes(Arc::new(connections)))
+    }
+
+    fn get(&self, lane: usize) -> &MultiplexedConnection {
+        &self.0[lane % self.0.len()]
+    }
 }
 
 /// A `tool.invoke` of `tool` over Redis, answered on this lane's results stream.
-async fn invoke(
-    connection: &MultiplexedConnection,
-    lane: usize,
-    tool: &str,
-    arguments: Value,
-) -> anyhow::Result<()> {
-    let mut connection = connection.clone();
+async fn invoke(lanes: &Lanes, lane: usize, tool: &str, arguments: Value) -> anyhow::Result<()> {
+    let lane = lane % LANES;
+    let mut connection = lanes.get(lane).clone();
     let request_id = uuid::Uuid::new_v4().to_string();
     let topic = format!("results:lane-{lane}");
     let envelope = json!({
@@ -190,76 +276,196 @@ async fn invoke(
     }
 }
 
-/// What one daemon run measured.
+/// What one daemon run measured: every row the median of its interleaved rounds.
 struct Measured {
     hosted: Row,
+    hosted_http: Row,
+    command: Row,
     floor: Row,
     echo_redis: Row,
     echo_door: Row,
     echo_plain: Row,
-    rss_idle_kib: Option<u64>,
     /// `toolhost mcp`'s start: to `initialize` answered, to the first `tools/list`, in ms.
     stdio_start: (f64, f64),
 }
 
-/// `toolhost serve` hosting server-everything, driven over Redis, with its MCP door on.
-/// Returns the hosted row, the `PING` row, echo over Redis and through `/mcp`, and toolhost's
-/// idle RSS in KiB once the hosted server's tools are listed (the MCP session open, before any
-/// call).
-async fn toolhost(program: &Path, toolhost_bin: &Path) -> anyhow::Result<Measured> {
-    let redis = RedisServer::start()?;
-    let dir = std::env::temp_dir().join(format!("toolhost-bench-mcp-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
-    let config = dir.join("toolhost.toml");
-    let door_port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+/// `get-sum` hosted over streamable HTTP, as toolhost names it.
+const HOSTED_HTTP_TOOL: &str = "http__get-sum";
+/// The same sum as a `[[commands]]` tool: `expr a + b`, a process per call.
+const COMMAND_TOOL: &str = "sum_command";
+
+/// The daemon's configuration: the MCP door, server-everything over stdio (`everything__`) and,
+/// when `http_url` is given, over streamable HTTP (`http__`), and `expr` as a `[[commands]]` tool.
+fn daemon_config(program: &Path, door_port: Option<u16>, http_url: Option<&str>, command: bool) -> String {
     let user =
         std::env::var("USER").ok().filter(|user| !user.is_empty()).unwrap_or_else(|| "root".to_owned());
-    std::fs::write(
-        &config,
-        format!(
-            "[mcp]\nlisten = \"127.0.0.1:{door_port}\"\n[tools.terminal]\nrun_as = \"{user}\"\n\n\
-             [[mcp_servers]]\nname = \"everything\"\ncommand = \"{}\"\nargs = [\"stdio\"]\nmax_concurrent = 64\n",
-            program.display()
-        ),
-    )?;
-    let mut daemon = tokio::process::Command::new(toolhost_bin)
-        .args(["serve", "--config"])
-        .arg(&config)
-        .env("REDIS_URL", redis.url())
-        .env("TOOLHOST__HTTP__LISTEN", "127.0.0.1:0")
-        .env("TOOLHOST__LOG__LEVEL", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .context("starting toolhost")?;
+    let mut config = String::new();
+    if let Some(port) = door_port {
+        config.push_str(&format!("[mcp]\nlisten = \"127.0.0.1:{port}\"\n"));
+    }
+    config.push_str(&format!(
+        "[tools.terminal]\nrun_as = \"{user}\"\n\n[[mcp_servers]]\nname = \"everything\"\ncommand = \"{}\"\n\
+         args = [\"stdio\"]\nmax_concurrent = 64\n",
+        program.display()
+    ));
+    if let Some(url) = http_url {
+        config.push_str(&format!(
+            "\n[[mcp_servers]]\nname = \"everything-http\"\nprefix = \"http__\"\nurl = \"{url}\"\nmax_concurrent = 64\n"
+        ));
+    }
+    if command {
+        config.push_str(&format!(
+            "\n[[commands]]\nname = \"{COMMAND_TOOL}\"\ndescription = \"a + b, by expr.\"\nargv = [\"expr\", \"{{a}}\", \"+\", \"{{b}}\"]\n\
+             argument_schema = {{ type = \"object\", properties = {{ a = {{ type = \"integer\" }}, b = {{ type = \"integer\" }} }}, required = [\"a\", \"b\"] }}\n"
+        ));
+    }
+    config
+}
+
+/// A started `toolhost serve` against `redis`, killed on drop.
+struct Daemon {
+    child: tokio::process::Child,
+    dir: PathBuf,
+}
+
+impl Daemon {
+    /// Starts it with `config` and waits until every tool of `tools` is in its registry.
+    async fn start(
+        toolhost_bin: &Path,
+        redis: &RedisServer,
+        connection: &MultiplexedConnection,
+        config: &str,
+        tools: &[&str],
+    ) -> anyhow::Result<Daemon> {
+        static STARTS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let start = STARTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("toolhost-bench-mcp-{}-{start}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        let path = dir.join("toolhost.toml");
+        std::fs::write(&path, config)?;
+        let child = tokio::process::Command::new(toolhost_bin)
+            .args(["serve", "--config"])
+            .arg(&path)
+            .env("REDIS_URL", redis.url())
+            .env("TOOLHOST__HTTP__LISTEN", "127.0.0.1:0")
+            .env("TOOLHOST__LOG__LEVEL", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .context("starting toolhost")?;
+        let daemon = Daemon { child, dir };
+        let mut probe = connection.clone();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let fields: Vec<String> = redis::cmd("HKEYS")
+                .arg("toolhost:registry:toolhost")
+                .query_async(&mut probe)
+                .await
+                .unwrap_or_default();
+            if tools.iter().all(|tool| fields.iter().any(|field| field == tool)) {
+                break;
+            }
+            anyhow::ensure!(Instant::now() < deadline, "toolhost never listed {tools:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // As `toolhost-bench` measures idle memory: a moment after the start settles.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        Ok(daemon)
+    }
+
+    fn memory(&self) -> Option<toolhost_bench::procfs::Memory> {
+        self.child.id().and_then(|pid| toolhost_bench::procfs::memory(pid).ok())
+    }
+
+    async fn stop(mut self) {
+        let _ = self.child.kill().await;
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// server-everything over streamable HTTP on a free loopback port, killed on drop.
+struct HttpServer {
+    child: tokio::process::Child,
+    url: String,
+}
+
+impl HttpServer {
+    async fn start(program: &Path) -> anyhow::Result<HttpServer> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let child = tokio::process::Command::new(program)
+            .arg("streamableHttp")
+            .env("PORT", port.to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .context("starting server-everything over streamable HTTP")?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_err() {
+            anyhow::ensure!(Instant::now() < deadline, "server-everything never listened on {port}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(HttpServer { child, url: format!("http://127.0.0.1:{port}/mcp") })
+    }
+}
+
+/// The same server spoken to directly over streamable HTTP by an rmcp client.
+async fn direct_http(url: &str, server: u32) -> anyhow::Result<Row> {
+    let transport = rmcp::transport::StreamableHttpClientTransport::from_uri(url.to_owned());
+    let client = Arc::new(().serve(transport).await.context("initialising the HTTP MCP session")?);
+    measure_direct("direct (rmcp client, streamable HTTP)", client, server).await
+}
+
+/// Idle memory of `toolhost serve` without an MCP server, and with server-everything hosted over
+/// stdio (its session open, no call yet).
+async fn idle_memory(
+    program: &Path,
+    toolhost_bin: &Path,
+) -> anyhow::Result<(Option<toolhost_bench::procfs::Memory>, Option<toolhost_bench::procfs::Memory>)> {
+    let redis = RedisServer::start()?;
+    let connection = redis::Client::open(redis.url())?.get_multiplexed_async_connection().await?;
+    let plain = Daemon::start(toolhost_bin, &redis, &connection, "", &["echo"]).await?;
+    let without = plain.memory();
+    plain.stop().await;
+    let config = daemon_config(program, None, None, false);
+    let hosted = Daemon::start(toolhost_bin, &redis, &connection, &config, &[HOSTED_TOOL]).await?;
+    let with = hosted.memory();
+    hosted.stop().await;
+    Ok((without, with))
+}
+
+/// `toolhost serve` hosting server-everything over stdio and over streamable HTTP, `expr` as a
+/// command, and its MCP door, driven over Redis. Echo over Redis, the hosted and command sums and
+/// the door's rows take turns, round by round; each row is the median of its rounds.
+async fn toolhost(program: &Path, toolhost_bin: &Path, http_server: &HttpServer) -> anyhow::Result<Measured> {
+    let http_url = http_server.url.as_str();
+    let redis = RedisServer::start()?;
+    let door_port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
     let client = redis::Client::open(redis.url())?;
     let connection = client.get_multiplexed_async_connection().await?;
-    let mut probe = connection.clone();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let fields: Vec<String> = redis::cmd("HKEYS")
-            .arg("toolhost:registry:toolhost")
-            .query_async(&mut probe)
-            .await
-            .unwrap_or_default();
-        if fields.iter().any(|field| field == HOSTED_TOOL) {
-            break;
-        }
-        anyhow::ensure!(Instant::now() < deadline, "toolhost never listed get-sum");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    // As `toolhost-bench` measures idle RSS: a moment after the start settles.
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let rss_idle_kib = daemon.id().and_then(|pid| toolhost_bench::procfs::rss_kib(pid).ok());
-    let lanes = connection.clone();
-    let row = measure("toolhost (over Redis, hosting it over stdio)", move |lane| {
-        let lanes = lanes.clone();
-        async move { through_toolhost(&lanes, lane).await }
-    })
+    let config = daemon_config(program, Some(door_port), Some(http_url), true);
+    let daemon = Daemon::start(
+        toolhost_bin,
+        &redis,
+        &connection,
+        &config,
+        &[HOSTED_TOOL, HOSTED_HTTP_TOOL, COMMAND_TOOL],
+    )
     .await?;
+    let mut watched = vec![
+        ("bench", std::process::id(), Scope::Own),
+        ("redis", redis.pid(), Scope::Own),
+        ("toolhost", daemon.child.id().context("the daemon's pid")?, Scope::Own),
+        ("stdio server, commands", daemon.child.id().context("the daemon's pid")?, Scope::Children),
+    ];
+    if let Some(pid) = http_server.child.id() {
+        watched.push(("HTTP server", pid, Scope::Tree));
+    }
+    let all_lanes = Lanes::open(&client).await?;
     let pings = connection.clone();
-    let floor = measure("redis PING round trip", move |_| {
+    let floor = measure("redis PING round trip", &watched, move |_| {
         let mut pings = pings.clone();
         async move {
             let _: String = redis::cmd("PING").query_async(&mut pings).await?;
@@ -270,22 +476,33 @@ async fn toolhost(program: &Path, toolhost_bin: &Path) -> anyhow::Result<Measure
     let transport =
         rmcp::transport::StreamableHttpClientTransport::from_uri(format!("http://127.0.0.1:{door_port}/mcp"));
     let door = Arc::new(().serve(transport).await.context("initialising a session with the MCP door")?);
-    // Echo over Redis and through the door, interleaved round by round; each row is the median
-    // of its rounds.
     let plain = Arc::new(PlainSession::open(door_port).await?);
-    let (mut over_redis, mut through_door, mut through_plain) = (Vec::new(), Vec::new(), Vec::new());
-    for _ in 0..ROUNDS {
-        let lanes = connection.clone();
-        over_redis.push(
-            measure("echo over Redis (tool.invoke, a results stream per lane)", move |lane| {
-                let lanes = lanes.clone();
-                async move { invoke(&lanes, lane, "echo", json!({"message": "hi"})).await }
-            })
-            .await?,
-        );
+    let mut rounds: [Vec<Row>; 6] = Default::default();
+    for round in 0..ROUNDS {
+        eprintln!("bench-mcp: round {}/{ROUNDS}", round + 1);
+        let over_redis = [
+            ("echo over Redis (tool.invoke, a results stream per lane)", "echo", json!({"message": "hi"})),
+            ("get-sum over Redis, hosted over stdio", HOSTED_TOOL, Value::Object(arguments())),
+            ("get-sum over Redis, hosted over streamable HTTP", HOSTED_HTTP_TOOL, Value::Object(arguments())),
+            (
+                "sum over Redis, as [[commands]] (expr, a process per call)",
+                COMMAND_TOOL,
+                Value::Object(arguments()),
+            ),
+        ];
+        for (row, (target, tool, arguments)) in over_redis.into_iter().enumerate() {
+            let lanes = all_lanes.clone();
+            rounds[row].push(
+                measure(target, &watched, move |lane| {
+                    let (lanes, arguments) = (lanes.clone(), arguments.clone());
+                    async move { invoke(&lanes, lane, tool, arguments).await }
+                })
+                .await?,
+            );
+        }
         let door = Arc::clone(&door);
-        through_door.push(
-            measure("echo through the MCP door (/mcp, rmcp streamable HTTP client)", move |_| {
+        rounds[4].push(
+            measure("echo through the MCP door (/mcp, rmcp streamable HTTP client)", &watched, move |_| {
                 let door = Arc::clone(&door);
                 async move {
                     let mut params = CallToolRequestParams::new("echo");
@@ -298,20 +515,18 @@ async fn toolhost(program: &Path, toolhost_bin: &Path) -> anyhow::Result<Measure
             .await?,
         );
         let plain = Arc::clone(&plain);
-        through_plain.push(
-            measure("echo through the MCP door (/mcp, one plain HTTP POST per call)", move |_| {
+        rounds[5].push(
+            measure("echo through the MCP door (/mcp, one plain HTTP POST per call)", &watched, move |_| {
                 let plain = Arc::clone(&plain);
                 async move { plain.echo().await }
             })
             .await?,
         );
     }
-    let (echo_redis, echo_door, echo_plain) =
-        (median(over_redis), median(through_door), median(through_plain));
-    let stdio_start = stdio_start(toolhost_bin, &redis.url(), &dir).await?;
-    let _ = daemon.kill().await;
-    let _ = std::fs::remove_dir_all(&dir);
-    Ok(Measured { hosted: row, floor, echo_redis, echo_door, echo_plain, rss_idle_kib, stdio_start })
+    let [echo_redis, hosted, hosted_http, command, echo_door, echo_plain] = rounds.map(median);
+    let stdio_start = stdio_start(toolhost_bin, &redis.url(), &daemon.dir).await?;
+    daemon.stop().await;
+    Ok(Measured { hosted, hosted_http, command, floor, echo_redis, echo_door, echo_plain, stdio_start })
 }
 
 /// An MCP session on the door driven with plain HTTP POSTs (reqwest, keep-alive): a caller
@@ -383,8 +598,20 @@ fn median(mut rounds: Vec<Row>) -> Row {
     let p50_us = middle(rounds.iter().map(|row| row.p50_us).collect());
     let p99_us = middle(rounds.iter().map(|row| row.p99_us).collect());
     let calls_per_s = middle(rounds.iter().map(|row| row.calls_per_s).collect());
+    let labels: Vec<&'static str> =
+        rounds.first().map(|row| row.cpu_us.iter().map(|&(label, _)| label).collect()).unwrap_or_default();
+    let cpu_us = labels
+        .into_iter()
+        .map(|label| {
+            let values: Vec<f64> = rounds
+                .iter()
+                .filter_map(|row| row.cpu_us.iter().find(|(other, _)| *other == label).map(|&(_, us)| us))
+                .collect();
+            (label, if values.is_empty() { 0.0 } else { middle(values) })
+        })
+        .collect();
     let target = rounds.pop().map_or("", |row| row.target);
-    Row { target, p50_us, p99_us, calls_per_s }
+    Row { target, p50_us, p99_us, calls_per_s, cpu_us }
 }
 
 /// `toolhost mcp` from spawn to its answer to `initialize`, and to its first `tools/list`: the
@@ -424,25 +651,52 @@ async fn stdio_start(toolhost_bin: &Path, redis_url: &str, dir: &Path) -> anyhow
 async fn main() -> anyhow::Result<()> {
     let program = everything()?;
     let toolhost_bin = std::env::current_exe()?.with_file_name("toolhost");
-    let direct = direct(&program).await?;
-    // The door's HTTP client is built without a TLS provider of its own.
+    // The HTTP clients are built without a TLS provider of their own.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let Measured { hosted, floor, echo_redis, echo_door, echo_plain, rss_idle_kib, stdio_start } =
-        toolhost(&program, &toolhost_bin).await?;
+    let direct = direct(&program).await?;
+    let http_server = HttpServer::start(&program).await?;
+    let direct_http =
+        direct_http(&http_server.url, http_server.child.id().context("the HTTP server's pid")?).await?;
+    let Measured { hosted, hosted_http, command, floor, echo_redis, echo_door, echo_plain, stdio_start } =
+        toolhost(&program, &toolhost_bin, &http_server).await?;
+    let (without_mcp, with_mcp) = idle_memory(&program, &toolhost_bin).await?;
     let mut table = String::from(
-        "| target | p50 µs (1 in flight) | p99 µs (1 in flight) | calls/s (16 in flight) |\n|---|---:|---:|---:|\n",
+        "| target | p50 µs (1 in flight) | p99 µs (1 in flight) | calls/s (16 in flight) | CPU µs per call at 16 in flight |\n\
+         |---|---:|---:|---:|---|\n",
     );
-    for row in [&direct, &hosted, &floor, &echo_redis, &echo_door, &echo_plain] {
+    for row in
+        [&direct, &direct_http, &floor, &echo_redis, &hosted, &hosted_http, &command, &echo_door, &echo_plain]
+    {
+        let cpu: Vec<String> = row.cpu_us.iter().map(|(label, us)| format!("{label} {us:.1}")).collect();
         table.push_str(&format!(
-            "| {} | {} | {} | {:.0} |\n",
-            row.target, row.p50_us, row.p99_us, row.calls_per_s
+            "| {} | {} | {} | {:.0} | {} |\n",
+            row.target,
+            row.p50_us,
+            row.p99_us,
+            row.calls_per_s,
+            cpu.join(", ")
         ));
     }
+    let above = |row: &Row, base: &Row| row.p50_us as i64 - base.p50_us as i64;
     table.push_str(&format!(
-        "\ntoolhost adds {} µs at p50 over the direct call (the Redis round trip alone is {} µs) and keeps {:.2} of the direct throughput.\n",
-        hosted.p50_us.saturating_sub(direct.p50_us),
+        "\nRows through toolhost are the medians of {ROUNDS} interleaved rounds.\n\
+         Hosted over stdio, get-sum costs {:+} µs at p50 over echo through the same daemon (target ≤ +150), {:+} µs over the \
+         direct call (the Redis round trip alone is {} µs), and keeps {:.2} of the direct throughput at 16 in flight \
+         (target ≥ 0.6; {:.2} of echo's).\n",
+        above(&hosted, &echo_redis),
+        above(&hosted, &direct),
         floor.p50_us,
-        hosted.calls_per_s / direct.calls_per_s
+        hosted.calls_per_s / direct.calls_per_s,
+        hosted.calls_per_s / echo_redis.calls_per_s,
+    ));
+    table.push_str(&format!(
+        "Hosted over streamable HTTP: {:+} µs over echo, {:+} µs over the direct HTTP call, {:.2} of its throughput. \
+         As a `[[commands]]` tool (`expr`, a process per call): {:+} µs over echo, {:.0} calls/s.\n",
+        above(&hosted_http, &echo_redis),
+        above(&hosted_http, &direct_http),
+        hosted_http.calls_per_s / direct_http.calls_per_s,
+        above(&command, &echo_redis),
+        command.calls_per_s,
     ));
     table.push_str(&format!(
         "The MCP door adds {} µs at p50 to echo over Redis and keeps {:.2} of its throughput at 16 in flight with the rmcp client; {} µs and {:.2} with plain HTTP POSTs.\n",
@@ -455,11 +709,20 @@ async fn main() -> anyhow::Result<()> {
         "`toolhost mcp` answers initialize {:.1} ms after it is spawned and its first tools/list {:.1} ms after (median of {ROUNDS} starts).\n",
         stdio_start.0, stdio_start.1
     ));
-    if let Some(kib) = rss_idle_kib {
-        table.push_str(&format!(
-            "toolhost's idle RSS with the server hosted (its session open, no call yet): {:.1} MiB.\n",
-            kib as f64 / 1024.0
-        ));
+    let mib = |kib: u64| kib as f64 / 1024.0;
+    for (what, memory) in [
+        ("without an MCP server", without_mcp),
+        ("with server-everything hosted over stdio (session open, no call yet)", with_mcp),
+    ] {
+        if let Some(memory) = memory {
+            table.push_str(&format!(
+                "toolhost idle {what}: RSS {:.1} MiB, anonymous {:.1} MiB, file-backed {:.1} MiB, PSS {}.\n",
+                mib(memory.rss_kib),
+                mib(memory.anon_kib),
+                mib(memory.file_kib),
+                memory.pss_kib.map_or_else(|| "unknown".to_owned(), |kib| format!("{:.1} MiB", mib(kib))),
+            ));
+        }
     }
     print!("{table}");
     let out = PathBuf::from("target/bench");
