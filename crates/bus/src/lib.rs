@@ -30,7 +30,7 @@ mod slots;
 
 pub use bus::{
     Bus, CallKeys, CallStart, Committed, Directory, EntryRef, Finish, FleetAccess, GroupInfo, Groups, Ledger,
-    Published, Reclaimed, Server, Streams, call_owner,
+    Published, RateLimits, Reclaimed, Server, Streams, call_owner,
 };
 pub use caller::{CallError, Caller, Pending};
 pub use connection::Topology;

@@ -41,8 +41,13 @@ impl DoorSections {
     pub const NAMES: &[&str] = &["mcp"];
 
     /// Every bad key of every door's section.
-    pub(crate) fn validate(&self, raw: &RawConfig) -> Vec<KeyError> {
-        self.mcp.validate(raw)
+    /// `vars` is the environment secrets are read from.
+    pub(crate) fn validate(
+        &self,
+        raw: &RawConfig,
+        vars: &std::collections::HashMap<String, String>,
+    ) -> Vec<KeyError> {
+        self.mcp.validate(raw, vars)
     }
 }
 
