@@ -561,6 +561,8 @@ mod tests {
             source: "toolhost:test".to_owned(),
             stream_ttl: Duration::from_secs(60),
             watch_period: Some(Duration::from_secs(60)),
+            signing: None,
+            tenant: None,
         }
     }
 
