@@ -17,6 +17,9 @@ const WAIT: Duration = Duration::from_secs(15);
 const SECRET: &str = "acme-secret-0123456789";
 const OTHER_SECRET: &str = "rotation-secret-98765";
 
+/// A payload and the `sig` fields sent with it.
+type Sent = (String, Vec<String>);
+
 /// The `sig` field of `payload` under `secret`, computed here independently of the daemon.
 fn sig(key_id: &str, secret: &str, payload: &str) -> String {
     let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).unwrap();
@@ -135,7 +138,7 @@ secret_env = "OLD_KEY"
         (before.replace("\"u-7\"", "\"u-8\""), vec![sig])
     };
     assert!(changed.0.contains("\"u-8\""), "{}", changed.0);
-    let refused: Vec<(&str, (String, Vec<String>), &str)> = vec![
+    let refused: Vec<(&str, Sent, &str)> = vec![
         ("unsigned", (envelope("unsigned"), vec![]), "unsigned request"),
         ("forged", signed("acme-1", "not-the-secret-at-all", envelope("forged")), "does not match"),
         ("unknown", signed("nobody", SECRET, envelope("unknown")), "unknown key id 'nobody'"),

@@ -189,7 +189,7 @@ impl Auth {
                 .and_then(|at| u64::try_from(at.timestamp_millis()).ok())
                 .map(Duration::from_millis)
                 .ok_or_else(|| refuse(format!("time '{time}' is not an RFC 3339 time"), Some(key_id)))?;
-            let skew = if sent > now { sent - now } else { now - sent };
+            let skew = sent.abs_diff(now);
             if skew > max_skew {
                 return Err(refuse(
                     format!(
