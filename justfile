@@ -103,6 +103,13 @@ test-mcp-door: ensure-redis-installed
 
 # The Python client (clients/python) against a real daemon and redis-server: pytest, mypy
 # --strict, and the wheel built and checked with twine (the venv is made once, pinned).
+# Issue 25, the caller-facing half: the MCP door's bearer tokens and signed calls, `toolhost call
+# --key-id`, and the docs' redis-cli + openssl signing example, against real Redis servers (the
+# daemon's own refusal, policy, rate-limit and audit tests run in `just test`).
+test-security: ensure-redis-installed
+    cargo build --bin toolhost
+    cargo test -p toolhost-e2e --test auth
+
 test-python: ensure-redis-installed
     cargo build --bin toolhost
     scripts/test-python-client.sh
