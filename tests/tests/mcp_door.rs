@@ -10,7 +10,7 @@
 // Test code: a failed step is a failed test.
 #![allow(clippy::unwrap_used)]
 
-use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+use std::io::{BufRead as _, BufReader, Write as _};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
