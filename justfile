@@ -32,6 +32,7 @@ test-fleet: ensure-redis-installed
 bench *ARGS: ensure-redis-installed
     cargo build --release -p toolhost -p toolhost-bench
     ./target/release/toolhost-bench {{ARGS}}
+    ./target/release/toolhost-bench --interleave 5 --in-flight 64 --only toolhost --auth --out-dir target/bench/auth
     scripts/bench-large-entries.sh ./target/release/toolhost
     PAUSED=1 scripts/bench-large-entries.sh ./target/release/toolhost
     scripts/ensure-mcp-servers.sh >/dev/null

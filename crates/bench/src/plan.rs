@@ -67,7 +67,37 @@ pub struct Options {
     pub soak: Option<u64>,
     /// Where reports and target logs go.
     pub out_dir: PathBuf,
+    /// Interleaved runs also measure toolhost with `require_signature` and a tenant policy
+    /// (the `echo, signed + policy` row), beside plain echo.
+    pub auth: bool,
 }
+
+/// The key of the signed rows, handed to the daemon in [`SIGNING_ENV`].
+const SIGNING_SECRET: &str = "bench-signing-secret-0123456789";
+const SIGNING_ENV: &str = "BENCH_SIGNING_KEY";
+/// The configuration of the signed rows: signatures required, a key bound to one tenant, and a
+/// policy with allow and deny globs, a rate and an in-flight limit, all high enough never to
+/// refuse, so the row measures their cost on every request.
+const AUTH_CONFIG: &str = r#"
+[auth]
+require_signature = true
+
+[[auth.keys]]
+id = "bench"
+secret_env = "BENCH_SIGNING_KEY"
+tenants = ["bench"]
+
+[[policy]]
+tenant = "bench"
+allow = ["echo", "time__*", "synthetic_*"]
+deny = ["terminal_run", "chat_*"]
+rate = "1000000/s"
+max_in_flight = 4096
+
+[[policy]]
+tenant = "*"
+allow = ["echo"]
+"#;
 
 /// Runs everything `options` asks for and returns the report (ratios included).
 ///
@@ -162,6 +192,8 @@ struct Scenario {
     kind: RequestKind,
     serve_args: Vec<String>,
     env: Vec<(String, String)>,
+    /// A configuration file's text, written under the logs and named in `TOOLHOST_CONFIG`.
+    config: Option<&'static str>,
 }
 
 impl Scenario {
@@ -173,6 +205,25 @@ impl Scenario {
             kind: RequestKind::echo(payload_bytes),
             serve_args: Vec::new(),
             env: Vec::new(),
+            config: None,
+        }
+    }
+
+    /// Echo, signed, for a tenant with a policy: the cost of `[auth]` and `[[policy]]`.
+    fn signed_echo(in_flight: usize, payload_bytes: usize) -> Self {
+        Scenario {
+            name: "echo, signed + policy".to_owned(),
+            baseline: None,
+            in_flight,
+            kind: RequestKind::SignedEcho {
+                message: "x".repeat(payload_bytes),
+                key_id: "bench".to_owned(),
+                secret: SIGNING_SECRET.to_owned(),
+                tenant: "bench".to_owned(),
+            },
+            serve_args: Vec::new(),
+            env: vec![(SIGNING_ENV.to_owned(), SIGNING_SECRET.to_owned())],
+            config: Some(AUTH_CONFIG),
         }
     }
 
@@ -184,6 +235,7 @@ impl Scenario {
             kind,
             serve_args: Vec::new(),
             env: Vec::new(),
+            config: None,
         }
     }
 
@@ -310,22 +362,31 @@ impl Bench<'_> {
     /// machine spread over all of them; each row holds the medians of its runs.
     async fn interleaved(&mut self, report: &mut Report) {
         let in_flight = self.options.in_flight.clone().unwrap_or_else(|| INTERLEAVED_IN_FLIGHT.to_vec());
-        let workers = self.options.workers.clone();
         for &in_flight in &in_flight {
-            let scenario = Scenario::echo(in_flight, DEFAULT_PAYLOAD);
-            let mut runs: Vec<Vec<Row>> = vec![Vec::new(); workers.len()];
+            let mut turns: Vec<(Worker, Scenario)> = self
+                .options
+                .workers
+                .iter()
+                .map(|&worker| (worker, Scenario::echo(in_flight, DEFAULT_PAYLOAD)))
+                .collect();
+            if self.options.auth {
+                turns.push((Worker::Toolhost, Scenario::signed_echo(in_flight, DEFAULT_PAYLOAD)));
+            }
+            let mut runs: Vec<Vec<Row>> = vec![Vec::new(); turns.len()];
             for round in 0..self.options.interleave {
-                for turn in 0..workers.len() {
+                for turn in 0..turns.len() {
                     // Rotate who goes first, so no target always follows the same one.
-                    let idx = (turn + round) % workers.len();
-                    let worker = workers[idx];
+                    let idx = (turn + round) % turns.len();
+                    let (worker, scenario) = &turns[idx];
+                    let worker = *worker;
                     eprintln!(
-                        "bench: run {}/{} {} echo in-flight={in_flight}",
+                        "bench: run {}/{} {} {} in-flight={in_flight}",
                         round + 1,
                         self.options.interleave,
-                        worker.name()
+                        worker.name(),
+                        scenario.name
                     );
-                    let row = self.measure(worker, &scenario, 1).await;
+                    let row = self.measure(worker, scenario, 1).await;
                     if let Some(error) = &row.error {
                         eprintln!("bench:   error: {error}");
                     }
@@ -461,7 +522,18 @@ impl Bench<'_> {
 
     async fn measure(&mut self, worker: Worker, scenario: &Scenario, reps: usize) -> Row {
         let mut row = scenario.row(worker);
-        let launch = self.launch(worker, &scenario.serve_args, &scenario.env, scenario.log_name(worker));
+        let mut env = scenario.env.clone();
+        if let Some(config) = scenario.config {
+            let path = self.options.out_dir.join("logs").join(format!("{}.toml", scenario.log_name(worker)));
+            let written = std::fs::create_dir_all(self.options.out_dir.join("logs"))
+                .and_then(|()| std::fs::write(&path, config));
+            if let Err(err) = written {
+                row.error = Some(format!("cannot write {}: {err}", path.display()));
+                return row;
+            }
+            env.push(("TOOLHOST_CONFIG".to_owned(), path.display().to_string()));
+        }
+        let launch = self.launch(worker, &scenario.serve_args, &env, scenario.log_name(worker));
         let mut running = match self.start(&launch).await {
             Ok(running) => running,
             Err(err) => {
