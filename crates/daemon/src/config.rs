@@ -1117,6 +1117,11 @@ mod tests {
         // The tables with no entries by default are documented as commented-out examples.
         let tables = effective.as_table_mut().unwrap();
         assert_eq!(tables.remove("agents"), Some(toml::Value::Array(Vec::new())));
+        assert_eq!(tables.remove("policy"), Some(toml::Value::Array(Vec::new())));
+        let keys = tables["auth"].as_table_mut().unwrap().remove("keys");
+        assert_eq!(keys, Some(toml::Value::Array(Vec::new())));
+        let tokens = tables["mcp"].as_table_mut().unwrap().remove("tokens");
+        assert_eq!(tokens, Some(toml::Value::Array(Vec::new())));
         let tools = tables["tools"].as_table_mut().unwrap();
         assert_eq!(tools.remove("limits"), Some(toml::Value::Table(toml::Table::new())));
         assert_eq!(written, effective);
@@ -1137,7 +1142,16 @@ mod tests {
             .map(|line| format!("{line}\n"))
             .collect();
         let path = file(&uncommented);
-        let config = Config::load(Some(&path.0), &env(&[("ORDERS_TOKEN", "t")])).unwrap();
+        let secrets = [
+            ("ORDERS_TOKEN", "t"),
+            ("TOOLHOST_KEY_AGENTS_1", "0123456789abcdef"),
+            ("MCP_TOKEN_LAPTOP", "fedcba9876543210"),
+        ];
+        let config = Config::load(Some(&path.0), &env(&secrets)).unwrap();
+        assert_eq!(config.raw.auth.auth.keys[0].tenants.as_deref(), Some(&["acme".to_owned()][..]));
+        assert_eq!(config.raw.auth.policy[0].deny, ["terminal_run"]);
+        assert_eq!(config.raw.doors.mcp.tokens[0].tenant, "acme");
+        assert!(config.secrets().contains(&"0123456789abcdef".to_owned()));
         let terminal = &config.raw.tools.terminal;
         assert!(terminal.sandbox_cwd.is_some());
         assert!(terminal.max_processes.is_some() && terminal.cpu_seconds.is_some());

@@ -4,16 +4,15 @@
 use std::collections::HashMap;
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use hmac::{Hmac, Mac};
 use redis::aio::MultiplexedConnection;
 use serde_json::{Value, json};
 use sha2::Sha256;
 
-use crate::support::{Daemon, RedisServer, answers_to, payloads, request, settled, temp_dir};
+use crate::support::{Daemon, RedisServer, answer, answers_to, payloads, request, settled, temp_dir};
 
-const WAIT: Duration = Duration::from_secs(15);
 const SECRET: &str = "acme-secret-0123456789";
 const OTHER_SECRET: &str = "rotation-secret-98765";
 
@@ -36,19 +35,6 @@ async fn add(connection: &mut MultiplexedConnection, fields: &[(&str, &str)]) ->
         command.arg(*name).arg(*value);
     }
     command.query_async(connection).await.unwrap()
-}
-
-/// Waits for the one answer to `request_id` on `stream`.
-async fn answer(connection: &mut MultiplexedConnection, stream: &str, request_id: &str) -> Value {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let found = payloads(connection, stream).await;
-        if let Some(answer) = answers_to(&found, request_id).first() {
-            return (*answer).clone();
-        }
-        assert!(Instant::now() < deadline, "no answer to {request_id} on {stream}: {found:#?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// Every entry of the audit stream, as field maps.
