@@ -206,6 +206,69 @@ fn mcp_tokens_gate_the_http_door_and_its_calls_are_signed_for_the_tokens_tenant(
     }
 }
 
+/// Runs `toolhost mcp` over stdio as `tenant`: initialize, list the tools, call echo; the
+/// listed names and the call's result.
+fn stdio_session(url: &str, config: &Path, tenant: &str) -> (Vec<String>, Value) {
+    use std::io::{BufRead as _, BufReader, Write as _};
+    let mut command = Command::new(toolhost_bin());
+    command.arg("mcp").env_clear().env("PATH", std::env::var("PATH").unwrap_or_default());
+    for (name, value) in env(url, config) {
+        command.env(name, value);
+    }
+    let mut child = command
+        .env("TOOLHOST__MCP__TENANT", tenant)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut send = |message: &Value| writeln!(stdin, "{message}").unwrap();
+    let mut answer = |id: u64| loop {
+        let message: Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+        if message["id"] == id {
+            return message;
+        }
+    };
+    send(&serde_json::from_str(INITIALIZE).unwrap());
+    answer(1);
+    send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    // The fleet's tools are read every watch period: ask until the toolbox is seen.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let listed = loop {
+        send(&json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}));
+        let listed = tool_names(&answer(2));
+        if !listed.is_empty() || Instant::now() > deadline {
+            break listed;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let call = json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "echo", "arguments": {"message": "stdio"}}});
+    send(&call);
+    let called = answer(3);
+    let _ = child.kill();
+    let _ = child.wait();
+    (listed, called["result"].clone())
+}
+
+#[test]
+fn toolhost_mcp_over_stdio_calls_as_the_tenant_its_configuration_names() {
+    let redis = RedisProcess::start(&[]);
+    let dir = temp_dir("auth-stdio");
+    let config = config(&dir, free_port());
+    let url = redis.url();
+    let _toolhost = Toolhost::start(&env(&url, &config));
+    let (listed, called) = stdio_session(&url, &config, "acme");
+    assert_eq!(listed, ["echo"]);
+    assert_eq!(called["isError"], false, "{called}");
+    assert_eq!(called["structuredContent"]["message"], "stdio");
+    let (listed, called) = stdio_session(&url, &config, "globex");
+    assert!(listed.is_empty(), "{listed:?}");
+    assert_eq!(called["isError"], true, "{called}");
+    assert!(called["content"][0]["text"].as_str().unwrap().starts_with("forbidden:"), "{called}");
+}
+
 /// `toolhost call` with the shared configuration and extra arguments: exit code, stdout.
 fn toolhost_call(
     url: &str,
