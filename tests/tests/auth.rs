@@ -79,6 +79,34 @@ fn env<'a>(redis: &'a str, config: &'a Path) -> Vec<(&'a str, &'a str)> {
     ]
 }
 
+/// A Redis and a toolhost on the shared configuration (the MCP door on `mcp_port`).
+struct Host {
+    redis: RedisProcess,
+    url: String,
+    config: PathBuf,
+    toolhost: Toolhost,
+}
+
+impl Host {
+    fn start(name: &str, mcp_port: u16) -> Host {
+        let redis = RedisProcess::start(&[]);
+        let config = config(&temp_dir(name), mcp_port);
+        let url = redis.url();
+        let toolhost = Toolhost::start(&env(&url, &config));
+        Host { redis, url, config, toolhost }
+    }
+
+    /// `toolhost <subcommand>` on the shared configuration, with a clean environment.
+    fn command(&self, subcommand: &str) -> Command {
+        let mut command = Command::new(toolhost_bin());
+        command.arg(subcommand).env_clear().env("PATH", std::env::var("PATH").unwrap_or_default());
+        for (name, value) in env(&self.url, &self.config) {
+            command.env(name, value);
+        }
+        command
+    }
+}
+
 /// Every entry of the audit stream, as field maps.
 fn audit(redis: &RedisProcess) -> Vec<HashMap<String, String>> {
     let entries: Vec<(String, HashMap<String, String>)> =
@@ -123,12 +151,9 @@ fn tool_names(listed: &Value) -> Vec<String> {
 
 #[test]
 fn mcp_tokens_gate_the_http_door_and_its_calls_are_signed_for_the_tokens_tenant() {
-    let redis = RedisProcess::start(&[]);
-    let dir = temp_dir("auth-mcp");
     let port = free_port();
-    let config = config(&dir, port);
-    let url = redis.url();
-    let toolhost = Toolhost::start(&env(&url, &config));
+    let host = Host::start("auth-mcp", port);
+    let (redis, toolhost) = (&host.redis, &host.toolhost);
     toolhost.wait_for_log("MCP door listening", Duration::from_secs(10));
 
     // No token, or a wrong one: 401 before any session is made, each audited.
@@ -183,7 +208,7 @@ fn mcp_tokens_gate_the_http_door_and_its_calls_are_signed_for_the_tokens_tenant(
         post(port, &stripped.replace('\n', "\r\n"), r#"{"jsonrpc":"2.0","id":9,"method":"tools/list"}"#);
     assert_eq!(status, 401);
 
-    let entries = audit(&redis);
+    let entries = audit(redis);
     let refused_tokens: Vec<&str> =
         entries.iter().filter(|entry| entry["door"] == "mcp").map(|entry| entry["reason"].as_str()).collect();
     assert_eq!(
@@ -208,14 +233,10 @@ fn mcp_tokens_gate_the_http_door_and_its_calls_are_signed_for_the_tokens_tenant(
 
 /// Runs `toolhost mcp` over stdio as `tenant`: initialize, list the tools, call echo; the
 /// listed names and the call's result.
-fn stdio_session(url: &str, config: &Path, tenant: &str) -> (Vec<String>, Value) {
+fn stdio_session(host: &Host, tenant: &str) -> (Vec<String>, Value) {
     use std::io::{BufRead as _, BufReader, Write as _};
-    let mut command = Command::new(toolhost_bin());
-    command.arg("mcp").env_clear().env("PATH", std::env::var("PATH").unwrap_or_default());
-    for (name, value) in env(url, config) {
-        command.env(name, value);
-    }
-    let mut child = command
+    let mut child = host
+        .command("mcp")
         .env("TOOLHOST__MCP__TENANT", tenant)
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
@@ -254,34 +275,20 @@ fn stdio_session(url: &str, config: &Path, tenant: &str) -> (Vec<String>, Value)
 
 #[test]
 fn toolhost_mcp_over_stdio_calls_as_the_tenant_its_configuration_names() {
-    let redis = RedisProcess::start(&[]);
-    let dir = temp_dir("auth-stdio");
-    let config = config(&dir, free_port());
-    let url = redis.url();
-    let _toolhost = Toolhost::start(&env(&url, &config));
-    let (listed, called) = stdio_session(&url, &config, "acme");
+    let host = Host::start("auth-stdio", free_port());
+    let (listed, called) = stdio_session(&host, "acme");
     assert_eq!(listed, ["echo"]);
     assert_eq!(called["isError"], false, "{called}");
     assert_eq!(called["structuredContent"]["message"], "stdio");
-    let (listed, called) = stdio_session(&url, &config, "globex");
+    let (listed, called) = stdio_session(&host, "globex");
     assert!(listed.is_empty(), "{listed:?}");
     assert_eq!(called["isError"], true, "{called}");
     assert!(called["content"][0]["text"].as_str().unwrap().starts_with("forbidden:"), "{called}");
 }
 
 /// `toolhost call` with the shared configuration and extra arguments: exit code, stdout.
-fn toolhost_call(
-    url: &str,
-    config: &Path,
-    args: &[&str],
-    extra_env: &[(&str, &str)],
-) -> (i32, String, String) {
-    let mut command = Command::new(toolhost_bin());
-    command.arg("call").args(args).env_clear().env("PATH", std::env::var("PATH").unwrap_or_default());
-    for (name, value) in env(url, config).into_iter().chain(extra_env.iter().copied()) {
-        command.env(name, value);
-    }
-    let output = command.output().unwrap();
+fn toolhost_call(host: &Host, args: &[&str], extra_env: &[(&str, &str)]) -> (i32, String, String) {
+    let output = host.command("call").args(args).envs(extra_env.iter().copied()).output().unwrap();
     (
         output.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&output.stdout).into_owned(),
@@ -291,15 +298,12 @@ fn toolhost_call(
 
 #[test]
 fn toolhost_call_signs_with_key_id_and_an_unsigned_call_is_refused_on_the_default_topic() {
-    let redis = RedisProcess::start(&[]);
-    let dir = temp_dir("auth-cli");
-    let config = config(&dir, free_port());
-    let url = redis.url();
-    let _toolhost = Toolhost::start(&env(&url, &config));
+    let host = Host::start("auth-cli", free_port());
+    let redis = &host.redis;
     let args = ["echo", "--args", r#"{"message":"from the cli"}"#, "--timeout", "5s"];
 
     let signed = [&args[..], &["--key-id", "agents-1", "--tenant", "acme"]].concat();
-    let (code, stdout, stderr) = toolhost_call(&url, &config, &signed, &[]);
+    let (code, stdout, stderr) = toolhost_call(&host, &signed, &[]);
     assert_eq!(code, 0, "{stdout}{stderr}");
     assert_eq!(serde_json::from_str::<Value>(&stdout).unwrap(), json!({"message": "from the cli"}));
 
@@ -307,14 +311,14 @@ fn toolhost_call_signs_with_key_id_and_an_unsigned_call_is_refused_on_the_defaul
     // host does not know it either.
     let unknown = [&args[..], &["--key-id", "laptop", "--tenant", "acme"]].concat();
     let (code, _, stderr) =
-        toolhost_call(&url, &config, &unknown, &[("TOOLHOST_SIGNING_SECRET", "some-secret-0123456789")]);
+        toolhost_call(&host, &unknown, &[("TOOLHOST_SIGNING_SECRET", "some-secret-0123456789")]);
     assert_eq!(code, 2, "refused on the default topic, so the private stream gets no answer: {stderr}");
-    let (code, _, stderr) = toolhost_call(&url, &config, &unknown, &[]);
+    let (code, _, stderr) = toolhost_call(&host, &unknown, &[]);
     assert_eq!(code, 64, "{stderr}");
     assert!(stderr.contains("TOOLHOST_SIGNING_SECRET"), "{stderr}");
     // The agents key may not sign for globex.
     let globex = [&args[..], &["--key-id", "agents-1", "--tenant", "globex"]].concat();
-    let (code, _, _) = toolhost_call(&url, &config, &globex, &[]);
+    let (code, _, _) = toolhost_call(&host, &globex, &[]);
     assert_eq!(code, 2);
 
     let results: Vec<(String, HashMap<String, String>)> =
@@ -340,11 +344,8 @@ fn signing_example() -> String {
 
 #[test]
 fn the_contracts_redis_cli_and_openssl_example_is_answered() {
-    let redis = RedisProcess::start(&[]);
-    let dir = temp_dir("auth-example");
-    let config = config(&dir, free_port());
-    let url = redis.url();
-    let _toolhost = Toolhost::start(&env(&url, &config));
+    let host = Host::start("auth-example", free_port());
+    let redis = &host.redis;
     let example = signing_example();
     let run = |secret: &str| {
         let output = Command::new("bash")
