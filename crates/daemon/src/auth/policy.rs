@@ -170,10 +170,14 @@ impl Counters {
     /// Takes a token from `tenant`'s bucket at `now`.
     pub(crate) fn take(&self, tenant: &str, rate: Rate, now: Instant) -> Result<(), Limited> {
         let mut tenants = self.lock();
-        if !tenants.contains_key(tenant) {
-            Self::make_room(&mut tenants, now);
-        }
-        let state = tenants.entry(tenant.to_owned()).or_default();
+        // A known tenant's name is not copied: only a new one allocates its entry.
+        let state = match tenants.get_mut(tenant) {
+            Some(state) => state,
+            None => {
+                Self::make_room(&mut tenants, now);
+                tenants.entry(tenant.to_owned()).or_default()
+            }
+        };
         let bucket = state.bucket.get_or_insert(Bucket { tokens: rate.burst, at: now });
         let elapsed = now.saturating_duration_since(bucket.at).as_secs_f64();
         bucket.tokens = (bucket.tokens + elapsed * rate.per_second).min(rate.burst);
