@@ -27,17 +27,21 @@ test-fleet: ensure-redis-installed
     cargo build --bin toolhost
     cargo test -p toolhost-e2e --test harness --test cluster --test sentinel
 
-# The security suites (tests/): TLS to Redis with a private CA and mutual TLS, and the
-# least-privilege Redis user `toolhost redis-acl` prints, against real servers the tests start.
+# The security suites (tests/): TLS to Redis with a private CA and mutual TLS, the
+# least-privilege Redis user `toolhost redis-acl` prints, the MCP door's bearer tokens and signed
+# calls, `toolhost call --key-id`, and the docs' redis-cli + openssl signing example, against real
+# servers the tests start (the daemon's own refusal, policy, rate-limit and audit tests run in
+# `just test`).
 test-security: ensure-redis-installed
     cargo build --bin toolhost
-    cargo test -p toolhost-e2e --test redis_tls --test redis_acl
+    cargo test -p toolhost-e2e --test redis_tls --test redis_acl --test auth
 
 # Benchmarks: toolhost beside the at-least-once reference worker and the exactly-once floor on
 # the same Redis (see docs/PERFORMANCE.md).
 bench *ARGS: ensure-redis-installed
     cargo build --release -p toolhost -p toolhost-bench
     ./target/release/toolhost-bench {{ARGS}}
+    ./target/release/toolhost-bench --interleave 5 --in-flight 64 --only toolhost --auth --out-dir target/bench/auth
     scripts/bench-large-entries.sh ./target/release/toolhost
     PAUSED=1 scripts/bench-large-entries.sh ./target/release/toolhost
     scripts/ensure-mcp-servers.sh >/dev/null

@@ -12,6 +12,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 pub mod cluster;
+pub mod mcp_http;
 pub mod tls;
 
 /// A free loopback TCP port (bound, then released).

@@ -10,13 +10,14 @@
 // Test code: a failed step is a failed test.
 #![allow(clippy::unwrap_used)]
 
-use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+use std::io::{BufRead as _, BufReader, Write as _};
 use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+use toolhost_e2e::mcp_http::{post, raw, session_id};
 use toolhost_e2e::{RedisProcess, Toolhost, free_port, temp_dir, toolhost_bin, user};
 
 /// The venv with the clients, as `scripts/ensure-mcp-door-venv.sh` lays it out.
@@ -440,29 +441,6 @@ fn toolhost_mcp_over_stdio_answers_malformed_frames_and_serves_on() {
     assert!(status.success(), "toolhost mcp exits 0 when its client closes stdin: {status}");
 }
 
-/// One raw HTTP/1.1 request to the door; the status code and body.
-fn raw(port: u16, request: &str) -> (u16, String) {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    stream.write_all(request.as_bytes()).unwrap();
-    let mut response = Vec::new();
-    let _ = stream.read_to_end(&mut response);
-    let text = String::from_utf8_lossy(&response).into_owned();
-    let status = text.split_whitespace().nth(1).and_then(|code| code.parse().ok()).unwrap_or(0);
-    (status, text)
-}
-
-fn post(port: u16, headers: &str, body: &str) -> (u16, String) {
-    raw(
-        port,
-        &format!(
-            "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n\
-             Accept: application/json, text/event-stream\r\nConnection: close\r\n{headers}Content-Length: {}\r\n\r\n{body}",
-            body.len()
-        ),
-    )
-}
-
 const INITIALIZE: &str = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#;
 
 #[test]
@@ -546,13 +524,4 @@ fn wait_until_closed(port: u16, headers: &str, every: Duration, what: &str) {
         assert!(Instant::now() < deadline, "{what} is still open: {status}");
         std::thread::sleep(every);
     }
-}
-
-fn session_id(response: &str) -> String {
-    response
-        .lines()
-        .find_map(|line| {
-            line.to_ascii_lowercase().starts_with("mcp-session-id:").then(|| line[15..].trim().to_owned())
-        })
-        .unwrap_or_default()
 }

@@ -107,7 +107,8 @@ class RedisServer:
 
 
 class Daemon:
-    def __init__(self, redis_url: str, config: str) -> None:
+    def __init__(self, redis_url: str, config: str, env: dict[str, str] | None = None) -> None:
+        self.env = env or {}
         self.dir = tempfile.mkdtemp(prefix="toolhost-py-daemon-")
         self.config = Path(self.dir) / "toolhost.toml"
         self.config.write_text(config)
@@ -124,6 +125,7 @@ class Daemon:
             "TOOLHOST_CONFIG": str(self.config),
             "TOOLHOST__HTTP__LISTEN": "127.0.0.1:0",
             "TOOLHOST__LOG__FORMAT": "json",
+            **self.env,
         }
         with open(self.log, "ab") as log:
             self.process = subprocess.Popen([str(TOOLHOST), "serve"], env=env, stdout=log, stderr=log)

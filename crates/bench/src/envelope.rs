@@ -25,6 +25,18 @@ pub enum RequestKind {
         /// The `data.message` sent and expected back.
         message: String,
     },
+    /// `echo.requested` like [`RequestKind::Echo`], signed with a key (a `sig` field, see
+    /// docs/CONTRACTS.md "Signed requests") and naming a tenant.
+    SignedEcho {
+        /// The `data.message` sent and expected back.
+        message: String,
+        /// The key id.
+        key_id: String,
+        /// The key's secret.
+        secret: String,
+        /// The envelope's `tenant_id`.
+        tenant: String,
+    },
     /// `terminal_run.requested` running `echo hi`.
     TerminalRun,
     /// `tools.discover` in the native format.
@@ -50,7 +62,7 @@ impl RequestKind {
     /// The envelope `type` of this request.
     pub fn event_type(&self) -> &'static str {
         match self {
-            RequestKind::Echo { .. } => "echo.requested",
+            RequestKind::Echo { .. } | RequestKind::SignedEcho { .. } => "echo.requested",
             RequestKind::TerminalRun => "terminal_run.requested",
             RequestKind::Discover => "tools.discover",
             RequestKind::Synthetic { .. } => "synthetic_0000.requested",
@@ -60,7 +72,7 @@ impl RequestKind {
     /// The size of the variable part of the request: the echo message, else 0.
     pub fn payload_bytes(&self) -> usize {
         match self {
-            RequestKind::Echo { message } => message.len(),
+            RequestKind::Echo { message } | RequestKind::SignedEcho { message, .. } => message.len(),
             _ => 0,
         }
     }
@@ -75,6 +87,21 @@ pub struct Request {
     pub request_id: String,
     /// The compact JSON envelope.
     pub payload: String,
+    /// The `sig` field, for a signed request.
+    pub sig: Option<String>,
+}
+
+/// `v1=<key id>:<hex HMAC-SHA256(secret, payload)>`.
+fn sign(key_id: &str, secret: &str, payload: &str) -> String {
+    use hmac::Mac as _;
+    use std::fmt::Write as _;
+    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(secret.as_bytes()).expect("HMAC takes any key");
+    mac.update(payload.as_bytes());
+    let mut sig = format!("v1={key_id}:");
+    for byte in mac.finalize().into_bytes() {
+        let _ = write!(sig, "{byte:02x}");
+    }
+    sig
 }
 
 /// Builds a request envelope of the given kind with fresh ids.
@@ -86,7 +113,9 @@ pub fn request(kind: &RequestKind) -> serde_json::Result<Request> {
     let id = uuid::Uuid::new_v4().to_string();
     let request_id = uuid::Uuid::new_v4().to_string();
     let data = match kind {
-        RequestKind::Echo { message } => RequestData::Echo { request_id: &request_id, message },
+        RequestKind::Echo { message } | RequestKind::SignedEcho { message, .. } => {
+            RequestData::Echo { request_id: &request_id, message }
+        }
         RequestKind::TerminalRun => RequestData::Command { request_id: &request_id, command: "echo hi" },
         RequestKind::Discover => RequestData::Bare { request_id: &request_id },
         RequestKind::Synthetic { arguments } => RequestData::Arguments { request_id: &request_id, arguments },
@@ -100,10 +129,18 @@ pub fn request(kind: &RequestKind) -> serde_json::Result<Request> {
         time: now_rfc3339(),
         correlation_id: &request_id,
         response_topic: None,
+        tenant_id: match kind {
+            RequestKind::SignedEcho { tenant, .. } => Some(tenant),
+            _ => None,
+        },
         data,
     };
     let payload = serde_json::to_string(&envelope)?;
-    Ok(Request { id, request_id, payload })
+    let sig = match kind {
+        RequestKind::SignedEcho { key_id, secret, .. } => Some(sign(key_id, secret, &payload)),
+        _ => None,
+    };
+    Ok(Request { id, request_id, payload, sig })
 }
 
 /// The message of the independent generator's requests.
@@ -127,10 +164,11 @@ pub fn independent_request() -> serde_json::Result<Request> {
         time: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
         correlation_id: &id,
         response_topic: Some(RESULTS_STREAM),
+        tenant_id: None,
         data: RequestData::Echo { request_id: &id, message: INDEPENDENT_MESSAGE },
     };
     let payload = serde_json::to_string(&envelope)?;
-    Ok(Request { request_id: id.clone(), id, payload })
+    Ok(Request { request_id: id.clone(), id, payload, sig: None })
 }
 
 /// The valid 20-field argument object for `synthetic_0000`, matching the schema the daemon
@@ -268,6 +306,7 @@ struct OutgoingRequest<'a> {
     correlation_id: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
     response_topic: Option<&'a str>,
+    tenant_id: Option<&'a str>,
     data: RequestData<'a>,
 }
 

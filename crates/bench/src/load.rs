@@ -279,15 +279,12 @@ impl Lane {
             let (answer_tx, answer_rx) = oneshot::channel();
             self.lock_pending().insert(request.request_id.clone(), answer_tx);
             let sent_at = Instant::now();
-            let added: redis::RedisResult<String> = self
-                .publisher
-                .xadd_options(
-                    REQUESTS_STREAM,
-                    "*",
-                    &[("id", request.id.as_str()), ("payload", request.payload.as_str())],
-                    &self.add_options,
-                )
-                .await;
+            let mut fields = vec![("id", request.id.as_str()), ("payload", request.payload.as_str())];
+            if let Some(sig) = &request.sig {
+                fields.push(("sig", sig.as_str()));
+            }
+            let added: redis::RedisResult<String> =
+                self.publisher.xadd_options(REQUESTS_STREAM, "*", &fields, &self.add_options).await;
             if let Err(err) = added {
                 self.lock_pending().remove(&request.request_id);
                 tally.n_send_errors += 1;

@@ -80,7 +80,37 @@ pub struct Options {
     pub soak: Option<u64>,
     /// Where reports and target logs go.
     pub out_dir: PathBuf,
+    /// Interleaved runs also measure toolhost with `require_signature` and a tenant policy
+    /// (the `echo, signed + policy` row), beside plain echo.
+    pub auth: bool,
 }
+
+/// The key of the signed rows, handed to the daemon in [`SIGNING_ENV`].
+const SIGNING_SECRET: &str = "bench-signing-secret-0123456789";
+const SIGNING_ENV: &str = "BENCH_SIGNING_KEY";
+/// The configuration of the signed rows: signatures required, a key bound to one tenant, and a
+/// policy with allow and deny globs, a rate and an in-flight limit, all high enough never to
+/// refuse, so the row measures their cost on every request.
+const AUTH_CONFIG: &str = r#"
+[auth]
+require_signature = true
+
+[[auth.keys]]
+id = "bench"
+secret_env = "BENCH_SIGNING_KEY"
+tenants = ["bench"]
+
+[[policy]]
+tenant = "bench"
+allow = ["echo", "time__*", "synthetic_*"]
+deny = ["terminal_run", "chat_*"]
+rate = "1000000/s"
+max_in_flight = 4096
+
+[[policy]]
+tenant = "*"
+allow = ["echo"]
+"#;
 
 /// Runs everything `options` asks for and returns the report (ratios included).
 ///
@@ -178,6 +208,8 @@ struct Scenario {
     kind: RequestKind,
     serve_args: Vec<String>,
     env: Vec<(String, String)>,
+    /// A configuration file's text, written under the logs and named in `TOOLHOST_CONFIG`.
+    config: Option<&'static str>,
 }
 
 impl Scenario {
@@ -190,6 +222,26 @@ impl Scenario {
             kind: RequestKind::echo(payload_bytes),
             serve_args: Vec::new(),
             env: Vec::new(),
+            config: None,
+        }
+    }
+
+    /// Echo, signed, for a tenant with a policy: the cost of `[auth]` and `[[policy]]`.
+    fn signed_echo(in_flight: usize, payload_bytes: usize) -> Self {
+        Scenario {
+            generator: Generator::Harness,
+            name: "echo, signed + policy".to_owned(),
+            baseline: None,
+            in_flight,
+            kind: RequestKind::SignedEcho {
+                message: "x".repeat(payload_bytes),
+                key_id: "bench".to_owned(),
+                secret: SIGNING_SECRET.to_owned(),
+                tenant: "bench".to_owned(),
+            },
+            serve_args: Vec::new(),
+            env: vec![(SIGNING_ENV.to_owned(), SIGNING_SECRET.to_owned())],
+            config: Some(AUTH_CONFIG),
         }
     }
 
@@ -202,6 +254,7 @@ impl Scenario {
             kind,
             serve_args: Vec::new(),
             env: Vec::new(),
+            config: None,
         }
     }
 
@@ -215,6 +268,7 @@ impl Scenario {
             kind: RequestKind::Echo { message: crate::envelope::INDEPENDENT_MESSAGE.to_owned() },
             serve_args: Vec::new(),
             env: Vec::new(),
+            config: None,
         }
     }
 
@@ -373,15 +427,21 @@ impl Bench<'_> {
     /// `options.interleave` times with the targets taking turns, so slow drifts of a shared
     /// machine spread over all of them; each row holds the medians of its runs.
     async fn interleaved(&mut self, report: &mut Report) {
-        let workers = self.options.workers.clone();
         for scenario in interleaved_scenarios(self.options) {
             let in_flight = scenario.in_flight;
-            let mut runs: Vec<Vec<Row>> = vec![Vec::new(); workers.len()];
+            let mut turns: Vec<(Worker, Scenario)> =
+                self.options.workers.iter().map(|&worker| (worker, scenario.clone())).collect();
+            // The cost of signatures and policy, beside plain echo (harness rows only).
+            if self.options.auth && scenario.name.starts_with("echo") {
+                turns.push((Worker::Toolhost, Scenario::signed_echo(in_flight, DEFAULT_PAYLOAD)));
+            }
+            let mut runs: Vec<Vec<Row>> = vec![Vec::new(); turns.len()];
             for round in 0..self.options.interleave {
-                for turn in 0..workers.len() {
+                for turn in 0..turns.len() {
                     // Rotate who goes first, so no target always follows the same one.
-                    let idx = (turn + round) % workers.len();
-                    let worker = workers[idx];
+                    let idx = (turn + round) % turns.len();
+                    let (worker, scenario) = &turns[idx];
+                    let worker = *worker;
                     eprintln!(
                         "bench: run {}/{} {} {} in-flight={in_flight}",
                         round + 1,
@@ -389,7 +449,7 @@ impl Bench<'_> {
                         worker.name(),
                         scenario.name,
                     );
-                    let row = self.measure(worker, &scenario, 1).await;
+                    let row = self.measure(worker, scenario, 1).await;
                     if let Some(error) = &row.error {
                         eprintln!("bench:   error: {error}");
                     }
@@ -526,7 +586,18 @@ impl Bench<'_> {
 
     async fn measure(&mut self, worker: Worker, scenario: &Scenario, reps: usize) -> Row {
         let mut row = scenario.row(worker);
-        let launch = self.launch(worker, &scenario.serve_args, &scenario.env, scenario.log_name(worker));
+        let mut env = scenario.env.clone();
+        if let Some(config) = scenario.config {
+            let path = self.options.out_dir.join("logs").join(format!("{}.toml", scenario.log_name(worker)));
+            let written = std::fs::create_dir_all(self.options.out_dir.join("logs"))
+                .and_then(|()| std::fs::write(&path, config));
+            if let Err(err) = written {
+                row.error = Some(format!("cannot write {}: {err}", path.display()));
+                return row;
+            }
+            env.push(("TOOLHOST_CONFIG".to_owned(), path.display().to_string()));
+        }
+        let launch = self.launch(worker, &scenario.serve_args, &env, scenario.log_name(worker));
         let mut running = match self.start(&launch).await {
             Ok(running) => running,
             Err(err) => {

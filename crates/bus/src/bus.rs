@@ -15,9 +15,18 @@ use crate::Error;
 /// holds one `Arc<dyn Bus>` and hands out views of it. Entries read through a group stay pending
 /// until acked, pending entries idle past a limit can be claimed by another consumer, and
 /// delivery counts grow with each delivery.
-pub trait Bus: FleetAccess + Groups + Ledger + Server {}
+pub trait Bus: FleetAccess + Groups + Ledger + Server + RateLimits {}
 
-impl<T: Streams + Groups + Ledger + Directory + Server> Bus for T {}
+impl<T: Streams + Groups + Ledger + Directory + Server + RateLimits> Bus for T {}
+
+/// Token buckets kept in Redis, shared by every replica (`[auth] shared_limits`).
+#[async_trait]
+pub trait RateLimits: Send + Sync + 'static {
+    /// Takes one token from the bucket at `key`, which refills at `per_second` tokens a second
+    /// up to `burst`, on the server's clock. `None` when a token was taken; else how long until
+    /// one will be there.
+    async fn take_token(&self, key: &str, per_second: f64, burst: f64) -> Result<Option<Duration>, Error>;
+}
 
 /// Plain streams: append, read after a cursor, delete entries. What callers, chat tools and the
 /// dead-letter commands need.
@@ -26,6 +35,16 @@ pub trait Streams: Send + Sync + 'static {
     /// Appends one message (`id`, `payload`) to `topic`, trimming it to about the configured
     /// length. Returns the new entry id.
     async fn publish(&self, topic: &str, id: &str, payload: &str) -> Result<String, Error>;
+
+    /// Appends one entry of `fields` (names and values as given, in order) to `topic`, trimming
+    /// it to about `maxlen` entries (the configured length when `None`). Returns the new entry
+    /// id. Signed requests (`id`, `payload`, `sig`) and audit entries are written this way.
+    async fn append(
+        &self,
+        topic: &str,
+        fields: &[(&str, &str)],
+        maxlen: Option<u64>,
+    ) -> Result<String, Error>;
 
     /// Reads up to `count` entries after `cursor` (an entry id, or the message id of an entry in
     /// the topic), waiting up to `block` when `Some` and there are none.

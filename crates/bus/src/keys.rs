@@ -149,6 +149,18 @@ impl Keys {
         format!("{}toolhost:mcp:task:{task_id}", self.prefix)
     }
 
+    /// A toolbox's audit stream, `audit:<toolbox_id>`: refusals by authentication or policy,
+    /// and calls of destructive tools (capped).
+    pub fn audit(&self, toolbox_id: &str) -> String {
+        format!("{}audit:{toolbox_id}", self.prefix)
+    }
+
+    /// The token bucket of a tenant's rate limit shared by a toolbox's replicas
+    /// (`[auth] shared_limits`).
+    pub fn rate_bucket(&self, toolbox_id: &str, tenant: &str) -> String {
+        format!("{}toolhost:rate:{toolbox_id}:{tenant}", self.prefix)
+    }
+
     /// The bare name of a durable MCP task's answer stream, where the call's progress entries
     /// and its answer are written.
     pub fn mcp_task_results(task_id: &str) -> String {

@@ -36,7 +36,7 @@ mod tls;
 
 pub use bus::{
     Bus, CallKeys, CallStart, Committed, Directory, EntryRef, Finish, FleetAccess, GroupInfo, Groups,
-    KeptAnswer, Ledger, Published, Reclaimed, Server, Streams, call_owner,
+    KeptAnswer, Ledger, Published, RateLimits, Reclaimed, Server, Streams, call_owner,
 };
 pub use caller::{CallError, Caller, Pending};
 pub use connection::Topology;

@@ -147,6 +147,18 @@ impl Streams for MemoryBus {
         Ok(self.publish_raw(topic, Some(id), Some(payload)))
     }
 
+    /// The double keeps an entry's `id` and `payload` only, and does not trim.
+    async fn append(
+        &self,
+        topic: &str,
+        fields: &[(&str, &str)],
+        _maxlen: Option<u64>,
+    ) -> Result<String, Error> {
+        let field =
+            |name: &str| fields.iter().rev().find(|(field, _)| *field == name).map(|(_, value)| *value);
+        Ok(self.publish_raw(topic, field("id"), field("payload")))
+    }
+
     async fn read(
         &self,
         topic: &str,

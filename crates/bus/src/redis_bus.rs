@@ -137,6 +137,7 @@ struct Scripts {
     delete_consumer: Script,
     prune_consumers: Script,
     prune_listed: Script,
+    take_token: Script,
 }
 
 /// How much longer than its BLOCK time a blocking read may take before it is abandoned.
@@ -185,6 +186,7 @@ impl RedisBus {
                 delete_consumer: Script::new(include_str!("scripts/delete_consumer.lua")),
                 prune_consumers: Script::new(include_str!("scripts/prune_consumers.lua")),
                 prune_listed: Script::new(include_str!("scripts/cluster/prune_listed.lua")),
+                take_token: Script::new(include_str!("scripts/take_token.lua")),
             },
             batchers: Batchers::default(),
         })
@@ -283,6 +285,19 @@ impl Streams for RedisBus {
                 &[("id", id), ("payload", payload)],
             )
             .await?;
+        Ok(entry_id)
+    }
+
+    async fn append(
+        &self,
+        topic: &str,
+        fields: &[(&str, &str)],
+        maxlen: Option<u64>,
+    ) -> Result<String, Error> {
+        let maxlen = maxlen.map_or(self.options.maxlen, |maxlen| maxlen as usize);
+        let mut connection = self.commands.clone();
+        let entry_id: String =
+            connection.xadd_maxlen(topic, redis::streams::StreamMaxlen::Approx(maxlen), "*", fields).await?;
         Ok(entry_id)
     }
 
@@ -647,6 +662,21 @@ impl Directory for RedisBus {
         let mut connection = self.commands.clone();
         let set: bool = connection.pexpire(key, ttl.as_millis() as i64).await?;
         Ok(set)
+    }
+}
+
+#[async_trait]
+impl crate::RateLimits for RedisBus {
+    async fn take_token(&self, key: &str, per_second: f64, burst: f64) -> Result<Option<Duration>, Error> {
+        let wait: u64 = self
+            .scripts
+            .take_token
+            .key(key)
+            .arg(per_second)
+            .arg(burst)
+            .invoke_async(&mut self.commands.clone())
+            .await?;
+        Ok((wait > 0).then(|| Duration::from_millis(wait)))
     }
 }
 

@@ -41,6 +41,13 @@ pub enum Command {
         /// How long to wait for the answer, e.g. 30s or 500ms.
         #[arg(long, default_value = "30s", value_parser = parse_duration)]
         timeout: Duration,
+        /// Sign the request with this key: the secret is `secret_env` of the `[[auth.keys]]`
+        /// entry with this id, else the variable TOOLHOST_SIGNING_SECRET.
+        #[arg(long)]
+        key_id: Option<String>,
+        /// The tenant the call is made for (the envelope's `tenant_id`).
+        #[arg(long)]
+        tenant: Option<String>,
     },
     /// List the tools of the running toolbox.
     Tools {

@@ -8,6 +8,7 @@ use toolhost_bus::{Bus, CallError, Caller, Directory, Error as BusError, FleetAc
 use toolhost_envelope::DiscoveryFormat;
 
 use crate::EXIT_CONFIG;
+use crate::auth::SigningKey;
 use crate::config::Config;
 use crate::fleet_client::{CallFailure, ClientSettings, FleetClient, Progress, Request};
 use crate::output;
@@ -31,7 +32,13 @@ fn caller(config: &Config) -> Result<(Arc<dyn Bus>, Caller), String> {
 /// `toolhost call`: calls the tool through the fleet client (a private response stream, the
 /// call's progress on stderr), prints the result and returns the exit code (0, 1 or 2). Ctrl-C
 /// sends `tool.cancel` for the call and prints its `cancelled` answer.
-pub async fn run_call(config: &Config, tool: &str, args: &str, timeout: Duration) -> i32 {
+pub async fn run_call(
+    config: &Config,
+    tool: &str,
+    args: &str,
+    timeout: Duration,
+    identity: &CallIdentity,
+) -> i32 {
     let arguments: Value = match serde_json::from_str(args) {
         Ok(Value::Object(arguments)) => Value::Object(arguments),
         Ok(_) => {
@@ -51,8 +58,18 @@ pub async fn run_call(config: &Config, tool: &str, args: &str, timeout: Duration
             return EXIT_TRANSPORT;
         }
     };
+    let signing = match &identity.key_id {
+        Some(key_id) => match signing_key(config, key_id) {
+            Ok(key) => Some(key),
+            Err(err) => {
+                eprintln!("toolhost: {err}");
+                return EXIT_CONFIG;
+            }
+        },
+        None => None,
+    };
     let raw = &config.raw;
-    let fleet = match fleet_client(config).await {
+    let fleet = match fleet_client(config, signing, identity.tenant.clone()).await {
         Ok(fleet) => fleet,
         Err(err) => {
             eprintln!("toolhost: {err}");
@@ -65,7 +82,8 @@ pub async fn run_call(config: &Config, tool: &str, args: &str, timeout: Duration
         request_id: toolhost_envelope::new_message_id(),
         timeout,
         response_topic: None,
-        tenant_id: None,
+        tenant: None,
+        via: None,
     };
     let (progress, mut reports) = tokio::sync::mpsc::unbounded_channel::<Progress>();
     let call = fleet.call(&request, Some(progress));
@@ -114,8 +132,35 @@ pub async fn run_call(config: &Config, tool: &str, args: &str, timeout: Duration
     }
 }
 
+/// Who `toolhost call` calls as.
+#[derive(Debug, Clone, Default)]
+pub struct CallIdentity {
+    /// The key to sign with (`--key-id`).
+    pub key_id: Option<String>,
+    /// The tenant (`--tenant`).
+    pub tenant: Option<String>,
+}
+
+/// The key `key_id` with its secret: the configured key's, else `TOOLHOST_SIGNING_SECRET`.
+fn signing_key(config: &Config, key_id: &str) -> Result<SigningKey, String> {
+    if let Some(key) = config.auth.key(key_id) {
+        return Ok(key.clone());
+    }
+    match config.mcp_env.0.get(crate::config::ENV_SIGNING_SECRET) {
+        Some(secret) if !secret.is_empty() => Ok(SigningKey::new(key_id, secret.as_bytes())),
+        _ => Err(format!(
+            "--key-id {key_id}: no [[auth.keys]] entry has this id and {} is not set",
+            crate::config::ENV_SIGNING_SECRET
+        )),
+    }
+}
+
 /// A fleet client for one command: no fleet watch, a private stream that expires soon after.
-async fn fleet_client(config: &Config) -> Result<FleetClient, String> {
+async fn fleet_client(
+    config: &Config,
+    signing: Option<SigningKey>,
+    tenant: Option<String>,
+) -> Result<FleetClient, String> {
     let raw = &config.raw;
     let bus: Arc<dyn FleetAccess> =
         Arc::new(RedisBus::new(config.redis_options()).map_err(|err| redis_failure(&raw.redis, &err))?);
@@ -124,6 +169,8 @@ async fn fleet_client(config: &Config) -> Result<FleetClient, String> {
         source: "toolhost:cli".to_owned(),
         stream_ttl: Duration::from_secs(60),
         watch_period: None,
+        signing,
+        tenant,
     };
     FleetClient::open(bus, config.keys(), settings).await.map_err(|err| redis_failure(&raw.redis, &err))
 }

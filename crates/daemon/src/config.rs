@@ -23,11 +23,14 @@ pub const ENV_PREFIX: &str = "TOOLHOST";
 /// The configuration file, when `--config` is not given; every subcommand reads it, so client
 /// commands run in a container see what its daemon sees.
 pub const ENV_CONFIG: &str = "TOOLHOST_CONFIG";
+/// The secret `toolhost call --key-id` signs with when the key is not in `[[auth.keys]]`.
+pub const ENV_SIGNING_SECRET: &str = "TOOLHOST_SIGNING_SECRET";
 /// Variables named `TOOLHOST_*` that are not configuration keys and so get no warning: the
 /// configuration file, the golden-sample and soak knobs of the test suite, and the streams of
 /// `examples/worker.py`.
 pub const ENV_RESERVED: &[&str] = &[
     ENV_CONFIG,
+    ENV_SIGNING_SECRET,
     "TOOLHOST_BLESS",
     "TOOLHOST_SOAK_REQUESTS",
     "TOOLHOST_REQUESTS_STREAM",
@@ -105,6 +108,9 @@ pub struct RawConfig {
     /// apart from the rest (see `deserialize_all`).
     #[serde(flatten, skip_deserializing)]
     pub doors: crate::doors::DoorSections,
+    /// `[auth]` and `[[policy]]`, defined beside the checks in `auth` and read apart from the rest.
+    #[serde(flatten, skip_deserializing)]
+    pub auth: crate::auth::AuthSections,
 }
 
 /// `[redis]`
@@ -355,6 +361,8 @@ pub struct Config {
     /// The environment hosted MCP servers start from (`${VAR}` in their settings, and the
     /// children's `PATH`, `HOME` and `LANG`); read here, where the daemon reads its environment.
     pub mcp_env: EnvVars,
+    /// `[auth]` and `[[policy]]`, with the signing keys' secrets read from the environment.
+    pub auth: std::sync::Arc<crate::auth::Auth>,
     /// Things worth telling the operator that do not stop start-up, such as `TOOLHOST_*`
     /// variables that toolhost does not read; `main` prints them on stderr.
     pub warnings: Vec<String>,
@@ -583,14 +591,17 @@ fn deserialize_all(layered: &config::Config) -> Result<(RawConfig, Vec<KeyError>
     let defaults = as_json(&defaults)?;
     let doors_value = take_sections(&mut value, crate::doors::DoorSections::NAMES);
     let sources_value = take_sections(&mut value, crate::sources::SourceSections::NAMES);
+    let auth_value = take_sections(&mut value, crate::auth::AuthSections::NAMES);
     let mut errors = Vec::new();
     let doors = deserialize_repairing::<crate::doors::DoorSections>(doors_value, &defaults, &mut errors);
     let sources =
         deserialize_repairing::<crate::sources::SourceSections>(sources_value, &defaults, &mut errors);
-    match (deserialize_repairing::<RawConfig>(value, &defaults, &mut errors), doors, sources) {
-        (Some(mut raw), Some(doors), Some(sources)) => {
+    let auth = deserialize_repairing::<crate::auth::AuthSections>(auth_value, &defaults, &mut errors);
+    match (deserialize_repairing::<RawConfig>(value, &defaults, &mut errors), doors, sources, auth) {
+        (Some(mut raw), Some(doors), Some(sources), Some(auth)) => {
             raw.doors = doors;
             raw.sources = sources;
+            raw.auth = auth;
             Ok((raw, errors))
         }
         _ => Err(ConfigError(errors)),
@@ -727,7 +738,9 @@ fn validate(
         .filter(|node| !node.is_empty())
         .collect();
     let http_headers = raw.sources.validate(&raw.tools, vars, errors);
-    errors.extend(raw.doors.validate(&raw));
+    errors.extend(raw.doors.validate(&raw, vars));
+    errors.extend(raw.auth.validate(vars));
+    let auth = std::sync::Arc::new(crate::auth::Auth::new(&raw.auth, vars));
     let mcp_env = EnvVars(vars.iter().map(|(name, value)| (name.clone(), value.clone())).collect());
     let mut bad =
         |key: &str, message: &str| errors.push(KeyError { key: key.to_owned(), message: message.to_owned() });
@@ -880,6 +893,7 @@ fn validate(
         redis_tls,
         http_headers,
         mcp_env,
+        auth,
         warnings: Vec::new(),
         raw,
     })
@@ -951,6 +965,7 @@ impl Config {
     pub fn secrets(&self) -> Vec<String> {
         let redis = &self.raw.redis;
         let mut res = self.http_headers.secrets.clone();
+        res.extend_from_slice(self.auth.secrets());
         res.push(redis.sentinel_password.clone());
         for url in std::iter::once(&redis.url).chain(&redis.sentinels).chain(&redis.cluster_nodes) {
             if let Some(scheme_end) = url.find("://") {
@@ -1169,6 +1184,11 @@ mod tests {
         // The tables with no entries by default are documented as commented-out examples.
         let tables = effective.as_table_mut().unwrap();
         assert_eq!(tables.remove("agents"), Some(toml::Value::Array(Vec::new())));
+        assert_eq!(tables.remove("policy"), Some(toml::Value::Array(Vec::new())));
+        let keys = tables["auth"].as_table_mut().unwrap().remove("keys");
+        assert_eq!(keys, Some(toml::Value::Array(Vec::new())));
+        let tokens = tables["mcp"].as_table_mut().unwrap().remove("tokens");
+        assert_eq!(tokens, Some(toml::Value::Array(Vec::new())));
         let tools = tables["tools"].as_table_mut().unwrap();
         assert_eq!(tools.remove("limits"), Some(toml::Value::Table(toml::Table::new())));
         assert_eq!(written, effective);
@@ -1189,7 +1209,16 @@ mod tests {
             .map(|line| format!("{line}\n"))
             .collect();
         let path = file(&uncommented);
-        let config = Config::load(Some(&path.0), &env(&[("ORDERS_TOKEN", "t")])).unwrap();
+        let secrets = [
+            ("ORDERS_TOKEN", "t"),
+            ("TOOLHOST_KEY_AGENTS_1", "0123456789abcdef"),
+            ("MCP_TOKEN_LAPTOP", "fedcba9876543210"),
+        ];
+        let config = Config::load(Some(&path.0), &env(&secrets)).unwrap();
+        assert_eq!(config.raw.auth.auth.keys[0].tenants.as_deref(), Some(&["acme".to_owned()][..]));
+        assert_eq!(config.raw.auth.policy[0].deny, ["terminal_run"]);
+        assert_eq!(config.raw.doors.mcp.tokens[0].tenant, "acme");
+        assert!(config.secrets().contains(&"0123456789abcdef".to_owned()));
         let terminal = &config.raw.tools.terminal;
         assert!(terminal.sandbox_cwd.is_some());
         assert!(terminal.max_processes.is_some() && terminal.cpu_seconds.is_some());

@@ -32,6 +32,7 @@
 //! **Invariant:** only this crate reads environment variables (in [`config`]) or installs a
 //! tracing subscriber (in [`logging`]).
 
+pub mod auth;
 mod backoff;
 mod call;
 pub mod cli;
@@ -58,7 +59,7 @@ mod sources;
 mod stats;
 mod telemetry;
 
-pub use client::{EXIT_TRANSPORT, run_call, run_tools};
+pub use client::{CallIdentity, EXIT_TRANSPORT, run_call, run_tools};
 pub use dlq::run_dlq;
 pub use doors::mcp::serve_stdio as serve_mcp_stdio;
 pub use doors::requests::{DispatchSettings, Requests};

@@ -86,7 +86,10 @@ fn main() {
                     }
                 }
             }
-            Command::Call { tool, args, timeout } => toolhost::run_call(&config, &tool, &args, timeout).await,
+            Command::Call { tool, args, timeout, key_id, tenant } => {
+                let identity = toolhost::CallIdentity { key_id, tenant };
+                toolhost::run_call(&config, &tool, &args, timeout, &identity).await
+            }
             Command::Tools { format, from_registry, timeout } => {
                 toolhost::run_tools(&config, &format, from_registry, timeout).await
             }

@@ -376,6 +376,13 @@ impl App {
                 &consumer,
             )),
             progress_per_second: raw.dispatch.progress_per_second,
+            gate: Arc::new(crate::auth::Gate::new(
+                config.auth.clone(),
+                bus.clone(),
+                keys.clone(),
+                &raw.daemon.toolbox_id,
+                &config.secrets(),
+            )),
         };
         // One budget of `max_in_flight` slots over every door, so the configured limit is the
         // process's limit however many doors there are.

@@ -32,4 +32,6 @@ pub struct Services {
     pub(crate) calls: Arc<crate::call::cancel::Calls>,
     /// `[dispatch] progress_per_second`: most progress entries per call and second.
     pub progress_per_second: u64,
+    /// Signatures, tenant policy, rate limits and the audit stream.
+    pub gate: Arc<crate::auth::Gate>,
 }

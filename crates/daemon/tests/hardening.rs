@@ -9,23 +9,10 @@ use redis::aio::MultiplexedConnection;
 use serde_json::{Value, json};
 
 use crate::support::{
-    Daemon, RedisServer, answers_to, http_addr, http_get, payloads, request, settled, temp_dir, xadd,
+    Daemon, RedisServer, answer, answers_to, http_addr, http_get, payloads, request, settled, temp_dir, xadd,
 };
 
 const WAIT: Duration = Duration::from_secs(15);
-
-/// Waits for the one answer to `request_id` on `stream`.
-async fn answer(connection: &mut MultiplexedConnection, stream: &str, request_id: &str) -> Value {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let found = payloads(connection, stream).await;
-        if let Some(answer) = answers_to(&found, request_id).first() {
-            return (*answer).clone();
-        }
-        assert!(Instant::now() < deadline, "no answer to {request_id} on {stream}: {found:#?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
 
 async fn xlen(connection: &mut MultiplexedConnection, stream: &str) -> u64 {
     redis::cmd("XLEN").arg(stream).query_async(connection).await.unwrap()

@@ -56,3 +56,6 @@ mod fleet;
 
 /// `tool.cancel`: running and queued calls stopped and answered once, wherever the cancel is read.
 mod cancel;
+
+/// Issue 25: signed requests, tenant policy, rate and in-flight limits, the audit stream.
+mod auth;

@@ -8,6 +8,8 @@ use serde_json::{Value, json};
 pub const FIELD_ID: &str = "id";
 /// Name of the field that carries the JSON payload.
 pub const FIELD_PAYLOAD: &str = "payload";
+/// Name of the field that carries a signed entry's signature (`v1=<key id>:<hex HMAC>`).
+pub const FIELD_SIG: &str = "sig";
 /// Most raw bytes of an unreadable field kept for a dead letter: its first 64 KiB.
 pub const DEFECT_HEAD_BYTES: usize = 64 * 1024;
 
@@ -26,10 +28,25 @@ pub struct Entry {
     pub id: String,
     /// The `payload` field as sent; `None` when the entry has no such field or it is unreadable.
     pub payload: Option<String>,
+    /// The `sig` field as sent: absent, one, or given more than once (which no signer writes,
+    /// so such an entry is refused, never verified against one of its copies).
+    pub sig: Sig,
     /// How many times this entry has been delivered to a consumer group (1 on first read).
     pub deliveries: u64,
     /// The first field of the entry that could not be read, if any.
     pub defect: Option<EntryDefect>,
+}
+
+/// The `sig` field of an entry.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Sig {
+    /// The entry has no `sig` field: it is unsigned.
+    #[default]
+    Absent,
+    /// One `sig` field, as sent.
+    One(String),
+    /// More than one `sig` field.
+    Duplicated,
 }
 
 /// Why a field of an entry could not be read.
@@ -127,10 +144,17 @@ impl Entry {
     ) -> Entry {
         let mut id = None;
         let mut payload = None;
+        let mut sig = Sig::Absent;
         for (name, value) in fields {
             match name.as_ref() {
                 FIELD_ID => id = Some(value),
                 FIELD_PAYLOAD => payload = Some(value),
+                FIELD_SIG => {
+                    sig = match sig {
+                        Sig::Absent => Sig::One(value),
+                        Sig::One(_) | Sig::Duplicated => Sig::Duplicated,
+                    }
+                }
                 _ => {}
             }
         }
@@ -138,6 +162,7 @@ impl Entry {
             entry_id: entry_id.to_owned(),
             id: id.unwrap_or_else(|| entry_id.to_owned()),
             payload,
+            sig,
             deliveries: 1,
             defect: None,
         }
@@ -153,11 +178,11 @@ impl Entry {
         mut cut: impl FnMut(&[u8]) -> Option<(u64, String)>,
     ) -> Entry {
         let mut defect = None;
-        let mut named = Vec::with_capacity(2);
+        let mut named = Vec::with_capacity(3);
         for (name, value) in fields {
-            // Only the two known names matter, and both are ASCII.
+            // Only the three known names matter, and all are ASCII.
             let name = String::from_utf8_lossy(&name).into_owned();
-            if name != FIELD_ID && name != FIELD_PAYLOAD {
+            if name != FIELD_ID && name != FIELD_PAYLOAD && name != FIELD_SIG {
                 continue;
             }
             let problem = if let Some((size, sha1)) = cut(name.as_bytes()) {
@@ -210,6 +235,22 @@ mod tests {
 
     fn raw(pairs: &[(&str, &[u8])]) -> Vec<(Vec<u8>, Vec<u8>)> {
         pairs.iter().map(|(name, value)| (name.as_bytes().to_vec(), value.to_vec())).collect()
+    }
+
+    #[test]
+    fn the_sig_field_is_kept_and_a_second_one_marks_it_duplicated() {
+        let entry = Entry::from_fields("1-0", [("payload", "{}".to_owned())]);
+        assert_eq!(entry.sig, Sig::Absent);
+        let fields = raw(&[("id", b"m-1"), ("sig", b"v1=k:00"), ("payload", b"{}")]);
+        let entry = Entry::from_raw_fields("1-0", fields, 1024, |_| None);
+        assert_eq!(entry.sig, Sig::One("v1=k:00".to_owned()));
+        let fields = raw(&[("sig", b"v1=k:00"), ("payload", b"{}"), ("sig", b"v1=k:00")]);
+        assert_eq!(Entry::from_raw_fields("1-0", fields, 1024, |_| None).sig, Sig::Duplicated);
+        // A sig over the reader's limit is the entry's defect, like any other field.
+        let long = vec![b'a'; 2048];
+        let entry = Entry::from_raw_fields("1-0", raw(&[("sig", &long), ("payload", b"{}")]), 1024, |_| None);
+        assert_eq!(entry.sig, Sig::Absent);
+        assert_eq!(entry.defect.unwrap().field, "sig");
     }
 
     #[test]

@@ -16,7 +16,7 @@ pub use chat::{
     AGENT_PREFIX, Address, CHAT_PREFIX, ChatEnvelope, ChatKind, DeadLetterEvent, StepStatus, StreamEvent,
     StreamEventKind,
 };
-pub use entry::{DEFECT_HEAD_BYTES, DefectKind, Entry, EntryDefect, FIELD_ID, FIELD_PAYLOAD};
+pub use entry::{DEFECT_HEAD_BYTES, DefectKind, Entry, EntryDefect, FIELD_ID, FIELD_PAYLOAD, FIELD_SIG, Sig};
 pub use event::{
     BadRequestId, ErrorCode, EventEnvelope, RESERVED_DATA_KEYS, ResultData, SPEC_VERSION, new_message_id,
     now_rfc3339, request_id,

@@ -89,6 +89,13 @@ impl Failure {
     pub fn new(code: ErrorCode, message: impl Into<String>) -> Failure {
         Failure { code, message: message.into(), details: None }
     }
+
+    /// The failure with `details`.
+    #[must_use]
+    pub fn with_details(mut self, details: Value) -> Failure {
+        self.details = Some(details);
+        self
+    }
 }
 
 /// Whether `name` is a valid tool name: `^[a-zA-Z0-9_-]{1,64}$`, what OpenAI accepts.
@@ -222,9 +229,20 @@ impl Registry {
 
     /// Every enabled tool in `format`, sorted by name.
     pub fn export(&self, format: DiscoveryFormat, requests_topic: &str, results_topic: &str) -> Vec<Value> {
+        self.export_where(format, requests_topic, results_topic, |_| true)
+    }
+
+    /// Every enabled tool `keep` keeps, by name, in `format`, sorted by name.
+    pub fn export_where(
+        &self,
+        format: DiscoveryFormat,
+        requests_topic: &str,
+        results_topic: &str,
+        keep: impl Fn(&str) -> bool,
+    ) -> Vec<Value> {
         self.tools
             .iter()
-            .filter(|tool| !self.disabled.contains(&tool.spec.name))
+            .filter(|tool| !self.disabled.contains(&tool.spec.name) && keep(&tool.spec.name))
             .map(|tool| tool.full_description().export(format, requests_topic, results_topic))
             .collect()
     }

@@ -64,7 +64,14 @@ class AsyncClient:
         user_id: str | None = None,
         session_id: str | None = None,
         trace_id: str | None = None,
+        key_id: str | None = None,
+        secret: str | bytes | None = None,
     ) -> None:
+        if (key_id is None) != (secret is None):
+            raise ClientError("key_id and secret go together: give both to sign requests, or neither")
+        if key_id is not None and not re.fullmatch(r"[^:]{1,64}", key_id):
+            raise ClientError(f"key_id {key_id!r} must be 1-64 characters without ':'")
+        self._signing = (key_id, secret.encode() if isinstance(secret, str) else secret) if key_id else None
         self.url = url or os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/0"
         self.key_prefix = key_prefix
         self.requests_topic = requests_topic
@@ -196,7 +203,7 @@ class AsyncClient:
         if millis is not None:
             data["timeout_ms"] = millis
         # Refused here, before anything is sent: arguments that are not JSON.
-        envelope_id, payload = self._entry("tool.invoke", data, rid, correlation_id)
+        fields = self._entry("tool.invoke", data, rid, correlation_id)
         wait = (timeout if timeout is not None else self.default_timeout) + ANSWER_MARGIN
         attempts = 1 + max(0, self.retries if retries is None else retries)
         await self.open()
@@ -208,9 +215,9 @@ class AsyncClient:
                 last = attempt == attempts - 1
                 if attempt > 0:
                     waiter.future = loop.create_future()
-                    envelope_id, payload = self._entry("tool.invoke", data, rid, correlation_id)
+                    fields = self._entry("tool.invoke", data, rid, correlation_id)
                 try:
-                    await self._send(self._requests_key, {"id": envelope_id, "payload": payload})
+                    await self._send(self._requests_key, fields)
                 except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError) as err:
                     if last:
                         raise ConnectionFailed(f"cannot send the call of '{tool}' to Redis: {err}") from err
@@ -349,8 +356,9 @@ class AsyncClient:
 
     # -- inside ----------------------------------------------------------------------------------
 
-    def _entry(self, event_type: str, data: dict[str, Any], rid: str, correlation_id: str | None) -> tuple[str, str]:
-        return _wire.request_entry(
+    def _entry(self, event_type: str, data: dict[str, Any], rid: str, correlation_id: str | None) -> dict[str, str]:
+        """The fields of a request entry: `id`, `payload`, and `sig` when the client signs."""
+        envelope_id, payload = _wire.request_entry(
             event_type,
             data,
             source=self.source,
@@ -359,10 +367,15 @@ class AsyncClient:
             correlation_id=correlation_id if correlation_id is not None else rid,
             tags=self._tags,
         )
+        fields = {"id": envelope_id, "payload": payload}
+        if self._signing is not None:
+            key_id, secret = self._signing
+            assert secret is not None
+            fields["sig"] = _wire.sign(key_id, secret, payload)
+        return fields
 
     async def _publish(self, event_type: str, data: dict[str, Any], rid: str, correlation_id: str | None) -> None:
-        envelope_id, payload = self._entry(event_type, data, rid, correlation_id)
-        await self._send(self._requests_key, {"id": envelope_id, "payload": payload})
+        await self._send(self._requests_key, self._entry(event_type, data, rid, correlation_id))
 
     async def _send(self, key: str, fields: dict[str, str]) -> None:
         """XADDs `fields` to `key`. Requests sent while a pipeline is on its way wait and go

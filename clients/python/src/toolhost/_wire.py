@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import math
 import re
@@ -87,6 +89,13 @@ def request_entry(
         if tags.get(name) is not None:
             envelope[name] = tags[name]
     return message_id, to_json(envelope, "the arguments")
+
+
+def sign(key_id: str, secret: bytes, payload: str) -> str:
+    """The `sig` field of a request entry: `v1=<key id>:<hex HMAC-SHA256(secret, payload)>`, over
+    the exact bytes written as `payload`."""
+    mac = hmac.new(secret, payload.encode(), hashlib.sha256).hexdigest()
+    return f"v1={key_id}:{mac}"
 
 
 @dataclass(frozen=True)

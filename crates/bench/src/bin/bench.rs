@@ -13,6 +13,8 @@
 //!                                                           # at 64 (50,000 requests a run)
 //! target/release/toolhost-bench --baseline-bin OLD/toolhost # adds toolhost-base rows
 //! target/release/toolhost-bench --only at-least-once,floor  # without the daemon
+//! target/release/toolhost-bench --interleave 5 --in-flight 64 --only toolhost --auth
+//!                                                           # signed + policy beside plain echo
 //! target/release/toolhost-bench --soak 1000000              # RSS over a million requests
 //! target/release/toolhost-bench --marks 100000              # Redis bytes per answered mark
 //! target/release/toolhost-bench --fleet                     # 1, 2, 4 replicas on one Redis
@@ -86,6 +88,10 @@ struct Args {
     /// Only soak: send this many requests at 64 in flight and watch RSS every second.
     #[arg(long)]
     soak: Option<u64>,
+    /// With --interleave: also run toolhost with `require_signature` and a tenant policy,
+    /// signed requests, in turn with the others (the cost of issue 25's checks per request).
+    #[arg(long)]
+    auth: bool,
     /// Only the fleet rows: 1, 2 and 4 replicas (or --replicas) of toolhost at 64 in flight
     /// (or the first --in-flight), against one Redis and a 3-master cluster (or --topologies),
     /// with the CPU of every process.
@@ -280,6 +286,7 @@ fn options(args: &Args) -> Options {
         marks: args.marks,
         soak: args.soak,
         out_dir: args.out_dir.clone().unwrap_or(default_out_dir),
+        auth: args.auth,
     }
 }
 

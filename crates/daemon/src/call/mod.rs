@@ -34,6 +34,7 @@ use toolhost_envelope::{Entry, ErrorCode, ResultData};
 use toolhost_tools::{Admit, Context, Failure, Full, ProgressReport, Registry, Running};
 use tracing::{debug, error, warn};
 
+use crate::auth::{AuditEntry, Caller, Claim, Refusal};
 use crate::group::{EntryHandler, Slot, StreamSettings};
 use crate::services::Services;
 
@@ -68,6 +69,29 @@ pub(crate) enum Work {
     /// Cancel the call with this request id, wherever it runs, and answer (not final) with
     /// what was found.
     Cancel(String),
+}
+
+/// How a door answers a request refused by authentication: never on a topic the (unverified)
+/// payload chose.
+pub(crate) enum Refused {
+    /// Publish this answer (on the door's default topic).
+    Answer(Answer),
+    /// Dead-letter the entry with this letter.
+    DeadLetter(Letter),
+}
+
+/// Which tools a caller may call, for listings (discovery, help).
+#[derive(Clone, Copy)]
+pub(crate) struct Permits<'a> {
+    auth: &'a crate::auth::Auth,
+    tenant: &'a str,
+}
+
+impl Permits<'_> {
+    /// Whether the caller's policy lets it call `tool`.
+    pub(crate) fn allows(&self, tool: &str) -> bool {
+        !self.auth.has_policy() || self.auth.allows(self.tenant, tool)
+    }
 }
 
 /// What kind of answer a [`Work::Answer`] is, for logs and metrics.
@@ -150,14 +174,30 @@ pub(crate) trait Door: Send + Sync + 'static {
     /// An admitted entry.
     type Request: Send + Sync;
 
+    /// The door's name in audit entries.
+    const NAME: &'static str;
+
     /// Reads an entry.
     fn admit(&self, entry: &Entry, registry: &Registry) -> Admission<Self::Request>;
 
     /// The id the ledger remembers the request by.
     fn ledger_id(&self, request: &Self::Request) -> String;
 
-    /// What answering the request takes.
-    fn work(&self, request: &Self::Request, registry: &Registry) -> Work;
+    /// What the request says about its caller (tenant, time), for the signature check and the
+    /// tenant's policy.
+    fn claim<'a>(&self, request: &'a Self::Request) -> Claim<'a>;
+
+    /// Where the request says it comes from (the envelope's `source`), for audit entries.
+    fn source<'a>(&self, _request: &'a Self::Request) -> Option<&'a str> {
+        None
+    }
+
+    /// How to answer a request refused by authentication (`failure` is `forbidden`).
+    fn refusal(&self, entry: &Entry, request: &Self::Request, failure: Failure) -> Refused;
+
+    /// What answering the request takes; `permits` says which tools the caller may call, for
+    /// listings.
+    fn work(&self, request: &Self::Request, registry: &Registry, permits: Permits<'_>) -> Work;
 
     /// When the request stops being worth running, as time since the UNIX epoch.
     fn deadline(&self, entry: &Entry, request: &Self::Request) -> Option<Duration>;
@@ -259,7 +299,12 @@ impl<D: Door> Lifecycle<D> {
                 (outcome, Some(request))
             }
             Admission::Request(request) => {
-                (self.answer(entry, &request, &registry, slot).await, Some(request))
+                let claim = self.door.claim(&request);
+                let caller = services
+                    .gate
+                    .authenticate(&entry.sig, entry.payload.as_deref(), claim)
+                    .map(|key_id| Caller { tenant: claim.tenant.unwrap_or_default(), key_id });
+                (self.answer(entry, &request, &registry, slot, caller).await, Some(request))
             }
         };
         let duration = started.elapsed();
@@ -287,6 +332,7 @@ impl<D: Door> Lifecycle<D> {
         request: &D::Request,
         registry: &Registry,
         slot: &mut Slot,
+        caller: Result<Caller<'_>, Refusal>,
     ) -> Outcome {
         let ledger_id = self.door.ledger_id(request);
         let keys = &self.services.keys;
@@ -300,14 +346,41 @@ impl<D: Door> Lifecycle<D> {
             lease: self.settings.claim_idle,
             retention: self.settings.answered_retention,
         };
+        let caller = match caller {
+            Ok(caller) => caller,
+            Err(refusal) => return self.refuse(entry, request, &call, &ledger_id, refusal).await,
+        };
         let poisoned = entry.deliveries > self.settings.max_deliveries;
+        let gate = &self.services.gate;
+        let permits = Permits { auth: gate.auth(), tenant: caller.tenant };
+        let mut work = self.door.work(request, registry, permits);
+        // The tenant's policy and limits, before the ledger: a refused call takes no record.
+        let mut _in_flight = None;
+        if let Work::Tool { name, arguments } = &work {
+            match gate.admit_call(caller, name).await {
+                Ok(counted) => _in_flight = counted,
+                Err(failure) => {
+                    self.audit(
+                        request,
+                        &ledger_id,
+                        caller,
+                        name,
+                        "refused",
+                        &failure.message,
+                        Some(arguments),
+                    )
+                    .await;
+                    work = Work::Answer(Err(failure), Reply::Result);
+                }
+            }
+        }
         // Whether a call record was written for this request, which finishing then deletes.
         let mut tracked = false;
         // A cancel's answer is never final: the id it names is the call's, not its own.
         let mut cancel = false;
         // Held until the call's answer is committed: a `tool.cancel` finds the call here.
         let mut registration = None;
-        let (result, reply) = match self.door.work(request, registry) {
+        let (result, reply) = match work {
             Work::HandOver(consumer) => return self.hand_over(entry, &consumer).await,
             Work::AckOnly => {
                 return self.ack(entry, None).await.map_or(Outcome::LeftPending, |_| Outcome::Duplicate);
@@ -357,6 +430,19 @@ impl<D: Door> Lifecycle<D> {
                     Begin::Run { tracked: recorded } => match self.expired(entry, request) {
                         Some(failure) => Err(failure),
                         None => {
+                            if registry.annotations(&name).is_some_and(|a| a.destructive) {
+                                let reason = "a tool annotated destructive";
+                                self.audit(
+                                    request,
+                                    &ledger_id,
+                                    caller,
+                                    &name,
+                                    "allowed",
+                                    reason,
+                                    Some(&arguments),
+                                )
+                                .await;
+                            }
                             let running = self.run_tool(
                                 entry,
                                 request,
@@ -428,6 +514,61 @@ impl<D: Door> Lifecycle<D> {
             Some(Committed::WrongType) => self.wrong_type(entry, request, call, &answer).await,
             Some(_) | None => Outcome::LeftPending,
         }
+    }
+
+    /// Answers a request refused by authentication the door's way (on a topic the payload did
+    /// not choose, or as a dead letter), not final: nothing ran, so the request id stays free.
+    async fn refuse(
+        &self,
+        entry: &Entry,
+        request: &D::Request,
+        call: &CallKeys<'_>,
+        ledger_id: &str,
+        refusal: Refusal,
+    ) -> Outcome {
+        let tenant = self.door.claim(request).tenant.unwrap_or_default();
+        let caller = Caller { tenant, key_id: refusal.key_id.as_deref() };
+        let reason = refusal.failure.message.clone();
+        let tool = self.door.tool_label(request, &self.services.registry.snapshot());
+        self.audit(request, ledger_id, caller, tool.as_deref().unwrap_or("-"), "refused", &reason, None)
+            .await;
+        match self.door.refusal(entry, request, refusal.failure) {
+            Refused::Answer(answer) => {
+                match self.commit(entry, Some(*call), Some(&answer), None, false, false).await {
+                    Some(Committed::Published) => Outcome::Error(ErrorCode::Forbidden),
+                    Some(Committed::NotPublished) => Outcome::Duplicate,
+                    Some(Committed::WrongType) => self.wrong_type(entry, request, call, &answer).await,
+                    Some(_) | None => Outcome::LeftPending,
+                }
+            }
+            Refused::DeadLetter(letter) => self.dead_letter(entry, Some(call), letter, &reason, None).await,
+        }
+    }
+
+    /// Appends to the audit stream.
+    #[allow(clippy::too_many_arguments)]
+    async fn audit(
+        &self,
+        request: &D::Request,
+        request_id: &str,
+        caller: Caller<'_>,
+        tool: &str,
+        decision: &'static str,
+        reason: &str,
+        arguments: Option<&Value>,
+    ) {
+        let entry = AuditEntry {
+            request_id,
+            tenant: caller.tenant,
+            principal: caller.key_id.map(|id| format!("key:{id}")),
+            tool,
+            decision,
+            reason,
+            door: D::NAME,
+            source: self.door.source(request),
+            arguments,
+        };
+        self.services.gate.audit(entry).await;
     }
 
     /// Consults the ledger before running a tool; a call without an `owner` is not recorded.

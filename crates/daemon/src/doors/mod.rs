@@ -48,8 +48,13 @@ impl DoorSections {
     pub const NAMES: &[&str] = &["mcp", "ovos"];
 
     /// Every bad key of every door's section.
-    pub(crate) fn validate(&self, raw: &RawConfig) -> Vec<KeyError> {
-        let mut errors = self.mcp.validate(raw);
+    /// `vars` is the environment secrets are read from.
+    pub(crate) fn validate(
+        &self,
+        raw: &RawConfig,
+        vars: &std::collections::HashMap<String, String>,
+    ) -> Vec<KeyError> {
+        let mut errors = self.mcp.validate(raw, vars);
         errors.extend(self.ovos.validate(raw));
         errors
     }

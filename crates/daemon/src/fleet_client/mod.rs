@@ -53,6 +53,12 @@ pub(crate) struct ClientSettings {
     pub stream_ttl: Duration,
     /// How often the fleet's tools are read again; `None`: never (a client that only calls).
     pub watch_period: Option<Duration>,
+    /// The key requests are signed with (`[auth] door_key`, `toolhost call --key-id`); `None`:
+    /// unsigned.
+    pub signing: Option<crate::auth::SigningKey>,
+    /// The tenant of requests that name none themselves (a cancel, a call without
+    /// [`Request::tenant`]).
+    pub tenant: Option<String>,
 }
 
 /// One call of a fleet tool.
@@ -68,8 +74,11 @@ pub(crate) struct Request {
     pub timeout: Duration,
     /// Bare name of the topic the answer goes to; `None` for the client's private stream.
     pub response_topic: Option<String>,
-    /// The request's `tenant_id`, when the door has one.
-    pub tenant_id: Option<String>,
+    /// The tenant the call is made for (the one its door authenticated); `None`: the client's.
+    pub tenant: Option<String>,
+    /// Who the door authenticated (`token:<id>`), added to the request's `source` so the host's
+    /// audit entries name it.
+    pub via: Option<String>,
 }
 
 /// A progress report of a running call.
@@ -253,7 +262,8 @@ impl FleetClient {
         data.insert("arguments".to_owned(), request.arguments.clone());
         data.insert("timeout_ms".to_owned(), json!(request.timeout.as_millis() as u64));
         let topic = request.response_topic.as_deref().unwrap_or(&self.inner.private_topic);
-        self.inner.publish("tool.invoke", data, &request.request_id, topic, request.tenant_id.clone()).await
+        let caller = (request.tenant.as_deref(), request.via.as_deref());
+        self.inner.publish("tool.invoke", data, &request.request_id, topic, caller).await
     }
 
     /// Asks the host to cancel the call `request_id` (`tool.cancel`) and returns what it did.
@@ -266,7 +276,8 @@ impl FleetClient {
         inner.lock().cancels.entry(request_id.to_owned()).or_default().push(sender);
         let mut data = Map::new();
         data.insert("request_id".to_owned(), json!(request_id));
-        let published = inner.publish("tool.cancel", data, request_id, &inner.private_topic, None).await;
+        let published =
+            inner.publish("tool.cancel", data, request_id, &inner.private_topic, (None, None)).await;
         let state = match published {
             Ok(()) => tokio::time::timeout(CANCEL_WAIT, receiver).await.ok().and_then(Result::ok),
             Err(err) => {
@@ -341,11 +352,15 @@ impl Inner {
         data: Map<String, Value>,
         request_id: &str,
         response_topic: &str,
-        tenant_id: Option<String>,
+        (tenant, via): (Option<&str>, Option<&str>),
     ) -> Result<(), CallFailure> {
+        let source = match via {
+            Some(via) => format!("{} {via}", self.settings.source),
+            None => self.settings.source.clone(),
+        };
         let request = EventEnvelope {
             id: new_message_id(),
-            source: Some(self.settings.source.clone()),
+            source: Some(source),
             specversion: Some(SPEC_VERSION.to_owned()),
             event_type: event_type.to_owned(),
             topic: Some(self.settings.requests_topic.clone()),
@@ -353,12 +368,23 @@ impl Inner {
             data: Value::Object(data),
             correlation_id: Some(request_id.to_owned()),
             response_topic: Some(response_topic.to_owned()),
-            tenant_id,
+            tenant_id: tenant.or(self.settings.tenant.as_deref()).map(str::to_owned),
             ..EventEnvelope::default()
         };
         // Serialising a struct of strings and JSON values cannot fail.
         let payload = serde_json::to_string(&request).unwrap_or_default();
-        self.bus.publish(&self.requests_key, &request.id, &payload).await?;
+        match &self.settings.signing {
+            // Signed over the exact bytes written.
+            Some(key) => {
+                let sig = key.sign(payload.as_bytes());
+                let fields =
+                    [("id", request.id.as_str()), ("payload", payload.as_str()), ("sig", sig.as_str())];
+                self.bus.append(&self.requests_key, &fields, None).await?;
+            }
+            None => {
+                self.bus.publish(&self.requests_key, &request.id, &payload).await?;
+            }
+        }
         Ok(())
     }
 
@@ -535,6 +561,8 @@ mod tests {
             source: "toolhost:test".to_owned(),
             stream_ttl: Duration::from_secs(60),
             watch_period: Some(Duration::from_secs(60)),
+            signing: None,
+            tenant: None,
         }
     }
 
@@ -554,7 +582,8 @@ mod tests {
             request_id: id.to_owned(),
             timeout: Duration::from_secs(5),
             response_topic: None,
-            tenant_id: None,
+            tenant: None,
+            via: None,
         };
         let (r1, r2) = (request("r-1"), request("r-2"));
         let first = client.call(&r1, Some(progress_tx));
@@ -599,10 +628,11 @@ mod tests {
             request_id: "r-t".to_owned(),
             timeout: Duration::from_secs(1),
             response_topic: None,
-            tenant_id: Some("house-1".to_owned()),
+            tenant: Some("house-1".to_owned()),
+            via: None,
         };
         client.submit(&request).await.unwrap();
-        request.tenant_id = None;
+        request.tenant = None;
         client.submit(&request).await.unwrap();
         let entries = bus.read("action-requests", "0-0", 10, None).await.unwrap();
         let tenants: Vec<Option<String>> = entries
@@ -625,7 +655,8 @@ mod tests {
             request_id: "r".to_owned(),
             timeout: Duration::from_secs(3),
             response_topic: None,
-            tenant_id: None,
+            tenant: None,
+            via: None,
         };
         match client.call(&request, None).await {
             Err(CallFailure::NoAnswer(waited)) => assert_eq!(waited, Duration::from_secs(3) + ANSWER_MARGIN),

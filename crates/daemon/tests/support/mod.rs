@@ -458,6 +458,19 @@ pub fn answers_to<'a>(results: &'a [Value], request_id: &str) -> Vec<&'a Value> 
     results.iter().filter(|result| result["data"]["request_id"] == request_id).collect()
 }
 
+/// Waits up to 15 s for the first answer to `request_id` on `stream`.
+pub async fn answer(connection: &mut MultiplexedConnection, stream: &str, request_id: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let found = payloads(connection, stream).await;
+        if let Some(answer) = answers_to(&found, request_id).first() {
+            return (*answer).clone();
+        }
+        assert!(Instant::now() < deadline, "no answer to {request_id} on {stream}: {found:#?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Sends `requests` (event type, request id, data) and returns one answer per request id.
 pub async fn ask(redis: &RedisServer, requests: &[(&str, &str, Value)]) -> HashMap<String, Value> {
     let mut connection = redis.connection().await;

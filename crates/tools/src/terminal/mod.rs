@@ -63,6 +63,7 @@ pub use exec::Limits;
 pub use identity::{DEFAULT_RUN_AS, Identity, resolve_run_as};
 pub use parse::FIXED_PATH;
 pub use policy::{TerminalPolicy, TerminalSettings};
+pub use redact::Redactor;
 
 impl Limits {
     /// The rlimits of `settings` (`max_processes`, `cpu_seconds`, `file_size_bytes`).

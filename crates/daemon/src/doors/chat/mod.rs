@@ -27,7 +27,10 @@ use toolhost_tools::{Context, Failure, Registry};
 use tracing::{info, warn};
 
 use self::message::{Incoming, Malformed, ToolCall, classify};
-use crate::call::{Admission, Answer, Door, Letter, Outcome, Reply, UNKNOWN_TOOL_LABEL, Work};
+use crate::auth::Claim;
+use crate::call::{
+    Admission, Answer, Door, Letter, Outcome, Permits, Refused, Reply, UNKNOWN_TOOL_LABEL, Work,
+};
 use crate::fleet::{Fleet, Route, route};
 
 /// What the chat door needs to know, resolved from configuration.
@@ -145,6 +148,8 @@ fn ledger_id(message_id: &str) -> String {
 impl Door for Inbox {
     type Request = Message;
 
+    const NAME: &'static str = "chat";
+
     fn admit(&self, entry: &Entry, _registry: &Registry) -> Admission<Message> {
         match classify(entry, self.settings.max_payload_bytes, &self.sender) {
             Incoming::Malformed(malformed) => {
@@ -162,7 +167,21 @@ impl Door for Inbox {
         ledger_id(&message.envelope.id)
     }
 
-    fn work(&self, message: &Message, registry: &Registry) -> Work {
+    /// A chat envelope names no tenant; its `created_at` is its time.
+    fn claim<'a>(&self, message: &'a Message) -> Claim<'a> {
+        Claim { tenant: None, time: Some(message.envelope.created_at.as_str()) }
+    }
+
+    fn source<'a>(&self, message: &'a Message) -> Option<&'a str> {
+        Some(message.envelope.sender.as_str())
+    }
+
+    /// Dead-lettered: every answer of the inbox goes to a conversation the payload names.
+    fn refusal(&self, entry: &Entry, message: &Message, failure: Failure) -> Refused {
+        Refused::DeadLetter(self.letter(entry, message, &format!("refused: {}", failure.message)))
+    }
+
+    fn work(&self, message: &Message, registry: &Registry, permits: Permits<'_>) -> Work {
         match &message.work {
             Some(message::Work::Call(call)) => {
                 let tool = || Work::Tool { name: call.name.clone(), arguments: call.arguments.clone() };
@@ -182,7 +201,12 @@ impl Door for Inbox {
                 Reply::Result,
             ),
             Some(message::Work::Text) => {
-                let tools: Vec<Value> = registry.enabled_names().into_iter().map(Value::from).collect();
+                let tools: Vec<Value> = registry
+                    .enabled_names()
+                    .into_iter()
+                    .filter(|tool| permits.allows(tool))
+                    .map(Value::from)
+                    .collect();
                 Work::Answer(Ok(Value::Array(tools)), Reply::Help)
             }
             None => Work::AckOnly,

@@ -47,12 +47,34 @@ pub(crate) struct Door {
     pub tasks: Tasks,
     /// Where the door is, for logs: `stdio` or `http`.
     pub transport: &'static str,
+    /// The tenant policy, for `tools/list`.
+    pub auth: Arc<crate::auth::Auth>,
+    /// The tenant of calls no token names (`[mcp] tenant`).
+    pub tenant: Option<String>,
 }
 
 impl Door {
     /// Whether the door exposes `name`.
     fn exposes(&self, name: &str) -> bool {
         self.tools.iter().any(|pattern| pattern.matches(name))
+    }
+
+    /// The bearer token a request authenticated with, if any.
+    fn principal(context: &RequestContext<RoleServer>) -> Option<&super::http::Principal> {
+        context
+            .extensions
+            .get::<axum::http::request::Parts>()
+            .and_then(|parts| parts.extensions.get::<super::http::Principal>())
+    }
+
+    /// The tenant of a request: its bearer token's, else the door's.
+    fn tenant(&self, context: &RequestContext<RoleServer>) -> Option<String> {
+        Door::principal(context).map(|principal| principal.tenant.clone()).or_else(|| self.tenant.clone())
+    }
+
+    /// Whether `tenant`'s policy lets it call `name`, for listings.
+    fn permits(&self, tenant: Option<&str>, name: &str) -> bool {
+        !self.auth.has_policy() || self.auth.allows(tenant.unwrap_or_default(), name)
     }
 
     /// The exposed fleet tool `name`.
@@ -113,11 +135,13 @@ impl Session {
         format!("mcp-{}-{id}", self.id)
     }
 
-    /// Lists the exposed tools from `offset`, one page.
-    fn page(&self, offset: usize) -> (Vec<Tool>, Option<String>) {
+    /// Lists the exposed tools `tenant` may call from `offset`, one page.
+    fn page(&self, offset: usize, tenant: Option<&str>) -> (Vec<Tool>, Option<String>) {
         let fleet = self.door.fleet.tools();
-        let exposed: Vec<&ToolDescription> =
-            fleet.iter().filter(|tool| self.door.exposes(&tool.name)).collect();
+        let exposed: Vec<&ToolDescription> = fleet
+            .iter()
+            .filter(|tool| self.door.exposes(&tool.name) && self.door.permits(tenant, &tool.name))
+            .collect();
         let end = (offset + self.door.page_size).min(exposed.len());
         let tools =
             exposed.get(offset..end).unwrap_or_default().iter().filter_map(|tool| mcp_tool(tool)).collect();
@@ -203,7 +227,7 @@ impl ServerHandler for Session {
     async fn list_tools(
         &self,
         request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
         let offset = match request.and_then(|request| request.cursor) {
             None => 0,
@@ -211,7 +235,7 @@ impl ServerHandler for Session {
                 McpError::invalid_params(format!("'{cursor}' is not a cursor this server gave"), None)
             })?,
         };
-        let (tools, next) = self.page(offset);
+        let (tools, next) = self.page(offset, self.door.tenant(&context).as_deref());
         let mut result = ListToolsResult::with_all_items(tools);
         result.next_cursor = next;
         Ok(result)
@@ -239,7 +263,8 @@ impl ServerHandler for Session {
             request_id: self.request_id(&jsonrpc_id),
             timeout: Duration::from_millis(tool.timeout_ms.max(1)),
             response_topic: None,
-            tenant_id: None,
+            tenant: self.door.tenant(&context),
+            via: Door::principal(&context).map(|principal| format!("token:{}", principal.token_id)),
         };
         let wants_task = context.client_capabilities().is_some_and(|caps| caps.supports_tasks());
         if wants_task && (tool.long_running || call.timeout > self.door.task_threshold) {

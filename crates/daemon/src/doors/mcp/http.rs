@@ -34,6 +34,44 @@ struct Cap {
     max: usize,
 }
 
+/// The bearer tokens the door accepts, as SHA-256 digests (compared in constant time), and
+/// where refusals are audited.
+pub(crate) struct Tokens {
+    /// `(digest, id, tenant)`.
+    pub known: Vec<([u8; 32], String, String)>,
+    /// The fleet's streams, for audit entries.
+    pub bus: Arc<dyn toolhost_bus::FleetAccess>,
+    /// Full key of the audit stream and about how many entries it keeps.
+    pub audit_topic: String,
+    pub audit_max_len: u64,
+}
+
+/// Who an HTTP request authenticated as, put in the request's extensions for the handler.
+#[derive(Debug, Clone)]
+pub(crate) struct Principal {
+    /// The token's id.
+    pub token_id: String,
+    /// The tenant its calls are made for.
+    pub tenant: String,
+}
+
+impl Tokens {
+    /// The principal of `token`, if it is one of the door's tokens.
+    fn principal(&self, token: &str) -> Option<Principal> {
+        use sha2::Digest as _;
+        use subtle::ConstantTimeEq as _;
+        let digest: [u8; 32] = sha2::Sha256::digest(token.as_bytes()).into();
+        // Every token is compared, so the time taken does not say which one matched.
+        let mut found = None;
+        for (known, id, tenant) in &self.known {
+            if bool::from(known.ct_eq(&digest)) {
+                found = Some(Principal { token_id: id.clone(), tenant: tenant.clone() });
+            }
+        }
+        found
+    }
+}
+
 /// Binds `[mcp] listen` and serves `/mcp` until `stop` is cancelled.
 ///
 /// # Errors
@@ -41,6 +79,7 @@ struct Cap {
 pub(crate) async fn serve(
     door: Arc<Door>,
     settings: &Settings,
+    tokens: Option<Tokens>,
     addr: SocketAddr,
     stop: CancellationToken,
 ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
@@ -59,8 +98,12 @@ pub(crate) async fn serve(
     let service =
         StreamableHttpService::new(move || Ok(Session::new(door.clone())), sessions.clone(), config);
     let cap = Cap { sessions, max: settings.max_sessions };
-    let router =
+    let mut router =
         Router::new().route_service("/mcp", service).layer(middleware::from_fn_with_state(cap, cap_sessions));
+    // Checked before anything else, so no session is made for a request without a token.
+    if let Some(tokens) = tokens {
+        router = router.layer(middleware::from_fn_with_state(Arc::new(tokens), check_token));
+    }
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|err| anyhow::anyhow!("cannot bind the MCP door to {addr} ([mcp] listen): {err}"))?;
@@ -79,6 +122,44 @@ pub(crate) async fn serve(
             warn!(error = %err, "the MCP door's HTTP server stopped");
         }
     }))
+}
+
+/// Lets through a request with one of the door's bearer tokens, naming its principal in the
+/// request's extensions; refuses any other with 401 and an audit entry.
+async fn check_token(State(tokens): State<Arc<Tokens>>, mut request: Request, next: Next) -> Response {
+    let presented = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.strip_prefix("Bearer ").or_else(|| value.strip_prefix("bearer ")));
+    let refusal = match presented.map(|token| tokens.principal(token.trim())) {
+        Some(Some(principal)) => {
+            request.extensions_mut().insert(principal);
+            return next.run(request).await;
+        }
+        Some(None) => "the bearer token is not one of the MCP door's tokens",
+        None => "the request carries no bearer token",
+    };
+    let audit = crate::auth::AuditEntry {
+        request_id: "-",
+        tenant: "",
+        principal: None,
+        tool: "-",
+        decision: "refused",
+        reason: refusal,
+        door: "mcp",
+        source: None,
+        arguments: None,
+    };
+    audit.write(&*tokens.bus, &tokens.audit_topic, tokens.audit_max_len, None).await;
+    warn!(reason = refusal, "MCP request refused");
+    let body = json!({"jsonrpc": "2.0", "id": null, "error": {"code": -32001, "message": refusal}});
+    (
+        StatusCode::UNAUTHORIZED,
+        [(header::CONTENT_TYPE, "application/json"), (header::WWW_AUTHENTICATE, "Bearer")],
+        Body::from(body.to_string()),
+    )
+        .into_response()
 }
 
 /// Refuses a request that would open a session past `[mcp] max_sessions` (a POST without a

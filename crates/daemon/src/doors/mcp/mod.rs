@@ -24,6 +24,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use rmcp::ServiceExt;
+use sha2::Digest as _;
 use tokio_util::sync::CancellationToken;
 use toolhost_bus::{FleetAccess, RedisBus};
 use tracing::info;
@@ -44,11 +45,14 @@ async fn door(
     transport: &'static str,
 ) -> anyhow::Result<Arc<Door>> {
     let settings = &config.raw.doors.mcp;
+    let tenant = Some(settings.tenant.clone()).filter(|tenant| !tenant.is_empty());
     let client = ClientSettings {
         requests_topic: config.raw.streams.requests.clone(),
         source: format!("toolhost:mcp:{transport}"),
         stream_ttl: STREAM_TTL,
         watch_period: Some(settings.watch_period()),
+        signing: config.auth.door_key().cloned(),
+        tenant: tenant.clone(),
     };
     let fleet = FleetClient::open(bus, config.keys(), client)
         .await
@@ -62,6 +66,8 @@ async fn door(
         task_threshold: settings.task_threshold(),
         tasks: tasks::Tasks { retention: config.answered_retention },
         transport,
+        auth: config.auth.clone(),
+        tenant,
     }))
 }
 
@@ -96,8 +102,23 @@ pub(crate) async fn start(
 ) -> anyhow::Result<Option<tokio::task::JoinHandle<()>>> {
     let settings = &config.raw.doors.mcp;
     let Some(addr) = settings.listen_addr() else { return Ok(None) };
+    let tokens = (!settings.tokens.is_empty()).then(|| http::Tokens {
+        known: settings
+            .tokens
+            .iter()
+            .filter_map(|token| {
+                // Checked when the configuration was loaded.
+                let secret = config.mcp_env.0.get(&token.secret_env)?;
+                let digest: [u8; 32] = sha2::Sha256::digest(secret.as_bytes()).into();
+                Some((digest, token.id.clone(), token.tenant.clone()))
+            })
+            .collect(),
+        bus: bus.clone(),
+        audit_topic: config.keys().audit(&config.raw.daemon.toolbox_id),
+        audit_max_len: config.auth.audit_max_len(),
+    });
     let door = door(config, bus, "http").await?;
-    let server = http::serve(door.clone(), settings, addr, stop.clone()).await?;
+    let server = http::serve(door.clone(), settings, tokens, addr, stop.clone()).await?;
     Ok(Some(tokio::spawn(async move {
         stop.cancelled().await;
         let _ = server.await;

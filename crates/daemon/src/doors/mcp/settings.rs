@@ -1,5 +1,6 @@
 //! `[mcp]`: the MCP door's configuration section, owned by the door.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -33,6 +34,24 @@ pub struct Settings {
     pub watch_ms: u64,
     /// Tools per `tools/list` page.
     pub page_size: usize,
+    /// The tenant calls are made for when no token names one: every call of `toolhost mcp`
+    /// over stdio, and HTTP calls when no `tokens` are configured. Empty: none.
+    pub tenant: String,
+    /// Bearer tokens of the HTTP door, one per client, each for a tenant; when any is given,
+    /// every HTTP request must carry one of them.
+    pub tokens: Vec<TokenSettings>,
+}
+
+/// `[[mcp.tokens]]`: a bearer token of the HTTP door.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenSettings {
+    /// The token's id, in logs and audit entries (never the token).
+    pub id: String,
+    /// The tenant its calls are made for.
+    pub tenant: String,
+    /// The environment variable holding the token.
+    pub secret_env: String,
 }
 
 impl Default for Settings {
@@ -48,6 +67,8 @@ impl Default for Settings {
             task_threshold_ms: 10_000,
             watch_ms: 1_000,
             page_size: 100,
+            tenant: String::new(),
+            tokens: Vec::new(),
         }
     }
 }
@@ -74,7 +95,7 @@ impl Settings {
     }
 
     /// Every bad key of the section.
-    pub(crate) fn validate(&self, _raw: &RawConfig) -> Vec<KeyError> {
+    pub(crate) fn validate(&self, _raw: &RawConfig, vars: &HashMap<String, String>) -> Vec<KeyError> {
         let mut errors = Vec::new();
         let mut bad = |key: &str, message: String| {
             errors.push(KeyError { key: format!("mcp.{key}"), message });
@@ -93,6 +114,26 @@ impl Settings {
         for (index, pattern) in self.tools.iter().enumerate() {
             if let Err(err) = glob::Pattern::new(pattern) {
                 bad(&format!("tools[{index}]"), format!("'{pattern}' is not a glob: {err}"));
+            }
+        }
+        let mut ids = std::collections::HashSet::new();
+        for (index, token) in self.tokens.iter().enumerate() {
+            let at = |field: &str| format!("tokens[{index}].{field}");
+            if token.id.is_empty() || !ids.insert(token.id.as_str()) {
+                bad(&at("id"), format!("'{}' must be a non-empty id no other token has", token.id));
+            }
+            if token.tenant.is_empty() {
+                bad(&at("tenant"), "names the tenant the token's calls are made for".to_owned());
+            }
+            match vars.get(&token.secret_env) {
+                None => bad(&at("secret_env"), format!("the variable '{}' is not set", token.secret_env)),
+                Some(secret) if secret.len() < 16 => {
+                    bad(
+                        &at("secret_env"),
+                        format!("the token in {} is shorter than 16 bytes", token.secret_env),
+                    );
+                }
+                Some(_) => {}
             }
         }
         for (key, value) in [

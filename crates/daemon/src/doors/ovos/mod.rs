@@ -57,6 +57,10 @@ pub(crate) async fn start(
         source: "toolhost:ovos".to_owned(),
         stream_ttl: STREAM_TTL,
         watch_period: Some(WATCH_PERIOD),
+        // Signed with the doors' key when [auth] requires signatures; bus calls are made for
+        // [ovos] tenant, the bus itself having no identity.
+        signing: config.auth.door_key().cloned(),
+        tenant: settings.tenant(),
     };
     let fleet = FleetClient::open(bus, config.keys(), client)
         .await

@@ -163,7 +163,8 @@ impl ToolBox {
             request_id: format!("ovos-{}", uuid::Uuid::new_v4().simple()),
             timeout: Duration::from_millis(tool.timeout_ms.max(1)).min(self.call_timeout),
             response_topic: None,
-            tenant_id: self.tenant.clone(),
+            tenant: self.tenant.clone(),
+            via: None,
         };
         let door = self.clone();
         tokio::spawn(async move {
@@ -181,7 +182,7 @@ impl ToolBox {
                 door = "ovos",
                 request_id = %request.request_id,
                 tool = %request.tool,
-                tenant_id = request.tenant_id.as_deref().unwrap_or("-"),
+                tenant_id = request.tenant.as_deref().unwrap_or("-"),
                 outcome,
                 duration_ms = started.elapsed().as_millis() as u64,
                 "OVOS bus call answered"

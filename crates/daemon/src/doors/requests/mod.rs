@@ -18,7 +18,10 @@ use toolhost_tools::{Context, Failure, ProgressReport, Registry};
 use tracing::info;
 
 pub(crate) use self::admit::{Request, Target, entry_millis};
-use crate::call::{Admission, Answer, Door, Letter, Outcome, Reply, UNKNOWN_TOOL_LABEL, Work};
+use crate::auth::Claim;
+use crate::call::{
+    Admission, Answer, Door, Letter, Outcome, Permits, Refused, Reply, UNKNOWN_TOOL_LABEL, Work,
+};
 use crate::fleet::{Fleet, Route, route};
 use crate::stats::Stats;
 
@@ -80,13 +83,14 @@ impl Requests {
         }
     }
 
-    /// The discovery answer in the requested format.
-    fn discover(&self, envelope: &EventEnvelope, registry: &Registry) -> Value {
+    /// The discovery answer in the requested format: the tools the caller may call.
+    fn discover(&self, envelope: &EventEnvelope, registry: &Registry, permits: Permits<'_>) -> Value {
         let format = envelope.data_str("format").and_then(DiscoveryFormat::parse).unwrap_or_default();
-        let tools = registry.export(
+        let tools = registry.export_where(
             format,
             &self.keys.topic(&self.settings.requests_topic),
             &self.keys.topic(&self.settings.results_topic),
+            |tool| permits.allows(tool),
         );
         json!({"toolbox_id": self.settings.toolbox_id, "format": format.as_str(), "tools": tools})
     }
@@ -130,6 +134,8 @@ impl Requests {
 impl Door for Requests {
     type Request = Request;
 
+    const NAME: &'static str = "requests";
+
     fn admit(&self, entry: &Entry, registry: &Registry) -> Admission<Request> {
         let topics = &self.settings.response_topics;
         let resolve = |event: &str| registry.by_event(event).map(str::to_owned);
@@ -150,7 +156,22 @@ impl Door for Requests {
         }
     }
 
-    fn work(&self, request: &Request, registry: &Registry) -> Work {
+    fn claim<'a>(&self, request: &'a Request) -> Claim<'a> {
+        Claim { tenant: request.envelope.tenant_id.as_deref(), time: request.envelope.time.as_deref() }
+    }
+
+    fn source<'a>(&self, request: &'a Request) -> Option<&'a str> {
+        request.envelope.source.as_deref().filter(|source| !source.is_empty())
+    }
+
+    /// `forbidden` on the default results topic, never on the topic the unverified payload
+    /// names.
+    fn refusal(&self, _entry: &Entry, request: &Request, failure: Failure) -> Refused {
+        let data = ResultData::err(&request.request_id, failure.code, failure.message);
+        Refused::Answer(self.result_on(request, &self.settings.results_topic, &data))
+    }
+
+    fn work(&self, request: &Request, registry: &Registry, permits: Permits<'_>) -> Work {
         let answer = |result| Work::Answer(result, Reply::Result);
         let toolbox_id = &self.settings.toolbox_id;
         // A request this replica cannot serve goes to the replica that can; only when nobody
@@ -184,7 +205,7 @@ impl Door for Requests {
             ))),
             // Every toolbox reading the stream looks for the call; one of them answers.
             Target::Cancel { call_id, .. } => Work::Cancel(call_id.clone()),
-            Target::Discover => answer(Ok(self.discover(&request.envelope, registry))),
+            Target::Discover => answer(Ok(self.discover(&request.envelope, registry, permits))),
             Target::Stats => answer(Ok(
                 json!({"toolbox_id": self.settings.toolbox_id, "tools": self.stats.snapshot()["tools"]}),
             )),
