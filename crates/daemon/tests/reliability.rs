@@ -493,6 +493,7 @@ async fn a_request_sent_twice_runs_once_and_a_retry_after_its_answer_gets_the_or
     assert_eq!(replayed["correlation_id"], "retry-correlation");
     assert_ne!(replayed["id"], original["id"]);
     assert_settled(&mut connection).await;
+    wait_for_outcome(&[&first, &second], "twice-1", "replayed").await;
     assert_eq!(outcomes_of(&[&first, &second], "twice-1"), ["duplicate", "replayed", "success"]);
     // Still one answer on the original topic, and the command ran once.
     assert_answered_once(&mut connection, &all, &[&first, &second]).await;
@@ -542,6 +543,7 @@ async fn with_kept_answers_off_a_retry_after_the_answer_is_acked_unanswered() {
     retry["id"] = json!(uuid::Uuid::new_v4().to_string());
     send(&mut connection, &retry).await;
     assert_settled(&mut connection).await;
+    wait_for_outcome(&[&daemon], "unkept-1", "duplicate").await;
     assert_answered_once(&mut connection, &all, &[&daemon]).await;
     assert_eq!(outcomes_of(&[&daemon], "unkept-1"), ["duplicate", "success"]);
 }
