@@ -306,6 +306,7 @@ struct OutgoingRequest<'a> {
     correlation_id: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
     response_topic: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     tenant_id: Option<&'a str>,
     data: RequestData<'a>,
 }
