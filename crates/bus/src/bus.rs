@@ -56,6 +56,11 @@ pub trait Streams: Send + Sync + 'static {
         block: Option<Duration>,
     ) -> Result<Vec<Entry>, Error>;
 
+    /// Up to `count` entries of `topic`, newest first, from `end` back (an entry id, inclusive,
+    /// or `+` for the newest): `XREVRANGE`. For operators' views of capped streams, never for a
+    /// path taken while serving.
+    async fn read_back(&self, topic: &str, end: &str, count: usize) -> Result<Vec<Entry>, Error>;
+
     /// The id of the newest entry of `topic`, or `0-0` when it is empty.
     async fn last_entry_id(&self, topic: &str) -> Result<String, Error>;
 

@@ -155,6 +155,12 @@ impl Keys {
         format!("{}audit:{toolbox_id}", self.prefix)
     }
 
+    /// A toolbox's call log, `calls:<toolbox_id>`: one entry per handled request, for the
+    /// console (capped).
+    pub fn calls(&self, toolbox_id: &str) -> String {
+        format!("{}calls:{toolbox_id}", self.prefix)
+    }
+
     /// The token bucket of a tenant's rate limit shared by a toolbox's replicas
     /// (`[auth] shared_limits`).
     pub fn rate_bucket(&self, toolbox_id: &str, tenant: &str) -> String {
@@ -187,7 +193,7 @@ pub struct AclNames<'a> {
 impl Keys {
     /// The key patterns (Redis ACL `~` globs, without the `~`) of every key toolhost reads or
     /// writes under `names`: its streams and the response topics callers may name, chat
-    /// inboxes and conversation streams, its dead letters, `audit:*`, and its own `toolhost:`
+    /// inboxes and conversation streams, its dead letters, `audit:*`, `calls:*`, and its own `toolhost:`
     /// keys (ledger, registries, heartbeats, fleet set, control streams, MCP tasks); on a
     /// cluster also the ledger keys and marks placed in other slots.
     pub fn acl_patterns(&self, names: &AclNames<'_>) -> Vec<String> {
@@ -201,6 +207,7 @@ impl Keys {
             literal(&format!("dlq:{}", names.toolbox_id)),
             literal(&format!("dlq:{}", names.agent_name)),
             format!("{prefix}audit:*"),
+            format!("{prefix}calls:*"),
             format!("{prefix}toolhost:ledger:*"),
             format!("{prefix}toolhost:registry:*"),
             format!("{prefix}toolhost:heartbeat:*"),

@@ -202,6 +202,15 @@ impl Streams for MemoryBus {
         }
     }
 
+    async fn read_back(&self, topic: &str, end: &str, count: usize) -> Result<Vec<Entry>, Error> {
+        let end = if end == "+" { (u64::MAX, u64::MAX) } else { parse_entry_id(end)? };
+        let state = self.lock();
+        let keys: Vec<(u64, u64)> = state.streams.get(topic).map_or_else(Vec::new, |stream| {
+            stream.entries.range(..=end).rev().take(count).map(|(key, _)| *key).collect()
+        });
+        Ok(keys.into_iter().filter_map(|key| state.entry(topic, key, 0)).collect())
+    }
+
     async fn last_entry_id(&self, topic: &str) -> Result<String, Error> {
         let state = self.lock();
         let last = state.streams.get(topic).and_then(|stream| stream.entries.keys().next_back().copied());

@@ -324,6 +324,13 @@ impl Streams for RedisBus {
         entries_from_read(value, usize::MAX)
     }
 
+    async fn read_back(&self, topic: &str, end: &str, count: usize) -> Result<Vec<Entry>, Error> {
+        let mut cmd = redis::cmd("XREVRANGE");
+        cmd.arg(topic).arg(end).arg("-").arg("COUNT").arg(count);
+        let value: Value = cmd.query_async(&mut self.commands.clone()).await?;
+        entries_from_range(value, usize::MAX)
+    }
+
     async fn last_entry_id(&self, topic: &str) -> Result<String, Error> {
         let mut connection = self.commands.clone();
         let reply: redis::streams::StreamRangeReply = connection.xrevrange_count(topic, "+", "-", 1).await?;
@@ -913,15 +920,28 @@ fn entries_from_read(value: Value, limit: usize) -> Result<Vec<Entry>, Error> {
     };
     let mut entries = Vec::new();
     for items in streams {
-        for item in array(items).ok_or_else(bad)? {
-            let mut parts = array(item).ok_or_else(bad)?.into_iter();
-            let (Some(entry_id), fields) = (parts.next().and_then(bytes), parts.next()) else {
-                return Err(bad());
-            };
-            entries.push(
-                entry_from_raw(&entry_id, fields.unwrap_or(Value::Nil), Value::Nil, limit).ok_or_else(bad)?,
-            );
-        }
+        entries.extend(entries_from_range(items, limit)?);
+    }
+    Ok(entries)
+}
+
+/// Decodes the entries of one stream, `[[entry id, [field, value, ...]], ...]`: an `XRANGE` or
+/// `XREVRANGE` reply, or one stream of an `XREAD` reply.
+fn entries_from_range(items: Value, limit: usize) -> Result<Vec<Entry>, Error> {
+    let bad = || Error::Protocol("malformed stream range reply".to_owned());
+    let items = match items {
+        Value::Nil => return Ok(Vec::new()),
+        items => array(items).ok_or_else(bad)?,
+    };
+    let mut entries = Vec::with_capacity(items.len());
+    for item in items {
+        let mut parts = array(item).ok_or_else(bad)?.into_iter();
+        let (Some(entry_id), fields) = (parts.next().and_then(bytes), parts.next()) else {
+            return Err(bad());
+        };
+        entries.push(
+            entry_from_raw(&entry_id, fields.unwrap_or(Value::Nil), Value::Nil, limit).ok_or_else(bad)?,
+        );
     }
     Ok(entries)
 }

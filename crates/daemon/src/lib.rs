@@ -35,6 +35,7 @@
 pub mod auth;
 mod backoff;
 mod call;
+mod call_log;
 pub mod cli;
 mod client;
 pub mod config;

@@ -70,6 +70,7 @@ mod tests {
             " ~prod:chat:* ",
             " ~prod:dlq:box\\*1 ",
             " ~prod:audit:* ",
+            " ~prod:calls:* ",
             " ~prod:toolhost:ledger:* ",
             " ~prod:toolhost:fleet ",
             " +select",

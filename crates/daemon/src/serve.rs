@@ -383,6 +383,17 @@ impl App {
                 &raw.daemon.toolbox_id,
                 &config.secrets(),
             )),
+            call_log: raw.doors.console.records_calls().then(|| {
+                crate::call_log::CallLog::start(
+                    bus.clone(),
+                    crate::call_log::Target {
+                        topic: keys.calls(&raw.daemon.toolbox_id),
+                        max_len: raw.doors.console.calls_max_len,
+                        toolbox_id: raw.daemon.toolbox_id.clone(),
+                        consumer: consumer.clone(),
+                    },
+                )
+            }),
         };
         // One budget of `max_in_flight` slots over every door, so the configured limit is the
         // process's limit however many doors there are.

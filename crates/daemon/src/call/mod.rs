@@ -318,6 +318,25 @@ impl<D: Door> Lifecycle<D> {
             services.stats.record(tool, code, duration);
         }
         services.telemetry.invocation(tool, outcome.label(), duration);
+        if let Some(log) = &services.call_log
+            && outcome != Outcome::Ignored
+        {
+            log.record(crate::call_log::Record {
+                request_id: request.as_ref().map_or_else(|| entry.id.clone(), |r| self.door.ledger_id(r)),
+                tool: tool.to_owned(),
+                tenant: request
+                    .as_ref()
+                    .and_then(|r| self.door.claim(r).tenant)
+                    .unwrap_or_default()
+                    .to_owned(),
+                door: D::NAME,
+                source: request.as_ref().and_then(|r| self.door.source(r)).unwrap_or_default().to_owned(),
+                outcome: outcome.label(),
+                duration_us: duration.as_micros() as u64,
+                entry_id: entry.entry_id.clone(),
+                deliveries: entry.deliveries,
+            });
+        }
         self.door.log(entry, request.as_ref(), tool, outcome, duration);
     }
 

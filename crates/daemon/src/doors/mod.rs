@@ -17,6 +17,7 @@
 //! [`DoorSections`] gathers them, so `config` never names a door's keys.
 
 pub(crate) mod chat;
+pub(crate) mod console;
 pub(crate) mod mcp;
 pub(crate) mod ovos;
 pub(crate) mod requests;
@@ -25,7 +26,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
-use toolhost_bus::FleetAccess;
+use toolhost_bus::Bus;
 
 use crate::config::{Config, KeyError, RawConfig};
 use crate::telemetry::Telemetry;
@@ -41,11 +42,14 @@ pub struct DoorSections {
     /// `[ovos]`: the OpenVoiceOS door (and the OVOS tool source's keys).
     #[serde(default)]
     pub ovos: ovos::Settings,
+    /// `[console]`: the web console (and the call log it reads).
+    #[serde(default)]
+    pub console: console::Settings,
 }
 
 impl DoorSections {
     /// The top-level keys of the sections, as written in the configuration.
-    pub const NAMES: &[&str] = &["mcp", "ovos"];
+    pub const NAMES: &[&str] = &["console", "mcp", "ovos"];
 
     /// Every bad key of every door's section.
     /// `vars` is the environment secrets are read from.
@@ -56,6 +60,7 @@ impl DoorSections {
     ) -> Vec<KeyError> {
         let mut errors = self.mcp.validate(raw, vars);
         errors.extend(self.ovos.validate(raw));
+        errors.extend(self.console.validate(vars));
         errors
     }
 }
@@ -67,7 +72,7 @@ impl DoorSections {
 /// A door cannot start (Redis unreachable, an address taken); the message names it.
 pub(crate) async fn start(
     config: &Config,
-    bus: Arc<dyn FleetAccess>,
+    bus: Arc<dyn Bus>,
     telemetry: &Telemetry,
     stop: &CancellationToken,
 ) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
