@@ -120,6 +120,15 @@ test-ovos: ensure-redis-installed
     cargo build --bin toolhost
     cargo test -p toolhost-e2e --test ovos
 
+# The web console in a real headless Chromium (Debian's chromium and chromium-driver, installed
+# when missing, driven by Selenium pinned into a venv) against two toolboxes, a hosted MCP server
+# and a real Redis (tests/tests/console.rs); screenshots go to target/console-artifacts/.
+test-console: ensure-redis-installed
+    scripts/ensure-console-deps.sh >/dev/null
+    scripts/ensure-mcp-servers.sh >/dev/null
+    cargo build --bin toolhost
+    cargo test -p toolhost-e2e --test console
+
 # The Python client (clients/python) against a real daemon and redis-server: pytest, mypy
 # --strict, and the wheel built and checked with twine (the venv is made once, pinned).
 test-python: ensure-redis-installed

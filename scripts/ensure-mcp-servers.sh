@@ -20,14 +20,7 @@ need() {
 }
 
 install_time() {
-    local venv="$cache/time" stamp="$cache/time/.installed-$TIME_VERSION"
-    [ -f "$stamp" ] && [ -x "$venv/bin/mcp-server-time" ] && return 0
-    need python3 "install Python 3.10 or newer with the venv module"
-    echo "installing mcp-server-time==$TIME_VERSION into $venv" >&2
-    rm -rf "$venv"
-    python3 -m venv "$venv"
-    "$venv/bin/pip" install --quiet --disable-pip-version-check "mcp-server-time==$TIME_VERSION" >&2
-    touch "$stamp"
+    "$(dirname "$0")/ensure-venv.sh" "$cache/time" "mcp-server-time==$TIME_VERSION" >/dev/null
 }
 
 install_everything() {

@@ -2,7 +2,8 @@
 # Makes the venv of the Python client's tests: redis-py, pytest, mypy, build, twine and the
 # OpenAI Agents SDK, pinned, in a cache directory (default ~/.cache/toolhost/venv-python-client;
 # override with TOOLHOST_PYTHON_VENV), and installs clients/python into it (editable, so the
-# tests see the checkout). Idempotent. Prints the venv's directory on stdout.
+# tests see the checkout). Idempotent (see scripts/ensure-venv.sh). Prints the venv's directory
+# on stdout.
 #
 # Needs python3 3.10 or newer with the venv module.
 set -euo pipefail
@@ -18,16 +19,6 @@ PINS=(
     "setuptools==80.9.0"
     "openai-agents==0.24.0"
 )
-venv="${TOOLHOST_PYTHON_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/toolhost/venv-python-client}"
-stamp="$venv/.installed-$(printf '%s\n' "${PINS[@]}" | sha1sum | cut -c1-12)"
-
-if [ ! -f "$stamp" ] || [ ! -x "$venv/bin/python" ]; then
-    command -v python3 >/dev/null 2>&1 || { echo "python3 is missing: install Python 3.10 or newer" >&2; exit 1; }
-    echo "installing the Python client's test tools into $venv" >&2
-    rm -rf "$venv"
-    python3 -m venv "$venv"
-    "$venv/bin/pip" install --quiet --disable-pip-version-check "${PINS[@]}" >&2
-    touch "$stamp"
-fi
+venv="$(scripts/ensure-venv.sh "${TOOLHOST_PYTHON_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/toolhost/venv-python-client}" "${PINS[@]}")"
 "$venv/bin/pip" install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e clients/python >&2
 echo "$venv"

@@ -1,0 +1,495 @@
+"""The console's browser checks: a real headless Chromium (Debian's `chromium` and
+`chromium-driver`) driven through Selenium against a console that tests/tests/console.rs
+started, with its fleet, Redis and dead letters.
+
+    scenarios.py <scenario> <console url> <artifacts dir> [args...]
+
+The token comes from the environment (CONSOLE_TOKEN), never from the command line. Each
+scenario waits for what the page must show (a wait that runs out raises, with the page's text,
+and the process exits 1), saves a screenshot of each page it visits under the artifacts
+directory, and prints one JSON report as its last line for the Rust test to check.
+
+Scenarios:
+    pages                 the login, the fleet (the second toolbox, the hosted MCP server's
+                          state) and the tools page with its search
+    try-it <slow secs>    echo's try-it form: a wrong type is refused in the browser, then a
+                          call is answered; a slow command is cancelled from the page; the
+                          calls page and a call's detail
+    dlq <replay id> <delete id>
+                          the dead letters page: one letter replayed, one deleted
+    script                a tool description holding <script> renders as text and never runs
+    refusals              no token, a wrong token, and POSTs without (or with a wrong) CSRF
+                          token are refused; the same POST with it is accepted
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, Callable
+
+from selenium import webdriver
+from selenium.common.exceptions import NoAlertPresentException, TimeoutException
+from selenium.webdriver.chrome.options import Options
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.remote.webelement import WebElement
+
+WAIT_S = 30.0
+CHROMIUM = os.environ.get("CONSOLE_CHROMIUM", "/usr/bin/chromium")
+CHROMEDRIVER = os.environ.get("CONSOLE_CHROMEDRIVER", "/usr/bin/chromedriver")
+
+
+def browser() -> WebDriver:
+    """Headless Chromium at a fixed window size (so screenshots are comparable), with the
+    driver named explicitly: Selenium Manager is never asked to download anything."""
+    options = Options()
+    options.binary_location = CHROMIUM
+    for argument in (
+        "--headless=new",
+        "--no-sandbox",  # root in CI, where Chromium's sandbox cannot start
+        "--disable-dev-shm-usage",
+        "--disable-gpu",
+        "--window-size=1366,900",
+        "--no-first-run",
+        "--disable-extensions",
+    ):
+        options.add_argument(argument)
+    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+    driver.set_page_load_timeout(WAIT_S)
+    return driver
+
+
+class Console:
+    """The console at `base`, seen through one browser, with screenshots saved to `artifacts`."""
+
+    def __init__(self, base: str, artifacts: Path) -> None:
+        self.base = base.rstrip("/")
+        self.artifacts = artifacts
+        self.token = os.environ["CONSOLE_TOKEN"]
+        self.driver = browser()
+
+    def close(self) -> None:
+        self.driver.quit()
+
+    def open(self, path: str) -> None:
+        self.driver.get(self.base + path)
+
+    def login(self) -> None:
+        """`/?token=` sets the cookie and redirects to the fleet page."""
+        self.open("/?token=" + self.token)
+        self.wait(lambda: self.driver.current_url.endswith("/fleet"), "the login redirects to /fleet")
+
+    def screenshot(self, name: str) -> str:
+        self.artifacts.mkdir(parents=True, exist_ok=True)
+        path = self.artifacts / f"{name}.png"
+        # The whole page, not only the window: the body's height decides.
+        height = self.driver.execute_script(
+            "return Math.max(document.body.scrollHeight, document.documentElement.scrollHeight)"
+        )
+        self.driver.set_window_size(1366, max(900, min(int(height) + 40, 4000)))
+        self.driver.save_screenshot(str(path))
+        self.driver.set_window_size(1366, 900)
+        return str(path)
+
+    def wait(self, condition: Callable[[], Any], what: str, timeout: float = WAIT_S) -> Any:
+        """Polls `condition` until it gives a true value, which is returned; raises naming
+        `what`, with the page's URL and text, when `timeout` runs out."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                value = condition()
+            except Exception:  # an element not there yet, or replaced while read
+                value = None
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                body = self.driver.find_element(By.TAG_NAME, "body").text
+                raise TimeoutException(f"{what}: not seen within {timeout} s on {self.driver.current_url}:\n{body}")
+            time.sleep(0.1)
+
+    def one(self, css: str) -> WebElement:
+        return self.driver.find_element(By.CSS_SELECTOR, css)
+
+    def all(self, css: str) -> list[WebElement]:
+        return self.driver.find_elements(By.CSS_SELECTOR, css)
+
+    def text(self, css: str) -> str:
+        return self.one(css).text.strip()
+
+    def csrf(self) -> str:
+        return self.one('meta[name="csrf-token"]').get_attribute("content") or ""
+
+    def nav(self, link: str, path: str) -> None:
+        """Follows a nav link and waits for its page."""
+        self.one(f"a#nav-{link}").click()
+        self.wait(lambda: self.driver.current_url.endswith(path), f"the {link} link leads to {path}")
+
+
+def http(
+    url: str, method: str = "GET", headers: dict[str, str] | None = None, body: Any = None
+) -> tuple[int, dict[str, str], str]:
+    """One HTTP request without cookies and without following redirects: status, headers, body."""
+
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+            return None
+
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method=method, headers=dict(headers or {}))
+    if data is not None:
+        request.add_header("Content-Type", "application/json")
+    opener = urllib.request.build_opener(NoRedirect)
+    try:
+        with opener.open(request, timeout=WAIT_S) as response:
+            return response.status, dict(response.headers), response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, dict(error.headers), error.read().decode()
+
+
+def fleet_rows(console: Console) -> dict[str, Any]:
+    """What the fleet page shows, as data."""
+    return {
+        "toolboxes": [
+            {
+                "toolbox": row.get_attribute("data-toolbox"),
+                "replica": row.get_attribute("data-replica"),
+                "tools": row.find_element(By.CSS_SELECTOR, "td.tools").text.strip(),
+            }
+            for row in console.all("table#toolboxes tr[data-toolbox]")
+        ],
+        "sources": [
+            {
+                "source": row.get_attribute("data-source"),
+                "toolbox": row.get_attribute("data-toolbox"),
+                "state": row.find_element(By.CSS_SELECTOR, "td.state").text.strip(),
+                "kind": row.find_element(By.CSS_SELECTOR, "td.kind").text.strip(),
+            }
+            for row in console.all("table#sources tr[data-source]")
+        ],
+        "redis_topology": console.text("span#redis-topology"),
+        "redis_health": console.text("span#redis-health"),
+        "groups": [
+            {
+                "group": row.get_attribute("data-group"),
+                "pending": row.find_element(By.CSS_SELECTOR, "td.pending").text.strip(),
+                "lag": row.find_element(By.CSS_SELECTOR, "td.lag").text.strip(),
+            }
+            for row in console.all("table#groups tr[data-group]")
+        ],
+    }
+
+
+def pages(console: Console) -> dict[str, Any]:
+    """The login, the fleet page and the tools page."""
+    report: dict[str, Any] = {}
+    # Before the login a page is refused, and says so.
+    console.open("/fleet")
+    report["before_login"] = console.one("body").text
+    console.login()
+
+    # The hosted MCP server starts with the toolbox, so it may still be `starting`: the page is
+    # read again until it is `up` (the fleet is read at each load).
+    def everything_up() -> bool:
+        console.open("/fleet")
+        state = console.text('table#sources tr[data-source="everything"] td.state')
+        return state == "up" and bool(console.all('table#toolboxes tr[data-toolbox="second"]'))
+
+    console.wait(everything_up, "the second toolbox and the hosted server `everything` up")
+    report["fleet"] = fleet_rows(console)
+    report["screenshot_fleet"] = console.screenshot("fleet")
+
+    console.nav("tools", "/tools")
+    report["tools"] = [row.get_attribute("data-tool") for row in console.all("table#tools tr[data-tool]")]
+    search = console.one("input#tool-search")
+    search.send_keys("everything__")
+
+    def shown() -> list[str]:
+        return [
+            row.get_attribute("data-tool") or ""
+            for row in console.all("table#tools tr[data-tool]")
+            if row.is_displayed()
+        ]
+
+    console.wait(lambda: shown() and all(name.startswith("everything__") for name in shown()), "the search filters")
+    report["search_everything"] = shown()
+    report["screenshot_tools"] = console.screenshot("tools")
+    return report
+
+
+def try_it(console: Console, slow_seconds: str) -> dict[str, Any]:
+    """echo's try-it form (a wrong type, then a call), a cancelled slow call, the calls page."""
+    report: dict[str, Any] = {}
+    console.login()
+    console.open("/tools/echo")
+    console.wait(lambda: console.text("h1#tool-name") == "echo", "echo's page")
+    report["input_schema"] = json.loads(console.text("pre#input-schema"))
+
+    # Raw JSON with a number where echo takes a string: refused in the browser, nothing sent.
+    console.wait(lambda: console.all('form#try-it [data-pointer="/message"]'), "the generated form")
+    console.one("input#use-raw").click()
+    raw = console.wait(lambda: console.one("textarea#raw-args"), "the raw JSON box")
+    console.wait(lambda: raw.is_displayed(), "the raw JSON box shown")
+    raw.clear()
+    raw.send_keys('{"message": 5}')
+    console.one("button#call").click()
+    error = console.wait(lambda: console.one('ul#errors > li[data-pointer="/message"]'), "an error at /message")
+    report["wrong_type_error"] = error.text.strip()
+    report["wrong_type_request_id"] = console.text("span#request-id")
+    report["wrong_type_state"] = console.text("span#call-state")
+
+    # Back to the form: the text field for `message`, then a call that is answered.
+    console.one("input#use-raw").click()
+    field = console.wait(lambda: console.one('form#try-it input[data-pointer="/message"]'), "the message field")
+    console.wait(lambda: field.is_displayed(), "the message field shown")
+    field.clear()
+    field.send_keys("hello from the console")
+    console.one("button#call").click()
+    console.wait(lambda: console.text("span#call-state") == "answered", "echo answered")
+    report["echo_request_id"] = console.text("span#request-id")
+    report["echo_result"] = json.loads(console.text("pre#result"))
+    report["echo_errors_left"] = len(console.all("ul#errors > li"))
+    report["screenshot_try_it"] = console.screenshot("try-it")
+
+    # A slow command, cancelled from the page once its process runs.
+    console.open("/tools/slow_sleep")
+    seconds = console.wait(lambda: console.one('form#try-it input[data-pointer="/seconds"]'), "the seconds field")
+    seconds.clear()
+    seconds.send_keys(slow_seconds)
+    console.one("button#call").click()
+    console.wait(lambda: console.text("span#call-state") == "running", "the slow call running")
+    cancel = console.one("button#cancel")
+    console.wait(cancel.is_enabled, "Cancel enabled while the call runs")
+    # The daemon has read the call when its `sleep` runs: a cancel sent before that would find
+    # no call to stop (CONTRACTS: a cancel is not remembered).
+    console.wait(lambda: sleep_pids(slow_seconds), f"a `sleep {slow_seconds}` process", timeout=WAIT_S)
+    cancel.click()
+    console.wait(lambda: console.text("span#call-state") == "cancelled", "the slow call cancelled")
+    report["slow_request_id"] = console.text("span#request-id")
+    report["slow_result"] = json.loads(console.text("pre#result"))
+    report["slow_cancel_enabled_after"] = console.one("button#cancel").is_enabled()
+    console.wait(lambda: not sleep_pids(slow_seconds), "the `sleep` process gone after the cancel")
+    report["screenshot_cancelled"] = console.screenshot("try-it-cancelled")
+
+    # The calls page lists both calls, newest first; the filter narrows it; a call's detail.
+    console.nav("calls", "/calls")
+    wanted = {report["echo_request_id"], report["slow_request_id"]}
+
+    def calls() -> list[dict[str, str]]:
+        return [
+            {
+                "request_id": row.get_attribute("data-request-id") or "",
+                "tool": row.find_element(By.CSS_SELECTOR, "td.tool").text.strip(),
+                "tenant": row.find_element(By.CSS_SELECTOR, "td.tenant").text.strip(),
+                "door": row.find_element(By.CSS_SELECTOR, "td.door").text.strip(),
+                "outcome": row.find_element(By.CSS_SELECTOR, "td.outcome").text.strip(),
+                "displayed": str(row.is_displayed()).lower(),
+            }
+            for row in console.all("table#calls tr[data-request-id]")
+        ]
+
+    console.wait(lambda: wanted <= {row["request_id"] for row in calls()}, "both calls on the calls page")
+    report["calls"] = calls()
+    report["screenshot_calls"] = console.screenshot("calls")
+    console.one("input#calls-filter").send_keys("slow_sleep")
+    console.wait(
+        lambda: all(row["tool"] == "slow_sleep" for row in calls() if row["displayed"] == "true"),
+        "the calls filter",
+    )
+    report["calls_filtered"] = [row["request_id"] for row in calls() if row["displayed"] == "true"]
+    echo_row = console.one(f'table#calls tr[data-request-id="{report["echo_request_id"]}"]')
+    console.driver.get(echo_row.find_element(By.CSS_SELECTOR, "a.call-link").get_attribute("href") or "")
+    console.wait(lambda: console.text("span#call-outcome"), "the call's detail")
+    report["detail_outcome"] = console.text("span#call-outcome")
+    report["detail_answer"] = console.text("pre#call-answer") if console.all("pre#call-answer") else ""
+    report["screenshot_call_detail"] = console.screenshot("call-detail")
+    return report
+
+
+def sleep_pids(seconds: str) -> list[int]:
+    """The processes running `sleep <seconds>` on this machine (the slow tool's command)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if len(argv) >= 2 and argv[0].endswith(b"sleep") and argv[1] == seconds.encode():
+            pids.append(int(entry.name))
+    return pids
+
+
+def dlq(console: Console, replay_id: str, delete_id: str) -> dict[str, Any]:
+    """Two dead letters (by their request ids): one replayed, one deleted, from the page."""
+    report: dict[str, Any] = {}
+    console.login()
+    console.nav("dlq", "/dlq")
+
+    def row_of(request_id: str) -> WebElement | None:
+        for row in console.all("table#dead-letters tr[data-dlq-id]"):
+            if row.find_element(By.CSS_SELECTOR, "td.request-id").text.strip() == request_id:
+                return row
+        return None
+
+    for name, request_id in (("replay", replay_id), ("delete", delete_id)):
+        row = console.wait(lambda: row_of(request_id), f"the dead letter of {request_id}")
+        report[name] = {
+            "dlq_id": row.get_attribute("data-dlq-id"),
+            "toolbox": row.get_attribute("data-toolbox"),
+            "error": row.find_element(By.CSS_SELECTOR, "td.error").text.strip(),
+        }
+    report["screenshot_dlq"] = console.screenshot("dlq")
+
+    # Inspect the letter to replay.
+    link = row_of(replay_id).find_element(By.CSS_SELECTOR, "a.letter-link")  # type: ignore[union-attr]
+    link.click()
+    letter = console.wait(lambda: console.text("pre#letter"), "the letter's page")
+    report["letter"] = json.loads(letter)
+    report["screenshot_letter"] = console.screenshot("dlq-letter")
+    console.driver.back()
+
+    for name, request_id, button in (("replay", replay_id, "button.replay"), ("delete", delete_id, "button.delete")):
+        row = console.wait(lambda: row_of(request_id), f"the dead letter of {request_id} again")
+        row.find_element(By.CSS_SELECTOR, button).click()
+        # Some consoles ask before they act; accept the question if there is one.
+        try:
+            console.driver.switch_to.alert.accept()
+        except NoAlertPresentException:
+            pass
+        console.wait(lambda: row_of(request_id) is None, f"the {name}d letter's row gone")
+        report[name]["flash"] = console.wait(lambda: console.text("div#flash"), f"the {name} flash")
+    # The page read again: neither letter is there any more.
+    console.open("/dlq")
+    console.wait(lambda: console.all("table#dead-letters"), "the dead letters page again")
+    report["rows_after"] = [
+        row.find_element(By.CSS_SELECTOR, "td.request-id").text.strip()
+        for row in console.all("table#dead-letters tr[data-dlq-id]")
+    ]
+    return report
+
+
+SCRIPT_FLAG = "__consoleXss"
+
+
+def script(console: Console) -> dict[str, Any]:
+    """The tool `html_note`, whose description holds a <script> and an <img onerror>, both of
+    which would set window.__consoleXss if they ran."""
+    report: dict[str, Any] = {}
+    console.login()
+    console.open("/tools")
+    cell = console.wait(lambda: console.one('table#tools tr[data-tool="html_note"] td.description'), "html_note")
+    report["list_text"] = cell.text
+    report["list_elements"] = console.driver.execute_script(
+        "return arguments[0].querySelectorAll('script, img').length", cell
+    )
+    report["list_flag"] = console.driver.execute_script(f"return window.{SCRIPT_FLAG} === undefined ? null : String(window.{SCRIPT_FLAG})")
+    console.open("/tools/html_note")
+    description = console.wait(lambda: console.one("p#tool-description"), "html_note's page")
+    time.sleep(0.5)  # an <img onerror> would fire once the image fails to load
+    report["detail_text"] = description.text
+    report["detail_elements"] = console.driver.execute_script(
+        "return arguments[0].querySelectorAll('script, img').length", description
+    )
+    report["detail_flag"] = console.driver.execute_script(f"return window.{SCRIPT_FLAG} === undefined ? null : String(window.{SCRIPT_FLAG})")
+    # Scripts on the page at all: only the console's own, from /static/.
+    report["page_scripts"] = console.driver.execute_script(
+        "return Array.from(document.scripts).map(s => s.src || ('inline:' + s.textContent.slice(0, 60)))"
+    )
+    try:
+        report["alert"] = console.driver.switch_to.alert.text
+    except NoAlertPresentException:
+        report["alert"] = None
+    report["screenshot_script"] = console.screenshot("tool-script-description")
+    return report
+
+
+def refusals(console: Console) -> dict[str, Any]:
+    """No token, a wrong token, and POSTs without the CSRF token, with plain HTTP and from the
+    browser's own session."""
+    base = console.base
+    bearer = {"Authorization": "Bearer " + console.token}
+    report: dict[str, Any] = {}
+
+    def record(status: int, headers: dict[str, str], body: str) -> dict[str, Any]:
+        return {
+            "status": status,
+            "body": body[:400],
+            "csp": headers.get("Content-Security-Policy") or headers.get("content-security-policy"),
+        }
+
+    report["page_no_token"] = record(*http(base + "/fleet"))
+    report["api_no_token"] = record(*http(base + "/api/fleet"))
+    report["login_wrong_token"] = record(*http(base + "/?token=not-the-token-0123456789"))
+    report["page_wrong_bearer"] = record(*http(base + "/fleet", headers={"Authorization": "Bearer not-the-token-0123456789"}))
+    report["api_bearer"] = record(*http(base + "/api/fleet", headers=bearer))
+    status, headers, _ = http(base + "/?token=" + console.token)
+    report["login"] = {"status": status, "location": headers.get("Location"), "set_cookie": headers.get("Set-Cookie")}
+
+    # The CSRF token of a page fetched with the bearer token.
+    status, _, page = http(base + "/fleet", headers=bearer)
+    marker = 'name="csrf-token" content="'
+    csrf = page.split(marker, 1)[1].split('"', 1)[0] if marker in page else ""
+    report["csrf_found"] = bool(csrf)
+    call = {"tool": "echo", "arguments": {"message": "csrf check"}}
+    report["post_no_csrf"] = record(*http(base + "/api/call", "POST", bearer, call))
+    report["post_wrong_csrf"] = record(*http(base + "/api/call", "POST", {**bearer, "X-CSRF-Token": "wrong"}, call))
+    report["post_with_csrf"] = record(*http(base + "/api/call", "POST", {**bearer, "X-CSRF-Token": csrf}, call))
+    report["cancel_no_csrf"] = record(*http(base + "/api/cancel", "POST", bearer, {"request_id": "nothing"}))
+    report["dlq_no_csrf"] = record(*http(base + "/api/dlq/main/0-1/delete", "POST", bearer))
+
+    # In the browser: unauthenticated the page says Unauthorized; logged in (a cookie), a POST
+    # from the page's own script without the header is refused, with it accepted.
+    console.open("/fleet")
+    report["browser_no_token"] = console.one("body").text[:200]
+    console.login()
+    fetch = """
+        const [headers, done] = [arguments[0], arguments[arguments.length - 1]];
+        fetch('/api/call', {method: 'POST', headers: Object.assign({'Content-Type': 'application/json'}, headers),
+                            body: JSON.stringify({tool: 'echo', arguments: {message: 'from the page'}})})
+            .then(r => r.text().then(t => done({status: r.status, body: t})))
+            .catch(e => done({status: 0, body: String(e)}));
+    """
+    report["browser_post_no_csrf"] = console.driver.execute_async_script(fetch, {})
+    report["browser_post_with_csrf"] = console.driver.execute_async_script(fetch, {"X-CSRF-Token": console.csrf()})
+    report["screenshot_fleet_after_login"] = console.screenshot("fleet-logged-in")
+    return report
+
+
+def main() -> int:
+    scenario, base, artifacts, *args = sys.argv[1:]
+    console = Console(base, Path(artifacts))
+    try:
+        if scenario == "pages":
+            report = pages(console)
+        elif scenario == "try-it":
+            report = try_it(console, *args)
+        elif scenario == "dlq":
+            report = dlq(console, *args)
+        elif scenario == "script":
+            report = script(console)
+        elif scenario == "refusals":
+            report = refusals(console)
+        else:
+            raise SystemExit(f"unknown scenario {scenario}")
+    except Exception:
+        # The page as it was, for the artifacts.
+        try:
+            console.screenshot(f"failed-{scenario}")
+        finally:
+            console.close()
+        raise
+    console.close()
+    print(json.dumps(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,450 @@
+//! The web console (`[console]`) in a real headless Chromium: a redis-server, a toolbox `main`
+//! serving the console (with a token) and hosting the MCP server `server-everything` over stdio,
+//! a slow command and a tool whose description holds a `<script>`, and a second toolbox
+//! `second` on the same Redis. The browser is driven by Selenium from
+//! `tests/console/scenarios.py`, under the venv `just test-console` makes
+//! (`scripts/ensure-console-deps.sh`, which installs Debian's `chromium` and `chromium-driver`
+//! too; `TOOLHOST_CONSOLE_VENV` names another venv). The server-everything install is
+//! `scripts/ensure-mcp-servers.sh`'s.
+//!
+//! Each scenario reports what the pages showed; these tests check the report and what Redis
+//! holds afterwards (the answers, the dead letters, the audit stream). Screenshots of every page
+//! are saved under `target/console-artifacts/`.
+
+// Test code: a failed step is a failed test.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use toolhost_e2e::{RedisProcess, Toolhost, temp_dir, user};
+
+/// One browser and one fleet at a time: Chromium and Node are heavy on a shared machine.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// How long a wait on Redis may take.
+const WAIT: Duration = Duration::from_secs(30);
+
+/// The seconds the slow call sleeps; a number no other process on the machine is likely to
+/// sleep, since the browser scenario looks for the `sleep` process by it.
+const SLOW_SECONDS: &str = "4711";
+
+/// The description of `html_note`: each part would set `window.__consoleXss` if the page ran it.
+const HTML_DESCRIPTION: &str = r#"Notes. <script>window.__consoleXss = 1</script><img src="x" onerror="window.__consoleXss = 2"> & more"#;
+
+/// The venv with Selenium, as `scripts/ensure-console-deps.sh` lays it out.
+fn venv() -> PathBuf {
+    toolhost_e2e::venv("TOOLHOST_CONSOLE_VENV", "venv-console", "ensure-console-deps.sh", "test-console")
+}
+
+/// The installed server-everything entry script, as `scripts/ensure-mcp-servers.sh` lays it out.
+fn everything_server() -> PathBuf {
+    let cache = std::env::var_os("TOOLHOST_MCP_SERVERS").map(PathBuf::from).unwrap_or_else(|| {
+        PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/toolhost/mcp-servers")
+    });
+    let script = cache.join("everything/node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+    assert!(
+        script.exists(),
+        "{} is missing: run scripts/ensure-mcp-servers.sh (`just test-console` does)",
+        script.display()
+    );
+    script
+}
+
+/// `target/console-artifacts/`, where the screenshots go.
+fn artifacts() -> PathBuf {
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| workspace.join("target"), PathBuf::from);
+    target.join("console-artifacts")
+}
+
+/// A TOML string (basic, escaped).
+fn toml_string(text: &str) -> String {
+    serde_json::to_string(text).unwrap()
+}
+
+/// The Redis, the toolbox `main` with the console, and the toolbox `second`.
+struct Fleet {
+    redis: RedisProcess,
+    main: Toolhost,
+    _second: Toolhost,
+    token: String,
+    url: String,
+    _dir: PathBuf,
+}
+
+impl Fleet {
+    fn start() -> Fleet {
+        let redis = RedisProcess::start(&[]);
+        let dir = temp_dir("console");
+        let token = format!("console-{}", uuid::Uuid::new_v4().simple());
+        let main_config = dir.join("main.toml");
+        std::fs::write(
+            &main_config,
+            format!(
+                "[daemon]\ntoolbox_id = \"main\"\n\n\
+                 [console]\nlisten = \"127.0.0.1:0\"\ntoken_env = \"CONSOLE_TOKEN\"\n\n\
+                 [tools.terminal]\nrun_as = {user}\n\n\
+                 [[mcp_servers]]\nname = \"everything\"\ncommand = \"node\"\nargs = [{everything}, \"stdio\"]\n\n\
+                 [[commands]]\nname = \"slow_sleep\"\ndescription = \"Sleep for the given number of seconds.\"\n\
+                 argv = [\"sleep\", \"{{seconds}}\"]\ntimeout_ms = 600000\n\n\
+                 [[commands]]\nname = \"html_note\"\ndescription = {html}\nargv = [\"echo\", \"note\"]\n",
+                user = toml_string(&user()),
+                everything = toml_string(everything_server().to_str().unwrap()),
+                html = toml_string(HTML_DESCRIPTION),
+            ),
+        )
+        .unwrap();
+        let main = Toolhost::start(&[
+            ("REDIS_URL", &redis.url()),
+            ("TOOLHOST_CONFIG", main_config.to_str().unwrap()),
+            ("CONSOLE_TOKEN", &token),
+        ]);
+        main.wait_for_log("console listening", Duration::from_secs(10));
+        let address = main
+            .log()
+            .lines()
+            .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+            .find(|line| line["message"] == "console listening")
+            .and_then(|line| line["address"].as_str().map(str::to_owned))
+            .unwrap_or_else(|| panic!("no `console listening` line with an address:\n{}", main.log()));
+        let second_config = dir.join("second.toml");
+        std::fs::write(&second_config, "[daemon]\ntoolbox_id = \"second\"\n").unwrap();
+        let second = Toolhost::start(&[
+            ("REDIS_URL", &redis.url()),
+            ("TOOLHOST_CONFIG", second_config.to_str().unwrap()),
+        ]);
+        Fleet { redis, main, _second: second, token, url: format!("http://{address}"), _dir: dir }
+    }
+
+    /// Runs a scenario of `scenarios.py` to its end and returns its report (the last line).
+    fn scenario(&self, name: &str, args: &[&str]) -> Value {
+        let output = Command::new(venv().join("bin/python"))
+            .arg(toolhost_e2e::fixture("console", "scenarios.py"))
+            .arg(name)
+            .arg(&self.url)
+            .arg(artifacts())
+            .args(args)
+            .env("CONSOLE_TOKEN", &self.token)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .output()
+            .expect("run scenarios.py");
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let last = stdout.lines().rev().find(|line| line.starts_with('{')).unwrap_or_default();
+        serde_json::from_str(last).unwrap_or_else(|_| {
+            panic!(
+                "scenario {name} failed ({}) and reported nothing:\n{stdout}\nthe console's log:\n{}",
+                output.status,
+                self.main.log()
+            )
+        })
+    }
+
+    /// Every entry of a stream, as (entry id, fields).
+    fn entries(&self, stream: &str) -> Vec<(String, HashMap<String, String>)> {
+        redis::cmd("XRANGE").arg(stream).arg("-").arg("+").query(&mut self.redis.connection()).unwrap()
+    }
+
+    /// The answers (`data`) on a results stream.
+    fn answers(&self, stream: &str) -> Vec<Value> {
+        self.entries(stream)
+            .into_iter()
+            .filter_map(|(_, fields)| serde_json::from_str::<Value>(fields.get("payload")?).ok())
+            .map(|payload| payload["data"].clone())
+            .collect()
+    }
+
+    /// Every entry of every `audit:*` stream.
+    fn audit(&self) -> Vec<HashMap<String, String>> {
+        let keys: Vec<String> =
+            redis::cmd("KEYS").arg("audit:*").query(&mut self.redis.connection()).unwrap();
+        keys.iter().flat_map(|key| self.entries(key)).map(|(_, fields)| fields).collect()
+    }
+
+    /// The dead letters of both toolboxes that mention `request_id`.
+    fn letters_of(&self, request_id: &str) -> Vec<String> {
+        ["dlq:main", "dlq:second"]
+            .iter()
+            .flat_map(|stream| self.entries(stream))
+            .filter(|(_, fields)| fields.values().any(|value| value.contains(request_id)))
+            .map(|(id, _)| id)
+            .collect()
+    }
+
+    /// Publishes an `echo` request whose answer goes to `topic`.
+    fn request_echo(&self, request_id: &str, message: &str, topic: &str) {
+        let payload = json!({
+            "id": uuid::Uuid::new_v4().to_string(),
+            "source": "agent:console-test",
+            "specversion": "1.0",
+            "type": "echo.requested",
+            "topic": "action-requests",
+            "response_topic": topic,
+            "data": {"request_id": request_id, "message": message},
+        });
+        let _: String = redis::cmd("XADD")
+            .arg("action-requests")
+            .arg("*")
+            .arg("id")
+            .arg(uuid::Uuid::new_v4().to_string())
+            .arg("payload")
+            .arg(payload.to_string())
+            .query(&mut self.redis.connection())
+            .unwrap();
+    }
+}
+
+/// Waits until `check` gives a value, panicking with `what` after [`WAIT`].
+fn wait_for<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if let Some(value) = check() {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "{what}: not within {WAIT:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn lock() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A screenshot the scenario says it saved is a PNG file.
+fn check_screenshot(report: &Value, key: &str) {
+    let path = report[key].as_str().unwrap_or_else(|| panic!("no {key} in {report}"));
+    let bytes = std::fs::read(path).unwrap_or_else(|error| panic!("{path}: {error}"));
+    assert!(bytes.starts_with(b"\x89PNG\r\n\x1a\n") && bytes.len() > 1000, "{path} is no screenshot");
+}
+
+#[test]
+fn the_fleet_page_lists_the_second_toolbox_and_the_hosted_servers_state() {
+    let _one = lock();
+    let fleet = Fleet::start();
+    let report = fleet.scenario("pages", &[]);
+    assert!(
+        report["before_login"].as_str().unwrap().contains("Unauthorized"),
+        "a page before the login: {report}"
+    );
+    let rows = &report["fleet"];
+    let tools_of = |toolbox: &str| -> u64 {
+        rows["toolboxes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|row| row["toolbox"] == toolbox)
+            .unwrap_or_else(|| panic!("no replica of {toolbox} on the fleet page: {rows}"))["tools"]
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    // `second` hosts the built-in tools; `main` those and server-everything's and its commands.
+    assert!(tools_of("second") > 0, "{rows}");
+    assert!(tools_of("main") > tools_of("second") + 2, "{rows}");
+    let everything: Vec<&Value> =
+        rows["sources"].as_array().unwrap().iter().filter(|row| row["source"] == "everything").collect();
+    assert_eq!(everything.len(), 1, "one source `everything`: {rows}");
+    assert_eq!(everything[0]["toolbox"], "main", "{rows}");
+    assert_eq!(everything[0]["state"], "up", "{rows}");
+    assert_eq!(everything[0]["kind"], "mcp", "{rows}");
+    assert_eq!(rows["redis_topology"], "single", "{rows}");
+    assert_eq!(rows["redis_health"], "up", "{rows}");
+    let groups: Vec<&str> =
+        rows["groups"].as_array().unwrap().iter().filter_map(|row| row["group"].as_str()).collect();
+    assert!(groups.contains(&"main") && groups.contains(&"second"), "both consumer groups: {rows}");
+
+    let tools: Vec<&str> = report["tools"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
+    for name in ["echo", "slow_sleep", "html_note", "everything__echo"] {
+        assert!(tools.contains(&name), "{name} on the tools page: {tools:?}");
+    }
+    let found: Vec<&str> =
+        report["search_everything"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
+    assert!(found.contains(&"everything__echo") && !found.contains(&"echo"), "the search: {found:?}");
+    check_screenshot(&report, "screenshot_fleet");
+    check_screenshot(&report, "screenshot_tools");
+}
+
+#[test]
+fn the_try_it_form_refuses_a_wrong_type_then_calls_and_a_slow_call_is_cancelled() {
+    let _one = lock();
+    let fleet = Fleet::start();
+    let report = fleet.scenario("try-it", &[SLOW_SECONDS]);
+    assert_eq!(report["input_schema"]["properties"]["message"]["type"], "string", "{report}");
+
+    // The wrong type was caught in the browser: an error at /message, and nothing sent.
+    assert!(!report["wrong_type_error"].as_str().unwrap().is_empty(), "{report}");
+    assert_eq!(report["wrong_type_request_id"], "", "no call was sent: {report}");
+    assert_ne!(report["wrong_type_state"], "running", "{report}");
+
+    let echo_id = report["echo_request_id"].as_str().unwrap();
+    assert!(!echo_id.is_empty(), "{report}");
+    assert_eq!(report["echo_result"]["success"], true, "{report}");
+    assert_eq!(report["echo_result"]["result"], json!({"message": "hello from the console"}), "{report}");
+    assert_eq!(report["echo_errors_left"], 0, "the errors are gone once the call is valid: {report}");
+
+    let slow_id = report["slow_request_id"].as_str().unwrap();
+    assert!(!slow_id.is_empty() && slow_id != echo_id, "{report}");
+    assert_eq!(report["slow_result"]["success"], false, "{report}");
+    assert_eq!(report["slow_result"]["error_code"], "cancelled", "{report}");
+    assert_eq!(report["slow_cancel_enabled_after"], false, "Cancel is off once the call ended: {report}");
+
+    // The calls page: both calls, made for the console's tenant, and their outcomes.
+    let calls = report["calls"].as_array().unwrap();
+    let row = |id: &str| {
+        calls.iter().find(|row| row["request_id"] == id).unwrap_or_else(|| panic!("{id}: {calls:?}"))
+    };
+    assert_eq!(row(echo_id)["tool"], "echo", "{calls:?}");
+    assert_eq!(row(echo_id)["tenant"], "console", "{calls:?}");
+    assert_eq!(row(echo_id)["outcome"], "success", "{calls:?}");
+    assert_eq!(row(slow_id)["tool"], "slow_sleep", "{calls:?}");
+    assert_eq!(row(slow_id)["outcome"], "cancelled", "{calls:?}");
+    let position = |id: &str| calls.iter().position(|row| row["request_id"] == id).unwrap();
+    assert!(position(slow_id) < position(echo_id), "newest first: {calls:?}");
+    let filtered: Vec<&str> =
+        report["calls_filtered"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
+    assert!(filtered.contains(&slow_id) && !filtered.contains(&echo_id), "the filter: {filtered:?}");
+    assert_eq!(report["detail_outcome"], "success", "{report}");
+    assert!(report["detail_answer"].as_str().unwrap().contains("hello from the console"), "{report}");
+
+    // The call and the cancel were audited as the console's, for its tenant.
+    let audit = fleet.audit();
+    let console_entries: Vec<&HashMap<String, String>> =
+        audit.iter().filter(|entry| entry.get("door").is_some_and(|door| door == "console")).collect();
+    for id in [echo_id, slow_id] {
+        assert!(
+            console_entries.iter().any(|entry| entry.get("request_id").is_some_and(|request| request == id)),
+            "{id} audited with door console: {audit:?}"
+        );
+    }
+    assert!(
+        console_entries.iter().all(|entry| entry.get("tenant").is_some_and(|tenant| tenant == "console")),
+        "{console_entries:?}"
+    );
+    for key in ["screenshot_try_it", "screenshot_cancelled", "screenshot_calls", "screenshot_call_detail"] {
+        check_screenshot(&report, key);
+    }
+}
+
+#[test]
+fn a_dead_letter_is_replayed_and_answered_and_another_deleted_from_the_page() {
+    let _one = lock();
+    let fleet = Fleet::start();
+    // A response topic that holds a key that is not a stream: the daemon answers `internal` on
+    // the default topic and dead-letters the request (docs/CONTRACTS.md, "Response topics").
+    let topic = "results:console-test";
+    let _: () =
+        redis::cmd("SET").arg(topic).arg("not a stream").query(&mut fleet.redis.connection()).unwrap();
+    let replay_id = format!("replay-{}", uuid::Uuid::new_v4().simple());
+    let delete_id = format!("delete-{}", uuid::Uuid::new_v4().simple());
+    fleet.request_echo(&replay_id, "replayed from the console", topic);
+    fleet.request_echo(&delete_id, "deleted from the console", topic);
+    for id in [&replay_id, &delete_id] {
+        wait_for(&format!("the dead letter of {id}"), || (!fleet.letters_of(id).is_empty()).then_some(()));
+    }
+    // The cause fixed: the topic is free for a stream again.
+    let _: () = redis::cmd("DEL").arg(topic).query(&mut fleet.redis.connection()).unwrap();
+
+    let report = fleet.scenario("dlq", &[&replay_id, &delete_id]);
+    assert!(report["replay"]["error"].as_str().unwrap().contains(topic), "the letter says why: {report}");
+    assert!(report["letter"].to_string().contains(&replay_id), "the letter holds the request: {report}");
+    assert!(report["replay"]["flash"].as_str().unwrap().contains("replayed"), "{report}");
+    assert!(report["delete"]["flash"].as_str().unwrap().contains("deleted"), "{report}");
+    let after: Vec<&str> =
+        report["rows_after"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
+    assert!(!after.contains(&replay_id.as_str()) && !after.contains(&delete_id.as_str()), "{after:?}");
+
+    // The replayed request is answered on its own response topic; the deleted one never is.
+    let answer = wait_for("the replayed request's answer", || {
+        fleet.answers(topic).into_iter().find(|answer| answer["request_id"] == replay_id.as_str())
+    });
+    assert_eq!(answer["success"], true, "{answer}");
+    assert_eq!(answer["result"], json!({"message": "replayed from the console"}), "{answer}");
+    assert!(fleet.letters_of(&replay_id).is_empty() && fleet.letters_of(&delete_id).is_empty());
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(
+        !fleet.answers(topic).iter().any(|answer| answer["request_id"] == delete_id.as_str()),
+        "the deleted letter's request was not run"
+    );
+
+    // Both actions were audited as the console's.
+    let audit = fleet.audit();
+    for id in [&replay_id, &delete_id] {
+        assert!(
+            audit.iter().any(|entry| entry.get("door").is_some_and(|door| door == "console")
+                && entry.values().any(|value| value.contains(id.as_str()))),
+            "{id}'s action audited with door console: {audit:?}"
+        );
+    }
+    check_screenshot(&report, "screenshot_dlq");
+    check_screenshot(&report, "screenshot_letter");
+}
+
+#[test]
+fn a_tool_description_holding_a_script_renders_as_text_and_never_runs() {
+    let _one = lock();
+    let fleet = Fleet::start();
+    let report = fleet.scenario("script", &[]);
+    for place in ["list", "detail"] {
+        let text = report[format!("{place}_text")].as_str().unwrap();
+        assert!(
+            text.contains("<script>window.__consoleXss = 1</script>"),
+            "{place}: shown as text: {report}"
+        );
+        assert!(text.contains(r#"<img src="x" onerror="#), "{place}: {report}");
+        assert_eq!(report[format!("{place}_elements")], 0, "{place}: no element made from it: {report}");
+        assert_eq!(report[format!("{place}_flag")], Value::Null, "{place}: nothing of it ran: {report}");
+    }
+    assert_eq!(report["alert"], Value::Null, "{report}");
+    let scripts: Vec<&str> =
+        report["page_scripts"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
+    assert!(
+        !scripts.is_empty() && scripts.iter().all(|src| src.ends_with("/static/console.js")),
+        "only the console's own script: {scripts:?}"
+    );
+    check_screenshot(&report, "screenshot_script");
+}
+
+#[test]
+fn requests_without_the_token_or_the_csrf_token_are_refused() {
+    let _one = lock();
+    let fleet = Fleet::start();
+    let report = fleet.scenario("refusals", &[]);
+    let csp = "default-src 'self'; script-src 'self'; style-src 'self'; object-src 'none'; \
+               frame-ancestors 'none'; base-uri 'none'; form-action 'self'";
+    let check = |key: &str, status: u16, body: &str| {
+        let seen = &report[key];
+        assert_eq!(seen["status"], status, "{key}: {seen}");
+        assert!(seen["body"].as_str().unwrap().contains(body), "{key}: {body:?} in {seen}");
+        assert_eq!(seen["csp"], csp, "{key}: the Content-Security-Policy: {seen}");
+    };
+    check("page_no_token", 401, "Unauthorized");
+    check("page_wrong_bearer", 401, "Unauthorized");
+    check("login_wrong_token", 401, "Unauthorized");
+    check("api_no_token", 401, "\"error\"");
+    check("api_bearer", 200, "");
+    check("post_no_csrf", 403, "CSRF");
+    check("post_wrong_csrf", 403, "CSRF");
+    check("cancel_no_csrf", 403, "CSRF");
+    check("dlq_no_csrf", 403, "CSRF");
+    // The same POST with the page's CSRF token is accepted: the refusals above were the CSRF's.
+    assert!(report["csrf_found"].as_bool().unwrap(), "{report}");
+    check("post_with_csrf", 202, "request_id");
+
+    let login = &report["login"];
+    assert_eq!(login["status"], 303, "{login}");
+    let cookie = login["set_cookie"].as_str().unwrap_or_default();
+    for part in ["toolhost_console=", "HttpOnly", "SameSite=Strict", "Path=/"] {
+        assert!(cookie.contains(part), "{part} in the login cookie: {cookie}");
+    }
+
+    assert!(report["browser_no_token"].as_str().unwrap().contains("Unauthorized"), "{report}");
+    assert_eq!(report["browser_post_no_csrf"]["status"], 403, "{report}");
+    assert_eq!(report["browser_post_with_csrf"]["status"], 202, "{report}");
+    check_screenshot(&report, "screenshot_fleet_after_login");
+}
