@@ -33,7 +33,8 @@ const WAIT: Duration = Duration::from_secs(30);
 /// sleep, since the browser scenario looks for the `sleep` process by it.
 const SLOW_SECONDS: &str = "4711";
 
-/// The description of `html_note`: each part would set `window.__consoleXss` if the page ran it.
+/// The description of `html_note` (which echoes its `text`): each part would set
+/// `window.__consoleXss` if the page ran it.
 const HTML_DESCRIPTION: &str = r#"Notes. <script>window.__consoleXss = 1</script><img src="x" onerror="window.__consoleXss = 2"> & more"#;
 
 /// The venv with Selenium, as `scripts/ensure-console-deps.sh` lays it out.
@@ -92,7 +93,7 @@ impl Fleet {
                  [[mcp_servers]]\nname = \"everything\"\ncommand = \"node\"\nargs = [{everything}, \"stdio\"]\n\n\
                  [[commands]]\nname = \"slow_sleep\"\ndescription = \"Sleep for the given number of seconds.\"\n\
                  argv = [\"sleep\", \"{{seconds}}\"]\ntimeout_ms = 600000\n\n\
-                 [[commands]]\nname = \"html_note\"\ndescription = {html}\nargv = [\"echo\", \"note\"]\n",
+                 [[commands]]\nname = \"html_note\"\ndescription = {html}\nargv = [\"echo\", \"{{text}}\"]\n",
                 user = toml_string(&user()),
                 everything = toml_string(everything_server().to_str().unwrap()),
                 html = toml_string(HTML_DESCRIPTION),
@@ -176,16 +177,17 @@ impl Fleet {
             .collect()
     }
 
-    /// Publishes an `echo` request whose answer goes to `topic`.
-    fn request_echo(&self, request_id: &str, message: &str, topic: &str) {
+    /// Publishes a request of `html_note` (which only `main` hosts, so only `main` handles it)
+    /// whose answer goes to `topic`.
+    fn request_note(&self, request_id: &str, text: &str, topic: &str) {
         let payload = json!({
             "id": uuid::Uuid::new_v4().to_string(),
             "source": "agent:console-test",
             "specversion": "1.0",
-            "type": "echo.requested",
+            "type": "html_note.requested",
             "topic": "action-requests",
             "response_topic": topic,
-            "data": {"request_id": request_id, "message": message},
+            "data": {"request_id": request_id, "text": text},
         });
         let _: String = redis::cmd("XADD")
             .arg("action-requests")
@@ -342,8 +344,8 @@ fn a_dead_letter_is_replayed_and_answered_and_another_deleted_from_the_page() {
         redis::cmd("SET").arg(topic).arg("not a stream").query(&mut fleet.redis.connection()).unwrap();
     let replay_id = format!("replay-{}", uuid::Uuid::new_v4().simple());
     let delete_id = format!("delete-{}", uuid::Uuid::new_v4().simple());
-    fleet.request_echo(&replay_id, "replayed from the console", topic);
-    fleet.request_echo(&delete_id, "deleted from the console", topic);
+    fleet.request_note(&replay_id, "replayed from the console", topic);
+    fleet.request_note(&delete_id, "deleted from the console", topic);
     for id in [&replay_id, &delete_id] {
         wait_for(&format!("the dead letter of {id}"), || (!fleet.letters_of(id).is_empty()).then_some(()));
     }
@@ -364,7 +366,7 @@ fn a_dead_letter_is_replayed_and_answered_and_another_deleted_from_the_page() {
         fleet.answers(topic).into_iter().find(|answer| answer["request_id"] == replay_id.as_str())
     });
     assert_eq!(answer["success"], true, "{answer}");
-    assert_eq!(answer["result"], json!({"message": "replayed from the console"}), "{answer}");
+    assert_eq!(answer["result"], "replayed from the console\n", "{answer}");
     assert!(fleet.letters_of(&replay_id).is_empty() && fleet.letters_of(&delete_id).is_empty());
     std::thread::sleep(Duration::from_secs(1));
     assert!(
