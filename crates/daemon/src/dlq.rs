@@ -144,15 +144,35 @@ impl DeadLetters {
     /// The dead letters of the configured toolbox, over `streams` and `store`.
     pub fn new(streams: Arc<dyn Streams>, store: Arc<dyn Directory>, config: &Config) -> DeadLetters {
         let raw = &config.raw;
-        let keys = config.keys();
+        DeadLetters::of(streams, store, config.keys(), &raw.daemon.toolbox_id, &raw.streams.requests)
+    }
+
+    /// The dead letters of toolbox `toolbox_id`, whose requests come from `requests_stream`
+    /// (a bare name), over `streams` and `store`: what the console uses for every toolbox.
+    pub fn of(
+        streams: Arc<dyn Streams>,
+        store: Arc<dyn Directory>,
+        keys: Keys,
+        toolbox_id: &str,
+        requests_stream: &str,
+    ) -> DeadLetters {
         DeadLetters {
-            topic: keys.dead_letters(&raw.daemon.toolbox_id),
-            requests: keys.topic(&raw.streams.requests),
-            requests_stream: raw.streams.requests.clone(),
+            topic: keys.dead_letters(toolbox_id),
+            requests: keys.topic(requests_stream),
+            requests_stream: requests_stream.to_owned(),
             keys,
             streams,
             store,
         }
+    }
+
+    /// The letter whose dead-letter id is `dlq_id`, if it exists.
+    ///
+    /// # Errors
+    /// Redis cannot be read.
+    pub async fn get(&self, dlq_id: &str) -> Result<Option<Letter>, BusError> {
+        let entries = self.streams.read_back(&self.topic, dlq_id, 1).await?;
+        Ok(entries.iter().find(|entry| entry.entry_id == dlq_id).map(Letter::from_entry))
     }
 
     /// The full key of the dead-letter stream.
