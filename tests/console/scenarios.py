@@ -153,6 +153,12 @@ def http(
         return error.code, dict(error.headers), error.read().decode()
 
 
+def cell(row: WebElement, css: str) -> str:
+    """The text of a cell of `row`, also while the row is hidden (by a filter), where
+    Selenium's `.text` gives ""."""
+    return (row.find_element(By.CSS_SELECTOR, css).get_attribute("textContent") or "").strip()
+
+
 def fleet_rows(console: Console) -> dict[str, Any]:
     """What the fleet page shows, as data."""
     return {
@@ -279,22 +285,25 @@ def try_it(console: Console, slow_seconds: str) -> dict[str, Any]:
 
     # The calls page lists both calls, newest first; the filter narrows it; a call's detail.
     console.nav("calls", "/calls")
-    wanted = {report["echo_request_id"], report["slow_request_id"]}
-
     def calls() -> list[dict[str, str]]:
         return [
             {
                 "request_id": row.get_attribute("data-request-id") or "",
-                "tool": row.find_element(By.CSS_SELECTOR, "td.tool").text.strip(),
-                "tenant": row.find_element(By.CSS_SELECTOR, "td.tenant").text.strip(),
-                "door": row.find_element(By.CSS_SELECTOR, "td.door").text.strip(),
-                "outcome": row.find_element(By.CSS_SELECTOR, "td.outcome").text.strip(),
+                "tool": cell(row, "td.tool"),
+                "tenant": cell(row, "td.tenant"),
+                "door": cell(row, "td.door"),
+                "outcome": cell(row, "td.outcome"),
                 "displayed": str(row.is_displayed()).lower(),
             }
             for row in console.all("table#calls tr[data-request-id]")
         ]
 
-    console.wait(lambda: wanted <= {row["request_id"] for row in calls()}, "both calls on the calls page")
+    # Each toolbox that read a call logs it; the one that ran it logs its outcome.
+    def logged() -> bool:
+        seen = {(row["request_id"], row["outcome"]) for row in calls()}
+        return (report["echo_request_id"], "success") in seen and (report["slow_request_id"], "cancelled") in seen
+
+    console.wait(logged, "both calls' outcomes on the calls page")
     report["calls"] = calls()
     report["screenshot_calls"] = console.screenshot("calls")
     console.one("input#calls-filter").send_keys("slow_sleep")
@@ -303,7 +312,11 @@ def try_it(console: Console, slow_seconds: str) -> dict[str, Any]:
         "the calls filter",
     )
     report["calls_filtered"] = [row["request_id"] for row in calls() if row["displayed"] == "true"]
-    echo_row = console.one(f'table#calls tr[data-request-id="{report["echo_request_id"]}"]')
+    echo_row = next(
+        row
+        for row in console.all(f'table#calls tr[data-request-id="{report["echo_request_id"]}"]')
+        if cell(row, "td.outcome") == "success"
+    )
     console.driver.get(echo_row.find_element(By.CSS_SELECTOR, "a.call-link").get_attribute("href") or "")
     console.wait(lambda: console.text("span#call-outcome"), "the call's detail")
     report["detail_outcome"] = console.text("span#call-outcome")
