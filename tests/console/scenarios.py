@@ -7,7 +7,8 @@ started, with its fleet, Redis and dead letters.
 The token comes from the environment (CONSOLE_TOKEN), never from the command line. Each
 scenario waits for what the page must show (a wait that runs out raises, with the page's text,
 and the process exits 1), saves a screenshot of each page it visits under the artifacts
-directory, and prints one JSON report as its last line for the Rust test to check.
+directory, and prints one JSON report as its last line for the Rust test to check (also saved
+there as report-<scenario>.json).
 
 Scenarios:
     pages                 the login, the fleet (the second toolbox, the hosted MCP server's
@@ -135,7 +136,8 @@ class Console:
 def http(
     url: str, method: str = "GET", headers: dict[str, str] | None = None, body: Any = None
 ) -> tuple[int, dict[str, str], str]:
-    """One HTTP request without cookies and without following redirects: status, headers, body."""
+    """One HTTP request without cookies and without following redirects: status, headers (by
+    lower-case name), body."""
 
     class NoRedirect(urllib.request.HTTPRedirectHandler):
         def redirect_request(self, *args: Any, **kwargs: Any) -> None:
@@ -148,9 +150,13 @@ def http(
     opener = urllib.request.build_opener(NoRedirect)
     try:
         with opener.open(request, timeout=WAIT_S) as response:
-            return response.status, dict(response.headers), response.read().decode()
+            return response.status, lower(response.headers), response.read().decode()
     except urllib.error.HTTPError as error:
-        return error.code, dict(error.headers), error.read().decode()
+        return error.code, lower(error.headers), error.read().decode()
+
+
+def lower(headers: Any) -> dict[str, str]:
+    return {name.lower(): value for name, value in headers.items()}
 
 
 def cell(row: WebElement, css: str) -> str:
@@ -435,7 +441,7 @@ def refusals(console: Console) -> dict[str, Any]:
         return {
             "status": status,
             "body": body[:400],
-            "csp": headers.get("Content-Security-Policy") or headers.get("content-security-policy"),
+            "csp": headers.get("content-security-policy"),
         }
 
     report["page_no_token"] = record(*http(base + "/fleet"))
@@ -444,7 +450,7 @@ def refusals(console: Console) -> dict[str, Any]:
     report["page_wrong_bearer"] = record(*http(base + "/fleet", headers={"Authorization": "Bearer not-the-token-0123456789"}))
     report["api_bearer"] = record(*http(base + "/api/fleet", headers=bearer))
     status, headers, _ = http(base + "/?token=" + console.token)
-    report["login"] = {"status": status, "location": headers.get("Location"), "set_cookie": headers.get("Set-Cookie")}
+    report["login"] = {"status": status, "location": headers.get("location"), "set_cookie": headers.get("set-cookie")}
 
     # The CSRF token of a page fetched with the bearer token.
     status, _, page = http(base + "/fleet", headers=bearer)
@@ -500,6 +506,7 @@ def main() -> int:
             console.close()
         raise
     console.close()
+    (Path(artifacts) / f"report-{scenario}.json").write_text(json.dumps(report, indent=2))
     print(json.dumps(report))
     return 0
 
