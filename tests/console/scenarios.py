@@ -90,11 +90,12 @@ class Console:
     def screenshot(self, name: str) -> str:
         self.artifacts.mkdir(parents=True, exist_ok=True)
         path = self.artifacts / f"{name}.png"
-        # The whole page, not only the window: the body's height decides.
+        # The whole page, not only the window: the page's height plus the window's own frame.
         height = self.driver.execute_script(
             "return Math.max(document.body.scrollHeight, document.documentElement.scrollHeight)"
+            " + (window.outerHeight - window.innerHeight)"
         )
-        self.driver.set_window_size(1366, max(900, min(int(height) + 40, 4000)))
+        self.driver.set_window_size(1366, max(900, min(int(height), 4000)))
         self.driver.save_screenshot(str(path))
         self.driver.set_window_size(1366, 900)
         return str(path)
