@@ -14,8 +14,8 @@ Scenarios:
     pages                 the login, the fleet (the second toolbox, the hosted MCP server's
                           state) and the tools page with its search
     try-it <slow secs>    echo's try-it form: a wrong type is refused in the browser, then a
-                          call is answered; a slow command is cancelled from the page; the
-                          calls page and a call's detail
+                          call is answered; a hosted MCP tool's progress; a slow command is
+                          cancelled from the page; the calls page and a call's detail
     dlq <replay id> <delete id>
                           the dead letters page: one letter replayed, one deleted
     script                a tool description holding <script> renders as text and never runs
@@ -237,7 +237,8 @@ def pages(console: Console) -> dict[str, Any]:
 
 
 def try_it(console: Console, slow_seconds: str) -> dict[str, Any]:
-    """echo's try-it form (a wrong type, then a call), a cancelled slow call, the calls page."""
+    """echo's try-it form (a wrong type, then a call), progress, a cancelled slow call, the calls
+    page."""
     report: dict[str, Any] = {}
     console.login()
     console.open("/tools/echo")
@@ -269,6 +270,34 @@ def try_it(console: Console, slow_seconds: str) -> dict[str, Any]:
     report["echo_result"] = json.loads(console.text("pre#result"))
     report["echo_errors_left"] = len(console.all("ul#errors > li"))
     report["screenshot_try_it"] = console.screenshot("try-it")
+
+    # A hosted MCP tool that reports progress: its entries are listed as they come, then the
+    # answer. Its arguments are numbers: text in a number field is refused first.
+    console.open("/tools/everything__trigger-long-running-operation")
+    fields = {}
+    for pointer in ("/duration", "/steps"):
+        fields[pointer] = console.wait(
+            lambda: console.one(f'form#try-it input[data-pointer="{pointer}"]'), f"the {pointer} field"
+        )
+    report["number_fields"] = {
+        pointer: {"type": field.get_attribute("type"), "data_type": field.get_attribute("data-type")}
+        for pointer, field in fields.items()
+    }
+    fields["/duration"].clear()
+    fields["/duration"].send_keys("two")
+    fields["/steps"].clear()
+    fields["/steps"].send_keys("4")
+    console.one("button#call").click()
+    error = console.wait(lambda: console.one('ul#errors > li[data-pointer="/duration"]'), "an error at /duration")
+    report["text_in_number_error"] = error.text.strip()
+    report["text_in_number_request_id"] = console.text("span#request-id")
+    fields["/duration"].clear()
+    fields["/duration"].send_keys("2")
+    console.one("button#call").click()
+    console.wait(lambda: console.text("span#call-state") == "answered", "the long-running operation answered")
+    report["progress"] = [item.text.strip() for item in console.all("ol#progress > li")]
+    report["progress_result"] = json.loads(console.text("pre#result"))
+    report["screenshot_progress"] = console.screenshot("try-it-progress")
 
     # A slow command, cancelled from the page once its process runs.
     console.open("/tools/slow_sleep")

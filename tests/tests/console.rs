@@ -29,9 +29,10 @@ static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 /// How long a wait on Redis may take.
 const WAIT: Duration = Duration::from_secs(30);
 
-/// The seconds the slow call sleeps; a number no other process on the machine is likely to
-/// sleep, since the browser scenario looks for the `sleep` process by it.
-const SLOW_SECONDS: &str = "4711";
+/// The seconds the slow call sleeps: a number no other process on the machine is likely to
+/// sleep, since the browser scenario looks for the `sleep` process by it, and short enough that
+/// a `sleep` left behind by a failed run (its daemon killed) does not linger long.
+const SLOW_SECONDS: &str = "127";
 
 /// The description of `html_note` (which echoes its `text`): each part would set
 /// `window.__consoleXss` if the page ran it.
@@ -92,7 +93,7 @@ impl Fleet {
                  [tools.terminal]\nrun_as = {user}\n\n\
                  [[mcp_servers]]\nname = \"everything\"\ncommand = \"node\"\nargs = [{everything}, \"stdio\"]\n\n\
                  [[commands]]\nname = \"slow_sleep\"\ndescription = \"Sleep for the given number of seconds.\"\n\
-                 argv = [\"sleep\", \"{{seconds}}\"]\ntimeout_ms = 600000\n\n\
+                 argv = [\"sleep\", \"{{seconds}}\"]\ntimeout_ms = 180000\n\n\
                  [[commands]]\nname = \"html_note\"\ndescription = {html}\nargv = [\"echo\", \"{{text}}\"]\n",
                 user = toml_string(&user()),
                 everything = toml_string(everything_server().to_str().unwrap()),
@@ -293,6 +294,17 @@ fn the_try_it_form_refuses_a_wrong_type_then_calls_and_a_slow_call_is_cancelled(
     assert_eq!(report["echo_result"]["result"], json!({"message": "hello from the console"}), "{report}");
     assert_eq!(report["echo_errors_left"], 0, "the errors are gone once the call is valid: {report}");
 
+    // server-everything's long-running operation: number fields, where text is refused in the
+    // browser; then 4 steps in 2 s, each a progress entry.
+    for pointer in ["/duration", "/steps"] {
+        assert_eq!(report["number_fields"][pointer]["data_type"], "number", "{report}");
+    }
+    assert!(!report["text_in_number_error"].as_str().unwrap().is_empty(), "{report}");
+    assert_eq!(report["text_in_number_request_id"], "", "no call was sent: {report}");
+    let progress = report["progress"].as_array().unwrap();
+    assert!(progress.len() >= 2, "progress entries listed: {report}");
+    assert_eq!(report["progress_result"]["success"], true, "{report}");
+
     let slow_id = report["slow_request_id"].as_str().unwrap();
     assert!(!slow_id.is_empty() && slow_id != echo_id, "{report}");
     assert_eq!(report["slow_result"]["success"], false, "{report}");
@@ -336,7 +348,13 @@ fn the_try_it_form_refuses_a_wrong_type_then_calls_and_a_slow_call_is_cancelled(
         console_entries.iter().all(|entry| entry.get("tenant").is_some_and(|tenant| tenant == "console")),
         "{console_entries:?}"
     );
-    for key in ["screenshot_try_it", "screenshot_cancelled", "screenshot_calls", "screenshot_call_detail"] {
+    for key in [
+        "screenshot_try_it",
+        "screenshot_progress",
+        "screenshot_cancelled",
+        "screenshot_calls",
+        "screenshot_call_detail",
+    ] {
         check_screenshot(&report, key);
     }
 }
