@@ -514,6 +514,8 @@ def refusals(console: Console) -> dict[str, Any]:
 
 def main() -> int:
     scenario, base, artifacts, *args = sys.argv[1:]
+    # A failure's screenshot from an earlier run would mislead.
+    (Path(artifacts) / f"failed-{scenario}.png").unlink(missing_ok=True)
     console = Console(base, Path(artifacts))
     try:
         if scenario == "pages":
