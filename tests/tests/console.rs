@@ -323,10 +323,9 @@ fn the_try_it_form_refuses_a_wrong_type_then_calls_and_a_slow_call_is_cancelled(
     assert_eq!(report["slow_result"]["error_code"], "cancelled", "{report}");
     assert_eq!(report["slow_cancel_enabled_after"], false, "Cancel is off once the call ended: {report}");
 
-    // The calls page: both calls, made for the console's tenant, and their outcomes. Both
-    // toolboxes log every request they read: the one that ran the call logs its outcome, the
-    // other `duplicate` (it acked its copy; a toolbox that does not host the tool logs it as
-    // `_unknown`, as its statistics do).
+    // The calls page: both calls, made for the console's tenant, and their outcomes. The
+    // toolbox that ran a call logs its outcome; another toolbox hosting the same tool logs
+    // `duplicate` for its acked copy, and one that does not host it logs nothing.
     let calls = report["calls"].as_array().unwrap();
     let rows = |id: &str| -> Vec<&Value> { calls.iter().filter(|row| row["request_id"] == id).collect() };
     for (id, tool, outcome) in [(echo_id, "echo", "success"), (slow_id, "slow_sleep", "cancelled")] {

@@ -318,8 +318,12 @@ impl<D: Door> Lifecycle<D> {
             services.stats.record(tool, code, duration);
         }
         services.telemetry.invocation(tool, outcome.label(), duration);
+        // Not logged: entries the door ignores, and a sibling's call this toolbox does not
+        // host (acked as its duplicate), so each call has one line, the host's.
+        let not_ours = outcome == Outcome::Duplicate && tool == UNKNOWN_TOOL_LABEL;
         if let Some(log) = &services.call_log
             && outcome != Outcome::Ignored
+            && !not_ours
         {
             log.record(crate::call_log::Record {
                 request_id: request.as_ref().map_or_else(|| entry.id.clone(), |r| self.door.ledger_id(r)),
