@@ -201,6 +201,9 @@ pub struct AclNames<'a> {
     pub results: &'a str,
     /// `[streams] response_topics`, glob patterns already.
     pub response_topics: &'a [String],
+    /// Whether every toolbox's dead letters are reached (`dlq:*`): the console shows, replays
+    /// and deletes them.
+    pub every_dead_letter: bool,
 }
 
 impl Keys {
@@ -219,6 +222,11 @@ impl Keys {
             format!("{prefix}stream:*"),
             literal(&format!("dlq:{}", names.toolbox_id)),
             literal(&format!("dlq:{}", names.agent_name)),
+            if names.every_dead_letter {
+                format!("{prefix}dlq:*")
+            } else {
+                literal(&format!("dlq:{}", names.toolbox_id))
+            },
             format!("{prefix}audit:*"),
             format!("{prefix}calls:*"),
             format!("{prefix}toolhost:ledger:*"),

@@ -113,6 +113,7 @@ impl Publisher {
             "version": env!("CARGO_PKG_VERSION"),
             "tools": registry.names(),
             "hosted": hosted,
+            "sources": self.telemetry.sources(),
             "at": toolhost_envelope::now_rfc3339(),
         });
         let key = self.heartbeat_key();

@@ -29,6 +29,7 @@ pub fn setuser_line(config: &Config, user: &str) -> Result<String, String> {
         requests: &raw.streams.requests,
         results: &raw.streams.results,
         response_topics: &raw.streams.response_topics,
+        every_dead_letter: raw.doors.console.listen_addr().is_some(),
     };
     let patterns = config.keys().acl_patterns(&names);
     let selects_db =
@@ -84,5 +85,14 @@ mod tests {
         assert!(cluster.contains(" ~{*}answer:* ") && cluster.contains(" +cluster|slots"), "{cluster}");
         assert!(!cluster.contains("+select"), "{cluster}");
         assert!(setuser_line(&config(&[]), "two words").is_err());
+    }
+
+    #[test]
+    fn a_console_reaches_every_toolboxs_dead_letters() {
+        let plain = setuser_line(&config(&[]), "toolhost").unwrap();
+        assert!(plain.contains(" ~dlq:toolhost ") && !plain.contains("~dlq:*"), "{plain}");
+        let console =
+            setuser_line(&config(&[("TOOLHOST__CONSOLE__LISTEN", "127.0.0.1:8930")]), "toolhost").unwrap();
+        assert!(console.contains(" ~dlq:* "), "{console}");
     }
 }

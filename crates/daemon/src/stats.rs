@@ -55,8 +55,8 @@ impl Stats {
         Some(stats.total / u32::try_from(stats.requests).unwrap_or(u32::MAX))
     }
 
-    /// `{"tools": {"<name>": {"requests", "errors": {"<code>": n}, "mean_ms", "p99_ms"}}}`, the p99
-    /// over the most recent 2048 calls of each tool.
+    /// `{"tools": {"<name>": {"requests", "errors": {"<code>": n}, "mean_ms", "p50_ms",
+    /// "p99_ms"}}}`, the percentiles over the most recent 2048 calls of each tool.
     pub fn snapshot(&self) -> Value {
         let tools = self.tools.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let mut names: Vec<&String> = tools.keys().collect();
@@ -66,7 +66,10 @@ impl Stats {
             let stats = &tools[name];
             let mut sorted = stats.recent.clone();
             sorted.sort_unstable();
-            let p99 = sorted.get((sorted.len() * 99).div_ceil(100).saturating_sub(1)).copied().unwrap_or(0);
+            let rank = |percent: usize| {
+                sorted.get((sorted.len() * percent).div_ceil(100).saturating_sub(1)).copied().unwrap_or(0)
+            };
+            let (p50, p99) = (rank(50), rank(99));
             let mean = if stats.requests == 0 {
                 0.0
             } else {
@@ -78,6 +81,7 @@ impl Stats {
                     "requests": stats.requests,
                     "errors": stats.errors,
                     "mean_ms": mean,
+                    "p50_ms": p50 as f64 / 1000.0,
                     "p99_ms": p99 as f64 / 1000.0,
                 }),
             );
@@ -101,6 +105,7 @@ mod tests {
         assert_eq!(echo["requests"], 100);
         assert_eq!(echo["errors"]["timeout"], 10);
         assert_eq!(echo["mean_ms"], 50.5);
+        assert_eq!(echo["p50_ms"], 50.0);
         assert_eq!(echo["p99_ms"], 99.0);
     }
 }

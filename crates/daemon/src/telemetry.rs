@@ -99,6 +99,8 @@ struct Inner {
     /// Why a door that keeps a connection of its own (the OVOS messagebus) is not ready, by
     /// door; `None` while it is.
     doors_down: std::sync::Mutex<std::collections::BTreeMap<&'static str, Option<&'static str>>>,
+    /// Each tool source's last `up` and since when (RFC 3339) it has been so.
+    source_since: std::sync::Mutex<std::collections::HashMap<String, (bool, String)>>,
     reloads: Counter,
     reload_failures: Counter,
     /// The handles of [`INVOCATIONS`] and [`INVOCATION_DURATION`] by tool label, so counting an
@@ -157,6 +159,7 @@ impl Telemetry {
             redis_up: gauge(REDIS_UP),
             status: std::sync::Mutex::new(serde_json::json!({"sources": []})),
             doors_down: std::sync::Mutex::new(std::collections::BTreeMap::new()),
+            source_since: std::sync::Mutex::new(std::collections::HashMap::new()),
             reloads: counter(RELOADS),
             reload_failures: counter(RELOAD_FAILURES),
             invocations: std::sync::Mutex::new(HashMap::new()),
@@ -264,11 +267,29 @@ impl Telemetry {
 
     /// Records the state of every tool source: `toolhost_source_up{source}` and the `/status`
     /// page's `sources`.
-    pub fn set_sources(&self, sources: &[(String, bool)], details: serde_json::Value) {
+    ///
+    /// Each source's details get `since`: when (RFC 3339) it last went up or down.
+    pub fn set_sources(&self, sources: &[(String, bool)], mut details: serde_json::Value) {
+        let mut since = self.inner.source_since.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         for (name, up) in sources {
             let labels = vec![Label::new("source", name.clone())];
             self.gauge(Key::from_parts(SOURCE_UP, labels)).set(if *up { 1.0 } else { 0.0 });
+            match since.get_mut(name) {
+                Some(known) if known.0 == *up => {}
+                Some(known) => *known = (*up, toolhost_envelope::now_rfc3339()),
+                None => {
+                    since.insert(name.clone(), (*up, toolhost_envelope::now_rfc3339()));
+                }
+            }
         }
+        for source in details.as_array_mut().into_iter().flatten() {
+            let known =
+                source.get("name").and_then(serde_json::Value::as_str).and_then(|name| since.get(name));
+            if let Some((_, at)) = known {
+                source["since"] = serde_json::json!(at);
+            }
+        }
+        drop(since);
         let mut status = self.inner.status.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         status["sources"] = details;
     }
@@ -286,6 +307,12 @@ impl Telemetry {
         self.gauge(Key::from_static_name(FLEET_CONFLICTS)).set(conflicts as f64);
         let mut status = self.inner.status.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         status["fleet"] = fleet;
+    }
+
+    /// The tool sources' states, as the `/status` page shows them.
+    pub fn sources(&self) -> serde_json::Value {
+        let status = self.inner.status.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        status["sources"].clone()
     }
 
     /// The `/status` page: readiness and the tool sources.

@@ -44,7 +44,7 @@ fn normalise(value: &Value) -> Value {
                         | "request_entry_id" | "envelope_id" => {
                             json!(format!("<{key}>"))
                         }
-                        "duration_ms" | "mean_ms" | "p99_ms" => json!("<ms>"),
+                        "duration_ms" | "mean_ms" | "p50_ms" | "p99_ms" => json!("<ms>"),
                         _ => normalise(value),
                     };
                     (key.clone(), stable)

@@ -59,3 +59,6 @@ mod cancel;
 
 /// Issue 25: signed requests, tenant policy, rate and in-flight limits, the audit stream.
 mod auth;
+
+/// Issue 26: the web console over HTTP: access, escaping, the call log, dead-letter replay.
+mod console;

@@ -7,6 +7,8 @@
 //!   served the whole fleet's tools through the fleet client.
 //! - [`ovos`]: the OpenVoiceOS messagebus (`[ovos] url`), where toolhost answers as a `ToolBox`
 //!   with the whole fleet's tools.
+//! - [`console`]: the web console (`[console] listen`), where operators see the fleet, call a
+//!   tool from a form, follow calls and replay dead letters.
 //!
 //! The two stream doors read a consumer group and implement [`crate::call::Door`], which the
 //! call lifecycle drives. A door that speaks another protocol (MCP, a message bus) is a client of
@@ -79,6 +81,7 @@ pub(crate) async fn start(
     let mut running = Vec::new();
     running.extend(mcp::start(config, bus.clone(), stop.clone()).await?);
     running.extend(ovos::start(config, bus.clone(), telemetry, stop.clone()).await?);
+    running.extend(console::start(config, bus, stop.clone()).await?);
     Ok(running)
 }
 

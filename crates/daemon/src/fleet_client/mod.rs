@@ -234,16 +234,45 @@ impl FleetClient {
         request: &Request,
         progress: Option<mpsc::UnboundedSender<Progress>>,
     ) -> Result<ResultData, CallFailure> {
+        let wait = request.timeout + ANSWER_MARGIN;
+        self.wait_for(&request.request_id, progress, wait, self.submit(request)).await
+    }
+
+    /// Sends a request of another type than a call (`tools.stats`, `tools.discover`) with a new
+    /// request id added to `data`, and waits up to `wait` for its answer.
+    ///
+    /// # Errors
+    /// The request could not be published, or nothing answered within `wait`.
+    pub(crate) async fn ask(
+        &self,
+        event_type: &str,
+        mut data: Map<String, Value>,
+        wait: Duration,
+    ) -> Result<ResultData, CallFailure> {
+        let request_id = new_message_id();
+        data.insert("request_id".to_owned(), json!(request_id));
+        let inner = &self.inner;
+        let publish = inner.publish(event_type, data, &request_id, &inner.private_topic, (None, None));
+        self.wait_for(&request_id, None, wait, publish).await
+    }
+
+    /// Registers a waiter for `request_id`'s answer, runs `send`, and waits up to `wait`.
+    async fn wait_for(
+        &self,
+        request_id: &str,
+        progress: Option<mpsc::UnboundedSender<Progress>>,
+        wait: Duration,
+        send: impl Future<Output = Result<(), CallFailure>>,
+    ) -> Result<ResultData, CallFailure> {
         let inner = &self.inner;
         if inner.stop.is_cancelled() {
             return Err(CallFailure::Closed);
         }
         let (answer, receiver) = oneshot::channel();
-        inner.lock().calls.entry(request.request_id.clone()).or_default().push(Waiter { answer, progress });
+        inner.lock().calls.entry(request_id.to_owned()).or_default().push(Waiter { answer, progress });
         // Removes this call's waiter however the wait ends.
-        let _forget = Forget { inner, request_id: &request.request_id };
-        self.submit(request).await?;
-        let wait = request.timeout + ANSWER_MARGIN;
+        let _forget = Forget { inner, request_id };
+        send.await?;
         match tokio::time::timeout(wait, receiver).await {
             Ok(Ok(answer)) => Ok(answer),
             Ok(Err(_closed)) => Err(CallFailure::Closed),

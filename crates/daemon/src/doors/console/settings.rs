@@ -54,7 +54,6 @@ impl Settings {
     }
 
     /// The tenant of the console's calls, if any.
-    #[expect(dead_code, reason = "the console's calls use it (next commit)")]
     pub(crate) fn tenant(&self) -> Option<String> {
         Some(self.tenant.trim()).filter(|tenant| !tenant.is_empty()).map(str::to_owned)
     }

@@ -1,0 +1,359 @@
+//! What the console shows, read from Redis: the replicas' heartbeats, the consumer groups of the
+//! requests stream, the call logs, the ledger's kept answers and the dead letters.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde::Deserialize;
+use serde_json::{Value, json};
+use toolhost_bus::{Error as BusError, GroupInfo};
+use toolhost_envelope::Entry;
+
+use super::Console;
+use crate::dlq::{DeadLetters, Letter};
+
+/// One live replica, as its heartbeat says.
+#[derive(Debug, Clone, Deserialize)]
+pub(crate) struct Replica {
+    pub toolbox_id: String,
+    pub consumer: String,
+    #[serde(default)]
+    pub version: String,
+    /// When it last beat (RFC 3339).
+    #[serde(default)]
+    pub at: String,
+    /// Its enabled tools, with their description hashes.
+    #[serde(default)]
+    pub hosted: BTreeMap<String, Hosted>,
+    /// Its tool sources (hosted MCP servers, the OVOS source) and their states.
+    #[serde(default)]
+    pub sources: Vec<Source>,
+}
+
+/// One hosted tool of a heartbeat.
+#[derive(Debug, Clone, Deserialize)]
+pub(crate) struct Hosted {
+    #[serde(default)]
+    pub hash: String,
+}
+
+/// One tool source of a replica.
+#[derive(Debug, Clone, Deserialize)]
+pub(crate) struct Source {
+    pub name: String,
+    #[serde(default)]
+    pub transport: String,
+    #[serde(default)]
+    pub up: bool,
+    #[serde(default)]
+    pub restarts: u64,
+    #[serde(default)]
+    pub tools: u64,
+    #[serde(default)]
+    pub last_error: Option<String>,
+    /// Since when it has been up or down.
+    #[serde(default)]
+    pub since: Option<String>,
+}
+
+impl Source {
+    /// `up`; `starting` before its first connection; `down` while it fails and is retried.
+    pub(crate) fn state(&self) -> &'static str {
+        match (self.up, self.restarts, &self.last_error) {
+            (true, _, _) => "up",
+            (false, 0, None) => "starting",
+            (false, _, _) => "down",
+        }
+    }
+}
+
+/// What the fleet page shows.
+#[derive(Debug)]
+pub(crate) struct FleetView {
+    pub replicas: Vec<Replica>,
+    /// Tool name to its versions: description hash and the toolboxes serving it.
+    pub conflicts: BTreeMap<String, BTreeMap<String, BTreeSet<String>>>,
+    pub groups: Result<Vec<GroupInfo>, String>,
+    /// Whether Redis answered a `PING`, and in how many microseconds.
+    pub redis: Result<u128, String>,
+}
+
+impl FleetView {
+    /// The view as JSON (`/api/fleet`).
+    pub(crate) fn to_json(&self, console: &Console) -> Value {
+        let replicas: Vec<Value> = self
+            .replicas
+            .iter()
+            .map(|replica| {
+                json!({
+                    "toolbox_id": replica.toolbox_id,
+                    "consumer": replica.consumer,
+                    "version": replica.version,
+                    "at": replica.at,
+                    "tools": replica.hosted.keys().collect::<Vec<_>>(),
+                    "sources": replica.sources.iter().map(|source| json!({
+                        "name": source.name,
+                        "transport": source.transport,
+                        "state": source.state(),
+                        "since": source.since,
+                        "restarts": source.restarts,
+                        "tools": source.tools,
+                        "last_error": source.last_error,
+                    })).collect::<Vec<_>>(),
+                })
+            })
+            .collect();
+        json!({
+            "replicas": replicas,
+            "conflicts": self.conflicts,
+            "groups": match &self.groups {
+                Ok(groups) => json!(groups.iter().map(|group| json!({
+                    "name": group.name, "pending": group.pending, "lag": group.lag,
+                })).collect::<Vec<_>>()),
+                Err(err) => json!({"error": err}),
+            },
+            "redis": {
+                "topology": console.topology,
+                "address": console.redis,
+                "up": self.redis.is_ok(),
+                "ping_us": self.redis.as_ref().ok(),
+                "error": self.redis.as_ref().err(),
+            },
+        })
+    }
+}
+
+/// Reads the live replicas, the conflicts among their tools, the groups and Redis's health.
+pub(crate) async fn fleet(console: &Console) -> FleetView {
+    let bus = &console.bus;
+    let started = Instant::now();
+    let redis = bus.ping().await.map(|()| started.elapsed().as_micros()).map_err(|err| err.to_string());
+    let replicas = replicas(console).await.unwrap_or_default();
+    let mut conflicts: BTreeMap<String, BTreeMap<String, BTreeSet<String>>> = BTreeMap::new();
+    for replica in &replicas {
+        for (name, hosted) in &replica.hosted {
+            conflicts
+                .entry(name.clone())
+                .or_default()
+                .entry(hosted.hash.clone())
+                .or_default()
+                .insert(replica.toolbox_id.clone());
+        }
+    }
+    conflicts.retain(|_, versions| versions.len() > 1);
+    let groups =
+        bus.group_info(&console.keys.topic(&console.requests_stream)).await.map_err(|err| err.to_string());
+    FleetView { replicas, conflicts, groups, redis }
+}
+
+/// The live replicas, sorted by toolbox and consumer.
+async fn replicas(console: &Console) -> Result<Vec<Replica>, BusError> {
+    let bus = &console.bus;
+    let keys = bus.members(&console.keys.fleet()).await?;
+    let values = bus.values(&keys).await?;
+    let mut replicas: Vec<Replica> =
+        values.into_iter().flatten().filter_map(|text| serde_json::from_str(&text).ok()).collect();
+    replicas.sort_by(|a, b| (&a.toolbox_id, &a.consumer).cmp(&(&b.toolbox_id, &b.consumer)));
+    Ok(replicas)
+}
+
+/// One entry of a call log, with where it is.
+#[derive(Debug, Clone)]
+pub(crate) struct LoggedCall {
+    /// The toolbox whose log holds it.
+    pub toolbox_id: String,
+    /// Its id in that log.
+    pub log_id: String,
+    /// What the log says (see `call_log`).
+    pub fields: Value,
+}
+
+impl LoggedCall {
+    fn from_entry(toolbox_id: &str, entry: &Entry) -> Option<LoggedCall> {
+        let fields: Value = serde_json::from_str(entry.payload.as_deref()?).ok()?;
+        Some(LoggedCall { toolbox_id: toolbox_id.to_owned(), log_id: entry.entry_id.clone(), fields })
+    }
+
+    /// A field as text (`""` when absent).
+    pub(crate) fn text(&self, name: &str) -> String {
+        match self.fields.get(name) {
+            Some(Value::String(text)) => text.clone(),
+            Some(Value::Null) | None => String::new(),
+            Some(other) => other.to_string(),
+        }
+    }
+
+    /// The entry as the live view sends it.
+    pub(crate) fn to_json(&self) -> Value {
+        let mut value = self.fields.clone();
+        value["log_id"] = json!(self.log_id);
+        value["log_toolbox_id"] = json!(self.toolbox_id);
+        value
+    }
+}
+
+/// The newest `count` calls of every toolbox's log, newest first.
+pub(crate) async fn recent_calls(
+    console: &Console,
+    toolboxes: &BTreeSet<String>,
+    count: usize,
+) -> Vec<LoggedCall> {
+    let mut calls = Vec::new();
+    for toolbox in toolboxes {
+        let topic = console.keys.calls(toolbox);
+        let Ok(entries) = console.bus.read_back(&topic, "+", count).await else { continue };
+        calls.extend(entries.iter().filter_map(|entry| LoggedCall::from_entry(toolbox, entry)));
+    }
+    // Entry ids are milliseconds first: newest first across the logs.
+    calls.sort_by_key(|call| std::cmp::Reverse(entry_order(&call.log_id)));
+    calls.truncate(count);
+    calls
+}
+
+/// The calls logged after `cursors` (toolbox to last entry id seen), oldest first; the cursors
+/// move past them.
+pub(crate) async fn calls_after(
+    console: &Console,
+    cursors: &mut BTreeMap<String, String>,
+) -> Vec<LoggedCall> {
+    let mut calls = Vec::new();
+    for (toolbox, cursor) in cursors.iter_mut() {
+        let topic = console.keys.calls(toolbox);
+        let Ok(entries) = console.bus.read(&topic, cursor, 200, None).await else { continue };
+        if let Some(last) = entries.last() {
+            cursor.clone_from(&last.entry_id);
+        }
+        calls.extend(entries.iter().filter_map(|entry| LoggedCall::from_entry(toolbox, entry)));
+    }
+    calls.sort_by_key(|call| entry_order(&call.log_id));
+    calls
+}
+
+/// The newest entry id of a toolbox's call log (`0-0` when empty).
+pub(crate) async fn last_call_id(console: &Console, toolbox: &str) -> String {
+    console.bus.last_entry_id(&console.keys.calls(toolbox)).await.unwrap_or_else(|_| "0-0".to_owned())
+}
+
+/// One logged call, by toolbox and log id.
+pub(crate) async fn call(
+    console: &Console,
+    toolbox: &str,
+    log_id: &str,
+) -> Result<Option<LoggedCall>, BusError> {
+    let entries = console.bus.read_back(&console.keys.calls(toolbox), log_id, 1).await?;
+    Ok(entries
+        .iter()
+        .filter(|entry| entry.entry_id == log_id)
+        .find_map(|entry| LoggedCall::from_entry(toolbox, entry)))
+}
+
+/// The request entry of a logged call, if its stream still holds it.
+pub(crate) async fn request_entry(console: &Console, entry_id: &str) -> Result<Option<Entry>, BusError> {
+    let topic = console.keys.topic(&console.requests_stream);
+    let entries = console.bus.read_back(&topic, entry_id, 1).await?;
+    Ok(entries.into_iter().find(|entry| entry.entry_id == entry_id))
+}
+
+/// What the ledger keeps of a request's answer: the answer's message id, the entry it answered,
+/// and its `data` when kept (`[dispatch] kept_answer_max_bytes`).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct KeptAnswer {
+    pub answer_id: String,
+    pub entry_id: Option<String>,
+    pub data: Option<Value>,
+}
+
+/// The answered mark of a request of the requests stream, if it is there and readable (on a
+/// Redis Cluster the mark is not kept beside the stream, and this finds none).
+pub(crate) async fn kept_answer(console: &Console, request_id: &str) -> Result<Option<KeptAnswer>, BusError> {
+    let key = console.keys.answered(&console.requests_stream, request_id);
+    let values = console.bus.values(std::slice::from_ref(&key)).await?;
+    Ok(values.into_iter().next().flatten().map(|mark| parse_mark(&mark)))
+}
+
+/// Reads an answered mark: `<answer id>`, or `<answer id>\n<entry id>\n<data>`.
+fn parse_mark(mark: &str) -> KeptAnswer {
+    let mut parts = mark.splitn(3, '\n');
+    let answer_id = parts.next().unwrap_or_default().to_owned();
+    let entry_id = parts.next().filter(|id| !id.is_empty()).map(str::to_owned);
+    let data = parts.next().and_then(|data| serde_json::from_str(data).ok());
+    KeptAnswer { answer_id, entry_id, data }
+}
+
+/// The dead letters of a toolbox.
+pub(crate) fn dead_letters(console: &Console, toolbox: &str) -> DeadLetters {
+    let bus = console.bus.clone();
+    DeadLetters::of(bus.clone(), bus, console.keys.clone(), toolbox, &console.requests_stream)
+}
+
+/// Up to `count` letters of each toolbox, with the toolbox.
+pub(crate) async fn letters(
+    console: &Console,
+    toolboxes: &BTreeSet<String>,
+    count: usize,
+) -> Vec<(String, Result<Vec<Letter>, String>)> {
+    let mut all = Vec::new();
+    for toolbox in toolboxes {
+        let letters = dead_letters(console, toolbox).list(Some(count)).await.map_err(|err| err.to_string());
+        all.push((toolbox.clone(), letters));
+    }
+    all
+}
+
+/// Every toolbox the console knows of: the live ones and its own.
+pub(crate) async fn toolboxes(console: &Arc<Console>) -> BTreeSet<String> {
+    let mut toolboxes: BTreeSet<String> =
+        replicas(console).await.unwrap_or_default().into_iter().map(|replica| replica.toolbox_id).collect();
+    toolboxes.insert(console.toolbox_id.clone());
+    toolboxes
+}
+
+/// An entry id as numbers, for ordering (`0-0` for an unreadable one).
+fn entry_order(entry_id: &str) -> (u64, u64) {
+    let (ms, seq) = entry_id.split_once('-').unwrap_or((entry_id, "0"));
+    (ms.parse().unwrap_or(0), seq.parse().unwrap_or(0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn marks_with_and_without_kept_data_are_read() {
+        assert_eq!(
+            parse_mark("a1\n5-0\n{\"success\":true}"),
+            KeptAnswer {
+                answer_id: "a1".to_owned(),
+                entry_id: Some("5-0".to_owned()),
+                data: Some(json!({"success": true}))
+            }
+        );
+        assert_eq!(parse_mark("a1"), KeptAnswer { answer_id: "a1".to_owned(), entry_id: None, data: None });
+        assert_eq!(parse_mark("a1\n5-0\nnot json").data, None);
+    }
+
+    #[test]
+    fn source_states_follow_up_restarts_and_errors() {
+        let source = |up, restarts, last_error: Option<&str>| Source {
+            name: "s".to_owned(),
+            transport: "stdio".to_owned(),
+            up,
+            restarts,
+            tools: 0,
+            last_error: last_error.map(str::to_owned),
+            since: None,
+        };
+        assert_eq!(source(true, 3, Some("old")).state(), "up");
+        assert_eq!(source(false, 0, None).state(), "starting");
+        assert_eq!(source(false, 0, Some("refused")).state(), "down");
+        assert_eq!(source(false, 2, None).state(), "down");
+    }
+
+    #[test]
+    fn entry_ids_order_by_time_then_sequence() {
+        let mut ids = vec!["10-1", "9-5", "10-0", "bad"];
+        ids.sort_by_key(|id| entry_order(id));
+        assert_eq!(ids, ["bad", "9-5", "10-0", "10-1"]);
+    }
+}
