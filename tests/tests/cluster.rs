@@ -2,8 +2,8 @@
 //! are answered exactly once with response topics spread over the slots, across a replica
 //! killed mid-run, for duplicates naming another response topic, and across a coordinated
 //! failover of the shard holding the requests stream; the chat inbox, discovery, the client
-//! subcommands and `tool.cancel` (forwarded between replicas, answered from the claims) work
-//! there too.
+//! subcommands (`dlq replay` too) and `tool.cancel` (forwarded between replicas, answered from the
+//! claims) work there too.
 
 #![allow(clippy::unwrap_used)]
 
@@ -694,6 +694,72 @@ fn chat_inbox_discovery_dead_letters_and_the_client_subcommands_work_on_a_cluste
     let (code, stdout, _) = client(&cluster, &["check-config"]);
     assert_eq!(code, 0);
     assert!(stdout.contains("cluster_nodes"), "{stdout}");
+    assert_no_slot_errors(&toolhost);
+}
+
+/// `toolhost dlq replay`, run as a process, on a cluster: the replayed request runs and is
+/// answered once on its response topic, although an answer for its request id is already there
+/// (the replay deletes the answered mark next to that topic, in the topic's slot, as well as the
+/// claim in the requests stream's).
+#[test]
+fn a_dead_letter_replayed_with_the_cli_is_answered_on_its_response_topic_on_a_cluster() {
+    let cluster = RedisCluster::start(3, 0);
+    let toolhost = start(&cluster);
+    let mut connection = cluster.connection();
+    let wrong = "results:wrong";
+    assert_ne!(cluster.slot(wrong), cluster.slot(REQUESTS));
+    // The request names a response topic holding a key of another type: it is answered
+    // `internal` on the default topic and dead-lettered.
+    let () = redis::cmd("SET").arg(wrong).arg("a string").query(&mut connection).unwrap();
+    xadd(&mut connection, REQUESTS, &request("echo.requested", "rp-1", json!({"message": "first"}), wrong));
+    let letters = wait_for(&mut connection, "dlq:toolhost", 1);
+    assert_eq!(letters.len(), 1, "{letters:#?}");
+    let fallback = wait_for(&mut connection, "action-results", 1);
+    assert_eq!(fallback[0]["data"]["error_code"], "internal", "{fallback:?}");
+    // The cause is fixed, and the caller's own retry is answered there first: the request's
+    // answered mark now sits next to the topic, in its slot.
+    let () = redis::cmd("DEL").arg(wrong).query(&mut connection).map(|_: i64| ()).unwrap();
+    xadd(&mut connection, REQUESTS, &request("echo.requested", "rp-1", json!({"message": "retry"}), wrong));
+    let answered = wait_for(&mut connection, wrong, 1);
+    assert_eq!(answered.len(), 1, "{answered:#?}");
+    assert_eq!(answered[0]["data"]["result"]["message"], "retry");
+    let marks: Vec<String> = ledger_keys(&cluster, "rp-1")
+        .into_iter()
+        .filter(|key| key.contains("}answer:") && cluster.slot(key) == cluster.slot(wrong))
+        .collect();
+    assert_eq!(marks.len(), 1, "the answered mark next to {wrong}: {:?}", ledger_keys(&cluster, "rp-1"));
+
+    // The operator replays the letter by its dlq_id.
+    let (code, stdout, stderr) = client(&cluster, &["dlq", "list"]);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    let listed: Vec<Value> = stdout.lines().map(|line| serde_json::from_str(line).unwrap()).collect();
+    assert_eq!(listed.len(), 1, "{stdout}");
+    assert_eq!(listed[0]["request_id"], "rp-1");
+    let dlq_id = listed[0]["dlq_id"].as_str().unwrap().to_owned();
+    let (code, stdout, stderr) = client(&cluster, &["dlq", "replay", &dlq_id]);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    let replayed: Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(
+        (replayed["dlq_id"].as_str(), replayed["request_id"].as_str()),
+        (Some(dlq_id.as_str()), Some("rp-1"))
+    );
+
+    // The replay runs and is answered on its response topic, once: the group settles (nothing
+    // pending, nothing undelivered) with exactly one more answer there.
+    let answered = wait_for(&mut connection, wrong, 2);
+    let deadline = Instant::now() + WAIT;
+    while backlog(&mut connection, "") != (0, Some(0)) {
+        assert!(Instant::now() < deadline, "not settled: {:?}", backlog(&mut connection, ""));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let after = payloads(&mut connection, wrong);
+    assert_eq!(after, answered, "{}", toolhost.log());
+    assert_eq!(after.len(), 2, "{after:#?}\n{}", toolhost.log());
+    assert_eq!(after[1]["data"]["request_id"], "rp-1");
+    assert_eq!(after[1]["data"]["result"]["message"], "first", "{after:#?}");
+    let (code, stdout, _) = client(&cluster, &["dlq", "list"]);
+    assert_eq!((code, stdout.as_str()), (0, ""), "the letter is gone");
     assert_no_slot_errors(&toolhost);
 }
 

@@ -97,6 +97,19 @@ impl Keys {
         self.ledger(stream, "answered", request_id)
     }
 
+    /// The answered mark of a request of `stream` (its bare name) whose final answer goes to
+    /// `topic` (a full key). On a cluster it lives next to that topic, in its slot, apart from the
+    /// request's claim ([`Keys::answered`]); on one server it is [`Keys::answered`] itself.
+    /// `toolhost dlq replay` deletes it, so a replayed request is answered again.
+    pub fn answered_mark(&self, stream: &str, request_id: &str, topic: &str) -> String {
+        let claim = self.answered(stream, request_id);
+        if !self.cluster {
+            return claim;
+        }
+        let tail = slots::tail(&self.prefix, &claim);
+        slots::place(&self.prefix, slots::slot(topic.as_bytes()), slots::ROLE_ANSWER, tail)
+    }
+
     /// Marks one entry of `stream` as answered by a refusal (an answer that is not final), so no
     /// other toolbox reading the stream answers the same entry again.
     pub fn answered_entry(&self, stream: &str, entry_id: &str) -> String {
@@ -425,5 +438,11 @@ mod tests {
         }
         // One server: unchanged names.
         assert_eq!(Keys::new("p:").answered("s", "r"), "p:toolhost:ledger:s:answered:r");
+        // The answered mark is the claim itself on one server, and next to the topic on a cluster.
+        assert_eq!(Keys::new("p:").answered_mark("s", "r", "p:results:1"), "p:toolhost:ledger:s:answered:r");
+        let keys = Keys::for_cluster("p:");
+        let mark = keys.answered_mark("s", "r", "p:results:1");
+        assert_eq!(slots::slot(mark.as_bytes()), slots::slot(b"p:results:1"));
+        assert!(mark.starts_with("p:{") && mark.ends_with("}answer:toolhost:ledger:s:answered:r"), "{mark}");
     }
 }

@@ -10,10 +10,14 @@
 //! own entry id in `dlq:<toolbox_id>` (what `replay` and `purge` take), `request_entry_id` the
 //! id the request had in the requests stream.
 //!
-//! Replaying a letter deletes the request's answered mark and call record first, then adds the
-//! payload to the requests stream (a fresh entry, keeping the message `id`), then deletes the
-//! letter. In that order a crash can leave a letter that was replayed already, but never a replay
-//! that the ledger takes for a duplicate and acks unanswered.
+//! Replaying a letter deletes the request's ledger records first (its answered mark and call
+//! record; on a Redis Cluster also the answered marks next to the response topics, in their own
+//! slots), then adds the payload to the requests stream (a fresh entry, keeping the message `id`),
+//! then deletes the letter. In that order a crash can leave a letter that was replayed already,
+//! but never a replay that the ledger takes for a duplicate and acks unanswered.
+//!
+//! [`DeadLetters::new`] reads the configured toolbox's letters; [`DeadLetters::of`] those of any
+//! toolbox of the fleet (the console's view).
 
 use std::sync::Arc;
 
@@ -43,8 +47,11 @@ pub struct DeadLetters {
     requests_stream: String,
     /// Full key of `dlq:<toolbox_id>`.
     topic: String,
-    /// Full key of the configured requests stream, for letters that do not name theirs.
+    /// Full key of the toolbox's requests stream, for letters that do not name theirs.
     requests: String,
+    /// Bare name of the toolbox's default results topic, when known: a request naming no
+    /// response topic (or a refused one) is answered there.
+    results: Option<String>,
 }
 
 /// One dead letter as read back.
@@ -101,6 +108,15 @@ impl Letter {
         }
     }
 
+    /// The response topic the request names (bare), read as the dispatcher reads it: the
+    /// envelope's `response_topic`, else `data.response_topic`. `None` when it names none (it is
+    /// then answered on its toolbox's default results topic).
+    pub fn response_topic(&self) -> Option<String> {
+        let envelope: Value = self.payload.as_deref().and_then(|text| serde_json::from_str(text).ok())?;
+        let named = |value: &Value| value.get("response_topic").and_then(Value::as_str).map(str::to_owned);
+        named(&envelope).or_else(|| envelope.get("data").and_then(named)).filter(|topic| !topic.is_empty())
+    }
+
     /// The request id the ledger knows the request by, derived as the dispatcher does:
     /// `data.request_id`, else the envelope's `id`, else the entry's message id.
     pub fn request_id(&self) -> Option<String> {
@@ -145,10 +161,13 @@ impl DeadLetters {
     pub fn new(streams: Arc<dyn Streams>, store: Arc<dyn Directory>, config: &Config) -> DeadLetters {
         let raw = &config.raw;
         DeadLetters::of(streams, store, config.keys(), &raw.daemon.toolbox_id, &raw.streams.requests)
+            .with_results(&raw.streams.results)
     }
 
-    /// The dead letters of toolbox `toolbox_id`, whose requests come from `requests_stream`
-    /// (a bare name), over `streams` and `store`: what the console uses for every toolbox.
+    /// The dead letters of any toolbox of the fleet: `dlq:<toolbox_id>` under `keys`, whose
+    /// requests stream (bare name) is `requests_stream`. Without [`DeadLetters::with_results`]
+    /// a replay finds the topic a request naming none was answered on from its claim alone (on a
+    /// cluster).
     pub fn of(
         streams: Arc<dyn Streams>,
         store: Arc<dyn Directory>,
@@ -160,19 +179,20 @@ impl DeadLetters {
             topic: keys.dead_letters(toolbox_id),
             requests: keys.topic(requests_stream),
             requests_stream: requests_stream.to_owned(),
+            results: None,
             keys,
             streams,
             store,
         }
     }
 
-    /// The letter whose dead-letter id is `dlq_id`, if it exists.
-    ///
-    /// # Errors
-    /// Redis cannot be read.
-    pub async fn get(&self, dlq_id: &str) -> Result<Option<Letter>, BusError> {
-        let entries = self.streams.read_back(&self.topic, dlq_id, 1).await?;
-        Ok(entries.iter().find(|entry| entry.entry_id == dlq_id).map(Letter::from_entry))
+    /// Names the toolbox's default results topic (bare name), where a request that names no
+    /// response topic, or a refused one, is answered: a replay deletes the answered mark there
+    /// too.
+    #[must_use]
+    pub fn with_results(mut self, results: &str) -> DeadLetters {
+        self.results = Some(results.to_owned());
+        self
     }
 
     /// The full key of the dead-letter stream.
@@ -198,6 +218,20 @@ impl DeadLetters {
         Ok(letters)
     }
 
+    /// The letter whose own entry id is `dlq_id`, `None` when there is none (or `dlq_id` is not
+    /// an entry id, `<ms>-<seq>`).
+    ///
+    /// # Errors
+    /// Redis cannot be read.
+    pub async fn get(&self, dlq_id: &str) -> Result<Option<Letter>, BusError> {
+        if !is_entry_id(dlq_id) {
+            return Ok(None);
+        }
+        // Newest first from `dlq_id` inclusive: the first entry is the letter, if it exists.
+        let entries = self.streams.read_back(&self.topic, dlq_id, 1).await?;
+        Ok(entries.first().filter(|entry| entry.entry_id == dlq_id).map(Letter::from_entry))
+    }
+
     /// The letters named by `dlq_ids` (every letter with `all`), and the ids not found.
     ///
     /// # Errors
@@ -207,13 +241,16 @@ impl DeadLetters {
         dlq_ids: &[String],
         all: bool,
     ) -> Result<(Vec<Letter>, Vec<String>), BusError> {
-        let letters = self.list(None).await?;
         if all {
-            return Ok((letters, Vec::new()));
+            return Ok((self.list(None).await?, Vec::new()));
         }
-        let missing =
-            dlq_ids.iter().filter(|id| !letters.iter().any(|l| &l.dlq_id == *id)).cloned().collect();
-        let chosen = letters.into_iter().filter(|letter| dlq_ids.contains(&letter.dlq_id)).collect();
+        let (mut chosen, mut missing) = (Vec::new(), Vec::new());
+        for dlq_id in dlq_ids {
+            match self.get(dlq_id).await? {
+                Some(letter) => chosen.push(letter),
+                None => missing.push(dlq_id.clone()),
+            }
+        }
         Ok((chosen, missing))
     }
 
@@ -225,14 +262,14 @@ impl DeadLetters {
     pub async fn replay(&self, letter: &Letter) -> anyhow::Result<String> {
         let payload =
             letter.payload.as_deref().context("the dead letter holds no request payload to replay")?;
-        if let Some(request_id) = letter.request_id() {
-            let forget = [
-                self.keys.answered(&self.requests_stream, &request_id),
-                self.keys.call(&self.requests_stream, &request_id),
-            ];
-            self.store.delete(&forget).await.context("cannot delete the request's answered mark")?;
-        }
         let stream = letter.stream.as_deref().unwrap_or(&self.requests);
+        if let Some(request_id) = letter.request_id() {
+            // The ledger is the stream's, named by its bare name.
+            let ledger = stream.strip_prefix(self.keys.prefix()).unwrap_or(&self.requests_stream);
+            self.forget(ledger, &request_id, letter.response_topic())
+                .await
+                .context("cannot delete the request's answered mark")?;
+        }
         let message_id = letter.message_id.clone().unwrap_or_else(new_message_id);
         let entry_id = self
             .streams
@@ -244,6 +281,45 @@ impl DeadLetters {
             .await
             .context("re-queued, but cannot delete the dead letter")?;
         Ok(entry_id)
+    }
+
+    /// Deletes every ledger record of request `request_id` of the stream `ledger` (bare name)
+    /// that would make a replay a duplicate: its answered mark and its call record.
+    ///
+    /// On a cluster the answered mark lives next to the topic the answer went to, in that topic's
+    /// slot, and [`Keys::answered`] is the request's claim, a hash naming that topic. So the
+    /// marks next to every topic the answer may have gone to are deleted first (the claim's
+    /// topic, `named_topic` from the payload, the default results topic), then the claim and the
+    /// call record: a crash in between leaves the claim, and a second replay finds the topics
+    /// again. Keys are deleted one per command, as a cluster refuses a `DEL` across slots.
+    /// The entry's refusal marks are not touched: they are keyed by the old entry's id, and the
+    /// replay is a new entry.
+    async fn forget(
+        &self,
+        ledger: &str,
+        request_id: &str,
+        named_topic: Option<String>,
+    ) -> Result<(), BusError> {
+        let claim = self.keys.answered(ledger, request_id);
+        let mut doomed = Vec::new();
+        if self.keys.is_cluster() {
+            let held = self.store.hash_fields(&claim).await?;
+            let mut topics: Vec<String> =
+                held.into_iter().filter(|(field, _)| field == "topic").map(|(_, topic)| topic).collect();
+            topics.extend(named_topic.iter().chain(&self.results).map(|bare| self.keys.topic(bare)));
+            for topic in topics {
+                let mark = self.keys.answered_mark(ledger, request_id, &topic);
+                if !doomed.contains(&mark) {
+                    doomed.push(mark);
+                }
+            }
+        }
+        doomed.push(claim);
+        doomed.push(self.keys.call(ledger, request_id));
+        for key in &doomed {
+            self.store.delete(std::slice::from_ref(key)).await?;
+        }
+        Ok(())
     }
 
     /// Deletes letters; returns how many existed.
@@ -324,6 +400,12 @@ async fn purge(letters: &DeadLetters, dlq_ids: &[String], all: bool) -> Result<i
     Ok(code)
 }
 
+/// Whether `id` is a whole stream entry id, `<ms>-<seq>` in decimal.
+fn is_entry_id(id: &str) -> bool {
+    let digits = |part: &str| !part.is_empty() && part.bytes().all(|byte| byte.is_ascii_digit());
+    id.split_once('-').is_some_and(|(ms, seq)| digits(ms) && digits(seq))
+}
+
 fn report_missing(missing: &[String]) -> i32 {
     for dlq_id in missing {
         eprintln!("toolhost: no dead letter with dlq_id {dlq_id}");
@@ -374,6 +456,62 @@ mod tests {
         assert_eq!(bus.payloads("action-requests"), [request.to_string()]);
         assert!(bus.keys_matching("toolhost:ledger:action-requests:answered:*").await.unwrap().is_empty());
         assert!(letters.list(None).await.unwrap().is_empty());
+    }
+
+    /// On a cluster the claim sits in the requests stream's slot and the answered marks next to
+    /// the topics answers went to: a replay of another toolbox's letter deletes them all (the
+    /// claim's topic, the payload's, the default results topic), and no other request's.
+    #[tokio::test]
+    async fn replay_on_a_cluster_forgets_the_marks_next_to_every_answer_topic() {
+        let bus = Arc::new(MemoryBus::new());
+        let keys = Keys::for_cluster("p:");
+        let letters = DeadLetters::of(bus.clone(), bus.clone(), keys.clone(), "tb-2", "reqs-2")
+            .with_results("results-2");
+        let request = json!({"id": "env-1", "type": "echo.requested", "response_topic": "results:7",
+                             "data": {"request_id": "r-1", "message": "hi"}});
+        let letter = json!({
+            "event": "dead_letter", "toolbox_id": "tb-2", "stream": "p:reqs-2",
+            "request_entry_id": "1-0", "id": "msg-1", "payload": request.to_string(), "deliveries": 1,
+            "error": "e", "dead_lettered_at": "2025-01-01T00:00:00Z",
+        });
+        let dlq_id = bus.publish("p:dlq:tb-2", &new_message_id(), &letter.to_string()).await.unwrap();
+        let claim = keys.answered("reqs-2", "r-1");
+        bus.replace_hash(
+            &claim,
+            &[("topic".to_owned(), "p:results:9".to_owned()), ("state".to_owned(), "answered".to_owned())],
+        )
+        .await
+        .unwrap();
+        let marks: Vec<String> = ["p:results:9", "p:results:7", "p:results-2"]
+            .iter()
+            .map(|topic| keys.answered_mark("reqs-2", "r-1", topic))
+            .collect();
+        let record = keys.call("reqs-2", "r-1");
+        let other = keys.answered_mark("reqs-2", "r-2", "p:results:7");
+        for key in marks.iter().chain([&record, &other]) {
+            bus.set_expiring(key, "a-1", Duration::from_secs(60)).await.unwrap();
+        }
+        // Every mark is its own key, apart from the claim.
+        let mut all: Vec<&String> = marks.iter().chain([&claim, &record]).collect();
+        all.sort();
+        all.dedup();
+        assert_eq!(all.len(), 5, "{all:?}");
+
+        let found = letters.get(&dlq_id).await.unwrap().expect("the letter by its id");
+        assert_eq!(found.response_topic().as_deref(), Some("results:7"));
+        assert_eq!(found.request_id().as_deref(), Some("r-1"));
+        assert_eq!(letters.get("1-0").await.unwrap(), None);
+        assert_eq!(letters.get("+").await.unwrap(), None, "not an entry id");
+        let entry_id = letters.replay(&found).await.unwrap();
+
+        assert!(bus.hash_fields(&claim).await.unwrap().is_empty());
+        let left = bus.values(&[marks.clone(), vec![record, other]].concat()).await.unwrap();
+        assert_eq!(left, [None, None, None, None, Some("a-1".to_owned())]);
+        let requeued = bus.read("p:reqs-2", "0-0", 10, None).await.unwrap();
+        assert_eq!(requeued.len(), 1);
+        assert_eq!((requeued[0].entry_id.as_str(), requeued[0].id.as_str()), (entry_id.as_str(), "msg-1"));
+        assert_eq!(requeued[0].payload.as_deref(), Some(request.to_string().as_str()));
+        assert_eq!(letters.get(&dlq_id).await.unwrap(), None, "the letter is deleted");
     }
 
     #[tokio::test]

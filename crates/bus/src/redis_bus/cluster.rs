@@ -557,6 +557,8 @@ mod tests {
                             };
                             let found = FinishKeys::new(prefix, &finish);
                             let (final_mark, refusal_mark) = found.answer.clone().unwrap();
+                            // `toolhost dlq replay` finds the mark by the same name.
+                            assert_eq!(final_mark, keys.answered_mark(stream, request_id, &topic));
                             let copy_mark = found.copy.clone().unwrap();
                             let letter_mark = found.letter.clone().unwrap();
                             let steps: [&[&str]; 4] = [
