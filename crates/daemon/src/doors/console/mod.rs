@@ -52,6 +52,8 @@ pub(crate) struct Console {
     keys: Keys,
     /// Bare name of the requests stream.
     requests_stream: String,
+    /// Bare name of the default results stream.
+    results_stream: String,
     /// This daemon's toolbox id (its audit stream is the console's).
     toolbox_id: String,
     tenant: Option<String>,
@@ -111,6 +113,7 @@ pub(crate) async fn start(
         bus,
         keys: config.keys(),
         requests_stream: config.raw.streams.requests.clone(),
+        results_stream: config.raw.streams.results.clone(),
         toolbox_id: config.raw.daemon.toolbox_id.clone(),
         tenant: settings.tenant(),
         call_timeout: Duration::from_millis(settings.call_timeout_ms),

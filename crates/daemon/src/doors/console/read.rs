@@ -281,10 +281,12 @@ fn parse_mark(mark: &str) -> KeptAnswer {
     KeptAnswer { answer_id, entry_id, data }
 }
 
-/// The dead letters of a toolbox.
+/// The dead letters of a toolbox (whose requests default to this daemon's results stream, where
+/// a replay looks for the request's answered mark on a Redis Cluster).
 pub(crate) fn dead_letters(console: &Console, toolbox: &str) -> DeadLetters {
     let bus = console.bus.clone();
     DeadLetters::of(bus.clone(), bus, console.keys.clone(), toolbox, &console.requests_stream)
+        .with_results(&console.results_stream)
 }
 
 /// Up to `count` letters of each toolbox, with the toolbox.
