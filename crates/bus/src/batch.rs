@@ -20,10 +20,14 @@
 //! runs one script call per slot, concurrently.
 //!
 //! A script written for batches ([`Batcher::for_batches`]) is run as it is: every call gives the
-//! keys and arguments its items share once ([`Shared`]), then each item's own, and the script
-//! returns one reply per item, `{0, error}` for an item Redis refused (the script catches its own
-//! errors item by item, with `redis.pcall`). Items with different shared parts go in different
-//! calls.
+//! keys and arguments its items share once ([`Shared`]), then each item's own (an item's number of
+//! keys may vary within bounds, the script reading it from the item's arguments), and the script
+//! returns one reply per item, `{0, error}` for an item Redis refused (the script catches the
+//! errors it expects item by item, with `redis.pcall`). Items with different shared parts go in
+//! different calls. A call of several items that Redis refuses as a whole with an error retrying
+//! will not mend (a script's `redis.call` meeting a key of another type) is run again item by
+//! item, so that the item at fault fails alone; the script must be safe to run again for items it
+//! had already written before it stopped.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -69,7 +73,8 @@ enum Layout {
 /// Runs invocations of one script, batched.
 pub(crate) struct Batcher {
     queue: mpsc::UnboundedSender<Item>,
-    keys_per_item: usize,
+    /// The fewest and most keys an item may take.
+    keys_per_item: (usize, usize),
     args_per_item: usize,
 }
 
@@ -86,14 +91,16 @@ impl Batcher {
         by_slot: bool,
     ) -> Batcher {
         let script = Script::new(&batch_source(source, keys_per_item, args_per_item));
-        Batcher::start(script, Layout::Wrapped, keys_per_item, args_per_item, connection, by_slot)
+        let keys = (keys_per_item, keys_per_item);
+        Batcher::start(script, Layout::Wrapped, keys, args_per_item, connection, by_slot)
     }
 
     /// Starts the batching task for `source`, a script written for batches (see the module
-    /// documentation), whose items take `keys_per_item` keys and `args_per_item` arguments each.
+    /// documentation), whose items take between `keys_per_item.0` and `keys_per_item.1` keys
+    /// and `args_per_item` arguments each.
     pub(crate) fn for_batches(
         source: &str,
-        keys_per_item: usize,
+        keys_per_item: (usize, usize),
         args_per_item: usize,
         connection: Connection,
     ) -> Batcher {
@@ -103,7 +110,7 @@ impl Batcher {
     fn start(
         script: Script,
         layout: Layout,
-        keys_per_item: usize,
+        keys_per_item: (usize, usize),
         args_per_item: usize,
         connection: Connection,
         by_slot: bool,
@@ -135,7 +142,7 @@ impl Batcher {
         keys: Vec<String>,
         args: Vec<String>,
     ) -> Result<Value, Error> {
-        debug_assert_eq!(keys.len(), self.keys_per_item);
+        debug_assert!((self.keys_per_item.0..=self.keys_per_item.1).contains(&keys.len()));
         debug_assert_eq!(args.len(), self.args_per_item);
         let (reply, answer) = oneshot::channel();
         self.queue
@@ -182,6 +189,28 @@ async fn run(
 
 /// Runs one script call for `batch` and hands each item its reply.
 async fn invoke(script: &Script, layout: Layout, batch: Vec<Item>, mut connection: Connection) {
+    let res = call(script, layout, &batch, &mut connection).await;
+    match res {
+        Err(Error::Refused(_)) if matches!(layout, Layout::Batch) && batch.len() > 1 => {
+            // One item broke the whole call (see the module documentation): run each on its own,
+            // so only that item fails.
+            for item in batch {
+                let single = [item];
+                let res = call(script, layout, &single, &mut connection).await;
+                deliver(layout, single.into(), res, &mut connection);
+            }
+        }
+        res => deliver(layout, batch, res, &mut connection),
+    }
+}
+
+/// Runs one script call for `batch` and returns its replies, one per item.
+async fn call(
+    script: &Script,
+    layout: Layout,
+    batch: &[Item],
+    connection: &mut Connection,
+) -> Result<Vec<Value>, Error> {
     let mut invocation = script.prepare_invoke();
     match layout {
         Layout::Wrapped => {
@@ -198,7 +227,7 @@ async fn invoke(script: &Script, layout: Layout, batch: Vec<Item>, mut connectio
             }
         }
     }
-    for item in &batch {
+    for item in batch {
         for key in &item.keys {
             invocation.key(key);
         }
@@ -206,7 +235,11 @@ async fn invoke(script: &Script, layout: Layout, batch: Vec<Item>, mut connectio
             invocation.arg(arg);
         }
     }
-    let res: Result<Vec<Value>, Error> = invocation.invoke_async(&mut connection).await.map_err(Error::from);
+    invocation.invoke_async(connection).await.map_err(Error::from)
+}
+
+/// Hands each item of `batch` its reply from `res`, the outcome of their script call.
+fn deliver(layout: Layout, batch: Vec<Item>, res: Result<Vec<Value>, Error>, connection: &mut Connection) {
     match res {
         Ok(replies) if replies.len() == batch.len() => {
             let mut demoted = false;

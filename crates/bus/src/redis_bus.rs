@@ -813,8 +813,9 @@ impl RedisBus {
 
 impl RedisBus {
     /// The common end of a call, a final answer and nothing else, through the lean
-    /// `scripts/answer_batch.lua`: one `SET NX GET` for the answered mark, the answer, and one
-    /// `XACK` for all the entries of a stream and group finished together.
+    /// `scripts/answer_batch.lua`: one `SET NX GET` for the answered mark, the entry's refusal
+    /// mark checked, the answer, and one `XACK` for all the entries of a stream and group
+    /// finished together.
     async fn answer(
         &self,
         entry: EntryRef<'_>,
@@ -824,15 +825,16 @@ impl RedisBus {
         kept: Option<&str>,
     ) -> Result<Committed, Error> {
         let batcher = self.batchers.answer.get_or_init(|| {
-            Batcher::for_batches(include_str!("scripts/answer_batch.lua"), 4, 5, self.commands.clone())
+            Batcher::for_batches(include_str!("scripts/answer_batch.lua"), (3, 4), 5, self.commands.clone())
         });
         let shared = self.answer_shared(entry.topic, entry.group, call.retention);
-        let keys = vec![
-            call.answered.to_owned(),
-            call.entry.to_owned(),
-            call.call.to_owned(),
-            answer.topic.to_owned(),
-        ];
+        // The call record's key only when this call wrote one (or may have found one): the common
+        // end, a read-only idempotent tool, carries three keys.
+        let mut keys = Vec::with_capacity(if tracked { 4 } else { 3 });
+        keys.extend([call.answered.to_owned(), call.entry.to_owned(), answer.topic.to_owned()]);
+        if tracked {
+            keys.push(call.call.to_owned());
+        }
         let args = vec![
             entry.entry_id.to_owned(),
             answer.id.to_owned(),

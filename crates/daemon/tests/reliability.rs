@@ -894,9 +894,9 @@ async fn ledger_steps_are_safe_to_repeat_against_redis() {
 
 /// The common end of a call (a final answer, nothing else) takes the lean path: finishes that
 /// meet are committed together with one `XACK`, each answer once; a lost reply's retry reports
-/// the same outcome; an entry another toolbox refused, an answer topic of another type, or one
-/// Redis refuses to add to, writes nothing for that entry and fails no other; a call record is
-/// deleted only by a finish whose call wrote one.
+/// the same outcome; an entry another toolbox refused, an answer topic of another type, one
+/// Redis refuses to add to, or an answered mark of another type, writes nothing for that entry
+/// and fails no other; a call record is deleted only by a finish whose call wrote one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn final_answers_finished_together_are_each_published_once_and_acked() {
     let redis = RedisServer::start();
@@ -934,6 +934,9 @@ async fn final_answers_finished_together_are_each_published_once_and_acked() {
         .query_async(&mut connection)
         .await
         .unwrap();
+    // r-7's answered mark is a key of another type (written by something other than toolhost):
+    // its SET stops the whole script call, which the bus then runs again item by item.
+    let _: () = redis::cmd("RPUSH").arg(&names[7].0).arg("x").query_async(&mut connection).await.unwrap();
     let finish_of = |index: usize| {
         let (answered, call, entry, id) = &names[index];
         Finish {
@@ -965,6 +968,11 @@ async fn final_answers_finished_together_are_each_published_once_and_acked() {
     let finishes: Vec<Finish<'_>> = (0..40).map(finish_of).collect();
     let outcomes = futures::future::join_all(finishes.iter().map(|finish| bus.finish(finish))).await;
     assert!(outcomes[6].is_err(), "{:?}", outcomes[6]);
+    assert!(
+        matches!(&outcomes[7], Err(toolhost_bus::Error::Refused(cause)) if cause.code() == Some("WRONGTYPE")),
+        "{:?}",
+        outcomes[7]
+    );
     let outcomes: Vec<Committed> =
         outcomes.into_iter().map(|outcome| outcome.unwrap_or(Committed::NotPublished)).collect();
     assert_eq!(outcomes[2], Committed::NotPublished);
@@ -973,13 +981,15 @@ async fn final_answers_finished_together_are_each_published_once_and_acked() {
         outcomes
             .iter()
             .enumerate()
-            .all(|(index, outcome)| [2, 3, 6].contains(&index) || *outcome == Committed::Published),
+            .all(|(index, outcome)| [2, 3, 6, 7].contains(&index) || *outcome == Committed::Published),
         "{outcomes:?}"
     );
-    // Every answer once, every entry acked but r-3's and r-6's.
+    // Every answer once, every entry acked but r-3's, r-6's and r-7's.
     let published: u64 = redis::cmd("XLEN").arg(RESULTS).query_async(&mut connection).await.unwrap();
-    assert_eq!(published, 37);
-    assert_eq!(pending(&mut connection, REQUESTS, GROUP).await, 2);
+    assert_eq!(published, 36);
+    assert_eq!(pending(&mut connection, REQUESTS, GROUP).await, 3);
+    let kind: String = redis::cmd("TYPE").arg(&names[7].0).query_async(&mut connection).await.unwrap();
+    assert_eq!(kind, "list", "the mark of another type is left as it was");
     let marks: Vec<Option<String>> = redis::cmd("MGET")
         .arg(&names[2].0)
         .arg(&names[3].0)
@@ -998,7 +1008,7 @@ async fn final_answers_finished_together_are_each_published_once_and_acked() {
         Finish { answer: Some(Published { topic: RESULTS, id: "answer-x", payload: "{}" }), ..finish_of(5) };
     assert_eq!(bus.finish(&other).await.unwrap(), Committed::NotPublished);
     let published: u64 = redis::cmd("XLEN").arg(RESULTS).query_async(&mut connection).await.unwrap();
-    assert_eq!(published, 37);
+    assert_eq!(published, 36);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
