@@ -39,7 +39,9 @@ trap cleanup EXIT
 # 1. `./x run` in a session of its own, so the whole recipe can be stopped like Ctrl-C does.
 TOOLHOST__HTTP__LISTEN="127.0.0.1:$http" setsid ./x redis_port="$port" run >"$work/run.log" 2>&1 &
 run_pid=$!
-for _ in $(seq 1800); do
+# `./x run` builds the release binary first (fat LTO, one codegen unit): up to half an hour on a
+# fresh 2-core machine.
+for _ in $(seq 3600); do
     grep -qs '"message":"ready"' "$work/run.log" && break
     kill -0 "$run_pid" 2>/dev/null || { cat "$work/run.log" >&2; die "./x run exited"; }
     sleep 0.5
