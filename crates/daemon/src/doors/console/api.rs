@@ -228,11 +228,9 @@ pub(crate) async fn replay(
     State(console): State<Arc<Console>>,
     Path((toolbox, dlq_id)): Path<(String, String)>,
 ) -> Response {
-    let letters = read::dead_letters(&console, &toolbox);
-    let letter = match letters.get(&dlq_id).await {
-        Ok(Some(letter)) => letter,
-        Ok(None) => return error(StatusCode::NOT_FOUND, format!("no dead letter {dlq_id} in dlq:{toolbox}")),
-        Err(err) => return error(StatusCode::SERVICE_UNAVAILABLE, err.to_string()),
+    let (letters, letter) = match find_letter(&console, &toolbox, &dlq_id).await {
+        Ok(found) => found,
+        Err(refusal) => return refusal,
     };
     let request_id = letter.request_id().unwrap_or_default();
     audit(&console, &request_id, "-", &format!("replay dlq:{toolbox} {dlq_id}")).await;
@@ -247,17 +245,29 @@ pub(crate) async fn delete(
     State(console): State<Arc<Console>>,
     Path((toolbox, dlq_id)): Path<(String, String)>,
 ) -> Response {
-    let letters = read::dead_letters(&console, &toolbox);
-    let letter = match letters.get(&dlq_id).await {
-        Ok(Some(letter)) => letter,
-        Ok(None) => return error(StatusCode::NOT_FOUND, format!("no dead letter {dlq_id} in dlq:{toolbox}")),
-        Err(err) => return error(StatusCode::SERVICE_UNAVAILABLE, err.to_string()),
+    let (letters, letter) = match find_letter(&console, &toolbox, &dlq_id).await {
+        Ok(found) => found,
+        Err(refusal) => return refusal,
     };
     let request_id = letter.request_id().unwrap_or_default();
     audit(&console, &request_id, "-", &format!("delete dlq:{toolbox} {dlq_id}")).await;
     match letters.purge(std::slice::from_ref(&letter)).await {
         Ok(deleted) => Json(json!({"deleted": deleted})).into_response(),
         Err(err) => error(StatusCode::SERVICE_UNAVAILABLE, err.to_string()),
+    }
+}
+
+/// The letter `dlq_id` of `toolbox`, or the answer saying why there is none.
+async fn find_letter(
+    console: &Console,
+    toolbox: &str,
+    dlq_id: &str,
+) -> Result<(crate::dlq::DeadLetters, crate::dlq::Letter), Response> {
+    let letters = read::dead_letters(console, toolbox);
+    match letters.get(dlq_id).await {
+        Ok(Some(letter)) => Ok((letters, letter)),
+        Ok(None) => Err(error(StatusCode::NOT_FOUND, format!("no dead letter {dlq_id} in dlq:{toolbox}"))),
+        Err(err) => Err(error(StatusCode::SERVICE_UNAVAILABLE, err.to_string())),
     }
 }
 
