@@ -16,6 +16,8 @@ Scenarios:
     try-it <slow secs>    echo's try-it form: a wrong type is refused in the browser, then a
                           call is answered; a hosted MCP tool's progress; a slow command is
                           cancelled from the page; the calls page and a call's detail
+    form                  form_probe's try-it form: enum, boolean, nested object and array
+                          controls, errors at nested pointers, then a call
     dlq <replay id> <delete id>
                           the dead letters page: one letter replayed, one deleted
     script                a tool description holding <script> renders as text and never runs
@@ -127,6 +129,12 @@ class Console:
 
     def csrf(self) -> str:
         return self.one('meta[name="csrf-token"]').get_attribute("content") or ""
+
+    def call(self, what: str) -> tuple[str, Any]:
+        """Clicks the try-it form's Call and waits for the answer: the request id and answer."""
+        self.one("button#call").click()
+        self.wait(lambda: self.text("span#call-state") == "answered", what)
+        return self.text("span#request-id"), json.loads(self.text("pre#result"))
 
     def nav(self, link: str, path: str) -> None:
         """Follows a nav link and waits for its page."""
@@ -264,10 +272,7 @@ def try_it(console: Console, slow_seconds: str) -> dict[str, Any]:
     console.wait(lambda: field.is_displayed(), "the message field shown")
     field.clear()
     field.send_keys("hello from the console")
-    console.one("button#call").click()
-    console.wait(lambda: console.text("span#call-state") == "answered", "echo answered")
-    report["echo_request_id"] = console.text("span#request-id")
-    report["echo_result"] = json.loads(console.text("pre#result"))
+    report["echo_request_id"], report["echo_result"] = console.call("echo answered")
     report["echo_errors_left"] = len(console.all("ul#errors > li"))
     report["screenshot_try_it"] = console.screenshot("try-it")
 
@@ -293,10 +298,8 @@ def try_it(console: Console, slow_seconds: str) -> dict[str, Any]:
     report["text_in_number_request_id"] = console.text("span#request-id")
     fields["/duration"].clear()
     fields["/duration"].send_keys("2")
-    console.one("button#call").click()
-    console.wait(lambda: console.text("span#call-state") == "answered", "the long-running operation answered")
+    _, report["progress_result"] = console.call("the long-running operation answered")
     report["progress"] = [item.text.strip() for item in console.all("ol#progress > li")]
-    report["progress_result"] = json.loads(console.text("pre#result"))
     report["screenshot_progress"] = console.screenshot("try-it-progress")
 
     # A slow command, cancelled from the page once its process runs.
@@ -318,6 +321,32 @@ def try_it(console: Console, slow_seconds: str) -> dict[str, Any]:
     report["slow_cancel_enabled_after"] = console.one("button#cancel").is_enabled()
     console.wait(lambda: not sleep_pids(slow_seconds), "the `sleep` process gone after the cancel")
     report["screenshot_cancelled"] = console.screenshot("try-it-cancelled")
+
+    # The tools' statistics (`tools.stats` of each hosting toolbox), read again at each load:
+    # echo's call, and slow_sleep's cancel among its error codes.
+    def stats(tool: str) -> list[dict[str, str]]:
+        console.open("/tools/" + tool)
+        return [
+            {
+                "toolbox": row.get_attribute("data-toolbox") or "",
+                "calls": cell(row, "td.calls"),
+                "errors": cell(row, "td.errors") if row.find_elements(By.CSS_SELECTOR, "td.errors") else "",
+                "p50": cell(row, "td.p50") if row.find_elements(By.CSS_SELECTOR, "td.p50") else "",
+                "p99": cell(row, "td.p99") if row.find_elements(By.CSS_SELECTOR, "td.p99") else "",
+            }
+            for row in console.all("table#tool-stats tr[data-toolbox]")
+        ]
+
+    def echo_counted() -> list[dict[str, str]] | None:
+        rows = stats("echo")
+        return rows if sum(int(row["calls"] or 0) for row in rows) >= 1 else None
+
+    def cancel_counted() -> list[dict[str, str]] | None:
+        rows = stats("slow_sleep")
+        return rows if any("cancelled" in row["errors"] for row in rows) else None
+
+    report["echo_stats"] = console.wait(echo_counted, "echo's call in its statistics")
+    report["slow_stats"] = console.wait(cancel_counted, "slow_sleep's cancel in its statistics")
 
     # The calls page lists both calls, newest first; the filter narrows it; a call's detail.
     console.nav("calls", "/calls")
@@ -348,6 +377,27 @@ def try_it(console: Console, slow_seconds: str) -> dict[str, Any]:
         "the calls filter",
     )
     report["calls_filtered"] = [row["request_id"] for row in calls() if row["displayed"] == "true"]
+
+    # Live: a call made while the page is open is added to it without a reload, and the filter
+    # applies to it (an `echo` row stays hidden under "slow_sleep").
+    console.driver.execute_script("window.__sameCallsPage = true")
+    sent = console.driver.execute_async_script(
+        """
+        const [csrf, done] = arguments;
+        fetch('/api/call', {method: 'POST', headers: {'Content-Type': 'application/json', 'X-CSRF-Token': csrf},
+                            body: JSON.stringify({tool: 'echo', arguments: {message: 'live on the calls page'}})})
+            .then(r => r.json()).then(done).catch(e => done({error: String(e)}));
+        """,
+        console.csrf(),
+    )
+    live_id = sent.get("request_id", "")
+    console.wait(
+        lambda: any(row["request_id"] == live_id and row["outcome"] == "success" for row in calls()),
+        "the call made meanwhile, live",
+    )
+    report["live_request_id"] = live_id
+    report["live_rows"] = [row for row in calls() if row["request_id"] == live_id]
+    report["live_same_page"] = console.driver.execute_script("return window.__sameCallsPage === true")
     echo_row = next(
         row
         for row in console.all(f'table#calls tr[data-request-id="{report["echo_request_id"]}"]')
@@ -357,7 +407,90 @@ def try_it(console: Console, slow_seconds: str) -> dict[str, Any]:
     console.wait(lambda: console.text("span#call-outcome"), "the call's detail")
     report["detail_outcome"] = console.text("span#call-outcome")
     report["detail_answer"] = console.text("pre#call-answer") if console.all("pre#call-answer") else ""
+    report["detail_request"] = console.text("pre#call-request")
+    report["detail_deliveries"] = console.text("span#call-deliveries")
+    report["detail_timings"] = console.text("dl#call-timings")
     report["screenshot_call_detail"] = console.screenshot("call-detail")
+    return report
+
+
+def form(console: Console) -> dict[str, Any]:
+    """form_probe's try-it form: an enum, a boolean, a nested object and an array, each with
+    its control; errors inside the nested object named by their pointers before anything is
+    sent; array items added, removed and renumbered; then the call and its answer."""
+    report: dict[str, Any] = {}
+    console.login()
+    console.open("/tools/form_probe")
+    console.wait(lambda: console.all('form#try-it [data-pointer="/tags"]'), "form_probe's form")
+
+    def control(pointer: str) -> WebElement:
+        return console.one(f'form#try-it [data-pointer="{pointer}"]')
+
+    report["controls"] = {
+        pointer: {
+            "tag": control(pointer).tag_name,
+            "type": control(pointer).get_attribute("type") or "",
+            "data_type": control(pointer).get_attribute("data-type"),
+        }
+        for pointer in ("/level", "/urgent", "/target", "/target/host", "/target/port", "/tags")
+    }
+    report["level_options"] = [option.text for option in control("/level").find_elements(By.TAG_NAME, "option")]
+
+    # Three items, the first removed: the others take its place and pointer.
+    add = control("/tags").find_element(By.CSS_SELECTOR, "button.add")
+    for _ in range(3):
+        add.click()
+    console.wait(lambda: console.all('form#try-it input[data-pointer="/tags/2"]'), "three items")
+    for index, text in enumerate(("dropped", "x", "y")):
+        control(f"/tags/{index}").send_keys(text)
+    control("/tags").find_element(By.CSS_SELECTOR, ".item button.remove").click()
+    console.wait(lambda: not console.all('form#try-it [data-pointer="/tags/2"]'), "the first item removed")
+    report["tags_after_remove"] = [
+        control(f"/tags/{index}").get_attribute("value") for index in range(2)
+    ]
+    report["tag_labels_after_remove"] = [
+        label.text.strip() for label in console.all('form#try-it [data-pointer="/tags"] .item > .field > label')
+    ]
+
+    # The host left empty and text for the port: both refused in the browser, each at its
+    # pointer inside the nested object, marked beside its field; nothing is sent.
+    control("/level").find_elements(By.TAG_NAME, "option")[1].click()
+    control("/urgent").click()
+    control("/target/port").send_keys("eighty")
+    console.one("button#call").click()
+    console.wait(lambda: console.all("ul#errors > li"), "the errors")
+    report["errors"] = {
+        item.get_attribute("data-pointer"): item.text.strip() for item in console.all("ul#errors > li")
+    }
+    report["marked"] = {
+        pointer: {
+            "invalid": control(pointer).get_attribute("aria-invalid"),
+            "note": (
+                console.one(f'form#try-it .field-error[data-pointer="{pointer}"]').text.strip()
+                if console.all(f'form#try-it .field-error[data-pointer="{pointer}"]')
+                else ""
+            ),
+        }
+        for pointer in ("/target/host", "/target/port")
+    }
+    report["errors_request_id"] = console.text("span#request-id")
+    report["screenshot_form_errors"] = console.screenshot("try-it-form-errors")
+
+    # Then a port out of bounds, then a valid one: the call is answered with what `cat` read.
+    control("/target/host").send_keys("db.internal")
+    port = control("/target/port")
+    port.clear()
+    port.send_keys("70000")
+    console.one("button#call").click()
+    console.wait(lambda: console.all('ul#errors > li[data-pointer="/target/port"]'), "the bound refused")
+    report["bound_error"] = console.text('ul#errors > li[data-pointer="/target/port"]')
+    report["bound_request_id"] = console.text("span#request-id")
+    port.clear()
+    port.send_keys("5432")
+    report["request_id"], report["result"] = console.call("form_probe answered")
+    report["errors_left"] = len(console.all("ul#errors > li")) + len(console.all("form#try-it .field-error"))
+    report["invalid_left"] = len(console.all('form#try-it [aria-invalid="true"]'))
+    report["screenshot_form"] = console.screenshot("try-it-form")
     return report
 
 
@@ -522,6 +655,8 @@ def main() -> int:
             report = pages(console)
         elif scenario == "try-it":
             report = try_it(console, *args)
+        elif scenario == "form":
+            report = form(console)
         elif scenario == "dlq":
             report = dlq(console, *args)
         elif scenario == "script":

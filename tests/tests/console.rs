@@ -1,7 +1,8 @@
 //! The web console (`[console]`) in a real headless Chromium: a redis-server, a toolbox `main`
 //! serving the console (with a token) and hosting the MCP server `server-everything` over stdio,
-//! a slow command and a tool whose description holds a `<script>`, and a second toolbox
-//! `second` on the same Redis. The browser is driven by Selenium from
+//! a slow command, a tool whose description holds a `<script>` and one whose schema has an
+//! argument of every kind the try-it form makes (`form_probe`), and a second toolbox `second` on
+//! the same Redis. The browser is driven by Selenium from
 //! `tests/console/scenarios.py`, under the venv `just test-console` makes
 //! (`scripts/ensure-console-deps.sh`, which installs Debian's `chromium` and `chromium-driver`
 //! too; `TOOLHOST_CONSOLE_VENV` names another venv). The server-everything install is
@@ -37,6 +38,29 @@ const SLOW_SECONDS: &str = "127";
 /// The description of `html_note` (which echoes its `text`): each part would set
 /// `window.__consoleXss` if the page ran it.
 const HTML_DESCRIPTION: &str = r#"Notes. <script>window.__consoleXss = 1</script><img src="x" onerror="window.__consoleXss = 2"> & more"#;
+
+/// The argument schema of `form_probe` (a `cat` of its arguments): an enum, a boolean, a nested
+/// object with a required string and a bounded integer, and an array, the kinds the try-it form
+/// generates controls for beside plain strings and numbers.
+fn probe_schema() -> Value {
+    json!({
+        "type": "object",
+        "required": ["level", "target"],
+        "properties": {
+            "level": {"type": "string", "enum": ["low", "high"]},
+            "urgent": {"type": "boolean"},
+            "target": {
+                "type": "object",
+                "required": ["host"],
+                "properties": {
+                    "host": {"type": "string"},
+                    "port": {"type": "integer", "minimum": 1, "maximum": 65535},
+                },
+            },
+            "tags": {"type": "array", "items": {"type": "string"}},
+        },
+    })
+}
 
 /// The venv with Selenium, as `scripts/ensure-console-deps.sh` lays it out.
 fn venv() -> PathBuf {
@@ -85,6 +109,8 @@ impl Fleet {
         let dir = temp_dir("console");
         let token = format!("console-{}", uuid::Uuid::new_v4().simple());
         let main_config = dir.join("main.toml");
+        let probe_path = dir.join("form_probe.json");
+        std::fs::write(&probe_path, probe_schema().to_string()).unwrap();
         std::fs::write(
             &main_config,
             format!(
@@ -94,10 +120,13 @@ impl Fleet {
                  [[mcp_servers]]\nname = \"everything\"\ncommand = \"node\"\nargs = [{everything}, \"stdio\"]\n\n\
                  [[commands]]\nname = \"slow_sleep\"\ndescription = \"Sleep for the given number of seconds.\"\n\
                  argv = [\"sleep\", \"{{seconds}}\"]\ntimeout_ms = 180000\n\n\
-                 [[commands]]\nname = \"html_note\"\ndescription = {html}\nargv = [\"echo\", \"{{text}}\"]\n",
+                 [[commands]]\nname = \"html_note\"\ndescription = {html}\nargv = [\"echo\", \"{{text}}\"]\n\n\
+                 [[commands]]\nname = \"form_probe\"\ndescription = \"Says back an argument of every kind the form makes.\"\n\
+                 argv = [\"cat\"]\nstdin = \"{{level}} {{urgent}} {{target}} {{tags}}\"\nargument_schema_file = {probe}\n",
                 user = toml_string(&user()),
                 everything = toml_string(everything_server().to_str().unwrap()),
                 html = toml_string(HTML_DESCRIPTION),
+                probe = toml_string(probe_path.to_str().unwrap()),
             ),
         )
         .unwrap();
@@ -323,6 +352,20 @@ fn the_try_it_form_refuses_a_wrong_type_then_calls_and_a_slow_call_is_cancelled(
     assert_eq!(report["slow_result"]["error_code"], "cancelled", "{report}");
     assert_eq!(report["slow_cancel_enabled_after"], false, "Cancel is off once the call ended: {report}");
 
+    // The tools' statistics, from `tools.stats` of each toolbox hosting the tool: echo (hosted
+    // by both) counted its call with p50 and p99 where it ran; slow_sleep (main's) its cancel.
+    let echo_stats = report["echo_stats"].as_array().unwrap();
+    let toolboxes: Vec<&str> = echo_stats.iter().filter_map(|row| row["toolbox"].as_str()).collect();
+    assert_eq!(toolboxes, ["main", "second"], "{report}");
+    let ran = echo_stats.iter().find(|row| row["calls"] != "0").unwrap();
+    for key in ["p50", "p99"] {
+        assert!(ran[key].as_str().unwrap().parse::<f64>().is_ok(), "{key}: {report}");
+    }
+    let slow_stats = report["slow_stats"].as_array().unwrap();
+    assert_eq!(slow_stats.len(), 1, "{report}");
+    assert_eq!(slow_stats[0]["toolbox"], "main", "{report}");
+    assert!(slow_stats[0]["errors"].as_str().unwrap().contains("cancelled: 1"), "{report}");
+
     // The calls page: both calls, made for the console's tenant, and their outcomes. The
     // toolbox that ran a call logs its outcome; another toolbox hosting the same tool logs
     // `duplicate` for its acked copy, and one that does not host it logs nothing.
@@ -342,8 +385,21 @@ fn the_try_it_form_refuses_a_wrong_type_then_calls_and_a_slow_call_is_cancelled(
     let filtered: Vec<&str> =
         report["calls_filtered"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
     assert!(filtered.contains(&slow_id) && !filtered.contains(&echo_id), "the filter: {filtered:?}");
+    // A call made while the calls page was open came in live, hidden by the filter it fails.
+    assert!(!report["live_request_id"].as_str().unwrap().is_empty(), "{report}");
+    assert_eq!(report["live_same_page"], true, "no reload: {report}");
+    let live = report["live_rows"].as_array().unwrap();
+    assert!(!live.is_empty() && live.iter().all(|row| row["displayed"] == "false"), "{report}");
+    assert!(live.iter().all(|row| row["tool"] == "echo" && row["tenant"] == "console"), "{report}");
+
+    // The detail page: the request as sent, the answer, the timings and the deliveries.
     assert_eq!(report["detail_outcome"], "success", "{report}");
     assert!(report["detail_answer"].as_str().unwrap().contains("hello from the console"), "{report}");
+    let request = report["detail_request"].as_str().unwrap();
+    assert!(request.contains("tool.invoke") && request.contains("hello from the console"), "{report}");
+    assert_eq!(report["detail_deliveries"], "1", "{report}");
+    let timings = report["detail_timings"].as_str().unwrap();
+    assert!(timings.contains("duration") && timings.contains("µs"), "{report}");
 
     // The calls and the cancel were audited as the console's, for its tenant, before they were
     // carried out.
@@ -360,6 +416,63 @@ fn the_try_it_form_refuses_a_wrong_type_then_calls_and_a_slow_call_is_cancelled(
     ] {
         check_screenshot(&report, key);
     }
+}
+
+#[test]
+fn the_try_it_form_makes_enums_booleans_nested_objects_and_arrays_and_marks_nested_errors() {
+    let _one = lock();
+    let fleet = Fleet::start();
+    let report = fleet.scenario("form", &[]);
+    let controls = &report["controls"];
+    let kind = |pointer: &str| (controls[pointer]["tag"].as_str(), controls[pointer]["data_type"].as_str());
+    assert_eq!(kind("/level"), (Some("select"), Some("enum")), "{controls}");
+    assert_eq!(kind("/urgent"), (Some("input"), Some("boolean")), "{controls}");
+    assert_eq!(controls["/urgent"]["type"], "checkbox", "{controls}");
+    assert_eq!(kind("/target"), (Some("fieldset"), Some("object")), "{controls}");
+    assert_eq!(kind("/target/host"), (Some("input"), Some("string")), "{controls}");
+    assert_eq!(kind("/target/port"), (Some("input"), Some("integer")), "{controls}");
+    assert_eq!(kind("/tags"), (Some("div"), Some("array")), "{controls}");
+    // A required enum offers its values only.
+    assert_eq!(report["level_options"], json!(["\"low\"", "\"high\""]), "{report}");
+    assert_eq!(report["tags_after_remove"], json!(["x", "y"]), "the items renumbered: {report}");
+    assert_eq!(report["tag_labels_after_remove"], json!(["#0 *", "#1 *"]), "{report}");
+
+    // The nested object's errors, at their pointers, listed and beside their fields; nothing sent.
+    let errors = report["errors"].as_object().unwrap();
+    assert_eq!(errors.len(), 2, "{report}");
+    assert!(errors["/target/host"].as_str().unwrap().contains("required"), "{report}");
+    assert!(errors["/target/port"].as_str().unwrap().contains("number"), "{report}");
+    for pointer in ["/target/host", "/target/port"] {
+        assert_eq!(report["marked"][pointer]["invalid"], "true", "{pointer} marked: {report}");
+        assert!(!report["marked"][pointer]["note"].as_str().unwrap().is_empty(), "{pointer}: {report}");
+    }
+    assert_eq!(report["errors_request_id"], "", "no call was sent: {report}");
+    assert!(report["bound_error"].as_str().unwrap().contains("at most 65535"), "{report}");
+    assert_eq!(report["bound_request_id"], "", "no call was sent: {report}");
+
+    // The call carried the values the controls made, and `cat` said them back.
+    let request_id = report["request_id"].as_str().unwrap();
+    assert!(!request_id.is_empty(), "{report}");
+    assert_eq!(report["result"]["success"], true, "{report}");
+    assert_eq!(
+        report["result"]["result"], r#"high true {"host":"db.internal","port":5432} ["x","y"]"#,
+        "{report}"
+    );
+    assert_eq!((report["errors_left"].as_u64(), report["invalid_left"].as_u64()), (Some(0), Some(0)));
+    let sent: Vec<Value> = fleet
+        .entries("action-requests")
+        .into_iter()
+        .filter_map(|(_, fields)| serde_json::from_str::<Value>(fields.get("payload")?).ok())
+        .filter(|payload| payload["data"]["request_id"] == request_id)
+        .collect();
+    assert_eq!(sent.len(), 1, "one request: {sent:?}");
+    assert_eq!(
+        sent[0]["data"]["arguments"],
+        json!({"level": "high", "urgent": true, "target": {"host": "db.internal", "port": 5432}, "tags": ["x", "y"]}),
+        "{sent:?}"
+    );
+    check_screenshot(&report, "screenshot_form_errors");
+    check_screenshot(&report, "screenshot_form");
 }
 
 #[test]

@@ -314,7 +314,7 @@ async fn stats_table(console: &Console, tool: &str) -> String {
                 let _ = write!(
                     table,
                     "<tr data-toolbox=\"{toolbox}\"><td>{toolbox}</td><td class=\"calls\">{calls}</td><td class=\"errors\">{errors}</td>\
-                     <td>{p50}</td><td>{p99}</td><td>{mean}</td></tr>",
+                     <td class=\"p50\">{p50}</td><td class=\"p99\">{p99}</td><td class=\"mean\">{mean}</td></tr>",
                     toolbox = escape(toolbox),
                     calls = stats.get("requests").and_then(Value::as_u64).unwrap_or(0),
                     errors = escape(&errors.join(", ")),

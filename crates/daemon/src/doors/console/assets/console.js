@@ -105,9 +105,11 @@ function buildField(parent, schema, pointer, label, required) {
   parent.appendChild(wrap);
 }
 
-// After an array item is removed, its siblings' pointers follow their new places.
+// After an array item is removed, its siblings' pointers and labels follow their new places.
 function renumber(items, pointer) {
   Array.from(items.children).forEach((row, index) => {
+    const label = row.querySelector(":scope > .field > label, :scope > fieldset > legend");
+    if (label) label.textContent = "#" + index + (label.textContent.endsWith(" *") ? " *" : "");
     for (const node of row.querySelectorAll("[data-pointer]")) {
       const rest = node.getAttribute("data-pointer").slice(pointer.length + 1);
       const tail = rest.includes("/") ? rest.slice(rest.indexOf("/")) : "";
@@ -195,9 +197,25 @@ function validate(value, schema, pointer, errors) {
   if (actual === "array" && schema.items) value.forEach((item, index) => validate(item, schema.items, pointer + "/" + index, errors));
 }
 
+// Lists the errors under the form and marks each control they name, with its message beside
+// it; the marks of an earlier check are cleared first.
 function showErrors(errors) {
   const list = document.getElementById("errors");
   list.replaceChildren(...errors.map(([pointer, message]) => element("li", { "data-pointer": pointer }, (pointer || "/") + " " + message)));
+  const fields = document.getElementById("fields");
+  for (const node of fields.querySelectorAll(".field-error")) node.remove();
+  for (const node of fields.querySelectorAll("[aria-invalid]")) {
+    node.removeAttribute("aria-invalid");
+    node.classList.remove("invalid");
+  }
+  for (const [pointer, message] of errors) {
+    const control = Array.from(fields.querySelectorAll("[data-pointer]")).find((node) => node.getAttribute("data-pointer") === pointer);
+    if (!control) continue;
+    control.setAttribute("aria-invalid", "true");
+    control.classList.add("invalid");
+    const note = element("span", { class: "field-error", "data-pointer": pointer }, message);
+    if (control.tagName === "FIELDSET") control.appendChild(note); else control.after(note);
+  }
 }
 
 function tryIt(form) {
@@ -226,7 +244,13 @@ function tryIt(form) {
     } else {
       args = readValue(fields.querySelector("fieldset"), schema, errors);
     }
-    if (!errors.length) validate(args, schema, "", errors);
+    // The schema's errors too, but one per control: text in a number field is already named.
+    if (args !== undefined) {
+      const named = new Set(errors.map(([pointer]) => pointer));
+      const more = [];
+      validate(args, schema, "", more);
+      errors.push(...more.filter(([pointer]) => !named.has(pointer)));
+    }
     showErrors(errors);
     if (errors.length) return;
     if (source) source.close();
