@@ -1,4 +1,5 @@
-//! Raw HTTP/1.1 requests to an MCP door's `/mcp`, as a client with no SDK sends them.
+//! Raw HTTP/1.1 requests to the daemon's HTTP listeners (an MCP door's `/mcp`, the console), as
+//! a client with no SDK sends them.
 
 use std::io::{Read as _, Write as _};
 use std::net::TcpStream;

@@ -2,7 +2,7 @@
 //! are answered exactly once with response topics spread over the slots, across a replica
 //! killed mid-run, for duplicates naming another response topic, and across a coordinated
 //! failover of the shard holding the requests stream; the chat inbox, discovery, the client
-//! subcommands (`dlq replay` too) and `tool.cancel` (forwarded between replicas, answered from the
+//! subcommands (`dlq replay` too, and the console's Replay) and `tool.cancel` (forwarded between replicas, answered from the
 //! claims) work there too.
 
 #![allow(clippy::unwrap_used)]
@@ -697,6 +697,64 @@ fn chat_inbox_discovery_dead_letters_and_the_client_subcommands_work_on_a_cluste
     assert_no_slot_errors(&toolhost);
 }
 
+/// The response topic of the replay tests, in another slot than the requests stream.
+const WRONG: &str = "results:wrong";
+
+/// A request `rp-1` dead-lettered because its response topic held a key of another type, then
+/// retried by its caller once the cause was fixed and answered there, so that the request's
+/// answered mark sits next to that topic, in its slot: what a replay must delete.
+fn a_dead_letter_whose_request_was_answered_since(
+    cluster: &RedisCluster,
+    connection: &mut ClusterConnection,
+) {
+    assert_ne!(cluster.slot(WRONG), cluster.slot(REQUESTS));
+    // The request names a response topic holding a key of another type: it is answered
+    // `internal` on the default topic and dead-lettered.
+    let () = redis::cmd("SET").arg(WRONG).arg("a string").query(connection).unwrap();
+    xadd(connection, REQUESTS, &request("echo.requested", "rp-1", json!({"message": "first"}), WRONG));
+    let letters = wait_for(connection, "dlq:toolhost", 1);
+    assert_eq!(letters.len(), 1, "{letters:#?}");
+    let fallback = wait_for(connection, "action-results", 1);
+    assert_eq!(fallback[0]["data"]["error_code"], "internal", "{fallback:?}");
+    // The cause is fixed, and the caller's own retry is answered there first: the request's
+    // answered mark now sits next to the topic, in its slot.
+    let () = redis::cmd("DEL").arg(WRONG).query(connection).map(|_: i64| ()).unwrap();
+    xadd(connection, REQUESTS, &request("echo.requested", "rp-1", json!({"message": "retry"}), WRONG));
+    let answered = wait_for(connection, WRONG, 1);
+    assert_eq!(answered.len(), 1, "{answered:#?}");
+    assert_eq!(answered[0]["data"]["result"]["message"], "retry");
+    let marks: Vec<String> = ledger_keys(cluster, "rp-1")
+        .into_iter()
+        .filter(|key| key.contains("}answer:") && cluster.slot(key) == cluster.slot(WRONG))
+        .collect();
+    assert_eq!(marks.len(), 1, "the answered mark next to {WRONG}: {:?}", ledger_keys(cluster, "rp-1"));
+}
+
+/// After a replay of [`a_dead_letter_whose_request_was_answered_since`]'s letter: the replayed
+/// request runs and is answered on its response topic, once (the group settles, nothing
+/// pending, nothing undelivered, with exactly one more answer there), and the letter is gone.
+fn assert_the_replay_is_answered_once(
+    cluster: &RedisCluster,
+    connection: &mut ClusterConnection,
+    toolhost: &Toolhost,
+) {
+    let answered = wait_for(connection, WRONG, 2);
+    let deadline = Instant::now() + WAIT;
+    while backlog(connection, "") != (0, Some(0)) {
+        assert!(Instant::now() < deadline, "not settled: {:?}", backlog(connection, ""));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let after = payloads(connection, WRONG);
+    assert_eq!(after, answered, "{}", toolhost.log());
+    assert_eq!(after.len(), 2, "{after:#?}\n{}", toolhost.log());
+    assert_eq!(after[1]["data"]["request_id"], "rp-1");
+    assert_eq!(after[1]["data"]["result"]["message"], "first", "{after:#?}");
+    let (code, stdout, _) = client(cluster, &["dlq", "list"]);
+    assert_eq!((code, stdout.as_str()), (0, ""), "the letter is gone");
+    assert_no_slot_errors(toolhost);
+}
+
 /// `toolhost dlq replay`, run as a process, on a cluster: the replayed request runs and is
 /// answered once on its response topic, although an answer for its request id is already there
 /// (the replay deletes the answered mark next to that topic, in the topic's slot, as well as the
@@ -706,28 +764,7 @@ fn a_dead_letter_replayed_with_the_cli_is_answered_on_its_response_topic_on_a_cl
     let cluster = RedisCluster::start(3, 0);
     let toolhost = start(&cluster);
     let mut connection = cluster.connection();
-    let wrong = "results:wrong";
-    assert_ne!(cluster.slot(wrong), cluster.slot(REQUESTS));
-    // The request names a response topic holding a key of another type: it is answered
-    // `internal` on the default topic and dead-lettered.
-    let () = redis::cmd("SET").arg(wrong).arg("a string").query(&mut connection).unwrap();
-    xadd(&mut connection, REQUESTS, &request("echo.requested", "rp-1", json!({"message": "first"}), wrong));
-    let letters = wait_for(&mut connection, "dlq:toolhost", 1);
-    assert_eq!(letters.len(), 1, "{letters:#?}");
-    let fallback = wait_for(&mut connection, "action-results", 1);
-    assert_eq!(fallback[0]["data"]["error_code"], "internal", "{fallback:?}");
-    // The cause is fixed, and the caller's own retry is answered there first: the request's
-    // answered mark now sits next to the topic, in its slot.
-    let () = redis::cmd("DEL").arg(wrong).query(&mut connection).map(|_: i64| ()).unwrap();
-    xadd(&mut connection, REQUESTS, &request("echo.requested", "rp-1", json!({"message": "retry"}), wrong));
-    let answered = wait_for(&mut connection, wrong, 1);
-    assert_eq!(answered.len(), 1, "{answered:#?}");
-    assert_eq!(answered[0]["data"]["result"]["message"], "retry");
-    let marks: Vec<String> = ledger_keys(&cluster, "rp-1")
-        .into_iter()
-        .filter(|key| key.contains("}answer:") && cluster.slot(key) == cluster.slot(wrong))
-        .collect();
-    assert_eq!(marks.len(), 1, "the answered mark next to {wrong}: {:?}", ledger_keys(&cluster, "rp-1"));
+    a_dead_letter_whose_request_was_answered_since(&cluster, &mut connection);
 
     // The operator replays the letter by its dlq_id.
     let (code, stdout, stderr) = client(&cluster, &["dlq", "list"]);
@@ -743,24 +780,60 @@ fn a_dead_letter_replayed_with_the_cli_is_answered_on_its_response_topic_on_a_cl
         (replayed["dlq_id"].as_str(), replayed["request_id"].as_str()),
         (Some(dlq_id.as_str()), Some("rp-1"))
     );
+    assert_the_replay_is_answered_once(&cluster, &mut connection, &toolhost);
+}
 
-    // The replay runs and is answered on its response topic, once: the group settles (nothing
-    // pending, nothing undelivered) with exactly one more answer there.
-    let answered = wait_for(&mut connection, wrong, 2);
-    let deadline = Instant::now() + WAIT;
-    while backlog(&mut connection, "") != (0, Some(0)) {
-        assert!(Instant::now() < deadline, "not settled: {:?}", backlog(&mut connection, ""));
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    std::thread::sleep(Duration::from_millis(500));
-    let after = payloads(&mut connection, wrong);
-    assert_eq!(after, answered, "{}", toolhost.log());
-    assert_eq!(after.len(), 2, "{after:#?}\n{}", toolhost.log());
-    assert_eq!(after[1]["data"]["request_id"], "rp-1");
-    assert_eq!(after[1]["data"]["result"]["message"], "first", "{after:#?}");
-    let (code, stdout, _) = client(&cluster, &["dlq", "list"]);
-    assert_eq!((code, stdout.as_str()), (0, ""), "the letter is gone");
-    assert_no_slot_errors(&toolhost);
+/// The console's Replay (its `POST /api/dlq/<toolbox>/<dlq id>/replay`, what the page's button
+/// sends) on a cluster: the same as `dlq replay`, and audited as the console's.
+#[test]
+fn a_dead_letter_replayed_from_the_console_is_answered_on_its_response_topic_on_a_cluster() {
+    let cluster = RedisCluster::start(3, 0);
+    let mut env = env_with_prefix(&cluster, "");
+    // Without a token the console listens on loopback only, and needs only the CSRF token.
+    env.push(("TOOLHOST__CONSOLE__LISTEN".to_owned(), "127.0.0.1:0".to_owned()));
+    let pairs: Vec<(&str, &str)> = env.iter().map(|(name, value)| (name.as_str(), value.as_str())).collect();
+    let toolhost = Toolhost::start(&pairs);
+    let mut connection = cluster.connection();
+    a_dead_letter_whose_request_was_answered_since(&cluster, &mut connection);
+
+    let port: u16 = toolhost
+        .log()
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .find(|line| line["message"] == "console listening")
+        .and_then(|line| line["address"].as_str()?.rsplit_once(':')?.1.parse().ok())
+        .unwrap_or_else(|| panic!("no `console listening` line with an address:\n{}", toolhost.log()));
+    let http = |request: String| toolhost_e2e::mcp_http::raw(port, &request);
+    let (status, page) =
+        http(format!("GET /dlq HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n"));
+    assert_eq!(status, 200, "{page}");
+    let csrf = page
+        .split_once("name=\"csrf-token\" content=\"")
+        .and_then(|(_, rest)| rest.split_once('"'))
+        .map(|(csrf, _)| csrf.to_owned())
+        .unwrap_or_else(|| panic!("no CSRF token on the page:\n{page}"));
+    let letters: Vec<(String, Vec<(String, String)>)> =
+        redis::cmd("XRANGE").arg("dlq:toolhost").arg("-").arg("+").query(&mut connection).unwrap();
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    let dlq_id = &letters[0].0;
+    assert!(page.contains(&format!("data-dlq-id=\"{dlq_id}\"")), "the letter on the page:\n{page}");
+
+    let (status, answer) = http(format!(
+        "POST /api/dlq/toolhost/{dlq_id}/replay HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\
+         X-CSRF-Token: {csrf}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    ));
+    assert_eq!(status, 200, "{answer}");
+    assert!(answer.contains("\"request_id\":\"rp-1\""), "{answer}");
+    assert_the_replay_is_answered_once(&cluster, &mut connection, &toolhost);
+
+    let audit: Vec<(String, std::collections::HashMap<String, String>)> =
+        redis::cmd("XRANGE").arg("audit:toolhost").arg("-").arg("+").query(&mut connection).unwrap();
+    assert!(
+        audit.iter().any(|(_, fields)| fields.get("door").map(String::as_str) == Some("console")
+            && fields.get("request_id").map(String::as_str) == Some("rp-1")
+            && fields.get("reason").is_some_and(|reason| reason.starts_with("replay"))),
+        "the replay audited: {audit:?}"
+    );
 }
 
 #[test]
