@@ -194,6 +194,14 @@ def fleet_rows(console: Console) -> dict[str, Any]:
             }
             for row in console.all("table#sources tr[data-source]")
         ],
+        "conflicts": [
+            {
+                "tool": row.get_attribute("data-tool"),
+                "hash": row.find_elements(By.TAG_NAME, "td")[1].text.strip(),
+                "toolboxes": row.find_elements(By.TAG_NAME, "td")[2].text.strip(),
+            }
+            for row in console.all("table#conflicts tr[data-tool]")
+        ],
         "redis_topology": console.text("span#redis-topology"),
         "redis_health": console.text("span#redis-health"),
         "groups": [

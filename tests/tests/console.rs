@@ -62,6 +62,14 @@ fn probe_schema() -> Value {
     })
 }
 
+/// The command `shared_note`, which both toolboxes serve, each with its own `description`.
+fn shared_note(description: &str) -> String {
+    format!(
+        "\n[[commands]]\nname = \"shared_note\"\ndescription = {}\nargv = [\"echo\", \"{{text}}\"]\n",
+        toml_string(description)
+    )
+}
+
 /// The venv with Selenium, as `scripts/ensure-console-deps.sh` lays it out.
 fn venv() -> PathBuf {
     toolhost_e2e::venv("TOOLHOST_CONSOLE_VENV", "venv-console", "ensure-console-deps.sh", "test-console")
@@ -122,11 +130,13 @@ impl Fleet {
                  argv = [\"sleep\", \"{{seconds}}\"]\ntimeout_ms = 180000\n\n\
                  [[commands]]\nname = \"html_note\"\ndescription = {html}\nargv = [\"echo\", \"{{text}}\"]\n\n\
                  [[commands]]\nname = \"form_probe\"\ndescription = \"Says back an argument of every kind the form makes.\"\n\
-                 argv = [\"cat\"]\nstdin = \"{{level}} {{urgent}} {{target}} {{tags}}\"\nargument_schema_file = {probe}\n",
+                 argv = [\"cat\"]\nstdin = \"{{level}} {{urgent}} {{target}} {{tags}}\"\nargument_schema_file = {probe}\n\
+                 {shared}",
                 user = toml_string(&user()),
                 everything = toml_string(everything_server().to_str().unwrap()),
                 html = toml_string(HTML_DESCRIPTION),
                 probe = toml_string(probe_path.to_str().unwrap()),
+                shared = shared_note("Main's note."),
             ),
         )
         .unwrap();
@@ -144,9 +154,18 @@ impl Fleet {
             .and_then(|line| line["address"].as_str().map(str::to_owned))
             .unwrap_or_else(|| panic!("no `console listening` line with an address:\n{}", main.log()));
         let second_config = dir.join("second.toml");
-        // `second` writes its call log too, so the console shows the calls it runs.
-        std::fs::write(&second_config, "[daemon]\ntoolbox_id = \"second\"\n[console]\nrecord_calls = true\n")
-            .unwrap();
+        // `second` writes its call log too, so the console shows the calls it runs, and serves
+        // `shared_note` with another description than `main`'s: a conflict.
+        std::fs::write(
+            &second_config,
+            format!(
+                "[daemon]\ntoolbox_id = \"second\"\n[console]\nrecord_calls = true\n\
+                 [tools.terminal]\nrun_as = {user}\n{shared}",
+                user = toml_string(&user()),
+                shared = shared_note("Second's note."),
+            ),
+        )
+        .unwrap();
         let second = Toolhost::start(&[
             ("REDIS_URL", &redis.url()),
             ("TOOLHOST_CONFIG", second_config.to_str().unwrap()),
@@ -305,6 +324,17 @@ fn the_fleet_page_lists_the_second_toolbox_and_the_hosted_servers_state() {
     let groups: Vec<&str> =
         rows["groups"].as_array().unwrap().iter().filter_map(|row| row["group"].as_str()).collect();
     assert!(groups.contains(&"main") && groups.contains(&"second"), "both consumer groups: {rows}");
+
+    // `shared_note`, served by both toolboxes with different descriptions, is listed as a
+    // conflict: one row per description, each naming its toolbox.
+    let conflicts = rows["conflicts"].as_array().unwrap();
+    let shared: Vec<&Value> = conflicts.iter().filter(|row| row["tool"] == "shared_note").collect();
+    assert_eq!(shared.len(), 2, "{rows}");
+    let mut toolboxes: Vec<&str> = shared.iter().filter_map(|row| row["toolboxes"].as_str()).collect();
+    toolboxes.sort_unstable();
+    assert_eq!(toolboxes, ["main", "second"], "{rows}");
+    assert_ne!(shared[0]["hash"], shared[1]["hash"], "{rows}");
+    assert!(conflicts.iter().all(|row| row["tool"] == "shared_note"), "no other conflict: {rows}");
 
     let tools: Vec<&str> = report["tools"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
     for name in ["echo", "slow_sleep", "html_note", "everything__echo"] {
