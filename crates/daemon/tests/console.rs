@@ -309,3 +309,33 @@ async fn a_dead_letter_is_replayed_from_the_console_and_answered() {
     assert!(!after.body.contains(&format!("data-dlq-id=\"{dlq_id}\"")), "{}", after.body);
     assert_eq!(http(addr, "POST", &path, &[(auth, &token), ("X-CSRF-Token", &csrf)], None).status, 404);
 }
+
+#[test]
+fn without_a_token_the_console_refuses_to_listen_beyond_loopback() {
+    let dir = temp_dir("console-open");
+    let config = dir.join("toolhost.toml");
+    std::fs::write(&config, "[console]\nlisten = \"0.0.0.0:0\"\n").unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_toolhost"))
+        .args(["serve", "--config", config.to_str().unwrap()])
+        .env_clear()
+        .env("REDIS_URL", "redis://127.0.0.1:1")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // It stops before it touches Redis or binds anything; a daemon that served would run on.
+    let deadline = Instant::now() + WAIT;
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("toolhost serve kept running with an open console and no token");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(64), "{stderr}");
+    assert!(stderr.contains("console.listen") && stderr.contains("loopback"), "{stderr}");
+    assert!(!String::from_utf8_lossy(&output.stdout).contains("console listening"));
+    let _ = std::fs::remove_dir_all(dir);
+}
