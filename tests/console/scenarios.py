@@ -44,7 +44,9 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.remote.webelement import WebElement
 
-WAIT_S = 30.0
+# Generous: waits are polls that end as soon as the page shows what they wait for, and the
+# machine may be busy (a build beside the tests on two cores).
+WAIT_S = 60.0
 CHROMIUM = os.environ.get("CONSOLE_CHROMIUM", "/usr/bin/chromium")
 CHROMEDRIVER = os.environ.get("CONSOLE_CHROMEDRIVER", "/usr/bin/chromedriver")
 

@@ -28,7 +28,7 @@ use toolhost_e2e::{RedisProcess, Toolhost, temp_dir, user};
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 /// How long a wait on Redis may take.
-const WAIT: Duration = Duration::from_secs(30);
+const WAIT: Duration = Duration::from_secs(60);
 
 /// The seconds the slow call sleeps: a number no other process on the machine is likely to
 /// sleep, since the browser scenario looks for the `sleep` process by it, and short enough that
@@ -145,7 +145,7 @@ impl Fleet {
             ("TOOLHOST_CONFIG", main_config.to_str().unwrap()),
             ("CONSOLE_TOKEN", &token),
         ]);
-        main.wait_for_log("console listening", Duration::from_secs(10));
+        main.wait_for_log("console listening", WAIT);
         let address = main
             .log()
             .lines()
