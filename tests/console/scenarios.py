@@ -20,7 +20,8 @@ Scenarios:
                           controls, errors at nested pointers, then a call
     dlq <replay id> <delete id>
                           the dead letters page: one letter replayed, one deleted
-    script                a tool description holding <script> renders as text and never runs
+    script                a tool description holding <script> renders as text and never runs;
+                          so does a result holding markup, on the try-it and the call's page
     refusals              no token, a wrong token, and POSTs without (or with a wrong) CSRF
                           token are refused; the same POST with it is accepted
 """
@@ -577,12 +578,12 @@ def script(console: Console) -> dict[str, Any]:
     report: dict[str, Any] = {}
     console.login()
     console.open("/tools")
-    cell = console.wait(lambda: console.one('table#tools tr[data-tool="html_note"] td.description'), "html_note")
-    report["list_text"] = cell.text
+    listed = console.wait(lambda: console.one('table#tools tr[data-tool="html_note"] td.description'), "html_note")
+    report["list_text"] = listed.text
     report["list_elements"] = console.driver.execute_script(
-        "return arguments[0].querySelectorAll('script, img').length", cell
+        "return arguments[0].querySelectorAll('script, img').length", listed
     )
-    report["list_flag"] = console.driver.execute_script(f"return window.{SCRIPT_FLAG} === undefined ? null : String(window.{SCRIPT_FLAG})")
+    report["list_flag"] = flag(console)
     console.open("/tools/html_note")
     description = console.wait(lambda: console.one("p#tool-description"), "html_note's page")
     time.sleep(0.5)  # an <img onerror> would fire once the image fails to load
@@ -590,17 +591,59 @@ def script(console: Console) -> dict[str, Any]:
     report["detail_elements"] = console.driver.execute_script(
         "return arguments[0].querySelectorAll('script, img').length", description
     )
-    report["detail_flag"] = console.driver.execute_script(f"return window.{SCRIPT_FLAG} === undefined ? null : String(window.{SCRIPT_FLAG})")
+    report["detail_flag"] = flag(console)
     # Scripts on the page at all: only the console's own, from /static/.
     report["page_scripts"] = console.driver.execute_script(
         "return Array.from(document.scripts).map(s => s.src || ('inline:' + s.textContent.slice(0, 60)))"
     )
+    report["screenshot_script"] = console.screenshot("tool-script-description")
+
+    # A result holding markup: put into the try-it page by the script, and into the call's page
+    # by the server (its request and its answer), as text each time.
+    text_field = console.wait(lambda: console.one('form#try-it input[data-pointer="/text"]'), "the text field")
+    text_field.send_keys(RESULT_MARKUP)
+    request_id, report["result"] = console.call("html_note answered")
+    time.sleep(0.5)
+    report["result_text"] = console.text("pre#result")
+    report["result_elements"] = console.driver.execute_script(
+        "return document.querySelectorAll('main script, main img').length"
+    )
+    report["result_flag"] = flag(console)
+    console.nav("calls", "/calls")
+    row = console.wait(
+        lambda: next(
+            (row for row in console.all(f'table#calls tr[data-request-id="{request_id}"]')
+             if cell(row, "td.outcome") == "success"),
+            None,
+        ),
+        "html_note's call on the calls page",
+    )
+    console.driver.get(row.find_element(By.CSS_SELECTOR, "a.call-link").get_attribute("href") or "")
+    console.wait(lambda: console.text("span#call-outcome"), "the call's detail")
+    time.sleep(0.5)
+    report["call_request_text"] = console.text("pre#call-request")
+    report["call_answer_text"] = console.text("pre#call-answer")
+    report["call_elements"] = console.driver.execute_script(
+        "return document.querySelectorAll('main script, main img').length"
+    )
+    report["call_flag"] = flag(console)
+    report["screenshot_script_result"] = console.screenshot("call-markup-result")
     try:
         report["alert"] = console.driver.switch_to.alert.text
     except NoAlertPresentException:
         report["alert"] = None
-    report["screenshot_script"] = console.screenshot("tool-script-description")
     return report
+
+
+# What html_note is called with: markup that would set window.__consoleXss if it ran.
+RESULT_MARKUP = '<img src="y" onerror="window.__consoleXss = 3"><script>window.__consoleXss = 4</script>'
+
+
+def flag(console: Console) -> str | None:
+    """window.__consoleXss, which only markup that ran would have set."""
+    return console.driver.execute_script(
+        f"return window.{SCRIPT_FLAG} === undefined ? null : String(window.{SCRIPT_FLAG})"
+    )
 
 
 def refusals(console: Console) -> dict[str, Any]:

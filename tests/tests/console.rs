@@ -560,7 +560,7 @@ fn a_dead_letter_is_replayed_and_answered_and_another_deleted_from_the_page() {
 }
 
 #[test]
-fn a_tool_description_holding_a_script_renders_as_text_and_never_runs() {
+fn a_tool_description_or_result_holding_a_script_renders_as_text_and_never_runs() {
     let _one = lock();
     let fleet = Fleet::start();
     let report = fleet.scenario("script", &[]);
@@ -574,6 +574,20 @@ fn a_tool_description_holding_a_script_renders_as_text_and_never_runs() {
         assert_eq!(report[format!("{place}_elements")], 0, "{place}: no element made from it: {report}");
         assert_eq!(report[format!("{place}_flag")], Value::Null, "{place}: nothing of it ran: {report}");
     }
+    // A result holding markup, on the try-it page (put there by the script) and on the call's
+    // page (by the server): text, no element, nothing run.
+    let markup = r#"<img src="y" onerror="window.__consoleXss = 3"><script>window.__consoleXss = 4</script>"#;
+    assert_eq!(report["result"]["result"], format!("{markup}\n"), "{report}");
+    // The pages show the result and request as JSON: the markup as a JSON string's content.
+    let quoted = serde_json::to_string(markup).unwrap();
+    let shown = &quoted[1..quoted.len() - 1];
+    for place in ["result", "call_request", "call_answer"] {
+        assert!(report[format!("{place}_text")].as_str().unwrap().contains(shown), "{place}: {report}");
+    }
+    for place in ["result", "call"] {
+        assert_eq!(report[format!("{place}_elements")], 0, "{place}: no element made from it: {report}");
+        assert_eq!(report[format!("{place}_flag")], Value::Null, "{place}: nothing of it ran: {report}");
+    }
     assert_eq!(report["alert"], Value::Null, "{report}");
     let scripts: Vec<&str> =
         report["page_scripts"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
@@ -582,6 +596,7 @@ fn a_tool_description_holding_a_script_renders_as_text_and_never_runs() {
         "only the console's own script: {scripts:?}"
     );
     check_screenshot(&report, "screenshot_script");
+    check_screenshot(&report, "screenshot_script_result");
 }
 
 /// The spec's Content-Security-Policy directives, each with its value.
