@@ -209,6 +209,7 @@ def fleet_rows(console: Console) -> dict[str, Any]:
         "redis_health": console.text("span#redis-health"),
         "groups": [
             {
+                "stream": row.get_attribute("data-stream"),
                 "group": row.get_attribute("data-group"),
                 "pending": row.find_element(By.CSS_SELECTOR, "td.pending").text.strip(),
                 "lag": row.find_element(By.CSS_SELECTOR, "td.lag").text.strip(),

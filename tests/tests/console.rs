@@ -321,9 +321,28 @@ fn the_fleet_page_lists_the_second_toolbox_and_the_hosted_servers_state() {
     assert!(["mcp", "stdio"].contains(&everything[0]["kind"].as_str().unwrap()), "{rows}");
     assert_eq!(rows["redis_topology"], "single", "{rows}");
     assert_eq!(rows["redis_health"], "up", "{rows}");
-    let groups: Vec<&str> =
-        rows["groups"].as_array().unwrap().iter().filter_map(|row| row["group"].as_str()).collect();
-    assert!(groups.contains(&"main") && groups.contains(&"second"), "both consumer groups: {rows}");
+    // Each toolbox's group on every stream its replicas read: the requests stream and the chat
+    // inbox (both toolboxes keep the default agent name, so they share `chat:ToolHost`).
+    let groups: Vec<(&str, &str)> = rows["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|row| Some((row["stream"].as_str()?, row["group"].as_str()?)))
+        .collect();
+    for stream in ["action-requests", "chat:ToolHost"] {
+        for group in ["main", "second"] {
+            assert!(groups.contains(&(stream, group)), "{group}'s group on {stream}: {rows}");
+        }
+    }
+    assert!(
+        rows["groups"].as_array().unwrap().iter().all(|row| row["pending"]
+            .as_str()
+            .unwrap()
+            .parse::<u64>()
+            .is_ok()
+            && !row["lag"].as_str().unwrap().is_empty()),
+        "{rows}"
+    );
 
     // `shared_note`, served by both toolboxes with different descriptions, is listed as a
     // conflict: one row per description, each naming its toolbox.

@@ -34,6 +34,9 @@ pub(crate) struct Publisher {
     pub period: Duration,
     pub requests_topic: String,
     pub results_topic: String,
+    /// The chat inbox this replica reads (full key); with the requests stream, what its
+    /// heartbeat lists as the streams it reads as a consumer group.
+    pub inbox_topic: String,
     /// What the other replicas host, read again on every beat.
     pub fleet: Arc<Fleet>,
     pub telemetry: Telemetry,
@@ -114,6 +117,10 @@ impl Publisher {
             "tools": registry.names(),
             "hosted": hosted,
             "sources": self.telemetry.sources(),
+            "groups": [
+                {"stream": self.requests_topic, "group": self.toolbox_id},
+                {"stream": self.inbox_topic, "group": self.toolbox_id},
+            ],
             "at": toolhost_envelope::now_rfc3339(),
         });
         let key = self.heartbeat_key();

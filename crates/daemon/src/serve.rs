@@ -450,6 +450,7 @@ impl App {
             period: config.heartbeat,
             requests_topic: keys.topic(&raw.streams.requests),
             results_topic: keys.topic(&raw.streams.results),
+            inbox_topic: inbox.topic().to_owned(),
             fleet,
             telemetry: telemetry.clone(),
         });

@@ -167,23 +167,32 @@ pub(crate) async fn fleet(State(console): State<Arc<Console>>) -> Response {
     }
     body.push_str("</tbody></table>");
     body.push_str(
-        "<h2>Consumer groups of the requests stream</h2><table id=\"groups\"><thead><tr><th>group</th>\
+        "<h2>Consumer groups</h2><table id=\"groups\"><thead><tr><th>stream</th><th>group</th>\
          <th>pending</th><th>lag</th></tr></thead><tbody>",
     );
-    match &view.groups {
-        Ok(groups) => {
-            for group in groups {
+    for (stream, groups) in &view.groups {
+        match groups {
+            Ok(groups) => {
+                for group in groups {
+                    let _ = write!(
+                        body,
+                        "<tr data-stream=\"{stream}\" data-group=\"{name}\"><td>{stream}</td><td>{name}</td>\
+                         <td class=\"pending\">{pending}</td><td class=\"lag\">{lag}</td></tr>",
+                        stream = escape(stream),
+                        name = escape(&group.name),
+                        pending = group.pending,
+                        lag = group.lag.map_or_else(|| "unknown".to_owned(), |lag| lag.to_string()),
+                    );
+                }
+            }
+            Err(err) => {
                 let _ = write!(
                     body,
-                    "<tr data-group=\"{name}\"><td>{name}</td><td class=\"pending\">{pending}</td><td class=\"lag\">{lag}</td></tr>",
-                    name = escape(&group.name),
-                    pending = group.pending,
-                    lag = group.lag.map_or_else(|| "unknown".to_owned(), |lag| lag.to_string()),
+                    "<tr data-stream=\"{stream}\"><td>{stream}</td><td colspan=\"3\">cannot read the groups: {err}</td></tr>",
+                    stream = escape(stream),
+                    err = escape(err),
                 );
             }
-        }
-        Err(err) => {
-            let _ = write!(body, "<tr><td colspan=\"3\">cannot read the groups: {}</td></tr>", escape(err));
         }
     }
     body.push_str("</tbody></table>");

@@ -1,5 +1,5 @@
 //! What the console shows, read from Redis: the replicas' heartbeats, the consumer groups of the
-//! requests stream, the call logs, the ledger's kept answers and the dead letters.
+//! streams they read, the call logs, the ledger's kept answers and the dead letters.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -29,6 +29,16 @@ pub(crate) struct Replica {
     /// Its tool sources (hosted MCP servers, the OVOS source) and their states.
     #[serde(default)]
     pub sources: Vec<Source>,
+    /// The streams it reads as a consumer group (the requests stream, its chat inbox).
+    #[serde(default)]
+    pub groups: Vec<ReadGroup>,
+}
+
+/// A stream a replica reads as a consumer group.
+#[derive(Debug, Clone, Deserialize)]
+pub(crate) struct ReadGroup {
+    /// The stream's full key.
+    pub stream: String,
 }
 
 /// One hosted tool of a heartbeat.
@@ -74,7 +84,9 @@ pub(crate) struct FleetView {
     pub replicas: Vec<Replica>,
     /// Tool name to its versions: description hash and the toolboxes serving it.
     pub conflicts: BTreeMap<String, BTreeMap<String, BTreeSet<String>>>,
-    pub groups: Result<Vec<GroupInfo>, String>,
+    /// Each stream the live replicas read (bare name; the requests stream always), with its
+    /// consumer groups or why they could not be read.
+    pub groups: BTreeMap<String, Result<Vec<GroupInfo>, String>>,
     /// Whether Redis answered a `PING`, and in how many microseconds.
     pub redis: Result<u128, String>,
 }
@@ -107,12 +119,12 @@ impl FleetView {
         json!({
             "replicas": replicas,
             "conflicts": self.conflicts,
-            "groups": match &self.groups {
-                Ok(groups) => json!(groups.iter().map(|group| json!({
-                    "name": group.name, "pending": group.pending, "lag": group.lag,
-                })).collect::<Vec<_>>()),
-                Err(err) => json!({"error": err}),
-            },
+            "groups": self.groups.iter().flat_map(|(stream, groups)| match groups {
+                Ok(groups) => groups.iter().map(|group| json!({
+                    "stream": stream, "name": group.name, "pending": group.pending, "lag": group.lag,
+                })).collect::<Vec<_>>(),
+                Err(err) => vec![json!({"stream": stream, "error": err})],
+            }).collect::<Vec<_>>(),
             "redis": {
                 "topology": console.topology,
                 "address": console.redis,
@@ -142,8 +154,14 @@ pub(crate) async fn fleet(console: &Console) -> FleetView {
         }
     }
     conflicts.retain(|_, versions| versions.len() > 1);
-    let groups =
-        bus.group_info(&console.keys.topic(&console.requests_stream)).await.map_err(|err| err.to_string());
+    let mut streams = BTreeSet::from([console.keys.topic(&console.requests_stream)]);
+    streams.extend(replicas.iter().flat_map(|replica| replica.groups.iter().map(|read| read.stream.clone())));
+    let mut groups = BTreeMap::new();
+    for stream in streams {
+        let info = bus.group_info(&stream).await.map_err(|err| err.to_string());
+        let bare = stream.strip_prefix(console.keys.prefix()).unwrap_or(&stream).to_owned();
+        groups.insert(bare, info);
+    }
     FleetView { replicas, conflicts, groups, redis }
 }
 
