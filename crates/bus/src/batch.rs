@@ -2,8 +2,10 @@
 //!
 //! Under load many calls reach the same ledger step at once. Each on its own costs a round trip,
 //! a socket write and a script invocation in Redis; together they cost one. A [`Batcher`] queues
-//! invocations, and one task runs whatever is queued as one script call, without waiting for more:
-//! a lone call goes out at once, and calls that arrive while a batch is in flight form the next.
+//! invocations, and one task runs whatever is queued as one script call, waiting on no timer: it
+//! lets the tasks that are ready to run now queue theirs first (a few turns of the scheduler, see
+//! [`gather`]), so a lone call goes out after one turn, the calls of one read go out together, and
+//! calls that arrive while a batch is in flight form the next.
 //!
 //! The batch script is generated from the single-item script: its body becomes a Lua function
 //! with its own `KEYS` and `ARGV`, called once per item under `pcall`, so one item's error fails
@@ -42,6 +44,9 @@ use crate::slots;
 
 /// Most invocations in one batch.
 const MAX_BATCH: usize = 128;
+
+/// Most turns of the scheduler a batch waits for more invocations (see [`gather`]).
+const GATHER_TURNS: usize = 4;
 
 /// The keys and arguments every item of one call of a script written for batches shares, given
 /// once before the items' own.
@@ -162,12 +167,8 @@ async fn run(
     let mut batch = Vec::with_capacity(MAX_BATCH);
     while let Some(first) = receiver.recv().await {
         batch.push(first);
-        while batch.len() < MAX_BATCH {
-            match receiver.try_recv() {
-                Ok(item) => batch.push(item),
-                Err(_) => break,
-            }
-        }
+        take_queued(&mut receiver, &mut batch);
+        gather(&mut receiver, &mut batch).await;
         let one_call = !by_slot && batch.iter().all(|item| item.shared == batch[0].shared);
         if one_call {
             invoke(&script, layout, std::mem::take(&mut batch), connection.clone()).await;
@@ -184,6 +185,38 @@ async fn run(
         }
         let calls = groups.into_values().map(|group| invoke(&script, layout, group, connection.clone()));
         futures::future::join_all(calls).await;
+    }
+}
+
+/// Moves what is queued into `batch`, up to [`MAX_BATCH`], without waiting.
+fn take_queued(receiver: &mut mpsc::UnboundedReceiver<Item>, batch: &mut Vec<Item>) {
+    while batch.len() < MAX_BATCH {
+        match receiver.try_recv() {
+            Ok(item) => batch.push(item),
+            Err(_) => break,
+        }
+    }
+}
+
+/// Lets the tasks that are ready to run now queue their invocations before the batch goes out,
+/// for as long as each turn of the scheduler brings more (at most [`GATHER_TURNS`] turns).
+///
+/// The first invocation wakes this task, and the runtime runs a task just woken next (Tokio's
+/// LIFO slot), before the other calls of the same read have run: without this hold a read of n
+/// entries became a batch of one and a batch of n − 1. A yield puts this task behind every task
+/// that is ready, so those calls are queued by the time it runs again; a turn that brings nothing
+/// ends the hold, so a lone call waits one turn of the scheduler and no time on a timer.
+async fn gather(receiver: &mut mpsc::UnboundedReceiver<Item>, batch: &mut Vec<Item>) {
+    for _ in 0..GATHER_TURNS {
+        if batch.len() >= MAX_BATCH {
+            return;
+        }
+        let before = batch.len();
+        tokio::task::yield_now().await;
+        take_queued(receiver, batch);
+        if batch.len() == before {
+            return;
+        }
     }
 }
 

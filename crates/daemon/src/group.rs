@@ -12,10 +12,11 @@
 
 use std::collections::HashSet;
 use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use toolhost_bus::{Error as BusError, Groups};
 use toolhost_envelope::Entry;
 use tracing::{debug, error, info, warn};
@@ -147,6 +148,11 @@ impl<H: EntryHandler> GroupReader<H> {
     /// Slots are taken before the read and the read asks for no more entries than slots are
     /// held, so a delivered entry never waits for a slot: its idle clock starts only when its
     /// handling can start, and shutdown never waits on an undelivered slot.
+    ///
+    /// After a read of [`HOLD_FROM`] entries or more it waits until their calls have ended, or
+    /// for [`READ_HOLD`], before it reads again, as the exactly-once floor does: reading at once
+    /// under load takes the entries a few at a time, and every read and every answer script
+    /// call costs Redis, the daemon and the callers a wake-up.
     pub async fn run_reader(self: Arc<Self>) {
         let mut backoff = Backoff::new();
         let stopping = self.shutdown.stopping().clone();
@@ -174,7 +180,20 @@ impl<H: EntryHandler> GroupReader<H> {
                 Ok(entries) => {
                     backoff.reset();
                     self.telemetry.set_redis_up(true);
-                    self.spawn_all(entries, permits);
+                    if entries.len() < HOLD_FROM {
+                        self.spawn_all(entries, permits, None);
+                        continue;
+                    }
+                    let round = Round::new();
+                    self.spawn_all(entries, permits, Some(&round));
+                    // Under load, read again once this read's calls have ended (or the hold is
+                    // over): the entries that came meanwhile then make one read and one answer
+                    // batch, where reading at once takes them a few at a time.
+                    tokio::select! {
+                        () = round.ended.notified() => {}
+                        () = tokio::time::sleep(READ_HOLD) => {}
+                        () = stopping.cancelled() => {}
+                    }
                 }
                 Err(err) => {
                     drop(permits);
@@ -206,18 +225,27 @@ impl<H: EntryHandler> GroupReader<H> {
     }
 
     /// Spawns a task per entry, each with one of `permits`; the permits left over are freed.
-    fn spawn_all(self: &Arc<Self>, entries: Vec<Entry>, mut permits: Vec<OwnedSemaphorePermit>) {
+    /// Each task counts in `round` until it ends.
+    fn spawn_all(
+        self: &Arc<Self>,
+        entries: Vec<Entry>,
+        mut permits: Vec<OwnedSemaphorePermit>,
+        round: Option<&Arc<Round>>,
+    ) {
         for entry in entries {
             // Reads and claims ask for at most as many entries as permits are held.
             let Some(permit) = permits.pop() else {
                 error!(entry_id = %entry.entry_id, "more entries delivered than asked for; left pending");
                 continue;
             };
-            self.spawn(entry, permit);
+            self.spawn(entry, permit, round.map(Round::enter));
+        }
+        if let Some(round) = round {
+            round.started();
         }
     }
 
-    fn spawn(self: &Arc<Self>, entry: Entry, permit: OwnedSemaphorePermit) {
+    fn spawn(self: &Arc<Self>, entry: Entry, permit: OwnedSemaphorePermit, in_round: Option<InRound>) {
         let Some(active) = Active::enter(self, &entry.entry_id) else {
             debug!(entry_id = %entry.entry_id, "entry is already being handled here");
             return;
@@ -228,6 +256,7 @@ impl<H: EntryHandler> GroupReader<H> {
         self.shutdown.tasks().spawn(Box::pin(async move {
             handler.handle(entry, Slot { permit: Some(permit) }).await;
             drop(active);
+            drop(in_round);
         }));
     }
 
@@ -298,7 +327,7 @@ impl<H: EntryHandler> GroupReader<H> {
             for _ in &reclaimed.entries {
                 self.telemetry.reclaimed();
             }
-            self.spawn_all(reclaimed.entries, permits);
+            self.spawn_all(reclaimed.entries, permits, None);
             if reclaimed.next_start == "0-0" {
                 return Ok(());
             }
@@ -326,6 +355,51 @@ impl<H: EntryHandler> GroupReader<H> {
     }
 }
 
+/// The fewest entries a read must bring for the reader to wait for their calls before it reads
+/// again: a lone entry means a caller is waiting on an idle toolbox, and the next read goes out at
+/// once.
+const HOLD_FROM: usize = 2;
+
+/// The longest the reader waits for the calls of its last read before it reads again, so that a
+/// slow tool holds up no other caller for longer.
+const READ_HOLD: Duration = Duration::from_millis(1);
+
+/// The calls of one read still running; [`Round::ended`] is notified when the last has ended.
+struct Round {
+    /// The calls running, plus one until every call of the read is spawned, so that a call that
+    /// ends at once does not end the round early.
+    running: AtomicUsize,
+    ended: Notify,
+}
+
+impl Round {
+    fn new() -> Arc<Round> {
+        Arc::new(Round { running: AtomicUsize::new(1), ended: Notify::new() })
+    }
+
+    fn enter(round: &Arc<Round>) -> InRound {
+        round.running.fetch_add(1, Ordering::Relaxed);
+        InRound(Arc::clone(round))
+    }
+
+    /// Every call of the read is spawned: the round ends with its last call.
+    fn started(self: &Arc<Round>) {
+        drop(InRound(Arc::clone(self)));
+    }
+}
+
+/// One call of a [`Round`] (or its spawning), counted until dropped.
+struct InRound(Arc<Round>);
+
+impl Drop for InRound {
+    fn drop(&mut self) {
+        if self.0.running.fetch_sub(1, Ordering::AcqRel) == 1 {
+            // A permit is stored if the reader is not waiting yet.
+            self.0.ended.notify_one();
+        }
+    }
+}
+
 /// Marks an entry as being handled by this process until dropped (also when its task panics).
 struct Active<H> {
     reader: Arc<GroupReader<H>>,
@@ -345,5 +419,24 @@ impl<H> Active<H> {
 impl<H> Drop for Active<H> {
     fn drop(&mut self) {
         self.reader.active.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(&self.entry_id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_round_ends_with_its_last_call_and_never_before_every_call_is_spawned() {
+        let round = Round::new();
+        // A call that ends at once, while the read's other calls are still being spawned.
+        drop(Round::enter(&round));
+        let running = Round::enter(&round);
+        round.started();
+        assert_eq!(round.running.load(Ordering::Acquire), 1, "one call still runs");
+        drop(running);
+        assert_eq!(round.running.load(Ordering::Acquire), 0);
+        // The reader may start waiting after the last call ended: the notification waits for it.
+        tokio::time::timeout(Duration::from_secs(5), round.ended.notified()).await.expect("the round ended");
     }
 }

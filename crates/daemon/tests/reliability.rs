@@ -17,7 +17,7 @@ use toolhost_bus::{
     Streams,
 };
 
-use crate::support::{Daemon, RedisServer, call_r1, deliver_one, pending, request, xadd};
+use crate::support::{Daemon, RedisServer, call_r1, deliver_one, pending, request, settled, wait_for, xadd};
 
 const REQUESTS: &str = "action-requests";
 const RESULTS: &str = "action-results";
@@ -890,6 +890,61 @@ async fn ledger_steps_are_safe_to_repeat_against_redis() {
     bus.ensure_group_at(REQUESTS, GROUP, "0").await.unwrap();
     let entries = bus.read_group(REQUESTS, GROUP, "c1", 10, Duration::from_millis(10)).await.unwrap();
     assert_eq!(entries.iter().map(|entry| entry.id.as_str()).collect::<Vec<_>>(), ["m-1", "m-alive", "m-3"]);
+}
+
+/// The calls of one read are answered by one script call. Redis wakes the daemon's blocked read
+/// once for a transaction of 40 requests, so one read delivers them all; the batcher then lets
+/// every call that is ready queue its answer before the batch goes out. (Before, the runtime ran
+/// the batching task as soon as the first answer woke it, and a read of n became a script call
+/// of one answer and another of n - 1.) Counted from Redis's own log of every command.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_answers_of_one_read_go_out_in_one_script_call() {
+    let _serial = SERIAL.lock().await;
+    let redis = RedisServer::start();
+    let mut connection = redis.connection().await;
+    let _daemon = Daemon::start(&redis, &env(&[]));
+    for (name, value) in [("slowlog-log-slower-than", "0"), ("slowlog-max-len", "100000")] {
+        let _: () =
+            redis::cmd("CONFIG").arg("SET").arg(name).arg(value).query_async(&mut connection).await.unwrap();
+    }
+    let _: () = redis::cmd("SLOWLOG").arg("RESET").query_async(&mut connection).await.unwrap();
+    let mut transaction = redis::pipe();
+    transaction.atomic();
+    for index in 0..40 {
+        transaction
+            .cmd("XADD")
+            .arg(REQUESTS)
+            .arg("*")
+            .arg("id")
+            .arg(uuid::Uuid::new_v4().to_string())
+            .arg("payload")
+            .arg(echo(&format!("one-read-{index}")).to_string())
+            .ignore();
+    }
+    let _: () = transaction.query_async(&mut connection).await.unwrap();
+    let answers = wait_for(&mut connection, RESULTS, 40, WAIT).await;
+    assert_eq!(answers.len(), 40, "{answers:?}");
+    settled(&mut connection, REQUESTS, GROUP).await;
+    // Each logged command is [id, time, duration, arguments, client, name]; an answer script
+    // call is `EVALSHA <sha> <number of keys> <requests stream> <three keys per answer> ...`.
+    let log: Vec<redis::Value> =
+        redis::cmd("SLOWLOG").arg("GET").arg(-1).query_async(&mut connection).await.unwrap();
+    let text = |value: &redis::Value| redis::from_redis_value::<String>(value.clone()).unwrap_or_default();
+    let mut batches = Vec::new();
+    let mut reads = 0;
+    for entry in &log {
+        let redis::Value::Array(fields) = entry else { continue };
+        let Some(redis::Value::Array(arguments)) = fields.get(3) else { continue };
+        let command = arguments.first().map(text).unwrap_or_default().to_ascii_uppercase();
+        if command == "XREADGROUP" {
+            reads += 1;
+        }
+        if command == "EVALSHA" && arguments.get(3).map(text).as_deref() == Some(REQUESTS) {
+            let keys: usize = arguments.get(2).map(text).and_then(|keys| keys.parse().ok()).unwrap_or(0);
+            batches.push((keys - 1) / 3);
+        }
+    }
+    assert_eq!(batches, vec![40], "answers per script call, after {reads} reads");
 }
 
 /// The common end of a call (a final answer, nothing else) takes the lean path: finishes that
