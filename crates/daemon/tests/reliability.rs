@@ -903,6 +903,10 @@ async fn the_answers_of_one_read_go_out_in_one_script_call() {
     let redis = RedisServer::start();
     let mut connection = redis.connection().await;
     let _daemon = Daemon::start(&redis, &env(&[]));
+    // One call first, so the answer script is loaded (its first EVALSHA meets NOSCRIPT and is
+    // sent again after a SCRIPT LOAD).
+    send(&mut connection, &echo("one-read-warm-up")).await;
+    wait_for(&mut connection, RESULTS, 1, WAIT).await;
     for (name, value) in [("slowlog-log-slower-than", "0"), ("slowlog-max-len", "100000")] {
         let _: () =
             redis::cmd("CONFIG").arg("SET").arg(name).arg(value).query_async(&mut connection).await.unwrap();
@@ -922,8 +926,8 @@ async fn the_answers_of_one_read_go_out_in_one_script_call() {
             .ignore();
     }
     let _: () = transaction.query_async(&mut connection).await.unwrap();
-    let answers = wait_for(&mut connection, RESULTS, 40, WAIT).await;
-    assert_eq!(answers.len(), 40, "{answers:?}");
+    let answers = wait_for(&mut connection, RESULTS, 41, WAIT).await;
+    assert_eq!(answers.len(), 41, "{answers:?}");
     settled(&mut connection, REQUESTS, GROUP).await;
     // Each logged command is [id, time, duration, arguments, client, name]; an answer script
     // call is `EVALSHA <sha> <number of keys> <requests stream> <three keys per answer> ...`.
