@@ -40,6 +40,10 @@ pub const ENV_RESERVED: &[&str] = &[
 pub const LOG_FORMATS: &[&str] = &["auto", "json", "pretty"];
 /// How many bad keys one load reports at most before it gives up looking for more.
 const MAX_KEY_ERRORS: usize = 64;
+
+/// The longest `[dispatch] read_hold_ms` may be: the reader takes no entries while it holds.
+const MAX_READ_HOLD_MS: u64 = 100;
+
 /// The Redis URL callers already set.
 pub const ENV_REDIS_URL: &str = "REDIS_URL";
 /// The agent name callers already set.
@@ -267,6 +271,9 @@ pub struct StreamsSection {
 pub struct DispatchSection {
     pub max_in_flight: usize,
     pub read_batch: usize,
+    /// Under load, the longest a reader waits for the calls of its last read to end before it
+    /// reads again; 0 reads again at once.
+    pub read_hold_ms: u64,
     pub block_ms: u64,
     pub claim_idle_ms: u64,
     pub max_deliveries: u64,
@@ -854,6 +861,12 @@ fn validate(
             bad(&format!("tools.limits.{name}.max_concurrent"), "must be greater than 0");
         }
     }
+    if raw.dispatch.read_hold_ms > MAX_READ_HOLD_MS {
+        bad(
+            "dispatch.read_hold_ms",
+            &format!("must be at most {MAX_READ_HOLD_MS} (the reader takes no entries while it holds)"),
+        );
+    }
     if raw.dispatch.claim_idle_ms < 100 && raw.dispatch.claim_idle_ms > 0 {
         bad("dispatch.claim_idle_ms", "must be at least 100");
     }
@@ -1253,6 +1266,19 @@ mod tests {
         );
         let text = err.to_string();
         assert!(text.contains("  dispatch.max_inflight: unknown field `max_inflight`\n"), "{text}");
+    }
+
+    #[test]
+    fn the_read_hold_defaults_to_a_millisecond_may_be_off_and_is_bounded() {
+        let config = |extra: &[(&str, &str)]| Config::load(None, &env(extra));
+        assert_eq!(config(&[]).unwrap().raw.dispatch.read_hold_ms, 1);
+        assert_eq!(
+            config(&[("TOOLHOST__DISPATCH__READ_HOLD_MS", "0")]).unwrap().raw.dispatch.read_hold_ms,
+            0
+        );
+        let err = config(&[("TOOLHOST__DISPATCH__READ_HOLD_MS", "5000")]).unwrap_err();
+        assert_eq!(err.0[0].key, "dispatch.read_hold_ms", "{err}");
+        assert!(err.to_string().contains("at most 100"), "{err}");
     }
 
     #[test]

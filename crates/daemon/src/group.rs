@@ -65,6 +65,9 @@ pub(crate) struct StreamSettings {
     pub consumer: String,
     /// Most entries per read.
     pub read_batch: usize,
+    /// The longest the reader waits for the calls of a read of [`HOLD_FROM`] entries or more to
+    /// end before it reads again; zero reads again at once.
+    pub read_hold: Duration,
     /// How long a read blocks.
     pub block: Duration,
     /// The lease of a call; idle time after which pending entries are reclaimed.
@@ -150,7 +153,7 @@ impl<H: EntryHandler> GroupReader<H> {
     /// handling can start, and shutdown never waits on an undelivered slot.
     ///
     /// After a read of [`HOLD_FROM`] entries or more it waits until their calls have ended, or
-    /// for [`READ_HOLD`], before it reads again, as the exactly-once floor does: reading at once
+    /// for `read_hold` (`[dispatch] read_hold_ms`), before it reads again, as the exactly-once floor does: reading at once
     /// under load takes the entries a few at a time, and every read and every answer script
     /// call costs Redis, the daemon and the callers a wake-up.
     pub async fn run_reader(self: Arc<Self>) {
@@ -180,7 +183,7 @@ impl<H: EntryHandler> GroupReader<H> {
                 Ok(entries) => {
                     backoff.reset();
                     self.telemetry.set_redis_up(true);
-                    if entries.len() < HOLD_FROM {
+                    if entries.len() < HOLD_FROM || settings.read_hold.is_zero() {
                         self.spawn_all(entries, permits, None);
                         continue;
                     }
@@ -191,7 +194,7 @@ impl<H: EntryHandler> GroupReader<H> {
                     // batch, where reading at once takes them a few at a time.
                     tokio::select! {
                         () = round.ended.notified() => {}
-                        () = tokio::time::sleep(READ_HOLD) => {}
+                        () = tokio::time::sleep(settings.read_hold) => {}
                         () = stopping.cancelled() => {}
                     }
                 }
@@ -359,10 +362,6 @@ impl<H: EntryHandler> GroupReader<H> {
 /// again: a lone entry means a caller is waiting on an idle toolbox, and the next read goes out at
 /// once.
 const HOLD_FROM: usize = 2;
-
-/// The longest the reader waits for the calls of its last read before it reads again, so that a
-/// slow tool holds up no other caller for longer.
-const READ_HOLD: Duration = Duration::from_millis(1);
 
 /// The calls of one read still running; [`Round::ended`] is notified when the last has ended.
 struct Round {

@@ -900,9 +900,16 @@ async fn ledger_steps_are_safe_to_repeat_against_redis() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_answers_of_one_read_go_out_in_one_script_call() {
     let _serial = SERIAL.lock().await;
+    // With the reader's hold after a busy read (the default) and without it.
+    for hold in ["1", "0"] {
+        one_read_one_script_call(hold).await;
+    }
+}
+
+async fn one_read_one_script_call(hold: &'static str) {
     let redis = RedisServer::start();
     let mut connection = redis.connection().await;
-    let _daemon = Daemon::start(&redis, &env(&[]));
+    let _daemon = Daemon::start(&redis, &env(&[("TOOLHOST__DISPATCH__READ_HOLD_MS", hold)]));
     // One call first, so the answer script is loaded (its first EVALSHA meets NOSCRIPT and is
     // sent again after a SCRIPT LOAD).
     send(&mut connection, &echo("one-read-warm-up")).await;
@@ -948,7 +955,7 @@ async fn the_answers_of_one_read_go_out_in_one_script_call() {
             batches.push((keys - 1) / 3);
         }
     }
-    assert_eq!(batches, vec![40], "answers per script call, after {reads} reads");
+    assert_eq!(batches, vec![40], "answers per script call, after {reads} reads, read_hold_ms = {hold}");
 }
 
 /// The common end of a call (a final answer, nothing else) takes the lean path: finishes that
