@@ -94,10 +94,11 @@ impl Batcher {
         args_per_item: usize,
         connection: Connection,
         by_slot: bool,
+        gather: bool,
     ) -> Batcher {
         let script = Script::new(&batch_source(source, keys_per_item, args_per_item));
         let keys = (keys_per_item, keys_per_item);
-        Batcher::start(script, Layout::Wrapped, keys, args_per_item, connection, by_slot)
+        Batcher::start(script, Layout::Wrapped, keys, args_per_item, connection, by_slot, gather)
     }
 
     /// Starts the batching task for `source`, a script written for batches (see the module
@@ -108,8 +109,17 @@ impl Batcher {
         keys_per_item: (usize, usize),
         args_per_item: usize,
         connection: Connection,
+        gather: bool,
     ) -> Batcher {
-        Batcher::start(Script::new(source), Layout::Batch, keys_per_item, args_per_item, connection, false)
+        Batcher::start(
+            Script::new(source),
+            Layout::Batch,
+            keys_per_item,
+            args_per_item,
+            connection,
+            false,
+            gather,
+        )
     }
 
     fn start(
@@ -119,9 +129,11 @@ impl Batcher {
         args_per_item: usize,
         connection: Connection,
         by_slot: bool,
+        gather: bool,
     ) -> Batcher {
         let (queue, receiver) = mpsc::unbounded_channel();
-        tokio::spawn(run(script, layout, receiver, connection, by_slot));
+        let turns = if gather { GATHER_TURNS } else { 0 };
+        tokio::spawn(run(script, layout, receiver, connection, by_slot, turns));
         Batcher { queue, keys_per_item, args_per_item }
     }
 
@@ -163,12 +175,13 @@ async fn run(
     mut receiver: mpsc::UnboundedReceiver<Item>,
     connection: Connection,
     by_slot: bool,
+    gather_turns: usize,
 ) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
     while let Some(first) = receiver.recv().await {
         batch.push(first);
         take_queued(&mut receiver, &mut batch);
-        gather(&mut receiver, &mut batch).await;
+        gather(&mut receiver, &mut batch, gather_turns).await;
         let one_call = !by_slot && batch.iter().all(|item| item.shared == batch[0].shared);
         if one_call {
             invoke(&script, layout, std::mem::take(&mut batch), connection.clone()).await;
@@ -199,15 +212,16 @@ fn take_queued(receiver: &mut mpsc::UnboundedReceiver<Item>, batch: &mut Vec<Ite
 }
 
 /// Lets the tasks that are ready to run now queue their invocations before the batch goes out,
-/// for as long as each turn of the scheduler brings more (at most [`GATHER_TURNS`] turns).
+/// for as long as each turn of the scheduler brings more (at most `turns` turns: [`GATHER_TURNS`],
+/// or none where the bus was asked not to gather).
 ///
 /// The first invocation wakes this task, and the runtime runs a task just woken next (Tokio's
 /// LIFO slot), before the other calls of the same read have run: without this hold a read of n
 /// entries became a batch of one and a batch of n − 1. A yield puts this task behind every task
 /// that is ready, so those calls are queued by the time it runs again; a turn that brings nothing
 /// ends the hold, so a lone call waits one turn of the scheduler and no time on a timer.
-async fn gather(receiver: &mut mpsc::UnboundedReceiver<Item>, batch: &mut Vec<Item>) {
-    for _ in 0..GATHER_TURNS {
+async fn gather(receiver: &mut mpsc::UnboundedReceiver<Item>, batch: &mut Vec<Item>, turns: usize) {
+    for _ in 0..turns {
         if batch.len() >= MAX_BATCH {
             return;
         }

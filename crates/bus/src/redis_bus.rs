@@ -66,6 +66,10 @@ pub struct RedisOptions {
     /// sentinels and the master they name, and the streaming group reader); empty: the Mozilla
     /// roots and no client certificate.
     pub tls: crate::Tls,
+    /// The batching tasks let the calls that are ready to run queue theirs before a script call
+    /// goes out, so the calls of one read share one script call (less CPU per request); off,
+    /// the first call of a read goes out alone and at once (see `batch.rs`). On by default.
+    pub gather_batches: bool,
 }
 
 impl RedisOptions {
@@ -81,6 +85,7 @@ impl RedisOptions {
             max_field_bytes: 1024 * 1024,
             script_reads: false,
             tls: crate::Tls::default(),
+            gather_batches: true,
         }
     }
 }
@@ -501,7 +506,7 @@ impl Ledger for RedisBus {
             self.batchers.begin_call.get_or_init(|| {
                 let source =
                     concat!(include_str!("scripts/begin_call.lua"), include_str!("scripts/call_lease.lua"));
-                Batcher::new(source, 3, 4, self.commands.clone(), false)
+                Batcher::new(source, 3, 4, self.commands.clone(), false, self.options.gather_batches)
             })
         };
         let reply = batcher
@@ -568,7 +573,14 @@ impl Ledger for RedisBus {
         let dead_letter =
             finish.dead_letter.unwrap_or(crate::Published { topic: entry.topic, id: "", payload: "" });
         let batcher = self.batchers.finish.get_or_init(|| {
-            Batcher::new(include_str!("scripts/finish.lua"), 7, 13, self.commands.clone(), false)
+            Batcher::new(
+                include_str!("scripts/finish.lua"),
+                7,
+                13,
+                self.commands.clone(),
+                false,
+                self.options.gather_batches,
+            )
         });
         let keys = [
             entry.topic,
@@ -825,7 +837,13 @@ impl RedisBus {
         kept: Option<&str>,
     ) -> Result<Committed, Error> {
         let batcher = self.batchers.answer.get_or_init(|| {
-            Batcher::for_batches(include_str!("scripts/answer_batch.lua"), (3, 4), 5, self.commands.clone())
+            Batcher::for_batches(
+                include_str!("scripts/answer_batch.lua"),
+                (3, 4),
+                5,
+                self.commands.clone(),
+                self.options.gather_batches,
+            )
         });
         let shared = self.answer_shared(entry.topic, entry.group, call.retention);
         // The call record's key only when this call wrote one (or may have found one): the common

@@ -41,8 +41,9 @@ pub const LOG_FORMATS: &[&str] = &["auto", "json", "pretty"];
 /// How many bad keys one load reports at most before it gives up looking for more.
 const MAX_KEY_ERRORS: usize = 64;
 
-/// The longest `[dispatch] read_hold_ms` may be: the reader takes no entries while it holds.
-const MAX_READ_HOLD_MS: u64 = 100;
+/// How long a reader waits, at most, for the calls of a read of two entries or more to end
+/// before it reads again, with `[dispatch] batch_under_load`.
+pub const READ_HOLD: Duration = Duration::from_millis(1);
 
 /// The Redis URL callers already set.
 pub const ENV_REDIS_URL: &str = "REDIS_URL";
@@ -271,9 +272,10 @@ pub struct StreamsSection {
 pub struct DispatchSection {
     pub max_in_flight: usize,
     pub read_batch: usize,
-    /// Under load, the longest a reader waits for the calls of its last read to end before it
-    /// reads again; 0 reads again at once.
-    pub read_hold_ms: u64,
+    /// Under load, one answer script call per read and a reader that waits (at most
+    /// [`READ_HOLD`]) for a busy read's calls before it reads again; off, a read's first answer
+    /// goes out alone and at once, and the reader reads again at once.
+    pub batch_under_load: bool,
     pub block_ms: u64,
     pub claim_idle_ms: u64,
     pub max_deliveries: u64,
@@ -861,12 +863,6 @@ fn validate(
             bad(&format!("tools.limits.{name}.max_concurrent"), "must be greater than 0");
         }
     }
-    if raw.dispatch.read_hold_ms > MAX_READ_HOLD_MS {
-        bad(
-            "dispatch.read_hold_ms",
-            &format!("must be at most {MAX_READ_HOLD_MS} (the reader takes no entries while it holds)"),
-        );
-    }
     if raw.dispatch.claim_idle_ms < 100 && raw.dispatch.claim_idle_ms > 0 {
         bad("dispatch.claim_idle_ms", "must be at least 100");
     }
@@ -938,7 +934,13 @@ impl Config {
         options.response_timeout = Duration::from_millis(raw.redis.response_timeout_ms);
         // Group reads deliver larger values only as head, size and digest, so one read stays small.
         options.max_field_bytes = raw.streams.max_payload_bytes;
+        options.gather_batches = raw.dispatch.batch_under_load;
         options
+    }
+
+    /// How long a reader waits for a busy read's calls before it reads again (zero: not at all).
+    pub fn read_hold(&self) -> Duration {
+        if self.raw.dispatch.batch_under_load { READ_HOLD } else { Duration::ZERO }
     }
 
     /// The key names: a cluster's when `[redis] cluster_nodes` is set.
@@ -1269,16 +1271,15 @@ mod tests {
     }
 
     #[test]
-    fn the_read_hold_defaults_to_a_millisecond_may_be_off_and_is_bounded() {
-        let config = |extra: &[(&str, &str)]| Config::load(None, &env(extra));
-        assert_eq!(config(&[]).unwrap().raw.dispatch.read_hold_ms, 1);
-        assert_eq!(
-            config(&[("TOOLHOST__DISPATCH__READ_HOLD_MS", "0")]).unwrap().raw.dispatch.read_hold_ms,
-            0
-        );
-        let err = config(&[("TOOLHOST__DISPATCH__READ_HOLD_MS", "5000")]).unwrap_err();
-        assert_eq!(err.0[0].key, "dispatch.read_hold_ms", "{err}");
-        assert!(err.to_string().contains("at most 100"), "{err}");
+    fn batching_under_load_is_on_by_default_and_reaches_the_bus_and_the_readers_when_off() {
+        let config = |extra: &[(&str, &str)]| Config::load(None, &env(extra)).unwrap();
+        let on = config(&[]);
+        assert!(on.raw.dispatch.batch_under_load);
+        assert!(on.redis_options().gather_batches);
+        assert_eq!(on.read_hold(), READ_HOLD);
+        let off = config(&[("TOOLHOST__DISPATCH__BATCH_UNDER_LOAD", "false")]);
+        assert!(!off.redis_options().gather_batches);
+        assert_eq!(off.read_hold(), Duration::ZERO);
     }
 
     #[test]

@@ -153,7 +153,7 @@ impl<H: EntryHandler> GroupReader<H> {
     /// handling can start, and shutdown never waits on an undelivered slot.
     ///
     /// After a read of [`HOLD_FROM`] entries or more it waits until their calls have ended, or
-    /// for `read_hold` (`[dispatch] read_hold_ms`), before it reads again, as the exactly-once floor does: reading at once
+    /// for `read_hold` (1 ms with `[dispatch] batch_under_load`), before it reads again, as the exactly-once floor does: reading at once
     /// under load takes the entries a few at a time, and every read and every answer script
     /// call costs Redis, the daemon and the callers a wake-up.
     pub async fn run_reader(self: Arc<Self>) {

@@ -404,7 +404,7 @@ impl App {
             group: raw.daemon.toolbox_id.clone(),
             consumer: consumer.clone(),
             read_batch: raw.dispatch.read_batch,
-            read_hold: std::time::Duration::from_millis(raw.dispatch.read_hold_ms),
+            read_hold: config.read_hold(),
             block: config.block,
             claim_idle: config.claim_idle,
             max_deliveries: raw.dispatch.max_deliveries,

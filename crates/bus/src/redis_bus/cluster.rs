@@ -74,7 +74,9 @@ impl RedisBus {
         keys: usize,
         args: usize,
     ) -> &'a Batcher {
-        cell.get_or_init(|| Batcher::new(source, keys, args, self.commands.clone(), true))
+        cell.get_or_init(|| {
+            Batcher::new(source, keys, args, self.commands.clone(), true, self.options.gather_batches)
+        })
     }
 
     /// The batcher of [`crate::Ledger::begin_call`] on a cluster: the claim, the call record and
