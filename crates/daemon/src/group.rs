@@ -12,11 +12,12 @@
 
 use std::collections::HashSet;
 use std::future::Future;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::task::TaskTracker;
+use tokio_util::task::task_tracker::TaskTrackerToken;
 use toolhost_bus::{Error as BusError, Groups};
 use toolhost_envelope::Entry;
 use tracing::{debug, error, info, warn};
@@ -153,9 +154,10 @@ impl<H: EntryHandler> GroupReader<H> {
     /// handling can start, and shutdown never waits on an undelivered slot.
     ///
     /// After a read of [`HOLD_FROM`] entries or more it waits until their calls have ended, or
-    /// for `read_hold` (1 ms with `[dispatch] batch_under_load`), before it reads again, as the exactly-once floor does: reading at once
-    /// under load takes the entries a few at a time, and every read and every answer script
-    /// call costs Redis, the daemon and the callers a wake-up.
+    /// for `read_hold` (1 ms with `[dispatch] batch_under_load`), before it reads again, as the
+    /// exactly-once floor does: reading at once under load takes the entries a few at a time,
+    /// and every read and every answer script call costs Redis, the daemon and the callers a
+    /// wake-up.
     pub async fn run_reader(self: Arc<Self>) {
         let mut backoff = Backoff::new();
         let stopping = self.shutdown.stopping().clone();
@@ -187,13 +189,15 @@ impl<H: EntryHandler> GroupReader<H> {
                         self.spawn_all(entries, permits, None);
                         continue;
                     }
-                    let round = Round::new();
+                    // The read's calls, tracked until each has ended.
+                    let round = TaskTracker::new();
                     self.spawn_all(entries, permits, Some(&round));
+                    round.close();
                     // Under load, read again once this read's calls have ended (or the hold is
                     // over): the entries that came meanwhile then make one read and one answer
                     // batch, where reading at once takes them a few at a time.
                     tokio::select! {
-                        () = round.ended.notified() => {}
+                        () = round.wait() => {}
                         () = tokio::time::sleep(settings.read_hold) => {}
                         () = stopping.cancelled() => {}
                     }
@@ -228,12 +232,12 @@ impl<H: EntryHandler> GroupReader<H> {
     }
 
     /// Spawns a task per entry, each with one of `permits`; the permits left over are freed.
-    /// Each task counts in `round` until it ends.
+    /// Each task is tracked by `round` until it ends.
     fn spawn_all(
         self: &Arc<Self>,
         entries: Vec<Entry>,
         mut permits: Vec<OwnedSemaphorePermit>,
-        round: Option<&Arc<Round>>,
+        round: Option<&TaskTracker>,
     ) {
         for entry in entries {
             // Reads and claims ask for at most as many entries as permits are held.
@@ -241,14 +245,16 @@ impl<H: EntryHandler> GroupReader<H> {
                 error!(entry_id = %entry.entry_id, "more entries delivered than asked for; left pending");
                 continue;
             };
-            self.spawn(entry, permit, round.map(Round::enter));
-        }
-        if let Some(round) = round {
-            round.started();
+            self.spawn(entry, permit, round.map(TaskTracker::token));
         }
     }
 
-    fn spawn(self: &Arc<Self>, entry: Entry, permit: OwnedSemaphorePermit, in_round: Option<InRound>) {
+    fn spawn(
+        self: &Arc<Self>,
+        entry: Entry,
+        permit: OwnedSemaphorePermit,
+        in_round: Option<TaskTrackerToken>,
+    ) {
         let Some(active) = Active::enter(self, &entry.entry_id) else {
             debug!(entry_id = %entry.entry_id, "entry is already being handled here");
             return;
@@ -363,42 +369,6 @@ impl<H: EntryHandler> GroupReader<H> {
 /// once.
 const HOLD_FROM: usize = 2;
 
-/// The calls of one read still running; [`Round::ended`] is notified when the last has ended.
-struct Round {
-    /// The calls running, plus one until every call of the read is spawned, so that a call that
-    /// ends at once does not end the round early.
-    running: AtomicUsize,
-    ended: Notify,
-}
-
-impl Round {
-    fn new() -> Arc<Round> {
-        Arc::new(Round { running: AtomicUsize::new(1), ended: Notify::new() })
-    }
-
-    fn enter(round: &Arc<Round>) -> InRound {
-        round.running.fetch_add(1, Ordering::Relaxed);
-        InRound(Arc::clone(round))
-    }
-
-    /// Every call of the read is spawned: the round ends with its last call.
-    fn started(self: &Arc<Round>) {
-        drop(InRound(Arc::clone(self)));
-    }
-}
-
-/// One call of a [`Round`] (or its spawning), counted until dropped.
-struct InRound(Arc<Round>);
-
-impl Drop for InRound {
-    fn drop(&mut self) {
-        if self.0.running.fetch_sub(1, Ordering::AcqRel) == 1 {
-            // A permit is stored if the reader is not waiting yet.
-            self.0.ended.notify_one();
-        }
-    }
-}
-
 /// Marks an entry as being handled by this process until dropped (also when its task panics).
 struct Active<H> {
     reader: Arc<GroupReader<H>>,
@@ -418,24 +388,5 @@ impl<H> Active<H> {
 impl<H> Drop for Active<H> {
     fn drop(&mut self) {
         self.reader.active.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(&self.entry_id);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test]
-    async fn a_round_ends_with_its_last_call_and_never_before_every_call_is_spawned() {
-        let round = Round::new();
-        // A call that ends at once, while the read's other calls are still being spawned.
-        drop(Round::enter(&round));
-        let running = Round::enter(&round);
-        round.started();
-        assert_eq!(round.running.load(Ordering::Acquire), 1, "one call still runs");
-        drop(running);
-        assert_eq!(round.running.load(Ordering::Acquire), 0);
-        // The reader may start waiting after the last call ended: the notification waits for it.
-        tokio::time::timeout(Duration::from_secs(5), round.ended.notified()).await.expect("the round ended");
     }
 }

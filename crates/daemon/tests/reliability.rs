@@ -17,7 +17,9 @@ use toolhost_bus::{
     Streams,
 };
 
-use crate::support::{Daemon, RedisServer, call_r1, deliver_one, pending, request, settled, wait_for, xadd};
+use crate::support::{
+    Daemon, RedisServer, answer, call_r1, deliver_one, payloads, pending, request, settled, wait_for, xadd,
+};
 
 const REQUESTS: &str = "action-requests";
 const RESULTS: &str = "action-results";
@@ -960,6 +962,48 @@ async fn one_read_one_script_call(batch_under_load: bool) {
     } else {
         assert_eq!(batches.iter().sum::<usize>(), 40, "answers per script call: {batches:?}");
     }
+}
+
+/// A slow call in a read holds up the next read for the hold (1 ms) at most, not for the call:
+/// a read of a 40-second call and an echo, then another echo, answered long before the slow call
+/// ends. (A hold that waited for every call of its read would leave the second echo unread for
+/// the whole 40 seconds.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_call_holds_up_the_next_read_no_longer_than_the_hold() {
+    let _serial = SERIAL.lock().await;
+    let redis = RedisServer::start();
+    let mut connection = redis.connection().await;
+    let _daemon = Daemon::start(&redis, &env(&[("TERMINAL_TIMEOUT_SECONDS", "60")]));
+    let mut transaction = redis::pipe();
+    transaction.atomic();
+    for payload in [sleep("slow-read-sleep", 40), echo("slow-read-echo")] {
+        transaction
+            .cmd("XADD")
+            .arg(REQUESTS)
+            .arg("*")
+            .arg("id")
+            .arg(uuid::Uuid::new_v4().to_string())
+            .arg("payload")
+            .arg(payload.to_string())
+            .ignore();
+    }
+    let _: () = transaction.query_async(&mut connection).await.unwrap();
+    let started = Instant::now();
+    answer(&mut connection, RESULTS, "slow-read-echo").await;
+    send(&mut connection, &echo("slow-read-after")).await;
+    let after = answer(&mut connection, RESULTS, "slow-read-after").await;
+    assert_eq!(after["data"]["success"], true, "{after}");
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "the next read waited for the slow call: {:?}",
+        started.elapsed()
+    );
+    let slow: Vec<Value> = payloads(&mut connection, RESULTS)
+        .await
+        .into_iter()
+        .filter(|payload| payload["data"]["request_id"] == "slow-read-sleep")
+        .collect();
+    assert!(slow.is_empty(), "the slow call must still be running: {slow:?}");
 }
 
 /// The common end of a call (a final answer, nothing else) takes the lean path: finishes that
