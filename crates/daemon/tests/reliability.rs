@@ -54,6 +54,25 @@ async fn send(connection: &mut MultiplexedConnection, payload: &Value) -> String
     xadd(connection, REQUESTS, &payload.to_string()).await
 }
 
+/// Adds `payloads` to the requests stream in one transaction: Redis wakes a blocked group read
+/// once for all of them, so one read delivers them together.
+async fn send_together(connection: &mut MultiplexedConnection, payloads: &[Value]) {
+    let mut transaction = redis::pipe();
+    transaction.atomic();
+    for payload in payloads {
+        transaction
+            .cmd("XADD")
+            .arg(REQUESTS)
+            .arg("*")
+            .arg("id")
+            .arg(uuid::Uuid::new_v4().to_string())
+            .arg("payload")
+            .arg(payload.to_string())
+            .ignore();
+    }
+    let _: () = transaction.query_async(connection).await.unwrap();
+}
+
 /// Answers on `action-results`, counted per request id.
 async fn answer_counts(connection: &mut MultiplexedConnection) -> BTreeMap<String, Vec<Value>> {
     let mut answers: BTreeMap<String, Vec<Value>> = BTreeMap::new();
@@ -921,20 +940,8 @@ async fn one_read_one_script_call(batch_under_load: bool) {
             redis::cmd("CONFIG").arg("SET").arg(name).arg(value).query_async(&mut connection).await.unwrap();
     }
     let _: () = redis::cmd("SLOWLOG").arg("RESET").query_async(&mut connection).await.unwrap();
-    let mut transaction = redis::pipe();
-    transaction.atomic();
-    for index in 0..40 {
-        transaction
-            .cmd("XADD")
-            .arg(REQUESTS)
-            .arg("*")
-            .arg("id")
-            .arg(uuid::Uuid::new_v4().to_string())
-            .arg("payload")
-            .arg(echo(&format!("one-read-{index}")).to_string())
-            .ignore();
-    }
-    let _: () = transaction.query_async(&mut connection).await.unwrap();
+    let requests: Vec<Value> = (0..40).map(|index| echo(&format!("one-read-{index}"))).collect();
+    send_together(&mut connection, &requests).await;
     let answers = wait_for(&mut connection, RESULTS, 41, WAIT).await;
     assert_eq!(answers.len(), 41, "{answers:?}");
     settled(&mut connection, REQUESTS, GROUP).await;
@@ -974,20 +981,7 @@ async fn a_slow_call_holds_up_the_next_read_no_longer_than_the_hold() {
     let redis = RedisServer::start();
     let mut connection = redis.connection().await;
     let _daemon = Daemon::start(&redis, &env(&[("TERMINAL_TIMEOUT_SECONDS", "60")]));
-    let mut transaction = redis::pipe();
-    transaction.atomic();
-    for payload in [sleep("slow-read-sleep", 40), echo("slow-read-echo")] {
-        transaction
-            .cmd("XADD")
-            .arg(REQUESTS)
-            .arg("*")
-            .arg("id")
-            .arg(uuid::Uuid::new_v4().to_string())
-            .arg("payload")
-            .arg(payload.to_string())
-            .ignore();
-    }
-    let _: () = transaction.query_async(&mut connection).await.unwrap();
+    send_together(&mut connection, &[sleep("slow-read-sleep", 40), echo("slow-read-echo")]).await;
     let started = Instant::now();
     answer(&mut connection, RESULTS, "slow-read-echo").await;
     send(&mut connection, &echo("slow-read-after")).await;
