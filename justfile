@@ -25,7 +25,7 @@ test: ensure-redis-installed
 # each against real servers the tests start, driving the built binary.
 test-fleet: ensure-redis-installed
     cargo build --bin toolhost
-    cargo test -p toolhost-e2e --test harness --test cluster --test sentinel
+    cargo test -p toolhost-e2e --test harness --test cluster --test sentinel --test failover
 
 # The security suites (tests/): TLS to Redis with a private CA and mutual TLS, the
 # least-privilege Redis user `toolhost redis-acl` prints, the MCP door's bearer tokens and signed

@@ -61,9 +61,13 @@ const COMMON: &[&str] = &[
 ];
 
 /// The commands toolhost sends on `topology`; `selects_db` when the URL names a database other
-/// than 0 (`SELECT` on every connection).
-pub fn commands(topology: &Topology, selects_db: bool) -> Vec<&'static str> {
+/// than 0 (`SELECT` on every connection), `waits_for_replicas` when call records wait for
+/// replicas (`[redis] replica_acks` above 0: `WAIT` after each batch of them).
+pub fn commands(topology: &Topology, selects_db: bool, waits_for_replicas: bool) -> Vec<&'static str> {
     let mut res = COMMON.to_vec();
+    if waits_for_replicas {
+        res.push("wait");
+    }
     match topology {
         Topology::Cluster { .. } => res.push("cluster|slots"),
         Topology::Sentinel(_) => res.push("role"),
@@ -153,7 +157,7 @@ mod tests {
         let mut scripts = Vec::new();
         sources(&root.join("scripts"), ".lua", &mut scripts);
         assert!(scripts.len() > 5, "the scripts were not found");
-        let granted = commands(&Topology::Cluster { nodes: Vec::new() }, true);
+        let granted = commands(&Topology::Cluster { nodes: Vec::new() }, true, true);
         for (path, text) in &scripts {
             for marker in ["redis.call(", "redis.pcall("] {
                 for command in called(text, marker) {
@@ -185,12 +189,14 @@ mod tests {
 
     #[test]
     fn the_line_starts_from_nothing_and_grants_by_topology() {
-        let line = setuser("toolhost", &["a:*".to_owned()], &commands(&Topology::Single, false));
+        let line = setuser("toolhost", &["a:*".to_owned()], &commands(&Topology::Single, false, false));
         assert!(line.starts_with(
             "ACL SETUSER toolhost reset on ><password> resetchannels resetkeys ~a:* -@all +ping"
         ));
         assert!(!line.contains("+select") && !line.contains("+role") && !line.contains("+cluster"));
         assert!(!line.contains("config") && !line.contains("+scan") && !line.contains("+keys"));
-        assert!(commands(&Topology::Sentinel(crate::Sentinels::default()), true).contains(&"role"));
+        assert!(!line.contains("+wait"), "WAIT is granted only where call records wait for replicas");
+        assert!(commands(&Topology::Sentinel(crate::Sentinels::default()), true, false).contains(&"role"));
+        assert!(commands(&Topology::Single, false, true).contains(&"wait"));
     }
 }

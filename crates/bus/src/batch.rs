@@ -30,6 +30,14 @@
 //! will not mend (a script's `redis.call` meeting a key of another type) is run again item by
 //! item, so that the item at fault fails alone; the script must be safe to run again for items it
 //! had already written before it stopped.
+//!
+//! A batcher started [`Batcher::waiting`] for replicas sends `WAIT <replicas> <timeout>` after
+//! each script call, in one pipeline with it on its connection (a connection kept for that
+//! batcher alone, so the wait holds back nothing else): one `WAIT` covers every write of the
+//! batch, and the pipeline cannot be split between two servers (a Sentinel connection rebinding
+//! to a new master, a cluster client re-routing), so the count it returns is about these writes.
+//! Each item's reply then comes with the number of replicas that acknowledged them
+//! ([`Batcher::invoke_acked`]).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -61,7 +69,20 @@ struct Item {
     shared: Option<Arc<Shared>>,
     keys: Vec<String>,
     args: Vec<String>,
-    reply: oneshot::Sender<Result<Value, Error>>,
+    reply: oneshot::Sender<Result<Acked, Error>>,
+}
+
+/// One item's reply, and how many replicas acknowledged the writes of its script call when the
+/// batcher waits for replicas (`None` when it does not).
+pub(crate) type Acked = (Value, Option<u32>);
+
+/// The `WAIT` that follows every script call of a batcher started [`Batcher::waiting`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ReplicaWait {
+    /// How many replicas must acknowledge.
+    pub(crate) replicas: u32,
+    /// How long the server waits for them (never 0, which `WAIT` takes as "for ever").
+    pub(crate) timeout: std::time::Duration,
 }
 
 /// How a batch is laid out in one script call.
@@ -83,6 +104,18 @@ pub(crate) struct Batcher {
     args_per_item: usize,
 }
 
+/// How one batching task runs its script calls.
+#[derive(Clone, Copy)]
+struct Mode {
+    layout: Layout,
+    /// Split each batch by the cluster slot of its items' first keys.
+    by_slot: bool,
+    /// Scheduler turns to gather more items for ([`gather`]).
+    gather_turns: usize,
+    /// Follow each script call with `WAIT`, in one pipeline.
+    wait: Option<ReplicaWait>,
+}
+
 impl Batcher {
     /// Starts the batching task for `script` (the single-item source), whose invocations take
     /// exactly `keys_per_item` keys and `args_per_item` arguments; with `by_slot`, a batch is
@@ -96,9 +129,26 @@ impl Batcher {
         by_slot: bool,
         gather: bool,
     ) -> Batcher {
+        Batcher::waiting(source, keys_per_item, args_per_item, connection, by_slot, gather, None)
+    }
+
+    /// Like [`Batcher::new`], and with `wait` each script call is followed by `WAIT` on
+    /// `connection` (see the module documentation), which must then serve this batcher alone:
+    /// `WAIT` counts the replicas that have every write made on its connection so far, and holds
+    /// that connection until they do or its timeout passes.
+    pub(crate) fn waiting(
+        source: &str,
+        keys_per_item: usize,
+        args_per_item: usize,
+        connection: Connection,
+        by_slot: bool,
+        gather: bool,
+        wait: Option<ReplicaWait>,
+    ) -> Batcher {
         let script = Script::new(&batch_source(source, keys_per_item, args_per_item));
         let keys = (keys_per_item, keys_per_item);
-        Batcher::start(script, Layout::Wrapped, keys, args_per_item, connection, by_slot, gather)
+        let mode = Mode { layout: Layout::Wrapped, by_slot, gather_turns: turns(gather), wait };
+        Batcher::start(script, mode, keys, args_per_item, connection)
     }
 
     /// Starts the batching task for `source`, a script written for batches (see the module
@@ -111,34 +161,30 @@ impl Batcher {
         connection: Connection,
         gather: bool,
     ) -> Batcher {
-        Batcher::start(
-            Script::new(source),
-            Layout::Batch,
-            keys_per_item,
-            args_per_item,
-            connection,
-            false,
-            gather,
-        )
+        let mode = Mode { layout: Layout::Batch, by_slot: false, gather_turns: turns(gather), wait: None };
+        Batcher::start(Script::new(source), mode, keys_per_item, args_per_item, connection)
     }
 
     fn start(
         script: Script,
-        layout: Layout,
+        mode: Mode,
         keys_per_item: (usize, usize),
         args_per_item: usize,
         connection: Connection,
-        by_slot: bool,
-        gather: bool,
     ) -> Batcher {
         let (queue, receiver) = mpsc::unbounded_channel();
-        let turns = if gather { GATHER_TURNS } else { 0 };
-        tokio::spawn(run(script, layout, receiver, connection, by_slot, turns));
+        tokio::spawn(run(script, mode, receiver, connection));
         Batcher { queue, keys_per_item, args_per_item }
     }
 
     /// Runs one invocation and returns its reply.
     pub(crate) async fn invoke(&self, keys: Vec<String>, args: Vec<String>) -> Result<Value, Error> {
+        Ok(self.enqueue(None, keys, args).await?.0)
+    }
+
+    /// Runs one invocation and returns its reply with the number of replicas that acknowledged
+    /// its writes (`None` unless the batcher was started [`Batcher::waiting`] for replicas).
+    pub(crate) async fn invoke_acked(&self, keys: Vec<String>, args: Vec<String>) -> Result<Acked, Error> {
         self.enqueue(None, keys, args).await
     }
 
@@ -150,7 +196,7 @@ impl Batcher {
         keys: Vec<String>,
         args: Vec<String>,
     ) -> Result<Value, Error> {
-        self.enqueue(Some(shared), keys, args).await
+        Ok(self.enqueue(Some(shared), keys, args).await?.0)
     }
 
     async fn enqueue(
@@ -158,7 +204,7 @@ impl Batcher {
         shared: Option<Arc<Shared>>,
         keys: Vec<String>,
         args: Vec<String>,
-    ) -> Result<Value, Error> {
+    ) -> Result<Acked, Error> {
         debug_assert!((self.keys_per_item.0..=self.keys_per_item.1).contains(&keys.len()));
         debug_assert_eq!(args.len(), self.args_per_item);
         let (reply, answer) = oneshot::channel();
@@ -169,34 +215,32 @@ impl Batcher {
     }
 }
 
-async fn run(
-    script: Script,
-    layout: Layout,
-    mut receiver: mpsc::UnboundedReceiver<Item>,
-    connection: Connection,
-    by_slot: bool,
-    gather_turns: usize,
-) {
+/// The scheduler turns a batcher gathers for: [`GATHER_TURNS`], or none.
+fn turns(gather: bool) -> usize {
+    if gather { GATHER_TURNS } else { 0 }
+}
+
+async fn run(script: Script, mode: Mode, mut receiver: mpsc::UnboundedReceiver<Item>, connection: Connection) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
     while let Some(first) = receiver.recv().await {
         batch.push(first);
         take_queued(&mut receiver, &mut batch);
-        gather(&mut receiver, &mut batch, gather_turns).await;
-        let one_call = !by_slot && batch.iter().all(|item| item.shared == batch[0].shared);
+        gather(&mut receiver, &mut batch, mode.gather_turns).await;
+        let one_call = !mode.by_slot && batch.iter().all(|item| item.shared == batch[0].shared);
         if one_call {
-            invoke(&script, layout, std::mem::take(&mut batch), connection.clone()).await;
+            invoke(&script, mode, std::mem::take(&mut batch), connection.clone()).await;
             continue;
         }
         // One call per slot (on a cluster) and per shared part.
         let mut groups: BTreeMap<(u16, Option<Arc<Shared>>), Vec<Item>> = BTreeMap::new();
         for item in batch.drain(..) {
             let slot = match item.keys.first() {
-                Some(key) if by_slot => slots::slot(key.as_bytes()),
+                Some(key) if mode.by_slot => slots::slot(key.as_bytes()),
                 _ => 0,
             };
             groups.entry((slot, item.shared.clone())).or_default().push(item);
         }
-        let calls = groups.into_values().map(|group| invoke(&script, layout, group, connection.clone()));
+        let calls = groups.into_values().map(|group| invoke(&script, mode, group, connection.clone()));
         futures::future::join_all(calls).await;
     }
 }
@@ -235,15 +279,16 @@ async fn gather(receiver: &mut mpsc::UnboundedReceiver<Item>, batch: &mut Vec<It
 }
 
 /// Runs one script call for `batch` and hands each item its reply.
-async fn invoke(script: &Script, layout: Layout, batch: Vec<Item>, mut connection: Connection) {
-    let res = call(script, layout, &batch, &mut connection).await;
+async fn invoke(script: &Script, mode: Mode, batch: Vec<Item>, mut connection: Connection) {
+    let layout = mode.layout;
+    let res = call(script, mode, &batch, &mut connection).await;
     match res {
         Err(Error::Refused(_)) if matches!(layout, Layout::Batch) && batch.len() > 1 => {
             // One item broke the whole call (see the module documentation): run each on its own,
             // so only that item fails.
             for item in batch {
                 let single = [item];
-                let res = call(script, layout, &single, &mut connection).await;
+                let res = call(script, mode, &single, &mut connection).await;
                 deliver(layout, single.into(), res, &mut connection);
             }
         }
@@ -251,15 +296,16 @@ async fn invoke(script: &Script, layout: Layout, batch: Vec<Item>, mut connectio
     }
 }
 
-/// Runs one script call for `batch` and returns its replies, one per item.
+/// Runs one script call for `batch` and returns its replies, one per item, with the replicas
+/// that acknowledged its writes when `mode` waits for them.
 async fn call(
     script: &Script,
-    layout: Layout,
+    mode: Mode,
     batch: &[Item],
     connection: &mut Connection,
-) -> Result<Vec<Value>, Error> {
+) -> Result<(Vec<Value>, Option<u32>), Error> {
     let mut invocation = script.prepare_invoke();
-    match layout {
+    match mode.layout {
         Layout::Wrapped => {
             invocation.arg(batch.len());
         }
@@ -282,13 +328,74 @@ async fn call(
             invocation.arg(arg);
         }
     }
-    invocation.invoke_async(connection).await.map_err(Error::from)
+    match mode.wait {
+        None => Ok((invocation.invoke_async(connection).await.map_err(Error::from)?, None)),
+        Some(wait) => {
+            let (replies, acked) = call_and_wait(&invocation, wait, connection).await?;
+            Ok((replies, Some(acked)))
+        }
+    }
+}
+
+/// Runs `invocation` and `WAIT` in one pipeline: the script's replies, and how many replicas
+/// acknowledged its writes. A server without the script gets it loaded (on the same connection)
+/// and the pipeline again.
+async fn call_and_wait(
+    invocation: &redis::ScriptInvocation<'_>,
+    wait: ReplicaWait,
+    connection: &mut Connection,
+) -> Result<(Vec<Value>, u32), Error> {
+    // `WAIT 0` means for ever: the configuration refuses it, and this keeps it out regardless.
+    let timeout_ms = wait.timeout.as_millis().max(1) as u64;
+    let mut pipe = redis::pipe();
+    pipe.invoke_script(invocation).cmd("WAIT").arg(wait.replicas).arg(timeout_ms);
+    // Each command's reply on its own: an error of the script is the script's, not the pipeline's.
+    pipe.ignore_errors();
+    for attempt in 0..2 {
+        let replies: Vec<Value> = pipe.query_async(connection).await.map_err(Error::from)?;
+        let mut replies = replies.into_iter();
+        let (Some(script_reply), Some(wait_reply)) = (replies.next(), replies.next()) else {
+            return Err(Error::Protocol("a script and WAIT pipeline got fewer than two replies".to_owned()));
+        };
+        let script_reply = match script_reply {
+            Value::ServerError(err) if err.code() == "NOSCRIPT" && attempt == 0 => {
+                invocation.load_async(connection).await.map_err(Error::from)?;
+                continue;
+            }
+            Value::ServerError(err) => return Err(Error::from(redis::RedisError::from(err))),
+            reply => reply,
+        };
+        let acked = match wait_reply {
+            Value::Int(acked) => u32::try_from(acked).unwrap_or(0),
+            // A demoted master: the script met READONLY too (reported per item), or ran before
+            // the role change. Either way the write is not known to be anywhere safe: retry on the
+            // master the connection finds next.
+            Value::ServerError(err) if err.details().is_some_and(|detail| detail.contains("replica")) => {
+                connection.suspect_master();
+                return Err(Error::Unavailable(crate::error::Cause::server(
+                    "READONLY",
+                    format!("WAIT refused by a replica: {}", err.details().unwrap_or_default()),
+                )));
+            }
+            Value::ServerError(err) => return Err(Error::from(redis::RedisError::from(err))),
+            other => return Err(Error::Protocol(format!("unexpected WAIT reply {other:?}"))),
+        };
+        let replies: Vec<Value> =
+            redis::from_redis_value(script_reply).map_err(|err| Error::Protocol(err.to_string()))?;
+        return Ok((replies, acked));
+    }
+    Err(Error::Unavailable(crate::error::Cause::server("NOSCRIPT", "the script was flushed again while loading it")))
 }
 
 /// Hands each item of `batch` its reply from `res`, the outcome of their script call.
-fn deliver(layout: Layout, batch: Vec<Item>, res: Result<Vec<Value>, Error>, connection: &mut Connection) {
+fn deliver(
+    layout: Layout,
+    batch: Vec<Item>,
+    res: Result<(Vec<Value>, Option<u32>), Error>,
+    connection: &mut Connection,
+) {
     match res {
-        Ok(replies) if replies.len() == batch.len() => {
+        Ok((replies, acked)) if replies.len() == batch.len() => {
             let mut demoted = false;
             for (item, reply) in batch.into_iter().zip(replies) {
                 let reply = match layout {
@@ -297,14 +404,14 @@ fn deliver(layout: Layout, batch: Vec<Item>, res: Result<Vec<Value>, Error>, con
                 };
                 demoted |=
                     matches!(&reply, Err(Error::Unavailable(cause)) if cause.code() == Some("READONLY"));
-                let _ = item.reply.send(reply);
+                let _ = item.reply.send(reply.map(|reply| (reply, acked)));
             }
             // A write refused inside the script: the server is a replica now.
             if demoted {
                 connection.suspect_master();
             }
         }
-        Ok(replies) => {
+        Ok((replies, _)) => {
             let message = format!("batch of {} got {} replies", batch.len(), replies.len());
             for item in batch {
                 let _ = item.reply.send(Err(Error::Protocol(message.clone())));

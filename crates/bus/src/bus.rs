@@ -335,6 +335,23 @@ pub enum CallStart {
         /// The entry the owner is working on.
         entry_id: String,
     },
+    /// The call record was written ([`CallStart::Fresh`] or, with `started_before`,
+    /// [`CallStart::StartedBefore`]), but fewer replicas than `wanted` acknowledged it within
+    /// `timeout` (`[redis] replica_acks`): a failover now could lose the record, and a re-delivery
+    /// on the new master would then run the tool a second time. Run nothing: answer `overloaded`
+    /// (a refusal, whose commit deletes the record, so a retry with the same request id runs once
+    /// the replicas are back), or `interrupted` for a call started before whose tool is not
+    /// idempotent, which runs nothing anyway.
+    Unreplicated {
+        /// An earlier owner started the call (its lease lapsed).
+        started_before: bool,
+        /// How many replicas acknowledged the record in time.
+        acked: u32,
+        /// How many were asked for.
+        wanted: u32,
+        /// How long they were waited for.
+        timeout: Duration,
+    },
 }
 
 /// A message to append to a topic.

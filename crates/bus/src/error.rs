@@ -28,6 +28,25 @@ pub enum Error {
     /// configuration (`ca_file`, the client certificate, the URL); the message says which.
     #[error("redis {0}")]
     Tls(String),
+    /// An entry was written, but fewer replicas than asked for acknowledged it within the
+    /// timeout (`WAIT`, [`crate::RedisOptions::publish_acks`]): a failover now could lose it.
+    /// Whether it survives is unknown; a request sent again with the same `request_id` is safe
+    /// either way (the tool host runs and answers a request id once).
+    #[error(
+        "entry {entry_id} was written, but {acked} of the {wanted} replicas asked for acknowledged it \
+         within {} ms: a failover now could lose it",
+        timeout.as_millis()
+    )]
+    Unreplicated {
+        /// The entry written on the master.
+        entry_id: String,
+        /// How many replicas acknowledged it in time.
+        acked: u32,
+        /// How many were asked for.
+        wanted: u32,
+        /// How long they were waited for.
+        timeout: std::time::Duration,
+    },
 }
 
 /// What went wrong, as Redis or the connection said it: the server's error code (`OOM`,

@@ -28,7 +28,7 @@ use redis::streams::StreamReadOptions;
 use redis::{AsyncCommands, Script, Value};
 use toolhost_envelope::{DEFECT_HEAD_BYTES, Entry};
 
-use crate::batch::{Batcher, Shared};
+use crate::batch::{Batcher, ReplicaWait, Shared};
 use crate::bus::{
     CallKeys, CallStart, Committed, EntryRef, Finish, GroupInfo, KeptAnswer, Reclaimed, is_entry_id,
 };
@@ -70,6 +70,21 @@ pub struct RedisOptions {
     /// goes out, so the calls of one read share one script call (less CPU per request); off,
     /// the first call of a read goes out alone and at once (see `batch.rs`). On by default.
     pub gather_batches: bool,
+    /// How many replicas must have a call record before [`crate::Ledger::begin_call`] says the
+    /// call may run: with 1 or more, call records are written on a connection kept for them and
+    /// each batch of them is followed there by `WAIT <replica_acks> <replica_ack_timeout>`, and a
+    /// record fewer replicas acknowledged comes back as [`CallStart::Unreplicated`]. 0 (the
+    /// default): no `WAIT`, records go on the shared connection.
+    pub replica_acks: u32,
+    /// How long `WAIT` waits for [`RedisOptions::replica_acks`] or
+    /// [`RedisOptions::publish_acks`] replicas (not 0).
+    pub replica_ack_timeout: Duration,
+    /// For callers whose request must survive a failover: how many replicas must have each entry
+    /// [`Streams::publish`] and [`Streams::append`] write, checked with `WAIT` right after the
+    /// `XADD`, in one pipeline on the shared connection (which it holds meanwhile: meant for a
+    /// caller's bus, not the daemon's). An entry fewer replicas acknowledged in time is written,
+    /// but is reported as [`Error::Unreplicated`]. 0 (the default): no `WAIT`.
+    pub publish_acks: u32,
 }
 
 impl RedisOptions {
@@ -86,7 +101,16 @@ impl RedisOptions {
             script_reads: false,
             tls: crate::Tls::default(),
             gather_batches: true,
+            replica_acks: 0,
+            replica_ack_timeout: Duration::from_secs(1),
+            publish_acks: 0,
         }
+    }
+
+    /// The `WAIT` that follows call records, if any.
+    fn replica_wait(&self) -> Option<ReplicaWait> {
+        (self.replica_acks > 0)
+            .then(|| ReplicaWait { replicas: self.replica_acks, timeout: self.replica_ack_timeout })
     }
 }
 
@@ -97,6 +121,9 @@ pub struct RedisBus {
     cluster: bool,
     options: RedisOptions,
     commands: Connection,
+    /// The connection call records are written on when they wait for replicas
+    /// ([`RedisOptions::replica_acks`]): `WAIT` holds it, so it serves the record batches alone.
+    records: Option<Connection>,
     /// Idle connections for blocking reads.
     blocking: Idle<Connection>,
     /// Group reads that cut large values as they arrive (`raw_read`), on a single server reached
@@ -160,6 +187,11 @@ impl RedisBus {
         let connector =
             Connector::new(&options.url, &options.topology, &options.tls, options.connect_timeout)?;
         let commands = connector.commands(options.response_timeout)?;
+        // Its commands wait for replicas besides running: its timeout covers both.
+        let records = match options.replica_acks {
+            0 => None,
+            _ => Some(connector.commands(options.response_timeout + options.replica_ack_timeout)?),
+        };
         if options.topology.is_cluster() && !crate::slots::prefix_is_valid(&options.key_prefix) {
             return Err(Error::Protocol(format!(
                 "key prefix '{}' cannot be used on a cluster: no braces, or one hash tag at its start",
@@ -176,6 +208,7 @@ impl RedisBus {
             connector,
             options,
             commands,
+            records,
             blocking: Idle::new(),
             raw,
             scripts: Scripts {
@@ -281,16 +314,7 @@ impl<T> Idle<T> {
 #[async_trait]
 impl Streams for RedisBus {
     async fn publish(&self, topic: &str, id: &str, payload: &str) -> Result<String, Error> {
-        let mut connection = self.commands.clone();
-        let entry_id: String = connection
-            .xadd_maxlen(
-                topic,
-                redis::streams::StreamMaxlen::Approx(self.options.maxlen),
-                "*",
-                &[("id", id), ("payload", payload)],
-            )
-            .await?;
-        Ok(entry_id)
+        self.append(topic, &[("id", id), ("payload", payload)], None).await
     }
 
     async fn append(
@@ -301,8 +325,25 @@ impl Streams for RedisBus {
     ) -> Result<String, Error> {
         let maxlen = maxlen.map_or(self.options.maxlen, |maxlen| maxlen as usize);
         let mut connection = self.commands.clone();
-        let entry_id: String =
-            connection.xadd_maxlen(topic, redis::streams::StreamMaxlen::Approx(maxlen), "*", fields).await?;
+        let trim = redis::streams::StreamMaxlen::Approx(maxlen);
+        if self.options.publish_acks == 0 {
+            let entry_id: String = connection.xadd_maxlen(topic, trim, "*", fields).await?;
+            return Ok(entry_id);
+        }
+        // The WAIT in one pipeline with the XADD: on the same connection, so it counts the
+        // replicas that have this entry.
+        let wanted = self.options.publish_acks;
+        let timeout = self.options.replica_ack_timeout;
+        let (entry_id, acked): (String, u32) = redis::pipe()
+            .xadd_maxlen(topic, trim, "*", fields)
+            .cmd("WAIT")
+            .arg(wanted)
+            .arg(timeout.as_millis().max(1) as u64)
+            .query_async(&mut connection)
+            .await?;
+        if acked < wanted {
+            return Err(Error::Unreplicated { entry_id, acked, wanted, timeout });
+        }
         Ok(entry_id)
     }
 
@@ -506,11 +547,12 @@ impl Ledger for RedisBus {
             self.batchers.begin_call.get_or_init(|| {
                 let source =
                     concat!(include_str!("scripts/begin_call.lua"), include_str!("scripts/call_lease.lua"));
-                Batcher::new(source, 3, 4, self.commands.clone(), false, self.options.gather_batches)
+                let (connection, wait) = self.record_connection();
+                Batcher::waiting(source, 3, 4, connection, false, self.options.gather_batches, wait)
             })
         };
-        let reply = batcher
-            .invoke(
+        let (reply, acked) = batcher
+            .invoke_acked(
                 vec![call.answered.to_owned(), call.call.to_owned(), call.entry.to_owned()],
                 vec![
                     owner.to_owned(),
@@ -520,7 +562,8 @@ impl Ledger for RedisBus {
                 ],
             )
             .await?;
-        start_from(reply)
+        let start = start_from(reply)?;
+        Ok(self.replicated(start, acked))
     }
 
     async fn renew_call(
@@ -799,6 +842,34 @@ fn info_texts(reply: Value, texts: &mut Vec<String>) {
 /// `major.minor.patch` as numbers to order versions by; missing or unreadable parts count 0.
 fn version_key(version: &str) -> Vec<u64> {
     version.split('.').map(|part| part.parse().unwrap_or(0)).collect()
+}
+
+impl RedisBus {
+    /// The connection call records are written on, and the `WAIT` that follows them: the
+    /// records' own connection when they wait for replicas, else the shared one.
+    fn record_connection(&self) -> (Connection, Option<ReplicaWait>) {
+        match &self.records {
+            Some(records) => (records.clone(), self.options.replica_wait()),
+            None => (self.commands.clone(), None),
+        }
+    }
+
+    /// `start` as the caller must take it, given how many replicas acknowledged the record
+    /// (`None`: nobody asked). A start that wrote a call record ([`CallStart::Fresh`],
+    /// [`CallStart::StartedBefore`]) acknowledged by fewer replicas than
+    /// [`RedisOptions::replica_acks`] becomes [`CallStart::Unreplicated`]; the others wrote
+    /// nothing a failover could lose and run no tool, so they stand.
+    fn replicated(&self, start: CallStart, acked: Option<u32>) -> CallStart {
+        let Some(acked) = acked else { return start };
+        let wanted = self.options.replica_acks;
+        let started_before = match start {
+            _ if acked >= wanted => return start,
+            CallStart::Fresh => false,
+            CallStart::StartedBefore => true,
+            start => return start,
+        };
+        CallStart::Unreplicated { started_before, acked, wanted, timeout: self.options.replica_ack_timeout }
+    }
 }
 
 impl RedisBus {

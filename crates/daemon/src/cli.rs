@@ -48,6 +48,11 @@ pub enum Command {
         /// The tenant the call is made for (the envelope's `tenant_id`).
         #[arg(long)]
         tenant: Option<String>,
+        /// Wait until N Redis replicas have the request (`WAIT` after its `XADD`, up to
+        /// `[redis] replica_ack_timeout_ms`), and fail (exit 2) when fewer did: a failover then
+        /// could lose the request. 0: do not wait.
+        #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=16))]
+        replica_acks: u32,
     },
     /// List the tools of the running toolbox.
     Tools {

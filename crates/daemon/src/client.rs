@@ -69,7 +69,7 @@ pub async fn run_call(
         None => None,
     };
     let raw = &config.raw;
-    let fleet = match fleet_client(config, signing, identity.tenant.clone()).await {
+    let fleet = match fleet_client(config, signing, identity).await {
         Ok(fleet) => fleet,
         Err(err) => {
             eprintln!("toolhost: {err}");
@@ -121,6 +121,14 @@ pub async fn run_call(
             eprintln!("toolhost: {}", no_answer(config, timeout));
             EXIT_TRANSPORT
         }
+        Err(CallFailure::Bus(err @ BusError::Unreplicated { .. })) => {
+            eprintln!(
+                "toolhost: request {} may not survive a Redis failover: {err}; a daemon may still run \
+                 and answer it, or it may be lost, and sending it again with the same request_id is safe",
+                request.request_id
+            );
+            EXIT_TRANSPORT
+        }
         Err(CallFailure::Bus(err)) => {
             eprintln!("toolhost: {}", redis_failure(&raw.redis, &err));
             EXIT_TRANSPORT
@@ -139,6 +147,9 @@ pub struct CallIdentity {
     pub key_id: Option<String>,
     /// The tenant (`--tenant`).
     pub tenant: Option<String>,
+    /// How many replicas must have the request before the call waits for its answer
+    /// (`--replica-acks`); 0: none.
+    pub replica_acks: u32,
 }
 
 /// The key `key_id` with its secret: the configured key's, else `TOOLHOST_SIGNING_SECRET`.
@@ -159,11 +170,15 @@ fn signing_key(config: &Config, key_id: &str) -> Result<SigningKey, String> {
 async fn fleet_client(
     config: &Config,
     signing: Option<SigningKey>,
-    tenant: Option<String>,
+    identity: &CallIdentity,
 ) -> Result<FleetClient, String> {
     let raw = &config.raw;
+    let tenant = identity.tenant.clone();
+    let mut options = config.redis_options();
+    // The request's XADD is followed by WAIT: a request too few replicas have fails the call.
+    options.publish_acks = identity.replica_acks;
     let bus: Arc<dyn FleetAccess> =
-        Arc::new(RedisBus::new(config.redis_options()).map_err(|err| redis_failure(&raw.redis, &err))?);
+        Arc::new(RedisBus::new(options).map_err(|err| redis_failure(&raw.redis, &err))?);
     let settings = ClientSettings {
         requests_topic: raw.streams.requests.clone(),
         source: "toolhost:cli".to_owned(),

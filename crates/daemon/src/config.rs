@@ -40,6 +40,11 @@ pub const ENV_RESERVED: &[&str] = &[
 pub const LOG_FORMATS: &[&str] = &["auto", "json", "pretty"];
 /// How many bad keys one load reports at most before it gives up looking for more.
 const MAX_KEY_ERRORS: usize = 64;
+/// The most replicas `[redis] replica_acks` may ask for: more than any deployment runs per
+/// master, so a larger value is a typo (`WAIT` would time out on every call).
+const MAX_REPLICA_ACKS: u32 = 16;
+/// The longest `[redis] replica_ack_timeout_ms`: a call waits this long before it runs.
+const MAX_REPLICA_ACK_TIMEOUT_MS: u64 = 60_000;
 
 /// How long a reader waits, at most, for the calls of a read of two entries or more to end
 /// before it reads again, with `[dispatch] batch_under_load`.
@@ -145,6 +150,10 @@ pub struct RedisSection {
     /// PEM files of the client certificate and its key, for mutual TLS; empty: none.
     pub client_cert_file: String,
     pub client_key_file: String,
+    /// How many replicas must acknowledge a call record before its tool runs (`WAIT`); 0: none.
+    pub replica_acks: u32,
+    /// How long they are waited for before the call is answered `overloaded`.
+    pub replica_ack_timeout_ms: u64,
 }
 
 /// Masks the passwords, so a configuration printed with `{:?}` leaks nothing.
@@ -164,6 +173,8 @@ impl std::fmt::Debug for RedisSection {
             .field("ca_file", &self.ca_file)
             .field("client_cert_file", &self.client_cert_file)
             .field("client_key_file", &self.client_key_file)
+            .field("replica_acks", &self.replica_acks)
+            .field("replica_ack_timeout_ms", &self.replica_ack_timeout_ms)
             .finish()
     }
 }
@@ -863,6 +874,15 @@ fn validate(
             bad(&format!("tools.limits.{name}.max_concurrent"), "must be greater than 0");
         }
     }
+    if raw.redis.replica_acks > MAX_REPLICA_ACKS {
+        bad("redis.replica_acks", &format!("must be between 0 and {MAX_REPLICA_ACKS} (replicas per master)"));
+    }
+    if !(1..=MAX_REPLICA_ACK_TIMEOUT_MS).contains(&raw.redis.replica_ack_timeout_ms) {
+        bad(
+            "redis.replica_ack_timeout_ms",
+            &format!("must be between 1 and {MAX_REPLICA_ACK_TIMEOUT_MS} (WAIT takes 0 as for ever)"),
+        );
+    }
     if raw.dispatch.claim_idle_ms < 100 && raw.dispatch.claim_idle_ms > 0 {
         bad("dispatch.claim_idle_ms", "must be at least 100");
     }
@@ -935,6 +955,8 @@ impl Config {
         // Group reads deliver larger values only as head, size and digest, so one read stays small.
         options.max_field_bytes = raw.streams.max_payload_bytes;
         options.gather_batches = raw.dispatch.batch_under_load;
+        options.replica_acks = raw.redis.replica_acks;
+        options.replica_ack_timeout = Duration::from_millis(raw.redis.replica_ack_timeout_ms);
         options
     }
 
@@ -1280,6 +1302,29 @@ mod tests {
         let off = config(&[("TOOLHOST__DISPATCH__BATCH_UNDER_LOAD", "false")]);
         assert!(!off.redis_options().gather_batches);
         assert_eq!(off.read_hold(), Duration::ZERO);
+    }
+
+    #[test]
+    fn replica_acks_reach_the_bus_and_out_of_range_values_name_their_key() {
+        let config = |extra: &[(&str, &str)]| Config::load(None, &env(extra));
+        let default = config(&[]).unwrap().redis_options();
+        assert_eq!((default.replica_acks, default.replica_ack_timeout), (0, Duration::from_secs(1)));
+        let set = config(&[
+            ("TOOLHOST__REDIS__REPLICA_ACKS", "2"),
+            ("TOOLHOST__REDIS__REPLICA_ACK_TIMEOUT_MS", "250"),
+        ])
+        .unwrap()
+        .redis_options();
+        assert_eq!((set.replica_acks, set.replica_ack_timeout), (2, Duration::from_millis(250)));
+        for (var, value, key) in [
+            ("TOOLHOST__REDIS__REPLICA_ACKS", "17", "redis.replica_acks: must be between 0 and 16"),
+            ("TOOLHOST__REDIS__REPLICA_ACKS", "-1", "replica_acks"),
+            ("TOOLHOST__REDIS__REPLICA_ACK_TIMEOUT_MS", "0", "redis.replica_ack_timeout_ms: must be between 1"),
+            ("TOOLHOST__REDIS__REPLICA_ACK_TIMEOUT_MS", "60001", "redis.replica_ack_timeout_ms"),
+        ] {
+            let err = config(&[(var, value)]).unwrap_err();
+            assert!(format!("{err:#}").contains(key), "{var}={value}: {err:#}");
+        }
     }
 
     #[test]

@@ -86,8 +86,8 @@ fn main() {
                     }
                 }
             }
-            Command::Call { tool, args, timeout, key_id, tenant } => {
-                let identity = toolhost::CallIdentity { key_id, tenant };
+            Command::Call { tool, args, timeout, key_id, tenant, replica_acks } => {
+                let identity = toolhost::CallIdentity { key_id, tenant, replica_acks };
                 toolhost::run_call(&config, &tool, &args, timeout, &identity).await
             }
             Command::Tools { format, from_registry, timeout } => {

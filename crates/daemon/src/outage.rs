@@ -157,6 +157,8 @@ mod tests {
             ca_file: String::new(),
             client_cert_file: String::new(),
             client_key_file: String::new(),
+            replica_acks: 0,
+            replica_ack_timeout_ms: 1000,
         };
         assert_eq!(hint(&section(&[], &[]).describe()), HINT);
         assert_eq!(hint(&section(&["10.0.0.1:7000"], &[]).describe()), CLUSTER_HINT);

@@ -3,7 +3,7 @@
 //! The key patterns come from [`toolhost_bus::Keys::acl_patterns`] (the streams, response
 //! topics, chat, dead letters, audit and toolhost's own keys under the configured prefix), the
 //! commands from [`toolhost_bus::acl::commands`] (by topology; `SELECT` only for a database other
-//! than 0). The password is the placeholder `<password>`: the operator puts the real one in.
+//! than 0, `WAIT` only with `[redis] replica_acks` above 0). The password is the placeholder `<password>`: the operator puts the real one in.
 
 use redis::IntoConnectionInfo as _;
 
@@ -35,7 +35,7 @@ pub fn setuser_line(config: &Config, user: &str) -> Result<String, String> {
     let selects_db =
         raw.redis.url.as_str().into_connection_info().is_ok_and(|info| info.redis_settings().db() != 0);
     let options = config.redis_options();
-    let commands = toolhost_bus::acl::commands(&options.topology, selects_db);
+    let commands = toolhost_bus::acl::commands(&options.topology, selects_db, options.replica_acks > 0);
     Ok(toolhost_bus::acl::setuser(user, &patterns, &commands))
 }
 
@@ -85,6 +85,9 @@ mod tests {
         assert!(cluster.contains(" ~{*}answer:* ") && cluster.contains(" +cluster|slots"), "{cluster}");
         assert!(!cluster.contains("+select"), "{cluster}");
         assert!(setuser_line(&config(&[]), "two words").is_err());
+        assert!(!setuser_line(&config(&[]), "t").unwrap().contains("+wait"));
+        let waits = setuser_line(&config(&[("TOOLHOST__REDIS__REPLICA_ACKS", "1")]), "t").unwrap();
+        assert!(waits.contains(" +wait"), "{waits}");
     }
 
     #[test]

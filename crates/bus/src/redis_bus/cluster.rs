@@ -87,7 +87,12 @@ impl RedisBus {
             include_str!("../scripts/cluster/begin_call.lua"),
             include_str!("../scripts/call_lease.lua")
         );
-        Ok(self.cluster_batcher(&self.batchers.cluster_begin_call, source, 3, 4))
+        Ok(self.batchers.cluster_begin_call.get_or_init(|| {
+            // On the records' own connection when they wait for replicas: the pipeline of script
+            // and WAIT goes whole to the primary of the items' slot (WAIT names no key).
+            let (connection, wait) = self.record_connection();
+            Batcher::waiting(source, 3, 4, connection, true, self.options.gather_batches, wait)
+        }))
     }
 
     /// [`crate::Ledger::finish`] on a cluster, in the steps the module documentation lists.

@@ -2,6 +2,9 @@
 //! runs, and commit its end, each retried while Redis is unavailable. The rules themselves (who
 //! owns a call, when a lease lapses, what a commit does atomically) are the bus crate's.
 
+use std::time::Duration;
+
+use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use toolhost_bus::{CallKeys, CallStart, Committed, EntryRef, Finish, Ledger};
 use toolhost_envelope::ErrorCode;
@@ -115,6 +118,26 @@ pub(crate) async fn finish(
                 return None;
             }
         }
+    }
+}
+
+/// The answer to a call whose record fewer than `wanted` replicas acknowledged within `timeout`
+/// (`[redis] replica_acks`): `overloaded`, with a hint to retry after about that long, when the
+/// replicas may be back.
+pub(crate) fn unreplicated(tool: &str, acked: u32, wanted: u32, timeout: Duration) -> Failure {
+    let retry_after = timeout.clamp(Duration::from_millis(100), Duration::from_secs(30));
+    Failure {
+        code: ErrorCode::Overloaded,
+        message: format!(
+            "'{tool}' was not run: {acked} of the {wanted} Redis replicas it needs acknowledged the \
+             call's record within {} ms; retry later with the same request_id",
+            timeout.as_millis()
+        ),
+        details: Some(json!({
+            "retry_after_ms": retry_after.as_millis() as u64,
+            "replicas_acknowledged": acked,
+            "replicas_required": wanted,
+        })),
     }
 }
 

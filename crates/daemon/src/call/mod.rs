@@ -450,6 +450,7 @@ impl<D: Door> Lifecycle<D> {
                         self.door.finished(request, &name, &result, Duration::ZERO).await;
                         result
                     }
+                    Begin::Refuse(failure) => Err(failure),
                     Begin::Run { tracked: recorded } => match self.expired(entry, request) {
                         Some(failure) => Err(failure),
                         None => {
@@ -626,6 +627,17 @@ impl<D: Door> Lifecycle<D> {
                 Begin::Run { tracked: true }
             }
             CallStart::StartedBefore => Begin::Interrupted,
+            // Too few replicas have the record: a failover could lose it and run the tool again.
+            // A call started before whose tool is not idempotent runs nothing anyway.
+            CallStart::Unreplicated { started_before: true, .. }
+                if !annotations.is_some_and(|a| a.idempotent) =>
+            {
+                Begin::Interrupted
+            }
+            CallStart::Unreplicated { acked, wanted, timeout, .. } => {
+                warn!(request_id = ledger_id, tool, acked, wanted, "too few replicas acknowledged the call record; not run, answered overloaded");
+                Begin::Refuse(ledger::unreplicated(tool, acked, wanted, timeout))
+            }
             _ => Begin::End(Outcome::LeftPending),
         }
     }
@@ -940,6 +952,9 @@ enum Begin {
     End(Outcome),
     /// Answered already, with this answer kept: answer this retry with it.
     Replay(KeptAnswer),
+    /// Run nothing and answer this refusal (not final: a retry with the same request id runs);
+    /// its commit deletes the call record the ledger step wrote.
+    Refuse(Failure),
 }
 
 /// The result a kept answer's `data` holds; `None` when it is not a result's `data`.
