@@ -5,6 +5,10 @@
 //! Every replica belongs to one toolbox and reads the one requests stream, so on the cluster
 //! that stream lives on one shard: the curve is expected to stay flat there, and this measures
 //! what the cluster path costs per request.
+//!
+//! The `replicated` topology is a master with one replica (issue 37): one toolhost, `echo` and
+//! `terminal_run` (a tool that is not idempotent, so tracked) with `[redis] replica_acks` 0 and
+//! 1, and the `WAIT`s the master ran per request (`INFO commandstats`).
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -27,6 +31,8 @@ pub enum Topology {
     Single,
     /// Three masters, no replicas.
     Cluster,
+    /// A master and one replica of it: the `replica_acks` rows.
+    Replicated,
 }
 
 impl Topology {
@@ -35,6 +41,7 @@ impl Topology {
         match self {
             Topology::Single => "single",
             Topology::Cluster => "cluster",
+            Topology::Replicated => "replicated",
         }
     }
 }
@@ -76,6 +83,12 @@ pub struct FleetRow {
     pub topology: Topology,
     /// Replicas of toolhost.
     pub replicas: usize,
+    /// What was called: `echo`, or `terminal_run` running `echo hi`.
+    pub tool: String,
+    /// `[redis] replica_acks` of toolhost (the replicated topology's rows only).
+    pub replica_acks: Option<u32>,
+    /// `WAIT`s the master ran per answered request (the replicated topology's rows only).
+    pub waits_per_request: Option<f64>,
     /// Requests in flight.
     pub in_flight: usize,
     /// Answered requests per second.
@@ -118,7 +131,7 @@ impl FleetReport {
             "| Redis | replicas | req/s | p50 µs | p99 µs | toolhost CPU µs/req (per replica) | Redis CPU µs/req (per node) | load µs/req | errors |\n\
              |---|---:|---:|---:|---:|---|---|---:|---|\n",
         );
-        for row in &self.rows {
+        for row in self.rows.iter().filter(|row| row.topology != Topology::Replicated) {
             let parts = |prefix: &str| {
                 row.cpu
                     .iter()
@@ -149,6 +162,41 @@ impl FleetReport {
                 errors,
             ));
         }
+        let replicated: Vec<&FleetRow> =
+            self.rows.iter().filter(|row| row.topology == Topology::Replicated).collect();
+        if !replicated.is_empty() {
+            out.push_str(
+                "\n| tool (master + 1 replica) | replica_acks | req/s | p50 µs | p99 µs | WAITs/req | toolhost CPU µs/req | Redis CPU µs/req (master + replica) | errors |\n\
+                 |---|---:|---:|---:|---:|---:|---:|---|---|\n",
+            );
+            for row in replicated {
+                let redis: Vec<String> = row
+                    .cpu
+                    .iter()
+                    .filter(|cpu| cpu.process.starts_with("redis"))
+                    .map(|cpu| format!("{:.1}", cpu.us_per_request))
+                    .collect();
+                let errors = match &row.error {
+                    Some(error) => error.clone(),
+                    None if row.n_failed + row.n_timeouts > 0 => {
+                        format!("{} failed, {} unanswered", row.n_failed, row.n_timeouts)
+                    }
+                    None => "none".to_owned(),
+                };
+                out.push_str(&format!(
+                    "| {} | {} | {:.0} | {} | {} | {:.3} | {:.1} | {} | {} |\n",
+                    row.tool,
+                    row.replica_acks.unwrap_or(0),
+                    row.rps,
+                    row.p50_us,
+                    row.p99_us,
+                    row.waits_per_request.unwrap_or(0.0),
+                    row.sum("toolhost"),
+                    redis.join(" + "),
+                    errors,
+                ));
+            }
+        }
         out
     }
 
@@ -165,10 +213,12 @@ impl FleetReport {
     }
 }
 
-/// A running Redis of either topology.
+/// A running Redis of any topology.
 enum Redis {
     Single(RedisServer),
     Cluster(RedisCluster),
+    /// A master and its replica.
+    Replicated(RedisServer, RedisServer),
 }
 
 impl Redis {
@@ -176,20 +226,37 @@ impl Redis {
         Ok(match topology {
             Topology::Single => Redis::Single(RedisServer::start()?),
             Topology::Cluster => Redis::Cluster(RedisCluster::start(3)?),
+            Topology::Replicated => {
+                let master = RedisServer::start()?;
+                let port = master.url().rsplit(':').next().unwrap_or_default().to_owned();
+                let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port])?;
+                wait_for_sync(&replica)?;
+                Redis::Replicated(master, replica)
+            }
         })
     }
 
+    /// Every server, for CPU accounting.
     fn servers(&self) -> Vec<&RedisServer> {
         match self {
             Redis::Single(server) => vec![server],
             Redis::Cluster(cluster) => cluster.nodes().iter().collect(),
+            Redis::Replicated(master, replica) => vec![master, replica],
+        }
+    }
+
+    /// The servers that take writes (a replica refuses `FLUSHALL` and repeats its master's keys).
+    fn primaries(&self) -> Vec<&RedisServer> {
+        match self {
+            Redis::Replicated(master, _) => vec![master],
+            _ => self.servers(),
         }
     }
 
     /// The environment that points toolhost at this Redis.
     fn env(&self) -> Vec<(String, String)> {
         match self {
-            Redis::Single(server) => vec![("REDIS_URL".to_owned(), server.url())],
+            Redis::Single(server) | Redis::Replicated(server, _) => vec![("REDIS_URL".to_owned(), server.url())],
             Redis::Cluster(cluster) => {
                 let nodes: Vec<String> = cluster.nodes().iter().map(RedisServer::url).collect();
                 vec![
@@ -203,7 +270,7 @@ impl Redis {
     /// Where the load generator publishes requests and reads answers.
     fn endpoints(&self) -> anyhow::Result<(String, String)> {
         match self {
-            Redis::Single(server) => Ok((server.url(), server.url())),
+            Redis::Single(server) | Redis::Replicated(server, _) => Ok((server.url(), server.url())),
             Redis::Cluster(cluster) => {
                 Ok((cluster.url_for(REQUESTS_STREAM)?, cluster.url_for(RESULTS_STREAM)?))
             }
@@ -211,7 +278,7 @@ impl Redis {
     }
 
     async fn flush(&self) -> anyhow::Result<()> {
-        for server in self.servers() {
+        for server in self.primaries() {
             let mut connection =
                 redis::Client::open(server.url())?.get_multiplexed_async_connection().await?;
             let () = redis::cmd("FLUSHALL").query_async(&mut connection).await.context("FLUSHALL")?;
@@ -222,7 +289,7 @@ impl Redis {
     /// Heartbeats of live replicas, counted on every node.
     async fn heartbeats(&self) -> anyhow::Result<usize> {
         let mut count = 0;
-        for server in self.servers() {
+        for server in self.primaries() {
             let mut connection =
                 redis::Client::open(server.url())?.get_multiplexed_async_connection().await?;
             let keys: Vec<String> =
@@ -236,6 +303,32 @@ impl Redis {
     fn cpu_us(&self, ticks_per_second: u64) -> Vec<Option<f64>> {
         self.servers().iter().map(|server| cpu_us(server.pid(), ticks_per_second)).collect()
     }
+}
+
+/// Waits up to 20 s until `replica` reports its link to the master up.
+fn wait_for_sync(replica: &RedisServer) -> anyhow::Result<()> {
+    let mut connection = redis::Client::open(replica.url())?.get_connection()?;
+    let started = Instant::now();
+    loop {
+        let info: String = redis::cmd("INFO").arg("replication").query(&mut connection)?;
+        if info.contains("master_link_status:up") {
+            return Ok(());
+        }
+        anyhow::ensure!(started.elapsed() < Duration::from_secs(20), "the replica did not sync within 20 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// How many `WAIT`s `server` has run (`INFO commandstats`).
+async fn waits(server: &RedisServer) -> anyhow::Result<u64> {
+    let mut connection = redis::Client::open(server.url())?.get_multiplexed_async_connection().await?;
+    let stats: String = redis::cmd("INFO").arg("commandstats").query_async(&mut connection).await?;
+    Ok(stats
+        .lines()
+        .find_map(|line| line.strip_prefix("cmdstat_wait:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|calls| calls.parse().ok())
+        .unwrap_or(0))
 }
 
 fn cpu_us(pid: u32, ticks_per_second: u64) -> Option<f64> {
@@ -252,9 +345,18 @@ pub async fn run(options: &FleetOptions) -> anyhow::Result<FleetReport> {
     for &topology in &options.topologies {
         let redis =
             Redis::start(topology).with_context(|| format!("starting the {} Redis", topology.name()))?;
-        for &replicas in &options.replicas {
-            eprintln!("bench: fleet {} with {replicas} replica(s)", topology.name());
-            let row = measure(options, &redis, topology, replicas).await;
+        // The replicated topology's rows: one toolhost, each tool with replica_acks 0 and 1.
+        let rows: Vec<(usize, RequestKind, Option<u32>)> = match topology {
+            Topology::Replicated => [RequestKind::echo(100), RequestKind::TerminalRun]
+                .into_iter()
+                .flat_map(|kind| [(1, kind.clone(), Some(0)), (1, kind, Some(1))])
+                .collect(),
+            _ => options.replicas.iter().map(|&replicas| (replicas, RequestKind::echo(100), None)).collect(),
+        };
+        for (replicas, kind, replica_acks) in rows {
+            let acks = replica_acks.map(|acks| format!(", replica_acks {acks}")).unwrap_or_default();
+            eprintln!("bench: fleet {} with {replicas} replica(s), {}{acks}", topology.name(), tool_name(&kind));
+            let row = measure(options, &redis, topology, replicas, kind, replica_acks).await;
             if let Some(error) = &row.error {
                 eprintln!("bench:   error: {error}");
             }
@@ -264,10 +366,25 @@ pub async fn run(options: &FleetOptions) -> anyhow::Result<FleetReport> {
     Ok(report)
 }
 
-async fn measure(options: &FleetOptions, redis: &Redis, topology: Topology, replicas: usize) -> FleetRow {
+/// The tool a request kind calls, for reports.
+fn tool_name(kind: &RequestKind) -> String {
+    kind.event_type().trim_end_matches(".requested").to_owned()
+}
+
+async fn measure(
+    options: &FleetOptions,
+    redis: &Redis,
+    topology: Topology,
+    replicas: usize,
+    kind: RequestKind,
+    replica_acks: Option<u32>,
+) -> FleetRow {
     let mut row = FleetRow {
         topology,
         replicas,
+        tool: tool_name(&kind),
+        replica_acks,
+        waits_per_request: None,
         in_flight: options.in_flight,
         rps: 0.0,
         p50_us: 0,
@@ -279,7 +396,7 @@ async fn measure(options: &FleetOptions, redis: &Redis, topology: Topology, repl
         error: None,
     };
     let mut children = Vec::new();
-    if let Err(err) = run_row(options, redis, &mut row, &mut children).await {
+    if let Err(err) = run_row(options, redis, &mut row, kind, &mut children).await {
         row.error = Some(format!("{err:#}"));
     }
     for mut child in children {
@@ -292,13 +409,21 @@ async fn run_row(
     options: &FleetOptions,
     redis: &Redis,
     row: &mut FleetRow,
+    kind: RequestKind,
     children: &mut Vec<Child>,
 ) -> anyhow::Result<()> {
     redis.flush().await?;
-    let env = redis.env();
+    let mut env = redis.env();
+    if let Some(acks) = row.replica_acks {
+        env.push(("TOOLHOST__REDIS__REPLICA_ACKS".to_owned(), acks.to_string()));
+    }
+    if matches!(kind, RequestKind::TerminalRun) {
+        env.push(("TERMINAL_ALLOWED_COMMANDS".to_owned(), "echo".to_owned()));
+    }
     for index in 0..row.replicas {
+        let acks = row.replica_acks.map(|acks| format!("-{}-acks-{acks}", row.tool)).unwrap_or_default();
         let log_path = options.out_dir.join(format!(
-            "fleet-{}-{}-replica-{index}.log",
+            "fleet-{}-{}{acks}-replica-{index}.log",
             row.topology.name(),
             row.replicas
         ));
@@ -326,7 +451,6 @@ async fn run_row(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let (publish, read) = redis.endpoints()?;
-    let kind = RequestKind::echo(100);
     let warmup = LoadSpec {
         generator: Generator::Harness,
         in_flight: row.in_flight,
@@ -347,6 +471,10 @@ async fn run_row(
     let replicas_before: Vec<Option<f64>> = pids.iter().map(|&pid| cpu_us(pid, ticks)).collect();
     let redis_before = redis.cpu_us(ticks);
     let load_before = cpu_us(std::process::id(), ticks);
+    let waits_before = match redis.primaries().first() {
+        Some(master) if row.replica_acks.is_some() => Some(waits(master).await?),
+        _ => None,
+    };
     let spec = LoadSpec {
         generator: Generator::Harness,
         in_flight: row.in_flight,
@@ -358,6 +486,10 @@ async fn run_row(
     let replicas_after: Vec<Option<f64>> = pids.iter().map(|&pid| cpu_us(pid, ticks)).collect();
     let redis_after = redis.cpu_us(ticks);
     let load_after = cpu_us(std::process::id(), ticks);
+    if let (Some(before), Some(master)) = (waits_before, redis.primaries().first()) {
+        let after = waits(master).await?;
+        row.waits_per_request = Some(after.saturating_sub(before) as f64 / load.n_answered().max(1) as f64);
+    }
 
     row.rps = load.rps();
     row.p50_us = load.histogram.value_at_quantile(0.5);

@@ -15,7 +15,16 @@ import redis.asyncio as aioredis
 from redis import exceptions as redis_errors
 
 from . import _wire
-from ._errors import ClientClosed, ClientError, ConnectionFailed, NoAnswer, Overloaded, ToolError, error_from
+from ._errors import (
+    ClientClosed,
+    ClientError,
+    ConnectionFailed,
+    NoAnswer,
+    Overloaded,
+    RequestNotReplicated,
+    ToolError,
+    error_from,
+)
 from ._wire import Answer, Finished, Progress
 
 log = logging.getLogger("toolhost")
@@ -66,6 +75,8 @@ class AsyncClient:
         trace_id: str | None = None,
         key_id: str | None = None,
         secret: str | bytes | None = None,
+        replica_acks: int = 0,
+        replica_ack_timeout: float = 1.0,
     ) -> None:
         if (key_id is None) != (secret is None):
             raise ClientError("key_id and secret go together: give both to sign requests, or neither")
@@ -83,6 +94,10 @@ class AsyncClient:
         self.stream_ttl = stream_ttl
         self.default_timeout = default_timeout
         self.retries = retries
+        self.replica_acks = _check_replica_acks(replica_acks)
+        if not replica_ack_timeout > 0:
+            raise ClientError(f"replica_ack_timeout must be above 0 seconds, not {replica_ack_timeout!r}")
+        self.replica_ack_timeout = replica_ack_timeout
         tags = {"tenant_id": tenant_id, "user_id": user_id, "session_id": session_id, "trace_id": trace_id}
         self._tags = {name: value for name, value in tags.items() if value is not None}
         self._stream_key = key_prefix + self.response_topic
@@ -95,8 +110,9 @@ class AsyncClient:
         # Request id to the cancels waiting for their answer.
         self._cancels: dict[str, list[_Waiter]] = {}
         self._tasks: list[asyncio.Task[None]] = []
-        # Requests waiting for the next pipeline, and whether one is being sent.
-        self._outbox: list[tuple[str, dict[str, str], asyncio.Future[None]]] = []
+        # Requests waiting for the next pipeline (key, fields, replicas that must acknowledge
+        # it, and who waits for the XADD's outcome), and whether one is being sent.
+        self._outbox: list[tuple[str, dict[str, str], int, asyncio.Future[None]]] = []
         self._flushing = False
         self._flusher: asyncio.Future[None] | None = None
         self._open_lock: asyncio.Lock | None = None
@@ -181,6 +197,7 @@ class AsyncClient:
         retries: int | None = None,
         correlation_id: str | None = None,
         on_progress: Callable[[Progress], None] | None = None,
+        replica_acks: int | None = None,
     ) -> Any:
         """Calls `tool` and returns its result, or raises the answer's ToolError.
 
@@ -190,7 +207,11 @@ class AsyncClient:
         the call idempotent: the host never runs one id twice. `retries` (default: the
         client's) sends the same request again after an `overloaded`, `internal` or `expired`
         answer or no answer, with backoff; final answers are never retried. `on_progress` gets
-        the call's progress entries, on the client's event loop.
+        the call's progress entries, on the client's event loop. `replica_acks` (default: the
+        client's) makes the request wait, after its XADD and on the same connection, until that
+        many Redis replicas have it (`WAIT`, up to `replica_ack_timeout`), and raises
+        RequestNotReplicated when fewer did: a failover could then lose the request (it may
+        also still be answered). With `retries` the request is sent again, same id, instead.
         """
         _wire.check_tool_name(tool)
         if arguments is None:
@@ -206,6 +227,7 @@ class AsyncClient:
         fields = self._entry("tool.invoke", data, rid, correlation_id)
         wait = (timeout if timeout is not None else self.default_timeout) + ANSWER_MARGIN
         attempts = 1 + max(0, self.retries if retries is None else retries)
+        acks = self.replica_acks if replica_acks is None else _check_replica_acks(replica_acks)
         await self.open()
         loop = asyncio.get_running_loop()
         waiter = _Waiter(loop.create_future(), on_progress)
@@ -217,7 +239,12 @@ class AsyncClient:
                     waiter.future = loop.create_future()
                     fields = self._entry("tool.invoke", data, rid, correlation_id)
                 try:
-                    await self._send(self._requests_key, fields)
+                    await self._send(self._requests_key, fields, acks)
+                except RequestNotReplicated as err:
+                    if last:
+                        raise RequestNotReplicated(rid, err.acked, err.wanted, err.waited) from None
+                    await asyncio.sleep(self._backoff(attempt, None))
+                    continue
                 except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError) as err:
                     if last:
                         raise ConnectionFailed(f"cannot send the call of '{tool}' to Redis: {err}") from err
@@ -249,6 +276,7 @@ class AsyncClient:
         request_id: str | None = None,
         retries: int | None = None,
         correlation_id: str | None = None,
+        replica_acks: int | None = None,
     ) -> AsyncGenerator[Progress | Finished, None]:
         """Calls `tool` and yields its progress entries, then Finished with the result; an
         error answer is raised. Takes the same arguments as `call`."""
@@ -263,6 +291,7 @@ class AsyncClient:
                 retries=retries,
                 correlation_id=correlation_id,
                 on_progress=events.put_nowait,
+                replica_acks=replica_acks,
             )
         )
         try:
@@ -377,12 +406,14 @@ class AsyncClient:
     async def _publish(self, event_type: str, data: dict[str, Any], rid: str, correlation_id: str | None) -> None:
         await self._send(self._requests_key, self._entry(event_type, data, rid, correlation_id))
 
-    async def _send(self, key: str, fields: dict[str, str]) -> None:
+    async def _send(self, key: str, fields: dict[str, str], replica_acks: int = 0) -> None:
         """XADDs `fields` to `key`. Requests sent while a pipeline is on its way wait and go
         out together in the next one, on one connection: one call alone pays one round trip,
-        many in flight share them."""
+        many in flight share them. With `replica_acks`, the pipeline ends in one `WAIT` for the
+        most replicas any of its requests asks for (it counts every write of the pipeline's
+        connection), and a request fewer replicas acknowledged raises RequestNotReplicated."""
         sent: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._outbox.append((key, fields, sent))
+        self._outbox.append((key, fields, replica_acks, sent))
         if not self._flushing:
             self._flushing = True
             try:
@@ -403,28 +434,39 @@ class AsyncClient:
 
     async def _flush_once(self) -> None:
         batch, self._outbox = self._outbox, []
+        wanted = max(acks for _, _, acks, _ in batch)
         try:
-            if len(batch) == 1:
-                key, fields, _ = batch[0]
+            if len(batch) == 1 and wanted == 0:
+                key, fields, _, _ = batch[0]
                 results: list[Any] = [await self._redis.xadd(key, fields)]  # type: ignore[arg-type]
             else:
+                # One connection for the XADDs and the WAIT after them: WAIT counts the replicas
+                # that have this connection's writes.
                 async with self._redis.pipeline(transaction=False) as pipe:
-                    for key, fields, _ in batch:
+                    for key, fields, _, _ in batch:
                         pipe.xadd(key, fields)  # type: ignore[arg-type]
+                    if wanted > 0:
+                        pipe.execute_command("WAIT", wanted, max(1, round(self.replica_ack_timeout * 1000)))
                     results = await pipe.execute(raise_on_error=False)
         except BaseException as err:
             failure = err if isinstance(err, (redis_errors.RedisError, OSError)) else redis_errors.ConnectionError(str(err))
-            for _, _, sent in batch:
+            for _, _, _, sent in batch:
                 if not sent.done():
                     sent.set_exception(failure)
             if not isinstance(err, (redis_errors.RedisError, OSError)):
                 raise
             return
-        for (_, _, sent), result in zip(batch, results):
+        acked = results[-1] if wanted > 0 else 0
+        for (_, _, acks, sent), result in zip(batch, results):
             if sent.done():
                 continue
             if isinstance(result, BaseException):
                 sent.set_exception(result)
+            elif acks > 0 and isinstance(acked, BaseException):
+                sent.set_exception(acked)
+            elif acks > 0 and int(acked) < acks:
+                # The request id is filled in by the call that sent it.
+                sent.set_exception(RequestNotReplicated("", int(acked), acks, self.replica_ack_timeout))
             else:
                 sent.set_result(None)
 
@@ -539,6 +581,13 @@ class AsyncClient:
         if isinstance(error, Overloaded) and error.retry_after is not None:
             return min(30.0, max(backoff, error.retry_after))
         return backoff
+
+
+def _check_replica_acks(replica_acks: int) -> int:
+    """`replica_acks` when it is a whole number from 0 to 16, else ClientError."""
+    if isinstance(replica_acks, bool) or not isinstance(replica_acks, int) or not 0 <= replica_acks <= 16:
+        raise ClientError(f"replica_acks must be a whole number from 0 to 16, not {replica_acks!r}")
+    return replica_acks
 
 
 class _Waiter:

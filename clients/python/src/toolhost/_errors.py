@@ -21,6 +21,24 @@ class ConnectionFailed(ClientError, ConnectionError):
     """Redis could not be reached or refused the login."""
 
 
+class RequestNotReplicated(Exception):
+    """The request was written to the Redis master, but fewer replicas than `replica_acks`
+    acknowledged it in time: a failover now could lose it. It may still be answered, or it may
+    vanish with the master; sending it again with the same request id is safe either way (the
+    host runs a request id at most once), and `retries` does so."""
+
+    def __init__(self, request_id: str, acked: int, wanted: int, waited: float) -> None:
+        self.request_id = request_id
+        self.acked = acked
+        self.wanted = wanted
+        self.waited = waited
+        super().__init__(
+            f"request {request_id} was written, but {acked} of the {wanted} replicas asked for "
+            f"acknowledged it within {waited:g} s: a failover now could lose it; send it again "
+            "with the same request_id if no answer comes"
+        )
+
+
 class NoAnswer(TimeoutError):
     """Nothing answered the call in time. The request may still run; its id says which."""
 

@@ -67,6 +67,7 @@ class Client:
         retries: int | None = None,
         correlation_id: str | None = None,
         on_progress: Callable[[Progress], None] | None = None,
+        replica_acks: int | None = None,
     ) -> Any:
         """AsyncClient.call, blocking; `on_progress` runs on the client's thread."""
         return self._run(
@@ -78,6 +79,7 @@ class Client:
                 retries=retries,
                 correlation_id=correlation_id,
                 on_progress=on_progress,
+                replica_acks=replica_acks,
             )
         )
 
@@ -90,10 +92,17 @@ class Client:
         request_id: str | None = None,
         retries: int | None = None,
         correlation_id: str | None = None,
+        replica_acks: int | None = None,
     ) -> Iterator[Progress | Finished]:
         """AsyncClient.stream, as a plain iterator."""
         events = self._client.stream(
-            tool, arguments, timeout=timeout, request_id=request_id, retries=retries, correlation_id=correlation_id
+            tool,
+            arguments,
+            timeout=timeout,
+            request_id=request_id,
+            retries=retries,
+            correlation_id=correlation_id,
+            replica_acks=replica_acks,
         )
         try:
             while True:

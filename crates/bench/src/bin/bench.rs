@@ -18,7 +18,9 @@
 //! target/release/toolhost-bench --soak 1000000              # RSS over a million requests
 //! target/release/toolhost-bench --marks 100000              # Redis bytes per answered mark
 //! target/release/toolhost-bench --fleet                     # 1, 2, 4 replicas on one Redis
-//!                                                           # and on a 3-master cluster
+//!                                                           # and on a 3-master cluster, and
+//!                                                           # replica_acks 0 and 1 against a
+//!                                                           # master with one replica
 //! ```
 //!
 //! `redis-server` must be on `PATH`; the harness starts its own on a free loopback port.
@@ -93,15 +95,17 @@ struct Args {
     #[arg(long)]
     auth: bool,
     /// Only the fleet rows: 1, 2 and 4 replicas (or --replicas) of toolhost at 64 in flight
-    /// (or the first --in-flight), against one Redis and a 3-master cluster (or --topologies),
-    /// with the CPU of every process.
+    /// (or the first --in-flight), against one Redis and a 3-master cluster, and the
+    /// `replica_acks` rows against a master with one replica (or --topologies), with the CPU of
+    /// every process.
     #[arg(long)]
     fleet: bool,
     /// Replica counts of the fleet rows, comma separated.
     #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
     replicas: Vec<usize>,
-    /// Topologies of the fleet rows, comma separated: single, cluster.
-    #[arg(long, value_delimiter = ',', default_value = "single,cluster")]
+    /// Topologies of the fleet rows, comma separated: single, cluster, replicated (a master with
+    /// one replica: echo and terminal_run with `[redis] replica_acks` 0 and 1, one toolhost).
+    #[arg(long, value_delimiter = ',', default_value = "single,cluster,replicated")]
     topologies: Vec<FleetTopology>,
     /// Where report.json, report.md and target logs go (default: `target/bench`).
     #[arg(long)]
@@ -115,6 +119,8 @@ enum FleetTopology {
     Single,
     /// A 3-master Redis Cluster.
     Cluster,
+    /// A master with one replica: the `replica_acks` rows.
+    Replicated,
 }
 
 /// A value of `--generators`.
@@ -203,6 +209,7 @@ fn fleet(runtime: &tokio::runtime::Runtime, args: &Args, options: &Options) -> s
             .map(|topology| match topology {
                 FleetTopology::Single => Topology::Single,
                 FleetTopology::Cluster => Topology::Cluster,
+                FleetTopology::Replicated => Topology::Replicated,
             })
             .collect(),
         replicas: args.replicas.iter().copied().filter(|&replicas| replicas > 0).collect(),
