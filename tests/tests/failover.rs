@@ -70,7 +70,11 @@ fn start(env: &[(&'static str, String)]) -> Toolhost {
 /// One request entry for `tool`, with request id `id` (and `run = id` for [`TOOL`]).
 fn entry(tool: &str, id: &str) -> (String, String) {
     let message_id = uuid::Uuid::new_v4().to_string();
-    let data = if tool == TOOL { json!({"request_id": id, "run": id}) } else { json!({"request_id": id, "message": id}) };
+    let data = if tool == TOOL {
+        json!({"request_id": id, "run": id})
+    } else {
+        json!({"request_id": id, "message": id})
+    };
     let payload = json!({"id": message_id, "type": format!("{tool}.requested"), "data": data});
     (message_id, payload.to_string())
 }
@@ -163,14 +167,16 @@ fn failovers(replica_acks: u32) -> (HashMap<String, usize>, Tally) {
         let master_idx = index_of(&watched, master_port);
         let replica_port = watched.servers[1 - master_idx].port();
         watched.replicated(&watched.servers[master_idx]);
-        let ids: Vec<String> =
-            (0..PER_ROUND).map(|call_idx| format!("r{round}-{call_idx}-{}", uuid::Uuid::new_v4().simple())).collect();
+        let ids: Vec<String> = (0..PER_ROUND)
+            .map(|call_idx| format!("r{round}-{call_idx}-{}", uuid::Uuid::new_v4().simple()))
+            .collect();
 
         // The caller: about 1,000 requests a second to the master until it dies.
         let sent = Arc::new(Mutex::new(Vec::new()));
         let stop = Arc::new(AtomicBool::new(false));
         let sender = {
-            let (url, ids, sent, stop) = (watched.servers[master_idx].url(), ids.clone(), sent.clone(), stop.clone());
+            let (url, ids, sent, stop) =
+                (watched.servers[master_idx].url(), ids.clone(), sent.clone(), stop.clone());
             std::thread::spawn(move || {
                 let mut connection = redis::Client::open(url).unwrap().get_connection().unwrap();
                 connection.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
@@ -358,7 +364,10 @@ fn a_replica_that_never_acknowledges_refuses_tracked_calls_in_time_and_read_only
     for id in &tracked {
         let answer = &answers_now[id][0];
         assert_eq!(outcome(answer), "overloaded", "{answer:#}");
-        assert!(answer["data"]["details"]["retry_after_ms"].as_u64().is_some_and(|ms| ms >= 100), "{answer:#}");
+        assert!(
+            answer["data"]["details"]["retry_after_ms"].as_u64().is_some_and(|ms| ms >= 100),
+            "{answer:#}"
+        );
         assert_eq!(answers_now[id].len(), 1, "{id} answered twice");
     }
     assert!(runs(&runs_file).is_empty(), "a tool ran without its record on the replica");

@@ -256,7 +256,9 @@ impl Redis {
     /// The environment that points toolhost at this Redis.
     fn env(&self) -> Vec<(String, String)> {
         match self {
-            Redis::Single(server) | Redis::Replicated(server, _) => vec![("REDIS_URL".to_owned(), server.url())],
+            Redis::Single(server) | Redis::Replicated(server, _) => {
+                vec![("REDIS_URL".to_owned(), server.url())]
+            }
             Redis::Cluster(cluster) => {
                 let nodes: Vec<String> = cluster.nodes().iter().map(RedisServer::url).collect();
                 vec![
@@ -355,7 +357,11 @@ pub async fn run(options: &FleetOptions) -> anyhow::Result<FleetReport> {
         };
         for (replicas, kind, replica_acks) in rows {
             let acks = replica_acks.map(|acks| format!(", replica_acks {acks}")).unwrap_or_default();
-            eprintln!("bench: fleet {} with {replicas} replica(s), {}{acks}", topology.name(), tool_name(&kind));
+            eprintln!(
+                "bench: fleet {} with {replicas} replica(s), {}{acks}",
+                topology.name(),
+                tool_name(&kind)
+            );
             let row = measure(options, &redis, topology, replicas, kind, replica_acks).await;
             if let Some(error) = &row.error {
                 eprintln!("bench:   error: {error}");

@@ -220,7 +220,12 @@ fn turns(gather: bool) -> usize {
     if gather { GATHER_TURNS } else { 0 }
 }
 
-async fn run(script: Script, mode: Mode, mut receiver: mpsc::UnboundedReceiver<Item>, connection: Connection) {
+async fn run(
+    script: Script,
+    mode: Mode,
+    mut receiver: mpsc::UnboundedReceiver<Item>,
+    connection: Connection,
+) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
     while let Some(first) = receiver.recv().await {
         batch.push(first);
@@ -384,7 +389,10 @@ async fn call_and_wait(
             redis::from_redis_value(script_reply).map_err(|err| Error::Protocol(err.to_string()))?;
         return Ok((replies, acked));
     }
-    Err(Error::Unavailable(crate::error::Cause::server("NOSCRIPT", "the script was flushed again while loading it")))
+    Err(Error::Unavailable(crate::error::Cause::server(
+        "NOSCRIPT",
+        "the script was flushed again while loading it",
+    )))
 }
 
 /// Hands each item of `batch` its reply from `res`, the outcome of their script call.

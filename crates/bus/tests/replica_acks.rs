@@ -89,8 +89,11 @@ async fn a_record_the_replica_has_runs_and_one_wait_covers_a_batch_of_records() 
     let _replica = Server::replica_of(&master);
     let waiting = bus(&master, 1, Duration::from_secs(5));
     let entries = deliver(&waiting, 40).await;
-    let calls: Vec<Call> =
-        entries.iter().enumerate().map(|(call_idx, entry_id)| Call::new(&format!("r-{call_idx}"), entry_id)).collect();
+    let calls: Vec<Call> = entries
+        .iter()
+        .enumerate()
+        .map(|(call_idx, entry_id)| Call::new(&format!("r-{call_idx}"), entry_id))
+        .collect();
     let waits_before = master.calls("wait");
 
     // Forty calls reaching the ledger at once share a few batches, each followed by one WAIT.
@@ -108,7 +111,10 @@ async fn a_record_the_replica_has_runs_and_one_wait_covers_a_batch_of_records() 
     // Without replica_acks nothing waits.
     let plain = bus(&master, 0, Duration::from_secs(5));
     let call = Call::new("plain", &entries[0]);
-    assert_eq!(plain.begin_call(&call.keys(LEASE), "owner-plain", &entries[0]).await.unwrap(), CallStart::Fresh);
+    assert_eq!(
+        plain.begin_call(&call.keys(LEASE), "owner-plain", &entries[0]).await.unwrap(),
+        CallStart::Fresh
+    );
     assert_eq!(master.calls("wait") - waits_before, waits);
 }
 
@@ -151,7 +157,10 @@ async fn a_record_the_replica_did_not_acknowledge_is_unreplicated_and_its_refusa
     replica.resume();
     let retry = deliver(&waiting, 1).await;
     let retried = Call::new("r-1", &retry[0]);
-    assert_eq!(waiting.begin_call(&retried.keys(LEASE), "owner-3", &retry[0]).await.unwrap(), CallStart::Fresh);
+    assert_eq!(
+        waiting.begin_call(&retried.keys(LEASE), "owner-3", &retry[0]).await.unwrap(),
+        CallStart::Fresh
+    );
     let on_replica: bool = replica.connection().exists(&call.record).unwrap();
     assert!(on_replica, "a fresh start said the replica had the record, and it does not");
 }
@@ -171,7 +180,10 @@ async fn a_call_started_before_is_unreplicated_as_started_before_and_starts_that
     tokio::time::sleep(Duration::from_millis(60)).await;
     // A live holder's record.
     let busy = Call::new("r-busy", &entries[1]);
-    assert_eq!(waiting.begin_call(&busy.keys(LEASE), "holder-2", &entries[1]).await.unwrap(), CallStart::Fresh);
+    assert_eq!(
+        waiting.begin_call(&busy.keys(LEASE), "holder-2", &entries[1]).await.unwrap(),
+        CallStart::Fresh
+    );
     let copy = Call::new("r-busy", &entries[2]);
 
     replica.pause();

@@ -1319,7 +1319,11 @@ mod tests {
         for (var, value, key) in [
             ("TOOLHOST__REDIS__REPLICA_ACKS", "17", "redis.replica_acks: must be between 0 and 16"),
             ("TOOLHOST__REDIS__REPLICA_ACKS", "-1", "replica_acks"),
-            ("TOOLHOST__REDIS__REPLICA_ACK_TIMEOUT_MS", "0", "redis.replica_ack_timeout_ms: must be between 1"),
+            (
+                "TOOLHOST__REDIS__REPLICA_ACK_TIMEOUT_MS",
+                "0",
+                "redis.replica_ack_timeout_ms: must be between 1",
+            ),
             ("TOOLHOST__REDIS__REPLICA_ACK_TIMEOUT_MS", "60001", "redis.replica_ack_timeout_ms"),
         ] {
             let err = config(&[(var, value)]).unwrap_err();

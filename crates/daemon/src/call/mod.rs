@@ -635,7 +635,13 @@ impl<D: Door> Lifecycle<D> {
                 Begin::Interrupted
             }
             CallStart::Unreplicated { acked, wanted, timeout, .. } => {
-                warn!(request_id = ledger_id, tool, acked, wanted, "too few replicas acknowledged the call record; not run, answered overloaded");
+                warn!(
+                    request_id = ledger_id,
+                    tool,
+                    acked,
+                    wanted,
+                    "too few replicas acknowledged the call record; not run, answered overloaded"
+                );
                 Begin::Refuse(ledger::unreplicated(tool, acked, wanted, timeout))
             }
             _ => Begin::End(Outcome::LeftPending),
