@@ -28,15 +28,16 @@ const TOOL: &str = "record_run";
 const PER_ROUND: usize = 400;
 const ROUNDS: usize = 3;
 
-/// A configuration file hosting [`TOOL`], which appends its `run` argument to `runs`.
+/// A configuration file hosting [`TOOL`], which appends its `run` argument to `runs` as it
+/// starts and then takes 300 ms, so that calls are running when a failover comes.
 fn config(dir: &Path, runs: &Path) -> PathBuf {
     let path = dir.join("toolhost.toml");
     std::fs::write(
         &path,
         format!(
             "[tools.terminal]\nrun_as = \"{user}\"\n\n\
-             [[commands]]\nname = \"{TOOL}\"\ndescription = \"Append the run id to a file.\"\n\
-             argv = [\"tee\", \"-a\", \"{runs}\"]\nstdin = \"{{run}}\\n\"\n\
+             [[commands]]\nname = \"{TOOL}\"\ndescription = \"Append the run id to a file, then take a while.\"\n\
+             argv = [\"sh\", \"-c\", 'echo \"$1\" >> \"$0\"; sleep 0.3', \"{runs}\", \"{{run}}\"]\n\
              argument_schema = {{ type = \"object\", properties = {{ run = {{ type = \"string\" }} }}, required = [\"run\"] }}\n",
             user = user(),
             runs = runs.display(),
@@ -283,6 +284,10 @@ fn with_replica_acks_no_request_id_runs_twice_across_unplanned_failovers_of_a_la
     // Not vacuous: most requests ran, the failovers lost some (sent again) and interrupted some.
     assert!(tally.ran_once >= tally.sent / 2, "{tally:?}");
     assert!(tally.resent > 0, "no failover lost or refused anything: the replica did not lag; {tally:?}");
+    // Calls were running when the masters died: their records had reached the replica, their
+    // answers had not, and the promoted replica answered them `interrupted` instead of running
+    // them again.
+    assert!(tally.outcomes.get("interrupted").is_some_and(|&n| n > 0), "{tally:?}");
 }
 
 #[test]

@@ -23,7 +23,7 @@ def replica(redis_server: RedisServer) -> Iterator[RedisServer]:
     server = RedisServer()
     server.connection().execute_command("REPLICAOF", "127.0.0.1", str(redis_server.port))
     deadline = time.monotonic() + 10
-    while b"master_link_status:up" not in server.connection().execute_command("INFO", "replication"):
+    while server.connection().info("replication").get("master_link_status") != "up":
         assert time.monotonic() < deadline, "the replica did not sync"
         time.sleep(0.02)
     yield server
