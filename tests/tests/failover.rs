@@ -1,6 +1,7 @@
 //! Unplanned failovers while the replica lags (issue 37): a master, its replica and three
-//! sentinels; the replica is held back with SIGSTOP, the master killed with SIGKILL, the replica
-//! resumed and promoted, and the old master started again as its replica. The tool is a
+//! sentinels; the replica is held back 1.5 s (SIGSTOP, and its link cut so the kernel's socket
+//! buffers do not deliver the lag later), the master killed with SIGKILL, the replica resumed and
+//! promoted, and the old master started again as its replica. The tool is a
 //! `[[commands]]` tool that is not idempotent and appends the request id it was given to a file,
 //! so the file says how often each request id ran.
 //!
@@ -11,17 +12,17 @@
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use toolhost_e2e::sentinel::{MASTER_NAME, Watched, poll, role};
-use toolhost_e2e::{RedisProcess, Toolhost, signal, temp_dir, user};
+use toolhost_e2e::{RedisProcess, Toolhost, signal, temp_dir, toolhost_bin, user};
 
 const REQUESTS: &str = "action-requests";
 const RESULTS: &str = "action-results";
-const GROUP: &str = "toolhost";
 /// The tool that is not idempotent.
 const TOOL: &str = "record_run";
 /// Requests per round, each round ending in one unplanned failover.
@@ -59,6 +60,9 @@ fn sentinel_env(watched: &Watched, config: &Path, replica_acks: u32) -> Vec<(&'s
         ("TOOLHOST__REDIS__REPLICA_ACK_TIMEOUT_MS", "1000".to_owned()),
         ("TOOLHOST__DISPATCH__BLOCK_MS", "500".to_owned()),
         ("TOOLHOST__DISPATCH__CLAIM_IDLE_MS", "1000".to_owned()),
+        // Fewer calls at once than requests arrive: a backlog, so calls of requests added before
+        // a failover's lag begin during it.
+        ("TOOLHOST__DISPATCH__MAX_IN_FLIGHT", "32".to_owned()),
         ("TOOLHOST_CONFIG", config.display().to_string()),
     ]
 }
@@ -197,6 +201,15 @@ fn failovers(replica_acks: u32) -> (HashMap<String, usize>, Tally) {
         std::thread::sleep(Duration::from_millis(150));
         let replica_pid = watched.servers[1 - master_idx].pid();
         signal(replica_pid, libc::SIGSTOP);
+        // A stopped replica on loopback would still get everything from the kernel's socket
+        // buffers when it resumes; cutting its link makes the lag real: what the master writes
+        // from now on never reaches it.
+        let _: i64 = redis::cmd("CLIENT")
+            .arg("KILL")
+            .arg("TYPE")
+            .arg("replica")
+            .query(&mut watched.servers[master_idx].connection())
+            .expect("CLIENT KILL TYPE replica");
         std::thread::sleep(Duration::from_millis(1500));
         watched.servers[master_idx].kill();
         stop.store(true, Ordering::Relaxed);
@@ -204,8 +217,14 @@ fn failovers(replica_acks: u32) -> (HashMap<String, usize>, Tally) {
         sender.join().unwrap();
         watched.wait_for_master(replica_port, Duration::from_secs(60));
 
-        // The old master comes back empty; the sentinels make it a replica of the new one.
+        // The old master comes back empty, as a replica of the new one (what the sentinels would
+        // make it, told at once so the test does not wait for their next look at it).
         watched.servers[master_idx].restart();
+        let () = redis::cmd("REPLICAOF")
+            .arg("127.0.0.1")
+            .arg(replica_port)
+            .query(&mut watched.servers[master_idx].connection())
+            .expect("REPLICAOF");
         poll("the old master to turn replica", Duration::from_secs(60), || {
             (role(&watched.servers[master_idx]).as_deref() == Some("slave")).then_some(())
         });
@@ -377,6 +396,27 @@ fn a_replica_that_never_acknowledges_refuses_tracked_calls_in_time_and_read_only
     }
     assert!(runs(&runs_file).is_empty(), "a tool ran without its record on the replica");
 
+    // A caller that waits for the replica itself: `toolhost call --replica-acks 1` fails clearly.
+    let call = |replica_acks: &str| {
+        Command::new(toolhost_bin())
+            .args(["call", "echo", "--args", r#"{"message":"must survive"}"#, "--timeout", "10s"])
+            .args(["--replica-acks", replica_acks])
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("REDIS_URL", master.url())
+            .env("TOOLHOST__REDIS__REPLICA_ACK_TIMEOUT_MS", timeout_ms.to_string())
+            .output()
+            .expect("run toolhost call")
+    };
+    let output = call("1");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("may not survive a Redis failover"), "{stderr}");
+    // Out of range is a usage error (64), naming the flag.
+    let output = call("17");
+    assert_eq!(output.status.code(), Some(64), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("--replica-acks"));
+
     // The replica is back: retries with the same request ids run, once each; echo issues no WAIT.
     signal(replica.pid(), libc::SIGCONT);
     for id in &tracked {
@@ -393,6 +433,9 @@ fn a_replica_that_never_acknowledges_refuses_tracked_calls_in_time_and_read_only
     for id in &tracked {
         assert_eq!(runs_now.get(id), Some(&1), "{id}: {runs_now:?}");
     }
+    let output = call("1");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(String::from_utf8_lossy(&output.stdout).contains("must survive"));
     let before = waits(&mut connection);
     let more: Vec<String> = (0..50).map(|call_idx| format!("echo-more-{call_idx}")).collect();
     for id in &more {

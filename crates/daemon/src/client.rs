@@ -291,7 +291,13 @@ fn describe(config: &Config, err: &CallError) -> String {
 /// what went wrong and, when Redis does not answer, where to look.
 pub(crate) fn redis_failure(redis: &crate::config::RedisSection, err: &BusError) -> String {
     let url = redis.describe();
-    if err.is_retryable() && !redis.sentinels.is_empty() {
+    if let BusError::Unreplicated { .. } = err {
+        // Only with --replica-acks: the client's own writes wait for replicas too.
+        format!(
+            "Redis at {url}: {err}; too few replicas acknowledge writes, so a request sent now may not \
+             survive a Redis failover: check the replicas, or call without --replica-acks"
+        )
+    } else if err.is_retryable() && !redis.sentinels.is_empty() {
         format!(
             "Redis at {url} does not answer ({err}); are the sentinels reachable, and do they monitor \
              '{}' with a master up? Set [redis] sentinels and sentinel_master (TOOLHOST__REDIS__SENTINELS, \
