@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use redis::cluster::ClusterConnection;
 use serde_json::{Value, json};
 use toolhost_e2e::cluster::RedisCluster;
-use toolhost_e2e::{Toolhost, toolhost_bin};
+use toolhost_e2e::{RedisProcess, Toolhost, toolhost_bin};
 
 const REQUESTS: &str = "action-requests";
 const GROUP: &str = "toolhost";
@@ -994,4 +994,71 @@ fn a_cancel_read_by_another_replica_stops_the_call_and_the_ledger_answers_later_
     assert_eq!(of(&mut connection, "long", "terminal_run.requested.completed").len(), 1);
     assert_no_slot_errors(&owner);
     assert_no_slot_errors(&other);
+}
+
+/// How many `WAIT`s `node` has run (`INFO commandstats`).
+fn waits(node: &RedisProcess) -> u64 {
+    let stats: String =
+        redis::cmd("INFO").arg("commandstats").query(&mut node.connection()).unwrap_or_default();
+    stats
+        .lines()
+        .find_map(|line| line.strip_prefix("cmdstat_wait:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |calls| calls.parse().unwrap())
+}
+
+#[test]
+fn with_replica_acks_the_wait_goes_to_the_primary_holding_the_records_and_counts_its_replica() {
+    let cluster = RedisCluster::start(3, 1);
+    let mut env = env_with_prefix(&cluster, "");
+    env.push(("TOOLHOST__REDIS__REPLICA_ACKS".to_owned(), "1".to_owned()));
+    env.push(("TOOLHOST__REDIS__REPLICA_ACK_TIMEOUT_MS".to_owned(), "500".to_owned()));
+    let pairs: Vec<(&str, &str)> = env.iter().map(|(name, value)| (name.as_str(), value.as_str())).collect();
+    let toolhost = Toolhost::start(&pairs);
+    // The call records live in the requests stream's slot (hash tags), so that slot's primary is
+    // the one to wait on.
+    let slot = cluster.slot(REQUESTS);
+    let holder = cluster.master_of(slot).port();
+    let before: Vec<(u16, u64)> = cluster.nodes().iter().map(|node| (node.port(), waits(node))).collect();
+    let mut connection = cluster.connection();
+    let sleeps: Vec<(String, Value, String)> = (0..20)
+        .map(|index| {
+            let id = format!("acked-{index}");
+            let payload =
+                request("terminal_run.requested", &id, json!({"command": "sleep 0"}), &topic(index % TOPICS));
+            (id, payload, topic(index % TOPICS))
+        })
+        .collect();
+    for (_, payload, _) in &sleeps {
+        xadd(&mut connection, REQUESTS, payload);
+    }
+    let answered = assert_answered_once(&mut connection, &named_topics(&[&sleeps]), &[&toolhost]);
+    for (_, answer) in answered.values() {
+        assert_eq!(answer["data"]["success"], true, "{answer}");
+    }
+    for (node, (port, waited_before)) in cluster.nodes().iter().zip(before) {
+        let waited = waits(node) - waited_before;
+        if port == holder {
+            assert!(waited >= 1, "the records' primary ran no WAIT");
+        } else {
+            assert_eq!(waited, 0, "node {port} ran WAIT but holds no call record");
+        }
+    }
+
+    // Its replica stopped: the next call is not run but answered `overloaded`.
+    let replica = cluster.replica_of(slot);
+    toolhost_e2e::signal(replica.pid(), libc::SIGSTOP);
+    let id = "unacked".to_owned();
+    let payload = request("terminal_run.requested", &id, json!({"command": "sleep 0"}), &topic(0));
+    xadd(&mut connection, REQUESTS, &payload);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let answer = loop {
+        if let Some(found) = answers(&mut connection, "").get(&id) {
+            break found[0].1.clone();
+        }
+        assert!(Instant::now() < deadline, "no answer; log:\n{}", toolhost.log());
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    toolhost_e2e::signal(replica.pid(), libc::SIGCONT);
+    assert_eq!(answer["data"]["error_code"], "overloaded", "{answer}");
 }
