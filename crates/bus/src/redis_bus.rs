@@ -110,7 +110,7 @@ impl RedisOptions {
     /// The `WAIT` that follows call records, if any.
     fn replica_wait(&self) -> Option<ReplicaWait> {
         (self.replica_acks > 0)
-            .then(|| ReplicaWait { replicas: self.replica_acks, timeout: self.replica_ack_timeout })
+            .then_some(ReplicaWait { replicas: self.replica_acks, timeout: self.replica_ack_timeout })
     }
 }
 
