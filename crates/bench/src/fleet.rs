@@ -127,11 +127,16 @@ pub struct FleetReport {
 impl FleetReport {
     /// The Markdown table, one row per topology and replica count, CPU per request by component.
     pub fn to_markdown(&self) -> String {
-        let mut out = String::from(
-            "| Redis | replicas | req/s | p50 µs | p99 µs | toolhost CPU µs/req (per replica) | Redis CPU µs/req (per node) | load µs/req | errors |\n\
-             |---|---:|---:|---:|---:|---|---|---:|---|\n",
-        );
-        for row in self.rows.iter().filter(|row| row.topology != Topology::Replicated) {
+        let mut out = String::new();
+        let fleet: Vec<&FleetRow> =
+            self.rows.iter().filter(|row| row.topology != Topology::Replicated).collect();
+        if !fleet.is_empty() {
+            out.push_str(
+                "| Redis | replicas | req/s | p50 µs | p99 µs | toolhost CPU µs/req (per replica) | Redis CPU µs/req (per node) | load µs/req | errors |\n\
+                 |---|---:|---:|---:|---:|---|---|---:|---|\n",
+            );
+        }
+        for row in fleet {
             let parts = |prefix: &str| {
                 row.cpu
                     .iter()
@@ -165,8 +170,11 @@ impl FleetReport {
         let replicated: Vec<&FleetRow> =
             self.rows.iter().filter(|row| row.topology == Topology::Replicated).collect();
         if !replicated.is_empty() {
+            if !out.is_empty() {
+                out.push('\n');
+            }
             out.push_str(
-                "\n| tool (master + 1 replica) | replica_acks | req/s | p50 µs | p99 µs | WAITs/req | toolhost CPU µs/req | Redis CPU µs/req (master + replica) | errors |\n\
+                "| tool (master + 1 replica) | replica_acks | req/s | p50 µs | p99 µs | WAITs/req | toolhost CPU µs/req | Redis CPU µs/req (master + replica) | errors |\n\
                  |---|---:|---:|---:|---:|---:|---:|---|---|\n",
             );
             for row in replicated {
