@@ -13,7 +13,11 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use toolhost_tools::terminal::{Identity, TerminalSettings};
+pub use toolhost_settings::{ConfigError, Env, EnvVars, KeyError, ProcessEnv};
+use toolhost_settings::{mask_secret, mask_url, percent_decode};
+use toolhost_tools::terminal::Identity;
+
+use crate::sources::{ExpandedHeaders, ToolsSection};
 
 /// The built-in defaults, the same text as `config/default.toml`.
 pub const DEFAULT_TOML: &str = include_str!("../../../config/default.toml");
@@ -69,29 +73,6 @@ pub const ENV_TERMINAL: &[(&str, &str)] = &[
 /// Terminal keys whose value is a comma-separated list.
 const TERMINAL_LISTS: &[&str] =
     &["allowed_commands", "deny_commands", "redact_substrings", "redact_patterns"];
-
-/// Where configuration reads environment variables from.
-pub trait Env {
-    /// Every variable, as name and value.
-    fn vars(&self) -> Vec<(String, String)>;
-}
-
-/// The process environment.
-pub struct ProcessEnv;
-
-impl Env for ProcessEnv {
-    fn vars(&self) -> Vec<(String, String)> {
-        std::env::vars_os()
-            .filter_map(|(name, value)| Some((name.into_string().ok()?, value.into_string().ok()?)))
-            .collect()
-    }
-}
-
-impl Env for HashMap<String, String> {
-    fn vars(&self) -> Vec<(String, String)> {
-        self.iter().map(|(name, value)| (name.clone(), value.clone())).collect()
-    }
-}
 
 /// The configuration as layered from file and environment.
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -182,6 +163,12 @@ impl RedisSection {
             format!("master {} via sentinels {}", self.sentinel_master, sentinels.join(","))
         }
     }
+
+    /// Where Redis is, for messages about its failures.
+    pub fn place(&self) -> crate::outage::RedisPlace {
+        let master = (!self.sentinels.is_empty()).then(|| self.sentinel_master.clone());
+        crate::outage::RedisPlace::new(self.describe(), master)
+    }
 }
 
 /// The TLS files of `[redis]`, read and checked; every problem goes to `bad`, and then the
@@ -232,11 +219,6 @@ fn redis_tls(redis: &RedisSection, bad: &mut impl FnMut(&str, &str)) -> toolhost
             toolhost_bus::Tls::default()
         }
     }
-}
-
-/// `***` for a non-empty secret, empty for none.
-fn mask_secret(secret: &str) -> &'static str {
-    if secret.is_empty() { "" } else { "***" }
 }
 
 /// `[daemon]`
@@ -311,34 +293,6 @@ pub struct LogSection {
     pub level: String,
 }
 
-/// `[tools]`
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-#[allow(missing_docs)]
-pub struct ToolsSection {
-    #[serde(default)]
-    pub disabled: Vec<String>,
-    #[serde(default)]
-    pub terminal: TerminalSettings,
-    /// `[tools.limits."<tool name>"]`: per-tool concurrency limits and wait queues.
-    #[serde(default)]
-    pub limits: std::collections::BTreeMap<String, ToolLimitSection>,
-}
-
-/// One `[tools.limits."<tool name>"]` table.
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct ToolLimitSection {
-    /// Calls of the tool running at once; unset keeps the tool's own limit (if any).
-    pub max_concurrent: Option<usize>,
-    /// Calls waiting for a run slot before more are answered `overloaded`.
-    pub max_queue: Option<usize>,
-    /// The tool's calls may run long: the MCP door answers them as durable tasks whatever the
-    /// tool's timeout (for clients that declare the tasks extension).
-    #[serde(default)]
-    pub long_running: bool,
-}
-
 /// The validated configuration the daemon runs with.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -376,87 +330,6 @@ pub struct Config {
     /// variables that toolhost does not read; `main` prints them on stderr.
     pub warnings: Vec<String>,
 }
-
-/// A snapshot of the environment. `{:?}` prints the names only: values may be secrets.
-#[derive(Clone, Default)]
-pub struct EnvVars(pub std::collections::BTreeMap<String, String>);
-
-impl std::fmt::Debug for EnvVars {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_list().entries(self.0.keys()).finish()
-    }
-}
-
-/// The headers of every `[[http_tools]]` entry after `${VAR}` expansion, and the values the
-/// variables gave, which are secrets: `{:?}` prints header names only.
-#[derive(Clone, Default)]
-pub struct ExpandedHeaders {
-    /// Name and expanded value of each header, one list per `[[http_tools]]` entry.
-    pub(crate) per_tool: Vec<Vec<(String, String)>>,
-    /// What the `${VAR}` references expanded to.
-    pub(crate) secrets: Vec<String>,
-}
-
-impl ExpandedHeaders {
-    /// The headers of `[[http_tools]]` entry `index`.
-    pub fn of(&self, index: usize) -> &[(String, String)] {
-        self.per_tool.get(index).map_or(&[], Vec::as_slice)
-    }
-}
-
-impl std::fmt::Debug for ExpandedHeaders {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let names: Vec<Vec<&str>> = self
-            .per_tool
-            .iter()
-            .map(|headers| headers.iter().map(|(name, _)| name.as_str()).collect())
-            .collect();
-        f.debug_struct("ExpandedHeaders").field("names", &names).field("values", &"***").finish()
-    }
-}
-
-/// Expands each `${NAME}` in `template` from `vars`; a `$` not followed by `{` is kept. Returns
-/// the text and the values that went into it.
-///
-/// # Errors
-/// A sentence naming the variable that is not set, or the reference that is malformed; never a
-/// value.
-pub fn expand_vars(template: &str, vars: &HashMap<String, String>) -> Result<(String, Vec<String>), String> {
-    let mut res = String::new();
-    let mut values = Vec::new();
-    let mut rest = template;
-    while let Some(start) = rest.find("${") {
-        res.push_str(&rest[..start]);
-        let after = &rest[start + 2..];
-        let Some(end) = after.find('}') else { return Err("a '${' is never closed".to_owned()) };
-        let name = &after[..end];
-        let valid = name.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-        if !valid {
-            return Err(format!("'${{{name}}}' is not a variable name"));
-        }
-        let value = vars.get(name).ok_or_else(|| format!("the environment variable {name} is not set"))?;
-        res.push_str(value);
-        values.push(value.clone());
-        rest = &after[end + 1..];
-    }
-    res.push_str(rest);
-    Ok((res, values))
-}
-
-/// One bad key.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KeyError {
-    /// Dotted key, e.g. `dispatch.max_in_flight`.
-    pub key: String,
-    /// What is wrong with it.
-    pub message: String,
-}
-
-/// Configuration that cannot be used; names every bad key.
-#[derive(Debug, thiserror::Error)]
-#[error("invalid configuration:\n{}", .0.iter().map(|e| format!("  {}: {}", e.key, e.message)).collect::<Vec<_>>().join("\n"))]
-pub struct ConfigError(pub Vec<KeyError>);
 
 impl Config {
     /// Loads defaults, then `file` (if any), then the environment, and validates the result.
@@ -517,7 +390,7 @@ pub fn unknown_variables(vars: &HashMap<String, String>) -> Vec<String> {
 }
 
 fn single(key: &str, message: impl Into<String>) -> ConfigError {
-    ConfigError(vec![KeyError { key: key.to_owned(), message: message.into() }])
+    ConfigError::single(key, message)
 }
 
 /// Layers defaults, the file (named by the flag or variable in `file.0`) and the environment;
@@ -747,7 +620,7 @@ fn validate(
         .filter(|node| !node.is_empty())
         .collect();
     let http_headers = raw.sources.validate(&raw.tools, vars, errors);
-    errors.extend(raw.doors.validate(&raw, vars));
+    errors.extend(raw.doors.validate(&crate::doors::Checks { vars, toolbox_id: &raw.daemon.toolbox_id }));
     errors.extend(raw.auth.validate(vars));
     let auth = std::sync::Arc::new(crate::auth::Auth::new(&raw.auth, vars));
     let mcp_env = EnvVars(vars.iter().map(|(name, value)| (name.clone(), value.clone())).collect());
@@ -1007,31 +880,6 @@ impl Config {
     }
 }
 
-/// `%XX` escapes decoded; anything that is not a valid escape, or decodes to invalid UTF-8, is
-/// kept as written.
-fn percent_decode(text: &str) -> String {
-    let bytes = text.as_bytes();
-    let mut res = Vec::with_capacity(bytes.len());
-    let mut index = 0;
-    while index < bytes.len() {
-        let escaped = (bytes[index] == b'%')
-            .then(|| text.get(index + 1..index + 3))
-            .flatten()
-            .and_then(|hex| u8::from_str_radix(hex, 16).ok());
-        match escaped {
-            Some(byte) => {
-                res.push(byte);
-                index += 3;
-            }
-            None => {
-                res.push(bytes[index]);
-                index += 1;
-            }
-        }
-    }
-    String::from_utf8(res).unwrap_or_else(|_| text.to_owned())
-}
-
 /// Whether `node` names a cluster node: `host:port` (no credentials, no database: those need a
 /// URL), or a `redis://` or `rediss://` URL.
 fn valid_cluster_node(node: &str) -> bool {
@@ -1042,44 +890,6 @@ fn valid_cluster_node(node: &str) -> bool {
     }
     !node.contains(['@', '/'])
         && node.rsplit_once(':').is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok())
-}
-
-/// A Redis URL with its password, and the values of its `pass` and `password` query parameters
-/// (which [`Config::secrets`] counts as secrets too), replaced by `***`.
-///
-/// The user information ends at the last `@`, wherever it is: a password with an unescaped `/`,
-/// `?` or `#` is still masked whole, at worst together with some of what follows it. Text with
-/// an `@` and no scheme (a mistyped `user:password@host:port`) is masked the same way.
-pub fn mask_url(url: &str) -> String {
-    let (scheme, rest) = match url.find("://") {
-        Some(scheme_end) => url.split_at(scheme_end + 3),
-        None => ("", url),
-    };
-    let (userinfo, after) = match rest.rfind('@') {
-        Some(at) => {
-            let userinfo = &rest[..at];
-            let masked = match userinfo.find(':') {
-                Some(colon) => format!("{}:***@", &userinfo[..colon]),
-                None => "***@".to_owned(),
-            };
-            (masked, &rest[at + 1..])
-        }
-        None => (String::new(), rest),
-    };
-    let after = match after.split_once('?') {
-        Some((path, query)) => {
-            let pairs: Vec<String> = query
-                .split('&')
-                .map(|pair| match pair.split_once('=') {
-                    Some((name @ ("pass" | "password"), _)) => format!("{name}=***"),
-                    _ => pair.to_owned(),
-                })
-                .collect();
-            format!("{path}?{}", pairs.join("&"))
-        }
-        None => after.to_owned(),
-    };
-    format!("{scheme}{userinfo}{after}")
 }
 
 #[cfg(test)]
@@ -1339,22 +1149,6 @@ mod tests {
         let config = Config::load(Some(&path.0), &env(&[])).unwrap();
         assert_eq!(config.raw.sources.agents[0].parameter, "message");
         assert_eq!(config.raw.sources.agents[0].timeout_s, 30.0);
-    }
-
-    #[test]
-    fn header_variables_expand_from_the_environment() {
-        let vars = env(&[("TOKEN", "t0k"), ("EMPTY", "")]);
-        assert_eq!(
-            expand_vars("Bearer ${TOKEN}", &vars).unwrap(),
-            ("Bearer t0k".to_owned(), vec!["t0k".to_owned()])
-        );
-        assert_eq!(expand_vars("$5 ${EMPTY}x${TOKEN}", &vars).unwrap().0, "$5 xt0k");
-        assert_eq!(
-            expand_vars("${MISSING}", &vars).unwrap_err(),
-            "the environment variable MISSING is not set"
-        );
-        assert!(expand_vars("${TOKEN", &vars).unwrap_err().contains("never closed"));
-        assert!(expand_vars("${1X}", &vars).unwrap_err().contains("not a variable name"));
     }
 
     #[test]

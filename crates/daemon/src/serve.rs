@@ -24,6 +24,7 @@ use tracing::{debug, error, info, warn};
 use crate::call::cancel::Calls;
 use crate::call::{Door, Lifecycle};
 use crate::config::{Config, ConfigError, KeyError, ProcessEnv};
+use crate::doors::DoorContext;
 use crate::doors::chat::{Inbox, InboxSettings};
 use crate::doors::requests::{DispatchSettings, Requests};
 use crate::fleet::Fleet;
@@ -237,6 +238,49 @@ pub(crate) fn limit_settings(config: &Config, registry: &Registry) -> BTreeMap<S
 pub fn connect(config: &Config) -> anyhow::Result<(Arc<dyn Bus>, Keys)> {
     let bus: Arc<dyn Bus> = Arc::new(RedisBus::new(config.redis_options()).context("redis.url")?);
     Ok((bus, config.keys()))
+}
+
+/// What the doors see of `config`, with the bus, telemetry and stop token they share.
+pub(crate) fn door_context(
+    config: &Config,
+    bus: Arc<dyn Bus>,
+    telemetry: Telemetry,
+    stop: tokio_util::sync::CancellationToken,
+) -> DoorContext {
+    let raw = &config.raw;
+    let topology = match config.redis_options().topology {
+        toolhost_bus::Topology::Single => "single",
+        toolhost_bus::Topology::Cluster { .. } => "cluster",
+        toolhost_bus::Topology::Sentinel(_) => "sentinel",
+        _ => "other",
+    };
+    DoorContext {
+        bus,
+        keys: config.keys(),
+        requests_stream: raw.streams.requests.clone(),
+        results_stream: raw.streams.results.clone(),
+        toolbox_id: raw.daemon.toolbox_id.clone(),
+        auth: Arc::new(arc_swap::ArcSwap::new(config.auth.clone())),
+        env: config.mcp_env.clone(),
+        telemetry,
+        stop,
+        redis: raw.redis.place(),
+        topology,
+        answered_retention: config.answered_retention,
+    }
+}
+
+/// `toolhost mcp`: the MCP door over stdin and stdout, until the client closes them.
+///
+/// # Errors
+/// Redis cannot be reached, or the client broke the protocol before initializing.
+pub async fn serve_mcp_stdio(config: &Config) -> anyhow::Result<()> {
+    let bus: Arc<dyn Bus> = Arc::new(
+        RedisBus::new(config.redis_options())
+            .map_err(|err| anyhow::anyhow!(config.raw.redis.place().failure(&err)))?,
+    );
+    let cx = door_context(config, bus, Telemetry::new(), tokio_util::sync::CancellationToken::new());
+    crate::doors::mcp::serve_stdio(&config.raw.doors.mcp, &cx).await
 }
 
 /// A consumer name unique to this process: host, pid and a random suffix.
@@ -578,7 +622,8 @@ impl App {
         // The doors that are clients of the fleet (MCP over HTTP); they stop after the drain, so
         // the calls in flight through them get their answers.
         let doors_stop = tokio_util::sync::CancellationToken::new();
-        let doors = match crate::doors::start(&config, bus.clone(), &telemetry, &doors_stop).await {
+        let door_context = door_context(&config, bus.clone(), telemetry.clone(), doors_stop.clone());
+        let doors = match raw.doors.start(&door_context).await {
             Ok(doors) => doors,
             Err(err) => {
                 error!(error = %format!("{err:#}"), "a door cannot start");

@@ -30,7 +30,7 @@ use toolhost_mcp::{Children, McpEvent, McpServerConfig, McpSources};
 use toolhost_tools::terminal::Limits;
 use toolhost_tools::{Registry, SharedRegistry, Tool, ToolLimits};
 
-pub use settings::SourceSections;
+pub use settings::{ExpandedHeaders, SourceSections, ToolsSection};
 use tracing::{error, info, warn};
 
 use crate::config::{Config, RawConfig};

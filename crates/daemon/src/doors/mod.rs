@@ -15,8 +15,12 @@
 //! the fleet: it turns its protocol's calls into requests on the requests stream, so they get
 //! the same lifecycle on whichever toolbox hosts the tool.
 //!
-//! Each door owns its configuration section: its settings type lives in its folder, and
-//! [`DoorSections`] gathers them, so `config` never names a door's keys.
+//! Each door owns its settings: a `settings.rs` in its folder. A door sees its settings and
+//! the [`DoorContext`] `serve` hands it, never the whole configuration: adding a door that is a
+//! client of the fleet is its folder, its line in [`fleet_doors!`] (which gathers the sections
+//! into [`DoorSections`] and starts the doors), and its section. The stream doors' settings are
+//! read from the shared sections (`[streams]`, `[dispatch]`, `[daemon]`) by `config`, and
+//! `serve` runs their consumer groups.
 
 pub(crate) mod chat;
 pub(crate) mod console;
@@ -24,65 +28,157 @@ pub(crate) mod mcp;
 pub(crate) mod ovos;
 pub(crate) mod requests;
 
+use std::collections::HashMap;
+use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use toolhost_bus::Bus;
+use toolhost_bus::{Bus, Keys};
+use toolhost_settings::{EnvVars, KeyError};
 
-use crate::config::{Config, KeyError, RawConfig};
+use crate::auth::AuthHandle;
+use crate::fleet_client::{ClientSettings, FleetClient};
+use crate::outage::RedisPlace;
 use crate::telemetry::Telemetry;
 
-/// The configuration sections the doors own, one field per door, each defined in the door's
-/// folder. They are read apart from the rest of the configuration.
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct DoorSections {
-    /// `[mcp]`: the MCP door.
-    #[serde(default)]
-    pub mcp: mcp::Settings,
-    /// `[ovos]`: the OpenVoiceOS door (and the OVOS tool source's keys).
-    #[serde(default)]
-    pub ovos: ovos::Settings,
-    /// `[console]`: the web console (and the call log it reads).
-    #[serde(default)]
-    pub console: console::Settings,
+/// What `serve` hands every door beside its own settings: never the whole configuration.
+#[derive(Clone)]
+pub(crate) struct DoorContext {
+    /// Redis, for the fleet client and what a door reads itself (the console).
+    pub bus: Arc<dyn Bus>,
+    /// The key names.
+    pub keys: Keys,
+    /// Bare name of the requests stream.
+    pub requests_stream: String,
+    /// Bare name of the default results stream.
+    pub results_stream: String,
+    /// This daemon's toolbox id.
+    pub toolbox_id: String,
+    /// `[auth]` and `[[policy]]` as in force: the doors' signing key, the policies, the audit.
+    pub auth: AuthHandle,
+    /// The environment, for the secrets a door's settings name by variable (`*_env`).
+    pub env: EnvVars,
+    /// Metrics and readiness.
+    pub telemetry: Telemetry,
+    /// Cancelled when the doors are to stop (after the drain).
+    pub stop: CancellationToken,
+    /// Where Redis is, for messages about its failures.
+    pub redis: RedisPlace,
+    /// `single`, `cluster` or `sentinel`.
+    pub topology: &'static str,
+    /// How long an answered request id is remembered.
+    pub answered_retention: Duration,
 }
 
-impl DoorSections {
-    /// The top-level keys of the sections, as written in the configuration.
-    pub const NAMES: &[&str] = &["console", "mcp", "ovos"];
+/// Where a door's refusals are audited.
+pub(crate) struct AuditTarget {
+    /// The audit stream's key.
+    pub topic: String,
+    /// Its approximate length cap.
+    pub max_len: u64,
+}
 
-    /// Every bad key of every door's section.
-    /// `vars` is the environment secrets are read from.
-    pub(crate) fn validate(
+impl DoorContext {
+    /// Opens the door's fleet client: its private stream (outliving a door that dies by
+    /// `stream_ttl`), the fleet's tools read every `watch_period`, requests signed with the doors'
+    /// key and made for `tenant`.
+    ///
+    /// # Errors
+    /// Redis cannot be reached; the message says where it was looked for.
+    pub(crate) async fn open_fleet(
         &self,
-        raw: &RawConfig,
-        vars: &std::collections::HashMap<String, String>,
-    ) -> Vec<KeyError> {
-        let mut errors = self.mcp.validate(raw, vars);
-        errors.extend(self.ovos.validate(raw));
-        errors.extend(self.console.validate(vars));
-        errors
+        source: &str,
+        stream_ttl: Duration,
+        watch_period: Duration,
+        tenant: Option<String>,
+    ) -> anyhow::Result<FleetClient> {
+        let client = ClientSettings {
+            requests_topic: self.requests_stream.clone(),
+            source: source.to_owned(),
+            stream_ttl,
+            watch_period: Some(watch_period),
+            signing: self.auth.load().door_key().cloned(),
+            tenant,
+        };
+        FleetClient::open(self.bus.clone(), self.keys.clone(), client)
+            .await
+            .map_err(|err| anyhow::anyhow!(self.redis.failure(&err)))
+    }
+
+    /// This daemon's audit stream.
+    pub(crate) fn audit(&self) -> AuditTarget {
+        AuditTarget { topic: self.keys.audit(&self.toolbox_id), max_len: self.auth.load().audit_max_len() }
     }
 }
 
-/// Starts every configured door that is a client of the fleet; each stops when `stop` is
-/// cancelled, and its handle ends when it has.
-///
-/// # Errors
-/// A door cannot start (Redis unreachable, an address taken); the message names it.
-pub(crate) async fn start(
-    config: &Config,
-    bus: Arc<dyn Bus>,
-    telemetry: &Telemetry,
-    stop: &CancellationToken,
-) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
-    let mut running = Vec::new();
-    running.extend(mcp::start(config, bus.clone(), stop.clone()).await?);
-    running.extend(ovos::start(config, bus.clone(), telemetry, stop.clone()).await?);
-    running.extend(console::start(config, bus, stop.clone()).await?);
-    Ok(running)
+/// What a door's section is checked against besides itself.
+pub(crate) struct Checks<'a> {
+    /// The environment (secrets named by `*_env` settings must be set).
+    pub vars: &'a HashMap<String, String>,
+    /// This daemon's toolbox id.
+    pub toolbox_id: &'a str,
+}
+
+/// A door that is a client of the fleet, as its section: checked with the rest of the
+/// configuration, started by `serve` with the door context.
+pub(crate) trait FleetDoor {
+    /// Every bad key of the section.
+    fn validate(&self, checks: &Checks<'_>) -> Vec<KeyError>;
+
+    /// Starts the door when its section enables it; it stops when the context's `stop` is
+    /// cancelled, and its handle ends when it has.
+    ///
+    /// # Errors
+    /// The door cannot start (Redis unreachable, an address taken); the message names it.
+    fn start(&self, cx: &DoorContext) -> impl Future<Output = anyhow::Result<Option<JoinHandle<()>>>> + Send;
+}
+
+/// The list of doors that are clients of the fleet: one line each, its section's key and its
+/// settings type (a [`FleetDoor`] in its folder). It makes [`DoorSections`].
+macro_rules! fleet_doors {
+    ($($(#[$doc:meta])* $name:ident: $settings:ty,)*) => {
+        /// The configuration sections the fleet doors own, one field per door, each defined in
+        /// the door's folder. They are read apart from the rest of the configuration.
+        #[derive(Debug, Clone, Default, Deserialize, Serialize)]
+        #[serde(deny_unknown_fields)]
+        pub struct DoorSections {
+            $($(#[$doc])* #[serde(default)] pub $name: $settings,)*
+        }
+
+        impl DoorSections {
+            /// The top-level keys of the sections, as written in the configuration.
+            pub const NAMES: &[&str] = &[$(stringify!($name)),*];
+
+            /// Every bad key of every door's section.
+            pub(crate) fn validate(&self, checks: &Checks<'_>) -> Vec<KeyError> {
+                let mut errors = Vec::new();
+                $(errors.extend(FleetDoor::validate(&self.$name, checks));)*
+                errors
+            }
+
+            /// Starts every configured door.
+            ///
+            /// # Errors
+            /// A door cannot start; the message names it.
+            pub(crate) async fn start(&self, cx: &DoorContext) -> anyhow::Result<Vec<JoinHandle<()>>> {
+                let mut running = Vec::new();
+                $(running.extend(FleetDoor::start(&self.$name, cx).await?);)*
+                Ok(running)
+            }
+        }
+    };
+}
+
+fleet_doors! {
+    /// `[console]`: the web console (and the call log it reads).
+    console: console::Settings,
+    /// `[mcp]`: the MCP door.
+    mcp: mcp::Settings,
+    /// `[ovos]`: the OpenVoiceOS door (and the OVOS tool source's keys).
+    ovos: ovos::Settings,
 }
 
 #[cfg(test)]

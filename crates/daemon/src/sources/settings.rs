@@ -8,11 +8,10 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
+use toolhost_settings::{KeyError, expand_vars};
 use toolhost_tools::sources::command::{CommandSettings, CommandTool};
 use toolhost_tools::sources::http::{HttpTool, HttpToolSettings};
-use toolhost_tools::terminal::TerminalPolicy;
-
-use crate::config::{ExpandedHeaders, KeyError, ToolsSection, expand_vars};
+use toolhost_tools::terminal::{TerminalPolicy, TerminalSettings};
 
 /// The sources' sections.
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -96,12 +95,12 @@ impl SourceSections {
         for (index, tool) in self.http_tools.iter().enumerate() {
             let mut headers = Vec::new();
             for (name, template) in &tool.headers {
-                match expand_vars(template, vars) {
-                    Ok((value, secrets)) => {
-                        headers.push((name.clone(), value));
-                        expanded.secrets.extend(secrets);
+                match expand_vars(template, |name| vars.get(name).map(String::as_str)) {
+                    Ok(value) => {
+                        headers.push((name.clone(), value.text));
+                        expanded.secrets.extend(value.values);
                     }
-                    Err(message) => bad(format!("http_tools[{index}].headers.{name}"), message),
+                    Err(err) => bad(format!("http_tools[{index}].headers.{name}"), err.to_string()),
                 }
             }
             match &client {
@@ -139,6 +138,62 @@ impl SourceSections {
                 bad(format!("agents[{index}].timeout_s"), "must be a positive number");
             }
         }
+    }
+}
+
+/// `[tools]`
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+#[allow(missing_docs)]
+pub struct ToolsSection {
+    #[serde(default)]
+    pub disabled: Vec<String>,
+    #[serde(default)]
+    pub terminal: TerminalSettings,
+    /// `[tools.limits."<tool name>"]`: per-tool concurrency limits and wait queues.
+    #[serde(default)]
+    pub limits: std::collections::BTreeMap<String, ToolLimitSection>,
+}
+
+/// One `[tools.limits."<tool name>"]` table.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolLimitSection {
+    /// Calls of the tool running at once; unset keeps the tool's own limit (if any).
+    pub max_concurrent: Option<usize>,
+    /// Calls waiting for a run slot before more are answered `overloaded`.
+    pub max_queue: Option<usize>,
+    /// The tool's calls may run long: the MCP door answers them as durable tasks whatever the
+    /// tool's timeout (for clients that declare the tasks extension).
+    #[serde(default)]
+    pub long_running: bool,
+}
+
+/// The headers of every `[[http_tools]]` entry after `${VAR}` expansion, and the values the
+/// variables gave, which are secrets: `{:?}` prints header names only.
+#[derive(Clone, Default)]
+pub struct ExpandedHeaders {
+    /// Name and expanded value of each header, one list per `[[http_tools]]` entry.
+    pub(crate) per_tool: Vec<Vec<(String, String)>>,
+    /// What the `${VAR}` references expanded to.
+    pub(crate) secrets: Vec<String>,
+}
+
+impl ExpandedHeaders {
+    /// The headers of `[[http_tools]]` entry `index`.
+    pub fn of(&self, index: usize) -> &[(String, String)] {
+        self.per_tool.get(index).map_or(&[], Vec::as_slice)
+    }
+}
+
+impl std::fmt::Debug for ExpandedHeaders {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<Vec<&str>> = self
+            .per_tool
+            .iter()
+            .map(|headers| headers.iter().map(|(name, _)| name.as_str()).collect())
+            .collect();
+        f.debug_struct("ExpandedHeaders").field("names", &names).field("values", &"***").finish()
     }
 }
 

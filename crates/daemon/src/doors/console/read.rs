@@ -11,7 +11,7 @@ use toolhost_bus::{Error as BusError, GroupInfo};
 use toolhost_envelope::Entry;
 
 use super::Console;
-use crate::dlq::{DeadLetters, Letter};
+use crate::dead_letters::{DeadLetters, Letter};
 
 /// One live replica, as its heartbeat says.
 #[derive(Debug, Clone, Deserialize)]
