@@ -317,6 +317,8 @@ pub struct Config {
     /// `[tools.terminal] run_as`, resolved once: whom terminal commands run as (`None`: the
     /// daemon's own user).
     pub terminal_identity: Option<Identity>,
+    /// `[streams] response_topics`, compiled.
+    pub response_topics: toolhost_bus::ResponseTopics,
     /// `[redis] ca_file`, `client_cert_file` and `client_key_file`, read and checked.
     pub redis_tls: toolhost_bus::Tls,
     /// `[[http_tools]] headers` with `${VAR}` expanded, one list per tool, in order.
@@ -724,13 +726,13 @@ fn validate(
             bad(key, "must be greater than 0");
         }
     }
-    if let Err(err) = toolhost_bus::ResponseTopics::new(
+    let response_topics = toolhost_bus::ResponseTopics::new(
         &raw.streams.response_topics,
         &raw.streams.results,
         &raw.streams.requests,
-    ) {
-        bad("streams.response_topics", &format!("not a glob pattern: {err}"));
-    }
+    )
+    .map_err(|err| bad("streams.response_topics", &format!("not a glob pattern: {err}")))
+    .ok();
     for (name, limit) in &raw.tools.limits {
         if limit.max_concurrent == Some(0) {
             bad(&format!("tools.limits.{name}.max_concurrent"), "must be greater than 0");
@@ -761,6 +763,7 @@ fn validate(
         .unwrap_or(None);
     let redis_tls = redis_tls(&raw.redis, &mut bad);
     let http_listen = http_listen.ok()?;
+    let response_topics = response_topics?;
     let ms = Duration::from_millis;
     Some(Config {
         http_listen,
@@ -772,6 +775,7 @@ fn validate(
         heartbeat: ms(raw.daemon.heartbeat_ms),
         http_idle_timeout: ms(raw.http.idle_timeout_ms),
         terminal_identity,
+        response_topics,
         redis_tls,
         http_headers,
         mcp_env,
@@ -809,6 +813,73 @@ impl Config {
         options.max_field_bytes = raw.streams.max_payload_bytes;
         options.gather_batches = raw.dispatch.batch_under_load;
         options
+    }
+
+    /// What the tool sources and the registry are built from, with `synthetic_tools` benchmark
+    /// tools.
+    pub(crate) fn sources(&self, synthetic_tools: usize) -> crate::sources::Settings {
+        let raw = &self.raw;
+        let ovos = &raw.doors.ovos;
+        crate::sources::Settings {
+            sections: raw.sources.clone(),
+            tools: raw.tools.clone(),
+            agent_name: raw.daemon.agent_name.clone(),
+            chat_conversation_id: raw.daemon.chat_conversation_id.clone(),
+            toolbox_id: raw.daemon.toolbox_id.clone(),
+            terminal_identity: self.terminal_identity,
+            http_headers: self.http_headers.clone(),
+            secrets: self.secrets(),
+            env: self.mcp_env.clone(),
+            synthetic_tools,
+            ovos: crate::sources::OvosHosting {
+                url: ovos.url.clone(),
+                max_frame_bytes: ovos.max_frame_bytes,
+                host_toolboxes: ovos.host_toolboxes.clone(),
+                rediscover: ovos.rediscover(),
+                call_timeout: ovos.call_timeout(),
+            },
+            grace: self.shutdown_grace,
+        }
+    }
+
+    /// The requests door's settings, from `[streams]`, `[dispatch]` and `[daemon]`.
+    pub(crate) fn requests_door(&self) -> crate::doors::requests::Settings {
+        let raw = &self.raw;
+        crate::doors::requests::Settings {
+            toolbox_id: raw.daemon.toolbox_id.clone(),
+            requests_topic: raw.streams.requests.clone(),
+            results_topic: raw.streams.results.clone(),
+            max_payload_bytes: raw.streams.max_payload_bytes,
+            max_request_age: self.max_request_age,
+            answer_unknown_tools: raw.dispatch.answer_unknown_tools,
+            response_topics: self.response_topics.clone(),
+        }
+    }
+
+    /// The chat door's settings, from `[daemon]` and `[streams]`.
+    pub(crate) fn chat_door(&self) -> crate::doors::chat::Settings {
+        let raw = &self.raw;
+        crate::doors::chat::Settings {
+            agent_name: raw.daemon.agent_name.clone(),
+            max_payload_bytes: raw.streams.max_payload_bytes,
+            toolbox_id: raw.daemon.toolbox_id.clone(),
+        }
+    }
+
+    /// How the stream doors' groups are read, from `[dispatch]` and `[daemon]`.
+    pub(crate) fn reading(&self) -> crate::group::Reading {
+        let raw = &self.raw;
+        crate::group::Reading {
+            group: raw.daemon.toolbox_id.clone(),
+            read_batch: raw.dispatch.read_batch,
+            read_hold: self.read_hold(),
+            block: self.block,
+            claim_idle: self.claim_idle,
+            max_deliveries: raw.dispatch.max_deliveries,
+            answered_retention: self.answered_retention,
+            kept_answer_max_bytes: raw.dispatch.kept_answer_max_bytes,
+            heartbeat_prefix: self.keys().heartbeat_prefix(&raw.daemon.toolbox_id),
+        }
     }
 
     /// How long a reader waits for a busy read's calls before it reads again (zero: not at all).

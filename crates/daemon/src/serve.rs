@@ -4,31 +4,24 @@
 //! missing while Redis is still out of reach), then the readiness probe, then the consumer group,
 //! then the loops. Shutdown runs the other way round; the HTTP endpoint answers until the end.
 
-use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
 
 use anyhow::Context as _;
 use tokio::sync::{Semaphore, mpsc};
-use toolhost_bus::{Bus, Keys, RedisBus, ResponseTopics};
-use toolhost_envelope::Address;
+use toolhost_bus::{Bus, Keys, RedisBus};
 use toolhost_mcp::McpEvent;
-use toolhost_tools::builtin::{AgentSettings, AgentTool, ChatSend, Echo, Synthetic, TerminalRun};
-use toolhost_tools::sources::FieldError;
-use toolhost_tools::sources::command::CommandTool;
-use toolhost_tools::sources::http::HttpTool;
-use toolhost_tools::terminal::TerminalPolicy;
-use toolhost_tools::{DEFAULT_MAX_QUEUE, LimitSettings, Registry, SharedRegistry, Tool, ToolLimits};
+use toolhost_tools::{Registry, SharedRegistry, ToolLimits};
 use tracing::{debug, error, info, warn};
 
+use crate::call::Lifecycle;
 use crate::call::cancel::Calls;
-use crate::call::{Door, Lifecycle};
-use crate::config::{Config, ConfigError, KeyError, ProcessEnv};
-use crate::doors::DoorContext;
-use crate::doors::chat::{Inbox, InboxSettings};
-use crate::doors::requests::{DispatchSettings, Requests};
+use crate::config::{Config, ConfigError, KeyError};
+use crate::doors::chat::Inbox;
+use crate::doors::requests::Requests;
+use crate::doors::{DoorContext, StreamContext};
 use crate::fleet::Fleet;
-use crate::group::{GroupReader, StreamSettings};
+use crate::group::GroupReader;
 use crate::http::{HttpLimits, HttpServer};
 use crate::outage::redis_warn;
 use crate::probe::{Probe, WatchedGroup};
@@ -48,9 +41,9 @@ pub struct ServeOptions {
     pub config_path: Option<std::path::PathBuf>,
 }
 
-/// Builds the registry of built-in tools (plus synthetic ones, the configured specialist
-/// agents, and the `[[commands]]` and `[[http_tools]]` sources) as configured; `bus` and `keys`
-/// serve the chat tools.
+/// Builds the registry of `config`'s tools (built-ins, synthetic ones, the configured specialist
+/// agents, the `[[commands]]` and `[[http_tools]]` sources), without the hosted MCP servers';
+/// `bus` and `keys` serve the chat tools.
 ///
 /// # Errors
 /// A tool cannot be registered, or a disabled tool name is unknown, or two tools share a name
@@ -61,174 +54,7 @@ pub fn build_registry(
     bus: &Arc<dyn Bus>,
     keys: &Keys,
 ) -> anyhow::Result<Registry> {
-    build_registry_with(config, options, bus, keys, &[])
-}
-
-/// [`build_registry`] with the tools of the hosted MCP servers (`hosted`) added.
-///
-/// `tools.disabled` and `tools.limits` may name tools of an MCP server: while MCP servers are
-/// configured, a name no tool has yet is logged rather than refused, since the server may be
-/// down or not yet listed.
-///
-/// # Errors
-/// As [`build_registry`]; a hosted tool whose name another tool has is refused too.
-pub(crate) fn build_registry_with(
-    config: &Config,
-    options: &ServeOptions,
-    bus: &Arc<dyn Bus>,
-    keys: &Keys,
-    hosted: &[Arc<dyn Tool>],
-) -> anyhow::Result<Registry> {
-    let daemon = &config.raw.daemon;
-    let mut registry = Registry::new();
-    registry.register(Arc::new(Echo))?;
-    let (policy, warnings) = TerminalPolicy::new(&config.raw.tools.terminal);
-    for warning in warnings {
-        warn!(warning = %warning, "terminal policy");
-    }
-    // Commands must not print the daemon's own secrets, and a root daemon's commands run as an
-    // unprivileged user (resolved once, when the configuration was loaded).
-    let policy = policy.with_secrets(&config.secrets()).with_identity(config.terminal_identity);
-    match config.terminal_identity {
-        Some(identity) => info!(uid = identity.uid, gid = identity.gid, "terminal commands run as"),
-        None => info!("terminal commands run as the daemon's own user"),
-    }
-    registry.register(Arc::new(TerminalRun::new(policy.clone())))?;
-    let chat_send =
-        ChatSend::new(bus.clone(), keys.clone(), &daemon.agent_name, &daemon.chat_conversation_id);
-    registry.register(Arc::new(chat_send))?;
-    for (index, agent) in config.raw.sources.agents.iter().enumerate() {
-        let settings = AgentSettings {
-            name: agent.name.clone(),
-            description: agent.description.clone(),
-            parameter: agent.parameter.clone(),
-            timeout: std::time::Duration::from_secs_f64(agent.timeout_s),
-        };
-        let tool = AgentTool::new(bus.clone(), keys.clone(), &daemon.agent_name, settings);
-        registry.register(Arc::new(tool)).with_context(|| format!("agents[{index}]"))?;
-    }
-    for index in 0..options.synthetic_tools {
-        registry.register(Arc::new(Synthetic::new(index)))?;
-    }
-    let mut errors = Vec::new();
-    register_sources(config, &policy, &mut registry, &mut errors);
-    for tool in hosted {
-        if let Err(err) = registry.register(tool.clone()) {
-            errors.push(KeyError { key: "mcp_servers".to_owned(), message: err.to_string() });
-        }
-    }
-    let lenient = !config.raw.sources.mcp_servers.is_empty();
-    let mut unknown_name = |key: String, message: String| {
-        if lenient {
-            warn!(key = %key, "{message}; an MCP server may list it later");
-        } else {
-            errors.push(KeyError { key, message });
-        }
-    };
-    let long_running: Vec<String> = config
-        .raw
-        .tools
-        .limits
-        .iter()
-        .filter(|(_, section)| section.long_running)
-        .map(|(name, _)| name.clone())
-        .collect();
-    registry.mark_long_running(&long_running);
-    let unknown = registry.disable(&config.raw.tools.disabled);
-    if !unknown.is_empty() {
-        unknown_name("tools.disabled".to_owned(), format!("names unknown tools: {}", unknown.join(", ")));
-    }
-    for name in config.raw.tools.limits.keys().filter(|name| !registry.contains(name)) {
-        unknown_name(format!("tools.limits.{name}"), "no tool has this name".to_owned());
-    }
-    errors.extend(crate::host_access::problems(config));
-    if !errors.is_empty() {
-        return Err(ConfigError(errors).into());
-    }
-    Ok(registry)
-}
-
-/// Registers the `[[commands]]` and `[[http_tools]]` tools. A name that another tool has is an
-/// error naming both places; so is a source that does not build (the configuration checked it
-/// already, so that only happens if a schema file changed in between).
-fn register_sources(
-    config: &Config,
-    policy: &TerminalPolicy,
-    registry: &mut Registry,
-    errors: &mut Vec<KeyError>,
-) {
-    let mut origins: BTreeMap<String, String> =
-        registry.names().into_iter().map(|name| (name.to_owned(), "a built-in tool".to_owned())).collect();
-    for (index, agent) in config.raw.sources.agents.iter().enumerate() {
-        origins.insert(agent.name.clone(), format!("agents[{index}]"));
-    }
-    let mut tools: Vec<(String, Arc<dyn Tool>)> = Vec::new();
-    let mut add = |place: String, tool: Result<Arc<dyn Tool>, Vec<FieldError>>| match tool {
-        Ok(tool) => tools.push((place, tool)),
-        Err(found) => errors.extend(
-            found
-                .into_iter()
-                .map(|error| KeyError { key: format!("{place}.{}", error.field), message: error.message }),
-        ),
-    };
-    for (index, command) in config.raw.sources.commands.iter().enumerate() {
-        let tool = CommandTool::new(command, policy).map(|tool| Arc::new(tool) as Arc<dyn Tool>);
-        add(format!("commands[{index}]"), tool);
-    }
-    let secrets = config.secrets();
-    match toolhost_tools::sources::http::client() {
-        Ok(client) => {
-            for (index, settings) in config.raw.sources.http_tools.iter().enumerate() {
-                let headers = config.http_headers.of(index);
-                let tool = HttpTool::new(settings, headers, client.clone(), &secrets)
-                    .map(|tool| Arc::new(tool) as Arc<dyn Tool>);
-                add(format!("http_tools[{index}]"), tool);
-            }
-        }
-        Err(message) if !config.raw.sources.http_tools.is_empty() => add(
-            "http_tools".to_owned(),
-            Err(vec![FieldError {
-                field: "client".to_owned(),
-                message: format!("cannot build an HTTP client: {message}"),
-            }]),
-        ),
-        Err(_) => {}
-    }
-    for (place, tool) in tools {
-        let name = tool.spec().name;
-        if let Some(other) = origins.get(&name) {
-            errors.push(KeyError {
-                key: format!("{place}.name"),
-                message: format!("tool '{name}' is also defined by {other}"),
-            });
-            continue;
-        }
-        origins.insert(name, place.clone());
-        if let Err(err) = registry.register(tool) {
-            errors.push(KeyError { key: place, message: err.to_string() });
-        }
-    }
-}
-
-/// The per-tool limits: each tool's own `max_concurrent` (the terminal's setting, for one),
-/// overridden by `[tools.limits."<name>"]`, with a queue of [`DEFAULT_MAX_QUEUE`] unless set.
-pub(crate) fn limit_settings(config: &Config, registry: &Registry) -> BTreeMap<String, LimitSettings> {
-    let configured = &config.raw.tools.limits;
-    let mut limits: BTreeMap<String, LimitSettings> = registry
-        .spec_limits()
-        .into_iter()
-        .map(|(name, max_concurrent)| (name, LimitSettings { max_concurrent, max_queue: DEFAULT_MAX_QUEUE }))
-        .collect();
-    for (name, section) in configured {
-        let spec = limits.get(name).copied();
-        let Some(max_concurrent) = section.max_concurrent.or(spec.map(|limit| limit.max_concurrent)) else {
-            // A queue length alone limits nothing: the tool runs unlimited.
-            continue;
-        };
-        let max_queue = section.max_queue.unwrap_or(DEFAULT_MAX_QUEUE);
-        limits.insert(name.clone(), LimitSettings { max_concurrent, max_queue });
-    }
-    limits
+    crate::sources::build_registry(&config.sources(options.synthetic_tools), bus, keys, &[])
 }
 
 /// The bus and key names `config` asks for.
@@ -339,8 +165,8 @@ pub struct App {
     /// The tool sources, with their event stream; `None` for a registry built by the caller,
     /// which is never rebuilt.
     sources: Option<(Arc<Sources>, mpsc::UnboundedReceiver<McpEvent>)>,
-    /// The configuration file, read again on SIGHUP.
-    config_path: Option<std::path::PathBuf>,
+    /// How `serve` was asked to run; its configuration file is read again on SIGHUP.
+    options: ServeOptions,
     /// The calls running here; its loop reads this replica's control stream.
     calls: Arc<Calls>,
 }
@@ -378,12 +204,6 @@ impl App {
                 Err(err) => return Err(err),
             },
         };
-        let response_topics =
-            ResponseTopics::new(&raw.streams.response_topics, &raw.streams.results, &raw.streams.requests)
-                .map_err(|message| {
-                    errors.push(KeyError { key: "streams.response_topics".to_owned(), message })
-                })
-                .ok();
         let telemetry = Telemetry::new();
         let http_limits =
             HttpLimits { max_connections: raw.http.max_connections, idle_timeout: config.http_idle_timeout };
@@ -392,13 +212,15 @@ impl App {
                 errors.push(KeyError { key: "http.listen".to_owned(), message: format!("{err:#}") })
             })
             .ok();
-        let (Some(registry), Some(response_topics), Some(http), true) =
-            (registry, response_topics, http, errors.is_empty())
-        else {
+        let (Some(registry), Some(http), true) = (registry, http, errors.is_empty()) else {
             return Err(ConfigError(errors).into());
         };
 
-        let limits = Arc::new(ToolLimits::new(limit_settings(&config, &registry)));
+        let synthetic_tools = options.as_ref().map_or(0, |options| options.synthetic_tools);
+        let limits = Arc::new(ToolLimits::new(crate::sources::limit_settings(
+            &config.sources(synthetic_tools),
+            &registry,
+        )));
         let registry = Arc::new(SharedRegistry::new(registry));
         let consumer = consumer_name();
         let shutdown = Shutdown::new();
@@ -442,50 +264,10 @@ impl App {
         // One budget of `max_in_flight` slots over every door, so the configured limit is the
         // process's limit however many doors there are.
         let budget = Arc::new(Semaphore::new(raw.dispatch.max_in_flight.max(1)));
-        let stream = |bare: &str, topic: String| StreamSettings {
-            topic,
-            ledger: bare.to_owned(),
-            group: raw.daemon.toolbox_id.clone(),
-            consumer: consumer.clone(),
-            read_batch: raw.dispatch.read_batch,
-            read_hold: config.read_hold(),
-            block: config.block,
-            claim_idle: config.claim_idle,
-            max_deliveries: raw.dispatch.max_deliveries,
-            answered_retention: config.answered_retention,
-            kept_answer_max_bytes: raw.dispatch.kept_answer_max_bytes,
-            heartbeat_prefix: keys.heartbeat_prefix(&raw.daemon.toolbox_id),
-        };
-        let chat = InboxSettings {
-            agent_name: raw.daemon.agent_name.clone(),
-            max_payload_bytes: raw.streams.max_payload_bytes,
-            toolbox_id: raw.daemon.toolbox_id.clone(),
-            consumer: consumer.clone(),
-        };
-        let door = Inbox::new(bus.clone(), keys.clone(), services.fleet.clone(), chat);
-        let inbox = reader(
-            door,
-            stream(&Address::chat_of(&raw.daemon.agent_name), keys.chat(&raw.daemon.agent_name)),
-            &services,
-            &budget,
-        );
-        let settings = DispatchSettings {
-            toolbox_id: raw.daemon.toolbox_id.clone(),
-            requests_topic: raw.streams.requests.clone(),
-            results_topic: raw.streams.results.clone(),
-            max_payload_bytes: raw.streams.max_payload_bytes,
-            max_request_age: config.max_request_age,
-            answer_unknown_tools: raw.dispatch.answer_unknown_tools,
-            response_topics,
-        };
-        let door =
-            Requests::new(keys.clone(), services.stats.clone(), services.fleet.clone(), &consumer, settings);
-        let requests = reader(
-            door,
-            stream(&raw.streams.requests, keys.topic(&raw.streams.requests)),
-            &services,
-            &budget,
-        );
+        let doors = StreamContext { services, budget, consumer: consumer.clone(), reading: config.reading() };
+        let inbox = crate::doors::chat::start(config.chat_door(), &doors);
+        let requests = crate::doors::requests::start(config.requests_door(), &doors);
+        let services = doors.services;
         let publisher = Arc::new(Publisher {
             bus: bus.clone(),
             registry: registry.clone(),
@@ -499,11 +281,9 @@ impl App {
             fleet,
             telemetry: telemetry.clone(),
         });
-        let config_path = options.as_ref().and_then(|options| options.config_path.clone());
-        let sources = options.map(|options| {
+        let sources = options.as_ref().map(|options| {
             Sources::new(
-                config.clone(),
-                options,
+                config.sources(options.synthetic_tools),
                 bus.clone(),
                 keys.clone(),
                 registry.clone(),
@@ -526,7 +306,7 @@ impl App {
             inbox,
             publisher,
             sources,
-            config_path,
+            options: options.unwrap_or_default(),
         })
     }
 
@@ -549,7 +329,7 @@ impl App {
             inbox,
             publisher,
             sources,
-            config_path,
+            options,
             calls,
         } = self;
         let requests_key = requests.topic().to_owned();
@@ -657,9 +437,10 @@ impl App {
         tasks.spawn(inbox.clone().run_reclaimer());
         let sources = sources.map(|(sources, events)| {
             tasks.spawn(sources.clone().run(events, shutdown.stopping().clone()));
-            tasks.spawn(reload_on_hangup(
+            tasks.spawn(crate::reload::reload_on_hangup(
                 sources.clone(),
-                config_path,
+                config.clone(),
+                options,
                 telemetry.clone(),
                 shutdown.stopping().clone(),
             ));
@@ -699,20 +480,6 @@ impl App {
         drop(http);
         Ok(())
     }
-}
-
-/// The reader of one door's stream, driving the door's entries through the call lifecycle and
-/// taking its slots from the shared `budget`.
-fn reader<D: Door>(
-    door: D,
-    stream: StreamSettings,
-    services: &Services,
-    budget: &Arc<Semaphore>,
-) -> Arc<GroupReader<Lifecycle<D>>> {
-    let lifecycle = Arc::new(Lifecycle::new(door, services.clone(), stream.clone()));
-    let (bus, shutdown, telemetry) =
-        (services.bus.clone(), services.shutdown.clone(), services.telemetry.clone());
-    Arc::new(GroupReader::new(bus, stream, lifecycle, budget.clone(), shutdown, telemetry))
 }
 
 /// The oldest Redis toolhost serves on: the call ledger's `SET ... NX GET` needs 7.0.
@@ -770,50 +537,6 @@ async fn check_eviction_policy(bus: &dyn Bus) {
             error = %err,
             "cannot read maxmemory-policy (CONFIG GET refused?); eviction not checked: make sure it is noeviction"
         ),
-    }
-}
-
-/// Reloads the configuration on every SIGHUP until `stopping` fires: the tool settings apply
-/// live ([`Sources::reload`]); a configuration that does not load or build is refused whole,
-/// logged with its keys and counted, and the old one keeps serving.
-async fn reload_on_hangup(
-    sources: Arc<Sources>,
-    config_path: Option<std::path::PathBuf>,
-    telemetry: Telemetry,
-    stopping: tokio_util::sync::CancellationToken,
-) {
-    let mut hangups = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
-        Ok(hangups) => hangups,
-        Err(err) => {
-            warn!(error = %err, "cannot listen for SIGHUP; the configuration cannot be reloaded");
-            return;
-        }
-    };
-    loop {
-        tokio::select! {
-            () = stopping.cancelled() => return,
-            received = hangups.recv() => if received.is_none() { return },
-        }
-        info!(config = ?config_path, "SIGHUP: reloading the configuration");
-        let loaded = Config::load(config_path.as_deref(), &ProcessEnv).map_err(anyhow::Error::from);
-        let applied = match loaded {
-            Ok(config) => sources.reload(config).await,
-            Err(err) => Err(err),
-        };
-        match applied {
-            Ok(reloaded) => {
-                telemetry.reloaded(true);
-                if reloaded.needs_restart.is_empty() {
-                    info!("configuration reloaded");
-                } else {
-                    warn!(keys = %reloaded.needs_restart.join(","), "configuration reloaded; these settings need a restart to apply");
-                }
-            }
-            Err(err) => {
-                telemetry.reloaded(false);
-                error!(error = %format!("{err:#}"), "configuration reload refused; the old configuration keeps serving");
-            }
-        }
     }
 }
 

@@ -39,9 +39,14 @@ use tokio_util::sync::CancellationToken;
 use toolhost_bus::{Bus, Keys};
 use toolhost_settings::{EnvVars, KeyError};
 
+use tokio::sync::Semaphore;
+
 use crate::auth::AuthHandle;
+use crate::call::{Door, Lifecycle};
 use crate::fleet_client::{ClientSettings, FleetClient};
+use crate::group::{GroupReader, Reading};
 use crate::outage::RedisPlace;
+use crate::services::Services;
 use crate::telemetry::Telemetry;
 
 /// What `serve` hands every door beside its own settings: never the whole configuration.
@@ -111,6 +116,37 @@ impl DoorContext {
     /// This daemon's audit stream.
     pub(crate) fn audit(&self) -> AuditTarget {
         AuditTarget { topic: self.keys.audit(&self.toolbox_id), max_len: self.auth.load().audit_max_len() }
+    }
+}
+
+/// What `serve` hands a stream door: the services every call uses, the process's one budget of
+/// `max_in_flight` slots, this replica's consumer name and how a group is read.
+pub(crate) struct StreamContext {
+    /// What the call lifecycle uses.
+    pub services: Services,
+    /// The slots every door's reader takes from.
+    pub budget: Arc<Semaphore>,
+    /// This replica's consumer name.
+    pub consumer: String,
+    /// How the door's group is read.
+    pub reading: Reading,
+}
+
+impl StreamContext {
+    /// The reader of the stream `topic` (full key; its ledger is `ledger`, the bare name),
+    /// driving `door`'s entries through the call lifecycle.
+    pub(crate) fn reader<D: Door>(
+        &self,
+        door: D,
+        ledger: &str,
+        topic: String,
+    ) -> Arc<GroupReader<Lifecycle<D>>> {
+        let stream = self.reading.stream(topic, ledger, &self.consumer);
+        let services = &self.services;
+        let lifecycle = Arc::new(Lifecycle::new(door, services.clone(), stream.clone()));
+        let (bus, shutdown, telemetry) =
+            (services.bus.clone(), services.shutdown.clone(), services.telemetry.clone());
+        Arc::new(GroupReader::new(bus, stream, lifecycle, self.budget.clone(), shutdown, telemetry))
     }
 }
 

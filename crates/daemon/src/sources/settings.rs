@@ -6,12 +6,13 @@
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use toolhost_settings::{KeyError, expand_vars};
+use toolhost_settings::{EnvVars, KeyError, expand_vars};
 use toolhost_tools::sources::command::{CommandSettings, CommandTool};
 use toolhost_tools::sources::http::{HttpTool, HttpToolSettings};
-use toolhost_tools::terminal::{TerminalPolicy, TerminalSettings};
+use toolhost_tools::terminal::{Identity, TerminalPolicy, TerminalSettings};
 
 /// The sources' sections.
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -195,6 +196,52 @@ impl std::fmt::Debug for ExpandedHeaders {
             .collect();
         f.debug_struct("ExpandedHeaders").field("names", &names).field("values", &"***").finish()
     }
+}
+
+/// What the OVOS tool source needs of `[ovos]` (a section the OVOS door owns): where the bus
+/// is and which of its toolboxes to host.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct OvosHosting {
+    /// `[ovos] url`; empty: no bus.
+    pub url: String,
+    /// `[ovos] max_frame_bytes`.
+    pub max_frame_bytes: usize,
+    /// `[ovos] host_toolboxes`.
+    pub host_toolboxes: Vec<String>,
+    /// `[ovos] rediscover_ms`.
+    pub rediscover: Duration,
+    /// `[ovos] call_timeout_ms`.
+    pub call_timeout: Duration,
+}
+
+/// What the tool sources and the registry are built from: the tool settings of the
+/// configuration, resolved once when it was loaded.
+#[derive(Debug, Clone)]
+pub(crate) struct Settings {
+    /// `[[agents]]`, `[[commands]]`, `[[http_tools]]` and `[[mcp_servers]]`.
+    pub sections: SourceSections,
+    /// `[tools]`: disabled tools, the terminal, per-tool limits.
+    pub tools: ToolsSection,
+    /// The name the chat tools speak as (`[daemon] agent_name`).
+    pub agent_name: String,
+    /// The conversation `chat_send` posts to by default (`[daemon] chat_conversation_id`).
+    pub chat_conversation_id: String,
+    /// This daemon's toolbox id (never hosted from the OVOS bus).
+    pub toolbox_id: String,
+    /// Whom terminal commands and stdio MCP servers run as (`None`: the daemon's own user).
+    pub terminal_identity: Option<Identity>,
+    /// `[[http_tools]] headers`, expanded.
+    pub http_headers: ExpandedHeaders,
+    /// The daemon's own secrets, kept out of tool output.
+    pub secrets: Vec<String>,
+    /// The environment hosted MCP servers start from.
+    pub env: EnvVars,
+    /// How many synthetic benchmark tools to register.
+    pub synthetic_tools: usize,
+    /// The hosted OVOS toolboxes.
+    pub ovos: OvosHosting,
+    /// How long a removed MCP server waits for the calls still using it.
+    pub grace: Duration,
 }
 
 #[cfg(test)]

@@ -1,18 +1,18 @@
 //! The OpenVoiceOS door: toolhost as a `ToolBox` on the OVOS messagebus.
 //!
-//! With `[ovos] url`, `toolhost serve` keeps a websocket connection to the bus ([`link`]) and
+//! With `[ovos] url`, `toolhost serve` keeps a websocket connection to the bus
+//! ([`crate::ovos_bus::link`]) and
 //! answers what a `ToolBox` of `ovos-plugin-manager` answers ([`toolbox`]): discovery of the
 //! fleet's tools and calls on both topic forms, with the reference's replies and error strings.
 //! It is a client of the fleet ([`crate::fleet_client`]): a bus call becomes one request on the
 //! requests stream, answered with the call lifecycle of whichever toolbox hosts the tool.
 //!
 //! The door owns `[ovos]` ([`Settings`]); the OVOS tool source (`crate::sources::ovos`), which
-//! hosts the tools of other toolboxes on the bus, reads its keys there too and reuses [`link`].
+//! hosts the tools of other toolboxes on the bus, is configured in `[ovos]` too; both speak the
+//! bus through [`crate::ovos_bus`].
 
-pub(crate) mod link;
-pub(crate) mod message;
 mod settings;
-pub(crate) mod toolbox;
+mod toolbox;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,10 +21,9 @@ use tokio::sync::Semaphore;
 use tracing::info;
 
 pub use settings::Settings;
-pub(crate) use settings::valid_toolbox_id;
 
 use super::{Checks, DoorContext, FleetDoor};
-use link::{Link, LinkEvent};
+use crate::ovos_bus::link::{self, Link, LinkEvent};
 use toolbox::ToolBox;
 
 /// How long the fleet client's private stream outlives a door that died without closing it.
@@ -71,7 +70,7 @@ async fn start(settings: &Settings, cx: &DoorContext) -> anyhow::Result<Option<t
     let door = Arc::new(ToolBox {
         fleet: fleet.clone(),
         link,
-        call_topic: toolbox::call_topic(&toolbox_id),
+        call_topic: crate::ovos_bus::call_topic(&toolbox_id),
         toolbox_id,
         tools,
         call_timeout: settings.call_timeout(),

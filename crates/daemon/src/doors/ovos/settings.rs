@@ -8,6 +8,8 @@ use serde::{Deserialize, Serialize};
 
 use toolhost_settings::KeyError;
 
+use crate::ovos_bus::valid_toolbox_id;
+
 /// `[ovos]` as written in the configuration.
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields, default)]
@@ -141,14 +143,6 @@ impl Settings {
         }
         errors
     }
-}
-
-/// Whether `id` can be a toolbox id on the bus that toolhost hosts: it becomes part of tool
-/// names and topics.
-pub(crate) fn valid_toolbox_id(id: &str) -> bool {
-    !id.is_empty()
-        && id.len() <= 64
-        && id.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
 }
 
 #[cfg(test)]
