@@ -82,14 +82,13 @@ def main() -> None:
     edges: dict[tuple[str, ...], set[tuple[str, ...]]] = {m: set() for m in modules}
     for module, file in modules.items():
         code = strip(file.read_text())
-        is_folder = file.name in ("mod.rs", "lib.rs", "main.rs")
         for match in PATH.finditer(code):
             kind = match.group(1)
             segments = [s.strip() for s in match.group(2).split("::") if s.strip()]
             tails = [[]]
             if match.group(3):
                 tails = [[s.strip() for s in p.split("::") if s.strip()] for p in braces(code, match.end())]
-            base = () if kind == "crate" else (module if is_folder else module[:-1])
+            base = () if kind == "crate" else module
             if kind == "super":
                 base = base[:-1]
             for tail in tails:

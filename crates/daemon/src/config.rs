@@ -622,7 +622,9 @@ fn validate(
         .filter(|node| !node.is_empty())
         .collect();
     let http_headers = raw.sources.validate(&raw.tools, vars, errors);
-    errors.extend(raw.doors.validate(&crate::doors::Checks { vars, toolbox_id: &raw.daemon.toolbox_id }));
+    errors.extend(
+        raw.doors.validate(&crate::doors::context::Checks { vars, toolbox_id: &raw.daemon.toolbox_id }),
+    );
     errors.extend(raw.auth.validate(vars));
     let auth = std::sync::Arc::new(crate::auth::Auth::new(&raw.auth, vars));
     let mcp_env = EnvVars(vars.iter().map(|(name, value)| (name.clone(), value.clone())).collect());

@@ -33,7 +33,7 @@ use crate::auth::Claim;
 use crate::call::{
     Admission, Answer, Door, Letter, Lifecycle, Outcome, Permits, Refused, Reply, UNKNOWN_TOOL_LABEL, Work,
 };
-use crate::doors::StreamContext;
+use crate::doors::context::StreamContext;
 use crate::fleet::{Fleet, Route, route};
 use crate::group::GroupReader;
 

@@ -33,7 +33,7 @@ use axum::routing::{get, post};
 use toolhost_bus::{Bus, Keys};
 use tracing::info;
 
-use super::{Checks, DoorContext, FleetDoor};
+use super::context::{Checks, DoorContext, FleetDoor};
 use crate::fleet_client::FleetClient;
 
 pub use settings::Settings;

@@ -29,7 +29,7 @@ use tracing::info;
 
 pub use settings::Settings;
 
-use super::{Checks, DoorContext, FleetDoor};
+use super::context::{Checks, DoorContext, FleetDoor};
 use handler::{Door, Session};
 
 /// How long a fleet client's private stream outlives a door that died without closing it.

@@ -22,7 +22,7 @@ use tracing::info;
 
 pub use settings::Settings;
 
-use super::{Checks, DoorContext, FleetDoor};
+use super::context::{Checks, DoorContext, FleetDoor};
 use crate::ovos_bus::link::{self, Link, LinkEvent};
 use toolbox::ToolBox;
 
