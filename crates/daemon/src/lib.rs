@@ -47,6 +47,7 @@ pub mod dumpable;
 mod fleet;
 mod fleet_client;
 mod group;
+mod heartbeat;
 pub mod http;
 pub mod logging;
 mod outage;

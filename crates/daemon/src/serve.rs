@@ -9,6 +9,8 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use tokio::sync::{Semaphore, mpsc};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 use toolhost_bus::{Bus, Keys, RedisBus};
 use toolhost_mcp::McpEvent;
 use toolhost_tools::{Registry, SharedRegistry, ToolLimits};
@@ -26,6 +28,7 @@ use crate::http::{HttpLimits, HttpServer};
 use crate::outage::redis_warn;
 use crate::probe::{Probe, WatchedGroup};
 use crate::publish::Publisher;
+use crate::reload::reload_on_hangup;
 use crate::services::Services;
 use crate::shutdown::Shutdown;
 use crate::sources::Sources;
@@ -192,82 +195,29 @@ impl App {
         keys: Keys,
         registry: anyhow::Result<Registry>,
     ) -> anyhow::Result<App> {
-        let raw = &config.raw;
-        let mut errors = Vec::new();
-        let registry = match registry {
-            Ok(registry) => Some(registry),
-            Err(err) => match err.downcast::<ConfigError>() {
-                Ok(ConfigError(found)) => {
-                    errors.extend(found);
-                    None
-                }
-                Err(err) => return Err(err),
-            },
-        };
         let telemetry = Telemetry::new();
-        let http_limits =
-            HttpLimits { max_connections: raw.http.max_connections, idle_timeout: config.http_idle_timeout };
-        let http = HttpServer::start(config.http_listen, telemetry.clone(), http_limits)
-            .map_err(|err| {
-                errors.push(KeyError { key: "http.listen".to_owned(), message: format!("{err:#}") })
-            })
-            .ok();
-        let (Some(registry), Some(http), true) = (registry, http, errors.is_empty()) else {
-            return Err(ConfigError(errors).into());
-        };
-
+        let (registry, http) = checked_parts(&config, registry, &telemetry)?;
+        let raw = &config.raw;
         let synthetic_tools = options.as_ref().map_or(0, |options| options.synthetic_tools);
-        let limits = Arc::new(ToolLimits::new(crate::sources::limit_settings(
-            &config.sources(synthetic_tools),
-            &registry,
-        )));
+        let limits = crate::sources::limit_settings(&config.sources(synthetic_tools), &registry);
         let registry = Arc::new(SharedRegistry::new(registry));
         let consumer = consumer_name();
-        let shutdown = Shutdown::new();
-        let fleet = Arc::new(Fleet::default());
-        let services = Services {
-            fleet: fleet.clone(),
+        let parts = Parts {
             bus: bus.clone(),
-            registry: registry.clone(),
-            limits: limits.clone(),
             keys: keys.clone(),
-            stats: Arc::new(Stats::default()),
+            registry: registry.clone(),
+            limits: Arc::new(ToolLimits::new(limits)),
             telemetry: telemetry.clone(),
-            shutdown: shutdown.clone(),
-            calls: Arc::new(Calls::new(
-                bus.clone(),
-                keys.clone(),
-                fleet.clone(),
-                &raw.daemon.toolbox_id,
-                &consumer,
-            )),
-            progress_per_second: raw.dispatch.progress_per_second,
-            gate: Arc::new(crate::auth::Gate::new(
-                config.auth.clone(),
-                bus.clone(),
-                keys.clone(),
-                &raw.daemon.toolbox_id,
-                &config.secrets(),
-            )),
-            call_log: raw.doors.console.records_calls().then(|| {
-                crate::call_log::CallLog::start(
-                    bus.clone(),
-                    crate::call_log::Target {
-                        topic: keys.calls(&raw.daemon.toolbox_id),
-                        max_len: raw.doors.console.calls_max_len,
-                        toolbox_id: raw.daemon.toolbox_id.clone(),
-                        consumer: consumer.clone(),
-                    },
-                )
-            }),
+            shutdown: Shutdown::new(),
+            consumer: consumer.clone(),
         };
+        let services = services(&config, &parts);
         // One budget of `max_in_flight` slots over every door, so the configured limit is the
         // process's limit however many doors there are.
         let budget = Arc::new(Semaphore::new(raw.dispatch.max_in_flight.max(1)));
         let doors = StreamContext { services, budget, consumer: consumer.clone(), reading: config.reading() };
         let inbox = crate::doors::chat::start(config.chat_door(), &doors);
         let requests = crate::doors::requests::start(config.requests_door(), &doors);
-        let services = doors.services;
         let publisher = Arc::new(Publisher {
             bus: bus.clone(),
             registry: registry.clone(),
@@ -278,28 +228,20 @@ impl App {
             requests_topic: keys.topic(&raw.streams.requests),
             results_topic: keys.topic(&raw.streams.results),
             inbox_topic: inbox.topic().to_owned(),
-            fleet,
+            fleet: doors.services.fleet.clone(),
             telemetry: telemetry.clone(),
         });
         let sources = options.as_ref().map(|options| {
-            Sources::new(
-                config.sources(options.synthetic_tools),
-                bus.clone(),
-                keys.clone(),
-                registry.clone(),
-                limits.clone(),
-                publisher.clone(),
-                telemetry.clone(),
-            )
+            let settings = config.sources(options.synthetic_tools);
+            let (registry, limits) = (parts.registry.clone(), parts.limits.clone());
+            Sources::new(settings, bus, keys, registry, limits, publisher.clone(), telemetry.clone())
         });
         Ok(App {
-            calls: services.calls.clone(),
+            calls: doors.services.calls.clone(),
             config,
-            bus,
-            keys,
             registry,
+            shutdown: parts.shutdown,
             consumer,
-            shutdown,
             telemetry,
             http,
             requests,
@@ -307,6 +249,8 @@ impl App {
             publisher,
             sources,
             options: options.unwrap_or_default(),
+            bus: parts.bus,
+            keys: parts.keys,
         })
     }
 
@@ -314,148 +258,168 @@ impl App {
     /// on the shutdown's one task tracker, so the drain waits for all of them.
     ///
     /// # Errors
-    /// None today: Redis faults are waited out, never returned.
-    pub async fn run(self, signal: impl Future<Output = ()>) -> anyhow::Result<()> {
-        let App {
-            config,
-            bus,
-            keys,
-            registry,
-            consumer,
-            shutdown,
-            telemetry,
-            http,
-            requests,
-            inbox,
-            publisher,
-            sources,
-            options,
-            calls,
-        } = self;
-        let requests_key = requests.topic().to_owned();
-        let raw = &config.raw;
-        info!(addr = %http.local_addr(), "http listening");
-        if !raw.dispatch.answer_unknown_tools {
+    /// Redis cannot be reached or is too old, a hosted MCP server's tools collide, or a door
+    /// cannot start; Redis faults once serving are waited out, never returned.
+    pub async fn run(mut self, signal: impl Future<Output = ()>) -> anyhow::Result<()> {
+        info!(addr = %self.http.local_addr(), "http listening");
+        if !self.config.raw.dispatch.answer_unknown_tools {
             warn!(
                 key = "dispatch.answer_unknown_tools",
                 "deprecated: toolboxes sharing a stream now route requests among themselves and answer a tool \
                  nobody hosts once; this setting only keeps this toolbox from ever answering unknown_tool"
             );
         }
-        let tasks = shutdown.tasks();
-        let probe = Probe {
-            redis: raw.redis.describe(),
-            bus: bus.clone(),
-            telemetry: telemetry.clone(),
-            groups: vec![
-                WatchedGroup { stream: requests_key.clone(), group: raw.daemon.toolbox_id.clone() },
-                WatchedGroup { stream: inbox.topic().to_owned(), group: raw.daemon.toolbox_id.clone() },
-            ],
-        };
-        tasks.spawn(probe.run(shutdown.stopping().clone()));
-
+        self.shutdown.tasks().spawn(self.probe().run(self.shutdown.stopping().clone()));
         tokio::pin!(signal);
+        if !self.prepare(&mut signal).await? {
+            return Ok(());
+        }
+        // The doors that are clients of the fleet; they stop after the drain, so the calls in
+        // flight through them get their answers.
+        let doors_stop = CancellationToken::new();
+        let cx = door_context(&self.config, self.bus.clone(), self.telemetry.clone(), doors_stop.clone());
+        let doors = match self.config.raw.doors.start(&cx).await {
+            Ok(doors) => doors,
+            Err(err) => {
+                error!(error = %format!("{err:#}"), "a door cannot start");
+                self.abort().await;
+                return Err(err);
+            }
+        };
+        self.log_ready();
+        let sources = self.spawn_loops();
+        signal.await;
+        self.stop(doors_stop, doors, sources).await;
+        Ok(())
+    }
+
+    /// The readiness probe: Redis and both doors' groups.
+    fn probe(&self) -> Probe {
+        let group = &self.config.raw.daemon.toolbox_id;
+        Probe {
+            redis: self.config.raw.redis.describe(),
+            bus: self.bus.clone(),
+            telemetry: self.telemetry.clone(),
+            groups: [self.requests.topic(), self.inbox.topic()]
+                .map(|stream| WatchedGroup { stream: stream.to_owned(), group: group.clone() })
+                .into(),
+        }
+    }
+
+    /// Everything before the doors read: the consumer groups, Redis's version, the hosted MCP
+    /// servers, readiness, and the registry published. `false` when `signal` came first.
+    ///
+    /// # Errors
+    /// Redis refuses to serve, is too old, or the hosted servers' tools collide.
+    async fn prepare(&self, signal: &mut (impl Future<Output = ()> + Unpin)) -> anyhow::Result<bool> {
+        let redis = self.config.raw.redis.describe();
+        let (requests, inbox) = (&self.requests, &self.inbox);
         let ready: Result<bool, toolhost_bus::Error> = tokio::select! {
             ready = async { Ok(requests.ensure_group().await? && inbox.ensure_group().await?) } => ready,
-            () = &mut signal => Ok(false),
+            () = signal => Ok(false),
         };
         let ready = match ready {
             Ok(ready) => ready,
             Err(err) => {
-                error!(error = %err, redis = %raw.redis.describe(), "refusing to serve");
-                shutdown.drain(config.shutdown_grace).await;
-                return Err(anyhow::Error::new(err).context(format!("cannot reach {}", raw.redis.describe())));
+                error!(error = %err, redis = %redis, "refusing to serve");
+                self.abort().await;
+                return Err(anyhow::Error::new(err).context(format!("cannot reach {redis}")));
             }
         };
         if !ready {
             info!("stopped before the consumer group could be created");
-            shutdown.drain(config.shutdown_grace).await;
-            return Ok(());
+            self.abort().await;
+            return Ok(false);
         }
         // The first moment Redis is known to answer: one too old would fail every final answer.
-        if let Err(err) = check_redis_version(&*bus).await {
+        if let Err(err) = check_redis_version(&*self.bus).await {
             error!(error = %err, "refusing to serve");
-            shutdown.drain(config.shutdown_grace).await;
+            self.abort().await;
             return Err(err);
         }
         // Hosted MCP servers start before the doors read, so their tools are listed from the
         // first request on; one that cannot be reached comes later (fail open).
-        if let Some((sources, _)) = &sources
+        if let Some((sources, _)) = &self.sources
             && let Err(err) = sources.start().await
         {
-            shutdown.drain(config.shutdown_grace).await;
-            sources.stop().await;
-            return Err(ConfigError(vec![KeyError {
-                key: "mcp_servers".to_owned(),
-                message: format!("{err:#}"),
-            }])
-            .into());
+            self.abort().await;
+            let message = format!("{err:#}");
+            return Err(ConfigError(vec![KeyError { key: "mcp_servers".to_owned(), message }]).into());
         }
-        telemetry.set_groups_ready(true);
-        telemetry.set_redis_up(true);
-        check_eviction_policy(&*bus).await;
+        self.telemetry.set_groups_ready(true);
+        self.telemetry.set_redis_up(true);
+        check_eviction_policy(&*self.bus).await;
         // Before `ready`, so whoever waits for that line finds the tools listed in Redis.
-        let fields = publisher.fields();
-        if let Err(err) = publisher.publish_once(&fields).await {
+        let fields = self.publisher.fields();
+        if let Err(err) = self.publisher.publish_once(&fields).await {
             redis_warn!(&err, error = %err, "cannot publish the tool registry yet; will retry");
         }
-        // The doors that are clients of the fleet (MCP over HTTP); they stop after the drain, so
-        // the calls in flight through them get their answers.
-        let doors_stop = tokio_util::sync::CancellationToken::new();
-        let door_context = door_context(&config, bus.clone(), telemetry.clone(), doors_stop.clone());
-        let doors = match raw.doors.start(&door_context).await {
-            Ok(doors) => doors,
-            Err(err) => {
-                error!(error = %format!("{err:#}"), "a door cannot start");
-                shutdown.drain(config.shutdown_grace).await;
-                if let Some((sources, _)) = &sources {
-                    sources.stop().await;
-                }
-                return Err(err);
-            }
-        };
+        Ok(true)
+    }
+
+    /// Stops what started before serving began: the loops so far, and the hosted servers.
+    async fn abort(&self) {
+        self.shutdown.drain(self.config.shutdown_grace).await;
+        if let Some((sources, _)) = &self.sources {
+            sources.stop().await;
+        }
+    }
+
+    /// The `ready` line, with where everything is.
+    fn log_ready(&self) {
+        let raw = &self.config.raw;
         info!(
             version = env!("CARGO_PKG_VERSION"),
             toolbox_id = %raw.daemon.toolbox_id,
             agent_name = %raw.daemon.agent_name,
-            consumer = %consumer,
+            consumer = %self.consumer,
             redis = %raw.redis.describe(),
-            requests = %requests_key,
+            requests = %self.requests.topic(),
             group = %raw.daemon.toolbox_id,
-            results = %keys.topic(&raw.streams.results),
-            inbox = %inbox.topic(),
-            dead_letters = %keys.dead_letters(&raw.daemon.toolbox_id),
-            tools = %registry.snapshot().names().join(","),
-            http = %http.local_addr(),
+            results = %self.keys.topic(&raw.streams.results),
+            inbox = %self.inbox.topic(),
+            dead_letters = %self.keys.dead_letters(&raw.daemon.toolbox_id),
+            tools = %self.registry.snapshot().names().join(","),
+            http = %self.http.local_addr(),
             "ready"
         );
-        tasks.spawn(requests.clone().run_reader());
-        tasks.spawn(requests.clone().run_reclaimer());
-        tasks.spawn(publisher.clone().run(shutdown.clone()));
-        tasks.spawn(calls.clone().run(shutdown.stopping().clone()));
-        tasks.spawn(inbox.clone().run_reader());
-        tasks.spawn(inbox.clone().run_reclaimer());
-        let sources = sources.map(|(sources, events)| {
-            tasks.spawn(sources.clone().run(events, shutdown.stopping().clone()));
-            tasks.spawn(crate::reload::reload_on_hangup(
-                sources.clone(),
-                config.clone(),
-                options,
-                telemetry.clone(),
-                shutdown.stopping().clone(),
-            ));
-            sources
-        });
+    }
 
-        signal.await;
-        telemetry.set_draining();
+    /// Spawns every loop on the shutdown's task tracker; returns the sources, if any.
+    fn spawn_loops(&mut self) -> Option<Arc<Sources>> {
+        let (tasks, stopping) = (self.shutdown.tasks(), self.shutdown.stopping().clone());
+        tasks.spawn(self.requests.clone().run_reader());
+        tasks.spawn(self.requests.clone().run_reclaimer());
+        tasks.spawn(self.publisher.clone().run(self.shutdown.clone()));
+        tasks.spawn(self.calls.clone().run(stopping.clone()));
+        tasks.spawn(self.inbox.clone().run_reader());
+        tasks.spawn(self.inbox.clone().run_reclaimer());
+        let (sources, events) = self.sources.take()?;
+        tasks.spawn(sources.clone().run(events, stopping.clone()));
+        let options = self.options.clone();
+        let reload =
+            reload_on_hangup(sources.clone(), self.config.clone(), options, self.telemetry.clone(), stopping);
+        tasks.spawn(reload);
+        Some(sources)
+    }
+
+    /// The drain after the signal: no new reads, the calls in flight finished within the grace,
+    /// then the doors, the hosted servers, the heartbeat and this replica's consumers.
+    async fn stop(
+        &self,
+        doors_stop: CancellationToken,
+        doors: Vec<JoinHandle<()>>,
+        sources: Option<Arc<Sources>>,
+    ) {
+        self.telemetry.set_draining();
+        let grace = self.config.shutdown_grace;
         info!(
-            grace_ms = config.shutdown_grace.as_millis() as u64,
+            grace_ms = grace.as_millis() as u64,
             "shutting down: no new requests, finishing in-flight calls"
         );
         // The grace counts from the signal: in-flight calls run on while the readers' last
         // blocking reads return (what they delivered is handled, not left pending).
-        if !shutdown.drain(config.shutdown_grace).await {
+        if !self.shutdown.drain(grace).await {
             warn!("grace period over; unfinished calls are left pending for another replica");
         }
         doors_stop.cancel();
@@ -466,19 +430,94 @@ impl App {
         if let Some(sources) = &sources {
             sources.stop().await;
         }
-        if let Err(err) = publisher.withdraw().await {
+        if let Err(err) = self.publisher.withdraw().await {
             warn!(error = %err, "cannot remove the registry heartbeat");
         }
-        for stream in [requests_key.as_str(), inbox.topic()] {
-            match bus.delete_consumer(stream, &raw.daemon.toolbox_id, &consumer).await {
+        let group = &self.config.raw.daemon.toolbox_id;
+        for stream in [self.requests.topic(), self.inbox.topic()] {
+            match self.bus.delete_consumer(stream, group, &self.consumer).await {
                 Ok(true) => {}
                 Ok(false) => info!(stream, "consumer keeps pending entries; left for a replica to reclaim"),
                 Err(err) => warn!(error = %err, stream, "cannot delete this consumer"),
             }
         }
         info!("stopped");
-        drop(http);
-        Ok(())
+    }
+}
+
+/// The registry, or every key error building it, and the HTTP endpoint bound; every problem of
+/// both together.
+fn checked_parts(
+    config: &Config,
+    registry: anyhow::Result<Registry>,
+    telemetry: &Telemetry,
+) -> anyhow::Result<(Registry, HttpServer)> {
+    let mut errors = Vec::new();
+    let registry = match registry {
+        Ok(registry) => Some(registry),
+        Err(err) => match err.downcast::<ConfigError>() {
+            Ok(ConfigError(found)) => {
+                errors.extend(found);
+                None
+            }
+            Err(err) => return Err(err),
+        },
+    };
+    let limits = HttpLimits {
+        max_connections: config.raw.http.max_connections,
+        idle_timeout: config.http_idle_timeout,
+    };
+    let http = HttpServer::start(config.http_listen, telemetry.clone(), limits)
+        .map_err(|err| errors.push(KeyError { key: "http.listen".to_owned(), message: format!("{err:#}") }))
+        .ok();
+    match (registry, http, errors.is_empty()) {
+        (Some(registry), Some(http), true) => Ok((registry, http)),
+        _ => Err(ConfigError(errors).into()),
+    }
+}
+
+/// What [`services`] is made of, besides the configuration.
+struct Parts {
+    bus: Arc<dyn Bus>,
+    keys: Keys,
+    registry: Arc<SharedRegistry>,
+    limits: Arc<ToolLimits>,
+    telemetry: Telemetry,
+    shutdown: Shutdown,
+    consumer: String,
+}
+
+/// What every call's lifecycle uses, whichever door it came in by.
+fn services(config: &Config, parts: &Parts) -> Services {
+    let raw = &config.raw;
+    let toolbox_id = &raw.daemon.toolbox_id;
+    let (bus, keys) = (&parts.bus, &parts.keys);
+    let fleet = Arc::new(Fleet::default());
+    let calls = Calls::new(bus.clone(), keys.clone(), fleet.clone(), toolbox_id, &parts.consumer);
+    let gate =
+        crate::auth::Gate::new(config.auth.clone(), bus.clone(), keys.clone(), toolbox_id, &config.secrets());
+    let call_log = raw.doors.console.records_calls().then(|| {
+        let target = crate::call_log::Target {
+            topic: keys.calls(toolbox_id),
+            max_len: raw.doors.console.calls_max_len,
+            toolbox_id: toolbox_id.clone(),
+            consumer: parts.consumer.clone(),
+        };
+        crate::call_log::CallLog::start(bus.clone(), target)
+    });
+    Services {
+        fleet,
+        bus: bus.clone(),
+        registry: parts.registry.clone(),
+        limits: parts.limits.clone(),
+        keys: keys.clone(),
+        stats: Arc::new(Stats::default()),
+        telemetry: parts.telemetry.clone(),
+        shutdown: parts.shutdown.clone(),
+        calls: Arc::new(calls),
+        progress_per_second: raw.dispatch.progress_per_second,
+        gate: Arc::new(gate),
+        call_log,
     }
 }
 
