@@ -326,16 +326,7 @@ fn every_bad_source_key_is_named_together() {
 
 #[test]
 fn urls_are_masked() {
-    assert_eq!(mask_url("redis://user:pw@host:6379/0"), "redis://user:***@host:6379/0");
-    assert_eq!(mask_url("rediss://:pw@host"), "rediss://:***@host");
-    assert_eq!(mask_url("redis://host:6379"), "redis://host:6379");
-    assert_eq!(mask_url("redis://:pa/ss@host:6379/0"), "redis://:***@host:6379/0");
-    assert_eq!(mask_url("redis://token@host"), "redis://***@host");
-    // Query parameters `secrets()` counts as secrets, and credentials written without a scheme.
-    assert_eq!(mask_url("unix:///run/redis.sock?db=1&pass=s3cret"), "unix:///run/redis.sock?db=1&pass=***");
-    assert_eq!(mask_url("redis://h:1/0?password=s3cret&x=1"), "redis://h:1/0?password=***&x=1");
-    assert_eq!(mask_url("ops:s3cret@10.0.0.1:7000"), "ops:***@10.0.0.1:7000");
-    assert_eq!(mask_url("10.0.0.1:7000"), "10.0.0.1:7000");
+    // The rules are the settings crate's (`mask_url`); here, what the configuration prints.
     let config =
         Config::load(None, &env(&[("REDIS_URL", "unix:///run/redis.sock?db=1&password=s3cret")])).unwrap();
     assert_eq!(config.secrets(), ["s3cret"]);
