@@ -28,7 +28,7 @@ use tracing::{info, warn};
 
 use self::message::{Incoming, Malformed, ToolCall, classify};
 use crate::call::{
-    Admission, Admitted, Answer, CallIds, Door, DoorTraits, Event, Letter, Permits, Refused, Reply,
+    Admission, Admitted, Answer, CallIds, Door, DoorTraits, Event, Letter, Outcome, Permits, Refused, Reply,
     UNKNOWN_TOOL_LABEL, Work,
 };
 use crate::fleet::{Fleet, Route, route};
@@ -253,24 +253,36 @@ impl Door for Inbox {
                 self.finished(message, result, duration).await;
             }
             Event::Ended { entry, request, tool, outcome, duration } => {
-                let envelope = request.map(|message| &message.envelope);
-                info!(
-                    envelope_id = envelope.map_or("-", |e| e.id.as_str()),
-                    conversation_id = envelope.map_or("-", |e| e.conversation_id.as_str()),
-                    sender = envelope.map_or("-", |e| e.sender.as_str()),
-                    tool,
-                    outcome = outcome.label(),
-                    duration_ms = duration.as_secs_f64() * 1000.0,
-                    entry_id = %entry.entry_id,
-                    deliveries = entry.deliveries,
-                    "chat message"
-                );
+                self.log(entry, request, tool, outcome, duration);
             }
         }
     }
 }
 
 impl Inbox {
+    /// Logs the end of an entry's handling.
+    fn log(
+        &self,
+        entry: &Entry,
+        message: Option<&Message>,
+        tool: &str,
+        outcome: Outcome,
+        duration: Duration,
+    ) {
+        let envelope = message.map(|message| &message.envelope);
+        info!(
+            envelope_id = envelope.map_or("-", |e| e.id.as_str()),
+            conversation_id = envelope.map_or("-", |e| e.conversation_id.as_str()),
+            sender = envelope.map_or("-", |e| e.sender.as_str()),
+            tool,
+            outcome = outcome.label(),
+            duration_ms = duration.as_secs_f64() * 1000.0,
+            entry_id = %entry.entry_id,
+            deliveries = entry.deliveries,
+            "chat message"
+        );
+    }
+
     /// The `tool_step` and `output` events of a call that ran, or was answered without running.
     async fn finished(&self, message: &Message, result: &Result<Value, Failure>, duration: Duration) {
         let Some(call) = Inbox::call(message) else { return };

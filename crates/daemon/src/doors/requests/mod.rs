@@ -19,7 +19,7 @@ use tracing::info;
 
 pub(crate) use self::admit::{Request, Target, entry_millis};
 use crate::call::{
-    Admission, Admitted, Answer, CallIds, Door, DoorTraits, Event, Letter, Permits, Refused, Reply,
+    Admission, Admitted, Answer, CallIds, Door, DoorTraits, Event, Letter, Outcome, Permits, Refused, Reply,
     UNKNOWN_TOOL_LABEL, Work,
 };
 use crate::fleet::{Fleet, Route, route};
@@ -249,7 +249,22 @@ impl Door for Requests {
 
     /// Only the end of a request is logged here.
     async fn observe(&self, event: Event<'_, Request>) {
-        let Event::Ended { entry, request, tool, outcome, duration } = event else { return };
+        if let Event::Ended { entry, request, tool, outcome, duration } = event {
+            self.log(entry, request, tool, outcome, duration);
+        }
+    }
+}
+
+impl Requests {
+    /// Logs the end of an entry's handling.
+    fn log(
+        &self,
+        entry: &Entry,
+        request: Option<&Request>,
+        tool: &str,
+        outcome: Outcome,
+        duration: Duration,
+    ) {
         let envelope = request.map(|request| &request.envelope);
         info!(
             request_id = request.map_or("-", |request| request.request_id.as_str()),
@@ -263,9 +278,7 @@ impl Door for Requests {
             "invocation"
         );
     }
-}
 
-impl Requests {
     /// An admitted request, with what the lifecycle reads of every request.
     fn admitted(&self, entry: &Entry, request: Request, registry: &Registry) -> Admitted<Request> {
         let envelope = &request.envelope;
