@@ -286,3 +286,18 @@ fn kept_result(data: &str) -> Option<Result<Value, Failure>> {
         })
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_errors_that_leave_the_request_id_free_are_not_final() {
+        let failure = |code| Err(Failure::new(code, "why"));
+        assert_eq!(Finality::of(&Ok(Value::Null)), Finality::Final);
+        assert_eq!(Finality::of(&failure(ErrorCode::ToolFailed)), Finality::Final);
+        assert_eq!(Finality::of(&failure(ErrorCode::Cancelled)), Finality::Final);
+        assert_eq!(Finality::of(&failure(ErrorCode::Overloaded)), Finality::NotFinal);
+        assert_eq!(Finality::of(&failure(ErrorCode::Internal)), Finality::NotFinal);
+    }
+}

@@ -244,9 +244,7 @@ impl<D: Door> Lifecycle<D> {
         let entry =
             EntryRef { topic: &settings.topic, group: &settings.group, entry_id: &call.entry.entry_id };
         let (bus, ledger_id) = (&*self.services.bus, &call.admitted.ledger_id);
-        let recorded = owner.is_some();
-        let owner = owner.unwrap_or_default();
-        ledger::renew(bus, &call.keys, owner, &entry, &settings.consumer, ledger_id, recorded).await;
+        ledger::renew(bus, &call.keys, owner, &entry, &settings.consumer, ledger_id).await;
     }
 
     /// Takes a run slot of `tool`: at once, or after a wait in its queue during which the call
