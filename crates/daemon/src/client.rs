@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Map, Value};
-use toolhost_bus::{Bus, CallError, Caller, Directory, Error as BusError, FleetAccess, RedisBus};
+use toolhost_bus::{Bus, CallError, Caller, Directory, FleetAccess, RedisBus};
 use toolhost_envelope::DiscoveryFormat;
 
 use crate::EXIT_CONFIG;
@@ -23,7 +23,7 @@ const CANCEL_WAIT: Duration = Duration::from_secs(5);
 fn caller(config: &Config) -> Result<(Arc<dyn Bus>, Caller), String> {
     let raw = &config.raw;
     let bus: Arc<dyn Bus> =
-        Arc::new(RedisBus::new(config.redis_options()).map_err(|err| redis_failure(&raw.redis, &err))?);
+        Arc::new(RedisBus::new(config.redis_options()).map_err(|err| raw.redis.place().failure(&err))?);
     let keys = config.keys();
     let caller = Caller::new(bus.clone(), &keys, &raw.streams.requests, &raw.streams.results, "toolhost:cli");
     Ok((bus, caller))
@@ -122,7 +122,7 @@ pub async fn run_call(
             EXIT_TRANSPORT
         }
         Err(CallFailure::Bus(err)) => {
-            eprintln!("toolhost: {}", redis_failure(&raw.redis, &err));
+            eprintln!("toolhost: {}", raw.redis.place().failure(&err));
             EXIT_TRANSPORT
         }
         Err(err) => {
@@ -163,7 +163,7 @@ async fn fleet_client(
 ) -> Result<FleetClient, String> {
     let raw = &config.raw;
     let bus: Arc<dyn FleetAccess> =
-        Arc::new(RedisBus::new(config.redis_options()).map_err(|err| redis_failure(&raw.redis, &err))?);
+        Arc::new(RedisBus::new(config.redis_options()).map_err(|err| raw.redis.place().failure(&err))?);
     let settings = ClientSettings {
         requests_topic: raw.streams.requests.clone(),
         source: "toolhost:cli".to_owned(),
@@ -172,7 +172,7 @@ async fn fleet_client(
         signing,
         tenant,
     };
-    FleetClient::open(bus, config.keys(), settings).await.map_err(|err| redis_failure(&raw.redis, &err))
+    FleetClient::open(bus, config.keys(), settings).await.map_err(|err| raw.redis.place().failure(&err))
 }
 
 fn print_progress(report: &Progress) {
@@ -240,7 +240,7 @@ async fn print_registry(config: &Config, bus: &dyn Directory, format: DiscoveryF
     let fields = match bus.hash_fields(&keys.registry(&raw.daemon.toolbox_id)).await {
         Ok(fields) => fields,
         Err(err) => {
-            eprintln!("toolhost: cannot read the registry: {}", redis_failure(&raw.redis, &err));
+            eprintln!("toolhost: cannot read the registry: {}", raw.redis.place().failure(&err));
             return EXIT_TRANSPORT;
         }
     };
@@ -267,28 +267,7 @@ fn describe(config: &Config, err: &CallError) -> String {
             raw.streams.requests,
             raw.streams.results,
         ),
-        CallError::Bus(err) => redis_failure(&raw.redis, err),
+        CallError::Bus(err) => raw.redis.place().failure(err),
         _ => err.to_string(),
-    }
-}
-
-/// A Redis failure for a person: where Redis is (the URL or the sentinels, passwords masked),
-/// what went wrong and, when Redis does not answer, where to look.
-pub(crate) fn redis_failure(redis: &crate::config::RedisSection, err: &BusError) -> String {
-    let url = redis.describe();
-    if err.is_retryable() && !redis.sentinels.is_empty() {
-        format!(
-            "Redis at {url} does not answer ({err}); are the sentinels reachable, and do they monitor \
-             '{}' with a master up? Set [redis] sentinels and sentinel_master (TOOLHOST__REDIS__SENTINELS, \
-             TOOLHOST__REDIS__SENTINEL_MASTER)",
-            redis.sentinel_master
-        )
-    } else if err.is_retryable() {
-        format!(
-            "Redis at {url} does not answer ({err}); is redis-server running there? \
-             Set REDIS_URL, or [redis] url in the file given by --config or TOOLHOST_CONFIG"
-        )
-    } else {
-        format!("Redis at {url} refused the command: {err}")
     }
 }

@@ -85,6 +85,51 @@ pub(crate) struct StreamSettings {
     pub heartbeat_prefix: String,
 }
 
+/// How every stream door's group is read (`[dispatch]`, the toolbox id and its heartbeats),
+/// whatever the stream.
+#[derive(Debug, Clone)]
+pub(crate) struct Reading {
+    /// The consumer group: the toolbox id.
+    pub group: String,
+    /// Most entries per read.
+    pub read_batch: usize,
+    /// See [`StreamSettings::read_hold`].
+    pub read_hold: Duration,
+    /// How long a read blocks.
+    pub block: Duration,
+    /// The lease of a call.
+    pub claim_idle: Duration,
+    /// Deliveries after which an entry is dead-lettered.
+    pub max_deliveries: u64,
+    /// How long final answers are remembered.
+    pub answered_retention: Duration,
+    /// The largest answer payload kept with its answered mark.
+    pub kept_answer_max_bytes: usize,
+    /// A replica's heartbeat key without its consumer name.
+    pub heartbeat_prefix: String,
+}
+
+impl Reading {
+    /// The settings of the reader of stream `topic` (full key), whose ledger is `ledger` (its
+    /// bare name), as consumer `consumer`.
+    pub(crate) fn stream(&self, topic: String, ledger: &str, consumer: &str) -> StreamSettings {
+        StreamSettings {
+            topic,
+            group: self.group.clone(),
+            ledger: ledger.to_owned(),
+            consumer: consumer.to_owned(),
+            read_batch: self.read_batch,
+            read_hold: self.read_hold,
+            block: self.block,
+            claim_idle: self.claim_idle,
+            max_deliveries: self.max_deliveries,
+            answered_retention: self.answered_retention,
+            kept_answer_max_bytes: self.kept_answer_max_bytes,
+            heartbeat_prefix: self.heartbeat_prefix.clone(),
+        }
+    }
+}
+
 /// Reads one stream through a consumer group and runs a handler per entry.
 pub(crate) struct GroupReader<H> {
     bus: Arc<dyn Groups>,

@@ -42,7 +42,7 @@ pub struct Auth {
     shared_limits: bool,
     audit_arguments: bool,
     audit_max_len: u64,
-    /// The keys' secrets, for [`crate::config::Config::secrets`].
+    /// The keys' secrets, which the daemon redacts wherever it prints.
     secrets: Vec<String>,
 }
 
@@ -214,6 +214,9 @@ impl Auth {
     }
 }
 
+/// [`Auth`] as in force, swapped whole when it changes: what the doors hold.
+pub(crate) type AuthHandle = Arc<arc_swap::ArcSwap<Auth>>;
+
 /// The lifecycle's view of [`Auth`]: the checks, the limits' state and the audit stream.
 pub struct Gate {
     auth: Arc<Auth>,
@@ -277,7 +280,7 @@ impl Gate {
         payload: Option<&str>,
         claim: Claim<'_>,
     ) -> Result<Option<&'s str>, Refusal> {
-        self.auth.verify(sig, payload.unwrap_or_default(), claim, crate::call::now_since_epoch())
+        self.auth.verify(sig, payload.unwrap_or_default(), claim, crate::clock::now_since_epoch())
     }
 
     /// Whether `caller` may call `tool` now: its policy, then its in-flight limit, then its rate.
@@ -471,7 +474,7 @@ mod tests {
     #[test]
     fn without_require_signature_unsigned_requests_pass_and_signed_ones_are_still_checked() {
         let auth = auth("[[auth.keys]]\nid = \"k\"\nsecret_env = \"K\"\n", &[("K", SECRET)]);
-        let now = crate::call::now_since_epoch();
+        let now = crate::clock::now_since_epoch();
         assert_eq!(auth.verify(&Sig::Absent, "{}", Claim::default(), now).unwrap(), None);
         let bad = Sig::One(SigningKey::new("k", b"not the secret at all").sign(b"{}"));
         assert!(auth.verify(&bad, "{}", Claim::default(), now).is_err());

@@ -14,6 +14,7 @@
 
 mod message;
 mod reply;
+mod settings;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,36 +28,44 @@ use toolhost_tools::{Failure, Registry};
 use tracing::{info, warn};
 
 use self::message::{Incoming, Malformed, ToolCall, classify};
+pub(crate) use self::settings::Settings;
 use crate::call::{
-    Admission, Admitted, Answer, CallIds, Door, DoorTraits, Event, Letter, Outcome, Permits, Refused, Reply,
-    UNKNOWN_TOOL_LABEL, Work,
+    Admission, Admitted, Answer, CallIds, Door, DoorTraits, Event, Letter, Lifecycle, Outcome, Permits,
+    Refused, Reply, UNKNOWN_TOOL_LABEL, Work,
 };
+use crate::doors::context::StreamContext;
 use crate::fleet::{Fleet, Route, route};
+use crate::group::GroupReader;
 
-/// What the chat door needs to know, resolved from configuration.
-#[derive(Debug, Clone)]
-pub struct InboxSettings {
-    /// The name toolhost speaks as: reads `chat:<agent_name>`, writes as `agent:<agent_name>`.
-    pub agent_name: String,
-    /// Larger payloads are dead-lettered.
-    pub max_payload_bytes: usize,
-    /// The toolbox this replica belongs to.
-    pub toolbox_id: String,
-    /// This replica's consumer name.
-    pub consumer: String,
+/// Starts the chat door: its reader of the agent inbox `chat:<agent_name>`, in the toolbox's
+/// consumer group.
+pub(crate) fn start(settings: Settings, cx: &StreamContext) -> Arc<GroupReader<Lifecycle<Inbox>>> {
+    let services = &cx.services;
+    let topic = services.keys.chat(&settings.agent_name);
+    let ledger = Address::chat_of(&settings.agent_name);
+    let door = Inbox::new(
+        services.bus.clone(),
+        services.keys.clone(),
+        services.fleet.clone(),
+        &cx.consumer,
+        settings,
+    );
+    cx.reader(door, &ledger, topic)
 }
 
 /// The chat door of one agent inbox.
 pub struct Inbox {
     bus: Arc<dyn Streams>,
     keys: Keys,
-    settings: InboxSettings,
+    settings: Settings,
     /// Full key of `dlq:<agent_name>`.
     dead_letters: String,
     /// `agent:<agent_name>`.
     sender: String,
     /// What the other replicas host, for calls this one cannot serve.
     fleet: Arc<Fleet>,
+    /// This replica's consumer name.
+    consumer: String,
 }
 
 /// An admitted chat message: the envelope and what answering it takes.
@@ -72,10 +81,12 @@ impl Inbox {
         bus: Arc<dyn Streams>,
         keys: Keys,
         fleet: Arc<Fleet>,
-        settings: InboxSettings,
+        consumer: &str,
+        settings: Settings,
     ) -> Inbox {
         Inbox {
             fleet,
+            consumer: consumer.to_owned(),
             dead_letters: keys.dead_letters(&settings.agent_name),
             sender: Address::agent_of(&settings.agent_name),
             bus,
@@ -182,7 +193,7 @@ impl Door for Inbox {
                 }
                 // Every toolbox with this agent name reads the inbox: the one hosting the tool
                 // answers; the call is answered here only when no live replica hosts it.
-                match route(&self.fleet, &call.name, &self.settings.toolbox_id, &self.settings.consumer) {
+                match route(&self.fleet, &call.name, &self.settings.toolbox_id, &self.consumer) {
                     Route::Here => tool(),
                     Route::OtherToolbox => Work::AckOnly,
                     Route::Sibling(consumer) => Work::HandOver(consumer),

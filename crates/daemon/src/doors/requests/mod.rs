@@ -7,47 +7,47 @@
 //! statistics answer, or a refusal, published as a result envelope.
 
 mod admit;
+mod settings;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use toolhost_bus::{Keys, ResponseTopics};
+use toolhost_bus::Keys;
 use toolhost_envelope::{DiscoveryFormat, Entry, ErrorCode, EventEnvelope, ResultData, new_message_id};
 use toolhost_tools::{Failure, ProgressReport, Registry};
 use tracing::info;
 
 pub(crate) use self::admit::{Request, Target, entry_millis};
+pub(crate) use self::settings::Settings;
 use crate::call::{
-    Admission, Admitted, Answer, CallIds, Door, DoorTraits, Event, Letter, Outcome, Permits, Refused, Reply,
-    UNKNOWN_TOOL_LABEL, Work,
+    Admission, Admitted, Answer, CallIds, Door, DoorTraits, Event, Letter, Lifecycle, Outcome, Permits,
+    Refused, Reply, UNKNOWN_TOOL_LABEL, Work,
 };
+use crate::doors::context::StreamContext;
 use crate::fleet::{Fleet, Route, route};
+use crate::group::GroupReader;
 use crate::stats::Stats;
 
-/// What the requests door needs to know, resolved from configuration.
-#[derive(Debug, Clone)]
-pub struct DispatchSettings {
-    /// The toolbox id: ledger namespace and `source` of results.
-    pub toolbox_id: String,
-    /// Bare name of the requests topic.
-    pub requests_topic: String,
-    /// Bare name of the default results topic.
-    pub results_topic: String,
-    /// Larger payloads are dead-lettered.
-    pub max_payload_bytes: usize,
-    /// Requests older than this answer `expired`.
-    pub max_request_age: Option<Duration>,
-    /// Whether events no tool consumes get an `unknown_tool` answer.
-    pub answer_unknown_tools: bool,
-    /// The response topics callers may name.
-    pub response_topics: ResponseTopics,
+/// Starts the requests door: its reader of the requests stream, in the toolbox's consumer group.
+pub(crate) fn start(settings: Settings, cx: &StreamContext) -> Arc<GroupReader<Lifecycle<Requests>>> {
+    let services = &cx.services;
+    let topic = services.keys.topic(&settings.requests_topic);
+    let ledger = settings.requests_topic.clone();
+    let door = Requests::new(
+        services.keys.clone(),
+        services.stats.clone(),
+        services.fleet.clone(),
+        &cx.consumer,
+        settings,
+    );
+    cx.reader(door, &ledger, topic)
 }
 
 /// The requests door.
 pub struct Requests {
     keys: Keys,
-    settings: DispatchSettings,
+    settings: Settings,
     /// Full key of the requests stream.
     requests: String,
     /// Full key of the dead-letter stream.
@@ -69,7 +69,7 @@ impl Requests {
         stats: Arc<Stats>,
         fleet: Arc<Fleet>,
         consumer: &str,
-        settings: DispatchSettings,
+        settings: Settings,
     ) -> Requests {
         Requests {
             fleet,
