@@ -541,7 +541,7 @@ impl<D: Door> Lifecycle<D> {
     /// An `expired` failure when the request's deadline has passed.
     fn expired(&self, call: &Call<'_, D::Request>) -> Option<Failure> {
         let deadline = call.admitted.deadline?;
-        (deadline <= now_since_epoch())
+        (deadline <= crate::clock::now_since_epoch())
             .then(|| Failure::new(ErrorCode::Expired, "the request's deadline passed before it could run"))
     }
 }
@@ -550,9 +550,4 @@ impl<D: Door> EntryHandler for Lifecycle<D> {
     async fn handle(&self, entry: Entry, mut slot: Slot) {
         self.handle_entry(&entry, &mut slot).await;
     }
-}
-
-/// Now, as time since the UNIX epoch.
-pub(crate) fn now_since_epoch() -> Duration {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default()
 }

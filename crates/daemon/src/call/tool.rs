@@ -12,8 +12,9 @@ use toolhost_tools::{Admit, Context, Failure, Full, ProgressReport, Registry, Ru
 use tracing::{debug, warn};
 
 use super::commit::{Answering, Finality, Record};
-use super::{Call, Door, Event, Lifecycle, Outcome, Reply, ledger, now_since_epoch, progress};
+use super::{Call, Door, Event, Lifecycle, Outcome, Reply, ledger, progress};
 use crate::auth::Caller;
+use crate::clock::now_since_epoch;
 use crate::group::Slot;
 
 /// What the ledger decided before a tool call.
