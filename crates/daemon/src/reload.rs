@@ -9,7 +9,6 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use crate::config::{Config, ProcessEnv, RawConfig};
-use crate::serve::ServeOptions;
 use crate::sources::Sources;
 use crate::telemetry::Telemetry;
 
@@ -19,11 +18,11 @@ use crate::telemetry::Telemetry;
 pub(crate) async fn reload_on_hangup(
     sources: Arc<Sources>,
     mut running: Config,
-    options: ServeOptions,
+    config_path: Option<std::path::PathBuf>,
+    synthetic_tools: usize,
     telemetry: Telemetry,
     stopping: CancellationToken,
 ) {
-    let config_path = options.config_path.clone();
     let mut hangups = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
         Ok(hangups) => hangups,
         Err(err) => {
@@ -39,7 +38,7 @@ pub(crate) async fn reload_on_hangup(
         info!(config = ?config_path, "SIGHUP: reloading the configuration");
         let loaded = Config::load(config_path.as_deref(), &ProcessEnv).map_err(anyhow::Error::from);
         let applied = match loaded {
-            Ok(config) => sources.reload(config.sources(options.synthetic_tools)).await.map(|()| config),
+            Ok(config) => sources.reload(config.sources(synthetic_tools)).await.map(|()| config),
             Err(err) => Err(err),
         };
         match applied {

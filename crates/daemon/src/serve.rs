@@ -396,9 +396,10 @@ impl App {
         tasks.spawn(self.inbox.clone().run_reclaimer());
         let (sources, events) = self.sources.take()?;
         tasks.spawn(sources.clone().run(events, stopping.clone()));
-        let options = self.options.clone();
+        let (config, telemetry) = (self.config.clone(), self.telemetry.clone());
+        let (config_path, synthetic_tools) = (self.options.config_path.clone(), self.options.synthetic_tools);
         let reload =
-            reload_on_hangup(sources.clone(), self.config.clone(), options, self.telemetry.clone(), stopping);
+            reload_on_hangup(sources.clone(), config, config_path, synthetic_tools, telemetry, stopping);
         tasks.spawn(reload);
         Some(sources)
     }
