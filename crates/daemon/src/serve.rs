@@ -16,6 +16,7 @@ use toolhost_mcp::McpEvent;
 use toolhost_tools::{Registry, SharedRegistry, ToolLimits};
 use tracing::{debug, error, info, warn};
 
+use crate::auth::AuthHandle;
 use crate::call::Lifecycle;
 use crate::call::cancel::Calls;
 use crate::config::{Config, ConfigError, KeyError};
@@ -72,6 +73,7 @@ pub fn connect(config: &Config) -> anyhow::Result<(Arc<dyn Bus>, Keys)> {
 /// What the doors see of `config`, with the bus, telemetry and stop token they share.
 pub(crate) fn door_context(
     config: &Config,
+    auth: AuthHandle,
     bus: Arc<dyn Bus>,
     telemetry: Telemetry,
     stop: tokio_util::sync::CancellationToken,
@@ -89,7 +91,7 @@ pub(crate) fn door_context(
         requests_stream: raw.streams.requests.clone(),
         results_stream: raw.streams.results.clone(),
         toolbox_id: raw.daemon.toolbox_id.clone(),
-        auth: Arc::new(arc_swap::ArcSwap::new(config.auth.clone())),
+        auth,
         env: config.mcp_env.clone(),
         telemetry,
         stop,
@@ -108,7 +110,8 @@ pub async fn serve_mcp_stdio(config: &Config) -> anyhow::Result<()> {
         RedisBus::new(config.redis_options())
             .map_err(|err| anyhow::anyhow!(config.raw.redis.place().failure(&err)))?,
     );
-    let cx = door_context(config, bus, Telemetry::new(), tokio_util::sync::CancellationToken::new());
+    let auth = Arc::new(arc_swap::ArcSwap::new(config.auth.clone()));
+    let cx = door_context(config, auth, bus, Telemetry::new(), CancellationToken::new());
     crate::doors::mcp::serve_stdio(&config.raw.doors.mcp, &cx).await
 }
 
@@ -153,6 +156,8 @@ pub async fn run_with_registry(
 /// talks to Redis.
 pub struct App {
     config: Config,
+    /// `[auth]` as in force, shared by the gate and the doors.
+    auth: AuthHandle,
     bus: Arc<dyn Bus>,
     keys: Keys,
     registry: Arc<SharedRegistry>,
@@ -203,6 +208,7 @@ impl App {
         let registry = Arc::new(SharedRegistry::new(registry));
         let consumer = consumer_name();
         let parts = Parts {
+            auth: Arc::new(arc_swap::ArcSwap::new(config.auth.clone())),
             bus: bus.clone(),
             keys: keys.clone(),
             registry: registry.clone(),
@@ -237,6 +243,7 @@ impl App {
             Sources::new(settings, bus, keys, registry, limits, publisher.clone(), telemetry.clone())
         });
         Ok(App {
+            auth: parts.auth.clone(),
             calls: doors.services.calls.clone(),
             config,
             registry,
@@ -277,7 +284,8 @@ impl App {
         // The doors that are clients of the fleet; they stop after the drain, so the calls in
         // flight through them get their answers.
         let doors_stop = CancellationToken::new();
-        let cx = door_context(&self.config, self.bus.clone(), self.telemetry.clone(), doors_stop.clone());
+        let (bus, telemetry) = (self.bus.clone(), self.telemetry.clone());
+        let cx = door_context(&self.config, self.auth.clone(), bus, telemetry, doors_stop.clone());
         let doors = match self.config.raw.doors.start(&cx).await {
             Ok(doors) => doors,
             Err(err) => {
@@ -479,6 +487,8 @@ fn checked_parts(
 
 /// What [`services`] is made of, besides the configuration.
 struct Parts {
+    /// `[auth]` as in force, shared by the gate and the doors.
+    auth: AuthHandle,
     bus: Arc<dyn Bus>,
     keys: Keys,
     registry: Arc<SharedRegistry>,
@@ -496,7 +506,7 @@ fn services(config: &Config, parts: &Parts) -> Services {
     let fleet = Arc::new(Fleet::default());
     let calls = Calls::new(bus.clone(), keys.clone(), fleet.clone(), toolbox_id, &parts.consumer);
     let gate =
-        crate::auth::Gate::new(config.auth.clone(), bus.clone(), keys.clone(), toolbox_id, &config.secrets());
+        crate::auth::Gate::new(parts.auth.clone(), bus.clone(), keys.clone(), toolbox_id, &config.secrets());
     let call_log = raw.doors.console.records_calls().then(|| {
         let target = crate::call_log::Target {
             topic: keys.calls(toolbox_id),

@@ -366,10 +366,13 @@ impl<D: Door> Lifecycle<D> {
             }
             Admission::Request(admitted) => {
                 let claim = admitted.claim();
-                let caller = services
-                    .gate
-                    .authenticate(&entry.sig, entry.payload.as_deref(), claim)
-                    .map(|key_id| Caller { tenant: claim.tenant.unwrap_or_default(), key_id });
+                let key_id = services.gate.authenticate(&entry.sig, entry.payload.as_deref(), claim);
+                let caller = match &key_id {
+                    Ok(key_id) => {
+                        Ok(Caller { tenant: claim.tenant.unwrap_or_default(), key_id: key_id.as_deref() })
+                    }
+                    Err(refusal) => Err(refusal.clone()),
+                };
                 (self.answer(entry, &admitted, &registry, slot, caller).await, Some(admitted))
             }
         };
@@ -447,7 +450,8 @@ impl<D: Door> Lifecycle<D> {
             Ok(caller) => caller,
             Err(refusal) => return self.refuse(&call, refusal).await,
         };
-        let permits = Permits { auth: self.services.gate.auth(), tenant: caller.tenant };
+        let auth = self.services.gate.auth();
+        let permits = Permits { auth: &auth, tenant: caller.tenant };
         let work = self.door.work(&admitted.request, registry, permits);
         // Held while the call runs: the tenant's count of calls in flight.
         let (work, _in_flight) = self.apply_policy(&call, caller, work).await;
