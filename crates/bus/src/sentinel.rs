@@ -67,7 +67,7 @@ pub struct Sentinels {
 /// Masks every password.
 impl fmt::Debug for Sentinels {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let urls: Vec<String> = self.urls.iter().map(|url| mask_password(url)).collect();
+        let urls: Vec<String> = self.urls.iter().map(|url| toolhost_settings::mask_url(url)).collect();
         f.debug_struct("Sentinels")
             .field("urls", &urls)
             .field("master_name", &self.master_name)
@@ -76,19 +76,6 @@ impl fmt::Debug for Sentinels {
             .field("check_interval", &self.check_interval)
             .finish()
     }
-}
-
-/// A URL with the password in its user information replaced by `***`.
-fn mask_password(url: &str) -> String {
-    let Some(scheme_end) = url.find("://") else { return url.to_owned() };
-    let rest = &url[scheme_end + 3..];
-    let Some(at) = rest.rfind('@') else { return url.to_owned() };
-    let userinfo = &rest[..at];
-    let masked = match userinfo.find(':') {
-        Some(colon) => format!("{}:***", &userinfo[..colon]),
-        None => "***".to_owned(),
-    };
-    format!("{}{masked}{}", &url[..scheme_end + 3], &rest[at..])
 }
 
 /// How long after a lookup another one is not started for a failure: failures come in bursts

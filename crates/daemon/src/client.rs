@@ -23,7 +23,7 @@ const CANCEL_WAIT: Duration = Duration::from_secs(5);
 fn caller(config: &Config) -> Result<(Arc<dyn Bus>, Caller), String> {
     let raw = &config.raw;
     let bus: Arc<dyn Bus> =
-        Arc::new(RedisBus::new(config.redis_options()).map_err(|err| redis_failure(&raw.redis, &err))?);
+        Arc::new(RedisBus::new(config.redis_options()).map_err(|err| raw.redis.place().failure(&err))?);
     let keys = config.keys();
     let caller = Caller::new(bus.clone(), &keys, &raw.streams.requests, &raw.streams.results, "toolhost:cli");
     Ok((bus, caller))
@@ -130,7 +130,7 @@ pub async fn run_call(
             EXIT_TRANSPORT
         }
         Err(CallFailure::Bus(err)) => {
-            eprintln!("toolhost: {}", redis_failure(&raw.redis, &err));
+            eprintln!("toolhost: {}", raw.redis.place().failure(&err));
             EXIT_TRANSPORT
         }
         Err(err) => {
@@ -178,7 +178,7 @@ async fn fleet_client(
     // The request's XADD is followed by WAIT: a request too few replicas have fails the call.
     options.publish_acks = identity.replica_acks;
     let bus: Arc<dyn FleetAccess> =
-        Arc::new(RedisBus::new(options).map_err(|err| redis_failure(&raw.redis, &err))?);
+        Arc::new(RedisBus::new(options).map_err(|err| raw.redis.place().failure(&err))?);
     let settings = ClientSettings {
         requests_topic: raw.streams.requests.clone(),
         source: "toolhost:cli".to_owned(),
@@ -187,7 +187,7 @@ async fn fleet_client(
         signing,
         tenant,
     };
-    FleetClient::open(bus, config.keys(), settings).await.map_err(|err| redis_failure(&raw.redis, &err))
+    FleetClient::open(bus, config.keys(), settings).await.map_err(|err| raw.redis.place().failure(&err))
 }
 
 fn print_progress(report: &Progress) {
@@ -255,7 +255,7 @@ async fn print_registry(config: &Config, bus: &dyn Directory, format: DiscoveryF
     let fields = match bus.hash_fields(&keys.registry(&raw.daemon.toolbox_id)).await {
         Ok(fields) => fields,
         Err(err) => {
-            eprintln!("toolhost: cannot read the registry: {}", redis_failure(&raw.redis, &err));
+            eprintln!("toolhost: cannot read the registry: {}", raw.redis.place().failure(&err));
             return EXIT_TRANSPORT;
         }
     };
@@ -282,34 +282,7 @@ fn describe(config: &Config, err: &CallError) -> String {
             raw.streams.requests,
             raw.streams.results,
         ),
-        CallError::Bus(err) => redis_failure(&raw.redis, err),
+        CallError::Bus(err) => raw.redis.place().failure(err),
         _ => err.to_string(),
-    }
-}
-
-/// A Redis failure for a person: where Redis is (the URL or the sentinels, passwords masked),
-/// what went wrong and, when Redis does not answer, where to look.
-pub(crate) fn redis_failure(redis: &crate::config::RedisSection, err: &BusError) -> String {
-    let url = redis.describe();
-    if let BusError::Unreplicated { .. } = err {
-        // Only with --replica-acks: the client's own writes wait for replicas too.
-        format!(
-            "Redis at {url}: {err}; too few replicas acknowledge writes, so a request sent now may not \
-             survive a Redis failover: check the replicas, or call without --replica-acks"
-        )
-    } else if err.is_retryable() && !redis.sentinels.is_empty() {
-        format!(
-            "Redis at {url} does not answer ({err}); are the sentinels reachable, and do they monitor \
-             '{}' with a master up? Set [redis] sentinels and sentinel_master (TOOLHOST__REDIS__SENTINELS, \
-             TOOLHOST__REDIS__SENTINEL_MASTER)",
-            redis.sentinel_master
-        )
-    } else if err.is_retryable() {
-        format!(
-            "Redis at {url} does not answer ({err}); is redis-server running there? \
-             Set REDIS_URL, or [redis] url in the file given by --config or TOOLHOST_CONFIG"
-        )
-    } else {
-        format!("Redis at {url} refused the command: {err}")
     }
 }

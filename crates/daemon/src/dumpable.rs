@@ -9,24 +9,20 @@
 
 use std::io;
 
+use nix::sys::prctl;
+
 /// Marks this process non-dumpable (`prctl(PR_SET_DUMPABLE, 0)`). Children get the flag
 /// reset when they exec another program, so their own behaviour does not change.
 ///
 /// # Errors
 /// The kernel refused the call.
-#[allow(unsafe_code)]
 pub fn forbid_dumps() -> io::Result<()> {
-    // SAFETY: PR_SET_DUMPABLE takes one integer argument (the rest must be 0) and only
-    // changes a flag of this process; no memory of ours is read or written.
-    let res = unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0 as libc::c_ulong, 0, 0, 0) };
-    if res == -1 { Err(io::Error::last_os_error()) } else { Ok(()) }
+    prctl::set_dumpable(false).map_err(io::Error::from)
 }
 
 /// Whether this process is dumpable (`prctl(PR_GET_DUMPABLE)`).
-#[allow(unsafe_code)]
 pub fn is_dumpable() -> bool {
-    // SAFETY: PR_GET_DUMPABLE takes no further arguments and only reads a flag of this process.
-    unsafe { libc::prctl(libc::PR_GET_DUMPABLE, 0, 0, 0, 0) == 1 }
+    prctl::get_dumpable().unwrap_or(false)
 }
 
 #[cfg(test)]

@@ -13,8 +13,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
-use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
+
+use crate::heartbeat::Heartbeat;
+pub(crate) use crate::heartbeat::Hosted;
 
 /// One live replica hosting a tool.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,24 +25,6 @@ pub(crate) struct Host {
     pub toolbox_id: String,
     /// Its consumer name.
     pub consumer: String,
-}
-
-/// What one replica's heartbeat says it hosts: tool name to its event and description hash.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct Hosted {
-    /// The event the tool consumes.
-    pub event: String,
-    /// The hash of its native description.
-    pub hash: String,
-}
-
-/// The parts of a heartbeat the fleet view reads.
-#[derive(Debug, Deserialize)]
-struct Heartbeat {
-    toolbox_id: String,
-    consumer: String,
-    #[serde(default)]
-    hosted: BTreeMap<String, Hosted>,
 }
 
 /// One reading of the fleet.
@@ -69,12 +53,14 @@ impl Fleet {
         let mut next = Snapshot::default();
         let mut versions: BTreeMap<String, BTreeMap<String, BTreeSet<String>>> = BTreeMap::new();
         for text in heartbeats {
-            let Ok(beat) = serde_json::from_str::<Heartbeat>(&text) else { continue };
+            let Some(beat) = Heartbeat::parse(&text) else { continue };
             next.toolboxes.entry(beat.toolbox_id.clone()).or_default().insert(beat.consumer.clone());
             for (name, hosted) in beat.hosted {
                 let host = Host { toolbox_id: beat.toolbox_id.clone(), consumer: beat.consumer.clone() };
                 next.tools.entry(name.clone()).or_default().push(host);
-                next.events.insert(hosted.event, name.clone());
+                if !hosted.event.is_empty() {
+                    next.events.insert(hosted.event, name.clone());
+                }
                 versions
                     .entry(name)
                     .or_default()

@@ -52,18 +52,12 @@ impl Slot {
     }
 }
 
-/// Where and how a door's stream is read, and how its entries are handled: the same for every
-/// door but the topic.
+/// How every stream door's group is read (`[dispatch]`, the toolbox id and its heartbeats),
+/// whatever the stream.
 #[derive(Debug, Clone)]
-pub(crate) struct StreamSettings {
-    /// Full key of the stream.
-    pub topic: String,
+pub(crate) struct Reading {
     /// The consumer group: the toolbox id.
     pub group: String,
-    /// The ledger's namespace: the stream's bare name, shared by every toolbox reading it.
-    pub ledger: String,
-    /// This replica's consumer name.
-    pub consumer: String,
     /// Most entries per read.
     pub read_batch: usize,
     /// The longest the reader waits for the calls of a read of [`HOLD_FROM`] entries or more to
@@ -83,6 +77,41 @@ pub(crate) struct StreamSettings {
     /// A replica's heartbeat key without its consumer name: consumers without a heartbeat that
     /// hold nothing are pruned.
     pub heartbeat_prefix: String,
+}
+
+impl Reading {
+    /// The settings of the reader of stream `topic` (full key), whose ledger is `ledger` (its
+    /// bare name), as consumer `consumer`.
+    pub(crate) fn stream(&self, topic: String, ledger: &str, consumer: &str) -> StreamSettings {
+        StreamSettings {
+            topic,
+            ledger: ledger.to_owned(),
+            consumer: consumer.to_owned(),
+            reading: self.clone(),
+        }
+    }
+}
+
+/// Where and how a door's stream is read, and how its entries are handled: the same for every
+/// door but the stream. The [`Reading`] fields read through it (`settings.claim_idle`).
+#[derive(Debug, Clone)]
+pub(crate) struct StreamSettings {
+    /// Full key of the stream.
+    pub topic: String,
+    /// The ledger's namespace: the stream's bare name, shared by every toolbox reading it.
+    pub ledger: String,
+    /// This replica's consumer name.
+    pub consumer: String,
+    /// How the group is read.
+    pub reading: Reading,
+}
+
+impl std::ops::Deref for StreamSettings {
+    type Target = Reading;
+
+    fn deref(&self) -> &Reading {
+        &self.reading
+    }
 }
 
 /// Reads one stream through a consumer group and runs a handler per entry.

@@ -1,58 +1,53 @@
 //! The `toolhost` daemon and its command-line client.
 //!
-//! - [`cli`]: the command line (`serve`, `call`, `tools`, `check-config`, `healthcheck`, `dlq`,
-//!   `redis-acl`).
-//! - [`config`]: layered configuration (defaults, file, environment), validated once.
-//! - [`serve`]: builds everything from a [`config::Config`] and runs until shutdown.
-//! - `call`: the one call lifecycle every door drives: admission, the ledger, limits, the tool
-//!   run, the answer committed once, the ack.
-//! - `doors`: how calls come in: `doors::requests` (`action-requests`) and `doors::chat` (the
-//!   inbox `chat:<AGENT_NAME>`).
-//! - `host_access`: what the user commands and stdio MCP servers run as cannot reach, found at
-//!   start.
-//! - `group`: the consumer-group read and reclaim loops every door runs on.
-//! - `fleet`: what the other live replicas and toolboxes host, from their heartbeats; where a
-//!   request for a tool this replica lacks goes.
-//! - `fleet_client`: a client of the fleet (the MCP door, `toolhost mcp`): the fleet's tools
-//!   from the registries, calls over the requests stream answered on a private stream.
-//! - `publish`: the tool registry and heartbeat kept in Redis.
-//! - `sources`: the tool sources at run time (hosted MCP servers included) and the registry
-//!   rebuilt from them when their tools change or SIGHUP reloads the configuration.
-//! - `client`: the `call` and `tools` commands.
-//! - [`redis_acl`]: the `redis-acl` command, the least-privilege Redis user's `ACL SETUSER` line.
-//! - `dlq`: the `dlq list|replay|purge` commands over `dlq:<toolbox_id>`.
-//! - [`output`]: stdout of the client commands, quiet when the reader closes it.
-//! - [`http`]: `/healthz`, `/readyz` and `/metrics` on a thread of their own, and the
-//!   `healthcheck` client.
-//! - `probe`: pings Redis and reads the consumer groups for readiness and group metrics.
-//! - `outage`: a Redis outage logged once by the probe, not once per retry by every loop.
-//! - `telemetry`: the metrics (a Prometheus recorder created by `serve`, no globals) and the
-//!   readiness facts.
+//! `main` parses the command line ([`cli`]), loads the configuration ([`config`]) and runs a
+//! client command or [`serve`]. Everything else is private to the crate:
+//!
+//! - `serve` cuts the configuration into what each part sees and runs the daemon: the doors
+//!   (`doors`: the stream doors `requests` and `chat`, and the fleet doors `mcp`, `ovos` and
+//!   `console`, each given its own settings and a context, never the whole configuration), the
+//!   consumer-group readers (`group`), the one call lifecycle every stream door drives (`call`:
+//!   admission, `auth`'s checks, the ledger, limits, the run, one answer), the tool sources and
+//!   their registry (`sources`), the registry and heartbeat kept in Redis (`publish`, read back by
+//!   `fleet` and `heartbeat`), SIGHUP reloads (`reload`) and the probe (`probe`, `outage`).
+//! - `fleet_client`: a client of the fleet for the fleet doors: the fleet's tools, calls over the
+//!   requests stream answered on a private stream.
+//! - `ovos_bus`: the OpenVoiceOS messagebus, shared by the OVOS door and the OVOS source.
+//! - `dead_letters`: the dead-letter streams, for `dlq` and the console.
+//! - `client`, `dlq` and [`redis_acl`]: the client commands (`call`, `tools`, `dlq`,
+//!   `redis-acl`); [`output`]: their stdout, quiet when the reader closes it.
+//! - [`http`]: `/healthz`, `/readyz`, `/metrics` and `/status` on a thread of their own, and the
+//!   `healthcheck` client; `telemetry` and `stats`: the metrics and readiness facts (a Prometheus
+//!   recorder created by `serve`, no globals).
 //!
 //! **Invariant:** only this crate reads environment variables (in [`config`]) or installs a
 //! tracing subscriber (in [`logging`]).
 
-pub mod auth;
+mod auth;
 mod backoff;
 mod call;
 mod call_log;
 pub mod cli;
 mod client;
+mod clock;
 pub mod config;
+mod dead_letters;
 mod dlq;
 mod doors;
 pub mod dumpable;
 mod fleet;
 mod fleet_client;
 mod group;
-mod host_access;
+mod heartbeat;
 pub mod http;
 pub mod logging;
 mod outage;
 pub mod output;
+mod ovos_bus;
 mod probe;
 mod publish;
 pub mod redis_acl;
+mod reload;
 pub mod serve;
 mod services;
 mod shutdown;
@@ -62,12 +57,7 @@ mod telemetry;
 
 pub use client::{CallIdentity, EXIT_TRANSPORT, run_call, run_tools};
 pub use dlq::run_dlq;
-pub use doors::mcp::serve_stdio as serve_mcp_stdio;
-pub use doors::requests::{DispatchSettings, Requests};
-pub use services::Services;
-pub use shutdown::Shutdown;
-pub use stats::Stats;
-pub use telemetry::Telemetry;
+pub use serve::serve_mcp_stdio;
 
 /// Exit code for bad configuration and every other usage error, clap's own included (sysexits'
 /// EX_USAGE; EX_CONFIG would be 78, but 64 is what operators' tooling expects from this daemon).

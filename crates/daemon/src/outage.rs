@@ -26,7 +26,55 @@ const CLUSTER_HINT: &str = "are the cluster's nodes running and reachable, with 
 /// The same for a master found through Redis Sentinel.
 const SENTINEL_HINT: &str = "are the sentinels reachable, and do they monitor the master with one up? set [redis] sentinels and sentinel_master";
 
-/// The hint for a Redis described as [`crate::config::RedisSection::describe`] does.
+/// Where Redis is, as a person reads it (the URL, the cluster's nodes or the sentinels, passwords
+/// masked), and how to say what went wrong there: what a door or a command shows when Redis
+/// fails.
+#[derive(Debug, Clone, Default)]
+pub struct RedisPlace {
+    /// The description, e.g. `redis://127.0.0.1:6379` or `master m via sentinels ...`.
+    described: String,
+    /// The master's name when Redis is found through Sentinel.
+    sentinel_master: Option<String>,
+}
+
+impl RedisPlace {
+    /// The place `described`, found through the sentinels that watch `sentinel_master`, if any.
+    pub fn new(described: String, sentinel_master: Option<String>) -> RedisPlace {
+        RedisPlace { described, sentinel_master }
+    }
+
+    /// The description, passwords masked.
+    pub fn described(&self) -> &str {
+        &self.described
+    }
+
+    /// A Redis failure for a person: where Redis is, what went wrong and, when Redis does not
+    /// answer, where to look.
+    pub fn failure(&self, err: &BusError) -> String {
+        let url = &self.described;
+        if let BusError::Unreplicated { .. } = err {
+            // Only with --replica-acks: the client's own writes wait for replicas too.
+            return format!(
+                "Redis at {url}: {err}; too few replicas acknowledge writes, so a request sent now may not \
+                 survive a Redis failover: check the replicas, or call without --replica-acks"
+            );
+        }
+        match &self.sentinel_master {
+            Some(master) if err.is_retryable() => format!(
+                "Redis at {url} does not answer ({err}); are the sentinels reachable, and do they monitor \
+                 '{master}' with a master up? Set [redis] sentinels and sentinel_master (TOOLHOST__REDIS__SENTINELS, \
+                 TOOLHOST__REDIS__SENTINEL_MASTER)"
+            ),
+            None if err.is_retryable() => format!(
+                "Redis at {url} does not answer ({err}); is redis-server running there? \
+                 Set REDIS_URL, or [redis] url in the file given by --config or TOOLHOST_CONFIG"
+            ),
+            _ => format!("Redis at {url} refused the command: {err}"),
+        }
+    }
+}
+
+/// The hint for a Redis described as [`RedisPlace::described`] is.
 fn hint(described: &str) -> &'static str {
     if described.starts_with("cluster ") {
         CLUSTER_HINT

@@ -4,34 +4,32 @@
 //! missing while Redis is still out of reach), then the readiness probe, then the consumer group,
 //! then the loops. Shutdown runs the other way round; the HTTP endpoint answers until the end.
 
-use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
 
 use anyhow::Context as _;
 use tokio::sync::{Semaphore, mpsc};
-use toolhost_bus::{Bus, Keys, RedisBus, ResponseTopics};
-use toolhost_envelope::Address;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use toolhost_bus::{Bus, Keys, RedisBus};
 use toolhost_mcp::McpEvent;
-use toolhost_tools::builtin::{AgentSettings, AgentTool, ChatSend, Echo, Synthetic, TerminalRun};
-use toolhost_tools::sources::FieldError;
-use toolhost_tools::sources::command::CommandTool;
-use toolhost_tools::sources::http::HttpTool;
-use toolhost_tools::terminal::TerminalPolicy;
-use toolhost_tools::{DEFAULT_MAX_QUEUE, LimitSettings, Registry, SharedRegistry, Tool, ToolLimits};
+use toolhost_tools::{Registry, SharedRegistry, ToolLimits};
 use tracing::{debug, error, info, warn};
 
+use crate::auth::AuthHandle;
+use crate::call::Lifecycle;
 use crate::call::cancel::Calls;
-use crate::call::{Door, Lifecycle};
-use crate::config::{Config, ConfigError, KeyError, ProcessEnv};
-use crate::doors::chat::{Inbox, InboxSettings};
-use crate::doors::requests::{DispatchSettings, Requests};
+use crate::config::{Config, ConfigError, KeyError};
+use crate::doors::chat::Inbox;
+use crate::doors::context::{DoorContext, StreamContext};
+use crate::doors::requests::Requests;
 use crate::fleet::Fleet;
-use crate::group::{GroupReader, StreamSettings};
+use crate::group::GroupReader;
 use crate::http::{HttpLimits, HttpServer};
 use crate::outage::redis_warn;
 use crate::probe::{Probe, WatchedGroup};
 use crate::publish::Publisher;
+use crate::reload::reload_on_hangup;
 use crate::services::Services;
 use crate::shutdown::Shutdown;
 use crate::sources::Sources;
@@ -47,9 +45,9 @@ pub struct ServeOptions {
     pub config_path: Option<std::path::PathBuf>,
 }
 
-/// Builds the registry of built-in tools (plus synthetic ones, the configured specialist
-/// agents, and the `[[commands]]` and `[[http_tools]]` sources) as configured; `bus` and `keys`
-/// serve the chat tools.
+/// Builds the registry of `config`'s tools (built-ins, synthetic ones, the configured specialist
+/// agents, the `[[commands]]` and `[[http_tools]]` sources), without the hosted MCP servers';
+/// `bus` and `keys` serve the chat tools.
 ///
 /// # Errors
 /// A tool cannot be registered, or a disabled tool name is unknown, or two tools share a name
@@ -60,174 +58,7 @@ pub fn build_registry(
     bus: &Arc<dyn Bus>,
     keys: &Keys,
 ) -> anyhow::Result<Registry> {
-    build_registry_with(config, options, bus, keys, &[])
-}
-
-/// [`build_registry`] with the tools of the hosted MCP servers (`hosted`) added.
-///
-/// `tools.disabled` and `tools.limits` may name tools of an MCP server: while MCP servers are
-/// configured, a name no tool has yet is logged rather than refused, since the server may be
-/// down or not yet listed.
-///
-/// # Errors
-/// As [`build_registry`]; a hosted tool whose name another tool has is refused too.
-pub(crate) fn build_registry_with(
-    config: &Config,
-    options: &ServeOptions,
-    bus: &Arc<dyn Bus>,
-    keys: &Keys,
-    hosted: &[Arc<dyn Tool>],
-) -> anyhow::Result<Registry> {
-    let daemon = &config.raw.daemon;
-    let mut registry = Registry::new();
-    registry.register(Arc::new(Echo))?;
-    let (policy, warnings) = TerminalPolicy::new(&config.raw.tools.terminal);
-    for warning in warnings {
-        warn!(warning = %warning, "terminal policy");
-    }
-    // Commands must not print the daemon's own secrets, and a root daemon's commands run as an
-    // unprivileged user (resolved once, when the configuration was loaded).
-    let policy = policy.with_secrets(&config.secrets()).with_identity(config.terminal_identity);
-    match config.terminal_identity {
-        Some(identity) => info!(uid = identity.uid, gid = identity.gid, "terminal commands run as"),
-        None => info!("terminal commands run as the daemon's own user"),
-    }
-    registry.register(Arc::new(TerminalRun::new(policy.clone())))?;
-    let chat_send =
-        ChatSend::new(bus.clone(), keys.clone(), &daemon.agent_name, &daemon.chat_conversation_id);
-    registry.register(Arc::new(chat_send))?;
-    for (index, agent) in config.raw.sources.agents.iter().enumerate() {
-        let settings = AgentSettings {
-            name: agent.name.clone(),
-            description: agent.description.clone(),
-            parameter: agent.parameter.clone(),
-            timeout: std::time::Duration::from_secs_f64(agent.timeout_s),
-        };
-        let tool = AgentTool::new(bus.clone(), keys.clone(), &daemon.agent_name, settings);
-        registry.register(Arc::new(tool)).with_context(|| format!("agents[{index}]"))?;
-    }
-    for index in 0..options.synthetic_tools {
-        registry.register(Arc::new(Synthetic::new(index)))?;
-    }
-    let mut errors = Vec::new();
-    register_sources(config, &policy, &mut registry, &mut errors);
-    for tool in hosted {
-        if let Err(err) = registry.register(tool.clone()) {
-            errors.push(KeyError { key: "mcp_servers".to_owned(), message: err.to_string() });
-        }
-    }
-    let lenient = !config.raw.sources.mcp_servers.is_empty();
-    let mut unknown_name = |key: String, message: String| {
-        if lenient {
-            warn!(key = %key, "{message}; an MCP server may list it later");
-        } else {
-            errors.push(KeyError { key, message });
-        }
-    };
-    let long_running: Vec<String> = config
-        .raw
-        .tools
-        .limits
-        .iter()
-        .filter(|(_, section)| section.long_running)
-        .map(|(name, _)| name.clone())
-        .collect();
-    registry.mark_long_running(&long_running);
-    let unknown = registry.disable(&config.raw.tools.disabled);
-    if !unknown.is_empty() {
-        unknown_name("tools.disabled".to_owned(), format!("names unknown tools: {}", unknown.join(", ")));
-    }
-    for name in config.raw.tools.limits.keys().filter(|name| !registry.contains(name)) {
-        unknown_name(format!("tools.limits.{name}"), "no tool has this name".to_owned());
-    }
-    errors.extend(crate::host_access::problems(config));
-    if !errors.is_empty() {
-        return Err(ConfigError(errors).into());
-    }
-    Ok(registry)
-}
-
-/// Registers the `[[commands]]` and `[[http_tools]]` tools. A name that another tool has is an
-/// error naming both places; so is a source that does not build (the configuration checked it
-/// already, so that only happens if a schema file changed in between).
-fn register_sources(
-    config: &Config,
-    policy: &TerminalPolicy,
-    registry: &mut Registry,
-    errors: &mut Vec<KeyError>,
-) {
-    let mut origins: BTreeMap<String, String> =
-        registry.names().into_iter().map(|name| (name.to_owned(), "a built-in tool".to_owned())).collect();
-    for (index, agent) in config.raw.sources.agents.iter().enumerate() {
-        origins.insert(agent.name.clone(), format!("agents[{index}]"));
-    }
-    let mut tools: Vec<(String, Arc<dyn Tool>)> = Vec::new();
-    let mut add = |place: String, tool: Result<Arc<dyn Tool>, Vec<FieldError>>| match tool {
-        Ok(tool) => tools.push((place, tool)),
-        Err(found) => errors.extend(
-            found
-                .into_iter()
-                .map(|error| KeyError { key: format!("{place}.{}", error.field), message: error.message }),
-        ),
-    };
-    for (index, command) in config.raw.sources.commands.iter().enumerate() {
-        let tool = CommandTool::new(command, policy).map(|tool| Arc::new(tool) as Arc<dyn Tool>);
-        add(format!("commands[{index}]"), tool);
-    }
-    let secrets = config.secrets();
-    match toolhost_tools::sources::http::client() {
-        Ok(client) => {
-            for (index, settings) in config.raw.sources.http_tools.iter().enumerate() {
-                let headers = config.http_headers.of(index);
-                let tool = HttpTool::new(settings, headers, client.clone(), &secrets)
-                    .map(|tool| Arc::new(tool) as Arc<dyn Tool>);
-                add(format!("http_tools[{index}]"), tool);
-            }
-        }
-        Err(message) if !config.raw.sources.http_tools.is_empty() => add(
-            "http_tools".to_owned(),
-            Err(vec![FieldError {
-                field: "client".to_owned(),
-                message: format!("cannot build an HTTP client: {message}"),
-            }]),
-        ),
-        Err(_) => {}
-    }
-    for (place, tool) in tools {
-        let name = tool.spec().name;
-        if let Some(other) = origins.get(&name) {
-            errors.push(KeyError {
-                key: format!("{place}.name"),
-                message: format!("tool '{name}' is also defined by {other}"),
-            });
-            continue;
-        }
-        origins.insert(name, place.clone());
-        if let Err(err) = registry.register(tool) {
-            errors.push(KeyError { key: place, message: err.to_string() });
-        }
-    }
-}
-
-/// The per-tool limits: each tool's own `max_concurrent` (the terminal's setting, for one),
-/// overridden by `[tools.limits."<name>"]`, with a queue of [`DEFAULT_MAX_QUEUE`] unless set.
-pub(crate) fn limit_settings(config: &Config, registry: &Registry) -> BTreeMap<String, LimitSettings> {
-    let configured = &config.raw.tools.limits;
-    let mut limits: BTreeMap<String, LimitSettings> = registry
-        .spec_limits()
-        .into_iter()
-        .map(|(name, max_concurrent)| (name, LimitSettings { max_concurrent, max_queue: DEFAULT_MAX_QUEUE }))
-        .collect();
-    for (name, section) in configured {
-        let spec = limits.get(name).copied();
-        let Some(max_concurrent) = section.max_concurrent.or(spec.map(|limit| limit.max_concurrent)) else {
-            // A queue length alone limits nothing: the tool runs unlimited.
-            continue;
-        };
-        let max_queue = section.max_queue.unwrap_or(DEFAULT_MAX_QUEUE);
-        limits.insert(name.clone(), LimitSettings { max_concurrent, max_queue });
-    }
-    limits
+    crate::sources::build_registry(&config.sources(options.synthetic_tools), bus, keys, &[])
 }
 
 /// The bus and key names `config` asks for.
@@ -237,6 +68,51 @@ pub(crate) fn limit_settings(config: &Config, registry: &Registry) -> BTreeMap<S
 pub fn connect(config: &Config) -> anyhow::Result<(Arc<dyn Bus>, Keys)> {
     let bus: Arc<dyn Bus> = Arc::new(RedisBus::new(config.redis_options()).context("redis.url")?);
     Ok((bus, config.keys()))
+}
+
+/// What the doors see of `config`, with the bus, telemetry and stop token they share.
+pub(crate) fn door_context(
+    config: &Config,
+    auth: AuthHandle,
+    bus: Arc<dyn Bus>,
+    telemetry: Telemetry,
+    stop: tokio_util::sync::CancellationToken,
+) -> DoorContext {
+    let raw = &config.raw;
+    let topology = match config.redis_options().topology {
+        toolhost_bus::Topology::Single => "single",
+        toolhost_bus::Topology::Cluster { .. } => "cluster",
+        toolhost_bus::Topology::Sentinel(_) => "sentinel",
+        _ => "other",
+    };
+    DoorContext {
+        bus,
+        keys: config.keys(),
+        requests_stream: raw.streams.requests.clone(),
+        results_stream: raw.streams.results.clone(),
+        toolbox_id: raw.daemon.toolbox_id.clone(),
+        auth,
+        env: config.mcp_env.clone(),
+        telemetry,
+        stop,
+        redis: raw.redis.place(),
+        topology,
+        answered_retention: config.answered_retention,
+    }
+}
+
+/// `toolhost mcp`: the MCP door over stdin and stdout, until the client closes them.
+///
+/// # Errors
+/// Redis cannot be reached, or the client broke the protocol before initializing.
+pub async fn serve_mcp_stdio(config: &Config) -> anyhow::Result<()> {
+    let bus: Arc<dyn Bus> = Arc::new(
+        RedisBus::new(config.redis_options())
+            .map_err(|err| anyhow::anyhow!(config.raw.redis.place().failure(&err)))?,
+    );
+    let auth = Arc::new(arc_swap::ArcSwap::new(config.auth.clone()));
+    let cx = door_context(config, auth, bus, Telemetry::new(), CancellationToken::new());
+    crate::doors::mcp::serve_stdio(&config.raw.doors.mcp, &cx).await
 }
 
 /// A consumer name unique to this process: host, pid and a random suffix.
@@ -280,6 +156,8 @@ pub async fn run_with_registry(
 /// talks to Redis.
 pub struct App {
     config: Config,
+    /// `[auth]` as in force, shared by the gate and the doors.
+    auth: AuthHandle,
     bus: Arc<dyn Bus>,
     keys: Keys,
     registry: Arc<SharedRegistry>,
@@ -295,8 +173,8 @@ pub struct App {
     /// The tool sources, with their event stream; `None` for a registry built by the caller,
     /// which is never rebuilt.
     sources: Option<(Arc<Sources>, mpsc::UnboundedReceiver<McpEvent>)>,
-    /// The configuration file, read again on SIGHUP.
-    config_path: Option<std::path::PathBuf>,
+    /// How `serve` was asked to run; its configuration file is read again on SIGHUP.
+    options: ServeOptions,
     /// The calls running here; its loop reads this replica's control stream.
     calls: Arc<Calls>,
 }
@@ -322,126 +200,30 @@ impl App {
         keys: Keys,
         registry: anyhow::Result<Registry>,
     ) -> anyhow::Result<App> {
-        let raw = &config.raw;
-        let mut errors = Vec::new();
-        let registry = match registry {
-            Ok(registry) => Some(registry),
-            Err(err) => match err.downcast::<ConfigError>() {
-                Ok(ConfigError(found)) => {
-                    errors.extend(found);
-                    None
-                }
-                Err(err) => return Err(err),
-            },
-        };
-        let response_topics =
-            ResponseTopics::new(&raw.streams.response_topics, &raw.streams.results, &raw.streams.requests)
-                .map_err(|message| {
-                    errors.push(KeyError { key: "streams.response_topics".to_owned(), message })
-                })
-                .ok();
         let telemetry = Telemetry::new();
-        let http_limits =
-            HttpLimits { max_connections: raw.http.max_connections, idle_timeout: config.http_idle_timeout };
-        let http = HttpServer::start(config.http_listen, telemetry.clone(), http_limits)
-            .map_err(|err| {
-                errors.push(KeyError { key: "http.listen".to_owned(), message: format!("{err:#}") })
-            })
-            .ok();
-        let (Some(registry), Some(response_topics), Some(http), true) =
-            (registry, response_topics, http, errors.is_empty())
-        else {
-            return Err(ConfigError(errors).into());
-        };
-
-        let limits = Arc::new(ToolLimits::new(limit_settings(&config, &registry)));
+        let (registry, http) = checked_parts(&config, registry, &telemetry)?;
+        let raw = &config.raw;
+        let synthetic_tools = options.as_ref().map_or(0, |options| options.synthetic_tools);
+        let limits = crate::sources::limit_settings(&config.sources(synthetic_tools), &registry);
         let registry = Arc::new(SharedRegistry::new(registry));
         let consumer = consumer_name();
-        let shutdown = Shutdown::new();
-        let fleet = Arc::new(Fleet::default());
-        let services = Services {
-            fleet: fleet.clone(),
+        let parts = Parts {
+            auth: Arc::new(arc_swap::ArcSwap::new(config.auth.clone())),
             bus: bus.clone(),
-            registry: registry.clone(),
-            limits: limits.clone(),
             keys: keys.clone(),
-            stats: Arc::new(Stats::default()),
+            registry: registry.clone(),
+            limits: Arc::new(ToolLimits::new(limits)),
             telemetry: telemetry.clone(),
-            shutdown: shutdown.clone(),
-            calls: Arc::new(Calls::new(
-                bus.clone(),
-                keys.clone(),
-                fleet.clone(),
-                &raw.daemon.toolbox_id,
-                &consumer,
-            )),
-            progress_per_second: raw.dispatch.progress_per_second,
-            gate: Arc::new(crate::auth::Gate::new(
-                config.auth.clone(),
-                bus.clone(),
-                keys.clone(),
-                &raw.daemon.toolbox_id,
-                &config.secrets(),
-            )),
-            call_log: raw.doors.console.records_calls().then(|| {
-                crate::call_log::CallLog::start(
-                    bus.clone(),
-                    crate::call_log::Target {
-                        topic: keys.calls(&raw.daemon.toolbox_id),
-                        max_len: raw.doors.console.calls_max_len,
-                        toolbox_id: raw.daemon.toolbox_id.clone(),
-                        consumer: consumer.clone(),
-                    },
-                )
-            }),
+            shutdown: Shutdown::new(),
+            consumer: consumer.clone(),
         };
+        let services = services(&config, &parts);
         // One budget of `max_in_flight` slots over every door, so the configured limit is the
         // process's limit however many doors there are.
         let budget = Arc::new(Semaphore::new(raw.dispatch.max_in_flight.max(1)));
-        let stream = |bare: &str, topic: String| StreamSettings {
-            topic,
-            ledger: bare.to_owned(),
-            group: raw.daemon.toolbox_id.clone(),
-            consumer: consumer.clone(),
-            read_batch: raw.dispatch.read_batch,
-            read_hold: config.read_hold(),
-            block: config.block,
-            claim_idle: config.claim_idle,
-            max_deliveries: raw.dispatch.max_deliveries,
-            answered_retention: config.answered_retention,
-            kept_answer_max_bytes: raw.dispatch.kept_answer_max_bytes,
-            heartbeat_prefix: keys.heartbeat_prefix(&raw.daemon.toolbox_id),
-        };
-        let chat = InboxSettings {
-            agent_name: raw.daemon.agent_name.clone(),
-            max_payload_bytes: raw.streams.max_payload_bytes,
-            toolbox_id: raw.daemon.toolbox_id.clone(),
-            consumer: consumer.clone(),
-        };
-        let door = Inbox::new(bus.clone(), keys.clone(), services.fleet.clone(), chat);
-        let inbox = reader(
-            door,
-            stream(&Address::chat_of(&raw.daemon.agent_name), keys.chat(&raw.daemon.agent_name)),
-            &services,
-            &budget,
-        );
-        let settings = DispatchSettings {
-            toolbox_id: raw.daemon.toolbox_id.clone(),
-            requests_topic: raw.streams.requests.clone(),
-            results_topic: raw.streams.results.clone(),
-            max_payload_bytes: raw.streams.max_payload_bytes,
-            max_request_age: config.max_request_age,
-            answer_unknown_tools: raw.dispatch.answer_unknown_tools,
-            response_topics,
-        };
-        let door =
-            Requests::new(keys.clone(), services.stats.clone(), services.fleet.clone(), &consumer, settings);
-        let requests = reader(
-            door,
-            stream(&raw.streams.requests, keys.topic(&raw.streams.requests)),
-            &services,
-            &budget,
-        );
+        let doors = StreamContext { services, budget, consumer: consumer.clone(), reading: config.reading() };
+        let inbox = crate::doors::chat::start(config.chat_door(), &doors);
+        let requests = crate::doors::requests::start(config.requests_door(), &doors);
         let publisher = Arc::new(Publisher {
             bus: bus.clone(),
             registry: registry.clone(),
@@ -452,37 +234,30 @@ impl App {
             requests_topic: keys.topic(&raw.streams.requests),
             results_topic: keys.topic(&raw.streams.results),
             inbox_topic: inbox.topic().to_owned(),
-            fleet,
+            fleet: doors.services.fleet.clone(),
             telemetry: telemetry.clone(),
         });
-        let config_path = options.as_ref().and_then(|options| options.config_path.clone());
-        let sources = options.map(|options| {
-            Sources::new(
-                config.clone(),
-                options,
-                bus.clone(),
-                keys.clone(),
-                registry.clone(),
-                limits.clone(),
-                publisher.clone(),
-                telemetry.clone(),
-            )
+        let sources = options.as_ref().map(|options| {
+            let settings = config.sources(options.synthetic_tools);
+            let (registry, limits) = (parts.registry.clone(), parts.limits.clone());
+            Sources::new(settings, bus, keys, registry, limits, publisher.clone(), telemetry.clone())
         });
         Ok(App {
-            calls: services.calls.clone(),
+            auth: parts.auth.clone(),
+            calls: doors.services.calls.clone(),
             config,
-            bus,
-            keys,
             registry,
+            shutdown: parts.shutdown,
             consumer,
-            shutdown,
             telemetry,
             http,
             requests,
             inbox,
             publisher,
             sources,
-            config_path,
+            options: options.unwrap_or_default(),
+            bus: parts.bus,
+            keys: parts.keys,
         })
     }
 
@@ -490,146 +265,170 @@ impl App {
     /// on the shutdown's one task tracker, so the drain waits for all of them.
     ///
     /// # Errors
-    /// None today: Redis faults are waited out, never returned.
-    pub async fn run(self, signal: impl Future<Output = ()>) -> anyhow::Result<()> {
-        let App {
-            config,
-            bus,
-            keys,
-            registry,
-            consumer,
-            shutdown,
-            telemetry,
-            http,
-            requests,
-            inbox,
-            publisher,
-            sources,
-            config_path,
-            calls,
-        } = self;
-        let requests_key = requests.topic().to_owned();
-        let raw = &config.raw;
-        info!(addr = %http.local_addr(), "http listening");
-        if !raw.dispatch.answer_unknown_tools {
+    /// Redis cannot be reached or is too old, a hosted MCP server's tools collide, or a door
+    /// cannot start; Redis faults once serving are waited out, never returned.
+    pub async fn run(mut self, signal: impl Future<Output = ()>) -> anyhow::Result<()> {
+        info!(addr = %self.http.local_addr(), "http listening");
+        if !self.config.raw.dispatch.answer_unknown_tools {
             warn!(
                 key = "dispatch.answer_unknown_tools",
                 "deprecated: toolboxes sharing a stream now route requests among themselves and answer a tool \
                  nobody hosts once; this setting only keeps this toolbox from ever answering unknown_tool"
             );
         }
-        let tasks = shutdown.tasks();
-        let probe = Probe {
-            redis: raw.redis.describe(),
-            bus: bus.clone(),
-            telemetry: telemetry.clone(),
-            groups: vec![
-                WatchedGroup { stream: requests_key.clone(), group: raw.daemon.toolbox_id.clone() },
-                WatchedGroup { stream: inbox.topic().to_owned(), group: raw.daemon.toolbox_id.clone() },
-            ],
-        };
-        tasks.spawn(probe.run(shutdown.stopping().clone()));
-
+        self.shutdown.tasks().spawn(self.probe().run(self.shutdown.stopping().clone()));
         tokio::pin!(signal);
+        if !self.prepare(&mut signal).await? {
+            return Ok(());
+        }
+        // The doors that are clients of the fleet; they stop after the drain, so the calls in
+        // flight through them get their answers.
+        let doors_stop = CancellationToken::new();
+        let (bus, telemetry) = (self.bus.clone(), self.telemetry.clone());
+        let cx = door_context(&self.config, self.auth.clone(), bus, telemetry, doors_stop.clone());
+        let doors = match self.config.raw.doors.start(&cx).await {
+            Ok(doors) => doors,
+            Err(err) => {
+                error!(error = %format!("{err:#}"), "a door cannot start");
+                self.abort().await;
+                return Err(err);
+            }
+        };
+        self.log_ready();
+        let sources = self.spawn_loops();
+        signal.await;
+        self.stop(doors_stop, doors, sources).await;
+        Ok(())
+    }
+
+    /// The readiness probe: Redis and both doors' groups.
+    fn probe(&self) -> Probe {
+        let group = &self.config.raw.daemon.toolbox_id;
+        Probe {
+            redis: self.config.raw.redis.describe(),
+            bus: self.bus.clone(),
+            telemetry: self.telemetry.clone(),
+            groups: [self.requests.topic(), self.inbox.topic()]
+                .map(|stream| WatchedGroup { stream: stream.to_owned(), group: group.clone() })
+                .into(),
+        }
+    }
+
+    /// Everything before the doors read: the consumer groups, Redis's version, the hosted MCP
+    /// servers, readiness, and the registry published. `false` when `signal` came first.
+    ///
+    /// # Errors
+    /// Redis refuses to serve, is too old, or the hosted servers' tools collide.
+    async fn prepare(&self, signal: &mut (impl Future<Output = ()> + Unpin)) -> anyhow::Result<bool> {
+        let redis = self.config.raw.redis.describe();
+        let (requests, inbox) = (&self.requests, &self.inbox);
         let ready: Result<bool, toolhost_bus::Error> = tokio::select! {
             ready = async { Ok(requests.ensure_group().await? && inbox.ensure_group().await?) } => ready,
-            () = &mut signal => Ok(false),
+            () = signal => Ok(false),
         };
         let ready = match ready {
             Ok(ready) => ready,
             Err(err) => {
-                error!(error = %err, redis = %raw.redis.describe(), "refusing to serve");
-                shutdown.drain(config.shutdown_grace).await;
-                return Err(anyhow::Error::new(err).context(format!("cannot reach {}", raw.redis.describe())));
+                error!(error = %err, redis = %redis, "refusing to serve");
+                self.abort().await;
+                return Err(anyhow::Error::new(err).context(format!("cannot reach {redis}")));
             }
         };
         if !ready {
             info!("stopped before the consumer group could be created");
-            shutdown.drain(config.shutdown_grace).await;
-            return Ok(());
+            self.abort().await;
+            return Ok(false);
         }
         // The first moment Redis is known to answer: one too old would fail every final answer.
-        if let Err(err) = check_redis_version(&*bus).await {
+        if let Err(err) = check_redis_version(&*self.bus).await {
             error!(error = %err, "refusing to serve");
-            shutdown.drain(config.shutdown_grace).await;
+            self.abort().await;
             return Err(err);
         }
         // Hosted MCP servers start before the doors read, so their tools are listed from the
         // first request on; one that cannot be reached comes later (fail open).
-        if let Some((sources, _)) = &sources
+        if let Some((sources, _)) = &self.sources
             && let Err(err) = sources.start().await
         {
-            shutdown.drain(config.shutdown_grace).await;
-            sources.stop().await;
-            return Err(ConfigError(vec![KeyError {
-                key: "mcp_servers".to_owned(),
-                message: format!("{err:#}"),
-            }])
-            .into());
+            self.abort().await;
+            let message = format!("{err:#}");
+            return Err(ConfigError(vec![KeyError { key: "mcp_servers".to_owned(), message }]).into());
         }
-        telemetry.set_groups_ready(true);
-        telemetry.set_redis_up(true);
-        check_eviction_policy(&*bus).await;
+        self.telemetry.set_groups_ready(true);
+        self.telemetry.set_redis_up(true);
+        check_eviction_policy(&*self.bus).await;
         // Before `ready`, so whoever waits for that line finds the tools listed in Redis.
-        let fields = publisher.fields();
-        if let Err(err) = publisher.publish_once(&fields).await {
+        let fields = self.publisher.fields();
+        if let Err(err) = self.publisher.publish_once(&fields).await {
             redis_warn!(&err, error = %err, "cannot publish the tool registry yet; will retry");
         }
-        // The doors that are clients of the fleet (MCP over HTTP); they stop after the drain, so
-        // the calls in flight through them get their answers.
-        let doors_stop = tokio_util::sync::CancellationToken::new();
-        let doors = match crate::doors::start(&config, bus.clone(), &telemetry, &doors_stop).await {
-            Ok(doors) => doors,
-            Err(err) => {
-                error!(error = %format!("{err:#}"), "a door cannot start");
-                shutdown.drain(config.shutdown_grace).await;
-                if let Some((sources, _)) = &sources {
-                    sources.stop().await;
-                }
-                return Err(err);
-            }
-        };
+        Ok(true)
+    }
+
+    /// Stops what started before serving began: the loops so far, and the hosted servers.
+    async fn abort(&self) {
+        self.shutdown.drain(self.config.shutdown_grace).await;
+        if let Some((sources, _)) = &self.sources {
+            sources.stop().await;
+        }
+    }
+
+    /// The `ready` line, with where everything is.
+    fn log_ready(&self) {
+        let raw = &self.config.raw;
         info!(
             version = env!("CARGO_PKG_VERSION"),
             toolbox_id = %raw.daemon.toolbox_id,
             agent_name = %raw.daemon.agent_name,
-            consumer = %consumer,
+            consumer = %self.consumer,
             redis = %raw.redis.describe(),
-            requests = %requests_key,
+            requests = %self.requests.topic(),
             group = %raw.daemon.toolbox_id,
-            results = %keys.topic(&raw.streams.results),
-            inbox = %inbox.topic(),
-            dead_letters = %keys.dead_letters(&raw.daemon.toolbox_id),
-            tools = %registry.snapshot().names().join(","),
-            http = %http.local_addr(),
+            results = %self.keys.topic(&raw.streams.results),
+            inbox = %self.inbox.topic(),
+            dead_letters = %self.keys.dead_letters(&raw.daemon.toolbox_id),
+            tools = %self.registry.snapshot().names().join(","),
+            http = %self.http.local_addr(),
             "ready"
         );
-        tasks.spawn(requests.clone().run_reader());
-        tasks.spawn(requests.clone().run_reclaimer());
-        tasks.spawn(publisher.clone().run(shutdown.clone()));
-        tasks.spawn(calls.clone().run(shutdown.stopping().clone()));
-        tasks.spawn(inbox.clone().run_reader());
-        tasks.spawn(inbox.clone().run_reclaimer());
-        let sources = sources.map(|(sources, events)| {
-            tasks.spawn(sources.clone().run(events, shutdown.stopping().clone()));
-            tasks.spawn(reload_on_hangup(
-                sources.clone(),
-                config_path,
-                telemetry.clone(),
-                shutdown.stopping().clone(),
-            ));
-            sources
-        });
+    }
 
-        signal.await;
-        telemetry.set_draining();
+    /// Spawns every loop on the shutdown's task tracker; returns the sources, if any.
+    fn spawn_loops(&mut self) -> Option<Arc<Sources>> {
+        let (tasks, stopping) = (self.shutdown.tasks(), self.shutdown.stopping().clone());
+        tasks.spawn(self.requests.clone().run_reader());
+        tasks.spawn(self.requests.clone().run_reclaimer());
+        tasks.spawn(self.publisher.clone().run(self.shutdown.clone()));
+        tasks.spawn(self.calls.clone().run(stopping.clone()));
+        tasks.spawn(self.inbox.clone().run_reader());
+        tasks.spawn(self.inbox.clone().run_reclaimer());
+        let (sources, events) = self.sources.take()?;
+        tasks.spawn(sources.clone().run(events, stopping.clone()));
+        let (config, telemetry) = (self.config.clone(), self.telemetry.clone());
+        let (config_path, synthetic_tools) = (self.options.config_path.clone(), self.options.synthetic_tools);
+        let reload =
+            reload_on_hangup(sources.clone(), config, config_path, synthetic_tools, telemetry, stopping);
+        tasks.spawn(reload);
+        Some(sources)
+    }
+
+    /// The drain after the signal: no new reads, the calls in flight finished within the grace,
+    /// then the doors, the hosted servers, the heartbeat and this replica's consumers.
+    async fn stop(
+        &self,
+        doors_stop: CancellationToken,
+        doors: Vec<JoinHandle<()>>,
+        sources: Option<Arc<Sources>>,
+    ) {
+        self.telemetry.set_draining();
+        let grace = self.config.shutdown_grace;
         info!(
-            grace_ms = config.shutdown_grace.as_millis() as u64,
+            grace_ms = grace.as_millis() as u64,
             "shutting down: no new requests, finishing in-flight calls"
         );
         // The grace counts from the signal: in-flight calls run on while the readers' last
         // blocking reads return (what they delivered is handled, not left pending).
-        if !shutdown.drain(config.shutdown_grace).await {
+        if !self.shutdown.drain(grace).await {
             warn!("grace period over; unfinished calls are left pending for another replica");
         }
         doors_stop.cancel();
@@ -640,34 +439,97 @@ impl App {
         if let Some(sources) = &sources {
             sources.stop().await;
         }
-        if let Err(err) = publisher.withdraw().await {
+        if let Err(err) = self.publisher.withdraw().await {
             warn!(error = %err, "cannot remove the registry heartbeat");
         }
-        for stream in [requests_key.as_str(), inbox.topic()] {
-            match bus.delete_consumer(stream, &raw.daemon.toolbox_id, &consumer).await {
+        let group = &self.config.raw.daemon.toolbox_id;
+        for stream in [self.requests.topic(), self.inbox.topic()] {
+            match self.bus.delete_consumer(stream, group, &self.consumer).await {
                 Ok(true) => {}
                 Ok(false) => info!(stream, "consumer keeps pending entries; left for a replica to reclaim"),
                 Err(err) => warn!(error = %err, stream, "cannot delete this consumer"),
             }
         }
         info!("stopped");
-        drop(http);
-        Ok(())
     }
 }
 
-/// The reader of one door's stream, driving the door's entries through the call lifecycle and
-/// taking its slots from the shared `budget`.
-fn reader<D: Door>(
-    door: D,
-    stream: StreamSettings,
-    services: &Services,
-    budget: &Arc<Semaphore>,
-) -> Arc<GroupReader<Lifecycle<D>>> {
-    let lifecycle = Arc::new(Lifecycle::new(door, services.clone(), stream.clone()));
-    let (bus, shutdown, telemetry) =
-        (services.bus.clone(), services.shutdown.clone(), services.telemetry.clone());
-    Arc::new(GroupReader::new(bus, stream, lifecycle, budget.clone(), shutdown, telemetry))
+/// The registry, or every key error building it, and the HTTP endpoint bound; every problem of
+/// both together.
+fn checked_parts(
+    config: &Config,
+    registry: anyhow::Result<Registry>,
+    telemetry: &Telemetry,
+) -> anyhow::Result<(Registry, HttpServer)> {
+    let mut errors = Vec::new();
+    let registry = match registry {
+        Ok(registry) => Some(registry),
+        Err(err) => match err.downcast::<ConfigError>() {
+            Ok(ConfigError(found)) => {
+                errors.extend(found);
+                None
+            }
+            Err(err) => return Err(err),
+        },
+    };
+    let limits = HttpLimits {
+        max_connections: config.raw.http.max_connections,
+        idle_timeout: config.http_idle_timeout,
+    };
+    let http = HttpServer::start(config.http_listen, telemetry.clone(), limits)
+        .map_err(|err| errors.push(KeyError { key: "http.listen".to_owned(), message: format!("{err:#}") }))
+        .ok();
+    match (registry, http, errors.is_empty()) {
+        (Some(registry), Some(http), true) => Ok((registry, http)),
+        _ => Err(ConfigError(errors).into()),
+    }
+}
+
+/// What [`services`] is made of, besides the configuration.
+struct Parts {
+    /// `[auth]` as in force, shared by the gate and the doors.
+    auth: AuthHandle,
+    bus: Arc<dyn Bus>,
+    keys: Keys,
+    registry: Arc<SharedRegistry>,
+    limits: Arc<ToolLimits>,
+    telemetry: Telemetry,
+    shutdown: Shutdown,
+    consumer: String,
+}
+
+/// What every call's lifecycle uses, whichever door it came in by.
+fn services(config: &Config, parts: &Parts) -> Services {
+    let raw = &config.raw;
+    let toolbox_id = &raw.daemon.toolbox_id;
+    let (bus, keys) = (&parts.bus, &parts.keys);
+    let fleet = Arc::new(Fleet::default());
+    let calls = Calls::new(bus.clone(), keys.clone(), fleet.clone(), toolbox_id, &parts.consumer);
+    let gate =
+        crate::auth::Gate::new(parts.auth.clone(), bus.clone(), keys.clone(), toolbox_id, &config.secrets());
+    let call_log = raw.doors.console.records_calls().then(|| {
+        let target = crate::call_log::Target {
+            topic: keys.calls(toolbox_id),
+            max_len: raw.doors.console.calls_max_len,
+            toolbox_id: toolbox_id.clone(),
+            consumer: parts.consumer.clone(),
+        };
+        crate::call_log::CallLog::start(bus.clone(), target)
+    });
+    Services {
+        fleet,
+        bus: bus.clone(),
+        registry: parts.registry.clone(),
+        limits: parts.limits.clone(),
+        keys: keys.clone(),
+        stats: Arc::new(Stats::default()),
+        telemetry: parts.telemetry.clone(),
+        shutdown: parts.shutdown.clone(),
+        calls: Arc::new(calls),
+        progress_per_second: raw.dispatch.progress_per_second,
+        gate: Arc::new(gate),
+        call_log,
+    }
 }
 
 /// The oldest Redis toolhost serves on: the call ledger's `SET ... NX GET` needs 7.0.
@@ -725,50 +587,6 @@ async fn check_eviction_policy(bus: &dyn Bus) {
             error = %err,
             "cannot read maxmemory-policy (CONFIG GET refused?); eviction not checked: make sure it is noeviction"
         ),
-    }
-}
-
-/// Reloads the configuration on every SIGHUP until `stopping` fires: the tool settings apply
-/// live ([`Sources::reload`]); a configuration that does not load or build is refused whole,
-/// logged with its keys and counted, and the old one keeps serving.
-async fn reload_on_hangup(
-    sources: Arc<Sources>,
-    config_path: Option<std::path::PathBuf>,
-    telemetry: Telemetry,
-    stopping: tokio_util::sync::CancellationToken,
-) {
-    let mut hangups = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
-        Ok(hangups) => hangups,
-        Err(err) => {
-            warn!(error = %err, "cannot listen for SIGHUP; the configuration cannot be reloaded");
-            return;
-        }
-    };
-    loop {
-        tokio::select! {
-            () = stopping.cancelled() => return,
-            received = hangups.recv() => if received.is_none() { return },
-        }
-        info!(config = ?config_path, "SIGHUP: reloading the configuration");
-        let loaded = Config::load(config_path.as_deref(), &ProcessEnv).map_err(anyhow::Error::from);
-        let applied = match loaded {
-            Ok(config) => sources.reload(config).await,
-            Err(err) => Err(err),
-        };
-        match applied {
-            Ok(reloaded) => {
-                telemetry.reloaded(true);
-                if reloaded.needs_restart.is_empty() {
-                    info!("configuration reloaded");
-                } else {
-                    warn!(keys = %reloaded.needs_restart.join(","), "configuration reloaded; these settings need a restart to apply");
-                }
-            }
-            Err(err) => {
-                telemetry.reloaded(false);
-                error!(error = %format!("{err:#}"), "configuration reload refused; the old configuration keeps serving");
-            }
-        }
     }
 }
 

@@ -1162,8 +1162,10 @@ async fn soak_two_replicas_one_killed_and_restarted_every_few_seconds() {
     let maxlen = (total * 2 + 1000).to_string();
     // Results must not be trimmed before they are counted; one log line per call is noise here.
     // Heartbeats expire 3 s after a kill, so dead consumers are pruned during the run.
-    let mut settings: Vec<(&str, &str)> =
-        env(&[("RUST_LOG", "info,toolhost::dispatch=warn"), ("TOOLHOST__DAEMON__HEARTBEAT_MS", "1000")]);
+    let mut settings: Vec<(&str, &str)> = env(&[
+        ("RUST_LOG", "info,toolhost::doors::requests=warn"),
+        ("TOOLHOST__DAEMON__HEARTBEAT_MS", "1000"),
+    ]);
     settings.push(("TOOLHOST__STREAMS__MAXLEN", &maxlen));
     let steady = Daemon::start(&redis, &settings);
     let mut victim = Daemon::start(&redis, &settings);

@@ -23,6 +23,8 @@ use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
+use nix::sys::wait::{WaitPidFlag, waitpid};
+use nix::unistd::Pid;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command};
 use tokio::time::Instant;
@@ -211,15 +213,11 @@ fn parse_stat(stat: &str) -> Option<(char, u32, u32)> {
 }
 
 /// Collects the exit status of our child `pid` if it has ended, without blocking.
-#[allow(unsafe_code)]
 fn reap(pid: u32) {
-    let Ok(pid) = libc::pid_t::try_from(pid) else { return };
-    let mut status = 0;
-    // SAFETY: waitpid writes only to `status`, which outlives the call; WNOHANG never blocks.
-    // `pid` is a process reparented to us that tokio did not spawn, so no tokio handle waits on it.
-    unsafe {
-        libc::waitpid(pid, &mut status, libc::WNOHANG);
-    }
+    let Ok(pid) = i32::try_from(pid) else { return };
+    // `pid` is a process reparented to us that tokio did not spawn, so no tokio handle waits on
+    // it; its status is of no interest, and an error means it is not ours to reap.
+    let _ = waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG));
 }
 
 impl Drop for ManagedChild {

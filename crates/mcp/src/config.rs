@@ -253,7 +253,7 @@ fn resolve_one(
             let mut expanded = BTreeMap::new();
             for (name, value) in &config.env {
                 let field = key(&format!("env.{name}"));
-                if !valid_env_name(name) {
+                if !toolhost_settings::is_variable_name(name) {
                     bad(field.clone(), "is not a variable name ([A-Za-z_][A-Za-z0-9_]*)".to_owned());
                 }
                 match expand(value.expose(), env) {
@@ -316,37 +316,11 @@ fn resolve_one(
     })
 }
 
-fn valid_env_name(name: &str) -> bool {
-    let mut bytes = name.bytes();
-    bytes.next().is_some_and(|first| first.is_ascii_alphabetic() || first == b'_')
-        && bytes.all(|byte| byte.is_ascii_alphanumeric() || byte == b'_')
-}
-
-/// Replaces every `${VAR}` in `text` with `env[VAR]`; a `$` not followed by `{` stays as is.
-///
-/// # Errors
-/// A sentence naming the variable `env` lacks, or saying where a `${` is not closed.
-pub fn expand(text: &str, env: &BTreeMap<String, String>) -> Result<String, String> {
-    let mut out = String::with_capacity(text.len());
-    let mut rest = text;
-    while let Some(start) = rest.find("${") {
-        out.push_str(&rest[..start]);
-        let after = &rest[start + 2..];
-        let Some(end) = after.find('}') else {
-            return Err("has a ${ without its closing }".to_owned());
-        };
-        let name = &after[..end];
-        if !valid_env_name(name) {
-            return Err(format!("refers to ${{{name}}}, which is not a variable name"));
-        }
-        let Some(value) = env.get(name) else {
-            return Err(format!("refers to ${{{name}}}, which is not set"));
-        };
-        out.push_str(value);
-        rest = &after[end + 1..];
-    }
-    out.push_str(rest);
-    Ok(out)
+/// Expands the `${VAR}` references of `text` from `env`.
+fn expand(text: &str, env: &BTreeMap<String, String>) -> Result<String, String> {
+    toolhost_settings::expand_vars(text, |name| env.get(name).map(String::as_str))
+        .map(|expanded| expanded.text)
+        .map_err(|err| err.to_string())
 }
 
 #[cfg(test)]
@@ -455,7 +429,7 @@ mod tests {
             "mcp_servers[1].command: give command (stdio) or url (streamable HTTP)",
             "mcp_servers[2].url: must be an http:// or https:// URL",
             "mcp_servers[2].env: env is for command servers; this one has a url",
-            "mcp_servers[2].headers.Authorization: refers to ${MISSING}, which is not set",
+            "mcp_servers[2].headers.Authorization: the environment variable MISSING is not set",
             "mcp_servers[3].headers.X: headers are for url servers",
             "mcp_servers[3].env.1A: is not a variable name",
             "mcp_servers[3].name: 'both' is also the name of mcp_servers[0]",
@@ -474,6 +448,6 @@ mod tests {
     #[test]
     fn expansion_leaves_plain_dollars_and_refuses_unclosed_references() {
         assert_eq!(expand("a$b ${TIME_TOKEN}!", &env()).unwrap(), "a$b s3cret!");
-        assert_eq!(expand("${TIME_TOKEN", &env()).unwrap_err(), "has a ${ without its closing }");
+        assert_eq!(expand("${TIME_TOKEN", &env()).unwrap_err(), "a '${' is never closed");
     }
 }

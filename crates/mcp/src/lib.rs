@@ -35,7 +35,7 @@
 //! TLS for HTTP servers is rustls with ring, the workspace's one crypto provider: `start`
 //! installs it as the process default if none is installed yet.
 
-pub mod child;
+mod child;
 pub mod config;
 pub mod mapping;
 pub mod names;

@@ -3,7 +3,7 @@
 //! process a child subreaper, as toolhost is when it runs as PID 1 in a container: orphaned
 //! grandchildren of the servers then become its children, and must not stay zombies.
 
-#![allow(clippy::unwrap_used, missing_docs, unsafe_code)]
+#![allow(clippy::unwrap_used, missing_docs)]
 
 mod support;
 
@@ -12,9 +12,7 @@ use support::*;
 #[tokio::test]
 #[ignore = "needs the MCP servers of scripts/ensure-mcp-servers.sh; run `just test-mcp`"]
 async fn shutdown_kills_every_child_group_and_leaves_no_zombies() {
-    // SAFETY: prctl with PR_SET_CHILD_SUBREAPER only sets a flag of this process.
-    let set = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
-    assert_eq!(set, 0, "could not become a subreaper");
+    nix::sys::prctl::set_child_subreaper(true).expect("could not become a subreaper");
     let dir = temp_dir("shutdown");
     // The tapped server is a group of three processes: sh, tee and node; tee and node are
     // sh's children, so they are orphaned when the group dies.

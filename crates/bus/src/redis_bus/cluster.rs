@@ -58,6 +58,54 @@ pub(super) fn same_slot(step: &str, keys: &[&str]) -> Result<(), Error> {
     ))))
 }
 
+/// What the claim step found (see `scripts/cluster/claim.lua`).
+struct Claimed {
+    /// 0: publish; 1: the request (or this entry) was answered already; 2: the claim names
+    /// another response topic, whose answer is the one.
+    claim: i64,
+    /// 1: the entry is pending; 0: it is not; -1: its group is gone.
+    pending: i64,
+    /// 1: the recorded answer is this very answer (a retry of this finish).
+    own: i64,
+    /// 1: this finish took the claim.
+    taken: i64,
+}
+
+/// Where the answer step left the finish.
+struct Answered {
+    /// This finish's answer is the one on the topic.
+    published: bool,
+    /// The request was answered by another finish.
+    answered_before: bool,
+    /// A final answer is on the topic.
+    final_on_topic: bool,
+    /// This entry's refusal is on the topic.
+    refusal_on_topic: bool,
+    /// Give the claim back when settling.
+    release: bool,
+}
+
+/// A message to append once.
+struct Message<'a> {
+    /// Full key of its topic.
+    topic: &'a str,
+    /// Its message id.
+    id: &'a str,
+    /// Its payload.
+    payload: &'a str,
+}
+
+/// How a message's marks guard it (see `scripts/cluster/publish.lua`).
+struct Guard {
+    /// Whether the marks are checked and set at all (an unidentified request's answer is
+    /// published unguarded, as on one server).
+    guarded: bool,
+    /// Whether the final mark (rather than the refusal mark) is the one set.
+    final_answer: bool,
+    /// How long the mark is kept.
+    retention: Duration,
+}
+
 /// What the publish step found.
 struct Publish {
     /// 1: this message is the one on the topic; 0: another is; -1: not a stream.
@@ -97,29 +145,49 @@ impl RedisBus {
 
     /// [`crate::Ledger::finish`] on a cluster, in the steps the module documentation lists.
     pub(super) async fn cluster_finish(&self, finish: &Finish<'_>) -> Result<Committed, Error> {
-        let entry = finish.entry;
-        let prefix = self.options.key_prefix.as_str();
-        let identified = finish.call.is_some();
-        let retention = finish.call.map_or(Duration::ZERO, |call| call.retention);
-        let keys = FinishKeys::new(prefix, finish);
-        let (claim_key, record, refused) = (keys.claim.as_str(), keys.record.as_str(), keys.refused.as_str());
-        same_slot("finish", &[entry.topic, claim_key, record, refused])?;
-        let bool_arg = |value: bool| if value { "1" } else { "0" }.to_owned();
-
+        let keys = FinishKeys::new(self.options.key_prefix.as_str(), finish);
+        same_slot("finish", &[finish.entry.topic, &keys.claim, &keys.record, &keys.refused])?;
         // Before anything is written: a copy topic of another type would leave the answer half
         // published (the answer topic itself is checked by its own step, which writes nothing then).
-        if let (Some(_), Some(copy)) = (finish.answer, finish.answer_copy) {
-            let kind: String = redis::cmd("TYPE").arg(copy).query_async(&mut self.commands.clone()).await?;
-            if kind != "stream" && kind != "none" {
-                return Ok(Committed::WrongType);
-            }
+        if self.copy_of_wrong_type(finish).await? {
+            return Ok(Committed::WrongType);
         }
+        let claimed = self.finish_claim(finish, &keys).await?;
+        let Some(answered) = self.finish_answer(finish, &keys, &claimed).await? else {
+            return Ok(Committed::WrongType);
+        };
+        if answered.published {
+            self.finish_copy(finish, &keys).await?;
+        }
+        self.finish_letter(finish, &keys, &claimed, &answered).await?;
 
-        // 1. The claim (S), and whether the entry is still pending.
-        let (mut claim, mut pending, mut own, mut taken) = (0i64, 1i64, 0i64, 0i64);
+        // 5. Settle (S): the claim, the refusal mark's copy, the call record, the ack.
+        let published = answered.published;
+        let settle = Settle {
+            answered: answered.final_on_topic,
+            refused: answered.refusal_on_topic && !finish.final_answer,
+            release: answered.release,
+            published: if published { finish.answer.map_or("", |answer| answer.id) } else { "" },
+            delete_record: claimed.claim != 2,
+            ack: true,
+        };
+        self.settle(finish, &keys, settle).await?;
+        Ok(if published { Committed::Published } else { Committed::NotPublished })
+    }
+
+    /// Whether the answer's copy topic holds a key that is not a stream.
+    async fn copy_of_wrong_type(&self, finish: &Finish<'_>) -> Result<bool, Error> {
+        let (Some(_), Some(copy)) = (finish.answer, finish.answer_copy) else { return Ok(false) };
+        let kind: String = redis::cmd("TYPE").arg(copy).query_async(&mut self.commands.clone()).await?;
+        Ok(kind != "stream" && kind != "none")
+    }
+
+    /// Step 1, the claim (S), and whether the entry is still pending.
+    async fn finish_claim(&self, finish: &Finish<'_>, keys: &FinishKeys) -> Result<Claimed, Error> {
+        let entry = finish.entry;
+        let identified = finish.call.is_some();
+        let mut claimed = Claimed { claim: 0, pending: 1, own: 0, taken: 0 };
         if (identified && finish.answer.is_some()) || finish.dead_letter.is_some() {
-            let answer_topic = finish.answer.map_or("", |answer| answer.topic);
-            let answer_id = finish.answer.map_or("", |answer| answer.id);
             let batcher = self.cluster_batcher(
                 &self.batchers.cluster_claim,
                 include_str!("../scripts/cluster/claim.lua"),
@@ -128,140 +196,129 @@ impl RedisBus {
             );
             let reply = batcher
                 .invoke(
-                    vec![entry.topic.to_owned(), claim_key.to_owned(), refused.to_owned()],
+                    vec![entry.topic.to_owned(), keys.claim.clone(), keys.refused.clone()],
                     vec![
                         entry.group.to_owned(),
                         entry.entry_id.to_owned(),
-                        bool_arg(identified),
-                        bool_arg(finish.answer.is_some()),
-                        bool_arg(finish.final_answer),
-                        answer_topic.to_owned(),
-                        retention.as_millis().to_string(),
-                        bool_arg(finish.dead_letter.is_some()),
-                        answer_id.to_owned(),
+                        flag(identified),
+                        flag(finish.answer.is_some()),
+                        flag(finish.final_answer),
+                        finish.answer.map_or("", |answer| answer.topic).to_owned(),
+                        retention(finish).as_millis().to_string(),
+                        flag(finish.dead_letter.is_some()),
+                        finish.answer.map_or("", |answer| answer.id).to_owned(),
                     ],
                 )
                 .await?;
-            (claim, pending, own, taken) =
+            let (claim, pending, own, taken) =
                 redis::from_redis_value(reply).map_err(|err| Error::Protocol(err.to_string()))?;
+            claimed = Claimed { claim, pending, own, taken };
         }
-        if claim == 2 {
+        if claimed.claim == 2 {
             tracing::warn!(
                 entry_id = entry.entry_id,
                 "a copy of this request named another response topic, which gets the answer; this copy is acked unanswered"
             );
         }
-
-        // 2. The answer (T), once.
-        let mut published = claim == 1 && own == 1;
-        let mut answered_before = claim != 0;
-        let mut final_on_topic = false;
-        let mut refusal_on_topic = false;
-        let mut release = false;
-        if let Some(answer) = finish.answer.filter(|_| claim == 0) {
-            let (final_mark, refusal_mark) = keys.answer.clone().unwrap_or_default();
-            let found = self
-                .publish_once(
-                    answer.topic,
-                    &final_mark,
-                    &refusal_mark,
-                    answer.id,
-                    answer.payload,
-                    identified,
-                    finish.final_answer,
-                    retention,
-                )
-                .await?;
-            if found.published == -1 {
-                if identified && finish.final_answer {
-                    // Nobody can publish on this topic: give its claim back (whoever took it), so
-                    // a copy naming a topic that can take the answer is answered; the entry stays
-                    // pending, as on one server.
-                    self.settle(
-                        finish,
-                        claim_key,
-                        record,
-                        refused,
-                        Settle { release: true, ..Settle::default() },
-                    )
-                    .await?;
-                }
-                return Ok(Committed::WrongType);
-            }
-            published = found.published == 1;
-            answered_before = !published;
-            final_on_topic = found.final_on_topic;
-            refusal_on_topic = !found.final_on_topic;
-            // Claimed for a final answer that is not on the topic (this entry's refusal is): give
-            // the claim back, if this finish took it.
-            release = taken == 1 && !found.final_on_topic;
-        }
-
-        // 3. The copy (C), once, when this answer is the one on T.
-        if let (Some(answer), Some(copy), true) = (finish.answer, finish.answer_copy, published) {
-            let mark = keys.copy.clone().unwrap_or_default();
-            let found = self
-                .publish_once(copy, &mark, &mark, answer.id, answer.payload, identified, true, retention)
-                .await?;
-            if found.published == -1 {
-                tracing::error!(
-                    topic = copy,
-                    "the answer's copy topic holds a key that is not a stream; copy dropped"
-                );
-            }
-        }
-
-        // 4. The dead letter (D), once, while the entry is pending (or its group is gone and the
-        // request was not answered).
-        if let Some(letter) = finish.dead_letter
-            && (pending == 1 || (pending == -1 && !answered_before))
-        {
-            let mark = keys.letter.clone().unwrap_or_default();
-            let found = self
-                .publish_once(
-                    letter.topic,
-                    &mark,
-                    &mark,
-                    letter.id,
-                    letter.payload,
-                    true,
-                    true,
-                    retention.max(LETTER_MARK_TTL),
-                )
-                .await?;
-            if found.published == -1 {
-                return Err(Error::Refused(Cause::server(
-                    "WRONGTYPE",
-                    format!("the dead-letter topic '{}' holds a key that is not a stream", letter.topic),
-                )));
-            }
-        }
-
-        // 5. Settle (S): the claim, the refusal mark's copy, the call record, the ack.
-        let settle = Settle {
-            answered: final_on_topic,
-            refused: refusal_on_topic && !finish.final_answer,
-            release,
-            published: if published { finish.answer.map_or("", |answer| answer.id) } else { "" },
-            delete_record: claim != 2,
-            ack: true,
-        };
-        self.settle(finish, claim_key, record, refused, settle).await?;
-        Ok(if published { Committed::Published } else { Committed::NotPublished })
+        Ok(claimed)
     }
 
-    /// Appends a message to `topic` unless a mark says it was (see `scripts/cluster/publish.lua`).
-    #[allow(clippy::too_many_arguments)]
+    /// Step 2, the answer (T), once. `None` when its topic holds a key that is not a stream:
+    /// nothing was published, and a final answer's claim was given back.
+    async fn finish_answer(
+        &self,
+        finish: &Finish<'_>,
+        keys: &FinishKeys,
+        claimed: &Claimed,
+    ) -> Result<Option<Answered>, Error> {
+        let claim = claimed.claim;
+        let unchanged = Answered {
+            published: claim == 1 && claimed.own == 1,
+            answered_before: claim != 0,
+            final_on_topic: false,
+            refusal_on_topic: false,
+            release: false,
+        };
+        let Some(answer) = finish.answer.filter(|_| claim == 0) else { return Ok(Some(unchanged)) };
+        let identified = finish.call.is_some();
+        let (final_mark, refusal_mark) = keys.answer.clone().unwrap_or_default();
+        let message = Message { topic: answer.topic, id: answer.id, payload: answer.payload };
+        let guard =
+            Guard { guarded: identified, final_answer: finish.final_answer, retention: retention(finish) };
+        let found = self.publish_once(message, &final_mark, &refusal_mark, guard).await?;
+        if found.published == -1 {
+            if identified && finish.final_answer {
+                // Nobody can publish on this topic: give its claim back (whoever took it), so a
+                // copy naming a topic that can take the answer is answered; the entry stays
+                // pending, as on one server.
+                self.settle(finish, keys, Settle { release: true, ..Settle::default() }).await?;
+            }
+            return Ok(None);
+        }
+        let published = found.published == 1;
+        Ok(Some(Answered {
+            published,
+            answered_before: !published,
+            final_on_topic: found.final_on_topic,
+            refusal_on_topic: !found.final_on_topic,
+            // Claimed for a final answer that is not on the topic (this entry's refusal is): give
+            // the claim back, if this finish took it.
+            release: claimed.taken == 1 && !found.final_on_topic,
+        }))
+    }
+
+    /// Step 3, the copy (C), once, when this answer is the one on T.
+    async fn finish_copy(&self, finish: &Finish<'_>, keys: &FinishKeys) -> Result<(), Error> {
+        let (Some(answer), Some(copy)) = (finish.answer, finish.answer_copy) else { return Ok(()) };
+        let mark = keys.copy.clone().unwrap_or_default();
+        let message = Message { topic: copy, id: answer.id, payload: answer.payload };
+        let guard =
+            Guard { guarded: finish.call.is_some(), final_answer: true, retention: retention(finish) };
+        let found = self.publish_once(message, &mark, &mark, guard).await?;
+        if found.published == -1 {
+            tracing::error!(
+                topic = copy,
+                "the answer's copy topic holds a key that is not a stream; copy dropped"
+            );
+        }
+        Ok(())
+    }
+
+    /// Step 4, the dead letter (D), once, while the entry is pending (or its group is gone and
+    /// the request was not answered).
+    async fn finish_letter(
+        &self,
+        finish: &Finish<'_>,
+        keys: &FinishKeys,
+        claimed: &Claimed,
+        answered: &Answered,
+    ) -> Result<(), Error> {
+        let Some(letter) = finish.dead_letter else { return Ok(()) };
+        if !(claimed.pending == 1 || (claimed.pending == -1 && !answered.answered_before)) {
+            return Ok(());
+        }
+        let mark = keys.letter.clone().unwrap_or_default();
+        let message = Message { topic: letter.topic, id: letter.id, payload: letter.payload };
+        let guard =
+            Guard { guarded: true, final_answer: true, retention: retention(finish).max(LETTER_MARK_TTL) };
+        let found = self.publish_once(message, &mark, &mark, guard).await?;
+        if found.published == -1 {
+            return Err(Error::Refused(Cause::server(
+                "WRONGTYPE",
+                format!("the dead-letter topic '{}' holds a key that is not a stream", letter.topic),
+            )));
+        }
+        Ok(())
+    }
+
+    /// Appends a message to its topic unless a mark says it was (see
+    /// `scripts/cluster/publish.lua`).
     async fn publish_once(
         &self,
-        topic: &str,
+        message: Message<'_>,
         final_mark: &str,
         refusal_mark: &str,
-        id: &str,
-        payload: &str,
-        guarded: bool,
-        final_answer: bool,
-        retention: Duration,
+        guard: Guard,
     ) -> Result<Publish, Error> {
         let batcher = self.cluster_batcher(
             &self.batchers.cluster_publish,
@@ -271,14 +328,14 @@ impl RedisBus {
         );
         let reply = batcher
             .invoke(
-                vec![topic.to_owned(), final_mark.to_owned(), refusal_mark.to_owned()],
+                vec![message.topic.to_owned(), final_mark.to_owned(), refusal_mark.to_owned()],
                 vec![
                     self.options.maxlen.to_string(),
-                    retention.as_millis().max(1).to_string(),
-                    id.to_owned(),
-                    payload.to_owned(),
-                    if guarded { "1" } else { "0" }.to_owned(),
-                    if final_answer { "1" } else { "0" }.to_owned(),
+                    guard.retention.as_millis().max(1).to_string(),
+                    message.id.to_owned(),
+                    message.payload.to_owned(),
+                    flag(guard.guarded),
+                    flag(guard.final_answer),
                 ],
             )
             .await?;
@@ -288,30 +345,21 @@ impl RedisBus {
     }
 
     /// The settle step (see `scripts/cluster/settle.lua`).
-    async fn settle(
-        &self,
-        finish: &Finish<'_>,
-        claim: &str,
-        record: &str,
-        refused: &str,
-        settle: Settle<'_>,
-    ) -> Result<(), Error> {
+    async fn settle(&self, finish: &Finish<'_>, keys: &FinishKeys, settle: Settle<'_>) -> Result<(), Error> {
         let entry = finish.entry;
-        let flag = |value: bool| if value { "1" } else { "0" }.to_owned();
         let batcher = self.cluster_batcher(
             &self.batchers.cluster_settle,
             include_str!("../scripts/cluster/settle.lua"),
             4,
             11,
         );
-        let retention = finish.call.map_or(Duration::ZERO, |call| call.retention);
         batcher
             .invoke(
-                vec![entry.topic.to_owned(), claim.to_owned(), record.to_owned(), refused.to_owned()],
+                vec![entry.topic.to_owned(), keys.claim.clone(), keys.record.clone(), keys.refused.clone()],
                 vec![
                     entry.group.to_owned(),
                     entry.entry_id.to_owned(),
-                    retention.as_millis().max(1).to_string(),
+                    retention(finish).as_millis().max(1).to_string(),
                     flag(finish.call.is_some()),
                     flag(settle.answered),
                     flag(settle.refused),
@@ -486,6 +534,16 @@ struct Settle<'a> {
     delete_record: bool,
     /// Ack the entry.
     ack: bool,
+}
+
+/// How long the request's marks are kept.
+fn retention(finish: &Finish<'_>) -> Duration {
+    finish.call.map_or(Duration::ZERO, |call| call.retention)
+}
+
+/// A script's flag argument.
+fn flag(value: bool) -> String {
+    if value { "1" } else { "0" }.to_owned()
 }
 
 /// One slot of each primary, from a `CLUSTER SLOTS` reply (`[[start, end, [host, port, id], replicas...], ...]`).

@@ -42,7 +42,7 @@ pub struct Auth {
     shared_limits: bool,
     audit_arguments: bool,
     audit_max_len: u64,
-    /// The keys' secrets, for [`crate::config::Config::secrets`].
+    /// The keys' secrets, which the daemon redacts wherever it prints.
     secrets: Vec<String>,
 }
 
@@ -214,9 +214,12 @@ impl Auth {
     }
 }
 
+/// [`Auth`] as in force, swapped whole when it changes: what the doors hold.
+pub(crate) type AuthHandle = Arc<arc_swap::ArcSwap<Auth>>;
+
 /// The lifecycle's view of [`Auth`]: the checks, the limits' state and the audit stream.
 pub struct Gate {
-    auth: Arc<Auth>,
+    auth: AuthHandle,
     bus: Arc<dyn Bus>,
     keys: Keys,
     toolbox_id: String,
@@ -246,7 +249,7 @@ pub(crate) struct AuditEntry<'a> {
 impl Gate {
     /// The gate of toolbox `toolbox_id`; `secrets` are hidden in audited arguments.
     pub(crate) fn new(
-        auth: Arc<Auth>,
+        auth: AuthHandle,
         bus: Arc<dyn Bus>,
         keys: Keys,
         toolbox_id: &str,
@@ -265,19 +268,21 @@ impl Gate {
         }
     }
 
-    /// The configuration.
-    pub(crate) fn auth(&self) -> &Auth {
-        &self.auth
+    /// The configuration in force.
+    pub(crate) fn auth(&self) -> Arc<Auth> {
+        self.auth.load_full()
     }
 
-    /// Checks an entry's signature; see [`Auth::verify`].
-    pub(crate) fn authenticate<'s>(
-        &'s self,
+    /// Checks an entry's signature; see [`Auth::verify`]. The id of the key that signed it.
+    pub(crate) fn authenticate(
+        &self,
         sig: &Sig,
         payload: Option<&str>,
         claim: Claim<'_>,
-    ) -> Result<Option<&'s str>, Refusal> {
-        self.auth.verify(sig, payload.unwrap_or_default(), claim, crate::call::now_since_epoch())
+    ) -> Result<Option<String>, Refusal> {
+        let auth = self.auth.load();
+        let key_id = auth.verify(sig, payload.unwrap_or_default(), claim, crate::clock::now_since_epoch())?;
+        Ok(key_id.map(str::to_owned))
     }
 
     /// Whether `caller` may call `tool` now: its policy, then its in-flight limit, then its rate.
@@ -290,7 +295,8 @@ impl Gate {
         caller: Caller<'_>,
         tool: &str,
     ) -> Result<Option<InFlight>, Failure> {
-        let rule = match self.auth.policies.rule(caller.tenant) {
+        let auth = self.auth.load_full();
+        let rule = match auth.policies.rule(caller.tenant) {
             Verdict::Open => return Ok(None),
             Verdict::NoRule => {
                 return Err(Failure::new(
@@ -310,7 +316,7 @@ impl Gate {
             None => None,
         };
         if let Some(rate) = rule.rate {
-            if self.auth.shared_limits {
+            if auth.shared_limits {
                 let key = self.keys.rate_bucket(&self.toolbox_id, caller.tenant);
                 match self.bus.take_token(&key, rate.per_second, rate.burst).await {
                     Ok(None) => {}
@@ -350,13 +356,14 @@ impl Gate {
     /// Appends an entry to the audit stream, with the call's arguments (redacted) when
     /// `[auth] audit_arguments` is on.
     pub(crate) async fn audit(&self, entry: AuditEntry<'_>) {
+        let auth = self.auth.load_full();
         let arguments = match entry.arguments {
-            Some(arguments) if self.auth.audit_arguments => {
+            Some(arguments) if auth.audit_arguments => {
                 Some(self.redactor.redact_json(arguments.clone()).to_string())
             }
             _ => None,
         };
-        entry.write(&*self.bus, &self.audit_topic, self.auth.audit_max_len, arguments.as_deref()).await;
+        entry.write(&*self.bus, &self.audit_topic, auth.audit_max_len, arguments.as_deref()).await;
     }
 }
 
@@ -471,7 +478,7 @@ mod tests {
     #[test]
     fn without_require_signature_unsigned_requests_pass_and_signed_ones_are_still_checked() {
         let auth = auth("[[auth.keys]]\nid = \"k\"\nsecret_env = \"K\"\n", &[("K", SECRET)]);
-        let now = crate::call::now_since_epoch();
+        let now = crate::clock::now_since_epoch();
         assert_eq!(auth.verify(&Sig::Absent, "{}", Claim::default(), now).unwrap(), None);
         let bad = Sig::One(SigningKey::new("k", b"not the secret at all").sign(b"{}"));
         assert!(auth.verify(&bad, "{}", Claim::default(), now).is_err());

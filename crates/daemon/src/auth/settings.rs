@@ -4,7 +4,7 @@ use std::collections::{HashMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::KeyError;
+use toolhost_settings::KeyError;
 
 /// The sections the caller-facing security owns: `[auth]` and `[[policy]]`. They are read apart
 /// from the rest of the configuration, as the doors' sections are.

@@ -256,7 +256,7 @@ impl Calls {
             };
             let entries = match read {
                 Ok(entries) => {
-                    backoff = Backoff::new();
+                    backoff.reset();
                     entries
                 }
                 Err(err) => {

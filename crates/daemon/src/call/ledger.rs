@@ -49,18 +49,18 @@ pub(crate) async fn begin(
 /// thirds of it (renewal itself works while Redis is out of memory). Never returns: select it
 /// against the call.
 ///
-/// A call that is not `tracked` (a read-only, idempotent tool, run without a call record) has
-/// no lease to extend: only its entry's idle time is reset, so no replica reclaims and reruns
-/// it while it runs.
+/// A call without an `owner` (a read-only, idempotent tool, run without a call record) has no
+/// lease to extend: only its entry's idle time is reset, so no replica reclaims and reruns it
+/// while it runs.
 pub(crate) async fn renew(
     bus: &dyn Ledger,
     call: &CallKeys<'_>,
-    owner: &str,
+    owner: Option<&str>,
     entry: &EntryRef<'_>,
     consumer: &str,
     request_id: &str,
-    tracked: bool,
 ) {
+    let (tracked, owner) = (owner.is_some(), owner.unwrap_or_default());
     let mut tick = tokio::time::interval(call.renew_period());
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;

@@ -15,74 +15,69 @@
 //! the fleet: it turns its protocol's calls into requests on the requests stream, so they get
 //! the same lifecycle on whichever toolbox hosts the tool.
 //!
-//! Each door owns its configuration section: its settings type lives in its folder, and
-//! [`DoorSections`] gathers them, so `config` never names a door's keys.
+//! Each door owns its settings: a `settings.rs` in its folder. A door sees its settings and
+//! the [`DoorContext`] `serve` hands it, never the whole configuration: adding a door that is a
+//! client of the fleet is its folder, its line in [`fleet_doors!`] (which gathers the sections
+//! into [`DoorSections`] and starts the doors), and its section. The stream doors' settings are
+//! read from the shared sections (`[streams]`, `[dispatch]`, `[daemon]`) by `config`, and
+//! `serve` runs their consumer groups.
 
 pub(crate) mod chat;
 pub(crate) mod console;
+pub(crate) mod context;
 pub(crate) mod mcp;
 pub(crate) mod ovos;
 pub(crate) mod requests;
 
-use std::sync::Arc;
-
 use serde::{Deserialize, Serialize};
-use tokio_util::sync::CancellationToken;
-use toolhost_bus::Bus;
+use tokio::task::JoinHandle;
+use toolhost_settings::KeyError;
 
-use crate::config::{Config, KeyError, RawConfig};
-use crate::telemetry::Telemetry;
+use context::{Checks, DoorContext, FleetDoor};
 
-/// The configuration sections the doors own, one field per door, each defined in the door's
-/// folder. They are read apart from the rest of the configuration.
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct DoorSections {
-    /// `[mcp]`: the MCP door.
-    #[serde(default)]
-    pub mcp: mcp::Settings,
-    /// `[ovos]`: the OpenVoiceOS door (and the OVOS tool source's keys).
-    #[serde(default)]
-    pub ovos: ovos::Settings,
+/// The list of doors that are clients of the fleet: one line each, its section's key and its
+/// settings type (a [`FleetDoor`] in its folder). It makes [`DoorSections`].
+macro_rules! fleet_doors {
+    ($($(#[$doc:meta])* $name:ident: $settings:ty,)*) => {
+        /// The configuration sections the fleet doors own, one field per door, each defined in
+        /// the door's folder. They are read apart from the rest of the configuration.
+        #[derive(Debug, Clone, Default, Deserialize, Serialize)]
+        #[serde(deny_unknown_fields)]
+        pub struct DoorSections {
+            $($(#[$doc])* #[serde(default)] pub $name: $settings,)*
+        }
+
+        impl DoorSections {
+            /// The top-level keys of the sections, as written in the configuration.
+            pub const NAMES: &[&str] = &[$(stringify!($name)),*];
+
+            /// Every bad key of every door's section.
+            pub(crate) fn validate(&self, checks: &Checks<'_>) -> Vec<KeyError> {
+                let mut errors = Vec::new();
+                $(errors.extend(FleetDoor::validate(&self.$name, checks));)*
+                errors
+            }
+
+            /// Starts every configured door.
+            ///
+            /// # Errors
+            /// A door cannot start; the message names it.
+            pub(crate) async fn start(&self, cx: &DoorContext) -> anyhow::Result<Vec<JoinHandle<()>>> {
+                let mut running = Vec::new();
+                $(running.extend(FleetDoor::start(&self.$name, cx).await?);)*
+                Ok(running)
+            }
+        }
+    };
+}
+
+fleet_doors! {
     /// `[console]`: the web console (and the call log it reads).
-    #[serde(default)]
-    pub console: console::Settings,
-}
-
-impl DoorSections {
-    /// The top-level keys of the sections, as written in the configuration.
-    pub const NAMES: &[&str] = &["console", "mcp", "ovos"];
-
-    /// Every bad key of every door's section.
-    /// `vars` is the environment secrets are read from.
-    pub(crate) fn validate(
-        &self,
-        raw: &RawConfig,
-        vars: &std::collections::HashMap<String, String>,
-    ) -> Vec<KeyError> {
-        let mut errors = self.mcp.validate(raw, vars);
-        errors.extend(self.ovos.validate(raw));
-        errors.extend(self.console.validate(vars));
-        errors
-    }
-}
-
-/// Starts every configured door that is a client of the fleet; each stops when `stop` is
-/// cancelled, and its handle ends when it has.
-///
-/// # Errors
-/// A door cannot start (Redis unreachable, an address taken); the message names it.
-pub(crate) async fn start(
-    config: &Config,
-    bus: Arc<dyn Bus>,
-    telemetry: &Telemetry,
-    stop: &CancellationToken,
-) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
-    let mut running = Vec::new();
-    running.extend(mcp::start(config, bus.clone(), stop.clone()).await?);
-    running.extend(ovos::start(config, bus.clone(), telemetry, stop.clone()).await?);
-    running.extend(console::start(config, bus, stop.clone()).await?);
-    Ok(running)
+    console: console::Settings,
+    /// `[mcp]`: the MCP door.
+    mcp: mcp::Settings,
+    /// `[ovos]`: the OpenVoiceOS door (and the OVOS tool source's keys).
+    ovos: ovos::Settings,
 }
 
 #[cfg(test)]

@@ -8,24 +8,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use serde::Deserialize;
 use toolhost_bus::{Error as BusError, FleetAccess, Keys};
 use toolhost_envelope::ToolDescription;
 
-/// The parts of a heartbeat the view reads.
-#[derive(Debug, Deserialize)]
-struct Heartbeat {
-    toolbox_id: String,
-    #[serde(default)]
-    hosted: BTreeMap<String, Hosted>,
-}
-
-/// One hosted tool of a heartbeat.
-#[derive(Debug, Deserialize)]
-struct Hosted {
-    #[serde(default)]
-    hash: String,
-}
+use crate::heartbeat::Heartbeat;
 
 /// Tool name to the hash of its description and the toolboxes hosting it: what decides whether
 /// the registries must be read again.
@@ -64,7 +50,7 @@ async fn read_digest(bus: &dyn FleetAccess, keys: &Keys) -> Result<Digest, BusEr
     let values = bus.values(&members).await?;
     let mut digest = Digest::new();
     for text in values.into_iter().flatten() {
-        let Ok(beat) = serde_json::from_str::<Heartbeat>(&text) else { continue };
+        let Some(beat) = Heartbeat::parse(&text) else { continue };
         for (name, hosted) in beat.hosted {
             let entry = digest.entry(name).or_insert_with(|| (hosted.hash.clone(), BTreeSet::new()));
             // Two toolboxes with different descriptions under one name: the smaller hash wins,

@@ -32,10 +32,10 @@ use toolhost_mcp::{McpEvent, SourceStatus};
 use toolhost_tools::{Context, Registry, Tool, ToolError, ToolSpec};
 use tracing::{debug, info, warn};
 
-use crate::doors::ovos::link::{Link, LinkEvent};
-use crate::doors::ovos::message::BusMessage;
-use crate::doors::ovos::toolbox::{DISCOVER, HOSTED_PREFIX, call_topic};
-use crate::doors::ovos::{Settings, valid_toolbox_id};
+use super::settings::OvosHosting;
+use crate::ovos_bus::link::{Link, LinkEvent};
+use crate::ovos_bus::message::BusMessage;
+use crate::ovos_bus::{DISCOVER, HOSTED_PREFIX, call_topic, valid_toolbox_id};
 
 /// How long start-up waits for the bus and the first discovery responses before it goes on
 /// (the tools of toolboxes that answer later come with a registry rebuild).
@@ -91,12 +91,12 @@ impl OvosSource {
     /// Starts the source when `[ovos] host_toolboxes` names any toolbox, and waits a moment
     /// for the first listings; `events` hears every change of the tools.
     pub(crate) async fn start(
-        settings: &Settings,
+        settings: &OvosHosting,
         own_id: &str,
         events: mpsc::UnboundedSender<McpEvent>,
         stop: CancellationToken,
     ) -> Option<OvosSource> {
-        if !settings.enabled() || settings.host_toolboxes.is_empty() {
+        if settings.url.trim().is_empty() || settings.host_toolboxes.is_empty() {
             return None;
         }
         let (link, mut link_events) =
@@ -105,7 +105,7 @@ impl OvosSource {
             own_id,
             Wanted::of(&settings.host_toolboxes),
             link,
-            (settings.rediscover(), settings.call_timeout()),
+            (settings.rediscover, settings.call_timeout),
             events,
         );
         // The first connection and the listings that answer its discovery within the window.

@@ -6,13 +6,13 @@
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use toolhost_settings::{EnvVars, KeyError, expand_vars};
 use toolhost_tools::sources::command::{CommandSettings, CommandTool};
 use toolhost_tools::sources::http::{HttpTool, HttpToolSettings};
-use toolhost_tools::terminal::TerminalPolicy;
-
-use crate::config::{ExpandedHeaders, KeyError, ToolsSection, expand_vars};
+use toolhost_tools::terminal::{Identity, TerminalPolicy, TerminalSettings};
 
 /// The sources' sections.
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -96,12 +96,12 @@ impl SourceSections {
         for (index, tool) in self.http_tools.iter().enumerate() {
             let mut headers = Vec::new();
             for (name, template) in &tool.headers {
-                match expand_vars(template, vars) {
-                    Ok((value, secrets)) => {
-                        headers.push((name.clone(), value));
-                        expanded.secrets.extend(secrets);
+                match expand_vars(template, |name| vars.get(name).map(String::as_str)) {
+                    Ok(value) => {
+                        headers.push((name.clone(), value.text));
+                        expanded.secrets.extend(value.values);
                     }
-                    Err(message) => bad(format!("http_tools[{index}].headers.{name}"), message),
+                    Err(err) => bad(format!("http_tools[{index}].headers.{name}"), err.to_string()),
                 }
             }
             match &client {
@@ -140,6 +140,108 @@ impl SourceSections {
             }
         }
     }
+}
+
+/// `[tools]`
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+#[allow(missing_docs)]
+pub struct ToolsSection {
+    #[serde(default)]
+    pub disabled: Vec<String>,
+    #[serde(default)]
+    pub terminal: TerminalSettings,
+    /// `[tools.limits."<tool name>"]`: per-tool concurrency limits and wait queues.
+    #[serde(default)]
+    pub limits: std::collections::BTreeMap<String, ToolLimitSection>,
+}
+
+/// One `[tools.limits."<tool name>"]` table.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolLimitSection {
+    /// Calls of the tool running at once; unset keeps the tool's own limit (if any).
+    pub max_concurrent: Option<usize>,
+    /// Calls waiting for a run slot before more are answered `overloaded`.
+    pub max_queue: Option<usize>,
+    /// The tool's calls may run long: the MCP door answers them as durable tasks whatever the
+    /// tool's timeout (for clients that declare the tasks extension).
+    #[serde(default)]
+    pub long_running: bool,
+}
+
+/// The headers of every `[[http_tools]]` entry after `${VAR}` expansion, and the values the
+/// variables gave, which are secrets: `{:?}` prints header names only.
+#[derive(Clone, Default)]
+pub struct ExpandedHeaders {
+    /// Name and expanded value of each header, one list per `[[http_tools]]` entry.
+    pub(crate) per_tool: Vec<Vec<(String, String)>>,
+    /// What the `${VAR}` references expanded to.
+    pub(crate) secrets: Vec<String>,
+}
+
+impl ExpandedHeaders {
+    /// The headers of `[[http_tools]]` entry `index`.
+    pub fn of(&self, index: usize) -> &[(String, String)] {
+        self.per_tool.get(index).map_or(&[], Vec::as_slice)
+    }
+}
+
+impl std::fmt::Debug for ExpandedHeaders {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<Vec<&str>> = self
+            .per_tool
+            .iter()
+            .map(|headers| headers.iter().map(|(name, _)| name.as_str()).collect())
+            .collect();
+        f.debug_struct("ExpandedHeaders").field("names", &names).field("values", &"***").finish()
+    }
+}
+
+/// What the OVOS tool source needs of `[ovos]` (a section the OVOS door owns): where the bus
+/// is and which of its toolboxes to host.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct OvosHosting {
+    /// `[ovos] url`; empty: no bus.
+    pub url: String,
+    /// `[ovos] max_frame_bytes`.
+    pub max_frame_bytes: usize,
+    /// `[ovos] host_toolboxes`.
+    pub host_toolboxes: Vec<String>,
+    /// `[ovos] rediscover_ms`.
+    pub rediscover: Duration,
+    /// `[ovos] call_timeout_ms`.
+    pub call_timeout: Duration,
+}
+
+/// What the tool sources and the registry are built from: the tool settings of the
+/// configuration, resolved once when it was loaded.
+#[derive(Debug, Clone)]
+pub(crate) struct Settings {
+    /// `[[agents]]`, `[[commands]]`, `[[http_tools]]` and `[[mcp_servers]]`.
+    pub sections: SourceSections,
+    /// `[tools]`: disabled tools, the terminal, per-tool limits.
+    pub tools: ToolsSection,
+    /// The name the chat tools speak as (`[daemon] agent_name`).
+    pub agent_name: String,
+    /// The conversation `chat_send` posts to by default (`[daemon] chat_conversation_id`).
+    pub chat_conversation_id: String,
+    /// This daemon's toolbox id (never hosted from the OVOS bus).
+    pub toolbox_id: String,
+    /// Whom terminal commands and stdio MCP servers run as (`None`: the daemon's own user).
+    pub terminal_identity: Option<Identity>,
+    /// `[[http_tools]] headers`, expanded.
+    pub http_headers: ExpandedHeaders,
+    /// The daemon's own secrets, kept out of tool output.
+    pub secrets: Vec<String>,
+    /// The environment hosted MCP servers start from.
+    pub env: EnvVars,
+    /// How many synthetic benchmark tools to register.
+    pub synthetic_tools: usize,
+    /// The hosted OVOS toolboxes.
+    pub ovos: OvosHosting,
+    /// How long a removed MCP server waits for the calls still using it.
+    pub grace: Duration,
 }
 
 #[cfg(test)]

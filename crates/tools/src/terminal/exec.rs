@@ -14,6 +14,9 @@ use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
+use nix::sys::resource::{Resource, setrlimit};
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::{Pid, setsid};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::pipe::Receiver;
 use tokio::process::{Child, ChildStdin, Command};
@@ -206,32 +209,26 @@ fn spawn(spec: &Spec) -> Result<(Child, Pipes), Refusal> {
 }
 
 /// Makes the child a session (and process group) leader and applies the rlimits.
+// `pre_exec` is the one call here with no safe wrapper.
 #[allow(unsafe_code)]
 pub(super) fn install_pre_exec(command: &mut Command, limits: Limits) {
     let enter_sandbox = move || -> io::Result<()> {
-        // SAFETY: setsid takes no arguments and only affects the calling (child) process.
-        if unsafe { libc::setsid() } == -1 {
-            return Err(io::Error::last_os_error());
-        }
+        setsid()?;
         let wanted = [
-            (libc::RLIMIT_NPROC, limits.max_processes),
-            (libc::RLIMIT_CPU, limits.cpu_seconds),
-            (libc::RLIMIT_FSIZE, limits.file_size_bytes),
+            (Resource::RLIMIT_NPROC, limits.max_processes),
+            (Resource::RLIMIT_CPU, limits.cpu_seconds),
+            (Resource::RLIMIT_FSIZE, limits.file_size_bytes),
         ];
         for (resource, value) in wanted {
             let Some(value) = value else { continue };
-            let limit = libc::rlimit { rlim_cur: value as libc::rlim_t, rlim_max: value as libc::rlim_t };
-            // SAFETY: `limit` is a valid rlimit that outlives the call.
-            if unsafe { libc::setrlimit(resource, &limit) } == -1 {
-                return Err(io::Error::last_os_error());
-            }
+            setrlimit(resource, value, value)?;
         }
         Ok(())
     };
     // SAFETY: the closure runs in the forked child before exec, where only
     // async-signal-safe functions may be used. It calls only setsid and
-    // setrlimit (plain system calls) and reads errno; it allocates nothing and
-    // takes no locks.
+    // setrlimit (nix's thin wrappers of the plain system calls) and reads errno;
+    // it allocates nothing and takes no locks.
     unsafe {
         command.pre_exec(enter_sandbox);
     }
@@ -364,7 +361,7 @@ impl Capture {
 #[derive(Debug)]
 pub struct GroupGuard {
     /// Process group id of the command.
-    pgid: libc::pid_t,
+    pgid: Pid,
     /// Whether `Drop` still has to kill the group.
     armed: bool,
 }
@@ -373,7 +370,8 @@ impl GroupGuard {
     fn new(child: &Child) -> Result<Self, Refusal> {
         let pgid = child
             .id()
-            .and_then(|pid| libc::pid_t::try_from(pid).ok())
+            .and_then(|pid| i32::try_from(pid).ok())
+            .map(Pid::from_raw)
             .ok_or_else(|| Refusal::SpawnFailed("the child has no process id".to_owned()))?;
         Ok(GroupGuard { pgid, armed: true })
     }
@@ -393,16 +391,13 @@ impl Drop for GroupGuard {
 }
 
 /// Sends SIGKILL to every process in group `pgid`; a group already gone is fine.
-#[allow(unsafe_code)]
-pub(super) fn kill_group(pgid: libc::pid_t) {
+pub(super) fn kill_group(pgid: Pid) {
     // A pgid of 0 or less would address our own group or every process.
-    if pgid <= 0 {
+    if pgid.as_raw() <= 0 {
         return;
     }
-    // SAFETY: killpg only sends a signal; it touches no memory of ours.
-    unsafe {
-        libc::killpg(pgid, libc::SIGKILL);
-    }
+    // An error means the group is gone (or was never ours to signal): nothing to kill.
+    let _ = killpg(pgid, Signal::SIGKILL);
 }
 
 #[cfg(test)]
@@ -444,7 +439,7 @@ mod tests {
     #[test]
     fn nonpositive_groups_are_never_signalled() {
         // Would kill the test runner's own group or everything if not guarded.
-        kill_group(0);
-        kill_group(-1);
+        kill_group(Pid::from_raw(0));
+        kill_group(Pid::from_raw(-1));
     }
 }

@@ -11,8 +11,6 @@
 //!   configuration error, as is a user name the user database does not know. A numeric uid with
 //!   no entry in the user database runs with the same number as its group id.
 
-use std::ffi::CString;
-
 /// A user id and the group id its children run with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Identity {
@@ -80,47 +78,19 @@ enum User<'a> {
 }
 
 /// The effective uid of this process.
-#[allow(unsafe_code)]
 fn effective_uid() -> u32 {
-    // SAFETY: geteuid takes no arguments, cannot fail and touches no memory of ours.
-    unsafe { libc::geteuid() }
+    nix::unistd::geteuid().as_raw()
 }
 
-/// Looks `user` up in the user database (files, or whatever NSS is configured to use).
-#[allow(unsafe_code)]
+/// Looks `user` up in the user database (files, or whatever NSS is configured to use), with
+/// getpwnam_r or getpwuid_r; a failed lookup counts as an unknown user.
 fn lookup(user: &User<'_>) -> Option<Identity> {
-    let name = match user {
-        User::Name(name) => Some(CString::new(*name).ok()?),
-        User::Id(_) => None,
+    let entry = match user {
+        User::Name(name) => nix::unistd::User::from_name(name),
+        User::Id(uid) => nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(*uid)),
     };
-    let mut buffer: Vec<libc::c_char> = vec![0; 4096];
-    loop {
-        // SAFETY: `passwd` is a plain C struct of integers and pointers, for which all zeroes
-        // is a valid value; getpw*_r fills it in.
-        let mut entry: libc::passwd = unsafe { std::mem::zeroed() };
-        let mut found: *mut libc::passwd = std::ptr::null_mut();
-        let code = match (user, &name) {
-            // SAFETY: `name` is a NUL-terminated string that outlives the call, `entry` and
-            // `found` are ours, and `buffer` has `buffer.len()` bytes. The strings the entry
-            // points to live in `buffer`; only the two integers are read afterwards.
-            (User::Name(_), Some(name)) => unsafe {
-                libc::getpwnam_r(name.as_ptr(), &mut entry, buffer.as_mut_ptr(), buffer.len(), &mut found)
-            },
-            // SAFETY: as above, without the name.
-            (User::Id(uid), _) => unsafe {
-                libc::getpwuid_r(*uid, &mut entry, buffer.as_mut_ptr(), buffer.len(), &mut found)
-            },
-            (User::Name(_), None) => return None,
-        };
-        if code == libc::ERANGE && buffer.len() < 1 << 20 {
-            buffer.resize(buffer.len() * 4, 0);
-            continue;
-        }
-        if code != 0 || found.is_null() {
-            return None;
-        }
-        return Some(Identity { uid: entry.pw_uid, gid: entry.pw_gid });
-    }
+    let entry = entry.ok().flatten()?;
+    Some(Identity { uid: entry.uid.as_raw(), gid: entry.gid.as_raw() })
 }
 
 #[cfg(test)]

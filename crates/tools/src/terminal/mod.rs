@@ -92,8 +92,8 @@ pub fn confine(command: &mut tokio::process::Command, limits: Limits, identity: 
 /// Sends SIGKILL to every process in the group a [`confine`]d child leads (its pid); a group
 /// that is gone already, and a pid of 0 or one that does not fit a `pid_t`, are ignored.
 pub fn kill_group(pid: u32) {
-    if let Ok(pgid) = libc::pid_t::try_from(pid) {
-        exec::kill_group(pgid);
+    if let Ok(pgid) = i32::try_from(pid) {
+        exec::kill_group(nix::unistd::Pid::from_raw(pgid));
     }
 }
 

@@ -417,10 +417,8 @@ async fn host_secrets_are_redacted_from_output() {
 }
 
 /// Whether this test process is root, and so may switch users.
-#[allow(unsafe_code)]
 fn running_as_root() -> bool {
-    // SAFETY: geteuid takes no arguments, cannot fail and touches no memory of ours.
-    unsafe { libc::geteuid() == 0 }
+    nix::unistd::geteuid().is_root()
 }
 
 #[tokio::test]

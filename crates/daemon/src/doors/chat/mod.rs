@@ -14,6 +14,7 @@
 
 mod message;
 mod reply;
+mod settings;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,40 +24,48 @@ use toolhost_bus::{Keys, Streams};
 use toolhost_envelope::{
     Address, ChatEnvelope, DeadLetterEvent, Entry, StepStatus, StreamEvent, StreamEventKind, new_message_id,
 };
-use toolhost_tools::{Context, Failure, Registry};
+use toolhost_tools::{Failure, Registry};
 use tracing::{info, warn};
 
 use self::message::{Incoming, Malformed, ToolCall, classify};
-use crate::auth::Claim;
+pub(crate) use self::settings::Settings;
 use crate::call::{
-    Admission, Answer, Door, Letter, Outcome, Permits, Refused, Reply, UNKNOWN_TOOL_LABEL, Work,
+    Admission, Admitted, Answer, CallIds, Door, DoorTraits, Event, Letter, Lifecycle, Outcome, Permits,
+    Refused, Reply, UNKNOWN_TOOL_LABEL, Work,
 };
+use crate::doors::context::StreamContext;
 use crate::fleet::{Fleet, Route, route};
+use crate::group::GroupReader;
 
-/// What the chat door needs to know, resolved from configuration.
-#[derive(Debug, Clone)]
-pub struct InboxSettings {
-    /// The name toolhost speaks as: reads `chat:<agent_name>`, writes as `agent:<agent_name>`.
-    pub agent_name: String,
-    /// Larger payloads are dead-lettered.
-    pub max_payload_bytes: usize,
-    /// The toolbox this replica belongs to.
-    pub toolbox_id: String,
-    /// This replica's consumer name.
-    pub consumer: String,
+/// Starts the chat door: its reader of the agent inbox `chat:<agent_name>`, in the toolbox's
+/// consumer group.
+pub(crate) fn start(settings: Settings, cx: &StreamContext) -> Arc<GroupReader<Lifecycle<Inbox>>> {
+    let services = &cx.services;
+    let topic = services.keys.chat(&settings.agent_name);
+    let ledger = Address::chat_of(&settings.agent_name);
+    let door = Inbox::new(
+        services.bus.clone(),
+        services.keys.clone(),
+        services.fleet.clone(),
+        &cx.consumer,
+        settings,
+    );
+    cx.reader(door, &ledger, topic)
 }
 
 /// The chat door of one agent inbox.
 pub struct Inbox {
     bus: Arc<dyn Streams>,
     keys: Keys,
-    settings: InboxSettings,
+    settings: Settings,
     /// Full key of `dlq:<agent_name>`.
     dead_letters: String,
     /// `agent:<agent_name>`.
     sender: String,
     /// What the other replicas host, for calls this one cannot serve.
     fleet: Arc<Fleet>,
+    /// This replica's consumer name.
+    consumer: String,
 }
 
 /// An admitted chat message: the envelope and what answering it takes.
@@ -72,10 +81,12 @@ impl Inbox {
         bus: Arc<dyn Streams>,
         keys: Keys,
         fleet: Arc<Fleet>,
-        settings: InboxSettings,
+        consumer: &str,
+        settings: Settings,
     ) -> Inbox {
         Inbox {
             fleet,
+            consumer: consumer.to_owned(),
             dead_letters: keys.dead_letters(&settings.agent_name),
             sender: Address::agent_of(&settings.agent_name),
             bus,
@@ -148,32 +159,24 @@ fn ledger_id(message_id: &str) -> String {
 impl Door for Inbox {
     type Request = Message;
 
-    const NAME: &'static str = "chat";
+    /// Progress events are seen by the conversation, so a copy of an answered message must not
+    /// run again, even for a read-only tool.
+    const TRAITS: DoorTraits =
+        DoorTraits { name: "chat", relays_progress: false, keeps_answers: false, tracks_every_call: true };
 
-    fn admit(&self, entry: &Entry, _registry: &Registry) -> Admission<Message> {
+    fn admit(&self, entry: &Entry, registry: &Registry) -> Admission<Message> {
         match classify(entry, self.settings.max_payload_bytes, &self.sender) {
             Incoming::Malformed(malformed) => {
                 let reason = malformed.error.clone();
                 Admission::DeadLetter(self.dead_letter(malformed), reason)
             }
             Incoming::Ignored(envelope, reason) => {
-                Admission::Ignore(Message { envelope, work: None }, reason)
+                Admission::Ignore(admitted(Message { envelope, work: None }, registry), reason)
             }
-            Incoming::Message(envelope, work) => Admission::Request(Message { envelope, work: Some(work) }),
+            Incoming::Message(envelope, work) => {
+                Admission::Request(admitted(Message { envelope, work: Some(work) }, registry))
+            }
         }
-    }
-
-    fn ledger_id(&self, message: &Message) -> String {
-        ledger_id(&message.envelope.id)
-    }
-
-    /// A chat envelope names no tenant; its `created_at` is its time.
-    fn claim<'a>(&self, message: &'a Message) -> Claim<'a> {
-        Claim { tenant: None, time: Some(message.envelope.created_at.as_str()) }
-    }
-
-    fn source<'a>(&self, message: &'a Message) -> Option<&'a str> {
-        Some(message.envelope.sender.as_str())
     }
 
     /// Dead-lettered: every answer of the inbox goes to a conversation the payload names.
@@ -190,7 +193,7 @@ impl Door for Inbox {
                 }
                 // Every toolbox with this agent name reads the inbox: the one hosting the tool
                 // answers; the call is answered here only when no live replica hosts it.
-                match route(&self.fleet, &call.name, &self.settings.toolbox_id, &self.settings.consumer) {
+                match route(&self.fleet, &call.name, &self.settings.toolbox_id, &self.consumer) {
                     Route::Here => tool(),
                     Route::OtherToolbox => Work::AckOnly,
                     Route::Sibling(consumer) => Work::HandOver(consumer),
@@ -211,48 +214,6 @@ impl Door for Inbox {
             }
             None => Work::AckOnly,
         }
-    }
-
-    fn deadline(&self, _entry: &Entry, _message: &Message) -> Option<Duration> {
-        None
-    }
-
-    fn context(&self, message: &Message) -> Context {
-        Context {
-            request_id: message.envelope.id.clone(),
-            correlation_id: Inbox::call(message).map(|call| call.id.clone()),
-            conversation_id: Some(message.envelope.conversation_id.clone()),
-            cancel: Default::default(),
-            progress: Default::default(),
-        }
-    }
-
-    /// Progress events are seen by the conversation, so a copy of an answered message must not
-    /// run again, even for a read-only tool.
-    fn tracks_every_call(&self) -> bool {
-        true
-    }
-
-    async fn started(&self, message: &Message, _tool: &str) {
-        if let Some(call) = Inbox::call(message) {
-            let step = Inbox::step(call, StepStatus::Start, None);
-            self.progress(&message.envelope.conversation_id, step).await;
-        }
-    }
-
-    async fn finished(
-        &self,
-        message: &Message,
-        _tool: &str,
-        result: &Result<Value, Failure>,
-        duration: Duration,
-    ) {
-        let Some(call) = Inbox::call(message) else { return };
-        let conversation = &message.envelope.conversation_id;
-        let status = if result.is_ok() { StepStatus::Success } else { StepStatus::Error };
-        self.progress(conversation, Inbox::step(call, status, Some((result, duration)))).await;
-        let text = reply::result_text(result);
-        self.progress(conversation, StreamEventKind::Output { text, usage: None }).await;
     }
 
     fn answer(&self, message: &Message, result: &Result<Value, Failure>) -> Answer {
@@ -289,12 +250,28 @@ impl Door for Inbox {
         })
     }
 
-    /// Names no tool has share one label, so callers cannot grow the metric series.
-    fn tool_label(&self, message: &Message, registry: &Registry) -> Option<String> {
-        let call = Inbox::call(message)?;
-        Some(if registry.contains(&call.name) { call.name.clone() } else { UNKNOWN_TOOL_LABEL.to_owned() })
+    /// A tool's start and end are `tool_step` and `output` events of the conversation; the end
+    /// of a message is logged.
+    async fn observe(&self, event: Event<'_, Message>) {
+        match event {
+            Event::Started { request: message } => {
+                if let Some(call) = Inbox::call(message) {
+                    let step = Inbox::step(call, StepStatus::Start, None);
+                    self.progress(&message.envelope.conversation_id, step).await;
+                }
+            }
+            Event::Finished { request: message, result, duration } => {
+                self.finished(message, result, duration).await;
+            }
+            Event::Ended { entry, request, tool, outcome, duration } => {
+                self.log(entry, request, tool, outcome, duration);
+            }
+        }
     }
+}
 
+impl Inbox {
+    /// Logs the end of an entry's handling.
     fn log(
         &self,
         entry: &Entry,
@@ -315,6 +292,40 @@ impl Door for Inbox {
             deliveries = entry.deliveries,
             "chat message"
         );
+    }
+
+    /// The `tool_step` and `output` events of a call that ran, or was answered without running.
+    async fn finished(&self, message: &Message, result: &Result<Value, Failure>, duration: Duration) {
+        let Some(call) = Inbox::call(message) else { return };
+        let conversation = &message.envelope.conversation_id;
+        let status = if result.is_ok() { StepStatus::Success } else { StepStatus::Error };
+        self.progress(conversation, Inbox::step(call, status, Some((result, duration)))).await;
+        let text = reply::result_text(result);
+        self.progress(conversation, StreamEventKind::Output { text, usage: None }).await;
+    }
+}
+
+/// An admitted message, with what the lifecycle reads of every request: a chat envelope names
+/// no tenant, its `created_at` is its time and its sender its source, and it has no deadline.
+/// Names no tool has share one label, so callers cannot grow the metric series.
+fn admitted(message: Message, registry: &Registry) -> Admitted<Message> {
+    let envelope = &message.envelope;
+    let call = Inbox::call(&message);
+    Admitted {
+        ledger_id: ledger_id(&envelope.id),
+        tenant: None,
+        time: Some(envelope.created_at.clone()),
+        source: Some(envelope.sender.clone()),
+        deadline: None,
+        ids: CallIds {
+            request_id: envelope.id.clone(),
+            correlation_id: call.map(|call| call.id.clone()),
+            conversation_id: Some(envelope.conversation_id.clone()),
+        },
+        tool_label: call.map(|call| {
+            if registry.contains(&call.name) { call.name.clone() } else { UNKNOWN_TOOL_LABEL.to_owned() }
+        }),
+        request: message,
     }
 }
 

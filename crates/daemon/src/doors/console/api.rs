@@ -262,7 +262,7 @@ async fn find_letter(
     console: &Console,
     toolbox: &str,
     dlq_id: &str,
-) -> Result<(crate::dlq::DeadLetters, crate::dlq::Letter), Response> {
+) -> Result<(crate::dead_letters::DeadLetters, crate::dead_letters::Letter), Response> {
     let letters = read::dead_letters(console, toolbox);
     match letters.get(dlq_id).await {
         Ok(Some(letter)) => Ok((letters, letter)),

@@ -30,12 +30,11 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::routing::{get, post};
-use tokio_util::sync::CancellationToken;
 use toolhost_bus::{Bus, Keys};
 use tracing::info;
 
-use crate::config::Config;
-use crate::fleet_client::{ClientSettings, FleetClient};
+use super::context::{Checks, DoorContext, FleetDoor};
+use crate::fleet_client::FleetClient;
 
 pub use settings::Settings;
 
@@ -75,55 +74,46 @@ impl Console {
     }
 }
 
-/// Starts the console when `[console] listen` is set; it stops when `stop` is cancelled.
+impl FleetDoor for Settings {
+    fn validate(&self, checks: &Checks<'_>) -> Vec<toolhost_settings::KeyError> {
+        Settings::validate(self, checks.vars)
+    }
+
+    /// Starts the console when `[console] listen` is set.
+    async fn start(&self, cx: &DoorContext) -> anyhow::Result<Option<tokio::task::JoinHandle<()>>> {
+        start(self, cx).await
+    }
+}
+
+/// Starts the console when `[console] listen` is set; it stops when the context's `stop` is
+/// cancelled.
 ///
 /// # Errors
 /// Redis cannot be reached, or the address cannot be bound.
-pub(crate) async fn start(
-    config: &Config,
-    bus: Arc<dyn Bus>,
-    stop: CancellationToken,
-) -> anyhow::Result<Option<tokio::task::JoinHandle<()>>> {
-    let settings = &config.raw.doors.console;
+async fn start(settings: &Settings, cx: &DoorContext) -> anyhow::Result<Option<tokio::task::JoinHandle<()>>> {
     let Some(addr) = settings.listen_addr() else { return Ok(None) };
     // Checked when the configuration was loaded.
-    let token = Some(settings.token_env.trim())
-        .filter(|name| !name.is_empty())
-        .and_then(|name| config.mcp_env.0.get(name))
-        .cloned();
-    let client = ClientSettings {
-        requests_topic: config.raw.streams.requests.clone(),
-        source: "toolhost:console".to_owned(),
-        stream_ttl: STREAM_TTL,
-        watch_period: Some(WATCH_PERIOD),
-        signing: config.auth.door_key().cloned(),
-        tenant: settings.tenant(),
-    };
-    let fleet = FleetClient::open(bus.clone(), config.keys(), client)
-        .await
-        .map_err(|err| anyhow::anyhow!(crate::client::redis_failure(&config.raw.redis, &err)))?;
-    let topology = match config.redis_options().topology {
-        toolhost_bus::Topology::Single => "single",
-        toolhost_bus::Topology::Cluster { .. } => "cluster",
-        toolhost_bus::Topology::Sentinel(_) => "sentinel",
-        _ => "other",
-    };
+    let token =
+        Some(settings.token_env.trim()).filter(|name| !name.is_empty()).and_then(|name| cx.env.get(name));
+    let fleet = cx.open_fleet("toolhost:console", STREAM_TTL, WATCH_PERIOD, settings.tenant()).await?;
+    let audit = cx.audit();
     let console = Arc::new(Console {
         fleet,
-        bus,
-        keys: config.keys(),
-        requests_stream: config.raw.streams.requests.clone(),
-        results_stream: config.raw.streams.results.clone(),
-        toolbox_id: config.raw.daemon.toolbox_id.clone(),
+        bus: cx.bus.clone(),
+        keys: cx.keys.clone(),
+        requests_stream: cx.requests_stream.clone(),
+        results_stream: cx.results_stream.clone(),
+        toolbox_id: cx.toolbox_id.clone(),
         tenant: settings.tenant(),
         call_timeout: Duration::from_millis(settings.call_timeout_ms),
-        audit_topic: config.keys().audit(&config.raw.daemon.toolbox_id),
-        audit_max_len: config.auth.audit_max_len(),
-        topology,
-        redis: config.raw.redis.describe(),
-        access: access::Access::new(token.as_deref()),
+        audit_topic: audit.topic,
+        audit_max_len: audit.max_len,
+        topology: cx.topology,
+        redis: cx.redis.described().to_owned(),
+        access: access::Access::new(token),
         calls: Mutex::new(HashMap::new()),
     });
+    let stop = cx.stop.clone();
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|err| anyhow::anyhow!("console.listen: cannot listen on {addr}: {err}"))?;

@@ -5,83 +5,18 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Instant;
 
-use serde::Deserialize;
 use serde_json::{Value, json};
 use toolhost_bus::{Error as BusError, GroupInfo};
 use toolhost_envelope::Entry;
 
 use super::Console;
-use crate::dlq::{DeadLetters, Letter};
-
-/// One live replica, as its heartbeat says.
-#[derive(Debug, Clone, Deserialize)]
-pub(crate) struct Replica {
-    pub toolbox_id: String,
-    pub consumer: String,
-    #[serde(default)]
-    pub version: String,
-    /// When it last beat (RFC 3339).
-    #[serde(default)]
-    pub at: String,
-    /// Its enabled tools, with their description hashes.
-    #[serde(default)]
-    pub hosted: BTreeMap<String, Hosted>,
-    /// Its tool sources (hosted MCP servers, the OVOS source) and their states.
-    #[serde(default)]
-    pub sources: Vec<Source>,
-    /// The streams it reads as a consumer group (the requests stream, its chat inbox).
-    #[serde(default)]
-    pub groups: Vec<ReadGroup>,
-}
-
-/// A stream a replica reads as a consumer group.
-#[derive(Debug, Clone, Deserialize)]
-pub(crate) struct ReadGroup {
-    /// The stream's full key.
-    pub stream: String,
-}
-
-/// One hosted tool of a heartbeat.
-#[derive(Debug, Clone, Deserialize)]
-pub(crate) struct Hosted {
-    #[serde(default)]
-    pub hash: String,
-}
-
-/// One tool source of a replica.
-#[derive(Debug, Clone, Deserialize)]
-pub(crate) struct Source {
-    pub name: String,
-    #[serde(default)]
-    pub transport: String,
-    #[serde(default)]
-    pub up: bool,
-    #[serde(default)]
-    pub restarts: u64,
-    #[serde(default)]
-    pub tools: u64,
-    #[serde(default)]
-    pub last_error: Option<String>,
-    /// Since when it has been up or down.
-    #[serde(default)]
-    pub since: Option<String>,
-}
-
-impl Source {
-    /// `up`; `starting` before its first connection; `down` while it fails and is retried.
-    pub(crate) fn state(&self) -> &'static str {
-        match (self.up, self.restarts, &self.last_error) {
-            (true, _, _) => "up",
-            (false, 0, None) => "starting",
-            (false, _, _) => "down",
-        }
-    }
-}
+use crate::dead_letters::{DeadLetters, Letter};
+use crate::heartbeat::Heartbeat;
 
 /// What the fleet page shows.
 #[derive(Debug)]
 pub(crate) struct FleetView {
-    pub replicas: Vec<Replica>,
+    pub replicas: Vec<Heartbeat>,
     /// Tool name to its versions: description hash and the toolboxes serving it.
     pub conflicts: BTreeMap<String, BTreeMap<String, BTreeSet<String>>>,
     /// Each stream the live replicas read (bare name; the requests stream always), with its
@@ -166,12 +101,12 @@ pub(crate) async fn fleet(console: &Console) -> FleetView {
 }
 
 /// The live replicas, sorted by toolbox and consumer.
-async fn replicas(console: &Console) -> Result<Vec<Replica>, BusError> {
+async fn replicas(console: &Console) -> Result<Vec<Heartbeat>, BusError> {
     let bus = &console.bus;
     let keys = bus.members(&console.keys.fleet()).await?;
     let values = bus.values(&keys).await?;
-    let mut replicas: Vec<Replica> =
-        values.into_iter().flatten().filter_map(|text| serde_json::from_str(&text).ok()).collect();
+    let mut replicas: Vec<Heartbeat> =
+        values.into_iter().flatten().filter_map(|text| Heartbeat::parse(&text)).collect();
     replicas.sort_by(|a, b| (&a.toolbox_id, &a.consumer).cmp(&(&b.toolbox_id, &b.consumer)));
     Ok(replicas)
 }
@@ -351,23 +286,6 @@ mod tests {
         );
         assert_eq!(parse_mark("a1"), KeptAnswer { answer_id: "a1".to_owned(), entry_id: None, data: None });
         assert_eq!(parse_mark("a1\n5-0\nnot json").data, None);
-    }
-
-    #[test]
-    fn source_states_follow_up_restarts_and_errors() {
-        let source = |up, restarts, last_error: Option<&str>| Source {
-            name: "s".to_owned(),
-            transport: "stdio".to_owned(),
-            up,
-            restarts,
-            tools: 0,
-            last_error: last_error.map(str::to_owned),
-            since: None,
-        };
-        assert_eq!(source(true, 3, Some("old")).state(), "up");
-        assert_eq!(source(false, 0, None).state(), "starting");
-        assert_eq!(source(false, 0, Some("refused")).state(), "down");
-        assert_eq!(source(false, 2, None).state(), "down");
     }
 
     #[test]

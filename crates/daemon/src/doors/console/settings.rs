@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::KeyError;
+use toolhost_settings::KeyError;
 
 /// `[console]` as written in the configuration.
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]

@@ -48,7 +48,7 @@ pub(crate) struct Door {
     /// Where the door is, for logs: `stdio` or `http`.
     pub transport: &'static str,
     /// The tenant policy, for `tools/list`.
-    pub auth: Arc<crate::auth::Auth>,
+    pub auth: crate::auth::AuthHandle,
     /// The tenant of calls no token names (`[mcp] tenant`).
     pub tenant: Option<String>,
 }
@@ -74,7 +74,8 @@ impl Door {
 
     /// Whether `tenant`'s policy lets it call `name`, for listings.
     fn permits(&self, tenant: Option<&str>, name: &str) -> bool {
-        !self.auth.has_policy() || self.auth.allows(tenant.unwrap_or_default(), name)
+        let auth = self.auth.load();
+        !auth.has_policy() || auth.allows(tenant.unwrap_or_default(), name)
     }
 
     /// The exposed fleet tool `name`.

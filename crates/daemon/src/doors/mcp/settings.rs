@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::{KeyError, RawConfig};
+use toolhost_settings::KeyError;
 
 /// `[mcp]` as written in the configuration.
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -95,7 +95,7 @@ impl Settings {
     }
 
     /// Every bad key of the section.
-    pub(crate) fn validate(&self, _raw: &RawConfig, vars: &HashMap<String, String>) -> Vec<KeyError> {
+    pub(crate) fn validate(&self, vars: &HashMap<String, String>) -> Vec<KeyError> {
         let mut errors = Vec::new();
         let mut bad = |key: &str, message: String| {
             errors.push(KeyError { key: format!("mcp.{key}"), message });

@@ -64,7 +64,7 @@ impl Tasks {
         let task_id = uuid::Uuid::new_v4().to_string();
         let topic = Keys::mcp_task_results(&task_id);
         let created_at = now_rfc3339();
-        let deadline = crate::call::now_since_epoch() + call.timeout + ANSWER_MARGIN;
+        let deadline = crate::clock::now_since_epoch() + call.timeout + ANSWER_MARGIN;
         let record = Record {
             request_id: call.request_id.clone(),
             tool: call.tool.clone(),
@@ -135,7 +135,7 @@ impl Tasks {
         let progress = envelope
             .filter(|envelope| envelope.event_type.ends_with(".progress"))
             .and_then(|envelope| Progress::from_data(&envelope.data));
-        let now = crate::call::now_since_epoch().as_millis() as u64;
+        let now = crate::clock::now_since_epoch().as_millis() as u64;
         if now > record.deadline_ms {
             let error = json!({"code": -32603, "message": format!("no toolbox answered the call of '{}' in time", record.tool)});
             return Ok(DetailedTask::new(task, TaskPayload::Failed { error: object(error) }));

@@ -1,34 +1,29 @@
 //! The OpenVoiceOS door: toolhost as a `ToolBox` on the OVOS messagebus.
 //!
-//! With `[ovos] url`, `toolhost serve` keeps a websocket connection to the bus ([`link`]) and
+//! With `[ovos] url`, `toolhost serve` keeps a websocket connection to the bus
+//! ([`crate::ovos_bus::link`]) and
 //! answers what a `ToolBox` of `ovos-plugin-manager` answers ([`toolbox`]): discovery of the
 //! fleet's tools and calls on both topic forms, with the reference's replies and error strings.
 //! It is a client of the fleet ([`crate::fleet_client`]): a bus call becomes one request on the
 //! requests stream, answered with the call lifecycle of whichever toolbox hosts the tool.
 //!
 //! The door owns `[ovos]` ([`Settings`]); the OVOS tool source (`crate::sources::ovos`), which
-//! hosts the tools of other toolboxes on the bus, reads its keys there too and reuses [`link`].
+//! hosts the tools of other toolboxes on the bus, is configured in `[ovos]` too; both speak the
+//! bus through [`crate::ovos_bus`].
 
-pub(crate) mod link;
-pub(crate) mod message;
 mod settings;
-pub(crate) mod toolbox;
+mod toolbox;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::Semaphore;
-use tokio_util::sync::CancellationToken;
-use toolhost_bus::FleetAccess;
 use tracing::info;
 
 pub use settings::Settings;
-pub(crate) use settings::valid_toolbox_id;
 
-use crate::config::Config;
-use crate::fleet_client::{ClientSettings, FleetClient};
-use crate::telemetry::Telemetry;
-use link::{Link, LinkEvent};
+use super::context::{Checks, DoorContext, FleetDoor};
+use crate::ovos_bus::link::{self, Link, LinkEvent};
 use toolbox::ToolBox;
 
 /// How long the fleet client's private stream outlives a door that died without closing it.
@@ -38,34 +33,30 @@ const WATCH_PERIOD: Duration = Duration::from_secs(1);
 /// The reason `/readyz` gives while the bus is not connected.
 pub(crate) const NOT_CONNECTED: &str = "the OVOS messagebus is not connected";
 
-/// Starts the door when `[ovos] url` is set; it stops when `stop` is cancelled.
+impl FleetDoor for Settings {
+    fn validate(&self, checks: &Checks<'_>) -> Vec<toolhost_settings::KeyError> {
+        Settings::validate(self, checks.toolbox_id)
+    }
+
+    /// Starts the door when `[ovos] url` is set.
+    async fn start(&self, cx: &DoorContext) -> anyhow::Result<Option<tokio::task::JoinHandle<()>>> {
+        start(self, cx).await
+    }
+}
+
+/// Starts the door when `[ovos] url` is set; it stops when the context's `stop` is cancelled.
 ///
 /// # Errors
 /// Redis cannot be reached.
-pub(crate) async fn start(
-    config: &Config,
-    bus: Arc<dyn FleetAccess>,
-    telemetry: &Telemetry,
-    stop: CancellationToken,
-) -> anyhow::Result<Option<tokio::task::JoinHandle<()>>> {
-    let settings = &config.raw.doors.ovos;
+async fn start(settings: &Settings, cx: &DoorContext) -> anyhow::Result<Option<tokio::task::JoinHandle<()>>> {
     if !settings.enabled() {
         return Ok(None);
     }
-    let client = ClientSettings {
-        requests_topic: config.raw.streams.requests.clone(),
-        source: "toolhost:ovos".to_owned(),
-        stream_ttl: STREAM_TTL,
-        watch_period: Some(WATCH_PERIOD),
-        // Signed with the doors' key when [auth] requires signatures; bus calls are made for
-        // [ovos] tenant, the bus itself having no identity.
-        signing: config.auth.door_key().cloned(),
-        tenant: settings.tenant(),
-    };
-    let fleet = FleetClient::open(bus, config.keys(), client)
-        .await
-        .map_err(|err| anyhow::anyhow!(crate::client::redis_failure(&config.raw.redis, &err)))?;
-    let reporter = telemetry.clone();
+    // Signed with the doors' key when [auth] requires signatures; bus calls are made for
+    // [ovos] tenant, the bus itself having no identity.
+    let fleet = cx.open_fleet("toolhost:ovos", STREAM_TTL, WATCH_PERIOD, settings.tenant()).await?;
+    let stop = cx.stop.clone();
+    let reporter = cx.telemetry.clone();
     let on_change: link::OnChange = Box::new(move |status| {
         let down = (!status.connected).then_some(NOT_CONNECTED);
         reporter.set_door("ovos", down, serde_json::to_value(status).unwrap_or_default());
@@ -73,13 +64,13 @@ pub(crate) async fn start(
     let link_stop = stop.child_token();
     let (link, mut events) =
         Link::start("door", &settings.url, settings.max_frame_bytes, on_change, link_stop);
-    let toolbox_id = config.raw.daemon.toolbox_id.clone();
+    let toolbox_id = cx.toolbox_id.clone();
     // Validated when the configuration was loaded.
     let tools = settings.tools.iter().filter_map(|pattern| glob::Pattern::new(pattern).ok()).collect();
     let door = Arc::new(ToolBox {
         fleet: fleet.clone(),
         link,
-        call_topic: toolbox::call_topic(&toolbox_id),
+        call_topic: crate::ovos_bus::call_topic(&toolbox_id),
         toolbox_id,
         tools,
         call_timeout: settings.call_timeout(),

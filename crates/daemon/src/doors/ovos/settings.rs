@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::{KeyError, RawConfig};
+use toolhost_settings::KeyError;
+
+use crate::ovos_bus::valid_toolbox_id;
 
 /// `[ovos]` as written in the configuration.
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
@@ -71,7 +73,7 @@ impl Settings {
     }
 
     /// Every bad key of the section.
-    pub(crate) fn validate(&self, raw: &RawConfig) -> Vec<KeyError> {
+    pub(crate) fn validate(&self, toolbox_id: &str) -> Vec<KeyError> {
         let mut errors = Vec::new();
         let mut bad = |key: &str, message: String| {
             errors.push(KeyError { key: format!("ovos.{key}"), message });
@@ -83,7 +85,7 @@ impl Settings {
                     "url",
                     format!(
                         "'{}': wss:// is not supported; reach the bus over ws:// on loopback or a private network",
-                        crate::config::mask_url(url)
+                        toolhost_settings::mask_url(url)
                     ),
                 );
             } else if url
@@ -94,7 +96,7 @@ impl Settings {
                     "url",
                     format!(
                         "'{}' is not a ws:// URL such as ws://127.0.0.1:8181/core",
-                        crate::config::mask_url(url)
+                        toolhost_settings::mask_url(url)
                     ),
                 );
             }
@@ -113,7 +115,7 @@ impl Settings {
                     &format!("host_toolboxes[{index}]"),
                     format!("'{toolbox}' is not a toolbox id (1 to 64 of a-z, A-Z, 0-9, '_', '-', '.')"),
                 );
-            } else if *toolbox == raw.daemon.toolbox_id {
+            } else if *toolbox == toolbox_id {
                 bad(
                     &format!("host_toolboxes[{index}]"),
                     format!("'{toolbox}' is this toolbox's own id (daemon.toolbox_id): it is never hosted"),
@@ -143,26 +145,18 @@ impl Settings {
     }
 }
 
-/// Whether `id` can be a toolbox id on the bus that toolhost hosts: it becomes part of tool
-/// names and topics.
-pub(crate) fn valid_toolbox_id(id: &str) -> bool {
-    !id.is_empty()
-        && id.len() <= 64
-        && id.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
-}
-
 #[cfg(test)]
 mod tests {
-    use std::collections::HashMap;
-
     use super::*;
-    use crate::config::Config;
 
     fn errors(change: impl FnOnce(&mut Settings)) -> Vec<String> {
-        let raw = Config::load(None, &HashMap::new()).unwrap().raw;
         let mut settings = Settings { url: "ws://127.0.0.1:8181/core".to_owned(), ..Settings::default() };
         change(&mut settings);
-        settings.validate(&raw).into_iter().map(|error| format!("{}: {}", error.key, error.message)).collect()
+        settings
+            .validate("toolhost")
+            .into_iter()
+            .map(|error| format!("{}: {}", error.key, error.message))
+            .collect()
     }
 
     #[test]

@@ -20,22 +20,10 @@ use tokio::sync::Semaphore;
 use toolhost_envelope::{ErrorCode, ResultData, ToolDescription};
 use tracing::info;
 
-use super::link::Link;
-use super::message::{BusMessage, python_str, python_type};
 use crate::fleet_client::{CallFailure, FleetClient, Request};
-
-/// The discovery broadcast.
-pub(crate) const DISCOVER: &str = "ovos.persona.tools.discover";
-/// The static call topic (OVOS-TOOLS-1 §4.2).
-pub(crate) const STATIC_CALL: &str = "ovos.persona.tools.call";
-/// The prefix of the tools of hosted OVOS toolboxes, which the door leaves out: they are on the
-/// bus already.
-pub(crate) const HOSTED_PREFIX: &str = "ovos__";
-
-/// The per-toolbox call topic of `toolbox_id`.
-pub(crate) fn call_topic(toolbox_id: &str) -> String {
-    format!("ovos.persona.tools.{toolbox_id}.call")
-}
+use crate::ovos_bus::link::Link;
+use crate::ovos_bus::message::{BusMessage, python_str, python_type};
+use crate::ovos_bus::{DISCOVER, HOSTED_PREFIX, STATIC_CALL};
 
 /// The door as one `ToolBox`.
 pub(crate) struct ToolBox {

@@ -7,47 +7,47 @@
 //! statistics answer, or a refusal, published as a result envelope.
 
 mod admit;
+mod settings;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use toolhost_bus::{Keys, ResponseTopics};
+use toolhost_bus::Keys;
 use toolhost_envelope::{DiscoveryFormat, Entry, ErrorCode, EventEnvelope, ResultData, new_message_id};
-use toolhost_tools::{Context, Failure, ProgressReport, Registry};
+use toolhost_tools::{Failure, ProgressReport, Registry};
 use tracing::info;
 
 pub(crate) use self::admit::{Request, Target, entry_millis};
-use crate::auth::Claim;
+pub(crate) use self::settings::Settings;
 use crate::call::{
-    Admission, Answer, Door, Letter, Outcome, Permits, Refused, Reply, UNKNOWN_TOOL_LABEL, Work,
+    Admission, Admitted, Answer, CallIds, Door, DoorTraits, Event, Letter, Lifecycle, Outcome, Permits,
+    Refused, Reply, UNKNOWN_TOOL_LABEL, Work,
 };
+use crate::doors::context::StreamContext;
 use crate::fleet::{Fleet, Route, route};
+use crate::group::GroupReader;
 use crate::stats::Stats;
 
-/// What the requests door needs to know, resolved from configuration.
-#[derive(Debug, Clone)]
-pub struct DispatchSettings {
-    /// The toolbox id: ledger namespace and `source` of results.
-    pub toolbox_id: String,
-    /// Bare name of the requests topic.
-    pub requests_topic: String,
-    /// Bare name of the default results topic.
-    pub results_topic: String,
-    /// Larger payloads are dead-lettered.
-    pub max_payload_bytes: usize,
-    /// Requests older than this answer `expired`.
-    pub max_request_age: Option<Duration>,
-    /// Whether events no tool consumes get an `unknown_tool` answer.
-    pub answer_unknown_tools: bool,
-    /// The response topics callers may name.
-    pub response_topics: ResponseTopics,
+/// Starts the requests door: its reader of the requests stream, in the toolbox's consumer group.
+pub(crate) fn start(settings: Settings, cx: &StreamContext) -> Arc<GroupReader<Lifecycle<Requests>>> {
+    let services = &cx.services;
+    let topic = services.keys.topic(&settings.requests_topic);
+    let ledger = settings.requests_topic.clone();
+    let door = Requests::new(
+        services.keys.clone(),
+        services.stats.clone(),
+        services.fleet.clone(),
+        &cx.consumer,
+        settings,
+    );
+    cx.reader(door, &ledger, topic)
 }
 
 /// The requests door.
 pub struct Requests {
     keys: Keys,
-    settings: DispatchSettings,
+    settings: Settings,
     /// Full key of the requests stream.
     requests: String,
     /// Full key of the dead-letter stream.
@@ -69,7 +69,7 @@ impl Requests {
         stats: Arc<Stats>,
         fleet: Arc<Fleet>,
         consumer: &str,
-        settings: DispatchSettings,
+        settings: Settings,
     ) -> Requests {
         Requests {
             fleet,
@@ -134,7 +134,10 @@ impl Requests {
 impl Door for Requests {
     type Request = Request;
 
-    const NAME: &'static str = "requests";
+    /// Progress is relayed to the caller, and answers are kept: a caller that lost its answer
+    /// and sends the request again gets the original answer.
+    const TRAITS: DoorTraits =
+        DoorTraits { name: "requests", relays_progress: true, keeps_answers: true, tracks_every_call: false };
 
     fn admit(&self, entry: &Entry, registry: &Registry) -> Admission<Request> {
         let topics = &self.settings.response_topics;
@@ -143,25 +146,10 @@ impl Door for Requests {
             admit::Admission::DeadLetter(reason) => {
                 Admission::DeadLetter(self.dead_letter(entry, &reason), reason)
             }
-            admit::Admission::Request(request) => Admission::Request(*request),
+            admit::Admission::Request(request) => {
+                Admission::Request(self.admitted(entry, *request, registry))
+            }
         }
-    }
-
-    /// A cancel is remembered by its own id: the request id it carries is the call's, whose
-    /// answered mark must not swallow the cancel's answer (and a cancel's answer sets no mark).
-    fn ledger_id(&self, request: &Request) -> String {
-        match &request.target {
-            Target::Cancel { cancel_id, .. } => format!("{}:{cancel_id}", admit::TOOL_CANCEL),
-            _ => request.request_id.clone(),
-        }
-    }
-
-    fn claim<'a>(&self, request: &'a Request) -> Claim<'a> {
-        Claim { tenant: request.envelope.tenant_id.as_deref(), time: request.envelope.time.as_deref() }
-    }
-
-    fn source<'a>(&self, request: &'a Request) -> Option<&'a str> {
-        request.envelope.source.as_deref().filter(|source| !source.is_empty())
     }
 
     /// `forbidden` on the default results topic, never on the topic the unverified payload
@@ -214,32 +202,6 @@ impl Door for Requests {
         }
     }
 
-    /// The caller's deadline, or the maximum request age counted from the entry's time,
-    /// whichever comes first.
-    fn deadline(&self, entry: &Entry, request: &Request) -> Option<Duration> {
-        let max_age = self.settings.max_request_age.and_then(|max_age| {
-            entry_millis(&entry.entry_id).map(|sent| Duration::from_millis(sent) + max_age)
-        });
-        match (request.deadline, max_age) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
-    }
-
-    fn context(&self, request: &Request) -> Context {
-        let envelope = &request.envelope;
-        Context {
-            request_id: request.request_id.clone(),
-            correlation_id: envelope.effective_correlation_id().map(str::to_owned),
-            conversation_id: envelope
-                .data_str("conversation_id")
-                .or(envelope.session_id.as_deref())
-                .map(str::to_owned),
-            cancel: Default::default(),
-            progress: Default::default(),
-        }
-    }
-
     fn answer(&self, request: &Request, result: &Result<Value, Failure>) -> Answer {
         let data = match result {
             Ok(value) => ResultData::ok(&request.request_id, value.clone()),
@@ -252,15 +214,6 @@ impl Door for Requests {
             }
         };
         self.result_on(request, &request.response_topic, &data)
-    }
-
-    fn relays_progress(&self) -> bool {
-        true
-    }
-
-    /// A caller that lost its answer and sends the request again gets the original answer.
-    fn keeps_answers(&self) -> bool {
-        true
     }
 
     /// `<answer type>.progress` on the answer's topic, `data` without `success`.
@@ -294,19 +247,16 @@ impl Door for Requests {
         self.dead_letter(entry, reason)
     }
 
-    /// Caller-chosen names that no tool has share one label, on every path, so they cannot grow
-    /// `tools.stats` or the metric series without bound.
-    fn tool_label(&self, request: &Request, registry: &Registry) -> Option<String> {
-        match &request.target {
-            Target::Tool { name, .. } if registry.contains(name) => Some(name.clone()),
-            Target::Tool { .. } | Target::Unknown(_) => Some(UNKNOWN_TOOL_LABEL.to_owned()),
-            Target::Discover => Some(admit::TOOLS_DISCOVER.to_owned()),
-            Target::Stats => Some(admit::TOOLS_STATS.to_owned()),
-            Target::Cancel { .. } => Some(admit::TOOL_CANCEL.to_owned()),
-            Target::Invalid(_) | Target::Forbidden(_) => None,
+    /// Only the end of a request is logged here.
+    async fn observe(&self, event: Event<'_, Request>) {
+        if let Event::Ended { entry, request, tool, outcome, duration } = event {
+            self.log(entry, request, tool, outcome, duration);
         }
     }
+}
 
+impl Requests {
+    /// Logs the end of an entry's handling.
     fn log(
         &self,
         entry: &Entry,
@@ -327,5 +277,63 @@ impl Door for Requests {
             deliveries = entry.deliveries,
             "invocation"
         );
+    }
+
+    /// An admitted request, with what the lifecycle reads of every request.
+    fn admitted(&self, entry: &Entry, request: Request, registry: &Registry) -> Admitted<Request> {
+        let envelope = &request.envelope;
+        Admitted {
+            ledger_id: ledger_id(&request),
+            tenant: envelope.tenant_id.clone(),
+            time: envelope.time.clone(),
+            source: envelope.source.clone().filter(|source| !source.is_empty()),
+            deadline: self.deadline(entry, &request),
+            ids: CallIds {
+                request_id: request.request_id.clone(),
+                correlation_id: envelope.effective_correlation_id().map(str::to_owned),
+                conversation_id: envelope
+                    .data_str("conversation_id")
+                    .or(envelope.session_id.as_deref())
+                    .map(str::to_owned),
+            },
+            tool_label: tool_label(&request, registry),
+            request,
+        }
+    }
+
+    /// The caller's deadline, or the maximum request age counted from the entry's time,
+    /// whichever comes first.
+    fn deadline(&self, entry: &Entry, request: &Request) -> Option<Duration> {
+        let max_age = self.settings.max_request_age.and_then(|max_age| {
+            entry_millis(&entry.entry_id).map(|sent| Duration::from_millis(sent) + max_age)
+        });
+        match (request.deadline, max_age) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+}
+
+/// The id the ledger remembers a request by. A cancel is remembered by its own id: the request
+/// id it carries is the call's, whose answered mark must not swallow the cancel's answer (and a
+/// cancel's answer sets no mark).
+fn ledger_id(request: &Request) -> String {
+    match &request.target {
+        Target::Cancel { cancel_id, .. } => format!("{}:{cancel_id}", admit::TOOL_CANCEL),
+        _ => request.request_id.clone(),
+    }
+}
+
+/// The tool label of a request for stats, metrics and logs; `None` when it names no tool.
+/// Caller-chosen names that no tool has share one label, on every path, so they cannot grow
+/// `tools.stats` or the metric series without bound.
+fn tool_label(request: &Request, registry: &Registry) -> Option<String> {
+    match &request.target {
+        Target::Tool { name, .. } if registry.contains(name) => Some(name.clone()),
+        Target::Tool { .. } | Target::Unknown(_) => Some(UNKNOWN_TOOL_LABEL.to_owned()),
+        Target::Discover => Some(admit::TOOLS_DISCOVER.to_owned()),
+        Target::Stats => Some(admit::TOOLS_STATS.to_owned()),
+        Target::Cancel { .. } => Some(admit::TOOL_CANCEL.to_owned()),
+        Target::Invalid(_) | Target::Forbidden(_) => None,
     }
 }

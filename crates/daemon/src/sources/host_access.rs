@@ -10,13 +10,15 @@ use std::path::Path;
 use toolhost_tools::terminal::access::{Access, problem, program_on_path};
 use toolhost_tools::terminal::{DEFAULT_RUN_AS, FIXED_PATH};
 
-use crate::config::{Config, KeyError};
+use toolhost_settings::KeyError;
+
+use super::Settings;
 
 /// Every path the children's user cannot reach, one error per key; none when the children run
 /// as the daemon itself.
-pub(crate) fn problems(config: &Config) -> Vec<KeyError> {
-    let Some(identity) = config.terminal_identity else { return Vec::new() };
-    let terminal = &config.raw.tools.terminal;
+pub(crate) fn problems(settings: &Settings) -> Vec<KeyError> {
+    let Some(identity) = settings.terminal_identity else { return Vec::new() };
+    let terminal = &settings.tools.terminal;
     let user =
         terminal.run_as.as_deref().map(str::trim).filter(|name| !name.is_empty()).unwrap_or(DEFAULT_RUN_AS);
     let mut res = Vec::new();
@@ -28,7 +30,7 @@ pub(crate) fn problems(config: &Config) -> Vec<KeyError> {
     if let Some(root) = &terminal.sandbox_cwd {
         check("tools.terminal.sandbox_cwd".to_owned(), root, Access::Enter);
     }
-    for (index, command) in config.raw.sources.commands.iter().enumerate() {
+    for (index, command) in settings.sections.commands.iter().enumerate() {
         if let Some(cwd) = &command.cwd {
             check(format!("commands[{index}].cwd"), cwd, Access::Enter);
         }
@@ -37,8 +39,8 @@ pub(crate) fn problems(config: &Config) -> Vec<KeyError> {
         }
     }
     // Hosted servers are started with the daemon's PATH (see `toolhost_mcp`'s children).
-    let path_var = config.mcp_env.0.get("PATH").map_or("", String::as_str);
-    for (index, server) in config.raw.sources.mcp_servers.iter().enumerate() {
+    let path_var = settings.env.get("PATH").unwrap_or_default();
+    for (index, server) in settings.sections.mcp_servers.iter().enumerate() {
         let Some(command) = &server.command else { continue };
         if let Some(cwd) = &server.cwd {
             check(format!("mcp_servers[{index}].cwd"), cwd, Access::Enter);

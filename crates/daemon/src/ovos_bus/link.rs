@@ -95,7 +95,7 @@ impl Link {
     ) -> (Arc<Link>, mpsc::Receiver<LinkEvent>) {
         let link = Arc::new(Link {
             url: url.trim().to_owned(),
-            masked: crate::config::mask_url(url.trim()),
+            masked: toolhost_settings::mask_url(url.trim()),
             max_frame_bytes,
             outgoing: Mutex::new(None),
             connected: AtomicBool::new(false),

@@ -1,0 +1,25 @@
+//! The requests door's settings. The door has no section of its own: `config` reads them from
+//! the shared sections (`[streams]`, `[dispatch]`, `[daemon]`), whose keys stay where they are.
+
+use std::time::Duration;
+
+use toolhost_bus::ResponseTopics;
+
+/// What the requests door needs to know.
+#[derive(Debug, Clone)]
+pub(crate) struct Settings {
+    /// The toolbox id: ledger namespace and `source` of results.
+    pub toolbox_id: String,
+    /// Bare name of the requests topic.
+    pub requests_topic: String,
+    /// Bare name of the default results topic.
+    pub results_topic: String,
+    /// Larger payloads are dead-lettered.
+    pub max_payload_bytes: usize,
+    /// Requests older than this answer `expired`.
+    pub max_request_age: Option<Duration>,
+    /// Whether events no tool consumes get an `unknown_tool` answer.
+    pub answer_unknown_tools: bool,
+    /// The response topics callers may name.
+    pub response_topics: ResponseTopics,
+}
