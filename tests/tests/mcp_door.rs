@@ -86,7 +86,7 @@ impl Fleet {
             &path,
             format!(
                 "[redis]\nurl = \"{}\"\n[daemon]\ntoolbox_id = \"door\"\n[mcp]\nlisten = \"127.0.0.1:{}\"\n\
-                 allowed_origins = [\"http://localhost:*\"]\nmax_body_bytes = 65536\nmax_sessions = 8\n\
+                 max_body_bytes = 65536\nmax_sessions = 8\n\
                  task_threshold_ms = 1000\npage_size = 2\n{}\n",
                 self.redis.url(),
                 self.door_port,
@@ -452,16 +452,24 @@ fn hostile_input_gets_the_protocols_errors_and_the_door_keeps_serving() {
     let calls =
         std::thread::spawn(move || (0..3).map(|_| scenario(&["list-call", &url])).collect::<Vec<_>>());
 
-    let (status, _) = post(port, "", "{not json");
-    assert!((400..500).contains(&status), "not JSON: {status}");
+    let (status, body) = post(port, "", "{not json");
+    assert_eq!(status, 400, "not JSON: {body}");
+    assert!(body.contains("-32700"), "a JSON-RPC parse error: {body}");
     let (status, _) = post(port, "", r#"{"jsonrpc":"2.0","id":1}"#);
     assert!((400..500).contains(&status), "no method: {status}");
     let (status, _) = post(port, "", &format!("{{\"pad\":\"{}\"}}", "x".repeat(70_000)));
     assert_eq!(status, 413, "a body over max_body_bytes");
+    // A body far over the limit is read and dropped, so the client, still sending, reads the 413.
+    let (status, body) = post(port, "", &format!("{{\"pad\":\"{}\"}}", "x".repeat(12 * 1024 * 1024)));
+    assert_eq!(status, 413, "a 12 MiB body: {}", &body[..body.len().min(300)]);
+    assert!(body.contains("max_body_bytes"), "the 413 names the limit: {body}");
     let (status, _) = post(port, "Origin: http://evil.example\r\n", INITIALIZE);
     assert_eq!(status, 403, "a foreign Origin");
+    // No allowed_origins on a loopback address: the loopback origins are allowed, any port.
     let (status, _) = post(port, "Origin: http://localhost:3000\r\n", INITIALIZE);
-    assert_eq!(status, 200, "an allowed Origin");
+    assert_eq!(status, 200, "a localhost Origin");
+    let (status, _) = post(port, &format!("Origin: http://127.0.0.1:{port}\r\n"), INITIALIZE);
+    assert_eq!(status, 200, "the door's own loopback Origin");
     let (status, _) = raw(
         port,
         "POST /mcp HTTP/1.1\r\nHost: evil.example\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}",

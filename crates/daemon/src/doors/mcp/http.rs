@@ -1,9 +1,11 @@
 //! The MCP door over streamable HTTP: `/mcp` on `[mcp] listen`, its own port.
 //!
 //! rmcp's streamable HTTP service does the protocol: sessions by `Mcp-Session-Id`, JSON
-//! responses or SSE streams, the `Origin` and `Host` checks against DNS rebinding, and the body
-//! limit (413). This module adds what a long-running daemon needs around it: a cap on open
-//! sessions (503 past it), idle sessions closed, and a graceful stop.
+//! responses or SSE streams, and the `Origin` and `Host` checks against DNS rebinding. This
+//! module adds what a long-running daemon needs around it: the loopback origins allowed by
+//! default on a loopback address, the body read here first (413 for one over `max_body_bytes`,
+//! after the excess is drained so the client reads it; 400 with JSON-RPC's `-32700` for one that
+//! is not JSON), a cap on open sessions (503 past it), idle sessions closed, and a graceful stop.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -91,15 +93,17 @@ pub(crate) async fn serve(
     let config = StreamableHttpServerConfig::default()
         .with_json_response(true)
         .with_allowed_hosts(hosts)
-        .with_allowed_origins(settings.allowed_origins.clone())
+        .with_allowed_origins(allowed_origins(settings, addr))
         .enforce_origin_validation()
         .with_max_request_body_bytes(settings.max_body_bytes)
         .with_cancellation_token(stop.child_token());
     let service =
         StreamableHttpService::new(move || Ok(Session::new(door.clone())), sessions.clone(), config);
     let cap = Cap { sessions, max: settings.max_sessions };
-    let mut router =
-        Router::new().route_service("/mcp", service).layer(middleware::from_fn_with_state(cap, cap_sessions));
+    let mut router = Router::new()
+        .route_service("/mcp", service)
+        .layer(middleware::from_fn_with_state(cap, cap_sessions))
+        .layer(middleware::from_fn_with_state(settings.max_body_bytes, check_body));
     // Checked before anything else, so no session is made for a request without a token.
     if let Some(tokens) = tokens {
         router = router.layer(middleware::from_fn_with_state(Arc::new(tokens), check_token));
@@ -162,6 +166,86 @@ async fn check_token(State(tokens): State<Arc<Tokens>>, mut request: Request, ne
         .into_response()
 }
 
+/// How much of a body over the limit is read and thrown away so that its client, still sending,
+/// reads the 413; a client sending more is cut off.
+const DRAIN_LIMIT: u64 = 64 * 1024 * 1024;
+
+/// The `Origin` values allowed: `[mcp] allowed_origins`, or, when it is empty and the door
+/// listens on a loopback address, the loopback origins on any port (a page served from the same
+/// machine; a foreign origin is still refused, as the MCP specification asks).
+fn allowed_origins(settings: &Settings, addr: SocketAddr) -> Vec<String> {
+    if !settings.allowed_origins.is_empty() || !addr.ip().is_loopback() {
+        return settings.allowed_origins.clone();
+    }
+    ["http", "https"]
+        .iter()
+        .flat_map(|scheme| {
+            ["localhost", "127.0.0.1", "[::1]"].iter().map(move |host| format!("{scheme}://{host}:*"))
+        })
+        .collect()
+}
+
+/// Reads a POST's body before rmcp does: one over `max` is answered 413 (from its
+/// `Content-Length` when it declares one, after reading and dropping what the client still
+/// sends, up to [`DRAIN_LIMIT`]), and one that is not JSON 400 with JSON-RPC's parse error.
+async fn check_body(State(max): State<usize>, request: Request, next: Next) -> Response {
+    if request.method() != Method::POST {
+        return next.run(request).await;
+    }
+    let (parts, body) = request.into_parts();
+    let declared = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok()?.trim().parse::<u64>().ok());
+    if declared.is_some_and(|length| length > max as u64) {
+        drain(body, DRAIN_LIMIT).await;
+        return too_large(max);
+    }
+    let Ok(bytes) = axum::body::to_bytes(body, max).await else { return too_large(max) };
+    if let Err(err) = serde_json::from_slice::<serde::de::IgnoredAny>(&bytes) {
+        let body = json!({
+            "jsonrpc": "2.0",
+            "id": null,
+            "error": {"code": -32700, "message": format!("Parse error: the body is not JSON ({err})")},
+        });
+        return (
+            StatusCode::BAD_REQUEST,
+            [(header::CONTENT_TYPE, "application/json")],
+            Body::from(body.to_string()),
+        )
+            .into_response();
+    }
+    next.run(Request::from_parts(parts, Body::from(bytes))).await
+}
+
+/// Reads and drops `body`, at most `limit` bytes of it.
+async fn drain(body: Body, limit: u64) {
+    use futures::StreamExt as _;
+    let mut stream = body.into_data_stream();
+    let mut read = 0u64;
+    while read <= limit {
+        match stream.next().await {
+            Some(Ok(chunk)) => read += chunk.len() as u64,
+            _ => return,
+        }
+    }
+}
+
+/// 413, naming the limit; the connection closes after it.
+fn too_large(max: usize) -> Response {
+    let body = json!({
+        "jsonrpc": "2.0",
+        "id": null,
+        "error": {"code": -32600, "message": format!("the request body is over the door's limit of {max} bytes ([mcp] max_body_bytes)")},
+    });
+    (
+        StatusCode::PAYLOAD_TOO_LARGE,
+        [(header::CONTENT_TYPE, "application/json"), (header::CONNECTION, "close")],
+        Body::from(body.to_string()),
+    )
+        .into_response()
+}
+
 /// Refuses a request that would open a session past `[mcp] max_sessions` (a POST without a
 /// session id), with 503 and a JSON-RPC error, so the client can retry later.
 async fn cap_sessions(State(cap): State<Cap>, request: Request, next: Next) -> Response {
@@ -186,4 +270,23 @@ async fn cap_sessions(State(cap): State<Cap>, request: Request, next: Next) -> R
         *response.status_mut() = StatusCode::NO_CONTENT;
     }
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_loopback_door_allows_the_loopback_origins_unless_told_otherwise() {
+        let loopback: SocketAddr = "127.0.0.1:8931".parse().unwrap();
+        let anywhere: SocketAddr = "0.0.0.0:8931".parse().unwrap();
+        let origins = allowed_origins(&Settings::default(), loopback);
+        for origin in ["http://localhost:*", "http://127.0.0.1:*", "http://[::1]:*", "https://localhost:*"] {
+            assert!(origins.iter().any(|allowed| allowed == origin), "{origin} in {origins:?}");
+        }
+        assert!(allowed_origins(&Settings::default(), anywhere).is_empty(), "no default off loopback");
+        let listed =
+            Settings { allowed_origins: vec!["https://app.example:443".to_owned()], ..Settings::default() };
+        assert_eq!(allowed_origins(&listed, loopback), ["https://app.example:443"]);
+    }
 }
