@@ -13,9 +13,9 @@ run *ARGS: ensure-redis
     cargo build --release -p toolhost --bin toolhost
     REDIS_URL=redis://127.0.0.1:{{redis_port}} ./target/release/toolhost serve {{ARGS}}
 
-# `run` builds the release profile, which builds in parallel. The dist profile (fat LTO, one
-# codegen unit) ends in a long single-threaded step and costs less CPU per request
-# (docs/PERFORMANCE.md, "Build profiles").
+# `run` builds the release profile, which builds fast. The dist profile (fat LTO, one codegen
+# unit) takes twice the CPU and ends in a long single-threaded step, and costs about a quarter
+# less CPU per request (docs/PERFORMANCE.md, "Build profiles").
 # The binary to deploy, as the images, the systemd unit and the benchmarks use it: target/dist/toolhost.
 dist:
     cargo build --profile dist --locked -p toolhost --bin toolhost
