@@ -39,9 +39,9 @@ trap cleanup EXIT
 # 1. `./x run` in a session of its own, so the whole recipe can be stopped like Ctrl-C does.
 TOOLHOST__HTTP__LISTEN="127.0.0.1:$http" setsid ./x redis_port="$port" run >"$work/run.log" 2>&1 &
 run_pid=$!
-# `./x run` builds the release profile first: 527 s of CPU from a fresh clone, 10 min 50 s on 2
-# cores shared with other builds at load 5, about 5 minutes on idle ones (docs/PERFORMANCE.md,
-# "Build profiles"). It gets 20 minutes; QUICKSTART_WAIT_S gives it more.
+# `./x run` builds the release profile first: from a fresh clone it served after 8 min 29 s on 2
+# cores shared with other builds (load 3 to 5), and should take about 5 minutes on idle ones
+# (docs/PERFORMANCE.md, "Build profiles"). It gets 20 minutes; QUICKSTART_WAIT_S gives it more.
 wait_s="${QUICKSTART_WAIT_S:-1200}"
 deadline=$(( $(date +%s) + wait_s ))
 while [ "$(date +%s)" -lt "$deadline" ]; do
