@@ -2,9 +2,13 @@
 # Builds and checks the toolhost container image.
 #
 #   image.sh build VERSION                  deploy/Dockerfile (multi-stage, from source) -> toolhost:VERSION
-#   image.sh prebuilt VERSION [BASE_IMAGE]  deploy/Dockerfile.prebuilt from target/release/toolhost
-#   image.sh check VERSION                  the prebuilt image on a debootstrapped Debian 12 base,
-#                                           run under chroot beside a throwaway Redis, one real call
+#   image.sh prebuilt VERSION [BASE_IMAGE]  deploy/Dockerfile.prebuilt from target/dist/toolhost
+#   image.sh check VERSION [PROFILE]        the prebuilt image on a debootstrapped Debian 12 base,
+#                                           run under chroot beside a throwaway Redis, one real call;
+#                                           its binary is PROFILE's build (default dist; CI checks
+#                                           the release build its quickstart check made)
+#
+# Images hold the dist profile's binary (fat LTO, one codegen unit), as deployed and measured.
 #
 # The engine is whichever of docker and podman answers `info` (a docker client without a daemon
 # does not count). `check` needs root and podman: it imports a base image made with debootstrap
@@ -36,12 +40,13 @@ apt_install() {
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
 }
 
-# Builds the release binary and lays out the prebuilt build context; prints its path.
+# Builds the binary of a profile (default dist) and lays out the prebuilt build context; prints
+# its path.
 context() {
-    local ctx=target/image-context
-    cargo build --release --locked -p toolhost --bin toolhost >&2
+    local profile="${1:-dist}" ctx=target/image-context
+    cargo build --profile "$profile" --locked -p toolhost --bin toolhost >&2
     rm -rf "$ctx" && mkdir -p "$ctx"
-    strip -o "$ctx/toolhost" target/release/toolhost
+    strip -o "$ctx/toolhost" "target/$profile/toolhost"
     cp config/container.toml "$ctx/toolhost.toml"
     echo "$ctx"
 }
@@ -64,7 +69,7 @@ prebuilt() {
     [ "$engine" = podman ] && format=(--format docker)
     "$engine" build "${format[@]}" -f deploy/Dockerfile.prebuilt --build-arg "BASE_IMAGE=$base" \
         -t "toolhost:$version" "$ctx"
-    echo "built toolhost:$version with $engine on $base from target/release/toolhost" >&2
+    echo "built toolhost:$version with $engine on $base from target/dist/toolhost" >&2
 }
 
 # A Debian 12 minbase, trimmed like debian:bookworm-slim (no docs, man pages, locales, apt
@@ -89,7 +94,7 @@ free_port() {
 }
 
 check() {
-    local version="$1"
+    local version="$1" profile="${2:-dist}"
     [ "$(id -u)" = 0 ] || die "check needs root (podman image mount, chroot)"
     apt_install podman:podman debootstrap:debootstrap redis-server:redis-server strip:binutils
     podman info >/dev/null 2>&1 || die "'podman info' fails"
@@ -99,14 +104,14 @@ check() {
     image="localhost/toolhost:$version-check" mnt="" dir="" redis_pid="" serve_pid=""
     local base ctx
     base="$(base_image)"
-    ctx="$(context)"
+    ctx="$(context "$profile")"
     podman build --quiet --format docker -f deploy/Dockerfile.prebuilt --build-arg "BASE_IMAGE=$base" \
         -t "$image" "$ctx" >/dev/null
     local size base_size binary_size
     size=$(podman image inspect --format '{{.Size}}' "$image")
     base_size=$(podman image inspect --format '{{.Size}}' "$base")
     binary_size=$(stat -c %s "$ctx/toolhost")
-    echo "image $image: $((size / 1000000)) MB (base $((base_size / 1000000)) MB, stripped binary $((binary_size / 1000000)) MB)"
+    echo "image $image: $((size / 1000000)) MB (base $((base_size / 1000000)) MB, stripped $profile binary $((binary_size / 1000000)) MB)"
     [ "$size" -lt 120000000 ] || die "the image is $((size / 1000000)) MB, over 120 MB"
 
     # What the image says to run, as a container runtime would read it.
@@ -192,7 +197,7 @@ check() {
 case "${1:-}" in
     build) build "${2:?version}" ;;
     prebuilt) prebuilt "${2:?version}" "${3:-}" ;;
-    check) check "${2:?version}" ;;
+    check) check "${2:?version}" "${3:-dist}" ;;
     base) base_image ;;
-    *) echo "usage: $0 build VERSION | prebuilt VERSION [BASE_IMAGE] | check VERSION" >&2; exit 2 ;;
+    *) echo "usage: $0 build VERSION | prebuilt VERSION [BASE_IMAGE] | check VERSION [PROFILE]" >&2; exit 2 ;;
 esac

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # deploy/toolhost.service under a real systemd (`./x unit-check`, run by CI): boots a Debian 12
-# with systemd in systemd-nspawn, installs the release binary and the unit as the unit's header
+# with systemd in systemd-nspawn, installs the binary of the profile given (dist, as deployed, by
+# default; CI gives release, the build its quickstart check made) and the unit as the unit's header
 # says, and checks that
 #
 # 1. a configuration error stops the unit: failed, exit status 64, no restart, and the message
@@ -12,6 +13,7 @@
 # /var/tmp/toolhost-unit-root between runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+profile="${1:-dist}"
 
 die() { echo "unit-check: $*" >&2; exit 1; }
 [ "$(id -u)" = 0 ] || die "needs root (systemd-nspawn)"
@@ -32,10 +34,10 @@ if [ ! -e "$root/.complete" ]; then
         "${DEBIAN_MIRROR:-http://deb.debian.org/debian}" >/dev/null
     touch "$root/.complete"
 fi
-cargo build --release --locked -p toolhost --bin toolhost
+cargo build --profile "$profile" --locked -p toolhost --bin toolhost
 
 # Installed as the unit's header says: the binary, the unit, /etc/toolhost/{toolhost.toml,toolhost.env}.
-install -m 0755 target/release/toolhost "$root/usr/local/bin/toolhost"
+install -m 0755 "target/$profile/toolhost" "$root/usr/local/bin/toolhost"
 # UNIT_FILE: another unit to check instead, e.g. an older version to see it fail.
 install -m 0644 "${UNIT_FILE:-deploy/toolhost.service}" "$root/etc/systemd/system/toolhost.service"
 mkdir -p "$root/etc/toolhost"
