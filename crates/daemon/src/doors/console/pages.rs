@@ -2,6 +2,7 @@
 //! Redis goes through [`escape`] (or into a `<pre>` as escaped JSON): a tool's description or a
 //! result may hold HTML, and it must show as text.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::sync::Arc;
 
@@ -11,6 +12,7 @@ use axum::response::{Html, IntoResponse, Redirect, Response};
 use serde_json::Value;
 
 use super::{Console, read};
+use crate::heartbeat::Heartbeat;
 
 /// How many calls the Calls page starts with.
 const RECENT_CALLS: usize = 200;
@@ -141,31 +143,7 @@ pub(crate) async fn fleet(State(console): State<Arc<Console>>) -> Response {
         );
     }
     body.push_str("</tbody></table>");
-    body.push_str(
-        "<h2>Tool sources</h2><table id=\"sources\"><thead><tr><th>source</th><th>toolbox</th>\
-         <th>replica</th><th>kind</th><th>state</th><th>since</th><th>tools</th><th>restarts</th>\
-         <th>last error</th></tr></thead><tbody>",
-    );
-    for replica in &view.replicas {
-        for source in &replica.sources {
-            let state = source.state();
-            let _ = write!(
-                body,
-                "<tr data-source=\"{name}\" data-toolbox=\"{toolbox}\"><td>{name}</td><td>{toolbox}</td>\
-                 <td>{consumer}</td><td class=\"kind\">{kind}</td><td class=\"state {state}\">{state}</td>\
-                 <td class=\"since\">{since}</td><td>{tools}</td><td>{restarts}</td><td>{error}</td></tr>",
-                name = escape(&source.name),
-                toolbox = escape(&replica.toolbox_id),
-                consumer = escape(&replica.consumer),
-                kind = escape(&source.transport),
-                since = escape(source.since.as_deref().unwrap_or("")),
-                tools = source.tools,
-                restarts = source.restarts,
-                error = escape(source.last_error.as_deref().unwrap_or("")),
-            );
-        }
-    }
-    body.push_str("</tbody></table>");
+    body.push_str(&sources_table(&view.replicas));
     body.push_str(
         "<h2>Consumer groups</h2><table id=\"groups\"><thead><tr><th>stream</th><th>group</th>\
          <th>pending</th><th>lag</th></tr></thead><tbody>",
@@ -196,14 +174,70 @@ pub(crate) async fn fleet(State(console): State<Arc<Console>>) -> Response {
         }
     }
     body.push_str("</tbody></table>");
-    body.push_str(
+    body.push_str(&conflicts_table(&view.conflicts));
+    page(&console, "Fleet", "fleet", &body)
+}
+
+/// The fleet page's table of tool sources, one row per source of each live replica; one row
+/// saying what to add when there is none.
+fn sources_table(replicas: &[Heartbeat]) -> String {
+    let mut res = String::new();
+    res.push_str(
+        "<h2>Tool sources</h2><table id=\"sources\"><thead><tr><th>source</th><th>toolbox</th>\
+         <th>replica</th><th>kind</th><th>state</th><th>since</th><th>tools</th><th>restarts</th>\
+         <th>last error</th></tr></thead><tbody>",
+    );
+    if replicas.iter().all(|replica| replica.sources.is_empty()) {
+        res.push_str(&empty_row(
+            9,
+            "No tool sources: no live replica hosts an MCP server or OVOS toolboxes. Add a \
+             <code>[[mcp_servers]]</code> entry (a stdio command or a streamable HTTP url) or \
+             <code>[ovos] host_toolboxes</code> to a toolbox's configuration, then restart it or send it SIGHUP.",
+        ));
+    }
+    for replica in replicas {
+        for source in &replica.sources {
+            let state = source.state();
+            let _ = write!(
+                res,
+                "<tr data-source=\"{name}\" data-toolbox=\"{toolbox}\"><td>{name}</td><td>{toolbox}</td>\
+                 <td>{consumer}</td><td class=\"kind\">{kind}</td><td class=\"state {state}\">{state}</td>\
+                 <td class=\"since\">{since}</td><td>{tools}</td><td>{restarts}</td><td>{error}</td></tr>",
+                name = escape(&source.name),
+                toolbox = escape(&replica.toolbox_id),
+                consumer = escape(&replica.consumer),
+                kind = escape(&source.transport),
+                since = escape(source.since.as_deref().unwrap_or("")),
+                tools = source.tools,
+                restarts = source.restarts,
+                error = escape(source.last_error.as_deref().unwrap_or("")),
+            );
+        }
+    }
+    res.push_str("</tbody></table>");
+    res
+}
+
+/// The fleet page's table of tool names served with different descriptions; one row saying so
+/// when there is none.
+fn conflicts_table(conflicts: &BTreeMap<String, BTreeMap<String, BTreeSet<String>>>) -> String {
+    let mut res = String::new();
+    res.push_str(
         "<h2>Conflicting descriptions</h2><table id=\"conflicts\"><thead><tr><th>tool</th><th>description hash</th>\
          <th>toolboxes</th></tr></thead><tbody>",
     );
-    for (tool, versions) in &view.conflicts {
+    if conflicts.is_empty() {
+        res.push_str(&empty_row(
+            3,
+            "No conflicting descriptions: every tool name the live toolboxes share has one description. \
+             A row here means two toolboxes serve one name with different descriptions; give one of them \
+             another name or the same description.",
+        ));
+    }
+    for (tool, versions) in conflicts {
         for (hash, toolboxes) in versions {
             let _ = write!(
-                body,
+                res,
                 "<tr data-tool=\"{tool}\"><td>{tool}</td><td>{hash}</td><td>{toolboxes}</td></tr>",
                 tool = escape(tool),
                 hash = escape(hash),
@@ -211,8 +245,14 @@ pub(crate) async fn fleet(State(console): State<Arc<Console>>) -> Response {
             );
         }
     }
-    body.push_str("</tbody></table>");
-    page(&console, "Fleet", "fleet", &body)
+    res.push_str("</tbody></table>");
+    res
+}
+
+/// The one row of an empty table (`columns` wide), saying what is missing and how to add it.
+/// `message` is the console's own text (it may hold markup), never a caller's.
+fn empty_row(columns: usize, message: &str) -> String {
+    format!("<tr class=\"empty\"><td colspan=\"{columns}\">{message}</td></tr>")
 }
 
 /// `GET /tools`: every fleet tool, searchable.
@@ -536,6 +576,31 @@ mod tests {
             pretty(&serde_json::json!({"d": "</pre><b>"})),
             "{\n  &quot;d&quot;: &quot;&lt;/pre&gt;&lt;b&gt;&quot;\n}"
         );
+    }
+
+    #[test]
+    fn empty_fleet_tables_say_what_is_missing_and_full_ones_do_not() {
+        let beat = |sources: &str| {
+            Heartbeat::parse(&format!(r#"{{"toolbox_id":"tb","consumer":"tb-1","sources":{sources}}}"#))
+                .unwrap()
+        };
+        let empty = sources_table(&[beat("[]")]);
+        assert!(empty.contains("<tr class=\"empty\">") && empty.contains("[[mcp_servers]]"), "{empty}");
+        let hosted = sources_table(&[beat(r#"[{"name":"<b>time</b>","up":true}]"#)]);
+        assert!(!hosted.contains("class=\"empty\""), "{hosted}");
+        assert!(
+            hosted.contains("data-source=\"&lt;b&gt;time&lt;/b&gt;\""),
+            "a source's name stays text: {hosted}"
+        );
+
+        let none = conflicts_table(&BTreeMap::new());
+        assert!(
+            none.contains("<tr class=\"empty\">") && none.contains("No conflicting descriptions"),
+            "{none}"
+        );
+        let versions = BTreeMap::from([("h1".to_owned(), BTreeSet::from(["a".to_owned()]))]);
+        let some = conflicts_table(&BTreeMap::from([("shared".to_owned(), versions)]));
+        assert!(!some.contains("class=\"empty\"") && some.contains("data-tool=\"shared\""), "{some}");
     }
 
     #[test]
