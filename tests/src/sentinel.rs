@@ -2,9 +2,12 @@
 //! Sentinel suite: everything on free loopback ports, each sentinel with its own configuration
 //! file in a directory of its own (a sentinel rewrites its file as it learns the topology).
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+use serde_json::Value;
 
 use crate::{RedisProcess, free_port, temp_dir};
 
@@ -125,13 +128,7 @@ impl Watched {
     /// and every sentinel knows the replica and the two other sentinels, with quorum: from then
     /// on a failover can happen.
     pub fn start() -> Watched {
-        let master = RedisProcess::start(&[]);
-        let port = master.port().to_string();
-        let replica = RedisProcess::start(&["--replicaof", "127.0.0.1", &port]);
-        poll("the replica to sync", Duration::from_secs(20), || {
-            let info: String = redis::cmd("INFO").arg("replication").query(&mut replica.connection()).ok()?;
-            info.contains("master_link_status:up").then_some(())
-        });
+        let (master, replica) = master_and_replica();
         let sentinels: Vec<SentinelProcess> = (0..3).map(|_| SentinelProcess::start(master.port())).collect();
         poll("the sentinels to know each other and the replica", Duration::from_secs(30), || {
             sentinels
@@ -205,6 +202,38 @@ pub fn role(server: &RedisProcess) -> Option<String> {
         redis::Value::SimpleString(text) => Some(text.clone()),
         _ => None,
     }
+}
+
+/// A master and a replica of it, once the replica is in sync.
+pub fn master_and_replica() -> (RedisProcess, RedisProcess) {
+    let master = RedisProcess::start(&[]);
+    let port = master.port().to_string();
+    let replica = RedisProcess::start(&["--replicaof", "127.0.0.1", &port]);
+    poll("the replica to sync", Duration::from_secs(20), || {
+        let info: String = redis::cmd("INFO").arg("replication").query(&mut replica.connection()).ok()?;
+        info.contains("master_link_status:up").then_some(())
+    });
+    (master, replica)
+}
+
+/// The answers on `server`'s stream `results`, every answer of each request id; none while the
+/// server cannot be reached (a test polls through a failover).
+pub fn answers(server: &RedisProcess, results: &str) -> HashMap<String, Vec<Value>> {
+    let mut answers: HashMap<String, Vec<Value>> = HashMap::new();
+    let Ok(mut connection) = redis::Client::open(server.url()).and_then(|client| client.get_connection())
+    else {
+        return answers;
+    };
+    let entries: Vec<(String, Vec<(String, String)>)> =
+        redis::cmd("XRANGE").arg(results).arg("-").arg("+").query(&mut connection).unwrap_or_default();
+    for (_, fields) in entries {
+        let Some((_, payload)) = fields.into_iter().find(|(name, _)| name == "payload") else { continue };
+        let payload: Value = serde_json::from_str(&payload).expect("answer payload is JSON");
+        if let Some(id) = payload["data"]["request_id"].as_str() {
+            answers.entry(id.to_owned()).or_default().push(payload);
+        }
+    }
+    answers
 }
 
 /// Calls `probe` every 50 ms until it returns something, panicking with `what` after `timeout`.

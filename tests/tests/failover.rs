@@ -21,8 +21,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use toolhost_e2e::sentinel::{MASTER_NAME, Watched, poll, role};
-use toolhost_e2e::{RedisProcess, Toolhost, signal, temp_dir, toolhost_bin, user};
+use toolhost_e2e::sentinel::{MASTER_NAME, Watched, answers, master_and_replica, poll, role};
+use toolhost_e2e::{Toolhost, signal, temp_dir, toolhost_bin, user};
 
 const REQUESTS: &str = "action-requests";
 const RESULTS: &str = "action-results";
@@ -99,25 +99,6 @@ fn send(connection: &mut redis::Connection, tool: &str, id: &str) -> bool {
         .arg(payload)
         .query::<String>(connection)
         .is_ok()
-}
-
-/// The answers on `server`'s results stream, per request id.
-fn answers(server: &RedisProcess) -> HashMap<String, Vec<Value>> {
-    let mut answers: HashMap<String, Vec<Value>> = HashMap::new();
-    let Ok(mut connection) = redis::Client::open(server.url()).and_then(|client| client.get_connection())
-    else {
-        return answers;
-    };
-    let entries: Vec<(String, Vec<(String, String)>)> =
-        redis::cmd("XRANGE").arg(RESULTS).arg("-").arg("+").query(&mut connection).unwrap_or_default();
-    for (_, fields) in entries {
-        let Some((_, payload)) = fields.into_iter().find(|(name, _)| name == "payload") else { continue };
-        let payload: Value = serde_json::from_str(&payload).expect("answer payload is JSON");
-        if let Some(id) = payload["data"]["request_id"].as_str() {
-            answers.entry(id.to_owned()).or_default().push(payload);
-        }
-    }
-    answers
 }
 
 /// The error code of an answer, `success` for a success.
@@ -228,8 +209,12 @@ fn failovers(replica_acks: u32) -> (HashMap<String, usize>, Tally) {
             .arg(replica_port)
             .query(&mut watched.servers[master_idx].connection())
             .expect("REPLICAOF");
-        poll("the old master to turn replica", Duration::from_secs(60), || {
-            (role(&watched.servers[master_idx]).as_deref() == Some("slave")).then_some(())
+        // A replica in name first, then in sync: a full resync of a loaded machine can outlast the
+        // fence's WAIT below.
+        poll("the old master to turn replica and sync", Duration::from_secs(60), || {
+            let old = &watched.servers[master_idx];
+            let info: String = redis::cmd("INFO").arg("replication").query(&mut old.connection()).ok()?;
+            (role(old).as_deref() == Some("slave") && info.contains("master_link_status:up")).then_some(())
         });
         watched.replicated(&watched.servers[1 - master_idx]);
 
@@ -256,7 +241,7 @@ fn failovers(replica_acks: u32) -> (HashMap<String, usize>, Tally) {
     loop {
         // Let what is pending be answered (a reclaim takes `claim_idle_ms`) before retrying.
         std::thread::sleep(Duration::from_secs(3));
-        let answers = answers(master);
+        let answers = answers(master, RESULTS);
         let missing: Vec<&String> =
             all_ids.iter().filter(|id| !answers.get(*id).is_some_and(|found| is_final(found))).collect();
         if missing.is_empty() {
@@ -276,7 +261,7 @@ fn failovers(replica_acks: u32) -> (HashMap<String, usize>, Tally) {
         }
     }
 
-    let answers = answers(master);
+    let answers = answers(master, RESULTS);
     let runs = runs(&runs_file);
     let mut tally = Tally { sent: all_ids.len(), resent: resent.len(), ..Tally::default() };
     for id in &all_ids {
@@ -331,13 +316,7 @@ fn without_replica_acks_a_failover_may_run_a_request_twice_but_never_more() {
 
 #[test]
 fn a_replica_that_never_acknowledges_refuses_tracked_calls_in_time_and_read_only_tools_go_on() {
-    let master = RedisProcess::start(&[]);
-    let port = master.port().to_string();
-    let replica = RedisProcess::start(&["--replicaof", "127.0.0.1", &port]);
-    poll("the replica to sync", Duration::from_secs(20), || {
-        let info: String = redis::cmd("INFO").arg("replication").query(&mut replica.connection()).ok()?;
-        info.contains("master_link_status:up").then_some(())
-    });
+    let (master, replica) = master_and_replica();
     let dir = temp_dir("never-acks");
     let runs_file = dir.join("runs.txt");
     let config = config(&dir, &runs_file);
@@ -371,23 +350,23 @@ fn a_replica_that_never_acknowledges_refuses_tracked_calls_in_time_and_read_only
     }
     // Echo runs without a record, so without waiting: its answers come while the records wait.
     poll("the echo answers", Duration::from_secs(10), || {
-        let answers = answers(&master);
+        let answers = answers(&master, RESULTS);
         echoes.iter().all(|id| answers.contains_key(id)).then_some(())
     });
     let echoed = sent_at.elapsed();
-    let answers_now = answers(&master);
+    let answers_now = answers(&master, RESULTS);
     for id in &echoes {
         assert_eq!(outcome(&answers_now[id][0]), "success", "{:#}", answers_now[id][0]);
     }
     assert!(echoed < Duration::from_millis(timeout_ms), "echo took {echoed:?}: it waited for the replica");
     // Every tracked call is answered `overloaded` once its batch's WAIT times out.
     poll("the overloaded answers", Duration::from_secs(10), || {
-        let answers = answers(&master);
+        let answers = answers(&master, RESULTS);
         tracked.iter().all(|id| answers.contains_key(id)).then_some(())
     });
     let refused = sent_at.elapsed();
     assert!(refused < Duration::from_millis(timeout_ms * 2 + 3000), "refusals took {refused:?}");
-    let answers_now = answers(&master);
+    let answers_now = answers(&master, RESULTS);
     for id in &tracked {
         let answer = &answers_now[id][0];
         assert_eq!(outcome(answer), "overloaded", "{answer:#}");
@@ -426,7 +405,7 @@ fn a_replica_that_never_acknowledges_refuses_tracked_calls_in_time_and_read_only
         assert!(send(&mut connection, TOOL, id));
     }
     poll("the retries' answers", Duration::from_secs(20), || {
-        let answers = answers(&master);
+        let answers = answers(&master, RESULTS);
         tracked
             .iter()
             .all(|id| answers.get(id).is_some_and(|found| found.iter().any(|a| outcome(a) == "success")))
@@ -445,7 +424,7 @@ fn a_replica_that_never_acknowledges_refuses_tracked_calls_in_time_and_read_only
         assert!(send(&mut connection, "echo", id));
     }
     poll("the echo answers", Duration::from_secs(10), || {
-        let answers = answers(&master);
+        let answers = answers(&master, RESULTS);
         more.iter().all(|id| answers.contains_key(id)).then_some(())
     });
     assert_eq!(waits(&mut connection), before, "echo calls sent WAIT");

@@ -463,6 +463,18 @@ fn hostile_input_gets_the_protocols_errors_and_the_door_keeps_serving() {
     let (status, body) = post(port, "", &format!("{{\"pad\":\"{}\"}}", "x".repeat(12 * 1024 * 1024)));
     assert_eq!(status, 413, "a 12 MiB body: {}", &body[..body.len().min(300)]);
     assert!(body.contains("max_body_bytes"), "the 413 names the limit: {body}");
+    // A chunked body declares no length: it is refused at the limit as it is read.
+    let chunk = "x".repeat(70_000);
+    let (status, _) = raw(
+        port,
+        &format!(
+            "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n\
+             Accept: application/json, text/event-stream\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n\
+             {:x}\r\n{chunk}\r\n0\r\n\r\n",
+            chunk.len()
+        ),
+    );
+    assert_eq!(status, 413, "a chunked body over max_body_bytes");
     let (status, _) = post(port, "Origin: http://evil.example\r\n", INITIALIZE);
     assert_eq!(status, 403, "a foreign Origin");
     // No allowed_origins on a loopback address: the loopback origins are allowed, any port.

@@ -3,12 +3,11 @@
 //! or is demoted and keeps accepting connections (`SENTINEL FAILOVER`, where it answers writes
 //! with READONLY).
 
-use std::collections::HashMap;
 use std::process::Command;
 use std::time::Duration;
 
-use serde_json::{Value, json};
-use toolhost_e2e::sentinel::{MASTER_NAME, Watched, poll, role};
+use serde_json::json;
+use toolhost_e2e::sentinel::{MASTER_NAME, Watched, answers, poll, role};
 use toolhost_e2e::{RedisProcess, Toolhost, toolhost_bin};
 
 const REQUESTS: &str = "action-requests";
@@ -59,25 +58,6 @@ fn send(server: &RedisProcess, ids: &[String]) {
     }
 }
 
-/// The answers on `server`'s results stream, per request id.
-fn answers(server: &RedisProcess) -> HashMap<String, Vec<Value>> {
-    let entries: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
-        .arg(RESULTS)
-        .arg("-")
-        .arg("+")
-        .query(&mut server.connection())
-        .unwrap_or_default();
-    let mut answers: HashMap<String, Vec<Value>> = HashMap::new();
-    for (_, fields) in entries {
-        let Some((_, payload)) = fields.into_iter().find(|(name, _)| name == "payload") else { continue };
-        let payload: Value = serde_json::from_str(&payload).expect("answer payload is JSON");
-        if let Some(id) = payload["data"]["request_id"].as_str() {
-            answers.entry(id.to_owned()).or_default().push(payload);
-        }
-    }
-    answers
-}
-
 /// The entries delivered to the group and not acked yet.
 fn pending(server: &RedisProcess) -> Option<i64> {
     let reply: Vec<redis::Value> =
@@ -93,10 +73,10 @@ fn pending(server: &RedisProcess) -> Option<i64> {
 /// its own message.
 fn assert_answered_once(server: &RedisProcess, ids: &[String], timeout: Duration) {
     poll("every request to be answered and acked", timeout, || {
-        let answers = answers(server);
+        let answers = answers(server, RESULTS);
         (ids.iter().all(|id| answers.contains_key(id)) && pending(server) == Some(0)).then_some(())
     });
-    let answers = answers(server);
+    let answers = answers(server, RESULTS);
     for id in ids {
         let found = &answers[id];
         assert_eq!(found.len(), 1, "request {id} answered {} times: {found:#?}", found.len());

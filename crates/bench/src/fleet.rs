@@ -110,6 +110,18 @@ pub struct FleetRow {
 }
 
 impl FleetRow {
+    /// What went wrong in the row, for the report: the harness's error, or the failed and
+    /// unanswered requests, or `none`.
+    fn errors(&self) -> String {
+        match &self.error {
+            Some(error) => error.clone(),
+            None if self.n_failed + self.n_timeouts > 0 => {
+                format!("{} failed, {} unanswered", self.n_failed, self.n_timeouts)
+            }
+            None => "none".to_owned(),
+        }
+    }
+
     fn sum(&self, prefix: &str) -> f64 {
         self.cpu.iter().filter(|cpu| cpu.process.starts_with(prefix)).map(|cpu| cpu.us_per_request).sum()
     }
@@ -145,13 +157,7 @@ impl FleetReport {
                     .collect::<Vec<_>>()
                     .join(" + ")
             };
-            let errors = match &row.error {
-                Some(error) => error.clone(),
-                None if row.n_failed + row.n_timeouts > 0 => {
-                    format!("{} failed, {} unanswered", row.n_failed, row.n_timeouts)
-                }
-                None => "none".to_owned(),
-            };
+            let errors = row.errors();
             out.push_str(&format!(
                 "| {} | {} | {:.0} | {} | {} | {:.1} ({}) | {:.1} ({}) | {:.1} | {} |\n",
                 row.topology.name(),
@@ -184,13 +190,7 @@ impl FleetReport {
                     .filter(|cpu| cpu.process.starts_with("redis"))
                     .map(|cpu| format!("{:.1}", cpu.us_per_request))
                     .collect();
-                let errors = match &row.error {
-                    Some(error) => error.clone(),
-                    None if row.n_failed + row.n_timeouts > 0 => {
-                        format!("{} failed, {} unanswered", row.n_failed, row.n_timeouts)
-                    }
-                    None => "none".to_owned(),
-                };
+                let errors = row.errors();
                 out.push_str(&format!(
                     "| {} | {} | {:.0} | {} | {} | {:.3} | {:.1} | {} | {} |\n",
                     row.tool,

@@ -204,7 +204,8 @@ impl App {
         let (registry, http) = checked_parts(&config, registry, &telemetry)?;
         let raw = &config.raw;
         let synthetic_tools = options.as_ref().map_or(0, |options| options.synthetic_tools);
-        let limits = crate::sources::limit_settings(&config.sources(synthetic_tools), &registry);
+        let source_settings = config.sources(synthetic_tools);
+        let limits = crate::sources::limit_settings(&source_settings, &registry);
         let registry = Arc::new(SharedRegistry::new(registry));
         let consumer = consumer_name();
         let parts = Parts {
@@ -237,10 +238,9 @@ impl App {
             fleet: doors.services.fleet.clone(),
             telemetry: telemetry.clone(),
         });
-        let sources = options.as_ref().map(|options| {
-            let settings = config.sources(options.synthetic_tools);
+        let sources = options.as_ref().map(|_| {
             let (registry, limits) = (parts.registry.clone(), parts.limits.clone());
-            Sources::new(settings, bus, keys, registry, limits, publisher.clone(), telemetry.clone())
+            Sources::new(source_settings, bus, keys, registry, limits, publisher.clone(), telemetry.clone())
         });
         Ok(App {
             auth: parts.auth.clone(),

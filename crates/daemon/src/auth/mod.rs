@@ -268,9 +268,9 @@ impl Gate {
         }
     }
 
-    /// The configuration in force.
-    pub(crate) fn auth(&self) -> Arc<Auth> {
-        self.auth.load_full()
+    /// The configuration in force, for as long as the guard is held (never across an await).
+    pub(crate) fn auth(&self) -> arc_swap::Guard<Arc<Auth>> {
+        self.auth.load()
     }
 
     /// Checks an entry's signature; see [`Auth::verify`]. The id of the key that signed it.

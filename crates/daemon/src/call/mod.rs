@@ -450,9 +450,10 @@ impl<D: Door> Lifecycle<D> {
             Ok(caller) => caller,
             Err(refusal) => return self.refuse(&call, refusal).await,
         };
-        let auth = self.services.gate.auth();
-        let permits = Permits { auth: &auth, tenant: caller.tenant };
-        let work = self.door.work(&admitted.request, registry, permits);
+        let work = {
+            let auth = self.services.gate.auth();
+            self.door.work(&admitted.request, registry, Permits { auth: &auth, tenant: caller.tenant })
+        };
         // Held while the call runs: the tenant's count of calls in flight.
         let (work, _in_flight) = self.apply_policy(&call, caller, work).await;
         match work {
