@@ -1,6 +1,6 @@
 //! The MCP door: every tool of every live toolbox, served to MCP clients.
 //!
-//! Two ways in, one handler ([`handler::Session`]):
+//! Two ways in, one handler ([`handler::Session`], its tools half in [`tools`]):
 //!
 //! - `toolhost mcp`: a stdio MCP server, the form desktop and IDE clients launch
 //!   ([`serve_stdio`]);
@@ -18,6 +18,7 @@ mod handler;
 mod http;
 mod settings;
 mod tasks;
+mod tools;
 
 use std::sync::Arc;
 use std::time::Duration;

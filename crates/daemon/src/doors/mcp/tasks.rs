@@ -23,7 +23,7 @@ use serde_json::{Value, json};
 use toolhost_bus::Keys;
 use toolhost_envelope::{ErrorCode, EventEnvelope, ResultData, new_message_id, now_rfc3339};
 
-use super::handler::call_result;
+use super::tools::call_result;
 use crate::fleet_client::{ANSWER_MARGIN, FleetClient, Progress, Request};
 
 /// How often a client should poll `tasks/get`.
