@@ -129,6 +129,14 @@ test-mcp-door: ensure-redis-installed debug-toolhost
     scripts/ensure-mcp-door-venv.sh >/dev/null
     cargo test -p toolhost-e2e --test mcp_door
 
+# The official MCP conformance suite's server scenarios (@modelcontextprotocol/conformance, pinned,
+# on a pinned Node 22) against its reference server directly (every check passes) and hosted
+# behind a toolbox through the MCP door, where only tests/mcp_fidelity/expected-failures.yml may
+# fail (tests/tests/mcp_fidelity.rs).
+test-mcp-fidelity: ensure-redis-installed debug-toolhost
+    scripts/ensure-mcp-conformance.sh >/dev/null
+    cargo test -p toolhost-e2e --test mcp_fidelity
+
 # The OpenVoiceOS door and source against the real bus (ovos-messagebus), personas on
 # ovos-bus-client and reference ToolBoxes of ovos-plugin-manager 3.1.0a1, pinned into a venv,
 # with toolhost processes and a real Redis (tests/tests/ovos.rs).
