@@ -13,6 +13,7 @@
 //!
 //! It holds only [`FleetAccess`]: plain streams and the directory, no groups, no ledger.
 
+pub(crate) mod events;
 pub(crate) mod view;
 
 use std::collections::HashMap;
@@ -27,6 +28,7 @@ use toolhost_bus::{Error as BusError, FleetAccess, Keys};
 use toolhost_envelope::{Entry, EventEnvelope, ResultData, SPEC_VERSION, new_message_id, now_rfc3339};
 use tracing::{debug, warn};
 
+pub(crate) use events::{CallEvent, InputKind, InputState};
 pub(crate) use view::FleetTools;
 
 /// How long past a call's timeout the client waits for its answer before it says no toolbox
@@ -129,17 +131,30 @@ pub(crate) enum CancelState {
     NoAnswer,
 }
 
+/// Where a waiting call's non-final entries go.
+enum Sink {
+    /// Progress reports only (the callers that show nothing else).
+    Progress(mpsc::UnboundedSender<Progress>),
+    /// Every [`CallEvent`].
+    Events(mpsc::UnboundedSender<CallEvent>),
+}
+
 /// One call waiting for its answer.
 struct Waiter {
     answer: oneshot::Sender<ResultData>,
-    progress: Option<mpsc::UnboundedSender<Progress>>,
+    sink: Option<Sink>,
 }
 
-/// Calls waiting for answers and cancels waiting for theirs, by request id.
+/// What the host answered to an input: `result.state`, or the error code and message.
+type InputAnswer = Result<String, String>;
+
+/// Calls waiting for answers, cancels and inputs waiting for theirs, by request id (inputs by
+/// request id and input id).
 #[derive(Default)]
 struct Pending {
     calls: HashMap<String, Vec<Waiter>>,
     cancels: HashMap<String, Vec<oneshot::Sender<String>>>,
+    inputs: HashMap<(String, String), Vec<oneshot::Sender<InputAnswer>>>,
 }
 
 struct Inner {
@@ -235,7 +250,68 @@ impl FleetClient {
         progress: Option<mpsc::UnboundedSender<Progress>>,
     ) -> Result<ResultData, CallFailure> {
         let wait = request.timeout + ANSWER_MARGIN;
-        self.wait_for(&request.request_id, progress, wait, self.submit(request)).await
+        self.wait_for(&request.request_id, progress.map(Sink::Progress), wait, self.submit(request)).await
+    }
+
+    /// Calls a tool and waits for its answer, sending every non-final entry (progress, log,
+    /// input required) to `events`.
+    ///
+    /// # Errors
+    /// As [`FleetClient::call`].
+    ///
+    /// # Cancel safety
+    /// As [`FleetClient::call`]; a question left unanswered is declined at the call's deadline.
+    pub(crate) async fn call_with_events(
+        &self,
+        request: &Request,
+        events: mpsc::UnboundedSender<CallEvent>,
+    ) -> Result<ResultData, CallFailure> {
+        let wait = request.timeout + ANSWER_MARGIN;
+        self.wait_for(&request.request_id, Some(Sink::Events(events)), wait, self.submit(request)).await
+    }
+
+    /// Answers the question `input_id` of the call `request_id` (`tool.input`, routed to the
+    /// replica that runs the call) with `response`, an MCP `ElicitResult` or `CreateMessageResult`,
+    /// and returns what the host did with it.
+    ///
+    /// # Errors
+    /// The answer could not be published.
+    pub(crate) async fn answer_input(
+        &self,
+        request_id: &str,
+        input_id: &str,
+        response: Value,
+    ) -> Result<InputState, CallFailure> {
+        let inner = &self.inner;
+        let key = (request_id.to_owned(), input_id.to_owned());
+        let (sender, receiver) = oneshot::channel();
+        inner.lock().inputs.entry(key.clone()).or_default().push(sender);
+        let mut data = Map::new();
+        data.insert("request_id".to_owned(), json!(request_id));
+        data.insert("input_id".to_owned(), json!(input_id));
+        data.insert("response".to_owned(), response);
+        let published =
+            inner.publish("tool.input", data, request_id, &inner.private_topic, (None, None)).await;
+        let answer = match published {
+            Ok(()) => tokio::time::timeout(CANCEL_WAIT, receiver).await.ok().and_then(Result::ok),
+            Err(err) => {
+                inner.lock().inputs.remove(&key);
+                return Err(err);
+            }
+        };
+        let mut pending = inner.lock();
+        if let Some(senders) = pending.inputs.get_mut(&key) {
+            senders.retain(|sender| !sender.is_closed());
+            if senders.is_empty() {
+                pending.inputs.remove(&key);
+            }
+        }
+        Ok(match answer {
+            None => InputState::NoAnswer,
+            Some(Ok(state)) if state == "accepted" => InputState::Accepted,
+            Some(Ok(_)) => InputState::Unknown,
+            Some(Err(refusal)) => InputState::Refused(refusal),
+        })
     }
 
     /// Sends a request of another type than a call (`tools.stats`, `tools.discover`) with a new
@@ -260,7 +336,7 @@ impl FleetClient {
     async fn wait_for(
         &self,
         request_id: &str,
-        progress: Option<mpsc::UnboundedSender<Progress>>,
+        sink: Option<Sink>,
         wait: Duration,
         send: impl Future<Output = Result<(), CallFailure>>,
     ) -> Result<ResultData, CallFailure> {
@@ -269,7 +345,7 @@ impl FleetClient {
             return Err(CallFailure::Closed);
         }
         let (answer, receiver) = oneshot::channel();
-        inner.lock().calls.entry(request_id.to_owned()).or_default().push(Waiter { answer, progress });
+        inner.lock().calls.entry(request_id.to_owned()).or_default().push(Waiter { answer, sink });
         // Removes this call's waiter however the wait ends.
         let _forget = Forget { inner, request_id };
         send.await?;
@@ -435,12 +511,51 @@ impl Inner {
             }
             return;
         }
-        if envelope.event_type.ends_with(".progress")
-            && let Some(progress) = Progress::from_data(&envelope.data)
-        {
+        if envelope.event_type == events::INPUT_ANSWER {
+            let input_id =
+                envelope.data.pointer("/result/input_id").and_then(Value::as_str).unwrap_or_default();
+            let answer = match envelope.data.get("success").and_then(Value::as_bool) {
+                Some(false) => Err(format!(
+                    "{}: {}",
+                    envelope.data.get("error_code").and_then(Value::as_str).unwrap_or("failed"),
+                    envelope.data.get("error").and_then(Value::as_str).unwrap_or_default()
+                )),
+                _ => Ok(envelope
+                    .data
+                    .pointer("/result/state")
+                    .and_then(Value::as_str)
+                    .unwrap_or("unknown")
+                    .to_owned()),
+            };
+            let key = (request_id.to_owned(), input_id.to_owned());
+            let senders = match pending.inputs.remove(&key) {
+                Some(senders) => senders,
+                // A refusal names no input id: it goes to the request's one waiting answer.
+                None => {
+                    let keys: Vec<_> =
+                        pending.inputs.keys().filter(|(id, _)| id == request_id).cloned().collect();
+                    if keys.len() == 1 {
+                        pending.inputs.remove(&keys[0]).unwrap_or_default()
+                    } else {
+                        Vec::new()
+                    }
+                }
+            };
+            for sender in senders {
+                let _ = sender.send(answer.clone());
+            }
+            return;
+        }
+        if let Some(event) = CallEvent::from_entry(&envelope.event_type, &envelope.data) {
             for waiter in pending.calls.get(request_id).into_iter().flatten() {
-                if let Some(sender) = &waiter.progress {
-                    let _ = sender.send(progress.clone());
+                match (&waiter.sink, &event) {
+                    (Some(Sink::Events(sender)), _) => {
+                        let _ = sender.send(event.clone());
+                    }
+                    (Some(Sink::Progress(sender)), CallEvent::Progress(progress)) => {
+                        let _ = sender.send(progress.clone());
+                    }
+                    _ => {}
                 }
             }
             return;
@@ -645,6 +760,67 @@ mod tests {
         assert!(client.inner.lock().calls.is_empty(), "answered calls leave no waiter");
         client.close().await;
         assert!(matches!(client.call(&request("r-3"), None).await, Err(CallFailure::Closed)));
+    }
+
+    #[tokio::test]
+    async fn a_call_with_events_gets_logs_and_questions_and_an_input_gets_the_hosts_state() {
+        let bus = Arc::new(MemoryBus::new());
+        let client = FleetClient::open(bus.clone(), Keys::new(""), settings()).await.unwrap();
+        let private = client.inner.private_key.clone();
+        let request = Request {
+            tool: "ask".to_owned(),
+            arguments: json!({}),
+            request_id: "r-q".to_owned(),
+            timeout: Duration::from_secs(5),
+            response_topic: None,
+            tenant: None,
+            via: None,
+        };
+        let (events, mut received) = mpsc::unbounded_channel();
+        let call = client.call_with_events(&request, events);
+        let host = async {
+            while bus.read("action-requests", "0-0", 10, None).await.unwrap().is_empty() {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            let log = json!({"request_id": "r-q", "level": "warning", "data": "low disk"});
+            bus.publish(&private, "l", &answer("x.log", log)).await.unwrap();
+            let question = json!({"request_id": "r-q", "input_id": "i-1", "kind": "sampling",
+                "request": {"method": "sampling/createMessage", "params": {}}});
+            bus.publish(&private, "q", &answer("x.input_required", question)).await.unwrap();
+            let answered = client.answer_input("r-q", "i-1", json!({"role": "assistant"}));
+            let accept = async {
+                loop {
+                    let entries = bus.read("action-requests", "0-0", 10, None).await.unwrap();
+                    if let Some(entry) = entries.get(1) {
+                        let envelope: EventEnvelope =
+                            serde_json::from_str(entry.payload.as_deref().unwrap()).unwrap();
+                        assert_eq!(envelope.event_type, "tool.input");
+                        assert_eq!(
+                            envelope.data,
+                            json!({"request_id": "r-q", "input_id": "i-1", "response": {"role": "assistant"}})
+                        );
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                let state = json!({"request_id": "r-q", "result": {"request_id": "r-q", "input_id": "i-1", "state": "accepted"}});
+                bus.publish(&private, "s", &answer("tool.input.completed", state)).await.unwrap();
+            };
+            let (answered, ()) = tokio::join!(answered, accept);
+            assert_eq!(answered.unwrap(), InputState::Accepted);
+            let done = answer("x", json!({"request_id": "r-q", "success": true, "result": 1}));
+            bus.publish(&private, "a", &done).await.unwrap();
+        };
+        let (answered, ()) = tokio::join!(call, host);
+        assert_eq!(answered.unwrap().result, Some(json!(1)));
+        assert!(matches!(received.recv().await, Some(CallEvent::Log(log)) if log.level == "warning"));
+        assert!(matches!(
+            received.recv().await,
+            Some(CallEvent::InputRequired { kind: InputKind::Sampling, ref input_id, .. }) if input_id == "i-1"
+        ));
+        assert_eq!(received.recv().await, None, "the events end with the answer");
+        assert!(client.inner.lock().inputs.is_empty());
+        client.close().await;
     }
 
     #[tokio::test]

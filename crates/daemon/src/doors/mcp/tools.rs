@@ -6,16 +6,16 @@ use std::time::Duration;
 use rmcp::RoleServer;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorData as McpError,
-    ListToolsResult, PaginatedRequestParams, ProgressNotificationParam, Tool,
+    ListToolsResult, PaginatedRequestParams, ProgressNotificationParam, ProgressToken, Tool,
 };
-use rmcp::service::RequestContext;
+use rmcp::service::{Peer, RequestContext};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use toolhost_envelope::{DiscoveryFormat, ErrorCode, ResultData, ToolDescription};
-use tracing::info;
+use tracing::{debug, info};
 
 use super::handler::{Door, Session};
-use crate::fleet_client::{CallFailure, Request};
+use crate::fleet_client::{CallEvent, CallFailure, FleetClient, InputKind, Request};
 
 impl Session {
     /// `tools/list`: one page of the exposed tools the request's tenant may call.
@@ -86,54 +86,87 @@ impl Session {
         (tools, next)
     }
 
-    /// Runs a call to its answer, relaying progress to the client and cancelling the call when
-    /// the client cancels its request.
+    /// Runs a call to its answer, relaying its progress (when the client asked for it) and its
+    /// questions to the client, and cancelling the call when the client cancels its request.
+    /// Every event read before the answer reaches the client before the answer does.
     pub(super) async fn run_call(
         &self,
         request: Request,
         context: &RequestContext<RoleServer>,
     ) -> Result<CallToolResult, McpError> {
         let fleet = &self.door.fleet;
-        let (progress, relay) = match context.meta.get_progress_token() {
-            Some(token) => {
-                let (sender, mut receiver) = mpsc::unbounded_channel::<crate::fleet_client::Progress>();
-                let peer = context.peer.clone();
-                let relay = tokio::spawn(async move {
-                    while let Some(progress) = receiver.recv().await {
-                        let mut param = ProgressNotificationParam::new(token.clone(), progress.progress);
-                        if let Some(total) = progress.total {
-                            param = param.with_total(total);
-                        }
-                        if let Some(message) = progress.message {
-                            param = param.with_message(message);
-                        }
-                        if peer.notify_progress(param).await.is_err() {
-                            return;
-                        }
-                    }
-                });
-                (Some(sender), Some(relay))
-            }
-            None => (None, None),
-        };
+        let (events, receiver) = mpsc::unbounded_channel::<CallEvent>();
+        let relay = tokio::spawn(relay(
+            receiver,
+            context.peer.clone(),
+            context.meta.get_progress_token(),
+            fleet.clone(),
+            request.request_id.clone(),
+        ));
         let answer = tokio::select! {
-            answer = fleet.call(&request, progress) => answer,
+            answer = fleet.call_with_events(&request, events) => answer,
             () = context.ct.cancelled() => {
                 let state = fleet.cancel(&request.request_id).await;
                 info!(request_id = %request.request_id, tool = %request.tool, ?state, "MCP client cancelled its call");
-                if let Some(relay) = relay {
-                    relay.abort();
-                }
+                relay.abort();
                 return Err(McpError::internal_error("the call was cancelled by the client", None));
             }
         };
-        if let Some(relay) = relay {
+        // The call's sender is dropped with its waiter, so the relay ends once it has sent what
+        // it holds; a client that stops reading does not hold the answer back past the bound.
+        let mut relay = relay;
+        if tokio::time::timeout(RELAY_DRAIN, &mut relay).await.is_err() {
             relay.abort();
         }
         Ok(match answer {
             Ok(result) => call_result(&request.tool, &result),
             Err(failure) => failure_result(&request.tool, &failure),
         })
+    }
+}
+
+/// How long a call's answer waits for its relay to pass on the events before it.
+const RELAY_DRAIN: Duration = Duration::from_secs(5);
+
+/// Passes a call's events on to the MCP client until the call ends: progress as
+/// `notifications/progress` under the request's token; a question is declined (the door asks
+/// its client nothing yet).
+async fn relay(
+    mut events: mpsc::UnboundedReceiver<CallEvent>,
+    peer: Peer<RoleServer>,
+    progress_token: Option<ProgressToken>,
+    fleet: FleetClient,
+    request_id: String,
+) {
+    while let Some(event) = events.recv().await {
+        match event {
+            CallEvent::Progress(progress) => {
+                let Some(token) = &progress_token else { continue };
+                let mut param = ProgressNotificationParam::new(token.clone(), progress.progress);
+                if let Some(total) = progress.total {
+                    param = param.with_total(total);
+                }
+                if let Some(message) = progress.message {
+                    param = param.with_message(message);
+                }
+                if peer.notify_progress(param).await.is_err() {
+                    return;
+                }
+            }
+            CallEvent::Log(_) => {}
+            CallEvent::InputRequired { input_id, kind, .. } => {
+                let state = fleet.answer_input(&request_id, &input_id, declined(kind)).await;
+                debug!(%request_id, %input_id, kind = kind.as_str(), ?state, "declined a question the MCP client cannot be asked");
+            }
+        }
+    }
+}
+
+/// The answer that declines a question of `kind` (docs/CONTRACTS.md, "Input from the caller").
+pub(crate) fn declined(kind: InputKind) -> Value {
+    match kind {
+        InputKind::Elicitation => json!({"action": "decline"}),
+        InputKind::Sampling => json!({"error": {"code": -1, "message": "the caller declined to sample"}}),
     }
 }
 
