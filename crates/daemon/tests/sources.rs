@@ -193,6 +193,10 @@ fn service() -> Router {
     Router::new()
         .route("/orders/{id}", post(order))
         .route("/text", get(|| async { ([(header::CONTENT_TYPE, "text/plain")], "plain words") }))
+        .route(
+            "/pixel",
+            get(|| async { ([(header::CONTENT_TYPE, "image/png")], b"\x89PNG\r\n\x1a\n".to_vec()) }),
+        )
         .route("/missing", get(|| async { (StatusCode::NOT_FOUND, "no such\n  order 42") }))
         .route("/endless", get(endless))
         .route("/moved", get(|| async { (StatusCode::FOUND, [(header::LOCATION, "/text")]) }))
@@ -254,6 +258,11 @@ url = "http://127.0.0.1:{down}/text"
 
     let text = call(&redis, "fetch", "text", json!({"path": "text"})).await;
     assert_eq!(result(&text), "plain words");
+    assert_eq!(text.get("content"), None, "a text answer has no content blocks");
+    // An image body is an image block, with a sentence for readers of `result`.
+    let pixel = call(&redis, "fetch", "pixel", json!({"path": "pixel"})).await;
+    assert_eq!(result(&pixel), "an image (image/png, 8 bytes), in the answer's content");
+    assert_eq!(pixel["content"], json!([{"type": "image", "data": "iVBORw0KGgo=", "mimeType": "image/png"}]));
     let missing = call(&redis, "fetch", "missing", json!({"path": "missing"})).await;
     assert_eq!(failure(&missing, "tool_failed"), "the service answered HTTP 404 Not Found: no such order 42");
     let endless = call(&redis, "fetch", "endless", json!({"path": "endless"})).await;

@@ -198,6 +198,10 @@ pub struct ResultData {
     /// The tool's output, on success.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result: Option<Value>,
+    /// On success, the tool's MCP content blocks, where it gave more than one text block
+    /// (docs/CONTRACTS.md, "Content blocks"); `result` is the same answer without them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<Vec<Value>>,
     /// One readable sentence, on failure.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
@@ -216,6 +220,7 @@ impl ResultData {
             request_id: request_id.into(),
             success: true,
             result: Some(result),
+            content: None,
             error: None,
             error_code: None,
             details: None,
@@ -228,10 +233,17 @@ impl ResultData {
             request_id: request_id.into(),
             success: false,
             result: None,
+            content: None,
             error: Some(error.into()),
             error_code: Some(code),
             details: None,
         }
+    }
+
+    /// Adds content blocks to a successful result.
+    pub fn with_content(mut self, content: Option<Vec<Value>>) -> ResultData {
+        self.content = content;
+        self
     }
 
     /// Adds `details` to a result.

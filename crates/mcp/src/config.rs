@@ -17,6 +17,8 @@ use crate::names::valid_name_part;
 pub const DEFAULT_TIMEOUT_MS: u64 = 60_000;
 /// Default of [`McpServerConfig::max_concurrent`].
 pub const DEFAULT_MAX_CONCURRENT: usize = 16;
+/// Default of [`McpServerConfig::max_response_bytes`]: 1 MiB, as `[[http_tools]]`.
+pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 1 << 20;
 /// Longest prefix accepted, so that a prefixed name keeps room for the tool's own name.
 pub const MAX_PREFIX_LEN: usize = 32;
 
@@ -63,6 +65,14 @@ pub struct McpServerConfig {
     /// Allow list by the server's original tool names; default all.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tools: Option<Vec<String>>,
+    /// Largest answer of a call, the size of its result's JSON (default 1 MiB); a larger one
+    /// answers `tool_failed` naming this limit, never cut.
+    #[serde(default = "default_max_response_bytes")]
+    pub max_response_bytes: usize,
+}
+
+fn default_max_response_bytes() -> usize {
+    DEFAULT_MAX_RESPONSE_BYTES
 }
 
 fn default_timeout_ms() -> u64 {
@@ -87,6 +97,7 @@ impl fmt::Debug for McpServerConfig {
             .field("timeout_ms", &self.timeout_ms)
             .field("max_concurrent", &self.max_concurrent)
             .field("tools", &self.tools)
+            .field("max_response_bytes", &self.max_response_bytes)
             .finish()
     }
 }
@@ -158,6 +169,8 @@ pub struct ServerSpec {
     pub max_concurrent: usize,
     /// Allow list by original names, if any.
     pub tools: Option<Vec<String>>,
+    /// Largest answer of a call, in bytes of its result's JSON.
+    pub max_response_bytes: usize,
 }
 
 /// One problem with the configuration, naming its key (`mcp_servers[0].url`).
@@ -220,6 +233,9 @@ fn resolve_one(
     }
     if config.timeout_ms == 0 {
         bad(key("timeout_ms"), "must be at least 1".to_owned());
+    }
+    if config.max_response_bytes == 0 {
+        bad(key("max_response_bytes"), "must be at least 1".to_owned());
     }
     if config.max_concurrent == 0 {
         bad(key("max_concurrent"), "must be at least 1".to_owned());
@@ -313,6 +329,7 @@ fn resolve_one(
         timeout: Duration::from_millis(config.timeout_ms),
         max_concurrent: config.max_concurrent,
         tools: config.tools.clone(),
+        max_response_bytes: config.max_response_bytes,
     })
 }
 

@@ -6,27 +6,29 @@
 //!   a hint is absent (not read-only, not idempotent, destructive), so that the ledger never
 //!   re-runs such a tool blindly after a crash. `destructiveHint` only counts for a tool that is
 //!   not read-only (as in MCP): a read-only tool is never destructive.
-//! - A result with `structuredContent` answers with it; text-only content with the texts joined
-//!   by newlines; other content with the content list as MCP gave it; `isError` with
-//!   `tool_failed` and the server's text.
+//! - A result's `result` is its `structuredContent`, else its texts joined by newlines; its
+//!   content blocks travel beside it as MCP gave them (`annotations` and `_meta` kept) unless
+//!   they say no more than that (docs/CONTRACTS.md, "Content blocks"); `isError` answers
+//!   `tool_failed` with the server's text; a result over `max_response_bytes` answers
+//!   `tool_failed` naming the limit.
 
 use serde_json::{Value, json};
 use toolhost_envelope::Annotations;
-use toolhost_tools::{ToolError, ToolSpec};
+use toolhost_tools::{Output, ToolError, ToolSpec};
 
 use rmcp::ServiceError;
 use rmcp::model::{CallToolResponse, CallToolResult, ContentBlock, ErrorCode, Tool as McpTool};
 
 use crate::config::ServerSpec;
 
-/// The output schema of a tool that declares none: any object (its `structuredContent`), string
-/// (its text) or array (its content blocks).
+/// The output schema of a tool that declares none: any object (its `structuredContent`) or
+/// string (its text); its other content blocks travel in the answer's `content`.
 pub fn permissive_output_schema() -> Value {
     json!({
         "description": "The tool declared no outputSchema. Its answer is its structuredContent (an object), \
-                        else its text content joined by newlines (a string), else its content blocks as \
-                        the MCP server gave them (an array of objects with a `type`).",
-        "type": ["object", "string", "array"]
+                        else its text content joined by newlines (a string); images, audio and resources \
+                        are in the answer's content blocks.",
+        "type": ["object", "string"]
     })
 }
 
@@ -54,13 +56,33 @@ pub fn annotations(tool: &McpTool) -> Annotations {
     Annotations { read_only, idempotent, destructive }
 }
 
-/// The answer of a finished `tools/call`.
+/// The answer of a finished `tools/call`, checked against `max_response_bytes` (the size of the
+/// result's JSON).
 ///
 /// # Errors
-/// `tool_failed` for `isError`, an input-required result or a task.
-pub fn answer(tool: &str, response: CallToolResponse) -> Result<Value, ToolError> {
+/// `tool_failed` for `isError`, an input-required result, a task, or a result over
+/// `max_response_bytes`.
+pub fn answer(
+    tool: &str,
+    response: CallToolResponse,
+    max_response_bytes: usize,
+) -> Result<Output, ToolError> {
     match response {
-        CallToolResponse::Complete(result) => complete(result),
+        CallToolResponse::Complete(result) => {
+            let size_bytes = serde_json::to_vec(&result).map_or(0, |bytes| bytes.len());
+            if size_bytes > max_response_bytes {
+                return Err(ToolError::TooLarge {
+                    message: format!(
+                        "MCP tool '{tool}' answered {size_bytes} bytes, over the server's max_response_bytes \
+                         ({max_response_bytes}); raise [[mcp_servers]] max_response_bytes or ask for less"
+                    ),
+                    limit_bytes: max_response_bytes,
+                    size_bytes,
+                    setting: "max_response_bytes",
+                });
+            }
+            complete(result)
+        }
         CallToolResponse::InputRequired(_) => Err(ToolError::Failed(format!(
             "MCP tool '{tool}' asked for input from the user before it could finish; toolhost offers \
              MCP servers no elicitation, sampling or roots, so the call cannot complete"
@@ -72,9 +94,11 @@ pub fn answer(tool: &str, response: CallToolResponse) -> Result<Value, ToolError
     }
 }
 
-fn complete(result: CallToolResult) -> Result<Value, ToolError> {
+/// `result` is `structuredContent`, else the texts joined by newlines; `content` is the blocks
+/// as the server gave them, unless they say no more than `result` (see [`plain`]).
+fn complete(result: CallToolResult) -> Result<Output, ToolError> {
     if result.is_error == Some(true) {
-        let text = texts(&result.content).unwrap_or_default();
+        let text = texts(&result.content);
         let text = if text.is_empty() {
             result
                 .structured_content
@@ -84,26 +108,46 @@ fn complete(result: CallToolResult) -> Result<Value, ToolError> {
         };
         return Err(ToolError::Failed(text));
     }
-    if let Some(structured) = result.structured_content {
-        return Ok(structured);
-    }
-    if let Some(text) = texts(&result.content) {
-        return Ok(Value::String(text));
-    }
-    serde_json::to_value(&result.content)
-        .map_err(|err| ToolError::Failed(format!("the MCP tool's content could not be encoded: {err}")))
+    let value = result.structured_content.clone().unwrap_or_else(|| Value::String(texts(&result.content)));
+    let content = if plain(&result) {
+        None
+    } else {
+        let blocks = result.content.iter().map(serde_json::to_value).collect::<Result<Vec<_>, _>>().map_err(
+            |err| ToolError::Failed(format!("the MCP tool's content could not be encoded: {err}")),
+        )?;
+        Some(blocks)
+    };
+    Ok(Output { result: value, content })
 }
 
-/// The texts of `content` joined by newlines, if every block is text (and so for no blocks).
-fn texts(content: &[ContentBlock]) -> Option<String> {
+/// Whether `result`'s content says no more than its `result` value: no blocks, or one text
+/// block without annotations or `_meta` that is the text itself, or, beside `structuredContent`,
+/// that same JSON (as MCP asks servers to write it).
+fn plain(result: &CallToolResult) -> bool {
+    match result.content.as_slice() {
+        [] => true,
+        [ContentBlock::Text(text)] if text.annotations.is_none() && text.meta.is_none() => {
+            match &result.structured_content {
+                None => true,
+                Some(structured) => {
+                    serde_json::from_str::<Value>(&text.text).ok().as_ref() == Some(structured)
+                }
+            }
+        }
+        _ => false,
+    }
+}
+
+/// The texts of `content` joined by newlines; other blocks are left out.
+fn texts(content: &[ContentBlock]) -> String {
     content
         .iter()
-        .map(|block| match block {
+        .filter_map(|block| match block {
             ContentBlock::Text(text) => Some(text.text.as_str()),
             _ => None,
         })
-        .collect::<Option<Vec<_>>>()
-        .map(|texts| texts.join("\n"))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// What a failed request means for the caller. `went_away` is whether the connection broke (the
@@ -172,24 +216,69 @@ mod tests {
         );
     }
 
+    fn output(response: CallToolResponse) -> Output {
+        answer("t", response, 1 << 20).unwrap()
+    }
+
     #[test]
-    fn results_answer_with_structured_content_then_text_then_the_content_list() {
+    fn results_are_structured_content_then_text_and_blocks_travel_where_they_say_more() {
+        // structuredContent with its JSON as the one text block: the blocks say nothing more.
         let structured = result(json!({"content": [{"type": "text", "text": "{\"a\":1}"}],
             "structuredContent": {"a": 1}}));
-        assert_eq!(answer("t", structured).unwrap(), json!({"a": 1}));
+        assert_eq!(output(structured), Output { result: json!({"a": 1}), content: None });
         let text =
             result(json!({"content": [{"type": "text", "text": "one"}, {"type": "text", "text": "two"}]}));
-        assert_eq!(answer("t", text).unwrap(), json!("one\ntwo"));
-        let image = json!([{"type": "text", "text": "see"}, {"type": "image", "data": "AAAA", "mimeType": "image/png"}]);
-        let mixed = result(json!({"content": image}));
-        assert_eq!(answer("t", mixed).unwrap(), image);
+        let two_texts = output(text);
+        assert_eq!(two_texts.result, json!("one\ntwo"));
+        assert_eq!(two_texts.content.map(|blocks| blocks.len()), Some(2), "two blocks are kept as two");
+        let one = output(result(json!({"content": [{"type": "text", "text": "one"}]})));
+        assert_eq!(one, Output { result: json!("one"), content: None });
+        // Images, audio and resources, with annotations and _meta, as the server wrote them.
+        let blocks = json!([
+            {"type": "text", "text": "see"},
+            {"type": "image", "data": "AAAA", "mimeType": "image/png", "annotations": {"audience": ["user"], "priority": 0.5}},
+            {"type": "audio", "data": "UklGRg==", "mimeType": "audio/wav", "_meta": {"k": "v"}},
+            {"type": "resource_link", "uri": "file:///a.txt", "name": "a.txt", "mimeType": "text/plain"},
+            {"type": "resource", "resource": {"uri": "test://r", "mimeType": "text/plain", "text": "body"}}
+        ]);
+        let mixed = output(result(json!({"content": blocks})));
+        assert_eq!(mixed.result, json!("see"), "result is the text, as for a text-only reader");
+        assert_eq!(mixed.content, Some(blocks.as_array().unwrap().clone()));
+        // structuredContent beside other blocks keeps both.
+        let both =
+            output(result(json!({"content": [{"type": "image", "data": "AAAA", "mimeType": "image/png"}],
+            "structuredContent": {"w": 1}})));
+        assert_eq!(both.result, json!({"w": 1}));
+        assert_eq!(both.content.unwrap()[0]["type"], "image");
+        // An annotated text block is kept, so its annotations reach the client.
+        let annotated = output(result(
+            json!({"content": [{"type": "text", "text": "x", "annotations": {"priority": 1.0}}]}),
+        ));
+        assert!(annotated.content.is_some());
+    }
+
+    #[test]
+    fn an_answer_over_max_response_bytes_names_the_limit_and_keeps_nothing() {
+        let big = result(
+            json!({"content": [{"type": "image", "data": "A".repeat(4000), "mimeType": "image/png"}]}),
+        );
+        let err = answer("shot", big, 1000).unwrap_err();
+        assert_eq!(err.code(), toolhost_envelope::ErrorCode::ToolFailed);
+        assert!(err.to_string().contains("max_response_bytes (1000)"), "{err}");
+        let details = err.details().unwrap();
+        assert_eq!(details["limit_bytes"], 1000);
+        assert_eq!(details["setting"], "max_response_bytes");
+        assert!(details["size_bytes"].as_u64().unwrap() > 4000);
     }
 
     #[test]
     fn is_error_answers_tool_failed_with_the_servers_text() {
         let failed =
             result(json!({"content": [{"type": "text", "text": "Invalid timezone: Mars"}], "isError": true}));
-        assert_eq!(answer("t", failed).unwrap_err(), ToolError::Failed("Invalid timezone: Mars".into()));
+        assert_eq!(
+            answer("t", failed, 1 << 20).unwrap_err(),
+            ToolError::Failed("Invalid timezone: Mars".into())
+        );
     }
 
     #[test]

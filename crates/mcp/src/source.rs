@@ -38,7 +38,7 @@ use tokio::sync::{Notify, Semaphore, mpsc};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use toolhost_tools::terminal::{Identity, Limits};
-use toolhost_tools::{Context, Progress, ProgressReport, Registry, Tool, ToolError, ToolSpec};
+use toolhost_tools::{Context, Output, Progress, ProgressReport, Registry, Tool, ToolError, ToolSpec};
 
 use crate::child::{ChildSpec, ManagedChild};
 use crate::config::{ServerSpec, Transport};
@@ -368,9 +368,13 @@ impl Tool for McpTool {
         self.spec.clone()
     }
 
+    async fn call(&self, arguments: Value, context: &Context) -> Result<Value, ToolError> {
+        self.call_output(arguments, context).await.map(|output| output.result)
+    }
+
     /// Calls the tool on the server. A call cut short (the future dropped at a timeout, or
     /// `context.cancel` fired) sends `notifications/cancelled` for its request.
-    async fn call(&self, arguments: Value, context: &Context) -> Result<Value, ToolError> {
+    async fn call_output(&self, arguments: Value, context: &Context) -> Result<Output, ToolError> {
         let source = &self.source;
         let Some(peer) = source.peer() else { return Err(source.unavailable()) };
         let cancelled = || {
@@ -404,7 +408,7 @@ impl Tool for McpTool {
             biased;
             () = context.cancel.cancelled() => Err(cancelled()),
             response = call => match response {
-                Ok(response) => mapping::answer(&self.spec.name, response),
+                Ok(response) => mapping::answer(&self.spec.name, response, source.spec.max_response_bytes),
                 Err(error) => {
                     let (error, went_away) = mapping::service_error(&self.spec.name, &source.spec.name, error);
                     if went_away {
@@ -949,6 +953,7 @@ mod tests {
             timeout: Duration::from_secs(5),
             max_concurrent: 1,
             tools: allow.map(|names| names.iter().map(|name| (*name).to_owned()).collect()),
+            max_response_bytes: crate::config::DEFAULT_MAX_RESPONSE_BYTES,
         })
     }
 

@@ -107,9 +107,10 @@ async fn everything_tools_keep_hyphens_and_answer_text_structured_content_and_co
     for key in ["temperature", "conditions", "humidity"] {
         assert!(weather.get(key).is_some(), "{weather}");
     }
-    // Other content: the content list as the server gave it.
-    let image = call(&registry, "everything__get-tiny-image", json!({})).await.unwrap();
-    let blocks = image.as_array().expect("a content list");
+    // Other content: the texts as the result, the blocks as the server gave them beside it.
+    let image = call_output(&registry, "everything__get-tiny-image", json!({})).await.unwrap();
+    assert_eq!(image.result, json!("Here's the image you requested:\nThe image above is the MCP logo."));
+    let blocks = image.content.expect("content blocks");
     let picture = blocks.iter().find(|block| block["type"] == "image").expect("an image block");
     assert_eq!(picture["mimeType"], "image/png");
     assert!(picture["data"].as_str().unwrap().starts_with("iVBOR"), "base64 PNG data");

@@ -12,6 +12,7 @@
 //! **Invariant:** `tools` reaches Redis only through `toolhost_bus::Bus`, reads no environment
 //! variables and installs no logging subscriber: the daemon hands every setting in.
 
+mod content;
 mod limits;
 mod registry;
 mod schema;
@@ -24,6 +25,7 @@ pub use sources::builtin;
 pub mod terminal;
 mod tool;
 
+pub use content::{BLOCK_TYPES, Output, check_blocks};
 pub use limits::{Admit, DEFAULT_MAX_QUEUE, Full, LimitSettings, Running, ToolLimits, Waiting};
 pub use registry::{Failure, Registry, RegistryError, valid_tool_name};
 pub use schema::{SchemaError, describe_errors};

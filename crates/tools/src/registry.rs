@@ -12,7 +12,7 @@ use sha2::{Digest, Sha256};
 use toolhost_envelope::{Annotations, DiscoveryFormat, ErrorCode, ToolDescription};
 
 use crate::schema::{SchemaError, compile, describe_errors};
-use crate::{Context, Tool, ToolSpec};
+use crate::{Context, Output, Tool, ToolSpec, check_blocks};
 
 /// Every tool of a toolbox, looked up by name or by the event it consumes.
 #[derive(Default)]
@@ -256,7 +256,8 @@ impl Registry {
             .collect()
     }
 
-    /// Calls tool `name`: [`Registry::prepare`]s the arguments, then [`Registry::run`]s it.
+    /// Calls tool `name`: [`Registry::prepare`]s the arguments, then [`Registry::run`]s it, and
+    /// gives its result (without content blocks, which [`Registry::run`] gives).
     pub async fn invoke(
         &self,
         name: &str,
@@ -265,7 +266,7 @@ impl Registry {
         deadline: Option<Duration>,
     ) -> Result<Value, Failure> {
         let arguments = self.prepare(name, arguments)?;
-        self.run(name, arguments, context, deadline).await
+        self.run(name, arguments, context, deadline).await.map(|output| output.result)
     }
 
     /// Checks that tool `name` exists and is enabled, drops `null` optional arguments and
@@ -292,13 +293,13 @@ impl Registry {
         arguments: Value,
         context: &Context,
         deadline: Option<Duration>,
-    ) -> Result<Value, Failure> {
+    ) -> Result<Output, Failure> {
         let Some(&index) = self.by_name.get(name) else {
             return Err(Failure::new(ErrorCode::UnknownTool, format!("no tool named '{name}'")));
         };
         let tool = &self.tools[index];
         let timeout = deadline.map_or(tool.spec.timeout, |left| left.min(tool.spec.timeout));
-        let call = AssertUnwindSafe(tool.tool.call(arguments, context)).catch_unwind();
+        let call = AssertUnwindSafe(tool.tool.call_output(arguments, context)).catch_unwind();
         let output = match tokio::time::timeout(timeout, call).await {
             Err(_elapsed) => {
                 context.cancel.cancel();
@@ -321,12 +322,21 @@ impl Registry {
             }
             Ok(Ok(Ok(output))) => output,
         };
-        if !tool.output.validator.is_valid(&output) {
-            let failures = describe_errors(&tool.output.validator, &tool.output.value, &output);
+        if !tool.output.validator.is_valid(&output.result) {
+            let failures = describe_errors(&tool.output.validator, &tool.output.value, &output.result);
             return Err(Failure {
                 code: ErrorCode::InvalidOutput,
                 message: format!("tool '{name}' returned output that breaks its output schema"),
                 details: Some(json!({ "errors": failures })),
+            });
+        }
+        if let Some(blocks) = &output.content
+            && let Err(reason) = check_blocks(blocks)
+        {
+            return Err(Failure {
+                code: ErrorCode::InvalidOutput,
+                message: format!("tool '{name}' returned a content block MCP does not define: {reason}"),
+                details: Some(json!({ "content_error": reason })),
             });
         }
         Ok(output)

@@ -64,6 +64,15 @@ pub trait Tool: Send + Sync + 'static {
     /// The future may be dropped at any await when the call times out or the host stops; a tool
     /// that starts processes or holds resources must release them on drop.
     async fn call(&self, arguments: Value, context: &Context) -> Result<Value, ToolError>;
+
+    /// Runs the tool and answers its result with the content blocks it gave beside it (an
+    /// image, audio, a resource); by default [`Tool::call`]'s result alone. The host calls this.
+    ///
+    /// # Cancel safety
+    /// As [`Tool::call`].
+    async fn call_output(&self, arguments: Value, context: &Context) -> Result<crate::Output, ToolError> {
+        self.call(arguments, context).await.map(crate::Output::from)
+    }
 }
 
 /// What a call knows about where it comes from.
@@ -140,6 +149,20 @@ pub enum ToolError {
     /// The tool gave up waiting on something it depends on.
     #[error("{0}")]
     Timeout(String),
+    /// The tool's answer is over a configured bound (`max_response_bytes`): answers
+    /// `tool_failed` with `{"limit_bytes", "size_bytes", "setting"}` in the details, so a caller
+    /// knows which setting to raise. Nothing of the answer is kept.
+    #[error("{message}")]
+    TooLarge {
+        /// One readable sentence naming the limit.
+        message: String,
+        /// The bound.
+        limit_bytes: usize,
+        /// The answer's size.
+        size_bytes: usize,
+        /// The setting that holds the bound.
+        setting: &'static str,
+    },
     /// What the tool depends on is down for now (an MCP server restarting): the call was not
     /// started, and a retry after `retry_after` may succeed. Answers `overloaded` with
     /// `retry_after_ms` in the details.
@@ -158,18 +181,22 @@ impl ToolError {
         match self {
             ToolError::InvalidArguments(_) => ErrorCode::InvalidArguments,
             ToolError::Forbidden(_) => ErrorCode::Forbidden,
-            ToolError::Failed(_) => ErrorCode::ToolFailed,
+            ToolError::Failed(_) | ToolError::TooLarge { .. } => ErrorCode::ToolFailed,
             ToolError::Timeout(_) => ErrorCode::Timeout,
             ToolError::Unavailable { .. } => ErrorCode::Overloaded,
         }
     }
 
     /// Structure for the caller to act on, carried into the answer's `details`:
-    /// `{"retry_after_ms"}` for [`ToolError::Unavailable`], nothing for the others.
+    /// `{"retry_after_ms"}` for [`ToolError::Unavailable`], `{"limit_bytes", "size_bytes",
+    /// "setting"}` for [`ToolError::TooLarge`], nothing for the others.
     pub fn details(&self) -> Option<Value> {
         match self {
             ToolError::Unavailable { retry_after, .. } => {
                 Some(json!({ "retry_after_ms": u64::try_from(retry_after.as_millis()).unwrap_or(u64::MAX) }))
+            }
+            ToolError::TooLarge { limit_bytes, size_bytes, setting, .. } => {
+                Some(json!({ "limit_bytes": limit_bytes, "size_bytes": size_bytes, "setting": setting }))
             }
             _ => None,
         }

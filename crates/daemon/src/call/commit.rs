@@ -5,7 +5,7 @@
 use serde_json::Value;
 use toolhost_bus::{CallKeys, Committed, EntryRef, Finish, KeptAnswer, Published};
 use toolhost_envelope::{Entry, ErrorCode, ResultData};
-use toolhost_tools::Failure;
+use toolhost_tools::{Failure, Output};
 use tracing::{debug, error, warn};
 
 use super::{Answer, Call, Door, Letter, Lifecycle, Outcome, Refused, Reply, ledger};
@@ -29,7 +29,7 @@ pub(super) enum Finality {
 
 impl Finality {
     /// Final unless the result is an error that leaves the request id free.
-    pub(super) fn of(result: &Result<Value, Failure>) -> Finality {
+    pub(super) fn of(result: &Result<Output, Failure>) -> Finality {
         match result {
             Err(failure) if !failure.code.is_final() => Finality::NotFinal,
             _ => Finality::Final,
@@ -51,7 +51,7 @@ pub(super) enum Record {
 /// An answer to commit: the result, what kind of reply it is, and how the commit treats it.
 pub(super) struct Answering {
     /// What the request is answered with.
-    pub result: Result<Value, Failure>,
+    pub result: Result<Output, Failure>,
     /// What kind of answer it is, for logs and metrics.
     pub reply: Reply,
     /// How it stands to the request id.
@@ -274,10 +274,10 @@ impl<D: Door> Lifecycle<D> {
 }
 
 /// The result a kept answer's `data` holds; `None` when it is not a result's `data`.
-fn kept_result(data: &str) -> Option<Result<Value, Failure>> {
+fn kept_result(data: &str) -> Option<Result<Output, Failure>> {
     let data = serde_json::from_str::<ResultData>(data).ok()?;
     Some(if data.success {
-        Ok(data.result.unwrap_or(Value::Null))
+        Ok(Output { result: data.result.unwrap_or(Value::Null), content: data.content })
     } else {
         Err(Failure {
             code: data.error_code.unwrap_or(ErrorCode::Internal),
@@ -294,7 +294,7 @@ mod tests {
     #[test]
     fn only_errors_that_leave_the_request_id_free_are_not_final() {
         let failure = |code| Err(Failure::new(code, "why"));
-        assert_eq!(Finality::of(&Ok(Value::Null)), Finality::Final);
+        assert_eq!(Finality::of(&Ok(Value::Null.into())), Finality::Final);
         assert_eq!(Finality::of(&failure(ErrorCode::ToolFailed)), Finality::Final);
         assert_eq!(Finality::of(&failure(ErrorCode::Cancelled)), Finality::Final);
         assert_eq!(Finality::of(&failure(ErrorCode::Overloaded)), Finality::NotFinal);

@@ -37,7 +37,7 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use toolhost_bus::CallKeys;
 use toolhost_envelope::{Entry, ErrorCode};
-use toolhost_tools::{Context, Failure, ProgressReport, Registry};
+use toolhost_tools::{Context, Failure, Output, ProgressReport, Registry};
 
 use self::commit::{Answering, Finality, Record};
 use crate::auth::policy::InFlight;
@@ -119,7 +119,7 @@ pub(crate) enum Work {
         arguments: Value,
     },
     /// Answer without running a tool (discovery, statistics, refusals, help).
-    Answer(Result<Value, Failure>, Reply),
+    Answer(Result<Output, Failure>, Reply),
     /// Ack without answering: another toolbox answers it.
     AckOnly,
     /// Hand the entry to this consumer of the same group, which hosts its tool.
@@ -166,7 +166,7 @@ pub(crate) enum Event<'a, R> {
         /// The door's request.
         request: &'a R,
         /// What it returned.
-        result: &'a Result<Value, Failure>,
+        result: &'a Result<Output, Failure>,
         /// How long it ran.
         duration: Duration,
     },
@@ -293,7 +293,7 @@ pub(crate) trait Door: Send + Sync + 'static {
     fn work(&self, request: &Self::Request, registry: &Registry, permits: Permits<'_>) -> Work;
 
     /// The answer to publish for `result`.
-    fn answer(&self, request: &Self::Request, result: &Result<Value, Failure>) -> Answer;
+    fn answer(&self, request: &Self::Request, result: &Result<Output, Failure>) -> Answer;
 
     /// A progress entry of the request's running call, to publish on the answer's topic (only
     /// asked of a door that [relays progress](DoorTraits::relays_progress)).
@@ -506,7 +506,7 @@ impl<D: Door> Lifecycle<D> {
                 else {
                     return Outcome::LeftPending;
                 };
-                Ok(json!({"request_id": call_id, "state": state.as_str()}))
+                Ok(json!({"request_id": call_id, "state": state.as_str()}).into())
             }
         };
         let answering =

@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use toolhost_bus::{CallStart, EntryRef, KeptAnswer, call_owner};
 use toolhost_envelope::ErrorCode;
-use toolhost_tools::{Admit, Context, Failure, Full, ProgressReport, Registry, Running};
+use toolhost_tools::{Admit, Context, Failure, Full, Output, ProgressReport, Registry, Running};
 use tracing::{debug, warn};
 
 use super::commit::{Answering, Finality, Record};
@@ -179,7 +179,7 @@ impl<D: Door> Lifecycle<D> {
         registry: &Registry,
         run: ToolRun<'_>,
         slot: &mut Slot,
-    ) -> Option<Result<Value, Failure>> {
+    ) -> Option<Result<Output, Failure>> {
         let services = &self.services;
         let ToolRun { tool, owner, cancelled, .. } = run;
         let mut context = call.admitted.ids.context();
@@ -242,7 +242,7 @@ impl<D: Door> Lifecycle<D> {
         run: ToolRun<'_>,
         context: &Context,
         slot: &mut Slot,
-    ) -> Result<Value, Failure> {
+    ) -> Result<Output, Failure> {
         let ToolRun { tool, arguments, cancelled, .. } = run;
         // Cancelled before it started (while its ledger step waited out a Redis outage): it
         // never starts.

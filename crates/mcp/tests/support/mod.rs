@@ -16,7 +16,7 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 use toolhost_mcp::{Children, McpServerConfig, McpSources, Started};
 use toolhost_tools::terminal::Limits;
-use toolhost_tools::{Context, Failure, Registry};
+use toolhost_tools::{Context, Failure, Output, Registry};
 
 /// Why the tests are ignored by `cargo test`.
 pub const NEEDS_SERVERS: &str = "needs the MCP servers of scripts/ensure-mcp-servers.sh; run `just test-mcp`";
@@ -129,6 +129,12 @@ pub const FILE_SIZE_LIMIT: u64 = 123 * 1024 * 1024;
 /// Calls `tool` through the registry, as the daemon does.
 pub async fn call(registry: &Registry, tool: &str, arguments: Value) -> Result<Value, Failure> {
     registry.invoke(tool, arguments, &Context { request_id: "t".into(), ..Context::default() }, None).await
+}
+
+/// Calls `tool` and gives its whole answer: the result and its content blocks.
+pub async fn call_output(registry: &Registry, tool: &str, arguments: Value) -> Result<Output, Failure> {
+    let arguments = registry.prepare(tool, arguments)?;
+    registry.run(tool, arguments, &Context { request_id: "t".into(), ..Context::default() }, None).await
 }
 
 /// Waits until `check` returns `Some`, failing with `what` after `limit`.

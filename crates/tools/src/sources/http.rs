@@ -13,7 +13,9 @@
 //! - **Answers.** Redirects are not followed. A 2xx body with a JSON content type (or none) that
 //!   parses is the result; any other 2xx body is a string result. Another status answers
 //!   `tool_failed` with the status and a short excerpt of the body; a body past
-//!   `max_response_bytes`, checked while it streams in, answers `tool_failed`; a connection
+//!   `max_response_bytes`, checked while it streams in, answers `tool_failed`; an `image/*` or
+//!   `audio/*` body is an MCP image or audio block in the answer's `content`, its `result` a
+//!   sentence naming it (docs/CONTRACTS.md, "Content blocks"); a connection
 //!   error answers `tool_failed`; `timeout_ms` passing answers `timeout`. The daemon's secrets
 //!   (its Redis password, the values of the header variables) are hidden in every answer.
 //! - **TLS** is rustls with the ring provider and the Mozilla roots built into the binary
@@ -24,6 +26,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use base64::Engine as _;
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
 use reqwest::{Method, Url};
@@ -33,7 +36,7 @@ use serde_json::{Map, Value, json};
 use super::template::{Template, scalar_text};
 use super::{AnnotationSettings, FieldError, argument_schema, check_common};
 use crate::terminal::redact::Redactor;
-use crate::{Context, Tool, ToolError, ToolSpec};
+use crate::{Context, Output, Tool, ToolError, ToolSpec};
 
 /// What a percent-encoded value keeps as is: RFC 3986's unreserved characters.
 const COMPONENT: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
@@ -372,6 +375,29 @@ impl HttpTool {
 }
 
 /// Whether a `Content-Type` says JSON: `application/json` or any `+json` type.
+/// The MCP block type of a body of `content_type`: `image` for `image/*`, `audio` for `audio/*`.
+fn media_block_type(content_type: &str) -> Option<&'static str> {
+    let media = content_type.split(';').next().unwrap_or_default().trim().to_ascii_lowercase();
+    if media.starts_with("image/") {
+        Some("image")
+    } else if media.starts_with("audio/") {
+        Some("audio")
+    } else {
+        None
+    }
+}
+
+/// An image or audio body: one block of it (base64, its media type), and a sentence saying so
+/// as the result, for a reader of text. Such a body is never redacted: it is not text.
+fn media_output(kind: &str, content_type: &str, body: &[u8]) -> Output {
+    let mime = content_type.split(';').next().unwrap_or_default().trim().to_ascii_lowercase();
+    let block = json!({"type": kind, "data": base64::engine::general_purpose::STANDARD.encode(body), "mimeType": mime});
+    Output {
+        result: Value::String(format!("an {kind} ({mime}, {} bytes), in the answer's content", body.len())),
+        content: Some(vec![block]),
+    }
+}
+
 fn is_json(content_type: &str) -> bool {
     let essence = content_type.split(';').next().unwrap_or_default().trim().to_ascii_lowercase();
     essence == "application/json" || essence.ends_with("+json")
@@ -393,7 +419,11 @@ impl Tool for HttpTool {
         self.spec.clone()
     }
 
-    async fn call(&self, arguments: Value, _context: &Context) -> Result<Value, ToolError> {
+    async fn call(&self, arguments: Value, context: &Context) -> Result<Value, ToolError> {
+        self.call_output(arguments, context).await.map(|output| output.result)
+    }
+
+    async fn call_output(&self, arguments: Value, _context: &Context) -> Result<Output, ToolError> {
         let empty = Map::new();
         let (url, body) =
             self.request(arguments.as_object().unwrap_or(&empty)).map_err(ToolError::InvalidArguments)?;
@@ -424,6 +454,9 @@ impl Tool for HttpTool {
                 self.max_response_bytes
             )));
         }
+        if let Some(kind) = content_type.as_deref().and_then(media_block_type) {
+            return Ok(media_output(kind, content_type.as_deref().unwrap_or_default(), &body));
+        }
         let parsed = match content_type.as_deref() {
             Some(kind) if is_json(kind) => Some(serde_json::from_slice::<Value>(&body).map_err(|err| {
                 ToolError::Failed(format!("the service answered {kind} that is not JSON: {err}"))
@@ -431,10 +464,10 @@ impl Tool for HttpTool {
             None => serde_json::from_slice::<Value>(&body).ok(),
             Some(_) => None,
         };
-        Ok(match parsed {
+        Ok(Output::from(match parsed {
             Some(value) => self.redactor.redact_json(value),
             None => Value::String(self.redactor.redact(&String::from_utf8_lossy(&body))),
-        })
+        }))
     }
 }
 

@@ -24,7 +24,7 @@ use toolhost_bus::{Keys, Streams};
 use toolhost_envelope::{
     Address, ChatEnvelope, DeadLetterEvent, Entry, StepStatus, StreamEvent, StreamEventKind, new_message_id,
 };
-use toolhost_tools::{Failure, Registry};
+use toolhost_tools::{Failure, Output, Registry};
 use tracing::{info, warn};
 
 use self::message::{Incoming, Malformed, ToolCall, classify};
@@ -111,12 +111,12 @@ impl Inbox {
     fn step(
         call: &ToolCall,
         status: StepStatus,
-        res: Option<(&Result<Value, Failure>, Duration)>,
+        res: Option<(&Result<Output, Failure>, Duration)>,
     ) -> StreamEventKind {
         let (result_summary, error, duration_ms) = match res {
             None => (None, None, None),
             Some((Ok(value), duration)) => {
-                (Some(reply::summary(&value.to_string())), None, Some(duration.as_millis() as u64))
+                (Some(reply::summary(&value.result.to_string())), None, Some(duration.as_millis() as u64))
             }
             Some((Err(failure), duration)) => {
                 (None, Some(failure.message.clone()), Some(duration.as_millis() as u64))
@@ -210,17 +210,17 @@ impl Door for Inbox {
                     .filter(|tool| permits.allows(tool))
                     .map(Value::from)
                     .collect();
-                Work::Answer(Ok(Value::Array(tools)), Reply::Help)
+                Work::Answer(Ok(Value::Array(tools).into()), Reply::Help)
             }
             None => Work::AckOnly,
         }
     }
 
-    fn answer(&self, message: &Message, result: &Result<Value, Failure>) -> Answer {
+    fn answer(&self, message: &Message, result: &Result<Output, Failure>) -> Answer {
         let envelope = &message.envelope;
         let reply = match (&message.work, result) {
             (Some(message::Work::Call(call)), _) => reply::call_reply(&self.sender, envelope, call, result),
-            (Some(message::Work::Text), Ok(Value::Array(tools))) => {
+            (Some(message::Work::Text), Ok(Output { result: Value::Array(tools), .. })) => {
                 let names: Vec<&str> = tools.iter().filter_map(Value::as_str).collect();
                 reply::help_reply(&self.sender, envelope, &names)
             }
@@ -295,7 +295,7 @@ impl Inbox {
     }
 
     /// The `tool_step` and `output` events of a call that ran, or was answered without running.
-    async fn finished(&self, message: &Message, result: &Result<Value, Failure>, duration: Duration) {
+    async fn finished(&self, message: &Message, result: &Result<Output, Failure>, duration: Duration) {
         let Some(call) = Inbox::call(message) else { return };
         let conversation = &message.envelope.conversation_id;
         let status = if result.is_ok() { StepStatus::Success } else { StepStatus::Error };

@@ -3,7 +3,7 @@
 
 use serde_json::{Value, json};
 use toolhost_envelope::{Address, ChatEnvelope};
-use toolhost_tools::Failure;
+use toolhost_tools::{Failure, Output};
 
 use super::message::ToolCall;
 
@@ -26,7 +26,7 @@ pub(crate) fn call_reply(
     own: &str,
     incoming: &ChatEnvelope,
     call: &ToolCall,
-    res: &Result<Value, Failure>,
+    res: &Result<Output, Failure>,
 ) -> ChatEnvelope {
     let mut metadata = json!({
         "in_reply_to": incoming.id,
@@ -35,7 +35,7 @@ pub(crate) fn call_reply(
         "success": res.is_ok(),
     });
     match res {
-        Ok(value) => metadata["result"] = value.clone(),
+        Ok(value) => metadata["result"] = value.result.clone(),
         Err(failure) => {
             metadata["error"] = json!(failure.message);
             metadata["error_code"] = json!(failure.code.as_str());
@@ -77,9 +77,9 @@ fn reply(own: &str, incoming: &ChatEnvelope, content: String, metadata: Value) -
 }
 
 /// A call's result as text: compact JSON, or the error sentence.
-pub(crate) fn result_text(res: &Result<Value, Failure>) -> String {
+pub(crate) fn result_text(res: &Result<Output, Failure>) -> String {
     match res {
-        Ok(value) => value.to_string(),
+        Ok(value) => value.result.to_string(),
         Err(failure) => failure.message.clone(),
     }
 }
@@ -118,7 +118,7 @@ mod tests {
     fn call_replies_carry_result_or_error() {
         let call = ToolCall { id: "c1".into(), name: "echo".into(), arguments: json!({}) };
         let from = incoming("agent:Planner");
-        let ok = call_reply("agent:ToolHost", &from, &call, &Ok(json!({"message": "hi"})));
+        let ok = call_reply("agent:ToolHost", &from, &call, &Ok(json!({"message": "hi"}).into()));
         assert_eq!(ok.content, r#"{"message":"hi"}"#);
         assert_eq!((ok.sender.as_str(), ok.recipient.as_str()), ("agent:ToolHost", "agent:Planner"));
         assert_eq!(

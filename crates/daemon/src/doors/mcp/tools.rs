@@ -180,14 +180,34 @@ pub(crate) fn mcp_tool(tool: &ToolDescription) -> Option<Tool> {
     serde_json::from_value(exported).ok()
 }
 
-/// The MCP result of a host's answer: `structuredContent` for an object, and a text block with
-/// the same JSON; an error as `isError` with a text a model can act on.
+/// The MCP result of a host's answer: the tool's own content blocks when the answer has them
+/// (else a text block of its result), and `structuredContent` for an object result; an error as
+/// `isError` with a text a model can act on.
 pub(crate) fn call_result(tool: &str, result: &ResultData) -> CallToolResult {
     if result.success {
-        return match result.result.clone().unwrap_or(Value::Null) {
-            value @ Value::Object(_) => CallToolResult::structured(value),
-            Value::String(text) => CallToolResult::success(vec![ContentBlock::text(text)]),
-            value => CallToolResult::success(vec![ContentBlock::text(value.to_string())]),
+        let value = result.result.clone().unwrap_or(Value::Null);
+        let blocks = result.content.as_ref().map(|blocks| {
+            blocks
+                .iter()
+                .map(|block| serde_json::from_value::<ContentBlock>(block.clone()))
+                .collect::<Result<Vec<_>, _>>()
+        });
+        return match (blocks, value) {
+            (Some(Ok(blocks)), value) => {
+                let mut res = CallToolResult::success(blocks);
+                if value.is_object() {
+                    res.structured_content = Some(value);
+                }
+                res
+            }
+            // The host checked the blocks; one it let through that rmcp cannot read is an error
+            // of ours, said so rather than dropped.
+            (Some(Err(err)), _) => CallToolResult::error(vec![ContentBlock::text(format!(
+                "internal: the answer of '{tool}' holds a content block the door cannot read: {err}"
+            ))]),
+            (None, value @ Value::Object(_)) => CallToolResult::structured(value),
+            (None, Value::String(text)) => CallToolResult::success(vec![ContentBlock::text(text)]),
+            (None, value) => CallToolResult::success(vec![ContentBlock::text(value.to_string())]),
         };
     }
     CallToolResult::error(vec![ContentBlock::text(error_text(tool, result))])
@@ -247,6 +267,27 @@ mod tests {
             call_result("t", &answer(json!({"request_id": "r", "success": true, "result": "plain"})));
         assert_eq!(serde_json::to_value(&result.content[0]).unwrap()["text"], "plain");
         assert_eq!(result.structured_content, None);
+    }
+
+    #[test]
+    fn content_blocks_reach_the_client_as_the_server_wrote_them_beside_structured_content() {
+        let blocks = json!([
+            {"type": "text", "text": "a red dot"},
+            {"type": "image", "data": "iVBORw0KGgo=", "mimeType": "image/png", "annotations": {"audience": ["user"]}},
+            {"type": "resource", "resource": {"uri": "test://r", "text": "body", "mimeType": "text/plain"}, "_meta": {"k": 1}}
+        ]);
+        let result = call_result(
+            "shot",
+            &answer(json!({"request_id": "r", "success": true, "result": "a red dot", "content": blocks})),
+        );
+        assert_eq!(serde_json::to_value(&result.content).unwrap(), blocks);
+        assert_eq!(result.structured_content, None);
+        let result = call_result(
+            "shot",
+            &answer(json!({"request_id": "r", "success": true, "result": {"w": 1}, "content": [blocks[1]]})),
+        );
+        assert_eq!(result.structured_content, Some(json!({"w": 1})));
+        assert_eq!(serde_json::to_value(&result.content).unwrap()[0]["type"], "image");
     }
 
     #[test]

@@ -15,7 +15,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use toolhost_bus::Keys;
 use toolhost_envelope::{DiscoveryFormat, Entry, ErrorCode, EventEnvelope, ResultData, new_message_id};
-use toolhost_tools::{Failure, ProgressReport, Registry};
+use toolhost_tools::{Failure, Output, ProgressReport, Registry};
 use tracing::info;
 
 pub(crate) use self::admit::{Request, Target, entry_millis};
@@ -193,18 +193,20 @@ impl Door for Requests {
             ))),
             // Every toolbox reading the stream looks for the call; one of them answers.
             Target::Cancel { call_id, .. } => Work::Cancel(call_id.clone()),
-            Target::Discover => answer(Ok(self.discover(&request.envelope, registry, permits))),
+            Target::Discover => answer(Ok(self.discover(&request.envelope, registry, permits).into())),
             Target::Stats => answer(Ok(
-                json!({"toolbox_id": self.settings.toolbox_id, "tools": self.stats.snapshot()["tools"]}),
+                json!({"toolbox_id": self.settings.toolbox_id, "tools": self.stats.snapshot()["tools"]})
+                    .into(),
             )),
             Target::Invalid(reason) => answer(Err(Failure::new(ErrorCode::InvalidRequest, reason.clone()))),
             Target::Forbidden(reason) => answer(Err(Failure::new(ErrorCode::Forbidden, reason.clone()))),
         }
     }
 
-    fn answer(&self, request: &Request, result: &Result<Value, Failure>) -> Answer {
+    fn answer(&self, request: &Request, result: &Result<Output, Failure>) -> Answer {
         let data = match result {
-            Ok(value) => ResultData::ok(&request.request_id, value.clone()),
+            Ok(output) => ResultData::ok(&request.request_id, output.result.clone())
+                .with_content(output.content.clone()),
             Err(failure) => {
                 let data = ResultData::err(&request.request_id, failure.code, failure.message.clone());
                 match &failure.details {
