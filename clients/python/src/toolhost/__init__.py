@@ -8,6 +8,7 @@ See the README's "Calling from Python" and the daemon's docs/CONTRACTS.md for th
 """
 
 from ._aio import AsyncClient
+from ._content import AudioBlock, Block, EmbeddedResource, ImageBlock, Reply, ResourceLink, TextBlock
 from ._errors import (
     Cancelled,
     ClientClosed,
@@ -36,14 +37,18 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AsyncClient",
+    "AudioBlock",
+    "Block",
     "Cancelled",
     "Client",
     "ClientClosed",
     "ClientError",
     "ConnectionFailed",
+    "EmbeddedResource",
     "Expired",
     "Finished",
     "Forbidden",
+    "ImageBlock",
     "Internal",
     "Interrupted",
     "InvalidArguments",
@@ -52,7 +57,10 @@ __all__ = [
     "NoAnswer",
     "Overloaded",
     "Progress",
+    "Reply",
     "RequestNotReplicated",
+    "ResourceLink",
+    "TextBlock",
     "ToolDisabled",
     "ToolError",
     "ToolFailed",

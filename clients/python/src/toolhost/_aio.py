@@ -25,6 +25,7 @@ from ._errors import (
     ToolError,
     error_from,
 )
+from ._content import Reply, parse_blocks
 from ._wire import Answer, Finished, Progress
 
 log = logging.getLogger("toolhost")
@@ -199,7 +200,8 @@ class AsyncClient:
         on_progress: Callable[[Progress], None] | None = None,
         replica_acks: int | None = None,
     ) -> Any:
-        """Calls `tool` and returns its result, or raises the answer's ToolError.
+        """Calls `tool` and returns its result, or raises the answer's ToolError. `call_reply`
+        returns the content blocks (images, audio, resources) beside the result.
 
         `timeout` (seconds) is sent as `timeout_ms`: the host answers `timeout` or `expired`
         when it passes. Without it the tool's own timeout applies and the client waits up to
@@ -213,6 +215,32 @@ class AsyncClient:
         RequestNotReplicated when fewer did: a failover could then lose the request (it may
         also still be answered). With `retries` the request is sent again, same id, instead.
         """
+        reply = await self.call_reply(
+            tool,
+            arguments,
+            timeout=timeout,
+            request_id=request_id,
+            retries=retries,
+            correlation_id=correlation_id,
+            on_progress=on_progress,
+            replica_acks=replica_acks,
+        )
+        return reply.result
+
+    async def call_reply(
+        self,
+        tool: str,
+        arguments: dict[str, Any] | None = None,
+        *,
+        timeout: float | None = None,
+        request_id: str | None = None,
+        retries: int | None = None,
+        correlation_id: str | None = None,
+        on_progress: Callable[[Progress], None] | None = None,
+        replica_acks: int | None = None,
+    ) -> Reply:
+        """`call`, returning the whole answer: the result and the tool's content blocks as typed
+        objects (ImageBlock, AudioBlock, ResourceLink, EmbeddedResource, TextBlock)."""
         _wire.check_tool_name(tool)
         if arguments is None:
             arguments = {}
@@ -258,7 +286,7 @@ class AsyncClient:
                     await asyncio.sleep(self._backoff(attempt, None))
                     continue
                 if answer.data.get("success") is True:
-                    return answer.data.get("result")
+                    return Reply(answer.data.get("result"), parse_blocks(answer.data.get("content")))
                 error = error_from(answer.data, rid)
                 if last or error.code not in RETRIED_CODES:
                     raise error
@@ -283,7 +311,7 @@ class AsyncClient:
         rid = _wire.check_request_id(request_id) if request_id is not None else _wire.new_id()
         events: asyncio.Queue[Progress] = asyncio.Queue()
         call = asyncio.ensure_future(
-            self.call(
+            self.call_reply(
                 tool,
                 arguments,
                 timeout=timeout,
@@ -304,7 +332,8 @@ class AsyncClient:
                 getter.cancel()
                 while not events.empty():
                     yield events.get_nowait()
-                yield Finished(rid, call.result())
+                reply = call.result()
+                yield Finished(rid, reply.result, reply.content)
                 return
         finally:
             if not call.done():

@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
 from ._aio import AsyncClient
+from ._content import Reply
 from ._errors import ClientClosed
 from ._wire import Finished, Progress
 
@@ -72,6 +73,32 @@ class Client:
         """AsyncClient.call, blocking; `on_progress` runs on the client's thread."""
         return self._run(
             self._client.call(
+                tool,
+                arguments,
+                timeout=timeout,
+                request_id=request_id,
+                retries=retries,
+                correlation_id=correlation_id,
+                on_progress=on_progress,
+                replica_acks=replica_acks,
+            )
+        )
+
+    def call_reply(
+        self,
+        tool: str,
+        arguments: dict[str, Any] | None = None,
+        *,
+        timeout: float | None = None,
+        request_id: str | None = None,
+        retries: int | None = None,
+        correlation_id: str | None = None,
+        on_progress: Callable[[Progress], None] | None = None,
+        replica_acks: int | None = None,
+    ) -> Reply:
+        """AsyncClient.call_reply, blocking: the result and the content blocks."""
+        return self._run(
+            self._client.call_reply(
                 tool,
                 arguments,
                 timeout=timeout,

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
+from ._content import Block
 from ._errors import ClientError
 
 SPEC_VERSION = "1.0"
@@ -110,10 +111,11 @@ class Progress:
 
 @dataclass(frozen=True)
 class Finished:
-    """The end of a streamed call: its result (errors are raised instead)."""
+    """The end of a streamed call: its result and content blocks (errors are raised instead)."""
 
     request_id: str
     result: Any
+    content: tuple[Block, ...] = ()
 
 
 @dataclass(frozen=True)
