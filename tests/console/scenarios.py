@@ -288,6 +288,20 @@ def try_it(console: Console, slow_seconds: str) -> dict[str, Any]:
     report["echo_errors_left"] = len(console.all("ul#errors > li"))
     report["screenshot_try_it"] = console.screenshot("try-it")
 
+    # A hosted MCP tool answering an image between two texts: the image shown as an image (a
+    # data: URL the browser decoded), the texts as text.
+    console.open("/tools/everything__get-tiny-image")
+    console.wait(lambda: console.text("h1#tool-name") == "everything__get-tiny-image", "get-tiny-image's page")
+    _, report["image_answer"] = console.call("get-tiny-image answered")
+    image = console.wait(lambda: console.one("div#blocks img.block-image"), "the image block")
+    console.wait(lambda: console.driver.execute_script("return arguments[0].naturalWidth", image) > 0, "the image decoded")
+    report["image_block"] = {
+        "natural_width": console.driver.execute_script("return arguments[0].naturalWidth", image),
+        "src_prefix": (image.get_attribute("src") or "")[:22],
+        "texts": [node.text for node in console.all("div#blocks pre.block-text")],
+    }
+    report["screenshot_image"] = console.screenshot("try-it-image")
+
     # A hosted MCP tool that reports progress: its entries are listed as they come, then the
     # answer. Its arguments are numbers: text in a number field is refused first.
     console.open("/tools/everything__trigger-long-running-operation")

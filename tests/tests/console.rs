@@ -394,6 +394,20 @@ fn the_try_it_form_refuses_a_wrong_type_then_calls_and_a_slow_call_is_cancelled(
     let progress = report["progress"].as_array().unwrap();
     assert!(progress.len() >= 2, "progress entries listed: {report}");
     assert_eq!(report["progress_result"]["success"], true, "{report}");
+    // An image a hosted MCP tool answers is shown as an image, its texts as text.
+    let image = &report["image_answer"];
+    assert_eq!(image["content"][1]["type"], "image", "{image}");
+    assert_eq!(
+        image["result"], "Here's the image you requested:\nThe image above is the MCP logo.",
+        "{image}"
+    );
+    assert_eq!(report["image_block"]["src_prefix"], "data:image/png;base64,", "{report}");
+    assert_eq!(report["image_block"]["natural_width"], 20, "the 20x20 MCP logo decoded: {report}");
+    assert_eq!(
+        report["image_block"]["texts"],
+        json!(["Here's the image you requested:", "The image above is the MCP logo."]),
+        "{report}"
+    );
 
     let slow_id = report["slow_request_id"].as_str().unwrap();
     assert!(!slow_id.is_empty() && slow_id != echo_id, "{report}");
@@ -458,6 +472,7 @@ fn the_try_it_form_refuses_a_wrong_type_then_calls_and_a_slow_call_is_cancelled(
     }
     for key in [
         "screenshot_try_it",
+        "screenshot_image",
         "screenshot_progress",
         "screenshot_cancelled",
         "screenshot_calls",

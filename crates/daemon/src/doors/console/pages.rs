@@ -312,7 +312,7 @@ pub(crate) async fn tool(State(console): State<Arc<Console>>, Path(name): Path<S
          <button id=\"call\" type=\"submit\">Call</button> <button id=\"cancel\" type=\"button\" disabled>Cancel</button>\
          </form>\
          <p>Request <span id=\"request-id\"></span> · state <span id=\"call-state\">idle</span></p>\
-         <h3>Progress</h3><ol id=\"progress\"></ol><h3>Answer</h3><pre id=\"result\"></pre>\
+         <h3>Progress</h3><ol id=\"progress\"></ol><h3>Answer</h3><div id=\"blocks\"></div><pre id=\"result\"></pre>\
          <h2>Schemas</h2><h3>Arguments</h3><pre id=\"input-schema\">{input}</pre>\
          <h3>Output</h3><pre id=\"output-schema\">{output}</pre>",
         name = escape(&tool.name),

@@ -29,6 +29,30 @@ function element(tag, attributes, text) {
   return node;
 }
 
+// The content blocks of an answer (docs/CONTRACTS.md, "Content blocks"): an image as an image,
+// from a data: URL of its own base64 and an image/* type (the CSP allows data: images only);
+// every other block, and an image whose type is not an image type, as text, never as HTML.
+function contentBlocks(blocks) {
+  const nodes = [];
+  for (const block of Array.isArray(blocks) ? blocks : []) {
+    const type = block && typeof block.type === "string" ? block.type : "?";
+    const mime = typeof block.mimeType === "string" ? block.mimeType : "";
+    if (type === "image" && /^image\/[a-z0-9.+-]+$/i.test(mime) && /^[A-Za-z0-9+/=]*$/.test(block.data || "")) {
+      nodes.push(element("img", { class: "block-image", alt: "image (" + mime + ") from the tool", src: "data:" + mime + ";base64," + block.data }));
+    } else if (type === "text") {
+      nodes.push(element("pre", { class: "block-text" }, String(block.text)));
+    } else if (type === "resource_link") {
+      nodes.push(element("pre", { class: "block-text" }, "resource link: " + block.uri + " (" + block.name + ")"));
+    } else if (type === "resource" && block.resource && typeof block.resource.text === "string") {
+      nodes.push(element("pre", { class: "block-text" }, block.resource.uri + ":\n" + block.resource.text));
+    } else {
+      const size = typeof block.data === "string" ? ", " + block.data.length + " base64 characters" : "";
+      nodes.push(element("pre", { class: "block-text" }, type + (mime ? " (" + mime + size + ")" : "") + (block.resource ? ": " + block.resource.uri : "")));
+    }
+  }
+  return nodes;
+}
+
 // Filters the rows of a table by a search box: a row stays when its text holds every word.
 function filterRows(input, table) {
   const apply = () => {
@@ -230,6 +254,7 @@ function tryIt(form) {
   });
   const state = document.getElementById("call-state");
   const result = document.getElementById("result");
+  const blocks = document.getElementById("blocks");
   const progress = document.getElementById("progress");
   const cancel = document.getElementById("cancel");
   const requestId = document.getElementById("request-id");
@@ -256,6 +281,7 @@ function tryIt(form) {
     if (source) source.close();
     progress.replaceChildren();
     result.textContent = "";
+    blocks.replaceChildren();
     state.textContent = "sending";
     state.className = "";
     try {
@@ -272,6 +298,7 @@ function tryIt(form) {
       source.addEventListener("answer", (message) => {
         const answer = JSON.parse(message.data);
         result.textContent = JSON.stringify(answer, null, 2);
+        blocks.replaceChildren(...contentBlocks(answer.content));
         const cancelled = !answer.success && answer.error_code === "cancelled";
         state.textContent = answer.success ? "answered" : cancelled ? "cancelled" : "error";
         state.className = state.textContent;
