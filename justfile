@@ -132,9 +132,13 @@ test-mcp-door: ensure-redis-installed debug-toolhost
 # The official MCP conformance suite's server scenarios (@modelcontextprotocol/conformance, pinned,
 # on a pinned Node 22) against its reference server directly (every check passes) and hosted
 # behind a toolbox through the MCP door, where only tests/mcp_fidelity/expected-failures.yml may
-# fail (tests/tests/mcp_fidelity.rs).
+# fail; images from a hosted stdio and HTTP server through Redis to the Python client and the
+# Agents SDK adapter, and through the door to the MCP Python SDK (tests/tests/mcp_fidelity.rs).
 test-mcp-fidelity: ensure-redis-installed debug-toolhost
     scripts/ensure-mcp-conformance.sh >/dev/null
+    scripts/ensure-mcp-servers.sh >/dev/null
+    scripts/ensure-python-client-venv.sh >/dev/null
+    scripts/ensure-mcp-door-venv.sh >/dev/null
     cargo test -p toolhost-e2e --test mcp_fidelity
 
 # The OpenVoiceOS door and source against the real bus (ovos-messagebus), personas on

