@@ -4,8 +4,9 @@
 //! report as the latest and wakes the relay, so a tool is never held up by Redis. The relay
 //! ([`Relay::run`]) writes at most one entry per `1 / progress_per_second`: reports that come
 //! faster replace each other, and the latest is written when the rate allows. It runs beside the
-//! call and stops when the call ends: a write under way is finished first, a report still
-//! waiting is dropped, so no progress entry follows the answer.
+//! call and stops when the call ends: a write under way is finished first, then a report still
+//! waiting is written at once (the call's last step, such as 100 of 100, is never lost to the
+//! rate), and only then is the answer committed, so no progress entry follows the answer.
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};
@@ -47,7 +48,7 @@ impl Relay {
     }
 
     /// Writes reports with `write` until `stop` fires; a write under way when it fires is
-    /// finished, a report waiting for its turn is dropped.
+    /// finished, then a report waiting for its turn is written without waiting for it.
     pub(crate) async fn run<F, W>(&self, stop: &CancellationToken, mut write: W)
     where
         W: FnMut(ProgressReport) -> F,
@@ -57,18 +58,22 @@ impl Relay {
         loop {
             tokio::select! {
                 biased;
-                () = stop.cancelled() => return,
+                () = stop.cancelled() => break,
                 () = self.latest.notify.notified() => {}
             }
             if let Some(at) = next_slot {
                 tokio::select! {
                     biased;
-                    () = stop.cancelled() => return,
+                    () = stop.cancelled() => break,
                     () = tokio::time::sleep_until(at) => {}
                 }
             }
             let Some(report) = lock(&self.latest.report).take() else { continue };
             next_slot = Some(Instant::now() + self.interval);
+            write(report).await;
+        }
+        let last = lock(&self.latest.report).take();
+        if let Some(report) = last {
             write(report).await;
         }
     }
@@ -79,6 +84,7 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use std::cell::RefCell;
 
@@ -91,7 +97,7 @@ mod tests {
     // Real time: tokio's paused clock needs its `test-util` feature, which this workspace does
     // not build. Every assertion holds however slow the machine is.
     #[tokio::test]
-    async fn reports_are_written_at_most_at_the_rate_keeping_the_latest_and_none_after_stop() {
+    async fn reports_are_written_at_most_at_the_rate_keeping_the_latest_and_the_last_at_stop() {
         let relay = Relay::new(50);
         let progress = relay.handle();
         let stop = CancellationToken::new();
@@ -114,18 +120,20 @@ mod tests {
         tokio::join!(tool, relay.run(&stop, write));
         let elapsed = start.elapsed();
         let written = written.into_inner();
-        assert!(written.len() >= 2, "{written:?}");
-        // Never two entries within 20 ms, so never more than one per 20 ms of the call.
-        assert!(written.len() as u128 <= elapsed.as_millis() / 20 + 1, "{} in {elapsed:?}", written.len());
-        for pair in written.windows(2) {
+        assert!(written.len() >= 3, "{written:?}");
+        // The report made as the call ended is written as it stops, the last, past the rate.
+        let (last, during) = written.split_last().unwrap();
+        assert_eq!(last.1, 1000.0, "{written:?}");
+        // Before it, never two entries within 20 ms, so never more than one per 20 ms of the call.
+        assert!(during.len() as u128 <= elapsed.as_millis() / 20 + 1, "{} in {elapsed:?}", during.len());
+        for pair in during.windows(2) {
             assert!(pair[1].0 - pair[0].0 >= Duration::from_millis(20), "{written:?}");
             // Always the latest report at the time of writing: progress only grows.
             assert!(pair[1].1 > pair[0].1, "{written:?}");
         }
         // The first report is written at once.
         assert_eq!(written[0].1, 1.0);
-        // The report made as the call ended was dropped, not written after it.
-        assert!(written.iter().all(|(_, progress)| *progress < 1000.0), "{written:?}");
+        assert!(during.iter().all(|(_, progress)| *progress < 1000.0), "{written:?}");
     }
 
     #[test]

@@ -222,8 +222,9 @@ impl<D: Door> Lifecycle<D> {
             relay_stop.cancel();
             result
         };
-        // The relay stops with the call, finishing a write under way, so no progress entry is
-        // written after the answer.
+        // The relay stops with the call, finishing a write under way and writing the report
+        // still waiting, before the answer is committed: the last step reaches the caller, and
+        // no progress entry is written after the answer.
         let (result, ()) = tokio::join!(supervised, relay.run(&relay_stop, write_progress));
         let result = result?;
         let finished =
