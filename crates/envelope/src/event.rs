@@ -137,6 +137,12 @@ impl EventEnvelope {
         self.envelope_json(source, topic, &self.progress_type(), data)
     }
 
+    /// A log entry of this request, `<answer type>.log` (never an answer: `data` holds no
+    /// `success`), as its message id and compact JSON payload, with the answer's copied fields.
+    pub fn log_json(&self, source: &str, topic: &str, data: &Value) -> (String, String) {
+        self.envelope_json(source, topic, &format!("{}.log", self.result_type()), data)
+    }
+
     fn envelope_json<D: Serialize + ?Sized>(
         &self,
         source: &str,

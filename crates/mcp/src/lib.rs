@@ -37,6 +37,7 @@
 
 mod child;
 pub mod config;
+mod logging;
 pub mod mapping;
 pub mod names;
 mod source;

@@ -22,8 +22,9 @@ use backon::{BackoffBuilder, ExponentialBuilder};
 use rmcp::model::{
     CallToolRequest, CallToolRequestParams, CallToolResponse, CallToolResult, CancelledNotificationParam,
     ClientCapabilities, ClientConfig, ClientRequest, CreateMessageRequestParams, CreateMessageResult,
-    ElicitRequestParams, ElicitResult, ErrorCode, Implementation, ListRootsResult, ProgressNotificationParam,
-    ProgressToken, ProtocolVersion, RequestId, ServerResult,
+    ElicitRequestParams, ElicitResult, ErrorCode, Implementation, ListRootsResult,
+    LoggingMessageNotificationParam, ProgressNotificationParam, ProgressToken, ProtocolVersion, RequestId,
+    ServerResult,
 };
 use rmcp::service::{
     NotificationContext, PeerRequestOptions, RequestContext, RunningService, RunningServiceCancellationToken,
@@ -42,6 +43,7 @@ use toolhost_tools::{Context, Output, Progress, ProgressReport, Registry, Tool, 
 
 use crate::child::{ChildSpec, ManagedChild};
 use crate::config::{ServerSpec, Transport};
+use crate::logging::LogRoutes;
 use crate::{mapping, names};
 
 /// Quiet time after a `list_changed` before the tools are listed again, so a burst is one list.
@@ -141,6 +143,8 @@ pub(crate) struct Shared {
     recheck: Notify,
     /// Where the server's `notifications/progress` go, by progress token.
     progress: Arc<ProgressRoutes>,
+    /// The calls in flight, for the server's `notifications/message`.
+    logs: Arc<LogRoutes>,
 }
 
 /// The calls waiting for progress, by the progress token their request carried.
@@ -318,6 +322,7 @@ impl Shared {
             listing: Mutex::new(String::new()),
             recheck: Notify::new(),
             progress: Arc::default(),
+            logs: Arc::default(),
         })
     }
 
@@ -387,6 +392,7 @@ impl Tool for McpTool {
             permit = source.permits.acquire() => permit.ok(),
             () = context.cancel.cancelled() => return Err(cancelled()),
         };
+        let _in_flight = source.logs.add(context.log.clone());
         let mut params = CallToolRequestParams::new(self.original.clone());
         params.arguments = match arguments {
             Value::Object(map) => Some(map),
@@ -426,10 +432,18 @@ struct Handler {
     info: ClientConfig,
     changed: mpsc::Sender<()>,
     progress: Arc<ProgressRoutes>,
+    logs: Arc<LogRoutes>,
+    /// The source's name, for log messages no call takes.
+    source: String,
 }
 
 impl Handler {
-    fn new(changed: mpsc::Sender<()>, progress: Arc<ProgressRoutes>) -> Handler {
+    fn new(
+        changed: mpsc::Sender<()>,
+        progress: Arc<ProgressRoutes>,
+        logs: Arc<LogRoutes>,
+        source: &str,
+    ) -> Handler {
         // No sampling, elicitation or roots. The last protocol version with `initialize`, so
         // that list_changed arrives as a plain notification.
         let info = ClientConfig::new(
@@ -437,7 +451,7 @@ impl Handler {
             Implementation::new("toolhost", env!("CARGO_PKG_VERSION")),
         )
         .with_protocol_version(ProtocolVersion::LATEST_WITH_INITIALIZE);
-        Handler { info, changed, progress }
+        Handler { info, changed, progress, logs, source: source.to_owned() }
     }
 }
 
@@ -467,6 +481,15 @@ impl ClientHandler for Handler {
         _context: NotificationContext<RoleClient>,
     ) -> impl Future<Output = ()> + Send + '_ {
         self.progress.deliver(params);
+        std::future::ready(())
+    }
+
+    fn on_logging_message(
+        &self,
+        params: LoggingMessageNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) -> impl Future<Output = ()> + Send + '_ {
+        self.logs.deliver(&self.source, params);
         std::future::ready(())
     }
 
@@ -661,7 +684,7 @@ fn backoff() -> impl Iterator<Item = Duration> {
 async fn connect(shared: &Shared, common: &Common) -> Result<Connection, String> {
     let spec = &shared.spec;
     let (changed_tx, changed) = mpsc::channel(1);
-    let handler = Handler::new(changed_tx, shared.progress.clone());
+    let handler = Handler::new(changed_tx, shared.progress.clone(), shared.logs.clone(), &spec.name);
     match &spec.transport {
         Transport::Stdio { command, args, env, cwd } => {
             let child_spec = ChildSpec {

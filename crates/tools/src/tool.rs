@@ -88,6 +88,9 @@ pub struct Context {
     pub cancel: CancellationToken,
     /// Where the tool reports how far it got; reports go nowhere unless the host relays them.
     pub progress: Progress,
+    /// Where the tool's log messages for its caller go (a hosted MCP server's
+    /// `notifications/message`); nowhere unless the host relays them.
+    pub log: Log,
 }
 
 /// One progress report of a running call, as MCP's `notifications/progress` carries it.
@@ -124,6 +127,51 @@ impl Progress {
     /// Whether reports go anywhere, so a tool can skip asking its backend for progress.
     pub fn is_relayed(&self) -> bool {
         self.sink.is_some()
+    }
+}
+
+/// One log message of a running call, as MCP's `notifications/message` carries it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LogReport {
+    /// The syslog level MCP names: `debug`, `info`, `notice`, `warning`, `error`, `critical`,
+    /// `alert` or `emergency`.
+    pub level: String,
+    /// The logger's name, when the tool gave one.
+    pub logger: Option<String>,
+    /// What it logged: any JSON.
+    pub data: Value,
+}
+
+/// Where a running tool sends log messages for its caller: a cheap, cloneable handle like
+/// [`Progress`]. Sending never waits and never fails; the host rate-limits what reaches the
+/// caller.
+#[derive(Clone, Default)]
+pub struct Log {
+    sink: Option<Arc<dyn Fn(LogReport) + Send + Sync>>,
+}
+
+impl Log {
+    /// A handle that hands every message to `sink`, which must not block.
+    pub fn new(sink: impl Fn(LogReport) + Send + Sync + 'static) -> Log {
+        Log { sink: Some(Arc::new(sink)) }
+    }
+
+    /// Sends a message; does nothing when nobody listens.
+    pub fn report(&self, report: LogReport) {
+        if let Some(sink) = &self.sink {
+            sink(report);
+        }
+    }
+
+    /// Whether messages go anywhere.
+    pub fn is_relayed(&self) -> bool {
+        self.sink.is_some()
+    }
+}
+
+impl std::fmt::Debug for Log {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Log").field("relayed", &self.is_relayed()).finish()
     }
 }
 

@@ -37,7 +37,7 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use toolhost_bus::CallKeys;
 use toolhost_envelope::{Entry, ErrorCode};
-use toolhost_tools::{Context, Failure, Output, ProgressReport, Registry};
+use toolhost_tools::{Context, Failure, LogReport, Output, ProgressReport, Registry};
 
 use self::commit::{Answering, Finality, Record};
 use crate::auth::policy::InFlight;
@@ -105,6 +105,7 @@ impl CallIds {
             conversation_id: self.conversation_id.clone(),
             cancel: CancellationToken::default(),
             progress: Default::default(),
+            log: Default::default(),
         }
     }
 }
@@ -298,6 +299,12 @@ pub(crate) trait Door: Send + Sync + 'static {
     /// A progress entry of the request's running call, to publish on the answer's topic (only
     /// asked of a door that [relays progress](DoorTraits::relays_progress)).
     fn progress(&self, _request: &Self::Request, _report: &ProgressReport) -> Option<Answer> {
+        None
+    }
+
+    /// A log entry of the request's running call, to publish on the answer's topic (only asked
+    /// of a door that [relays progress](DoorTraits::relays_progress)).
+    fn log(&self, _request: &Self::Request, _report: &LogReport) -> Option<Answer> {
         None
     }
 

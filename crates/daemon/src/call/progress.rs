@@ -1,4 +1,4 @@
-//! Progress of a running call, relayed to its caller at a bounded rate.
+//! Progress (and log messages) of a running call, relayed to its caller at a bounded rate.
 //!
 //! A tool reports through the [`Progress`] handle in its context; reporting only stores the
 //! report as the latest and wakes the relay, so a tool is never held up by Redis. The relay
@@ -15,43 +15,43 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use toolhost_tools::{Progress, ProgressReport};
+use toolhost_tools::{Log, LogReport, Progress, ProgressReport};
 
-/// The relay of one call's progress.
-pub(crate) struct Relay {
-    latest: Arc<Latest>,
+/// The relay of one call's progress reports (`T` = [`ProgressReport`]) or log messages
+/// ([`LogReport`]), each kind with a relay and a rate of its own.
+pub(crate) struct Relay<T> {
+    latest: Arc<Latest<T>>,
     /// The shortest time between two entries.
     interval: Duration,
 }
 
 /// The report waiting to be written, and the relay's wake-up.
-#[derive(Default)]
-struct Latest {
-    report: Mutex<Option<ProgressReport>>,
+struct Latest<T> {
+    report: Mutex<Option<T>>,
     notify: Notify,
 }
 
-impl Relay {
+impl<T: Send + 'static> Relay<T> {
     /// A relay writing at most `per_second` entries a second (at least one).
-    pub(crate) fn new(per_second: u64) -> Relay {
+    pub(crate) fn new(per_second: u64) -> Relay<T> {
         let interval = Duration::from_secs(1) / u32::try_from(per_second.max(1)).unwrap_or(u32::MAX);
-        Relay { latest: Arc::default(), interval }
+        Relay { latest: Arc::new(Latest { report: Mutex::new(None), notify: Notify::new() }), interval }
     }
 
-    /// The handle the tool reports through.
-    pub(crate) fn handle(&self) -> Progress {
+    /// What a report is handed to: it becomes the latest, and wakes the relay.
+    fn sink(&self) -> impl Fn(T) + Send + Sync + 'static {
         let latest = self.latest.clone();
-        Progress::new(move |report| {
+        move |report| {
             *lock(&latest.report) = Some(report);
             latest.notify.notify_one();
-        })
+        }
     }
 
     /// Writes reports with `write` until `stop` fires; a write under way when it fires is
     /// finished, then a report waiting for its turn is written without waiting for it.
     pub(crate) async fn run<F, W>(&self, stop: &CancellationToken, mut write: W)
     where
-        W: FnMut(ProgressReport) -> F,
+        W: FnMut(T) -> F,
         F: Future<Output = ()>,
     {
         let mut next_slot: Option<Instant> = None;
@@ -79,6 +79,20 @@ impl Relay {
     }
 }
 
+impl Relay<ProgressReport> {
+    /// The handle the tool reports its progress through.
+    pub(crate) fn handle(&self) -> Progress {
+        Progress::new(self.sink())
+    }
+}
+
+impl Relay<LogReport> {
+    /// The handle the tool sends its log messages through.
+    pub(crate) fn log_handle(&self) -> Log {
+        Log::new(self.sink())
+    }
+}
+
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
@@ -98,7 +112,7 @@ mod tests {
     // not build. Every assertion holds however slow the machine is.
     #[tokio::test]
     async fn reports_are_written_at_most_at_the_rate_keeping_the_latest_and_the_last_at_stop() {
-        let relay = Relay::new(50);
+        let relay = Relay::<ProgressReport>::new(50);
         let progress = relay.handle();
         let stop = CancellationToken::new();
         let written = RefCell::new(Vec::<(Instant, f64)>::new());
@@ -141,8 +155,9 @@ mod tests {
         let progress = Progress::default();
         assert!(!progress.is_relayed());
         progress.report(report(1.0));
-        assert!(Relay::new(1).handle().is_relayed());
-        assert_eq!(Relay::new(0).interval, Duration::from_secs(1));
-        assert_eq!(Relay::new(10).interval, Duration::from_millis(100));
+        assert!(Relay::<ProgressReport>::new(1).handle().is_relayed());
+        assert!(Relay::<LogReport>::new(1).log_handle().is_relayed());
+        assert_eq!(Relay::<LogReport>::new(0).interval, Duration::from_secs(1));
+        assert_eq!(Relay::<ProgressReport>::new(10).interval, Duration::from_millis(100));
     }
 }

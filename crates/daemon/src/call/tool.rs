@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use toolhost_bus::{CallStart, EntryRef, KeptAnswer, call_owner};
 use toolhost_envelope::ErrorCode;
-use toolhost_tools::{Admit, Context, Failure, Full, Output, ProgressReport, Registry, Running};
+use toolhost_tools::{Admit, Context, Failure, Full, LogReport, Output, ProgressReport, Registry, Running};
 use tracing::{debug, warn};
 
 use super::commit::{Answering, Finality, Record};
@@ -184,14 +184,23 @@ impl<D: Door> Lifecycle<D> {
         let ToolRun { tool, owner, cancelled, .. } = run;
         let mut context = call.admitted.ids.context();
         context.cancel = services.shutdown.forced().child_token();
-        let relay = progress::Relay::new(services.progress_per_second);
+        let relay = progress::Relay::<ProgressReport>::new(services.progress_per_second);
+        // Log messages have a budget of their own, so a chatty tool does not starve its progress.
+        let log_relay = progress::Relay::<LogReport>::new(services.progress_per_second);
         if D::TRAITS.relays_progress {
             context.progress = relay.handle();
+            context.log = log_relay.log_handle();
         }
         let write_progress = |report: ProgressReport| async move {
             let Some(entry) = self.door.progress(call.request(), &report) else { return };
             if let Err(err) = services.bus.publish(&entry.topic, &entry.id, &entry.payload).await {
                 debug!(error = %err, entry_id = %entry.id, "cannot write a progress entry; dropped");
+            }
+        };
+        let write_log = |report: LogReport| async move {
+            let Some(entry) = self.door.log(call.request(), &report) else { return };
+            if let Err(err) = services.bus.publish(&entry.topic, &entry.id, &entry.payload).await {
+                debug!(error = %err, entry_id = %entry.id, "cannot write a log entry; dropped");
             }
         };
         let relay_stop = CancellationToken::new();
@@ -225,7 +234,11 @@ impl<D: Door> Lifecycle<D> {
         // The relay stops with the call, finishing a write under way and writing the report
         // still waiting, before the answer is committed: the last step reaches the caller, and
         // no progress entry is written after the answer.
-        let (result, ()) = tokio::join!(supervised, relay.run(&relay_stop, write_progress));
+        let (result, (), ()) = tokio::join!(
+            supervised,
+            relay.run(&relay_stop, write_progress),
+            log_relay.run(&relay_stop, write_log)
+        );
         let result = result?;
         let finished =
             Event::Finished { request: call.request(), result: &result, duration: started.elapsed() };

@@ -28,7 +28,7 @@ use toolhost_bus::{Error as BusError, FleetAccess, Keys};
 use toolhost_envelope::{Entry, EventEnvelope, ResultData, SPEC_VERSION, new_message_id, now_rfc3339};
 use tracing::{debug, warn};
 
-pub(crate) use events::{CallEvent, InputKind, InputState};
+pub(crate) use events::{CallEvent, InputKind, InputState, LogMessage};
 pub(crate) use view::FleetTools;
 
 /// How long past a call's timeout the client waits for its answer before it says no toolbox

@@ -92,6 +92,8 @@ pub(crate) struct Session {
     id: String,
     /// The latest answers by JSON-RPC id, for retries.
     answers: Arc<Mutex<Remembered>>,
+    /// The level `logging/setLevel` set (issue 33, `logging.rs`).
+    pub(super) log_level: super::logging::SessionLevel,
 }
 
 /// Answers kept for retries, oldest first.
@@ -104,7 +106,12 @@ struct Remembered {
 impl Session {
     /// A new session of `door`.
     pub(crate) fn new(door: Arc<Door>) -> Session {
-        Session { door, id: uuid::Uuid::new_v4().simple().to_string(), answers: Arc::default() }
+        Session {
+            door,
+            id: uuid::Uuid::new_v4().simple().to_string(),
+            answers: Arc::default(),
+            log_level: super::logging::SessionLevel::default(),
+        }
     }
 
     pub(super) fn remembered(&self, jsonrpc_id: &str) -> Option<CallToolResult> {
@@ -214,5 +221,16 @@ impl ServerHandler for Session {
                 }
             }
         });
+    }
+
+    // Issue 33: thin delegations to the door's other modules.
+
+    #[allow(deprecated)]
+    async fn set_level(
+        &self,
+        request: rmcp::model::SetLevelRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        self.set_log_level(request)
     }
 }

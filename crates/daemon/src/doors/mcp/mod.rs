@@ -16,6 +16,7 @@
 
 mod handler;
 mod http;
+mod logging;
 mod settings;
 mod tasks;
 mod tools;

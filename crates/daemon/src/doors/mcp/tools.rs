@@ -15,6 +15,7 @@ use toolhost_envelope::{DiscoveryFormat, ErrorCode, ResultData, ToolDescription}
 use tracing::{debug, info};
 
 use super::handler::{Door, Session};
+use super::logging::{self, SessionLevel};
 use crate::fleet_client::{CallEvent, CallFailure, FleetClient, InputKind, Request};
 
 impl Session {
@@ -100,6 +101,7 @@ impl Session {
             receiver,
             context.peer.clone(),
             context.meta.get_progress_token(),
+            self.log_level.clone(),
             fleet.clone(),
             request.request_id.clone(),
         ));
@@ -129,12 +131,17 @@ impl Session {
 const RELAY_DRAIN: Duration = Duration::from_secs(5);
 
 /// Passes a call's events on to the MCP client until the call ends: progress as
-/// `notifications/progress` under the request's token; a question is declined (the door asks
-/// its client nothing yet).
+/// `notifications/progress` under the request's token, log entries as `notifications/message`
+/// at or above the session's level; a question is declined (the door asks its client nothing
+/// yet).
+// `notifications/message` is deprecated in 2026-07-28 (SEP-2577); the `initialize` generations
+// have it.
+#[allow(deprecated)]
 async fn relay(
     mut events: mpsc::UnboundedReceiver<CallEvent>,
     peer: Peer<RoleServer>,
     progress_token: Option<ProgressToken>,
+    log_level: SessionLevel,
     fleet: FleetClient,
     request_id: String,
 ) {
@@ -153,7 +160,12 @@ async fn relay(
                     return;
                 }
             }
-            CallEvent::Log(_) => {}
+            CallEvent::Log(message) => {
+                let Some(param) = logging::notification(&log_level, message) else { continue };
+                if peer.notify_logging_message(param).await.is_err() {
+                    return;
+                }
+            }
             CallEvent::InputRequired { input_id, kind, .. } => {
                 let state = fleet.answer_input(&request_id, &input_id, declined(kind)).await;
                 debug!(%request_id, %input_id, kind = kind.as_str(), ?state, "declined a question the MCP client cannot be asked");

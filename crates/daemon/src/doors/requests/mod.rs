@@ -15,7 +15,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use toolhost_bus::Keys;
 use toolhost_envelope::{DiscoveryFormat, Entry, ErrorCode, EventEnvelope, ResultData, new_message_id};
-use toolhost_tools::{Failure, Output, ProgressReport, Registry};
+use toolhost_tools::{Failure, LogReport, Output, ProgressReport, Registry};
 use tracing::info;
 
 pub(crate) use self::admit::{Request, Target, entry_millis};
@@ -229,6 +229,17 @@ impl Door for Requests {
         }
         let topic = self.keys.topic(&request.response_topic);
         let (id, payload) = request.envelope.progress_json(&self.source, &topic, &data);
+        Some(Answer { topic, copy: None, id, payload, kept: None })
+    }
+
+    /// `<answer type>.log` on the answer's topic, `data` without `success`.
+    fn log(&self, request: &Request, report: &LogReport) -> Option<Answer> {
+        let mut data = json!({"request_id": request.request_id, "level": report.level, "data": report.data});
+        if let Some(logger) = &report.logger {
+            data["logger"] = json!(logger);
+        }
+        let topic = self.keys.topic(&request.response_topic);
+        let (id, payload) = request.envelope.log_json(&self.source, &topic, &data);
         Some(Answer { topic, copy: None, id, payload, kept: None })
     }
 
