@@ -4,6 +4,8 @@
 //! a toolbox (`[[mcp_servers]] url = ...`, `prefix = ""`, so the tool names stay as the suite
 //! expects), where every scenario passes except those in
 //! `tests/mcp_fidelity/expected-failures.yml`, each listed with the reason it fails today.
+//! Over stdio (`toolhost mcp`), which the suite cannot reach, the official MCP Python SDK makes
+//! the suite's tool checks (`tests/mcp_fidelity/stdio_checks.py`).
 //!
 //! The suite, a Node 22 to run it and the reference server are installed pinned by
 //! `scripts/ensure-mcp-conformance.sh` (`just test-mcp-fidelity` runs it;
@@ -253,7 +255,62 @@ fn the_conformance_suite_passes_through_the_door_but_for_the_expected_failures()
             scenario.name
         );
     }
+
+    // Over stdio (`toolhost mcp`), which the suite cannot reach, the same tool checks by the
+    // official MCP Python SDK.
+    let door_venv = toolhost_e2e::venv(
+        "TOOLHOST_MCP_DOOR_VENV",
+        "venv-mcp-door",
+        "ensure-mcp-door-venv.sh",
+        "test-mcp-door",
+    );
+    let output = Command::new(door_venv.join("bin/python"))
+        .arg(toolhost_e2e::fixture("mcp_fidelity", "stdio_checks.py"))
+        .arg(dir.join("door.toml"))
+        .env("MCP_DOOR_TOOLHOST", toolhost_bin())
+        .stdin(Stdio::null())
+        .output()
+        .expect("run stdio_checks.py");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let last = stdout.lines().rev().find(|line| line.starts_with('{')).unwrap_or_default();
+    let stdio: Value = serde_json::from_str(last).unwrap_or_else(|_| {
+        panic!("stdio_checks.py reported nothing:\n{stdout}\n{}", String::from_utf8_lossy(&output.stderr))
+    });
+    check_stdio(&stdio);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// What the SDK saw over stdio: the checks of the suite's tool scenarios.
+fn check_stdio(report: &Value) {
+    let tools: Vec<&str> = report["tools"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
+    assert!(tools.contains(&"test_simple_text") && tools.contains(&"test_tool_with_logging"), "{report}");
+    let content = |tool: &str| report[tool]["content"].clone();
+    assert_eq!(report["test_simple_text"]["error"], false, "{report}");
+    assert_eq!(
+        content("test_simple_text"),
+        json!([{"type": "text", "text": "This is a simple text response for testing."}])
+    );
+    let image = content("test_image_content");
+    assert_eq!(image[0]["type"], "image", "{report}");
+    assert_eq!(image[0]["mime"], "image/png", "{report}");
+    assert!(image[0]["bytes"].as_u64().unwrap() > 0, "{report}");
+    assert_eq!(content("test_audio_content")[0]["mime"], "audio/wav", "{report}");
+    assert_eq!(
+        content("test_embedded_resource"),
+        json!([{"type": "resource", "uri": "test://embedded-resource", "text": "This is an embedded resource content."}])
+    );
+    let mixed = content("test_multiple_content_types");
+    let types: Vec<&str> = mixed.as_array().unwrap().iter().filter_map(|b| b["type"].as_str()).collect();
+    assert_eq!(types, ["text", "image", "resource"], "{report}");
+    assert_eq!(report["test_error_handling"]["error"], true, "{report}");
+    assert_eq!(report["progress"], json!([0.0, 50.0, 100.0]), "every step, the last included: {report}");
+    let logs: Vec<&str> =
+        report["logs"].as_array().unwrap().iter().filter_map(|log| log["data"].as_str()).collect();
+    assert_eq!(
+        logs,
+        ["Tool execution started", "Tool processing data", "Tool execution completed"],
+        "{report}"
+    );
 }
 
 /// The installed server-everything entry script, as `scripts/ensure-mcp-servers.sh` lays it out.
