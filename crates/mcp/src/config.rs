@@ -422,6 +422,7 @@ mod tests {
             prefix = "has.dot"
             timeout_ms = 0
             max_concurrent = 0
+            max_response_bytes = 0
 
             [[mcp_servers]]
             name = "remote"
@@ -443,6 +444,7 @@ mod tests {
             "mcp_servers[1].prefix: must be at most 32 of [a-zA-Z0-9_-]",
             "mcp_servers[1].timeout_ms: must be at least 1",
             "mcp_servers[1].max_concurrent: must be at least 1",
+            "mcp_servers[1].max_response_bytes: must be at least 1",
             "mcp_servers[1].command: give command (stdio) or url (streamable HTTP)",
             "mcp_servers[2].url: must be an http:// or https:// URL",
             "mcp_servers[2].env: env is for command servers; this one has a url",

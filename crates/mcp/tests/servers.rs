@@ -120,6 +120,25 @@ async fn everything_tools_keep_hyphens_and_answer_text_structured_content_and_co
 
 #[tokio::test]
 #[ignore = "needs the MCP servers of scripts/ensure-mcp-servers.sh; run `just test-mcp`"]
+async fn an_answer_over_max_response_bytes_is_refused_naming_the_limit_and_smaller_ones_pass() {
+    // The tiny image's answer is about 2 KiB of JSON; get-sum's is a few dozen bytes.
+    let sources =
+        Sources::start(&everything_config("everything", "max_response_bytes = 1024\n"), &env(&[])).await;
+    let registry = sources.registry();
+    let refused = call_output(&registry, "everything__get-tiny-image", json!({})).await.unwrap_err();
+    assert_eq!(refused.code, ErrorCode::ToolFailed);
+    assert!(refused.message.contains("over the server's max_response_bytes (1024)"), "{}", refused.message);
+    let details = refused.details.unwrap();
+    assert_eq!(details["limit_bytes"], 1024);
+    assert_eq!(details["setting"], "max_response_bytes");
+    assert!(details["size_bytes"].as_u64().unwrap() > 1024, "{details}");
+    let sum = call_output(&registry, "everything__get-sum", json!({"a": 2, "b": 3})).await.unwrap();
+    assert_eq!(sum.result, json!("The sum of 2 and 3 is 5."));
+    sources.stop().await;
+}
+
+#[tokio::test]
+#[ignore = "needs the MCP servers of scripts/ensure-mcp-servers.sh; run `just test-mcp`"]
 async fn toolhost_advertises_no_client_capabilities_and_says_so_when_a_tool_needs_more() {
     let dir = temp_dir("capabilities");
     let tap = dir.join("stdin.jsonl");
