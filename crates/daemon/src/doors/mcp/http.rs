@@ -1,11 +1,13 @@
 //! The MCP door over streamable HTTP: `/mcp` on `[mcp] listen`, its own port.
 //!
-//! rmcp's streamable HTTP service does the protocol: sessions by `Mcp-Session-Id`, JSON
-//! responses or SSE streams, and the `Origin` and `Host` checks against DNS rebinding. This
-//! module adds what a long-running daemon needs around it: the loopback origins allowed by
-//! default on a loopback address, the body read here first (413 for one over `max_body_bytes`,
-//! after the excess is drained so the client reads it; 400 with JSON-RPC's `-32700` for one that
-//! is not JSON), a cap on open sessions (503 past it), idle sessions closed, and a graceful stop.
+//! rmcp's streamable HTTP service does the protocol: sessions by `Mcp-Session-Id` for the
+//! `initialize` generations, 2026-07-28 requests served without one (each on a handler of its
+//! own), the `Mcp-Method`/`Mcp-Name` headers checked against the body, JSON responses or SSE
+//! streams, and the `Origin` and `Host` checks against DNS rebinding. This module adds what a
+//! long-running daemon needs around it: the loopback origins allowed by default on a loopback
+//! address, the body read here first (413 for one over `max_body_bytes`, after the excess is
+//! drained so the client reads it; 400 with JSON-RPC's `-32700` for one that is not JSON), a cap
+//! on open `initialize` sessions (503 past it), idle sessions closed, and a graceful stop.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -25,9 +27,6 @@ use tracing::{info, warn};
 
 use super::Settings;
 use super::handler::{Door, Session};
-
-/// The HTTP header that names a session.
-const SESSION_HEADER: &str = "mcp-session-id";
 
 /// What the session cap needs.
 #[derive(Clone)]
@@ -202,20 +201,38 @@ async fn check_body(State(max): State<usize>, request: Request, next: Next) -> R
         return too_large(max);
     }
     let Ok(bytes) = axum::body::to_bytes(body, max).await else { return too_large(max) };
-    if let Err(err) = serde_json::from_slice::<serde::de::IgnoredAny>(&bytes) {
-        let body = json!({
-            "jsonrpc": "2.0",
-            "id": null,
-            "error": {"code": -32700, "message": format!("Parse error: the body is not JSON ({err})")},
-        });
-        return (
-            StatusCode::BAD_REQUEST,
-            [(header::CONTENT_TYPE, "application/json")],
-            Body::from(body.to_string()),
-        )
-            .into_response();
+    // JSON of another shape (a batch, a method that is not a string) is rmcp's to refuse.
+    let method = match serde_json::from_slice::<Message>(&bytes) {
+        Ok(message) => message.method,
+        Err(err) if err.classify() == serde_json::error::Category::Data => None,
+        Err(err) => return parse_error(&err),
+    };
+    let mut parts = parts;
+    if method.as_deref() == Some("initialize") {
+        parts.extensions.insert(OpensSession);
     }
     next.run(Request::from_parts(parts, Body::from(bytes))).await
+}
+
+/// The one field of a JSON-RPC message the door reads before rmcp: its method.
+#[derive(serde::Deserialize)]
+struct Message {
+    method: Option<String>,
+}
+
+/// Marks a POST that opens an `initialize` session, the only kind `[mcp] max_sessions` counts.
+#[derive(Clone, Copy)]
+struct OpensSession;
+
+/// 400 with JSON-RPC's parse error, for a body that is not JSON.
+fn parse_error(err: &serde_json::Error) -> Response {
+    let body = json!({
+        "jsonrpc": "2.0",
+        "id": null,
+        "error": {"code": -32700, "message": format!("Parse error: the body is not JSON ({err})")},
+    });
+    (StatusCode::BAD_REQUEST, [(header::CONTENT_TYPE, "application/json")], Body::from(body.to_string()))
+        .into_response()
 }
 
 /// Reads and drops `body`, at most `limit` bytes of it.
@@ -246,10 +263,11 @@ fn too_large(max: usize) -> Response {
         .into_response()
 }
 
-/// Refuses a request that would open a session past `[mcp] max_sessions` (a POST without a
-/// session id), with 503 and a JSON-RPC error, so the client can retry later.
+/// Refuses a request that would open a session past `[mcp] max_sessions` (an `initialize`),
+/// with 503 and a JSON-RPC error, so the client can retry later. A 2026-07-28 request opens no
+/// session and is never refused here.
 async fn cap_sessions(State(cap): State<Cap>, request: Request, next: Next) -> Response {
-    let opens_session = request.method() == Method::POST && !request.headers().contains_key(SESSION_HEADER);
+    let opens_session = request.extensions().get::<OpensSession>().is_some();
     if opens_session && cap.sessions.sessions.read().await.len() >= cap.max {
         let body = json!({
             "jsonrpc": "2.0",

@@ -14,9 +14,11 @@
 //!
 //! The door owns `[mcp]` ([`Settings`]).
 
+mod generation;
 mod handler;
 mod http;
 mod settings;
+mod subscriptions;
 mod tasks;
 mod tools;
 
@@ -41,6 +43,7 @@ async fn door(settings: &Settings, cx: &DoorContext, transport: &'static str) ->
     let tenant = Some(settings.tenant.clone()).filter(|tenant| !tenant.is_empty());
     let source = format!("toolhost:mcp:{transport}");
     let fleet = cx.open_fleet(&source, STREAM_TTL, settings.watch_period(), tenant.clone()).await?;
+    let subscriptions = subscriptions::Subscriptions::new(fleet.changes());
     // Validated when the configuration was loaded.
     let tools = settings.tools.iter().filter_map(|pattern| glob::Pattern::new(pattern).ok()).collect();
     Ok(Arc::new(Door {
@@ -52,6 +55,8 @@ async fn door(settings: &Settings, cx: &DoorContext, transport: &'static str) ->
         transport,
         auth: cx.auth.clone(),
         tenant,
+        list_ttl_ms: settings.watch_ms,
+        subscriptions,
     }))
 }
 
