@@ -23,14 +23,14 @@ pub struct Settings {
     pub tools: Vec<String>,
     /// The largest request body accepted.
     pub max_body_bytes: usize,
-    /// Sessions open at once; a new one past this is refused.
+    /// `initialize` sessions open at once; a new one past this is refused (2026-07-28 opens none).
     pub max_sessions: usize,
     /// A session with no request for this long is closed.
     pub session_idle_ms: u64,
     /// A call of a tool whose timeout is above this becomes a durable task for clients that
     /// declare the tasks extension.
     pub task_threshold_ms: u64,
-    /// How often the fleet's tools are read again.
+    /// How often the fleet's tools are read again; the `ttlMs` of 2026-07-28 `tools/list` pages.
     pub watch_ms: u64,
     /// Tools per `tools/list` page.
     pub page_size: usize,
