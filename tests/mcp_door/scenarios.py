@@ -18,6 +18,9 @@ for it to act (start a toolbox, restart the door).
     scenarios.py modern-raw <url> <url2>    2026-07-28 requests written by hand: a retried id, a
                                             task made on one door and read on another, removed
                                             methods, a header that contradicts the body
+    scenarios.py oauth <url> <issuer>       the door as an OAuth resource server: its metadata,
+                                            tokens the issuer mints (valid and not), a key
+                                            rotation, and SDK clients that get their own token
 
 A target is the door's URL (`http://...`) or `stdio:<config file>` for `toolhost mcp`.
 
@@ -325,6 +328,7 @@ def modern(
     name: str | None = None,
     capabilities: dict[str, Any] | None = None,
     method_header: str | None = None,
+    token: str | None = None,
 ) -> dict[str, Any]:
     """One 2026-07-28 request with no session: the version and capabilities in `_meta`, and the
     `Mcp-Method`/`Mcp-Name` headers the revision asks for. Returns the status and the message."""
@@ -339,6 +343,8 @@ def modern(
     }
     if name is not None:
         headers["mcp-name"] = name
+    if token is not None:
+        headers["authorization"] = f"Bearer {token}"
     message = {"jsonrpc": "2.0", "id": id_, "method": method, "params": {**params, "_meta": meta}}
     response = client.post(str(client.base_url).rstrip("/"), headers=headers, json=message)
     body = None
@@ -349,7 +355,12 @@ def modern(
                 body = candidate
     if body is None and response.text.strip().startswith("{"):
         body = response.json()
-    return {"status": response.status_code, "session": response.headers.get("mcp-session-id"), "body": body}
+    return {
+        "status": response.status_code,
+        "session": response.headers.get("mcp-session-id"),
+        "challenge": response.headers.get("www-authenticate"),
+        "body": body,
+    }
 
 
 def modern_raw(url: str, other: str) -> None:
@@ -385,6 +396,94 @@ def modern_raw(url: str, other: str) -> None:
     done(report)
 
 
+class MemoryTokens:
+    """Token storage of one SDK client, in memory."""
+
+    def __init__(self) -> None:
+        self.tokens: Any = None
+        self.client_info: Any = None
+
+    async def get_tokens(self) -> Any:
+        return self.tokens
+
+    async def set_tokens(self, tokens: Any) -> None:
+        self.tokens = tokens
+
+    async def get_client_info(self) -> Any:
+        return self.client_info
+
+    async def set_client_info(self, client_info: Any) -> None:
+        self.client_info = client_info
+
+
+async def oauth_client(url: str, issuer: str, client_id: str, secret: str) -> dict[str, Any]:
+    """An SDK client that follows the door's metadata to the issuer, gets a token with the
+    client_credentials grant, then lists and calls."""
+    from mcp.client.auth.extensions.client_credentials import ClientCredentialsOAuthProvider
+    from mcp.client.streamable_http import streamable_http_client
+
+    provider = ClientCredentialsOAuthProvider(
+        server_url=url,
+        storage=MemoryTokens(),
+        client_id=client_id,
+        client_secret=secret,
+        scope="tools:call",
+        issuer=issuer,
+    )
+    async with httpx.AsyncClient(auth=provider, timeout=30) as http:
+        async with Client(streamable_http_client(url, http_client=http), cache=None, mode=MODE) as client:
+            tools = await all_tool_names(client)
+            echo = await client.call_tool("echo", {"message": f"from {client_id}"})
+            return {"protocol": client.protocol_version, "tools": tools, "echo": echo.structured_content}
+
+
+def oauth(url: str, issuer: str) -> None:
+    report: dict[str, Any] = {}
+    origin = url.rsplit("/mcp", 1)[0]
+    with httpx.Client(timeout=30) as plain, httpx.Client(base_url=url, timeout=30) as door:
+        report["prm"] = plain.get(f"{origin}/.well-known/oauth-protected-resource/mcp").json()
+        report["prm_root"] = plain.get(f"{origin}/.well-known/oauth-protected-resource").json()
+
+        def mint(**claims: Any) -> str:
+            return plain.post(f"{issuer}/mint", json=claims).json()["access_token"]
+
+        def attempt(token: str | None) -> dict[str, Any]:
+            result = modern(door, 1, "tools/list", {}, token=token)
+            tools = [tool["name"] for tool in ((result["body"] or {}).get("result") or {}).get("tools", [])]
+            return {"status": result["status"], "challenge": result["challenge"], "body": result["body"], "tools": tools}
+
+        first = mint(aud=url)
+        report["none"] = attempt(None)
+        report["valid"] = attempt(first)
+        report["again"] = attempt(first)
+        report["wrong_audience"] = attempt(mint(aud="http://127.0.0.1:1/mcp"))
+        report["expired"] = attempt(mint(aud=url, exp_in=-600))
+        report["not_yet"] = attempt(mint(aud=url, nbf_in=600))
+        report["wrong_issuer"] = attempt(mint(aud=url, iss="http://127.0.0.1:1"))
+        # A key the JWKS lacks makes the door read it again, at most once per
+        # jwks_refresh_min_ms: the second such token right after fetches nothing.
+        fetches = plain.get(f"{issuer}/stats").json()["jwks_fetches"]
+        report["unknown_key"] = attempt(mint(aud=url, key="unknown"))
+        report["unknown_key_again"] = attempt(mint(aud=url, key="unknown"))
+        report["fetches_for_unknown_keys"] = plain.get(f"{issuer}/stats").json()["jwks_fetches"] - fetches
+        report["missing_scope"] = attempt(mint(aud=url, scope="profile"))
+        report["no_tenant"] = attempt(mint(aud=url, org=None))
+        report["not_a_jwt"] = attempt("not-a-jwt-at-all")
+        report["beta"] = attempt(mint(aud=url, org="beta"))
+        report["rotated_kid"] = plain.post(f"{issuer}/rotate").json()["kid"]
+        # Past jwks_refresh_min_ms (the test's door: 1 s), the new key is fetched for the token
+        # that names it.
+        import time
+
+        time.sleep(1.5)
+        report["rotated"] = attempt(mint(aud=url))
+        report["old_key_after_rotation"] = attempt(first)
+        report["first_token"] = first
+    report["sdk_acme"] = asyncio.run(oauth_client(url, issuer, "agent-acme", "acme-secret-0123456789"))
+    report["sdk_beta"] = asyncio.run(oauth_client(url, issuer, "agent-beta", "beta-secret-0123456789"))
+    done(report)
+
+
 def main() -> None:
     global MODE
     argv = sys.argv[1:]
@@ -393,6 +492,9 @@ def main() -> None:
     scenario, args = argv[0], argv[1:]
     if scenario == "modern-raw":
         modern_raw(*args)
+        return
+    if scenario == "oauth":
+        oauth(*args)
         return
     if scenario == "task-create":
         task_create(*args)

@@ -110,7 +110,7 @@ impl Fleet {
                  max_body_bytes = 65536\nmax_sessions = 8\n\
                  task_threshold_ms = 1000\npage_size = 2\n{}\n",
                 self.redis.url(),
-                self.door_extra
+                self.door_extra.replace("{door_port}", &port.to_string())
             ),
         )
         .unwrap();
@@ -818,5 +818,149 @@ fn wait_until_closed(port: u16, headers: &str, every: Duration, what: &str) {
         }
         assert!(Instant::now() < deadline, "{what} is still open: {status}");
         std::thread::sleep(every);
+    }
+}
+
+/// The test authorization server (`tests/mcp_door/auth_server.py`, on joserfc), stopped when
+/// dropped.
+struct AuthServer {
+    child: std::process::Child,
+    url: String,
+}
+
+impl AuthServer {
+    fn start() -> AuthServer {
+        let port = free_port();
+        let mut child = Command::new(venv().join("bin/python"))
+            .arg(fixture("auth_server.py"))
+            .arg(port.to_string())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start auth_server.py");
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        assert_eq!(
+            lines.next().and_then(Result::ok).unwrap_or_default(),
+            "READY",
+            "the authorization server"
+        );
+        AuthServer { child, url: format!("http://127.0.0.1:{port}") }
+    }
+}
+
+impl Drop for AuthServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn the_http_door_is_an_oauth_resource_server_for_an_authorization_servers_tokens() {
+    let issuer = AuthServer::start();
+    let fleet = Fleet::start_with(&format!(
+        "[mcp.oauth]\nissuer = \"{0}\"\njwks_url = \"{0}/jwks\"\nresource = \"http://127.0.0.1:{{door_port}}/mcp\"\n\
+         tenant_claim = \"org\"\nrequired_scope = \"tools:call\"\njwks_refresh_min_ms = 1000\n\
+         [[policy]]\ntenant = \"acme\"\nallow = [\"echo\"]\n[[policy]]\ntenant = \"beta\"\nallow = [\"echo\", \"slow__*\"]\n",
+        issuer.url
+    ));
+    let url = fleet.url();
+    let report = scenario(&["--mode", "2026-07-28", "oauth", &url, &issuer.url]);
+    let metadata_url =
+        format!("http://127.0.0.1:{}/.well-known/oauth-protected-resource/mcp", fleet.door_port);
+
+    // RFC 9728's metadata, at the well-known path with and without the door's path.
+    for key in ["prm", "prm_root"] {
+        assert_eq!(report[key]["resource"], url, "{key}: {report}");
+        assert_eq!(report[key]["authorization_servers"], json!([issuer.url]), "{key}: {report}");
+        assert_eq!(report[key]["scopes_supported"], json!(["tools:call"]), "{key}: {report}");
+    }
+    // No token: 401 naming the metadata, so a client knows where to get one.
+    assert_eq!(report["none"]["status"], 401, "{report}");
+    assert_eq!(
+        report["none"]["challenge"],
+        format!("Bearer resource_metadata=\"{metadata_url}\", scope=\"tools:call\""),
+        "{report}"
+    );
+    // A valid token: the tenant from its `org` claim, whose [[policy]] filters the list.
+    for key in ["valid", "again", "rotated"] {
+        assert_eq!(report[key]["status"], 200, "{key}: {report}");
+        assert_eq!(report[key]["tools"], json!(["echo"]), "{key}: acme may call echo only: {report}");
+    }
+    assert_eq!(report["beta"]["tools"], json!(["echo", "slow__add"]), "beta's first page: {report}");
+    // Every refusal: 401 invalid_token (403 insufficient_scope for the scope), with the reason.
+    let refusals = [
+        ("wrong_audience", 401, "invalid_token", "the token is not for this door"),
+        ("expired", 401, "invalid_token", "the token has expired"),
+        ("not_yet", 401, "invalid_token", "the token is not valid yet (nbf)"),
+        ("wrong_issuer", 401, "invalid_token", "the token was not issued by"),
+        ("unknown_key", 401, "invalid_token", "the token names key 'never-published'"),
+        ("missing_scope", 403, "insufficient_scope", "the token lacks the scope 'tools:call'"),
+        ("no_tenant", 401, "invalid_token", "the token names no tenant"),
+        ("not_a_jwt", 401, "invalid_token", "the bearer token is not a JWT"),
+        ("old_key_after_rotation", 401, "invalid_token", "the token names key 'key-1'"),
+    ];
+    for (key, status, error, reason) in refusals {
+        let step = &report[key];
+        assert_eq!(step["status"], status, "{key}: {report}");
+        let challenge = step["challenge"].as_str().unwrap_or_default();
+        assert!(challenge.starts_with(&format!("Bearer error=\"{error}\"")), "{key}: {challenge}");
+        assert!(challenge.contains(&format!("resource_metadata=\"{metadata_url}\"")), "{key}: {challenge}");
+        let message = step["body"]["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.starts_with(reason), "{key}: {message}");
+    }
+    // An unknown key id makes the door read the JWKS again at most once per jwks_refresh_min_ms.
+    assert!(report["fetches_for_unknown_keys"].as_u64().unwrap() <= 1, "{report}");
+    assert_eq!(report["rotated_kid"], "key-2", "{report}");
+
+    // SDK clients follow the metadata to the issuer, get tokens (client_credentials, bound to
+    // the door by RFC 8707's resource) and call, each as its tenant.
+    assert_eq!(report["sdk_acme"]["protocol"], "2026-07-28", "{report}");
+    assert_eq!(report["sdk_acme"]["tools"], json!(["echo"]), "{report}");
+    assert_eq!(report["sdk_acme"]["echo"], json!({"message": "from agent-acme"}), "{report}");
+    assert_eq!(
+        report["sdk_beta"]["tools"],
+        json!(["echo", "slow__add", "slow__shape", "slow__slow"]),
+        "{report}"
+    );
+    assert_eq!(report["sdk_beta"]["echo"], json!({"message": "from agent-beta"}), "{report}");
+
+    let mut connection = fleet.redis.connection();
+    // Every refusal is audited, with its reason.
+    let audit: Vec<(String, Vec<(String, String)>)> =
+        redis::cmd("XRANGE").arg("audit:door").arg("-").arg("+").query(&mut connection).unwrap();
+    let reasons: Vec<String> = audit
+        .iter()
+        .filter(|(_, fields)| fields.contains(&("decision".to_owned(), "refused".to_owned())))
+        .filter(|(_, fields)| fields.contains(&("door".to_owned(), "mcp".to_owned())))
+        .filter_map(|(_, fields)| {
+            fields.iter().find(|(name, _)| name == "reason").map(|(_, value)| value.clone())
+        })
+        .collect();
+    for (key, _, _, reason) in refusals {
+        assert!(reasons.iter().any(|audited| audited.starts_with(reason)), "{key} audited: {reasons:?}");
+    }
+    assert!(reasons.iter().any(|audited| audited == "the request carries no bearer token"), "{reasons:?}");
+    // The calls carry the tenant of the token's claim, and no token travels to the hosts.
+    let requests: Vec<(String, Vec<(String, String)>)> =
+        redis::cmd("XRANGE").arg("action-requests").arg("-").arg("+").query(&mut connection).unwrap();
+    let payloads: Vec<Value> = requests
+        .iter()
+        .flat_map(|(_, fields)| fields.iter())
+        .filter(|(name, _)| name == "payload")
+        .filter_map(|(_, value)| serde_json::from_str(value).ok())
+        .collect();
+    let first_token = report["first_token"].as_str().unwrap();
+    for payload in &payloads {
+        let text = payload.to_string();
+        assert!(!text.contains(first_token) && !text.contains("eyJ"), "a token in a request: {text}");
+    }
+    for (client, tenant) in [("agent-acme", "acme"), ("agent-beta", "beta")] {
+        let call = payloads
+            .iter()
+            .find(|payload| payload["data"]["arguments"]["message"] == format!("from {client}"))
+            .unwrap_or_else(|| panic!("{client}'s call in {payloads:?}"));
+        assert_eq!(call["tenant_id"], tenant, "{call}");
+        assert_eq!(call["source"], format!("toolhost:mcp:http token:oauth:{client}"), "{call}");
     }
 }

@@ -75,7 +75,10 @@ impl Door {
 
     /// The tenant of a request: its bearer token's, else the door's.
     pub(super) fn tenant(&self, context: &RequestContext<RoleServer>) -> Option<String> {
-        Door::principal(context).map(|principal| principal.tenant.clone()).or_else(|| self.tenant.clone())
+        Door::principal(context)
+            .map(|principal| principal.tenant.clone())
+            .filter(|tenant| !tenant.is_empty())
+            .or_else(|| self.tenant.clone())
     }
 
     /// Whether `tenant`'s policy lets it call `name`, for listings.

@@ -17,6 +17,7 @@
 mod generation;
 mod handler;
 mod http;
+mod oauth;
 mod settings;
 mod subscriptions;
 mod tasks;
@@ -84,9 +85,14 @@ impl FleetDoor for Settings {
     /// Starts the HTTP door when `[mcp] listen` is set.
     async fn start(&self, cx: &DoorContext) -> anyhow::Result<Option<tokio::task::JoinHandle<()>>> {
         let Some(addr) = self.listen_addr() else { return Ok(None) };
-        let tokens = (!self.tokens.is_empty()).then(|| {
+        let oauth = match &self.oauth {
+            Some(settings) => Some(Arc::new(oauth::OAuth::new(settings, &self.tenant)?)),
+            None => None,
+        };
+        let tokens = (!self.tokens.is_empty() || oauth.is_some()).then(|| {
             let audit = cx.audit();
             http::Tokens {
+                oauth,
                 known: self
                     .tokens
                     .iter()
