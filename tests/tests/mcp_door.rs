@@ -742,6 +742,22 @@ fn hostile_input_gets_the_protocols_errors_and_the_door_keeps_serving() {
     assert_eq!(status, 200, "a localhost Origin");
     let (status, _) = post(port, &format!("Origin: http://127.0.0.1:{port}\r\n"), INITIALIZE);
     assert_eq!(status, 200, "the door's own loopback Origin");
+    // What the conformance suite's dns-rebinding-protection sends (0.1.16): Host and Origin both
+    // the server's localhost address is accepted, both a foreign name refused.
+    let conformance = |host: &str| {
+        raw(
+            port,
+            &format!(
+                "POST /mcp HTTP/1.1\r\nHost: {host}\r\nOrigin: http://{host}\r\nContent-Type: application/json\r\n\
+                 Accept: application/json, text/event-stream\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{INITIALIZE}",
+                INITIALIZE.len()
+            ),
+        )
+        .0
+    };
+    assert_eq!(conformance(&format!("localhost:{port}")), 200, "localhost Host and Origin");
+    let foreign = conformance("evil.example.com");
+    assert!((400..500).contains(&foreign), "a foreign Host and Origin: {foreign}");
     let (status, _) = raw(
         port,
         "POST /mcp HTTP/1.1\r\nHost: evil.example\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}",
