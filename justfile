@@ -124,9 +124,12 @@ soak requests="100000": ensure-redis-installed
     TOOLHOST_SOAK_REQUESTS={{requests}} cargo test -p toolhost --test tests reliability::soak -- --nocapture
 
 # The MCP door with real clients (the official MCP Python SDK and the OpenAI Agents SDK, pinned
-# into a venv) against two toolhost processes and a real Redis (tests/tests/mcp_door.rs).
+# into a venv; the official TypeScript SDK clients, 1.x and 2.x, pinned into an npm cache), in
+# the `initialize` generations and in 2026-07-28, against toolhost processes and a real Redis
+# (tests/tests/mcp_door.rs).
 test-mcp-door: ensure-redis-installed debug-toolhost
     scripts/ensure-mcp-door-venv.sh >/dev/null
+    scripts/ensure-mcp-ts-clients.sh >/dev/null
     cargo test -p toolhost-e2e --test mcp_door
 
 # The official MCP conformance suite's server scenarios (@modelcontextprotocol/conformance, pinned,

@@ -13,8 +13,20 @@ for it to act (start a toolbox, restart the door).
     scenarios.py agents <target>            the Agents SDK lists and invokes the tools
     scenarios.py task-create <url>          a tools/call answered with a task (raw JSON-RPC)
     scenarios.py task-get <url> <task_id>   tasks/get until the task ends (raw JSON-RPC)
+    scenarios.py listen <target>            2026-07-28: wait for list_changed on subscriptions/listen
+    scenarios.py schema <target>            the door's schema of `slow__shape` beside the server's own
+    scenarios.py modern-raw <url> <url2>    2026-07-28 requests written by hand: a retried id, a
+                                            task made on one door and read on another, removed
+                                            methods, a header that contradicts the body
+    scenarios.py oauth <url> <issuer>       the door as an OAuth resource server: its metadata,
+                                            tokens the issuer mints (valid and not), a key
+                                            rotation, and SDK clients that get their own token
 
 A target is the door's URL (`http://...`) or `stdio:<config file>` for `toolhost mcp`.
+
+`--mode M` before the scenario picks how the SDK client connects: `legacy` (the default,
+`initialize`), `auto` (`server/discover`, falling back to `initialize`), or `2026-07-28`
+(that revision at once, no handshake).
 """
 
 from __future__ import annotations
@@ -30,6 +42,12 @@ from mcp.client.client import Client
 from mcp.client.stdio import StdioServerParameters
 
 TOOLHOST = os.environ.get("MCP_DOOR_TOOLHOST", "toolhost")
+MODE = "legacy"
+MODERN = "2026-07-28"
+
+
+def connect(target: str, **options: Any) -> Client:
+    return Client(server_of(target), cache=None, mode=MODE, **options)
 
 
 def server_of(target: str) -> Any:
@@ -48,26 +66,39 @@ def done(report: dict[str, Any]) -> None:
     print(json.dumps(report), flush=True)
 
 
-async def all_tool_names(client: Any) -> list[str]:
-    """Every page of tools/list (the door's tests serve small pages)."""
-    names: list[str] = []
+async def all_tools(client: Any) -> tuple[list[Any], dict[str, Any]]:
+    """Every page of tools/list (the door's tests serve small pages), and the first page's hints."""
+    tools: list[Any] = []
+    hints: dict[str, Any] = {}
     cursor = None
     while True:
         page = await client.list_tools(cursor=cursor) if cursor else await client.list_tools()
-        names.extend(tool.name for tool in page.tools)
+        if not hints:
+            hints = {
+                "ttl_ms": getattr(page, "ttl_ms", None),
+                "cache_scope": getattr(page, "cache_scope", None),
+                "result_type": getattr(page, "result_type", None),
+            }
+        tools.extend(page.tools)
         cursor = page.next_cursor
         if not cursor:
-            return names
+            return tools, hints
+
+
+async def all_tool_names(client: Any) -> list[str]:
+    return [tool.name for tool in (await all_tools(client))[0]]
 
 
 async def list_call(target: str) -> None:
-    async with Client(server_of(target), cache=None) as client:
+    async with connect(target) as client:
         session = client.session
         report: dict[str, Any] = {
-            "protocol": session.initialize_result.protocol_version if session.initialize_result else None,
+            "protocol": client.protocol_version,
+            "initialized": session.initialize_result is not None,
             "discovered": session.discover_result is not None,
         }
-        report["tools"] = await all_tool_names(client)
+        tools, report["hints"] = await all_tools(client)
+        report["tools"] = [tool.name for tool in tools]
         echo = await client.call_tool("echo", {"message": "hi"})
         report["echo"] = {"structured": echo.structured_content, "text": text_of(echo), "error": echo.is_error}
         add = await client.call_tool("slow__add", {"a": 2, "b": 3})
@@ -83,7 +114,7 @@ async def list_call(target: str) -> None:
 
 
 async def call(target: str, tool: str, arguments: str) -> None:
-    async with Client(server_of(target), cache=None) as client:
+    async with connect(target) as client:
         try:
             result = await client.call_tool(tool, json.loads(arguments), read_timeout_seconds=60)
         except Exception as err:  # a JSON-RPC error
@@ -93,7 +124,7 @@ async def call(target: str, tool: str, arguments: str) -> None:
 
 
 async def cancel(target: str) -> None:
-    async with Client(server_of(target), cache=None) as client:
+    async with connect(target) as client:
         first = asyncio.Event()
 
         async def on_progress(progress: float, total: float | None, message: str | None) -> None:
@@ -118,7 +149,7 @@ async def cancel(target: str) -> None:
 
 
 async def progress(target: str) -> None:
-    async with Client(server_of(target), cache=None) as client:
+    async with connect(target) as client:
         seen: list[dict[str, Any]] = []
 
         async def on_progress(value: float, total: float | None, message: str | None) -> None:
@@ -136,7 +167,7 @@ async def list_changed(target: str) -> None:
         if getattr(root, "method", None) == "notifications/tools/list_changed":
             changed.set()
 
-    async with Client(server_of(target), cache=None, message_handler=on_message) as client:
+    async with connect(target, message_handler=on_message) as client:
         before = await all_tool_names(client)
         print("READY", flush=True)
         try:
@@ -146,6 +177,56 @@ async def list_changed(target: str) -> None:
             notified = False
         after = await all_tool_names(client)
         done({"notified": notified, "before": before, "after": after})
+
+
+async def listen(target: str) -> None:
+    """2026-07-28's `subscriptions/listen`: the tool list's changes on a stream of their own."""
+    async with connect(target) as client:
+        before = await all_tool_names(client)
+        async with client.listen(tools_list_changed=True) as subscription:
+            honored = subscription.honored.model_dump(by_alias=True, exclude_none=True) if subscription.honored else None
+            print("READY", flush=True)
+            event = None
+            try:
+                async with asyncio.timeout(30):
+                    async for event in subscription:
+                        break
+            except TimeoutError:
+                event = None
+        after = await all_tool_names(client)
+        done(
+            {
+                "protocol": client.protocol_version,
+                "honored": honored,
+                "event": type(event).__name__ if event is not None else None,
+                "before": before,
+                "after": after,
+            }
+        )
+
+
+async def schema(target: str) -> None:
+    """The door's `slow__shape` schema beside the one the hosted server itself lists."""
+    from mcp.client.stdio import StdioServerParameters as Params
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    direct = Params(command=sys.executable, args=[os.path.join(here, "slow_server.py")], env=dict(os.environ))
+    async with Client(direct, cache=None, mode="legacy") as server:
+        own = next(tool for tool in (await server.list_tools()).tools if tool.name == "shape")
+    async with connect(target) as client:
+        tools, _ = await all_tools(client)
+        served = next(tool for tool in tools if tool.name == "slow__shape")
+        good = await client.call_tool("slow__shape", {"size": [3, 4], "corner": {"x": 1, "y": 2}})
+        bad = await client.call_tool("slow__shape", {"size": [3, "four"], "corner": {"x": 1, "y": 2}})
+        done(
+            {
+                "protocol": client.protocol_version,
+                "own": own.input_schema,
+                "served": served.input_schema,
+                "good": {"structured": good.structured_content, "error": good.is_error},
+                "bad": {"text": text_of(bad), "error": bad.is_error},
+            }
+        )
 
 
 async def agents(target: str) -> None:
@@ -231,8 +312,190 @@ def task_get(url: str, task_id: str) -> None:
         done({"states": states, "final": None})
 
 
+MODERN_META = {
+    "io.modelcontextprotocol/protocolVersion": MODERN,
+    "io.modelcontextprotocol/clientInfo": {"name": "raw-2026", "version": "1"},
+    "io.modelcontextprotocol/clientCapabilities": {},
+}
+
+
+def modern(
+    client: httpx.Client,
+    id_: int,
+    method: str,
+    params: dict[str, Any],
+    *,
+    name: str | None = None,
+    capabilities: dict[str, Any] | None = None,
+    method_header: str | None = None,
+    token: str | None = None,
+) -> dict[str, Any]:
+    """One 2026-07-28 request with no session: the version and capabilities in `_meta`, and the
+    `Mcp-Method`/`Mcp-Name` headers the revision asks for. Returns the status and the message."""
+    meta = dict(MODERN_META)
+    if capabilities is not None:
+        meta["io.modelcontextprotocol/clientCapabilities"] = capabilities
+    headers = {
+        "content-type": "application/json",
+        "accept": "application/json, text/event-stream",
+        "mcp-protocol-version": MODERN,
+        "mcp-method": method_header or method,
+    }
+    if name is not None:
+        headers["mcp-name"] = name
+    if token is not None:
+        headers["authorization"] = f"Bearer {token}"
+    message = {"jsonrpc": "2.0", "id": id_, "method": method, "params": {**params, "_meta": meta}}
+    response = client.post(str(client.base_url).rstrip("/"), headers=headers, json=message)
+    body = None
+    for line in response.text.splitlines():
+        if line.startswith("data: ") and line[6:].strip():
+            candidate = json.loads(line[6:])
+            if "id" in candidate:
+                body = candidate
+    if body is None and response.text.strip().startswith("{"):
+        body = response.json()
+    return {
+        "status": response.status_code,
+        "session": response.headers.get("mcp-session-id"),
+        "challenge": response.headers.get("www-authenticate"),
+        "body": body,
+    }
+
+
+def modern_raw(url: str, other: str) -> None:
+    report: dict[str, Any] = {}
+    with httpx.Client(base_url=url, timeout=30) as client, httpx.Client(base_url=other, timeout=30) as replica:
+        echo = {"name": "echo", "arguments": {"message": "again"}}
+        # The same JSON-RPC id twice, as a client that retries would send it.
+        report["first"] = modern(client, 7, "tools/call", echo, name="echo")
+        report["retry"] = modern(client, 7, "tools/call", echo, name="echo")
+        report["set_level"] = modern(client, 8, "logging/setLevel", {"level": "debug"})
+        report["ping"] = modern(client, 9, "ping", {})
+        report["mismatch"] = modern(client, 10, "tools/call", echo, name="echo", method_header="tools/list")
+        report["wrong_name"] = modern(client, 11, "tools/call", echo, name="slow__add")
+        tasks = {"extensions": {"io.modelcontextprotocol/tasks": {}}}
+        slow = {"name": "slow__slow", "arguments": {"seconds": 2}}
+        created = modern(client, 12, "tools/call", slow, name="slow__slow", capabilities=tasks)
+        report["created"] = created
+        task_id = ((created["body"] or {}).get("result") or {}).get("taskId")
+        states = []
+        final = None
+        for attempt in range(120):
+            got = modern(replica, 100 + attempt, "tasks/get", {"taskId": task_id}, name=task_id, capabilities=tasks)
+            result = (got["body"] or {}).get("result") or {}
+            states.append(result.get("status") or got)
+            if result.get("status") in ("completed", "failed", "cancelled"):
+                final = result
+                break
+            import time
+
+            time.sleep(0.25)
+        report["task_states"] = states
+        report["task_final"] = final
+    done(report)
+
+
+class MemoryTokens:
+    """Token storage of one SDK client, in memory."""
+
+    def __init__(self) -> None:
+        self.tokens: Any = None
+        self.client_info: Any = None
+
+    async def get_tokens(self) -> Any:
+        return self.tokens
+
+    async def set_tokens(self, tokens: Any) -> None:
+        self.tokens = tokens
+
+    async def get_client_info(self) -> Any:
+        return self.client_info
+
+    async def set_client_info(self, client_info: Any) -> None:
+        self.client_info = client_info
+
+
+async def oauth_client(url: str, issuer: str, client_id: str, secret: str) -> dict[str, Any]:
+    """An SDK client that follows the door's metadata to the issuer, gets a token with the
+    client_credentials grant, then lists and calls."""
+    from mcp.client.auth.extensions.client_credentials import ClientCredentialsOAuthProvider
+    from mcp.client.streamable_http import streamable_http_client
+
+    provider = ClientCredentialsOAuthProvider(
+        server_url=url,
+        storage=MemoryTokens(),
+        client_id=client_id,
+        client_secret=secret,
+        scope="tools:call",
+        issuer=issuer,
+    )
+    async with httpx.AsyncClient(auth=provider, timeout=30) as http:
+        async with Client(streamable_http_client(url, http_client=http), cache=None, mode=MODE) as client:
+            tools = await all_tool_names(client)
+            echo = await client.call_tool("echo", {"message": f"from {client_id}"})
+            return {"protocol": client.protocol_version, "tools": tools, "echo": echo.structured_content}
+
+
+def oauth(url: str, issuer: str) -> None:
+    report: dict[str, Any] = {}
+    origin = url.rsplit("/mcp", 1)[0]
+    with httpx.Client(timeout=30) as plain, httpx.Client(base_url=url, timeout=30) as door:
+        report["prm"] = plain.get(f"{origin}/.well-known/oauth-protected-resource/mcp").json()
+        report["prm_root"] = plain.get(f"{origin}/.well-known/oauth-protected-resource").json()
+
+        def mint(**claims: Any) -> str:
+            return plain.post(f"{issuer}/mint", json=claims).json()["access_token"]
+
+        def attempt(token: str | None) -> dict[str, Any]:
+            result = modern(door, 1, "tools/list", {}, token=token)
+            tools = [tool["name"] for tool in ((result["body"] or {}).get("result") or {}).get("tools", [])]
+            return {"status": result["status"], "challenge": result["challenge"], "body": result["body"], "tools": tools}
+
+        first = mint(aud=url)
+        report["none"] = attempt(None)
+        report["valid"] = attempt(first)
+        report["again"] = attempt(first)
+        report["wrong_audience"] = attempt(mint(aud="http://127.0.0.1:1/mcp"))
+        report["expired"] = attempt(mint(aud=url, exp_in=-600))
+        report["not_yet"] = attempt(mint(aud=url, nbf_in=600))
+        report["wrong_issuer"] = attempt(mint(aud=url, iss="http://127.0.0.1:1"))
+        # A key the JWKS lacks makes the door read it again, at most once per
+        # jwks_refresh_min_ms: the second such token right after fetches nothing.
+        fetches = plain.get(f"{issuer}/stats").json()["jwks_fetches"]
+        report["unknown_key"] = attempt(mint(aud=url, key="unknown"))
+        report["unknown_key_again"] = attempt(mint(aud=url, key="unknown"))
+        report["fetches_for_unknown_keys"] = plain.get(f"{issuer}/stats").json()["jwks_fetches"] - fetches
+        report["missing_scope"] = attempt(mint(aud=url, scope="profile"))
+        report["no_tenant"] = attempt(mint(aud=url, org=None))
+        report["not_a_jwt"] = attempt("not-a-jwt-at-all")
+        report["beta"] = attempt(mint(aud=url, org="beta"))
+        report["rotated_kid"] = plain.post(f"{issuer}/rotate").json()["kid"]
+        # Past jwks_refresh_min_ms (the test's door: 1 s), the new key is fetched for the token
+        # that names it.
+        import time
+
+        time.sleep(1.5)
+        report["rotated"] = attempt(mint(aud=url))
+        report["old_key_after_rotation"] = attempt(first)
+        report["first_token"] = first
+    report["sdk_acme"] = asyncio.run(oauth_client(url, issuer, "agent-acme", "acme-secret-0123456789"))
+    report["sdk_beta"] = asyncio.run(oauth_client(url, issuer, "agent-beta", "beta-secret-0123456789"))
+    done(report)
+
+
 def main() -> None:
-    scenario, args = sys.argv[1], sys.argv[2:]
+    global MODE
+    argv = sys.argv[1:]
+    if argv[0] == "--mode":
+        MODE, argv = argv[1], argv[2:]
+    scenario, args = argv[0], argv[1:]
+    if scenario == "modern-raw":
+        modern_raw(*args)
+        return
+    if scenario == "oauth":
+        oauth(*args)
+        return
     if scenario == "task-create":
         task_create(*args)
         return
@@ -245,6 +508,8 @@ def main() -> None:
         "cancel": cancel,
         "progress": progress,
         "list-changed": list_changed,
+        "listen": listen,
+        "schema": schema,
         "agents": agents,
     }
     asyncio.run(runs[scenario](*args))

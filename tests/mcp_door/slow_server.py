@@ -1,6 +1,8 @@
 """A small MCP server on the official Python SDK, hosted by toolhost in the MCP door's tests.
 
-`add` answers at once; `slow` reports progress ten times a second until it is done, and when it
+`add` answers at once; `shape` takes arguments whose JSON Schema uses 2020-12 keywords
+(`prefixItems` for a pair, `$defs` and `$ref` for a nested model), as pydantic writes them;
+`slow` reports progress ten times a second until it is done, and when it
 is cancelled it appends a line to `$SLOW_SERVER_MARKS/cancelled`, so a test can see that the
 server was told (`notifications/cancelled` cancels the tool's task in the SDK).
 """
@@ -23,6 +25,17 @@ class Sum(BaseModel):
 async def add(a: int, b: int) -> Sum:
     """Adds two numbers."""
     return Sum(sum=a + b)
+
+
+class Corner(BaseModel):
+    x: int
+    y: int
+
+
+@server.tool()
+async def shape(size: tuple[int, int], corner: Corner) -> Sum:
+    """The area of a `size` rectangle, plus its corner's coordinates."""
+    return Sum(sum=size[0] * size[1] + corner.x + corner.y)
 
 
 class Slept(BaseModel):

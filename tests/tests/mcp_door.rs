@@ -1,11 +1,15 @@
-//! The MCP door with real clients: the official `mcp` Python SDK and the OpenAI Agents SDK list
-//! and call tools that a *second* toolhost process hosts (one of them from a hosted MCP server),
-//! over streamable HTTP (`[mcp] listen`) and over stdio (`toolhost mcp`); cancel, progress,
-//! durable tasks across a restart of the door, `list_changed`, and hostile input.
+//! The MCP door with real clients: the official `mcp` Python SDK, the OpenAI Agents SDK and the
+//! official TypeScript SDK clients list and call tools that a *second* toolhost process hosts
+//! (one of them from a hosted MCP server), over streamable HTTP (`[mcp] listen`) and over stdio
+//! (`toolhost mcp`), in the `initialize` generations and in 2026-07-28 (no handshake, no
+//! session); cancel, progress, durable tasks across a restart of the door and across doors,
+//! `list_changed` and `subscriptions/listen`, and hostile input.
 //!
-//! The clients run in `tests/mcp_door/scenarios.py` under the venv `just test-mcp-door` makes
-//! (`scripts/ensure-mcp-door-venv.sh`; `TOOLHOST_MCP_DOOR_VENV` names another). The hosted MCP
-//! server is `tests/mcp_door/slow_server.py`, on the same SDK.
+//! The Python clients run in `tests/mcp_door/scenarios.py` under the venv `just test-mcp-door`
+//! makes (`scripts/ensure-mcp-door-venv.sh`; `TOOLHOST_MCP_DOOR_VENV` names another); the
+//! TypeScript ones in `tests/mcp_door/ts_clients.cjs` from `scripts/ensure-mcp-ts-clients.sh`'s
+//! cache (`TOOLHOST_MCP_TS_CLIENTS`). The hosted MCP server is `tests/mcp_door/slow_server.py`,
+//! on the Python SDK.
 
 // Test code: a failed step is a failed test.
 #![allow(clippy::unwrap_used)]
@@ -23,6 +27,19 @@ use toolhost_e2e::{RedisProcess, Toolhost, free_port, temp_dir, toolhost_bin, us
 /// The venv with the clients, as `scripts/ensure-mcp-door-venv.sh` lays it out.
 fn venv() -> PathBuf {
     toolhost_e2e::venv("TOOLHOST_MCP_DOOR_VENV", "venv-mcp-door", "ensure-mcp-door-venv.sh", "test-mcp-door")
+}
+
+/// The TypeScript clients, as `scripts/ensure-mcp-ts-clients.sh` installs them.
+fn ts_clients() -> PathBuf {
+    let dir = std::env::var_os("TOOLHOST_MCP_TS_CLIENTS").map(PathBuf::from).unwrap_or_else(|| {
+        PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/toolhost/mcp-ts-clients")
+    });
+    assert!(
+        dir.join("node_modules/@modelcontextprotocol/client").exists(),
+        "{} is missing: run scripts/ensure-mcp-ts-clients.sh (`just test-mcp-door` does)",
+        dir.display()
+    );
+    dir
 }
 
 fn fixture(name: &str) -> PathBuf {
@@ -81,20 +98,46 @@ impl Fleet {
 
     /// The door's configuration, also what `toolhost mcp` reads.
     fn door_config(&self) -> PathBuf {
-        let path = self.dir.join("door.toml");
+        self.write_door_config("door", self.door_port)
+    }
+
+    fn write_door_config(&self, toolbox_id: &str, port: u16) -> PathBuf {
+        let path = self.dir.join(format!("{toolbox_id}.toml"));
         std::fs::write(
             &path,
             format!(
-                "[redis]\nurl = \"{}\"\n[daemon]\ntoolbox_id = \"door\"\n[mcp]\nlisten = \"127.0.0.1:{}\"\n\
+                "[redis]\nurl = \"{}\"\n[daemon]\ntoolbox_id = \"{toolbox_id}\"\n[mcp]\nlisten = \"127.0.0.1:{port}\"\n\
                  max_body_bytes = 65536\nmax_sessions = 8\n\
                  task_threshold_ms = 1000\npage_size = 2\n{}\n",
                 self.redis.url(),
-                self.door_port,
-                self.door_extra
+                self.door_extra.replace("{door_port}", &port.to_string())
             ),
         )
         .unwrap();
         path
+    }
+
+    /// A second door, another replica on the same Redis, and its URL.
+    fn start_second_door(&self) -> (Toolhost, String) {
+        let port = free_port();
+        let config = self.write_door_config("door2", port);
+        let door = Toolhost::start(&[("TOOLHOST_CONFIG", config.to_str().unwrap())]);
+        door.wait_for_log("MCP door listening at /mcp", Duration::from_secs(10));
+        (door, format!("http://127.0.0.1:{port}/mcp"))
+    }
+
+    /// Starts a toolbox `toolbox_id` hosting one more tool, `tool`, so the fleet's tools change.
+    fn start_toolbox_with(&self, toolbox_id: &str, tool: &str) -> Toolhost {
+        let config = self.dir.join(format!("{toolbox_id}.toml"));
+        std::fs::write(
+            &config,
+            format!(
+                "[daemon]\ntoolbox_id = \"{toolbox_id}\"\n[[commands]]\nname = \"{tool}\"\n\
+                 description = \"Uptime.\"\nargv = [\"uptime\"]\n"
+            ),
+        )
+        .unwrap();
+        Toolhost::start(&[("REDIS_URL", &self.redis.url()), ("TOOLHOST_CONFIG", config.to_str().unwrap())])
     }
 
     fn start_door(&mut self) {
@@ -163,12 +206,30 @@ fn scenario(args: &[&str]) -> Value {
     serde_json::from_str(last).unwrap_or_else(|_| panic!("scenario {args:?} reported nothing:\n{stdout}"))
 }
 
-fn check_list_call(target: &str, report: &Value) {
-    assert_eq!(report["protocol"], "2025-11-25", "{target}: {report}");
-    assert_eq!(
-        report["discovered"], false,
-        "{target}: the discover probe is refused and the client falls back: {report}"
-    );
+/// Which generation a client was asked to speak.
+#[derive(Clone, Copy, PartialEq)]
+enum Mode {
+    /// `initialize`, up to 2025-11-25.
+    Legacy,
+    /// 2026-07-28, no handshake.
+    Modern,
+}
+
+fn check_list_call(target: &str, mode: Mode, report: &Value) {
+    if mode == Mode::Legacy {
+        assert_eq!(report["protocol"], "2025-11-25", "{target}: {report}");
+        assert_eq!(report["initialized"], true, "{target}: {report}");
+        assert_eq!(report["discovered"], false, "{target}: {report}");
+    } else {
+        assert_eq!(report["protocol"], "2026-07-28", "{target}: {report}");
+        assert_eq!(report["initialized"], false, "{target}: no initialize: {report}");
+        // ttlMs is the door's [mcp] watch_ms (1 s by default); the list is filtered per tenant.
+        assert_eq!(
+            report["hints"],
+            json!({"ttl_ms": 1000, "cache_scope": "private", "result_type": "complete"}),
+            "{target}: {report}"
+        );
+    }
     let tools: Vec<&str> = report["tools"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
     for name in ["echo", "slow__add", "slow__slow"] {
         assert!(tools.contains(&name), "{target}: {name} listed: {tools:?}");
@@ -189,8 +250,185 @@ fn check_list_call(target: &str, report: &Value) {
 #[test]
 fn mcp_clients_list_and_call_tools_another_toolhost_hosts_over_http_and_stdio() {
     let fleet = Fleet::start();
-    check_list_call("http", &scenario(&["list-call", &fleet.url()]));
-    check_list_call("stdio", &scenario(&["list-call", &fleet.stdio()]));
+    for target in [fleet.url(), fleet.stdio()] {
+        check_list_call(&target, Mode::Legacy, &scenario(&["--mode", "legacy", "list-call", &target]));
+        check_list_call(&target, Mode::Modern, &scenario(&["--mode", "2026-07-28", "list-call", &target]));
+    }
+    // A client that probes server/discover finds 2026-07-28 and uses it.
+    let auto = scenario(&["--mode", "auto", "list-call", &fleet.url()]);
+    check_list_call("http, auto", Mode::Modern, &auto);
+    assert_eq!(auto["discovered"], true, "{auto}");
+}
+
+#[test]
+fn the_typescript_sdk_clients_list_and_call_in_both_generations() {
+    let fleet = Fleet::start();
+    let run = |args: &[&str]| -> Value {
+        let output = Command::new("node")
+            .arg(fixture("ts_clients.cjs"))
+            .args(args)
+            .env("MCP_TS_CLIENTS", ts_clients())
+            .env("MCP_DOOR_TOOLHOST", toolhost_bin())
+            .stderr(Stdio::inherit())
+            .output()
+            .expect("run node");
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let last = stdout.lines().rev().find(|line| line.starts_with('{')).unwrap_or_default();
+        serde_json::from_str(last)
+            .unwrap_or_else(|_| panic!("ts_clients {args:?} reported nothing:\n{stdout}"))
+    };
+    let check = |what: &str, report: &Value| {
+        assert!(report.get("failed").is_none(), "{what}: {report}");
+        let tools: Vec<&str> = report["tools"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
+        assert!(tools.contains(&"echo") && tools.contains(&"slow__add"), "{what}: {report}");
+        assert_eq!(report["echo"]["structured"], json!({"message": "hi"}), "{what}: {report}");
+        assert_eq!(report["add"]["structured"], json!({"sum": 5}), "{what}: {report}");
+        assert_eq!(report["unknown"]["code"], -32602, "{what}: {report}");
+    };
+    for target in [fleet.url(), fleet.stdio()] {
+        // @modelcontextprotocol/sdk 1.x: initialize, no cache hints.
+        let old = run(&["sdk", &target]);
+        check(&format!("sdk {target}"), &old);
+        assert_eq!(old["hints"], json!({"ttlMs": null, "cacheScope": null}), "{old}");
+        // @modelcontextprotocol/client 2.x pinned to 2026-07-28: no session, cache hints.
+        let new = run(&["client", "2026-07-28", &target]);
+        check(&format!("client {target}"), &new);
+        assert_eq!(new["protocol"], "2026-07-28", "{new}");
+        assert_eq!(new["session"], Value::Null, "{new}");
+        assert_eq!(new["hints"], json!({"ttlMs": 1000, "cacheScope": "private"}), "{new}");
+    }
+    let old = run(&["sdk", &fleet.url()]);
+    assert_eq!(old["protocol"], "2025-11-25", "{old}");
+    assert!(old["session"].is_string(), "an initialize session over HTTP: {old}");
+    let auto = run(&["client", "auto", &fleet.url()]);
+    check("client auto", &auto);
+    assert_eq!(auto["protocol"], "2026-07-28", "{auto}");
+}
+
+#[test]
+fn a_2026_07_28_client_cancels_and_sees_progress_over_http_and_stdio() {
+    let fleet = Fleet::start();
+    for (round, target) in [fleet.url(), fleet.stdio()].into_iter().enumerate() {
+        let report = scenario(&["--mode", "2026-07-28", "progress", &target]);
+        assert_eq!(report["result"], json!({"slept": 1.5}), "{target}: {report}");
+        let progress = report["progress"].as_array().unwrap();
+        assert!(!progress.is_empty() && progress[0]["total"] == 15.0, "{target}: {report}");
+
+        let report = scenario(&["--mode", "2026-07-28", "cancel", &target]);
+        assert_eq!(report["outcome"], "cancelled", "{target}: {report}");
+        assert_eq!(report["progress_seen"], true, "{target}: {report}");
+        assert_eq!(report["after"], json!({"message": "after"}), "{target}: {report}");
+        // The hosted server is told; over HTTP the call's answer is on the door's stream (the
+        // stdio door's stream goes with its process, when the client closes it).
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let cancelled = fleet
+                .client_answers()
+                .iter()
+                .filter(|answer| answer["data"]["error_code"] == "cancelled")
+                .count();
+            if fleet.marks().lines().count() > round && (round > 0 || cancelled > 0) {
+                if round == 0 {
+                    assert_eq!(cancelled, 1, "{target}: one cancelled answer");
+                }
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{target}: the hosted server was told ({:?}) and the call answered cancelled",
+                fleet.marks()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+#[test]
+fn list_changed_reaches_a_2026_07_28_client_through_subscriptions_listen() {
+    let fleet = Fleet::start();
+    let mut toolboxes = Vec::new();
+    for (target, toolbox, tool) in
+        [(fleet.url(), "third", "uptime_http"), (fleet.stdio(), "fourth", "uptime_stdio")]
+    {
+        let mut child = scenario_command(&["--mode", "2026-07-28", "listen", &target])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let ready = lines.next().and_then(Result::ok).unwrap_or_default();
+        assert_eq!(ready, "READY", "{target}");
+        toolboxes.push(fleet.start_toolbox_with(toolbox, tool));
+        let report: Value =
+            serde_json::from_str(&lines.last().and_then(Result::ok).unwrap_or_default()).unwrap();
+        let _ = child.wait();
+        assert_eq!(report["protocol"], "2026-07-28", "{target}: {report}");
+        assert_eq!(report["honored"], json!({"toolsListChanged": true}), "{target}: {report}");
+        assert_eq!(report["event"], "ToolsListChanged", "{target}: {report}");
+        assert!(!report["before"].as_array().unwrap().contains(&json!(tool)), "{target}: {report}");
+        assert!(report["after"].as_array().unwrap().contains(&json!(tool)), "{target}: {report}");
+    }
+}
+
+#[test]
+fn a_2026_07_28_request_needs_no_session_and_a_task_made_on_one_door_is_read_on_another() {
+    let fleet = Fleet::start();
+    let (_second, second_url) = fleet.start_second_door();
+    let report = scenario(&["modern-raw", &fleet.url(), &second_url]);
+    for step in ["first", "retry"] {
+        assert_eq!(report[step]["status"], 200, "{step}: {report}");
+        assert_eq!(report[step]["session"], Value::Null, "no Mcp-Session-Id: {report}");
+        assert_eq!(report[step]["body"]["result"]["resultType"], "complete", "{report}");
+        assert_eq!(
+            report[step]["body"]["result"]["structuredContent"],
+            json!({"message": "again"}),
+            "{report}"
+        );
+    }
+    // The same JSON-RPC id twice, with no session to scope it: two calls, two request ids, each
+    // a fresh `mcp-<32 hex>` (docs/CONTRACTS.md, "Request ids of MCP calls").
+    let ids: Vec<String> = fleet
+        .client_answers()
+        .into_iter()
+        .filter(|answer| answer["data"]["result"] == json!({"message": "again"}))
+        .filter_map(|answer| answer["data"]["request_id"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(ids.len(), 2, "a retry is a new call: {ids:?}");
+    assert_ne!(ids[0], ids[1], "{ids:?}");
+    for id in &ids {
+        let hex = id.strip_prefix("mcp-").unwrap_or_default();
+        assert!(hex.len() == 32 && hex.chars().all(|c| c.is_ascii_hexdigit()), "{id}");
+    }
+    // What 2026-07-28 removed is refused.
+    assert_eq!(report["set_level"]["body"]["error"]["code"], -32601, "{report}");
+    assert_eq!(report["ping"]["body"]["error"]["code"], -32601, "{report}");
+    // Mcp-Method and Mcp-Name must match the body.
+    for step in ["mismatch", "wrong_name"] {
+        assert_eq!(report[step]["status"], 400, "{step}: {report}");
+        assert_eq!(report[step]["body"]["error"]["code"], -32020, "{step}: {report}");
+    }
+    // A task made through the first door is polled through the second, with Mcp-Name = its id.
+    let created = &report["created"]["body"]["result"];
+    assert_eq!(created["resultType"], "task", "{report}");
+    assert_eq!(created["status"], "working", "{report}");
+    let last = &report["task_final"];
+    assert_eq!(last["status"], "completed", "{report}");
+    assert_eq!(last["taskId"], created["taskId"], "{report}");
+    assert_eq!(last["result"]["structuredContent"], json!({"slept": 2.0}), "{report}");
+}
+
+#[test]
+fn hosted_schemas_reach_clients_with_their_2020_12_keywords() {
+    let fleet = Fleet::start();
+    for mode in ["2026-07-28", "legacy"] {
+        let report = scenario(&["--mode", mode, "schema", &fleet.url()]);
+        let own = &report["own"];
+        assert!(own.to_string().contains("prefixItems") && own.get("$defs").is_some(), "{report}");
+        assert_eq!(report["served"], *own, "{mode}: the schema as the hosted server wrote it: {report}");
+        assert_eq!(report["good"]["structured"], json!({"sum": 15}), "{mode}: {report}");
+        assert_eq!(report["bad"]["error"], true, "{mode}: {report}");
+        let bad = report["bad"]["text"].as_str().unwrap();
+        assert!(bad.starts_with("invalid_arguments") && bad.contains("/size/1"), "{mode}: {bad}");
+    }
 }
 
 #[test]
@@ -313,8 +551,8 @@ fn a_call_nobody_answers_ends_after_the_tools_timeout_with_no_toolbox_answered()
 fn the_tools_globs_narrow_what_the_door_exposes() {
     let fleet = Fleet::start_with("tools = [\"echo\", \"slow__*\"]");
     let report = scenario(&["list-call", &fleet.url()]);
-    check_list_call("narrowed", &report);
-    assert_eq!(report["tools"], json!(["echo", "slow__add", "slow__slow"]), "{report}");
+    check_list_call("narrowed", Mode::Legacy, &report);
+    assert_eq!(report["tools"], json!(["echo", "slow__add", "slow__shape", "slow__slow"]), "{report}");
     let hidden =
         scenario(&["call", &fleet.url(), "chat_send", r#"{"recipient": "chat:x", "content": "hi"}"#]);
     assert!(
@@ -332,7 +570,11 @@ fn idle_sessions_are_closed() {
     let session = session_id(&response);
     let headers = format!("Mcp-Session-Id: {session}\r\nMCP-Protocol-Version: 2025-11-25\r\n");
     wait_until_closed(port, &headers, Duration::from_millis(2500), "the idle session");
-    check_list_call("a new session after the idle one closed", &scenario(&["list-call", &fleet.url()]));
+    check_list_call(
+        "a new session after the idle one closed",
+        Mode::Legacy,
+        &scenario(&["list-call", &fleet.url()]),
+    );
 }
 
 #[test]
@@ -384,11 +626,15 @@ fn a_client_that_stops_reading_holds_up_only_its_own_session() {
     let called = published(&mut redis) - before;
     assert!(called > 0 && called < PIPELINED, "the stalled connection's calls: {called} of {PIPELINED} made");
     // Other clients are served meanwhile.
-    check_list_call("http beside a stalled client", &scenario(&["list-call", &fleet.url()]));
+    check_list_call("http beside a stalled client", Mode::Legacy, &scenario(&["list-call", &fleet.url()]));
     // The stalled session is closed once idle, and its slot is free again.
     wait_until_closed(port, &headers, Duration::from_millis(3000), "the stalled session");
     drop((sse, calls));
-    check_list_call("http after the stalled client left", &scenario(&["list-call", &fleet.url()]));
+    check_list_call(
+        "http after the stalled client left",
+        Mode::Legacy,
+        &scenario(&["list-call", &fleet.url()]),
+    );
     let log = fleet.door.as_ref().unwrap().log();
     assert!(!log.contains("panicked"), "the door panicked:\n{log}");
 }
@@ -443,14 +689,28 @@ fn toolhost_mcp_over_stdio_answers_malformed_frames_and_serves_on() {
 
 const INITIALIZE: &str = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#;
 
+/// The headers of a 2026-07-28 request of `method`.
+fn modern_headers(method: &str) -> String {
+    format!("MCP-Protocol-Version: 2026-07-28\r\nMcp-Method: {method}\r\n")
+}
+
+/// A 2026-07-28 request of `method`, its version and capabilities in `_meta`.
+fn modern(method: &str, params: &str) -> String {
+    let meta = r#""_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientInfo":{"name":"raw","version":"1"},"io.modelcontextprotocol/clientCapabilities":{}}"#;
+    let params = params.trim_end_matches('}');
+    let separator = if params.len() > 1 { "," } else { "" };
+    format!(r#"{{"jsonrpc":"2.0","id":1,"method":"{method}","params":{params}{separator}{meta}}}}}"#)
+}
+
 #[test]
 fn hostile_input_gets_the_protocols_errors_and_the_door_keeps_serving() {
     let fleet = Fleet::start();
     let port = fleet.door_port;
     // A real client keeps calling while the door is driven with bad input.
     let url = fleet.url();
-    let calls =
-        std::thread::spawn(move || (0..3).map(|_| scenario(&["list-call", &url])).collect::<Vec<_>>());
+    let calls = std::thread::spawn(move || {
+        (0..3).map(|_| scenario(&["--mode", "legacy", "list-call", &url])).collect::<Vec<_>>()
+    });
 
     let (status, body) = post(port, "", "{not json");
     assert_eq!(status, 400, "not JSON: {body}");
@@ -482,6 +742,22 @@ fn hostile_input_gets_the_protocols_errors_and_the_door_keeps_serving() {
     assert_eq!(status, 200, "a localhost Origin");
     let (status, _) = post(port, &format!("Origin: http://127.0.0.1:{port}\r\n"), INITIALIZE);
     assert_eq!(status, 200, "the door's own loopback Origin");
+    // What the conformance suite's dns-rebinding-protection sends (0.1.16): Host and Origin both
+    // the server's localhost address is accepted, both a foreign name refused.
+    let conformance = |host: &str| {
+        raw(
+            port,
+            &format!(
+                "POST /mcp HTTP/1.1\r\nHost: {host}\r\nOrigin: http://{host}\r\nContent-Type: application/json\r\n\
+                 Accept: application/json, text/event-stream\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{INITIALIZE}",
+                INITIALIZE.len()
+            ),
+        )
+        .0
+    };
+    assert_eq!(conformance(&format!("localhost:{port}")), 200, "localhost Host and Origin");
+    let foreign = conformance("evil.example.com");
+    assert!((400..500).contains(&foreign), "a foreign Host and Origin: {foreign}");
     let (status, _) = raw(
         port,
         "POST /mcp HTTP/1.1\r\nHost: evil.example\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}",
@@ -496,12 +772,19 @@ fn hostile_input_gets_the_protocols_errors_and_the_door_keeps_serving() {
     assert!(body.contains("-32601"), "an unknown method: {body}");
     let (_, body) = post(port, &headers, r#"{"jsonrpc":"2.0","id":8,"method":"tools/list"}"#);
     assert!(body.contains("\"echo\""), "the session serves on: {body}");
-    // A discovery request of a newer generation is refused, so clients fall back.
-    let discover = r#"{"jsonrpc":"2.0","id":1,"method":"server/discover","params":{"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}}"#;
-    let (status, body) = post(port, "MCP-Protocol-Version: 2026-07-28\r\n", discover);
-    assert!(status == 400 || body.contains("-32601"), "discover refused: {status} {body}");
+    // server/discover answers every version the door speaks, with no session made.
+    let (status, body) = post(port, &modern_headers("server/discover"), &modern("server/discover", "{}"));
+    assert_eq!(status, 200, "discover: {body}");
+    assert!(!body.to_ascii_lowercase().contains("mcp-session-id"), "no session: {body}");
+    for version in ["2026-07-28", "2025-11-25", "2025-06-18", "2024-11-05"] {
+        assert!(body.contains(version), "{version} in {body}");
+    }
+    // A 2026-07-28 request naming another version in _meta is refused with -32022.
+    let old_meta = modern("tools/list", "{}").replace("\"2026-07-28\"", "\"2099-01-01\"");
+    let (_, body) = post(port, &modern_headers("tools/list").replace("2026-07-28", "2099-01-01"), &old_meta);
+    assert!(body.contains("-32022") || body.contains("-32600"), "an unknown version: {body}");
     for report in calls.join().unwrap() {
-        check_list_call("http under hostile input", &report);
+        check_list_call("http under hostile input", Mode::Legacy, &report);
     }
 
     // Sessions past max_sessions are refused with 503; closing one makes room again.
@@ -516,6 +799,10 @@ fn hostile_input_gets_the_protocols_errors_and_the_door_keeps_serving() {
         }
     }
     assert!(refused > 0 && sessions.len() <= 8, "{} sessions, {refused} refused", sessions.len());
+    // A 2026-07-28 request opens no session, so a full door still serves it.
+    let (status, body) = post(port, &modern_headers("tools/list"), &modern("tools/list", "{}"));
+    assert_eq!(status, 200, "2026-07-28 with the sessions full: {body}");
+    assert!(body.contains("\"echo\""), "{body}");
     let delete = |session: &str| {
         raw(
             port,
@@ -528,7 +815,11 @@ fn hostile_input_gets_the_protocols_errors_and_the_door_keeps_serving() {
         let (status, _) = delete(session);
         assert_eq!(status, 204, "a closed session");
     }
-    check_list_call("http after the sessions closed", &scenario(&["list-call", &fleet.url()]));
+    check_list_call(
+        "http after the sessions closed",
+        Mode::Legacy,
+        &scenario(&["--mode", "legacy", "list-call", &fleet.url()]),
+    );
 }
 
 /// Asks the session of `headers` for its tools every `every` (longer than its idle time, since
@@ -543,5 +834,149 @@ fn wait_until_closed(port: u16, headers: &str, every: Duration, what: &str) {
         }
         assert!(Instant::now() < deadline, "{what} is still open: {status}");
         std::thread::sleep(every);
+    }
+}
+
+/// The test authorization server (`tests/mcp_door/auth_server.py`, on joserfc), stopped when
+/// dropped.
+struct AuthServer {
+    child: std::process::Child,
+    url: String,
+}
+
+impl AuthServer {
+    fn start() -> AuthServer {
+        let port = free_port();
+        let mut child = Command::new(venv().join("bin/python"))
+            .arg(fixture("auth_server.py"))
+            .arg(port.to_string())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start auth_server.py");
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        assert_eq!(
+            lines.next().and_then(Result::ok).unwrap_or_default(),
+            "READY",
+            "the authorization server"
+        );
+        AuthServer { child, url: format!("http://127.0.0.1:{port}") }
+    }
+}
+
+impl Drop for AuthServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn the_http_door_is_an_oauth_resource_server_for_an_authorization_servers_tokens() {
+    let issuer = AuthServer::start();
+    let fleet = Fleet::start_with(&format!(
+        "[mcp.oauth]\nissuer = \"{0}\"\njwks_url = \"{0}/jwks\"\nresource = \"http://127.0.0.1:{{door_port}}/mcp\"\n\
+         tenant_claim = \"org\"\nrequired_scope = \"tools:call\"\njwks_refresh_min_ms = 1000\n\
+         [[policy]]\ntenant = \"acme\"\nallow = [\"echo\"]\n[[policy]]\ntenant = \"beta\"\nallow = [\"echo\", \"slow__*\"]\n",
+        issuer.url
+    ));
+    let url = fleet.url();
+    let report = scenario(&["--mode", "2026-07-28", "oauth", &url, &issuer.url]);
+    let metadata_url =
+        format!("http://127.0.0.1:{}/.well-known/oauth-protected-resource/mcp", fleet.door_port);
+
+    // RFC 9728's metadata, at the well-known path with and without the door's path.
+    for key in ["prm", "prm_root"] {
+        assert_eq!(report[key]["resource"], url, "{key}: {report}");
+        assert_eq!(report[key]["authorization_servers"], json!([issuer.url]), "{key}: {report}");
+        assert_eq!(report[key]["scopes_supported"], json!(["tools:call"]), "{key}: {report}");
+    }
+    // No token: 401 naming the metadata, so a client knows where to get one.
+    assert_eq!(report["none"]["status"], 401, "{report}");
+    assert_eq!(
+        report["none"]["challenge"],
+        format!("Bearer resource_metadata=\"{metadata_url}\", scope=\"tools:call\""),
+        "{report}"
+    );
+    // A valid token: the tenant from its `org` claim, whose [[policy]] filters the list.
+    for key in ["valid", "again", "rotated"] {
+        assert_eq!(report[key]["status"], 200, "{key}: {report}");
+        assert_eq!(report[key]["tools"], json!(["echo"]), "{key}: acme may call echo only: {report}");
+    }
+    assert_eq!(report["beta"]["tools"], json!(["echo", "slow__add"]), "beta's first page: {report}");
+    // Every refusal: 401 invalid_token (403 insufficient_scope for the scope), with the reason.
+    let refusals = [
+        ("wrong_audience", 401, "invalid_token", "the token is not for this door"),
+        ("expired", 401, "invalid_token", "the token has expired"),
+        ("not_yet", 401, "invalid_token", "the token is not valid yet (nbf)"),
+        ("wrong_issuer", 401, "invalid_token", "the token was not issued by"),
+        ("unknown_key", 401, "invalid_token", "the token names key 'never-published'"),
+        ("missing_scope", 403, "insufficient_scope", "the token lacks the scope 'tools:call'"),
+        ("no_tenant", 401, "invalid_token", "the token names no tenant"),
+        ("not_a_jwt", 401, "invalid_token", "the bearer token is not a JWT"),
+        ("old_key_after_rotation", 401, "invalid_token", "the token names key 'key-1'"),
+    ];
+    for (key, status, error, reason) in refusals {
+        let step = &report[key];
+        assert_eq!(step["status"], status, "{key}: {report}");
+        let challenge = step["challenge"].as_str().unwrap_or_default();
+        assert!(challenge.starts_with(&format!("Bearer error=\"{error}\"")), "{key}: {challenge}");
+        assert!(challenge.contains(&format!("resource_metadata=\"{metadata_url}\"")), "{key}: {challenge}");
+        let message = step["body"]["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.starts_with(reason), "{key}: {message}");
+    }
+    // An unknown key id makes the door read the JWKS again at most once per jwks_refresh_min_ms.
+    assert!(report["fetches_for_unknown_keys"].as_u64().unwrap() <= 1, "{report}");
+    assert_eq!(report["rotated_kid"], "key-2", "{report}");
+
+    // SDK clients follow the metadata to the issuer, get tokens (client_credentials, bound to
+    // the door by RFC 8707's resource) and call, each as its tenant.
+    assert_eq!(report["sdk_acme"]["protocol"], "2026-07-28", "{report}");
+    assert_eq!(report["sdk_acme"]["tools"], json!(["echo"]), "{report}");
+    assert_eq!(report["sdk_acme"]["echo"], json!({"message": "from agent-acme"}), "{report}");
+    assert_eq!(
+        report["sdk_beta"]["tools"],
+        json!(["echo", "slow__add", "slow__shape", "slow__slow"]),
+        "{report}"
+    );
+    assert_eq!(report["sdk_beta"]["echo"], json!({"message": "from agent-beta"}), "{report}");
+
+    let mut connection = fleet.redis.connection();
+    // Every refusal is audited, with its reason.
+    let audit: Vec<(String, Vec<(String, String)>)> =
+        redis::cmd("XRANGE").arg("audit:door").arg("-").arg("+").query(&mut connection).unwrap();
+    let reasons: Vec<String> = audit
+        .iter()
+        .filter(|(_, fields)| fields.contains(&("decision".to_owned(), "refused".to_owned())))
+        .filter(|(_, fields)| fields.contains(&("door".to_owned(), "mcp".to_owned())))
+        .filter_map(|(_, fields)| {
+            fields.iter().find(|(name, _)| name == "reason").map(|(_, value)| value.clone())
+        })
+        .collect();
+    for (key, _, _, reason) in refusals {
+        assert!(reasons.iter().any(|audited| audited.starts_with(reason)), "{key} audited: {reasons:?}");
+    }
+    assert!(reasons.iter().any(|audited| audited == "the request carries no bearer token"), "{reasons:?}");
+    // The calls carry the tenant of the token's claim, and no token travels to the hosts.
+    let requests: Vec<(String, Vec<(String, String)>)> =
+        redis::cmd("XRANGE").arg("action-requests").arg("-").arg("+").query(&mut connection).unwrap();
+    let payloads: Vec<Value> = requests
+        .iter()
+        .flat_map(|(_, fields)| fields.iter())
+        .filter(|(name, _)| name == "payload")
+        .filter_map(|(_, value)| serde_json::from_str(value).ok())
+        .collect();
+    let first_token = report["first_token"].as_str().unwrap();
+    for payload in &payloads {
+        let text = payload.to_string();
+        assert!(!text.contains(first_token) && !text.contains("eyJ"), "a token in a request: {text}");
+    }
+    for (client, tenant) in [("agent-acme", "acme"), ("agent-beta", "beta")] {
+        let call = payloads
+            .iter()
+            .find(|payload| payload["data"]["arguments"]["message"] == format!("from {client}"))
+            .unwrap_or_else(|| panic!("{client}'s call in {payloads:?}"));
+        assert_eq!(call["tenant_id"], tenant, "{call}");
+        assert_eq!(call["source"], format!("toolhost:mcp:http token:oauth:{client}"), "{call}");
     }
 }

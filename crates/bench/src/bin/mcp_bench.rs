@@ -12,8 +12,9 @@
 //! 3. **redis**: sequential `PING`s, the round trip a Redis-borne call cannot avoid;
 //! 4. **the MCP door**: the built-in `echo` through the same daemon's `/mcp` (`[mcp] listen`)
 //!    by an rmcp streamable HTTP client, and by plain HTTP POSTs (reqwest, no MCP client
-//!    library); the rows through the daemon take turns for five rounds, each row the median of
-//!    its rounds;
+//!    library), in an `initialize` session and as MCP 2026-07-28 requests (no session, the
+//!    version and capabilities in each request's `_meta`); the rows through the daemon take
+//!    turns for five rounds, each row the median of its rounds;
 //! 5. **`toolhost mcp`**: the stdio door's start, from spawn to its answer to `initialize` and
 //!    to its first `tools/list` (the fleet's tools), the median of five starts;
 //! 6. **idle memory**: RSS, anonymous memory and PSS of `toolhost serve` without an MCP server
@@ -285,6 +286,7 @@ struct Measured {
     echo_redis: Row,
     echo_door: Row,
     echo_plain: Row,
+    echo_modern: Row,
     /// `toolhost mcp`'s start: to `initialize` answered, to the first `tools/list`, in ms.
     stdio_start: (f64, f64),
 }
@@ -477,7 +479,8 @@ async fn toolhost(program: &Path, toolhost_bin: &Path, http_server: &HttpServer)
         rmcp::transport::StreamableHttpClientTransport::from_uri(format!("http://127.0.0.1:{door_port}/mcp"));
     let door = Arc::new(().serve(transport).await.context("initialising a session with the MCP door")?);
     let plain = Arc::new(PlainSession::open(door_port).await?);
-    let mut rounds: [Vec<Row>; 6] = Default::default();
+    let modern = Arc::new(PlainModern::new(door_port)?);
+    let mut rounds: [Vec<Row>; 7] = Default::default();
     for round in 0..ROUNDS {
         eprintln!("bench-mcp: round {}/{ROUNDS}", round + 1);
         let over_redis = [
@@ -522,11 +525,33 @@ async fn toolhost(program: &Path, toolhost_bin: &Path, http_server: &HttpServer)
             })
             .await?,
         );
+        let modern = Arc::clone(&modern);
+        rounds[6].push(
+            measure(
+                "echo through the MCP door (/mcp, plain HTTP POSTs, 2026-07-28: no session)",
+                &watched,
+                move |_| {
+                    let modern = Arc::clone(&modern);
+                    async move { modern.echo().await }
+                },
+            )
+            .await?,
+        );
     }
-    let [echo_redis, hosted, hosted_http, command, echo_door, echo_plain] = rounds.map(median);
+    let [echo_redis, hosted, hosted_http, command, echo_door, echo_plain, echo_modern] = rounds.map(median);
     let stdio_start = stdio_start(toolhost_bin, &redis.url(), &daemon.dir).await?;
     daemon.stop().await;
-    Ok(Measured { hosted, hosted_http, command, floor, echo_redis, echo_door, echo_plain, stdio_start })
+    Ok(Measured {
+        hosted,
+        hosted_http,
+        command,
+        floor,
+        echo_redis,
+        echo_door,
+        echo_plain,
+        echo_modern,
+        stdio_start,
+    })
 }
 
 /// An MCP session on the door driven with plain HTTP POSTs (reqwest, keep-alive): a caller
@@ -584,6 +609,50 @@ impl PlainSession {
             "params": {"name": "echo", "arguments": {"message": "hi"}}});
         let body =
             PlainSession::post(&self.http, &self.url, Some(&self.session), &call).await?.text().await?;
+        anyhow::ensure!(body.contains("\"isError\":false"), "echo failed: {body}");
+        Ok(())
+    }
+}
+
+/// MCP 2026-07-28 calls of the door with plain HTTP POSTs (reqwest, keep-alive): no session,
+/// each request with its version and capabilities in `_meta` and its `Mcp-Method`/`Mcp-Name`
+/// headers, the answer one JSON body.
+struct PlainModern {
+    http: reqwest::Client,
+    url: String,
+    next_id: std::sync::atomic::AtomicU64,
+}
+
+impl PlainModern {
+    fn new(port: u16) -> anyhow::Result<PlainModern> {
+        let http = reqwest::Client::builder().tcp_nodelay(true).build()?;
+        Ok(PlainModern {
+            http,
+            url: format!("http://127.0.0.1:{port}/mcp"),
+            next_id: std::sync::atomic::AtomicU64::new(1),
+        })
+    }
+
+    async fn echo(&self) -> anyhow::Result<()> {
+        let id = self.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let call = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {
+            "name": "echo", "arguments": {"message": "hi"}, "_meta": {
+                "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                "io.modelcontextprotocol/clientInfo": {"name": "bench", "version": "1"},
+                "io.modelcontextprotocol/clientCapabilities": {}}}});
+        let response = self
+            .http
+            .post(&self.url)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-protocol-version", "2026-07-28")
+            .header("mcp-method", "tools/call")
+            .header("mcp-name", "echo")
+            .body(call.to_string())
+            .send()
+            .await?;
+        anyhow::ensure!(response.status().is_success(), "the door answered {}", response.status());
+        let body = response.text().await?;
         anyhow::ensure!(body.contains("\"isError\":false"), "echo failed: {body}");
         Ok(())
     }
@@ -657,16 +726,34 @@ async fn main() -> anyhow::Result<()> {
     let http_server = HttpServer::start(&program).await?;
     let direct_http =
         direct_http(&http_server.url, http_server.child.id().context("the HTTP server's pid")?).await?;
-    let Measured { hosted, hosted_http, command, floor, echo_redis, echo_door, echo_plain, stdio_start } =
-        toolhost(&program, &toolhost_bin, &http_server).await?;
+    let Measured {
+        hosted,
+        hosted_http,
+        command,
+        floor,
+        echo_redis,
+        echo_door,
+        echo_plain,
+        echo_modern,
+        stdio_start,
+    } = toolhost(&program, &toolhost_bin, &http_server).await?;
     let (without_mcp, with_mcp) = idle_memory(&program, &toolhost_bin).await?;
     let mut table = String::from(
         "| target | p50 µs (1 in flight) | p99 µs (1 in flight) | calls/s (16 in flight) | CPU µs per call at 16 in flight |\n\
          |---|---:|---:|---:|---|\n",
     );
-    for row in
-        [&direct, &direct_http, &floor, &echo_redis, &hosted, &hosted_http, &command, &echo_door, &echo_plain]
-    {
+    for row in [
+        &direct,
+        &direct_http,
+        &floor,
+        &echo_redis,
+        &hosted,
+        &hosted_http,
+        &command,
+        &echo_door,
+        &echo_plain,
+        &echo_modern,
+    ] {
         let cpu: Vec<String> = row.cpu_us.iter().map(|(label, us)| format!("{label} {us:.1}")).collect();
         table.push_str(&format!(
             "| {} | {} | {} | {:.0} | {} |\n",
@@ -704,6 +791,13 @@ async fn main() -> anyhow::Result<()> {
         echo_door.calls_per_s / echo_redis.calls_per_s,
         echo_plain.p50_us.saturating_sub(echo_redis.p50_us),
         echo_plain.calls_per_s / echo_redis.calls_per_s
+    ));
+    table.push_str(&format!(
+        "In MCP 2026-07-28 (plain POSTs, no session), the door adds {} µs at p50 and keeps {:.2} of echo's throughput; beside the initialize session's plain POSTs: {:+} µs at p50, {:.2}× the throughput.\n",
+        echo_modern.p50_us.saturating_sub(echo_redis.p50_us),
+        echo_modern.calls_per_s / echo_redis.calls_per_s,
+        echo_modern.p50_us as i64 - echo_plain.p50_us as i64,
+        echo_modern.calls_per_s / echo_plain.calls_per_s
     ));
     table.push_str(&format!(
         "`toolhost mcp` answers initialize {:.1} ms after it is spawned and its first tools/list {:.1} ms after (median of {ROUNDS} starts).\n",

@@ -149,6 +149,7 @@ fn default_toml_examples_load_and_set_the_keys_left_unset() {
     assert_eq!(config.raw.auth.auth.keys[0].tenants.as_deref(), Some(&["acme".to_owned()][..]));
     assert_eq!(config.raw.auth.policy[0].deny, ["terminal_run"]);
     assert_eq!(config.raw.doors.mcp.tokens[0].tenant, "acme");
+    assert_eq!(config.raw.doors.mcp.oauth.as_ref().map(|oauth| oauth.tenant_claim.as_str()), Some("org"));
     assert!(config.secrets().contains(&"0123456789abcdef".to_owned()));
     let terminal = &config.raw.tools.terminal;
     assert!(terminal.sandbox_cwd.is_some());

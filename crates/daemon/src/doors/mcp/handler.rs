@@ -1,10 +1,13 @@
 //! One MCP session: the rmcp server handler that lists the fleet's tools and calls them through
 //! the fleet client.
 //!
-//! Every session (a stdio process has one, the HTTP door one per `Mcp-Session-Id`) has its own
-//! [`Session`] over the shared [`Door`]. A call's request id is made from the session and the
-//! JSON-RPC id, so a client's retry of the same id reuses it and the host's ledger runs the tool
-//! once; the session also keeps its latest answers, so such a retry is answered at once.
+//! Every session (a stdio process has one, the HTTP door one per `Mcp-Session-Id`, and one per
+//! request of a 2026-07-28 client, which has no session) has its own [`Session`] over the shared
+//! [`Door`]. In the `initialize` generations a call's request id is made from the session and
+//! the JSON-RPC id, so a client's retry of the same id reuses it and the host's ledger runs the
+//! tool once; the session also keeps its latest answers, so such a retry is answered at once. A
+//! 2026-07-28 call has no session to scope its JSON-RPC id, so it gets a fresh request id
+//! ([`Session::call_key`]; docs/CONTRACTS.md, "Request ids of MCP calls").
 
 use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
@@ -12,20 +15,22 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, DiscoverRequestMethod,
-    DiscoverResult, ErrorData as McpError, GetTaskParams, GetTaskResult, Implementation, ListToolsResult,
-    PaginatedRequestParams, ProtocolVersion, ServerCapabilities, ServerConfig,
+    CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, ErrorData as McpError,
+    GetTaskParams, GetTaskResult, Implementation, ListToolsResult, PaginatedRequestParams, ProtocolVersion,
+    ServerCapabilities, ServerConfig, SetLevelRequestMethod, SubscriptionFilter, Tool,
 };
-use rmcp::service::{NotificationContext, RequestContext};
+// The 2026-07-28 revision deprecates logging; the door refuses its request there.
+#[allow(deprecated)]
+use rmcp::model::SetLevelRequestParams;
+use rmcp::service::{NotificationContext, RequestContext, SubscriptionContext};
 use rmcp::{RoleServer, ServerHandler};
 use toolhost_envelope::ToolDescription;
 use tracing::debug;
 
+use super::generation;
+use super::subscriptions::Subscriptions;
 use super::tasks::Tasks;
 use crate::fleet_client::FleetClient;
-
-/// How often a session's `list_changed` watch checks that the session is still open.
-const SESSION_CHECK: Duration = Duration::from_secs(60);
 
 /// How many answers a session keeps for retries of the same JSON-RPC id.
 const REMEMBERED_ANSWERS: usize = 256;
@@ -48,6 +53,10 @@ pub(crate) struct Door {
     pub auth: crate::auth::AuthHandle,
     /// The tenant of calls no token names (`[mcp] tenant`).
     pub tenant: Option<String>,
+    /// How long a 2026-07-28 client may cache a `tools/list` page: `[mcp] watch_ms`.
+    pub list_ttl_ms: u64,
+    /// The relay of `list_changed` to sessions and `subscriptions/listen` streams.
+    pub subscriptions: Subscriptions,
 }
 
 impl Door {
@@ -66,7 +75,10 @@ impl Door {
 
     /// The tenant of a request: its bearer token's, else the door's.
     pub(super) fn tenant(&self, context: &RequestContext<RoleServer>) -> Option<String> {
-        Door::principal(context).map(|principal| principal.tenant.clone()).or_else(|| self.tenant.clone())
+        Door::principal(context)
+            .map(|principal| principal.tenant.clone())
+            .filter(|tenant| !tenant.is_empty())
+            .or_else(|| self.tenant.clone())
     }
 
     /// Whether `tenant`'s policy lets it call `name`, for listings.
@@ -96,6 +108,15 @@ pub(crate) struct Session {
     pub(super) log_level: super::logging::SessionLevel,
 }
 
+/// How a call is known: the request id it is made with, and, in a session, the JSON-RPC id its
+/// answer is remembered by for the client's retries.
+pub(super) struct CallKey {
+    /// The request id of the call on the requests stream.
+    pub request_id: String,
+    /// The JSON-RPC id, for an `initialize` session only.
+    remembered_as: Option<String>,
+}
+
 /// Answers kept for retries, oldest first.
 #[derive(Default)]
 struct Remembered {
@@ -114,11 +135,30 @@ impl Session {
         }
     }
 
-    pub(super) fn remembered(&self, jsonrpc_id: &str) -> Option<CallToolResult> {
+    /// How the call of `context`'s request is known. In an `initialize` session, by the session
+    /// and its JSON-RPC id, the same for a retry of that id; on 2026-07-28, which has no session
+    /// to scope a JSON-RPC id (two clients, or one client's two requests on two connections, may
+    /// use the same), by a fresh random id: a retry is a new call.
+    pub(super) fn call_key(&self, context: &RequestContext<RoleServer>) -> CallKey {
+        if generation::is_stateless(context) {
+            return CallKey {
+                request_id: format!("mcp-{}", uuid::Uuid::new_v4().simple()),
+                remembered_as: None,
+            };
+        }
+        let jsonrpc_id = context.id.to_string();
+        CallKey { request_id: self.request_id(&jsonrpc_id), remembered_as: Some(jsonrpc_id) }
+    }
+
+    /// The answer already given to the call `key`, for a retry in the same session.
+    pub(super) fn remembered(&self, key: &CallKey) -> Option<CallToolResult> {
+        let jsonrpc_id = key.remembered_as.as_deref()?;
         self.answers.lock().unwrap_or_else(std::sync::PoisonError::into_inner).by_id.get(jsonrpc_id).cloned()
     }
 
-    pub(super) fn remember(&self, jsonrpc_id: String, result: &CallToolResult) {
+    /// Keeps the answer of the call `key` for the session's retries (none on 2026-07-28).
+    pub(super) fn remember(&self, key: &CallKey, result: &CallToolResult) {
+        let Some(jsonrpc_id) = key.remembered_as.clone() else { return };
         let mut answers = self.answers.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if answers.by_id.insert(jsonrpc_id.clone(), result.clone()).is_none() {
             answers.order.push_back(jsonrpc_id);
@@ -130,8 +170,8 @@ impl Session {
         }
     }
 
-    /// The request id of the call with JSON-RPC id `jsonrpc_id`: the same for a retry.
-    pub(super) fn request_id(&self, jsonrpc_id: &str) -> String {
+    /// The request id of the session's call with JSON-RPC id `jsonrpc_id`: the same for a retry.
+    fn request_id(&self, jsonrpc_id: &str) -> String {
         let id: String = jsonrpc_id
             .chars()
             .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
@@ -151,18 +191,17 @@ impl ServerHandler for Session {
             "The tools of every live toolhost toolbox on this Redis, called with toolhost's promises."
                 .to_owned(),
         );
+        // What `initialize` answers with at most; `server/discover` lists every version.
         info.protocol_version = ProtocolVersion::V_2025_11_25;
         info
     }
 
-    /// The `initialize` generations only: a client that opens with a newer discovery request is
-    /// refused (`-32601`), so it falls back to `initialize`.
+    /// Every revision up to 2026-07-28: `initialize` negotiates among the older ones, and a
+    /// request of a 2026-07-28 client names its version in `_meta` (rmcp checks it against this
+    /// list, `-32022` for another). `server/discover` is rmcp's, from this list and
+    /// [`Session::get_info`].
     fn supported_protocol_versions(&self) -> Cow<'static, [ProtocolVersion]> {
-        Cow::Borrowed(ProtocolVersion::known_up_to(&ProtocolVersion::V_2025_11_25))
-    }
-
-    async fn discover(&self, _context: RequestContext<RoleServer>) -> Result<DiscoverResult, McpError> {
-        Err(McpError::method_not_found::<DiscoverRequestMethod>())
+        Cow::Borrowed(ProtocolVersion::known_up_to(&ProtocolVersion::V_2026_07_28))
     }
 
     async fn list_tools(
@@ -170,7 +209,36 @@ impl ServerHandler for Session {
         request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
-        self.list(request, &context)
+        let mut result = self.list(request, &context)?;
+        generation::cache_hints(&mut result, &context, self.door.list_ttl_ms);
+        Ok(result)
+    }
+
+    /// The exposed tool `name`, for rmcp's check of `Mcp-Param-*` headers against its schema.
+    fn get_tool(&self, name: &str) -> Option<Tool> {
+        self.door.tool(name).as_ref().and_then(super::tools::mcp_tool)
+    }
+
+    /// Refused on 2026-07-28, which removed it; the `initialize` generations have no log
+    /// messages of the door to set a level for.
+    #[allow(deprecated)]
+    async fn set_level(
+        &self,
+        _request: SetLevelRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        if generation::is_stateless(&context) {
+            return Err(generation::removed("logging/setLevel"));
+        }
+        Err(McpError::method_not_found::<SetLevelRequestMethod>())
+    }
+
+    fn accepted_subscription_filter(&self, requested: &SubscriptionFilter) -> Option<SubscriptionFilter> {
+        Some(Subscriptions::accept(requested))
+    }
+
+    async fn listen(&self, context: SubscriptionContext) -> Result<(), McpError> {
+        self.door.subscriptions.listen(context).await
     }
 
     async fn call_tool(
@@ -197,30 +265,10 @@ impl ServerHandler for Session {
         self.door.tasks.cancel(&self.door.fleet, &request.task_id).await
     }
 
+    /// An `initialize` session hears of every change of the fleet's tools until it ends.
     async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
-        let mut changes = self.door.fleet.changes();
-        let peer = context.peer;
         debug!(transport = self.door.transport, session = %self.id, "MCP session initialized");
-        // Tells the client of every change of the fleet's tools until the session ends; a
-        // session that ends while the fleet stays the same is noticed within a minute.
-        tokio::spawn(async move {
-            changes.borrow_and_update();
-            let mut check = tokio::time::interval(SESSION_CHECK);
-            loop {
-                tokio::select! {
-                    changed = changes.changed() => {
-                        if changed.is_err() || peer.notify_tool_list_changed().await.is_err() {
-                            return;
-                        }
-                    }
-                    _ = check.tick() => {
-                        if peer.is_transport_closed() {
-                            return;
-                        }
-                    }
-                }
-            }
-        });
+        self.door.subscriptions.follow_session(context.peer);
     }
 
     // Issue 33: thin delegations to the door's other modules.

@@ -1,11 +1,13 @@
 //! The MCP door over streamable HTTP: `/mcp` on `[mcp] listen`, its own port.
 //!
-//! rmcp's streamable HTTP service does the protocol: sessions by `Mcp-Session-Id`, JSON
-//! responses or SSE streams, and the `Origin` and `Host` checks against DNS rebinding. This
-//! module adds what a long-running daemon needs around it: the loopback origins allowed by
-//! default on a loopback address, the body read here first (413 for one over `max_body_bytes`,
-//! after the excess is drained so the client reads it; 400 with JSON-RPC's `-32700` for one that
-//! is not JSON), a cap on open sessions (503 past it), idle sessions closed, and a graceful stop.
+//! rmcp's streamable HTTP service does the protocol: sessions by `Mcp-Session-Id` for the
+//! `initialize` generations, 2026-07-28 requests served without one (each on a handler of its
+//! own), the `Mcp-Method`/`Mcp-Name` headers checked against the body, JSON responses or SSE
+//! streams, and the `Origin` and `Host` checks against DNS rebinding. This module adds what a
+//! long-running daemon needs around it: the loopback origins allowed by default on a loopback
+//! address, the body read here first (413 for one over `max_body_bytes`, after the excess is
+//! drained so the client reads it; 400 with JSON-RPC's `-32700` for one that is not JSON), a cap
+//! on open `initialize` sessions (503 past it), idle sessions closed, and a graceful stop.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -26,9 +28,6 @@ use tracing::{info, warn};
 use super::Settings;
 use super::handler::{Door, Session};
 
-/// The HTTP header that names a session.
-const SESSION_HEADER: &str = "mcp-session-id";
-
 /// What the session cap needs.
 #[derive(Clone)]
 struct Cap {
@@ -36,11 +35,13 @@ struct Cap {
     max: usize,
 }
 
-/// The bearer tokens the door accepts, as SHA-256 digests (compared in constant time), and
-/// where refusals are audited.
+/// The bearer tokens the door accepts: its own, as SHA-256 digests (compared in constant time),
+/// and, with `[mcp.oauth]`, an authorization server's JWTs; and where refusals are audited.
 pub(crate) struct Tokens {
     /// `(digest, id, tenant)`.
     pub known: Vec<([u8; 32], String, String)>,
+    /// The OAuth resource server, when `[mcp.oauth]` is set.
+    pub oauth: Option<Arc<super::oauth::OAuth>>,
     /// The fleet's streams, for audit entries.
     pub bus: Arc<dyn toolhost_bus::FleetAccess>,
     /// Full key of the audit stream and about how many entries it keeps.
@@ -106,7 +107,20 @@ pub(crate) async fn serve(
         .layer(middleware::from_fn_with_state(settings.max_body_bytes, check_body));
     // Checked before anything else, so no session is made for a request without a token.
     if let Some(tokens) = tokens {
+        let oauth = tokens.oauth.clone();
         router = router.layer(middleware::from_fn_with_state(Arc::new(tokens), check_token));
+        // The Protected Resource Metadata is public: at the well-known path, and at it followed
+        // by the door's path (RFC 9728, section 3.1).
+        if let Some(oauth) = oauth {
+            let document = axum::Json(oauth.metadata());
+            let serve = move || {
+                let document = document.clone();
+                async move { document }
+            };
+            router = router
+                .route("/.well-known/oauth-protected-resource", axum::routing::get(serve.clone()))
+                .route("/.well-known/oauth-protected-resource/mcp", axum::routing::get(serve));
+        }
     }
     let listener = tokio::net::TcpListener::bind(addr)
         .await
@@ -128,42 +142,67 @@ pub(crate) async fn serve(
     }))
 }
 
-/// Lets through a request with one of the door's bearer tokens, naming its principal in the
-/// request's extensions; refuses any other with 401 and an audit entry.
+/// Lets through a request with one of the door's bearer tokens, or with `[mcp.oauth]` a JWT
+/// valid for the door, naming its principal in the request's extensions; refuses any other
+/// (401, or 403 for a missing scope, 503 when the issuer's keys cannot be read) with an audit
+/// entry.
 async fn check_token(State(tokens): State<Arc<Tokens>>, mut request: Request, next: Next) -> Response {
+    use super::oauth::Refusal;
     let presented = request
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.strip_prefix("Bearer ").or_else(|| value.strip_prefix("bearer ")));
-    let refusal = match presented.map(|token| tokens.principal(token.trim())) {
-        Some(Some(principal)) => {
-            request.extensions_mut().insert(principal);
-            return next.run(request).await;
-        }
-        Some(None) => "the bearer token is not one of the MCP door's tokens",
-        None => "the request carries no bearer token",
+        .and_then(|value| value.strip_prefix("Bearer ").or_else(|| value.strip_prefix("bearer ")))
+        .map(str::trim);
+    let refusal = match presented {
+        None => Refusal::Missing,
+        Some(token) => match (tokens.principal(token), &tokens.oauth) {
+            (Some(principal), _) => {
+                request.extensions_mut().insert(principal);
+                return next.run(request).await;
+            }
+            (None, Some(oauth)) => match oauth.check(token).await {
+                Ok(grant) => {
+                    let principal =
+                        Principal { token_id: format!("oauth:{}", grant.subject), tenant: grant.tenant };
+                    request.extensions_mut().insert(principal);
+                    return next.run(request).await;
+                }
+                Err(refusal) => refusal,
+            },
+            (None, None) => {
+                Refusal::Invalid("the bearer token is not one of the MCP door's tokens".to_owned())
+            }
+        },
     };
+    let reason = refusal.reason();
     let audit = crate::auth::AuditEntry {
         request_id: "-",
         tenant: "",
         principal: None,
         tool: "-",
         decision: "refused",
-        reason: refusal,
+        reason: &reason,
         door: "mcp",
         source: None,
         arguments: None,
     };
     audit.write(&*tokens.bus, &tokens.audit_topic, tokens.audit_max_len, None).await;
-    warn!(reason = refusal, "MCP request refused");
-    let body = json!({"jsonrpc": "2.0", "id": null, "error": {"code": -32001, "message": refusal}});
-    (
-        StatusCode::UNAUTHORIZED,
-        [(header::CONTENT_TYPE, "application/json"), (header::WWW_AUTHENTICATE, "Bearer")],
-        Body::from(body.to_string()),
-    )
-        .into_response()
+    warn!(reason = %reason, "MCP request refused");
+    let (status, code) = match refusal {
+        Refusal::Scope(_) => (StatusCode::FORBIDDEN, -32001),
+        Refusal::Keys(_) => (StatusCode::SERVICE_UNAVAILABLE, -32000),
+        Refusal::Missing | Refusal::Invalid(_) => (StatusCode::UNAUTHORIZED, -32001),
+    };
+    let challenge =
+        tokens.oauth.as_ref().map_or_else(|| "Bearer".to_owned(), |oauth| oauth.challenge(&refusal));
+    let body = json!({"jsonrpc": "2.0", "id": null, "error": {"code": code, "message": reason}});
+    let mut response =
+        (status, [(header::CONTENT_TYPE, "application/json")], Body::from(body.to_string())).into_response();
+    if let Ok(value) = header::HeaderValue::from_str(&challenge) {
+        response.headers_mut().insert(header::WWW_AUTHENTICATE, value);
+    }
+    response
 }
 
 /// How much of a body over the limit is read and thrown away so that its client, still sending,
@@ -202,20 +241,38 @@ async fn check_body(State(max): State<usize>, request: Request, next: Next) -> R
         return too_large(max);
     }
     let Ok(bytes) = axum::body::to_bytes(body, max).await else { return too_large(max) };
-    if let Err(err) = serde_json::from_slice::<serde::de::IgnoredAny>(&bytes) {
-        let body = json!({
-            "jsonrpc": "2.0",
-            "id": null,
-            "error": {"code": -32700, "message": format!("Parse error: the body is not JSON ({err})")},
-        });
-        return (
-            StatusCode::BAD_REQUEST,
-            [(header::CONTENT_TYPE, "application/json")],
-            Body::from(body.to_string()),
-        )
-            .into_response();
+    // JSON of another shape (a batch, a method that is not a string) is rmcp's to refuse.
+    let method = match serde_json::from_slice::<Message>(&bytes) {
+        Ok(message) => message.method,
+        Err(err) if err.classify() == serde_json::error::Category::Data => None,
+        Err(err) => return parse_error(&err),
+    };
+    let mut parts = parts;
+    if method.as_deref() == Some("initialize") {
+        parts.extensions.insert(OpensSession);
     }
     next.run(Request::from_parts(parts, Body::from(bytes))).await
+}
+
+/// The one field of a JSON-RPC message the door reads before rmcp: its method.
+#[derive(serde::Deserialize)]
+struct Message {
+    method: Option<String>,
+}
+
+/// Marks a POST that opens an `initialize` session, the only kind `[mcp] max_sessions` counts.
+#[derive(Clone, Copy)]
+struct OpensSession;
+
+/// 400 with JSON-RPC's parse error, for a body that is not JSON.
+fn parse_error(err: &serde_json::Error) -> Response {
+    let body = json!({
+        "jsonrpc": "2.0",
+        "id": null,
+        "error": {"code": -32700, "message": format!("Parse error: the body is not JSON ({err})")},
+    });
+    (StatusCode::BAD_REQUEST, [(header::CONTENT_TYPE, "application/json")], Body::from(body.to_string()))
+        .into_response()
 }
 
 /// Reads and drops `body`, at most `limit` bytes of it.
@@ -246,10 +303,11 @@ fn too_large(max: usize) -> Response {
         .into_response()
 }
 
-/// Refuses a request that would open a session past `[mcp] max_sessions` (a POST without a
-/// session id), with 503 and a JSON-RPC error, so the client can retry later.
+/// Refuses a request that would open a session past `[mcp] max_sessions` (an `initialize`),
+/// with 503 and a JSON-RPC error, so the client can retry later. A 2026-07-28 request opens no
+/// session and is never refused here.
 async fn cap_sessions(State(cap): State<Cap>, request: Request, next: Next) -> Response {
-    let opens_session = request.method() == Method::POST && !request.headers().contains_key(SESSION_HEADER);
+    let opens_session = request.extensions().get::<OpensSession>().is_some();
     if opens_session && cap.sessions.sessions.read().await.len() >= cap.max {
         let body = json!({
             "jsonrpc": "2.0",

@@ -14,10 +14,13 @@
 //!
 //! The door owns `[mcp]` ([`Settings`]).
 
+mod generation;
 mod handler;
 mod http;
 mod logging;
+mod oauth;
 mod settings;
+mod subscriptions;
 mod tasks;
 mod tools;
 
@@ -42,6 +45,7 @@ async fn door(settings: &Settings, cx: &DoorContext, transport: &'static str) ->
     let tenant = Some(settings.tenant.clone()).filter(|tenant| !tenant.is_empty());
     let source = format!("toolhost:mcp:{transport}");
     let fleet = cx.open_fleet(&source, STREAM_TTL, settings.watch_period(), tenant.clone()).await?;
+    let subscriptions = subscriptions::Subscriptions::new(fleet.changes());
     // Validated when the configuration was loaded.
     let tools = settings.tools.iter().filter_map(|pattern| glob::Pattern::new(pattern).ok()).collect();
     Ok(Arc::new(Door {
@@ -53,6 +57,8 @@ async fn door(settings: &Settings, cx: &DoorContext, transport: &'static str) ->
         transport,
         auth: cx.auth.clone(),
         tenant,
+        list_ttl_ms: settings.watch_ms,
+        subscriptions,
     }))
 }
 
@@ -80,9 +86,14 @@ impl FleetDoor for Settings {
     /// Starts the HTTP door when `[mcp] listen` is set.
     async fn start(&self, cx: &DoorContext) -> anyhow::Result<Option<tokio::task::JoinHandle<()>>> {
         let Some(addr) = self.listen_addr() else { return Ok(None) };
-        let tokens = (!self.tokens.is_empty()).then(|| {
+        let oauth = match &self.oauth {
+            Some(settings) => Some(Arc::new(oauth::OAuth::new(settings, &self.tenant)?)),
+            None => None,
+        };
+        let tokens = (!self.tokens.is_empty() || oauth.is_some()).then(|| {
             let audit = cx.audit();
             http::Tokens {
+                oauth,
                 known: self
                     .tokens
                     .iter()

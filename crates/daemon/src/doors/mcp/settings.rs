@@ -23,14 +23,14 @@ pub struct Settings {
     pub tools: Vec<String>,
     /// The largest request body accepted.
     pub max_body_bytes: usize,
-    /// Sessions open at once; a new one past this is refused.
+    /// `initialize` sessions open at once; a new one past this is refused (2026-07-28 opens none).
     pub max_sessions: usize,
     /// A session with no request for this long is closed.
     pub session_idle_ms: u64,
     /// A call of a tool whose timeout is above this becomes a durable task for clients that
     /// declare the tasks extension.
     pub task_threshold_ms: u64,
-    /// How often the fleet's tools are read again.
+    /// How often the fleet's tools are read again; the `ttlMs` of 2026-07-28 `tools/list` pages.
     pub watch_ms: u64,
     /// Tools per `tools/list` page.
     pub page_size: usize,
@@ -40,7 +40,51 @@ pub struct Settings {
     /// Bearer tokens of the HTTP door, one per client, each for a tenant; when any is given,
     /// every HTTP request must carry one of them.
     pub tokens: Vec<TokenSettings>,
+    /// `[mcp.oauth]`: the HTTP door as an OAuth 2.1 resource server; absent: off.
+    pub oauth: Option<OAuthSettings>,
 }
+
+/// `[mcp.oauth]`: JWT access tokens of an authorization server, checked against its JWKS.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OAuthSettings {
+    /// The authorization server: the tokens' `iss`, and what the Protected Resource Metadata
+    /// names.
+    pub issuer: String,
+    /// Where the issuer publishes its keys (its metadata's `jwks_uri`).
+    pub jwks_url: String,
+    /// The door's canonical URL (RFC 8707), e.g. `https://tools.example.com/mcp`: a token's
+    /// `aud` must hold it.
+    pub resource: String,
+    /// The claim naming the tenant whose `[[policy]]` the calls get; empty: `[mcp] tenant`.
+    pub tenant_claim: String,
+    /// A scope every token must carry (in `scope` or `scp`); empty: none.
+    pub required_scope: String,
+    /// How far `exp` and `nbf` may be off, for clocks that disagree.
+    pub clock_skew_ms: u64,
+    /// The JWKS is fetched again for a token naming an unknown key at most this often.
+    pub jwks_refresh_min_ms: u64,
+    /// The JWKS is fetched again when it is older than this.
+    pub jwks_max_age_ms: u64,
+}
+
+impl Default for OAuthSettings {
+    fn default() -> OAuthSettings {
+        OAuthSettings {
+            issuer: String::new(),
+            jwks_url: String::new(),
+            resource: String::new(),
+            tenant_claim: String::new(),
+            required_scope: String::new(),
+            clock_skew_ms: 60_000,
+            jwks_refresh_min_ms: 10_000,
+            jwks_max_age_ms: 3_600_000,
+        }
+    }
+}
+
+/// The longest clock skew accepted.
+const MAX_CLOCK_SKEW_MS: u64 = 300_000;
 
 /// `[[mcp.tokens]]`: a bearer token of the HTTP door.
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -69,6 +113,7 @@ impl Default for Settings {
             page_size: 100,
             tenant: String::new(),
             tokens: Vec::new(),
+            oauth: None,
         }
     }
 }
@@ -136,6 +181,24 @@ impl Settings {
                 Some(_) => {}
             }
         }
+        if let Some(oauth) = &self.oauth {
+            for (key, url) in
+                [("issuer", &oauth.issuer), ("jwks_url", &oauth.jwks_url), ("resource", &oauth.resource)]
+            {
+                if !(url.starts_with("https://") || url.starts_with("http://")) {
+                    bad(&format!("oauth.{key}"), format!("'{url}' must be an http:// or https:// URL"));
+                }
+            }
+            if oauth.resource.contains('#') {
+                bad("oauth.resource", "a resource URL has no fragment (RFC 8707)".to_owned());
+            }
+            if oauth.clock_skew_ms > MAX_CLOCK_SKEW_MS {
+                bad("oauth.clock_skew_ms", format!("must be at most {MAX_CLOCK_SKEW_MS}"));
+            }
+            if oauth.jwks_max_age_ms == 0 {
+                bad("oauth.jwks_max_age_ms", "must be above 0".to_owned());
+            }
+        }
         for (key, value) in [
             ("max_body_bytes", self.max_body_bytes as u64),
             ("max_sessions", self.max_sessions as u64),
@@ -148,5 +211,31 @@ impl Settings {
             }
         }
         errors
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn oauth_needs_urls_and_a_bounded_skew() {
+        let settings: Settings = toml::from_str(
+            "[oauth]\nissuer = \"as.example\"\njwks_url = \"https://as.example/jwks\"\n\
+             resource = \"https://door.example/mcp#x\"\nclock_skew_ms = 600000\n",
+        )
+        .unwrap();
+        let errors: Vec<String> =
+            settings.validate(&HashMap::new()).into_iter().map(|error| error.key).collect();
+        assert_eq!(errors, ["mcp.oauth.issuer", "mcp.oauth.resource", "mcp.oauth.clock_skew_ms"]);
+        let good: Settings = toml::from_str(
+            "[oauth]\nissuer = \"https://as.example\"\njwks_url = \"https://as.example/jwks\"\n\
+             resource = \"https://door.example/mcp\"\n",
+        )
+        .unwrap();
+        assert!(good.validate(&HashMap::new()).is_empty());
+        let oauth = good.oauth.unwrap();
+        assert_eq!((oauth.clock_skew_ms, oauth.jwks_refresh_min_ms), (60_000, 10_000));
+        assert!(Settings::default().oauth.is_none(), "off by default");
     }
 }

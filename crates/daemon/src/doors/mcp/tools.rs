@@ -50,14 +50,14 @@ impl Session {
                 Some(json!({"tool": name})),
             ));
         };
-        let jsonrpc_id = context.id.to_string();
-        if let Some(answer) = self.remembered(&jsonrpc_id) {
+        let key = self.call_key(&context);
+        if let Some(answer) = self.remembered(&key) {
             return Ok(answer.into());
         }
         let call = Request {
             tool: name,
             arguments: Value::Object(request.arguments.unwrap_or_default()),
-            request_id: self.request_id(&jsonrpc_id),
+            request_id: key.request_id.clone(),
             timeout: Duration::from_millis(tool.timeout_ms.max(1)),
             response_topic: None,
             tenant: self.door.tenant(&context),
@@ -69,7 +69,7 @@ impl Session {
             return Ok(CallToolResponse::Task(task));
         }
         let result = self.run_call(call, &context).await?;
-        self.remember(jsonrpc_id, &result);
+        self.remember(&key, &result);
         Ok(result.into())
     }
 
