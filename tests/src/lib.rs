@@ -246,9 +246,15 @@ impl Toolhost {
     /// Starts `toolhost serve` with a clean environment plus `env` (which must say how to reach
     /// Redis), logging JSON to a file, and waits until it logs `ready`.
     pub fn start(env: &[(&str, &str)]) -> Toolhost {
+        Toolhost::start_args(&[], env)
+    }
+
+    /// [`Toolhost::start`] with `args` after `serve` (`--config <file>`).
+    pub fn start_args(args: &[&str], env: &[(&str, &str)]) -> Toolhost {
         let dir = temp_dir("toolhost");
         let log = dir.join("toolhost.log");
-        let child = toolhost_command(&["serve"], env, &log).spawn().expect("spawn toolhost");
+        let args: Vec<&str> = std::iter::once("serve").chain(args.iter().copied()).collect();
+        let child = toolhost_command(&args, env, &log).spawn().expect("spawn toolhost");
         let toolhost = Toolhost { child: Some(child), log, dir };
         toolhost.wait_for_log("\"message\":\"ready\"", Duration::from_secs(30));
         toolhost

@@ -324,7 +324,7 @@ impl App {
         let (requests, inbox) = (&self.requests, &self.inbox);
         let ready: Result<bool, toolhost_bus::Error> = tokio::select! {
             ready = async { Ok(requests.ensure_group().await? && inbox.ensure_group().await?) } => ready,
-            () = signal => Ok(false),
+            () = &mut *signal => Ok(false),
         };
         let ready = match ready {
             Ok(ready) => ready,
@@ -357,12 +357,31 @@ impl App {
         self.telemetry.set_groups_ready(true);
         self.telemetry.set_redis_up(true);
         check_eviction_policy(&*self.bus).await;
-        // Before `ready`, so whoever waits for that line finds the tools listed in Redis.
+        // Before `ready`, so whoever waits for that line finds the tools listed in Redis; and
+        // before the first read, so that no other toolbox answers `unknown_tool` for a tool of
+        // this one in a request added after this heartbeat (`fleet::Fleet::read_after`): retried
+        // until it is written.
         let fields = self.publisher.fields();
-        if let Err(err) = self.publisher.publish_once(&fields).await {
-            redis_warn!(&err, error = %err, "cannot publish the tool registry yet; will retry");
+        let mut backoff = crate::backoff::Backoff::new();
+        loop {
+            let attempt = async {
+                let Err(err) = self.publisher.publish_once(&fields).await else { return true };
+                redis_warn!(&err, error = %err, "cannot write the first heartbeat and the tool registry yet; retrying before reading");
+                backoff.wait(self.shutdown.stopping()).await;
+                false
+            };
+            let published = tokio::select! {
+                published = attempt => published,
+                () = &mut *signal => {
+                    info!("stopped before the first heartbeat could be written");
+                    self.abort().await;
+                    return Ok(false);
+                }
+            };
+            if published {
+                return Ok(true);
+            }
         }
-        Ok(true)
     }
 
     /// Stops what started before serving began: the loops so far, and the hosted servers.
@@ -503,7 +522,7 @@ fn services(config: &Config, parts: &Parts) -> Services {
     let raw = &config.raw;
     let toolbox_id = &raw.daemon.toolbox_id;
     let (bus, keys) = (&parts.bus, &parts.keys);
-    let fleet = Arc::new(Fleet::default());
+    let fleet = Arc::new(Fleet::reading(bus.clone(), keys.fleet()));
     let calls = Calls::new(bus.clone(), keys.clone(), fleet.clone(), toolbox_id, &parts.consumer);
     let gate =
         crate::auth::Gate::new(parts.auth.clone(), bus.clone(), keys.clone(), toolbox_id, &config.secrets());

@@ -129,6 +129,25 @@ pub(crate) enum Work {
     Cancel(String),
 }
 
+/// What a door decided about a request: the work, and whether the decision rests on no live
+/// replica hosting the request's tool.
+pub(crate) enum Decision {
+    /// Do this.
+    Work(Work),
+    /// Do this because the fleet view names no live host of the tool (an `unknown_tool` answer,
+    /// a disabled tool's refusal). The view may predate the entry, so the lifecycle first makes
+    /// sure it was read after the entry's delivery ([`crate::fleet::Fleet::read_after`]), then
+    /// asks the door again: a toolbox that had started before the request was added is then in
+    /// it.
+    Unhosted(Work),
+}
+
+impl From<Work> for Decision {
+    fn from(work: Work) -> Decision {
+        Decision::Work(work)
+    }
+}
+
 /// How a door answers a request refused by authentication: never on a topic the (unverified)
 /// payload chose.
 pub(crate) enum Refused {
@@ -290,7 +309,7 @@ pub(crate) trait Door: Send + Sync + 'static {
 
     /// What answering the request takes; `permits` says which tools the caller may call, for
     /// listings.
-    fn work(&self, request: &Self::Request, registry: &Registry, permits: Permits<'_>) -> Work;
+    fn work(&self, request: &Self::Request, registry: &Registry, permits: Permits<'_>) -> Decision;
 
     /// The answer to publish for `result`.
     fn answer(&self, request: &Self::Request, result: &Result<Value, Failure>) -> Answer;
@@ -348,6 +367,7 @@ impl<D: Door> Lifecycle<D> {
 
     /// Handles one entry to its end, then counts and logs how it ended.
     async fn handle_entry(&self, entry: &Entry, slot: &mut Slot) {
+        // After the entry's delivery: what the fleet view must be newer than (see `decide`).
         let started = Instant::now();
         let services = &self.services;
         if entry.deliveries > 1 {
@@ -373,7 +393,7 @@ impl<D: Door> Lifecycle<D> {
                     }
                     Err(refusal) => Err(refusal.clone()),
                 };
-                (self.answer(entry, &admitted, &registry, slot, caller).await, Some(admitted))
+                (self.answer(entry, &admitted, &registry, slot, caller, started).await, Some(admitted))
             }
         };
         self.count(entry, admitted.as_ref(), outcome, started.elapsed()).await;
@@ -433,6 +453,7 @@ impl<D: Door> Lifecycle<D> {
         registry: &Registry,
         slot: &mut Slot,
         caller: Result<Caller<'_>, Refusal>,
+        delivered: Instant,
     ) -> Outcome {
         let (keys, settings) = (&self.services.keys, &self.settings);
         let answered = keys.answered(&settings.ledger, &admitted.ledger_id);
@@ -450,9 +471,8 @@ impl<D: Door> Lifecycle<D> {
             Ok(caller) => caller,
             Err(refusal) => return self.refuse(&call, refusal).await,
         };
-        let work = {
-            let auth = self.services.gate.auth();
-            self.door.work(&admitted.request, registry, Permits { auth: &auth, tenant: caller.tenant })
+        let Some(work) = self.decide(admitted, registry, caller.tenant, delivered).await else {
+            return Outcome::LeftPending;
         };
         // Held while the call runs: the tenant's count of calls in flight.
         let (work, _in_flight) = self.apply_policy(&call, caller, work).await;
@@ -473,6 +493,34 @@ impl<D: Door> Lifecycle<D> {
             Work::Tool { name, arguments } => {
                 self.call_tool(&call, registry, caller, slot, name, arguments).await
             }
+        }
+    }
+
+    /// What answering the request takes, as its door decides it. A decision that rests on no
+    /// live replica hosting the tool is taken again from a fleet view read after the entry was
+    /// `delivered`, so a toolbox that beat before the request was added is never answered for
+    /// with `unknown_tool`. `None` when the fleet cannot be read: the entry is left pending.
+    async fn decide(
+        &self,
+        admitted: &Admitted<D::Request>,
+        registry: &Registry,
+        tenant: &str,
+        delivered: Instant,
+    ) -> Option<Work> {
+        let ask = || {
+            let auth = self.services.gate.auth();
+            self.door.work(&admitted.request, registry, Permits { auth: &auth, tenant })
+        };
+        match ask() {
+            Decision::Work(work) => return Some(work),
+            Decision::Unhosted(_) => {}
+        }
+        if let Err(err) = self.services.fleet.read_after(delivered).await {
+            crate::outage::redis_warn!(&err, error = %err, request_id = %admitted.ledger_id, "cannot read the fleet to route a request nobody seemed to host; left pending");
+            return None;
+        }
+        match ask() {
+            Decision::Work(work) | Decision::Unhosted(work) => Some(work),
         }
     }
 

@@ -21,8 +21,8 @@ use tracing::info;
 pub(crate) use self::admit::{Request, Target, entry_millis};
 pub(crate) use self::settings::Settings;
 use crate::call::{
-    Admission, Admitted, Answer, CallIds, Door, DoorTraits, Event, Letter, Lifecycle, Outcome, Permits,
-    Refused, Reply, UNKNOWN_TOOL_LABEL, Work,
+    Admission, Admitted, Answer, CallIds, Decision, Door, DoorTraits, Event, Letter, Lifecycle, Outcome,
+    Permits, Refused, Reply, UNKNOWN_TOOL_LABEL, Work,
 };
 use crate::doors::context::StreamContext;
 use crate::fleet::{Fleet, Route, route};
@@ -159,31 +159,33 @@ impl Door for Requests {
         Refused::Answer(self.result_on(request, &self.settings.results_topic, &data))
     }
 
-    fn work(&self, request: &Request, registry: &Registry, permits: Permits<'_>) -> Work {
+    fn work(&self, request: &Request, registry: &Registry, permits: Permits<'_>) -> Decision {
         let answer = |result| Work::Answer(result, Reply::Result);
         let toolbox_id = &self.settings.toolbox_id;
         // A request this replica cannot serve goes to the replica that can; only when nobody
-        // live hosts it is it answered here, once across the fleet (see `call` and the ledger).
-        let elsewhere = |tool: &str| match route(&self.fleet, tool, toolbox_id, &self.consumer) {
-            Route::Here => None,
-            Route::OtherToolbox => Some(Work::AckOnly),
-            Route::Sibling(consumer) => Some(Work::HandOver(consumer)),
+        // live hosts it is it answered here, once across the fleet (see `call` and the ledger),
+        // from a view of the fleet read after the entry came (`Decision::Unhosted`).
+        let elsewhere = |tool: &str, here: Work| match route(&self.fleet, tool, toolbox_id, &self.consumer) {
+            Route::Here => Decision::Unhosted(here),
+            Route::OtherToolbox => Work::AckOnly.into(),
+            Route::Sibling(consumer) => Work::HandOver(consumer).into(),
         };
         // Discovery and statistics addressed to another live toolbox are its to answer.
         let addressed = request.envelope.data_str("toolbox_id").filter(|id| *id != toolbox_id.as_str());
-        match &request.target {
+        let work = match &request.target {
             Target::Tool { name, arguments } => {
-                let run = || Work::Tool { name: name.clone(), arguments: arguments.clone() };
-                if registry.is_enabled(name) { run() } else { elsewhere(name).unwrap_or_else(run) }
+                let run = Work::Tool { name: name.clone(), arguments: arguments.clone() };
+                return if registry.is_enabled(name) { run.into() } else { elsewhere(name, run) };
             }
             // Deprecated: another toolbox sharing the stream answers it; only ack here.
             Target::Unknown(_) if !self.settings.answer_unknown_tools => Work::AckOnly,
-            Target::Unknown(event) => elsewhere(event).unwrap_or_else(|| {
-                answer(Err(Failure::new(
+            Target::Unknown(event) => {
+                let unknown = answer(Err(Failure::new(
                     ErrorCode::UnknownTool,
                     format!("no tool consumes the event '{event}'; send tools.discover to list the tools"),
-                )))
-            }),
+                )));
+                return elsewhere(event, unknown);
+            }
             Target::Discover | Target::Stats if addressed.is_some_and(|id| self.fleet.is_live(id)) => {
                 Work::AckOnly
             }
@@ -199,7 +201,8 @@ impl Door for Requests {
             )),
             Target::Invalid(reason) => answer(Err(Failure::new(ErrorCode::InvalidRequest, reason.clone()))),
             Target::Forbidden(reason) => answer(Err(Failure::new(ErrorCode::Forbidden, reason.clone()))),
-        }
+        };
+        work.into()
     }
 
     fn answer(&self, request: &Request, result: &Result<Value, Failure>) -> Answer {
