@@ -460,10 +460,12 @@ pub(crate) async fn call(
             }
             match &kept.data {
                 Some(data) => format!("{}\n{}", escape(&text), pretty(data)),
-                None => escape(&format!("{text} (its data was not kept: over [dispatch] kept_answer_max_bytes, or kept answers are off)")),
+                None => escape(&format!(
+                    "{text} (its data was not kept: over [dispatch] kept_answer_max_bytes, or kept answers are off)"
+                )),
             }
         }
-        Ok(None) => "(no answered mark: the answer was not final, the mark expired, or it lives next to the answer's topic on a Redis Cluster)".to_owned(),
+        Ok(None) => "(no answered mark: the answer was not final, or the mark expired)".to_owned(),
         Err(err) => escape(&format!("cannot read the ledger: {err}")),
     };
     let body = format!(

@@ -217,12 +217,30 @@ pub(crate) struct KeptAnswer {
     pub data: Option<Value>,
 }
 
-/// The answered mark of a request of the requests stream, if it is there and readable (on a
-/// Redis Cluster the mark is not kept beside the stream, and this finds none).
+/// The answered mark of a request of the requests stream, if it is there and readable: on one
+/// server the mark itself, on a Redis Cluster the request's claim beside the stream, once it
+/// says `answered` (its fields `answer`, `entry` and `kept` hold what the mark holds).
 pub(crate) async fn kept_answer(console: &Console, request_id: &str) -> Result<Option<KeptAnswer>, BusError> {
     let key = console.keys.answered(&console.requests_stream, request_id);
+    if console.keys.is_cluster() {
+        let fields: BTreeMap<String, String> = console.bus.hash_fields(&key).await?.into_iter().collect();
+        return Ok(claim_answer(&fields));
+    }
     let values = console.bus.values(std::slice::from_ref(&key)).await?;
     Ok(values.into_iter().next().flatten().map(|mark| parse_mark(&mark)))
+}
+
+/// What a cluster claim (`topic`, `state`, `answer`, `entry`, `kept`) says of the answer; `None`
+/// until it is `answered`.
+fn claim_answer(fields: &BTreeMap<String, String>) -> Option<KeptAnswer> {
+    if fields.get("state").map(String::as_str) != Some("answered") {
+        return None;
+    }
+    Some(KeptAnswer {
+        answer_id: fields.get("answer").cloned().unwrap_or_default(),
+        entry_id: fields.get("entry").filter(|id| !id.is_empty()).cloned(),
+        data: fields.get("kept").and_then(|data| serde_json::from_str(data).ok()),
+    })
 }
 
 /// Reads an answered mark: `<answer id>`, or `<answer id>\n<entry id>\n<data>`.
@@ -273,6 +291,30 @@ fn entry_order(entry_id: &str) -> (u64, u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cluster_claims_are_read_once_answered() {
+        let claim = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs.iter().map(|(name, value)| ((*name).to_owned(), (*value).to_owned())).collect()
+        };
+        assert_eq!(claim_answer(&claim(&[("topic", "t"), ("state", "claimed")])), None);
+        assert_eq!(
+            claim_answer(&claim(&[
+                ("topic", "t"),
+                ("state", "answered"),
+                ("answer", "a1"),
+                ("entry", "5-0"),
+                ("kept", "{\"success\":true}")
+            ])),
+            Some(KeptAnswer {
+                answer_id: "a1".to_owned(),
+                entry_id: Some("5-0".to_owned()),
+                data: Some(serde_json::json!({"success": true}))
+            })
+        );
+        let bare = claim_answer(&claim(&[("state", "answered"), ("answer", "a2")])).unwrap();
+        assert_eq!((bare.entry_id, bare.data), (None, None));
+    }
 
     #[test]
     fn marks_with_and_without_kept_data_are_read() {
