@@ -39,7 +39,7 @@ debug-toolhost:
 # The end-to-end fleet suites (tests/): toolboxes sharing a stream, Redis Cluster, Sentinel,
 # each against real servers the tests start, driving the built binary.
 test-fleet: ensure-redis-installed debug-toolhost
-    cargo test -p toolhost-e2e --test harness --test fleet --test cluster --test sentinel --test failover
+    cargo test -p toolhost-e2e --test harness --test fleet --test shards --test cluster --test sentinel --test failover
 
 # The security suites (tests/): TLS to Redis with a private CA and mutual TLS, the
 # least-privilege Redis user `toolhost redis-acl` prints, the MCP door's bearer tokens and signed

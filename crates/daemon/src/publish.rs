@@ -34,6 +34,8 @@ pub(crate) struct Publisher {
     pub period: Duration,
     pub requests_topic: String,
     pub results_topic: String,
+    /// The shards of the requests stream this replica reads (full keys).
+    pub read_topics: Vec<String>,
     /// The chat inbox this replica reads (full key); with the requests stream, what its
     /// heartbeat lists as the streams it reads as a consumer group.
     pub inbox_topic: String,
@@ -117,10 +119,12 @@ impl Publisher {
             "tools": registry.names(),
             "hosted": hosted,
             "sources": self.telemetry.sources(),
-            "groups": [
-                {"stream": self.requests_topic, "group": self.toolbox_id},
-                {"stream": self.inbox_topic, "group": self.toolbox_id},
-            ],
+            "groups": self
+                .read_topics
+                .iter()
+                .chain([&self.inbox_topic])
+                .map(|stream| json!({"stream": stream, "group": self.toolbox_id}))
+                .collect::<Vec<_>>(),
             "at": toolhost_envelope::now_rfc3339(),
         });
         let key = self.heartbeat_key();

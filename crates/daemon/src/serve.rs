@@ -89,6 +89,7 @@ pub(crate) fn door_context(
         bus,
         keys: config.keys(),
         requests_stream: raw.streams.requests.clone(),
+        shards: config.shards(),
         results_stream: raw.streams.results.clone(),
         toolbox_id: raw.daemon.toolbox_id.clone(),
         auth,
@@ -166,7 +167,8 @@ pub struct App {
     telemetry: Telemetry,
     http: HttpServer,
     /// The requests door's reader.
-    requests: Arc<GroupReader<Lifecycle<Requests>>>,
+    /// The readers of the requests stream's shards this replica reads (one without shards).
+    requests: Vec<Arc<GroupReader<Lifecycle<Requests>>>>,
     /// The chat door's reader.
     inbox: Arc<GroupReader<Lifecycle<Inbox>>>,
     publisher: Arc<Publisher>,
@@ -234,6 +236,7 @@ impl App {
             period: config.heartbeat,
             requests_topic: keys.topic(&raw.streams.requests),
             results_topic: keys.topic(&raw.streams.results),
+            read_topics: requests.iter().map(|reader| reader.topic().to_owned()).collect(),
             inbox_topic: inbox.topic().to_owned(),
             fleet: doors.services.fleet.clone(),
             telemetry: telemetry.clone(),
@@ -308,10 +311,17 @@ impl App {
             redis: self.config.raw.redis.describe(),
             bus: self.bus.clone(),
             telemetry: self.telemetry.clone(),
-            groups: [self.requests.topic(), self.inbox.topic()]
+            groups: self
+                .read_topics()
                 .map(|stream| WatchedGroup { stream: stream.to_owned(), group: group.clone() })
-                .into(),
+                .collect(),
         }
+    }
+
+    /// The full keys of every stream this replica reads as a consumer group: the requests
+    /// stream's shards it reads, and the chat inbox.
+    fn read_topics(&self) -> impl Iterator<Item = &str> {
+        self.requests.iter().map(|reader| reader.topic()).chain([self.inbox.topic()])
     }
 
     /// Everything before the doors read: the consumer groups, Redis's version, the hosted MCP
@@ -322,8 +332,16 @@ impl App {
     async fn prepare(&self, signal: &mut (impl Future<Output = ()> + Unpin)) -> anyhow::Result<bool> {
         let redis = self.config.raw.redis.describe();
         let (requests, inbox) = (&self.requests, &self.inbox);
+        let groups = async {
+            for reader in requests {
+                if !reader.ensure_group().await? {
+                    return Ok(false);
+                }
+            }
+            inbox.ensure_group().await
+        };
         let ready: Result<bool, toolhost_bus::Error> = tokio::select! {
-            ready = async { Ok(requests.ensure_group().await? && inbox.ensure_group().await?) } => ready,
+            ready = groups => ready,
             () = &mut *signal => Ok(false),
         };
         let ready = match ready {
@@ -401,7 +419,7 @@ impl App {
             agent_name = %raw.daemon.agent_name,
             consumer = %self.consumer,
             redis = %raw.redis.describe(),
-            requests = %self.requests.topic(),
+            requests = %self.requests.iter().map(|reader| reader.topic()).collect::<Vec<_>>().join(","),
             group = %raw.daemon.toolbox_id,
             results = %self.keys.topic(&raw.streams.results),
             inbox = %self.inbox.topic(),
@@ -415,8 +433,10 @@ impl App {
     /// Spawns every loop on the shutdown's task tracker; returns the sources, if any.
     fn spawn_loops(&mut self) -> Option<Arc<Sources>> {
         let (tasks, stopping) = (self.shutdown.tasks(), self.shutdown.stopping().clone());
-        tasks.spawn(self.requests.clone().run_reader());
-        tasks.spawn(self.requests.clone().run_reclaimer());
+        for reader in &self.requests {
+            tasks.spawn(reader.clone().run_reader());
+            tasks.spawn(reader.clone().run_reclaimer());
+        }
         tasks.spawn(self.publisher.clone().run(self.shutdown.clone()));
         tasks.spawn(self.calls.clone().run(stopping.clone()));
         tasks.spawn(self.inbox.clone().run_reader());
@@ -462,7 +482,7 @@ impl App {
             warn!(error = %err, "cannot remove the registry heartbeat");
         }
         let group = &self.config.raw.daemon.toolbox_id;
-        for stream in [self.requests.topic(), self.inbox.topic()] {
+        for stream in self.read_topics() {
             match self.bus.delete_consumer(stream, group, &self.consumer).await {
                 Ok(true) => {}
                 Ok(false) => info!(stream, "consumer keeps pending entries; left for a replica to reclaim"),

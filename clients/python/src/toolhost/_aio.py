@@ -63,6 +63,7 @@ class AsyncClient:
         *,
         key_prefix: str = "",
         requests_topic: str = "action-requests",
+        shards: int = 1,
         client_id: str | None = None,
         source: str = "toolhost-python",
         stream_ttl: float = 60.0,
@@ -86,6 +87,9 @@ class AsyncClient:
         self.url = url or os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/0"
         self.key_prefix = key_prefix
         self.requests_topic = requests_topic
+        if not isinstance(shards, int) or not 1 <= shards <= _wire.MAX_SHARDS:
+            raise ClientError(f"shards must be 1 to {_wire.MAX_SHARDS}, as [streams] shards of the daemons; not {shards!r}")
+        self.shards = shards
         self.client_id = client_id or f"py-{uuid.uuid4().hex}"
         if not re.fullmatch(r"[A-Za-z0-9_.:-]{1,128}", self.client_id):
             raise ClientError(f"client_id {self.client_id!r} must be 1-128 letters, digits, '-', '_', '.' or ':'")
@@ -101,7 +105,6 @@ class AsyncClient:
         tags = {"tenant_id": tenant_id, "user_id": user_id, "session_id": session_id, "trace_id": trace_id}
         self._tags = {name: value for name, value in tags.items() if value is not None}
         self._stream_key = key_prefix + self.response_topic
-        self._requests_key = key_prefix + requests_topic
         # Requests are pipelined (see _send), so a few connections serve any number of calls.
         self._pool = aioredis.ConnectionPool.from_url(self.url, max_connections=max_connections)
         self._redis = aioredis.Redis(connection_pool=self._pool)
@@ -239,7 +242,7 @@ class AsyncClient:
                     waiter.future = loop.create_future()
                     fields = self._entry("tool.invoke", data, rid, correlation_id)
                 try:
-                    await self._send(self._requests_key, fields, acks)
+                    await self._send(self._requests_key("tool.invoke", data), fields, acks)
                 except RequestNotReplicated as err:
                     if last:
                         raise RequestNotReplicated(rid, err.acked, err.wanted, err.waited) from None
@@ -391,7 +394,7 @@ class AsyncClient:
             event_type,
             data,
             source=self.source,
-            topic=self.requests_topic,
+            topic=self._shard(event_type, data),
             response_topic=self.response_topic,
             correlation_id=correlation_id if correlation_id is not None else rid,
             tags=self._tags,
@@ -404,7 +407,18 @@ class AsyncClient:
         return fields
 
     async def _publish(self, event_type: str, data: dict[str, Any], rid: str, correlation_id: str | None) -> None:
-        await self._send(self._requests_key, self._entry(event_type, data, rid, correlation_id))
+        await self._send(self._requests_key(event_type, data), self._entry(event_type, data, rid, correlation_id))
+
+    def _shard(self, event_type: str, data: dict[str, Any]) -> str:
+        """The bare name of the shard of the requests stream a request goes to (`shards` of
+        them, as `[streams] shards` of the daemons), by the shard rule of docs/CONTRACTS.md."""
+        request_id = data.get("request_id")
+        rid = request_id if isinstance(request_id, str) else None
+        return _wire.shard_stream(self.requests_topic, self.shards, event_type, rid)
+
+    def _requests_key(self, event_type: str, data: dict[str, Any]) -> str:
+        """The key of the shard a request goes to."""
+        return self.key_prefix + self._shard(event_type, data)
 
     async def _send(self, key: str, fields: dict[str, str], replica_acks: int = 0) -> None:
         """XADDs `fields` to `key`. Requests sent while a pipeline is on its way wait and go

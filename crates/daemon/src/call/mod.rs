@@ -124,6 +124,9 @@ pub(crate) enum Work {
     AckOnly,
     /// Hand the entry to this consumer of the same group, which hosts its tool.
     HandOver(String),
+    /// Move the entry to this shard (bare name) of the requests stream, its home by the shard
+    /// rule, and ack it here.
+    Move(String),
     /// Cancel the call with this request id, wherever it runs, and answer (not final) with
     /// what was found.
     Cancel(String),
@@ -274,6 +277,8 @@ pub(crate) enum Outcome {
     LeftPending,
     /// Moved, unanswered, to a replica of the same toolbox that hosts its tool.
     HandedOver,
+    /// Moved, unanswered, to its home shard of the requests stream, where it is answered.
+    Moved,
 }
 
 impl Outcome {
@@ -289,6 +294,7 @@ impl Outcome {
             Outcome::Replayed => "replayed",
             Outcome::LeftPending => "left_pending",
             Outcome::HandedOver => "handed_over",
+            Outcome::Moved => "moved",
         }
     }
 }
@@ -478,6 +484,7 @@ impl<D: Door> Lifecycle<D> {
         let (work, _in_flight) = self.apply_policy(&call, caller, work).await;
         match work {
             Work::HandOver(consumer) => self.hand_over(entry, &consumer).await,
+            Work::Move(home) => self.move_home(entry, &home).await,
             Work::AckOnly => self.ack(entry, None).await.map_or(Outcome::LeftPending, |_| Outcome::Duplicate),
             Work::Answer(..) | Work::Cancel(_) if self.poisoned(entry) => self.poison(&call).await,
             Work::Answer(result, reply) => {

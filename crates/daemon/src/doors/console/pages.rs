@@ -440,7 +440,7 @@ pub(crate) async fn call(
     let request_id = call.text("request_id");
     let entry_id = call.text("entry_id");
     let from_requests = call.text("door") == "requests";
-    let request = match read::request_entry(&console, &entry_id).await {
+    let request = match read::request_entry(&console, &request_id, &entry_id).await {
         Ok(Some(entry)) if from_requests => match entry.payload.as_deref().map(serde_json::from_str::<Value>)
         {
             Some(Ok(envelope)) => pretty(&envelope),

@@ -89,7 +89,8 @@ pub(crate) async fn fleet(console: &Console) -> FleetView {
         }
     }
     conflicts.retain(|_, versions| versions.len() > 1);
-    let mut streams = BTreeSet::from([console.keys.topic(&console.requests_stream)]);
+    let mut streams: BTreeSet<String> =
+        console.shards.streams().iter().map(|stream| console.keys.topic(stream)).collect();
     streams.extend(replicas.iter().flat_map(|replica| replica.groups.iter().map(|read| read.stream.clone())));
     let mut groups = BTreeMap::new();
     for stream in streams {
@@ -201,9 +202,14 @@ pub(crate) async fn call(
         .find_map(|entry| LoggedCall::from_entry(toolbox, entry)))
 }
 
-/// The request entry of a logged call, if its stream still holds it.
-pub(crate) async fn request_entry(console: &Console, entry_id: &str) -> Result<Option<Entry>, BusError> {
-    let topic = console.keys.topic(&console.requests_stream);
+/// The request entry of a logged call, if its stream (the home shard of `request_id`) still
+/// holds it.
+pub(crate) async fn request_entry(
+    console: &Console,
+    request_id: &str,
+    entry_id: &str,
+) -> Result<Option<Entry>, BusError> {
+    let topic = console.keys.topic(&console.shards.stream(console.shards.of_id(request_id)));
     let entries = console.bus.read_back(&topic, entry_id, 1).await?;
     Ok(entries.into_iter().find(|entry| entry.entry_id == entry_id))
 }
@@ -221,7 +227,9 @@ pub(crate) struct KeptAnswer {
 /// server the mark itself, on a Redis Cluster the request's claim beside the stream, once it
 /// says `answered` (its fields `answer`, `entry` and `kept` hold what the mark holds).
 pub(crate) async fn kept_answer(console: &Console, request_id: &str) -> Result<Option<KeptAnswer>, BusError> {
-    let key = console.keys.answered(&console.requests_stream, request_id);
+    // The ledger of the request id's home shard (the requests stream itself without shards).
+    let home = console.shards.stream(console.shards.of_id(request_id));
+    let key = console.keys.answered(&home, request_id);
     if console.keys.is_cluster() {
         let fields: BTreeMap<String, String> = console.bus.hash_fields(&key).await?.into_iter().collect();
         return Ok(claim_answer(&fields));
@@ -257,6 +265,7 @@ fn parse_mark(mark: &str) -> KeptAnswer {
 pub(crate) fn dead_letters(console: &Console, toolbox: &str) -> DeadLetters {
     let bus = console.bus.clone();
     DeadLetters::of(bus.clone(), bus, console.keys.clone(), toolbox, &console.requests_stream)
+        .with_shards(console.shards.clone())
         .with_results(&console.results_stream)
 }
 

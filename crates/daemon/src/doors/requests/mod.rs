@@ -29,19 +29,32 @@ use crate::fleet::{Fleet, Route, route};
 use crate::group::GroupReader;
 use crate::stats::Stats;
 
-/// Starts the requests door: its reader of the requests stream, in the toolbox's consumer group.
-pub(crate) fn start(settings: Settings, cx: &StreamContext) -> Arc<GroupReader<Lifecycle<Requests>>> {
+/// Starts the requests door: a reader of each shard of the requests stream this replica reads
+/// (`[streams] read_shards`, all by default), in the toolbox's consumer group. With one shard,
+/// one reader of the requests stream itself. Each shard's ledger is its own: the shard rule puts
+/// every copy of a request id on one shard.
+pub(crate) fn start(settings: Settings, cx: &StreamContext) -> Vec<Arc<GroupReader<Lifecycle<Requests>>>> {
     let services = &cx.services;
-    let topic = services.keys.topic(&settings.requests_topic);
-    let ledger = settings.requests_topic.clone();
-    let door = Requests::new(
-        services.keys.clone(),
-        services.stats.clone(),
-        services.fleet.clone(),
-        &cx.consumer,
-        settings,
-    );
-    cx.reader(door, &ledger, topic)
+    let read: Vec<u16> = if settings.read_shards.is_empty() {
+        (0..settings.shards.count()).collect()
+    } else {
+        settings.read_shards.clone()
+    };
+    read.into_iter()
+        .map(|shard| {
+            let stream = settings.shards.stream(shard);
+            let topic = services.keys.topic(&stream);
+            let settings = Settings { requests_topic: stream.clone(), shard, ..settings.clone() };
+            let door = Requests::new(
+                services.keys.clone(),
+                services.stats.clone(),
+                services.fleet.clone(),
+                &cx.consumer,
+                settings,
+            );
+            cx.reader(door, &stream, topic)
+        })
+        .collect()
 }
 
 /// The requests door.
@@ -83,12 +96,26 @@ impl Requests {
         }
     }
 
+    /// The shard `request` belongs on, when it is not the one it was read from: its request id's
+    /// (a `tool.cancel`'s is the call's), shard 0 for `tools.*`. A request without an id of its
+    /// own, or one whose envelope cannot be run (it is answered where it is), stays.
+    fn elsewhere(&self, request: &Request) -> Option<u16> {
+        let settings = &self.settings;
+        if settings.shards.count() == 1 || matches!(request.target, Target::Invalid(_) | Target::Forbidden(_))
+        {
+            return None;
+        }
+        let id = (!request.id_is_entry_id).then_some(request.request_id.as_str());
+        let home = settings.shards.of_request(&request.envelope.event_type, id)?;
+        (home != settings.shard).then_some(home)
+    }
+
     /// The discovery answer in the requested format: the tools the caller may call.
     fn discover(&self, envelope: &EventEnvelope, registry: &Registry, permits: Permits<'_>) -> Value {
         let format = envelope.data_str("format").and_then(DiscoveryFormat::parse).unwrap_or_default();
         let tools = registry.export_where(
             format,
-            &self.keys.topic(&self.settings.requests_topic),
+            &self.keys.topic(&self.settings.shards.stream(0)),
             &self.keys.topic(&self.settings.results_topic),
             |tool| permits.allows(tool),
         );
@@ -170,6 +197,10 @@ impl Door for Requests {
             Route::OtherToolbox => Work::AckOnly.into(),
             Route::Sibling(consumer) => Work::HandOver(consumer).into(),
         };
+        // A request on the wrong shard goes to its home shard, whose ledger holds its id.
+        if let Some(home) = self.elsewhere(request) {
+            return Work::Move(self.settings.shards.stream(home)).into();
+        }
         // Discovery and statistics addressed to another live toolbox are its to answer.
         let addressed = request.envelope.data_str("toolbox_id").filter(|id| *id != toolbox_id.as_str());
         let work = match &request.target {
