@@ -409,6 +409,45 @@ fn console_port(toolhost: &Toolhost) -> u16 {
         .unwrap_or_else(|| panic!("no `console listening` line with an address:\n{}", toolhost.log()))
 }
 
+/// The Python client on a cluster, with the daemon's settings names (`cluster_nodes` from the
+/// same environment, or as a keyword argument): a call, one whose request must reach a replica
+/// (`replica_acks`), discovery of the fleet's tools, and a sharded stream (`shards=`).
+#[test]
+fn the_python_client_calls_on_a_cluster_with_the_daemons_settings_names() {
+    let cluster = RedisCluster::start(3, 1);
+    let mut env = env_with_prefix(&cluster, "");
+    env.push(("TOOLHOST__STREAMS__SHARDS".to_owned(), "6".to_owned()));
+    let pairs: Vec<(&str, &str)> = env.iter().map(|(name, value)| (name.as_str(), value.as_str())).collect();
+    let toolhost = Toolhost::start(&pairs);
+    let client_env =
+        [("REDIS_URL", cluster.nodes()[0].url()), ("TOOLHOST__REDIS__CLUSTER_NODES", cluster.nodes_env())];
+    let script = r#"
+import toolhost
+with toolhost.Client(shards=6) as client:
+    print(client.call("echo", {"message": "on the cluster"}, timeout=20))
+    print(client.call("echo", {"message": "replicated"}, timeout=20, replica_acks=1))
+    print(sorted(tool["name"] for tool in client.tools()))
+"#;
+    let (code, stdout, stderr) = toolhost_e2e::python_client(script, &client_env);
+    assert_eq!(code, 0, "{stdout}\n{stderr}\n{}", toolhost.log());
+    assert!(stdout.contains("on the cluster") && stdout.contains("replicated"), "{stdout}\n{stderr}");
+    assert!(stdout.contains("'echo'"), "{stdout}");
+    let script = format!(
+        r#"
+import toolhost
+with toolhost.Client("{}", cluster_nodes="{}", shards=6) as client:
+    print(client.call("echo", {{"message": "by keyword"}}, timeout=20))
+"#,
+        cluster.nodes()[0].url(),
+        cluster.nodes_env()
+    );
+    let (code, stdout, stderr) = toolhost_e2e::python_client(&script, &[]);
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(stdout.contains("by keyword"), "{stdout}\n{stderr}");
+    // Every request went to its home shard: nothing was moved.
+    assert!(!toolhost.log().contains("\"outcome\":\"moved\""), "{}", toolhost.log());
+}
+
 /// Cluster parity with one server: a caller that lost its answer and sends the request again
 /// (a new entry, the same request id) gets the original answer on its own topic, the tool not
 /// run again; and the console's call page shows the answer, read from the request's claim.
