@@ -331,3 +331,155 @@ fn a_request_on_the_wrong_shard_is_answered_once_and_replicas_may_read_some_shar
         + high.log().matches("\"outcome\":\"moved\"").count();
     assert_eq!(moves_after, moves, "the client's request went to its home shard");
 }
+
+/// A daemon of toolbox `toolhost` with `shards`, changing from `previous` (0: no change).
+fn start_changing(cluster: &RedisCluster, shards: u16, previous: u16) -> Toolhost {
+    let env = [
+        ("REDIS_URL", cluster.nodes()[0].url()),
+        ("TOOLHOST__REDIS__CLUSTER_NODES", cluster.nodes_env()),
+        ("TOOLHOST__STREAMS__SHARDS", shards.to_string()),
+        ("TOOLHOST__STREAMS__PREVIOUS_SHARDS", previous.to_string()),
+        ("TOOLHOST__DISPATCH__CLAIM_IDLE_MS", "1500".to_owned()),
+        ("TOOLHOST__DISPATCH__BLOCK_MS", "500".to_owned()),
+        ("TERMINAL_ALLOWED_COMMANDS", "sleep".to_owned()),
+    ];
+    let pairs: Vec<(&str, &str)> = env.iter().map(|(name, value)| (*name, value.as_str())).collect();
+    Toolhost::start(&pairs)
+}
+
+/// Answers on `topic` by request id, once every id of `ids` has one.
+fn wait_for_answers(
+    connection: &mut ClusterConnection,
+    topic: &str,
+    ids: &[String],
+) -> BTreeMap<String, Vec<Value>> {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let found = answers(connection, &[topic]);
+        if ids.iter().all(|id| found.contains_key(id)) {
+            return found;
+        }
+        let missing: Vec<&String> = ids.iter().filter(|id| !found.contains_key(*id)).take(10).collect();
+        assert!(Instant::now() < deadline, "unanswered on {topic}: {missing:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The shard count changes from 1 to 6 and back to 1 while a caller keeps sending, by the
+/// procedure of docs/OPERATIONS.md: replicas with the new count and `previous_shards` start
+/// beside the old ones, the old ones stop, the caller moves to the new count. Every request is
+/// answered once (also those a caller still sent by the old count, drained from the old
+/// streams), and retries of requests answered under the old count, sent by the new one, get
+/// the original answer instead of running again.
+#[test]
+fn the_shard_count_changes_from_one_to_six_and_back_under_load_losing_and_repeating_nothing() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
+
+    let cluster = RedisCluster::start(3, 0);
+    let topic = "results:changing";
+    let retries = "results:retries";
+    let count = Arc::new(AtomicU16::new(1));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut old = start_changing(&cluster, 1, 0);
+    let (ids, phases) = std::thread::scope(|scope| {
+        let caller = {
+            let (count, stop) = (count.clone(), stop.clone());
+            let mut connection = cluster.connection();
+            scope.spawn(move || {
+                let mut ids = Vec::new();
+                while !stop.load(Ordering::Relaxed) {
+                    let id = format!("c-{}", ids.len());
+                    // One call in ten is a non-idempotent `sleep 0`: run twice, it would answer twice.
+                    let payload = if ids.len() % 10 == 3 {
+                        request("terminal_run.requested", &id, json!({"command": "sleep 0"}), topic)
+                    } else {
+                        request("echo.requested", &id, json!({"message": id}), topic)
+                    };
+                    let shards = Shards::new(REQUESTS, count.load(Ordering::Relaxed));
+                    let shard = shards.of_id(&id);
+                    xadd_to(&mut connection, &shards.stream(shard), &payload);
+                    ids.push((id, shards.count()));
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                ids
+            })
+        };
+        // Each change: replicas of the new count (draining the old) beside the old ones, the
+        // old ones stopped, the caller moved; then, the old streams drained, the change is
+        // finished (previous_shards back to 0) before the next one.
+        let mut phases = Vec::new();
+        for (next, previous) in [(6_u16, 1_u16), (6, 0), (1, 6)] {
+            std::thread::sleep(Duration::from_millis(1500));
+            let new = start_changing(&cluster, next, previous);
+            std::thread::sleep(Duration::from_millis(500));
+            assert_eq!(old.terminate(Duration::from_secs(30)), Some(0), "the old replica drains and exits");
+            count.store(next, Ordering::Relaxed);
+            phases.push(next);
+            old = new;
+        }
+        std::thread::sleep(Duration::from_millis(1500));
+        stop.store(true, Ordering::Relaxed);
+        (caller.join().unwrap(), phases)
+    });
+    assert_eq!(phases, [6, 6, 1]);
+    let sent_by: BTreeMap<u16, usize> = ids.iter().fold(BTreeMap::new(), |mut by, (_, count)| {
+        *by.entry(*count).or_default() += 1;
+        by
+    });
+    assert!(sent_by.len() == 2 && sent_by.values().all(|sent| *sent > 50), "sent by each count: {sent_by:?}");
+    let all: Vec<String> = ids.iter().map(|(id, _)| id.clone()).collect();
+    let mut connection = cluster.connection();
+    let found = wait_for_answers(&mut connection, topic, &all);
+    let expected: BTreeSet<String> = all.iter().cloned().collect();
+    let doubled: Vec<(&String, usize)> = found
+        .iter()
+        .filter(|(_, answers)| answers.len() > 1)
+        .map(|(id, answers)| (id, answers.len()))
+        .collect();
+    assert!(doubled.is_empty(), "answered twice: {doubled:?}");
+    assert_eq!(found.keys().cloned().collect::<BTreeSet<_>>(), expected);
+    for (id, answers) in &found {
+        assert_eq!(answers[0]["data"]["success"], true, "{id}: {}", answers[0]);
+    }
+
+    // Retries of requests answered under 6 shards, sent by 1 (the count now): the original
+    // answer, not a second run (a second run of the echo would say "again").
+    let under_six: Vec<String> =
+        ids.iter().filter(|(_, count)| *count == 6).map(|(id, _)| id.clone()).take(40).collect();
+    for id in &under_six {
+        let retry = request("echo.requested", id, json!({"message": "again"}), retries);
+        xadd_to(&mut connection, REQUESTS, &retry);
+    }
+    let replayed = wait_for_answers(&mut connection, retries, &under_six);
+    for id in &under_six {
+        assert_eq!(replayed[id].len(), 1, "{id}");
+        assert_eq!(replayed[id][0]["data"], found[id][0]["data"], "{id}: the original answer");
+    }
+    // And nothing is left on any stream of either count.
+    let streams: Vec<String> =
+        Shards::new(REQUESTS, 6).streams().into_iter().chain([REQUESTS.to_owned()]).collect();
+    let deadline = Instant::now() + WAIT;
+    for stream in streams {
+        loop {
+            let groups: Vec<redis::Value> =
+                redis::cmd("XINFO").arg("GROUPS").arg(&stream).query(&mut connection).unwrap_or_default();
+            let text = format!("{groups:?}");
+            let settled = groups.iter().all(|info| {
+                let redis::Value::Array(fields) = info else { return true };
+                let field = |name: &str| {
+                    fields
+                        .chunks(2)
+                        .find(|pair| matches!(&pair[0], redis::Value::BulkString(key) if key == name.as_bytes()))
+                        .map(|pair| pair[1].clone())
+                };
+                field("pending") == Some(redis::Value::Int(0)) && field("lag") == Some(redis::Value::Int(0))
+            });
+            if settled {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{stream} not drained: {text}\n{}", tail(&old.log()));
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}

@@ -77,6 +77,10 @@ pub(crate) struct Admitted<R> {
     pub ids: CallIds,
     /// The tool label of the request for stats, metrics and logs; `None` when it names no tool.
     pub tool_label: Option<String>,
+    /// While the requests stream's shard count changes: the ledger (bare name) the request id
+    /// had under the previous count, when it was another. An answer kept there answers the
+    /// request, which then does not run again.
+    pub former_ledger: Option<String>,
 }
 
 impl<R> Admitted<R> {

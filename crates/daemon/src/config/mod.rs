@@ -133,6 +133,8 @@ pub struct StreamsSection {
     /// comma-separated `TOOLHOST__STREAMS__READ_SHARDS=0,1,2` gives text).
     #[serde(deserialize_with = "shard_numbers")]
     pub read_shards: Vec<u16>,
+    /// While the shard count changes: the count it changes from (0: no change under way).
+    pub previous_shards: u16,
 }
 
 /// A list of shard numbers, each a number or its text.
@@ -348,6 +350,17 @@ fn validate(
     if raw.streams.shards == 0 || raw.streams.shards > toolhost_bus::MAX_SHARDS {
         bad("streams.shards", &format!("must be 1 to {}", toolhost_bus::MAX_SHARDS));
     }
+    if raw.streams.previous_shards > toolhost_bus::MAX_SHARDS
+        || (raw.streams.previous_shards != 0 && raw.streams.previous_shards == raw.streams.shards)
+    {
+        bad(
+            "streams.previous_shards",
+            &format!(
+                "must be 0 (no change under way) or a count from 1 to {} other than shards",
+                toolhost_bus::MAX_SHARDS
+            ),
+        );
+    }
     let mut read = raw.streams.read_shards.clone();
     read.sort_unstable();
     read.dedup();
@@ -433,7 +446,7 @@ impl Config {
         let shards_read = match raw.streams.read_shards.len() {
             0 => usize::from(raw.streams.shards),
             read => read,
-        };
+        } + usize::from(raw.streams.previous_shards);
         options.idle_blocking = options.idle_blocking.max(shards_read + 4);
         options.key_prefix.clone_from(&raw.redis.key_prefix);
         options.tls = self.redis_tls.clone();
@@ -479,6 +492,12 @@ impl Config {
         toolhost_bus::Shards::new(&self.raw.streams.requests, self.raw.streams.shards)
     }
 
+    /// The shards the fleet is changing from (`[streams] previous_shards`), while it does.
+    pub fn previous_shards(&self) -> Option<toolhost_bus::Shards> {
+        let count = self.raw.streams.previous_shards;
+        (count != 0).then(|| toolhost_bus::Shards::new(&self.raw.streams.requests, count))
+    }
+
     /// The requests door's settings, from `[streams]`, `[dispatch]` and `[daemon]`.
     pub(crate) fn requests_door(&self) -> crate::doors::requests::Settings {
         let raw = &self.raw;
@@ -488,6 +507,8 @@ impl Config {
             shards: self.shards(),
             shard: 0,
             read_shards: raw.streams.read_shards.clone(),
+            previous: self.previous_shards(),
+            draining: false,
             results_topic: raw.streams.results.clone(),
             max_payload_bytes: raw.streams.max_payload_bytes,
             max_request_age: self.max_request_age,

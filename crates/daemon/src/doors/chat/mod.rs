@@ -327,6 +327,8 @@ fn admitted(message: Message, registry: &Registry) -> Admitted<Message> {
         tool_label: call.map(|call| {
             if registry.contains(&call.name) { call.name.clone() } else { UNKNOWN_TOOL_LABEL.to_owned() }
         }),
+        // The inbox is one stream, never sharded.
+        former_ledger: None,
         request: message,
     }
 }

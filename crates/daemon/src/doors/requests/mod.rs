@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use toolhost_bus::Keys;
+use toolhost_bus::{Keys, Shards};
 use toolhost_envelope::{DiscoveryFormat, Entry, ErrorCode, EventEnvelope, ResultData, new_message_id};
 use toolhost_tools::{Failure, ProgressReport, Registry};
 use tracing::info;
@@ -40,11 +40,18 @@ pub(crate) fn start(settings: Settings, cx: &StreamContext) -> Vec<Arc<GroupRead
     } else {
         settings.read_shards.clone()
     };
-    read.into_iter()
-        .map(|shard| {
-            let stream = settings.shards.stream(shard);
+    let current = read.into_iter().map(|shard| (settings.shards.stream(shard), shard, false));
+    // While the count changes, the previous count's streams too, drained into the current ones.
+    let all = settings.shards.streams();
+    let previous: Vec<String> =
+        settings.previous.iter().flat_map(Shards::streams).filter(|stream| !all.contains(stream)).collect();
+    let streams: Vec<(String, u16, bool)> =
+        current.chain(previous.into_iter().map(|stream| (stream, u16::MAX, true))).collect();
+    streams
+        .into_iter()
+        .map(|(stream, shard, draining)| {
             let topic = services.keys.topic(&stream);
-            let settings = Settings { requests_topic: stream.clone(), shard, ..settings.clone() };
+            let settings = Settings { requests_topic: stream.clone(), shard, draining, ..settings.clone() };
             let door = Requests::new(
                 services.keys.clone(),
                 services.stats.clone(),
@@ -98,16 +105,33 @@ impl Requests {
 
     /// The shard `request` belongs on, when it is not the one it was read from: its request id's
     /// (a `tool.cancel`'s is the call's), shard 0 for `tools.*`. A request without an id of its
-    /// own, or one whose envelope cannot be run (it is answered where it is), stays.
+    /// own, or one whose envelope cannot be run (it is answered where it is), stays; on a stream
+    /// of the previous shard count, which is drained, every request that can be run moves.
     fn elsewhere(&self, request: &Request) -> Option<u16> {
         let settings = &self.settings;
-        if settings.shards.count() == 1 || matches!(request.target, Target::Invalid(_) | Target::Forbidden(_))
-        {
+        if matches!(request.target, Target::Invalid(_) | Target::Forbidden(_)) {
             return None;
         }
         let id = (!request.id_is_entry_id).then_some(request.request_id.as_str());
-        let home = settings.shards.of_request(&request.envelope.event_type, id)?;
-        (home != settings.shard).then_some(home)
+        let home = settings.shards.of_request(&request.envelope.event_type, id);
+        if settings.draining {
+            return Some(home.unwrap_or(0));
+        }
+        if settings.shards.count() == 1 {
+            return None;
+        }
+        home.filter(|home| *home != settings.shard)
+    }
+
+    /// While the shard count changes: the ledger the request id had under the previous count,
+    /// when it is not this shard's.
+    fn former_ledger(&self, request: &Request) -> Option<String> {
+        let previous = self.settings.previous.as_ref()?;
+        if request.id_is_entry_id || self.settings.draining {
+            return None;
+        }
+        let home = previous.of_request(&request.envelope.event_type, Some(&request.request_id))?;
+        Some(previous.stream(home)).filter(|former| *former != self.settings.requests_topic)
     }
 
     /// The discovery answer in the requested format: the tools the caller may call.
@@ -331,6 +355,7 @@ impl Requests {
                     .map(str::to_owned),
             },
             tool_label: tool_label(&request, registry),
+            former_ledger: self.former_ledger(&request),
             request,
         }
     }

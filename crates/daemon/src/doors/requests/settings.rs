@@ -18,6 +18,12 @@ pub(crate) struct Settings {
     pub shard: u16,
     /// The shards this replica reads (`[streams] read_shards`); empty: all.
     pub read_shards: Vec<u16>,
+    /// While the shard count changes, the shards of the count it changes from
+    /// (`[streams] previous_shards`).
+    pub previous: Option<Shards>,
+    /// Whether this door reads a stream of the previous count, which it drains: every request
+    /// there is moved to its shard under the current count.
+    pub draining: bool,
     /// Bare name of the default results topic.
     pub results_topic: String,
     /// Larger payloads are dead-lettered.
