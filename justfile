@@ -36,10 +36,12 @@ test: ensure-redis-installed
 debug-toolhost:
     cargo test --workspace --all-targets --exclude toolhost-e2e --no-run
 
-# The end-to-end fleet suites (tests/): toolboxes sharing a stream, Redis Cluster, Sentinel,
-# each against real servers the tests start, driving the built binary.
+# The end-to-end fleet suites (tests/): toolboxes sharing a stream, a toolbox started under load,
+# the sharded requests stream, Redis Cluster, Sentinel (the Python client on both too), each
+# against real servers the tests start, driving the built binary.
 test-fleet: ensure-redis-installed debug-toolhost
-    cargo test -p toolhost-e2e --test harness --test cluster --test sentinel --test failover
+    scripts/ensure-python-client-venv.sh >/dev/null
+    cargo test -p toolhost-e2e --test harness --test fleet --test shards --test cluster --test sentinel --test failover
 
 # The security suites (tests/): TLS to Redis with a private CA and mutual TLS, the
 # least-privilege Redis user `toolhost redis-acl` prints, the MCP door's bearer tokens and signed

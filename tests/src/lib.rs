@@ -69,6 +69,29 @@ pub fn venv(env: &str, name: &str, script: &str, recipe: &str) -> PathBuf {
     venv
 }
 
+/// Runs `script` with the Python client's venv (`scripts/ensure-python-client-venv.sh`), the
+/// client taken from this checkout (`clients/python/src`), and a clean environment plus `env`.
+/// Returns the exit code, stdout and stderr.
+pub fn python_client(script: &str, env: &[(&str, String)]) -> (i32, String, String) {
+    let venv =
+        venv("TOOLHOST_PYTHON_VENV", "venv-python-client", "ensure-python-client-venv.sh", "test-fleet");
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root");
+    let output = Command::new(venv.join("bin/python"))
+        .arg("-c")
+        .arg(script)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("PYTHONPATH", workspace.join("clients/python/src"))
+        .envs(env.iter().map(|(name, value)| (*name, value.as_str())))
+        .output()
+        .expect("run the Python client");
+    (
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
 /// A file of the suite's fixtures, `tests/<dir>/<name>`.
 pub fn fixture(dir: &str, name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(dir).join(name)
@@ -246,9 +269,15 @@ impl Toolhost {
     /// Starts `toolhost serve` with a clean environment plus `env` (which must say how to reach
     /// Redis), logging JSON to a file, and waits until it logs `ready`.
     pub fn start(env: &[(&str, &str)]) -> Toolhost {
+        Toolhost::start_args(&[], env)
+    }
+
+    /// [`Toolhost::start`] with `args` after `serve` (`--config <file>`).
+    pub fn start_args(args: &[&str], env: &[(&str, &str)]) -> Toolhost {
         let dir = temp_dir("toolhost");
         let log = dir.join("toolhost.log");
-        let child = toolhost_command(&["serve"], env, &log).spawn().expect("spawn toolhost");
+        let args: Vec<&str> = std::iter::once("serve").chain(args.iter().copied()).collect();
+        let child = toolhost_command(&args, env, &log).spawn().expect("spawn toolhost");
         let toolhost = Toolhost { child: Some(child), log, dir };
         toolhost.wait_for_log("\"message\":\"ready\"", Duration::from_secs(30));
         toolhost

@@ -50,18 +50,20 @@ fn start_with_prefix(cluster: &RedisCluster, prefix: &str) -> Toolhost {
     Toolhost::start(&pairs)
 }
 
-/// A request envelope (contract section 2) answered on `response_topic`.
+/// A request envelope (contract section 2) answered on `response_topic`, whose correlation id
+/// is its own envelope id: each entry's answer can be told from its copies'.
 fn request(event_type: &str, request_id: &str, data: Value, response_topic: &str) -> Value {
     let mut data = data;
     data["request_id"] = Value::String(request_id.to_owned());
+    let id = uuid::Uuid::new_v4().to_string();
     json!({
-        "id": uuid::Uuid::new_v4().to_string(),
+        "id": id,
         "source": "agent:planner",
         "specversion": "1.0",
         "type": event_type,
         "topic": REQUESTS,
         "data": data,
-        "correlation_id": format!("c-{request_id}"),
+        "correlation_id": id,
         "response_topic": response_topic,
     })
 }
@@ -147,7 +149,9 @@ fn backlog(connection: &mut ClusterConnection, prefix: &str) -> (u64, Option<u64
 
 /// Waits until every id in `ids` has an answer and every request entry is delivered and acked
 /// (so no late duplicate can still come), then asserts each id was answered exactly once, on a
-/// topic one of its requests named. Returns each id's answer.
+/// topic one of its requests named: a copy sent after the answer may get the original answer
+/// again (the same `data`, on its own topic), but no entry is answered twice and no id gets two
+/// different answers. Returns each id's answer (the first found, by topic).
 fn assert_answered_once(
     connection: &mut ClusterConnection,
     ids: &BTreeMap<String, BTreeSet<String>>,
@@ -182,7 +186,12 @@ fn assert_answered_once_under(
     let found = answers(connection, prefix);
     let doubled: Vec<(&String, Vec<&String>)> = found
         .iter()
-        .filter(|(_, all)| all.len() > 1)
+        .filter(|(_, all)| {
+            let datas: BTreeSet<String> = all.iter().map(|(_, answer)| answer["data"].to_string()).collect();
+            let entries: BTreeSet<&str> =
+                all.iter().map(|(_, answer)| answer["correlation_id"].as_str().unwrap_or_default()).collect();
+            datas.len() > 1 || entries.len() < all.len()
+        })
         .map(|(id, all)| (id, all.iter().map(|(topic, _)| topic).collect()))
         .collect();
     let strangers: Vec<&String> = found.keys().filter(|id| !ids.contains_key(*id)).collect();
@@ -244,7 +253,9 @@ fn duplicates(originals: &[(String, Value, String)]) -> Vec<(String, Value, Stri
         .map(|(index, (id, payload, to))| {
             let other = if index % 2 == 0 { topic((index + 3) % TOPICS) } else { to.clone() };
             let mut copy = payload.clone();
-            copy["id"] = Value::String(uuid::Uuid::new_v4().to_string());
+            let entry = uuid::Uuid::new_v4().to_string();
+            copy["id"] = Value::String(entry.clone());
+            copy["correlation_id"] = Value::String(entry);
             copy["response_topic"] = Value::String(other.clone());
             (id.clone(), copy, other)
         })
@@ -313,7 +324,7 @@ fn two_replicas_answer_every_request_once_across_a_kill_and_duplicates_naming_ot
 }
 
 #[test]
-fn a_duplicate_naming_another_topic_is_acked_unanswered_and_a_late_copy_finds_the_request_answered() {
+fn a_duplicate_naming_another_topic_is_acked_unanswered_and_late_copies_get_the_original_answer() {
     let cluster = RedisCluster::start(3, 0);
     // A plain prefix (keys spread over the shards, ledger keys tagged into their slots) and a
     // prefix that is a hash tag (every key in one slot).
@@ -339,8 +350,10 @@ fn a_duplicate_naming_another_topic_is_acked_unanswered_and_a_late_copy_finds_th
         let answered = assert_answered_once_under(&mut connection, prefix, &named, &[&toolhost]);
         assert_eq!(answered["d-1"].0, topic(1));
         assert_eq!(answered["d-1"].1["data"]["success"], true);
-        // Late copies of the answered echo, naming other topics and the same one: it runs again
-        // (read-only, idempotent), but nothing is published.
+        let original = answered["d-1"].1["data"].clone();
+        // Late copies of the answered echo, naming other topics and the same one, and of the
+        // non-idempotent call: each gets the original answer on its own topic, and nothing runs
+        // again with an effect.
         for to in [topic(4), topic(3), topic(5)] {
             xadd(
                 &mut connection,
@@ -348,14 +361,167 @@ fn a_duplicate_naming_another_topic_is_acked_unanswered_and_a_late_copy_finds_th
                 &request("echo.requested", "d-2", json!({"message": "again"}), &to),
             );
         }
-        // And a late copy of the non-idempotent call: acked without running.
         xadd(&mut connection, &requests, &slow(&topic(6)));
+        let named = named_topics(&[&[
+            ("d-1".to_owned(), Value::Null, topic(1)),
+            ("d-1".to_owned(), Value::Null, topic(6)),
+            ("d-2".to_owned(), Value::Null, topic(3)),
+            ("d-2".to_owned(), Value::Null, topic(4)),
+            ("d-2".to_owned(), Value::Null, topic(5)),
+        ]]);
         let answered = assert_answered_once_under(&mut connection, prefix, &named, &[&toolhost]);
         assert_eq!(answered["d-2"].1["data"]["result"]["message"], "x");
-        assert!(toolhost.log().matches("\"outcome\":\"duplicate\"").count() >= 5, "{}", toolhost.log());
+        let all = answers(&mut connection, prefix);
+        let on: BTreeSet<&str> = all["d-2"].iter().map(|(topic, _)| topic.as_str()).collect();
+        assert_eq!(all["d-2"].len(), 4, "the original and three kept answers: {:?}", all["d-2"]);
+        assert_eq!(on, [topic(3), topic(4), topic(5)].iter().map(String::as_str).collect());
+        assert_eq!(all["d-1"].len(), 2, "{:?}", all["d-1"]);
+        assert!(
+            all["d-1"].iter().any(|(topic, answer)| *topic == self::topic(6) && answer["data"] == original)
+        );
+        let log = toolhost.log();
+        assert_eq!(log.matches("\"outcome\":\"replayed\"").count(), 4, "{log}");
+        // The copy sent while the call ran is acked unanswered.
+        assert!(log.matches("\"outcome\":\"duplicate\"").count() >= 1, "{log}");
         assert_ledger_placement(&cluster, prefix, &requests, &format!("{prefix}{}", topic(3)));
         assert_no_slot_errors(&toolhost);
     }
+}
+
+/// The HTML of the console at `port`'s page `path`.
+fn console_page(port: u16, path: &str) -> String {
+    let (status, page) = toolhost_e2e::mcp_http::raw(
+        port,
+        &format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n"),
+    );
+    assert_eq!(status, 200, "{path}: {page}");
+    page
+}
+
+/// The console's address from its log line.
+fn console_port(toolhost: &Toolhost) -> u16 {
+    toolhost
+        .log()
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .find(|line| line["message"] == "console listening")
+        .and_then(|line| line["address"].as_str()?.rsplit_once(':')?.1.parse().ok())
+        .unwrap_or_else(|| panic!("no `console listening` line with an address:\n{}", toolhost.log()))
+}
+
+/// The Python client on a cluster, with the daemon's settings names (`cluster_nodes` from the
+/// same environment, or as a keyword argument): a call, one whose request must reach a replica
+/// (`replica_acks`), discovery of the fleet's tools, and a sharded stream (`shards=`).
+#[test]
+fn the_python_client_calls_on_a_cluster_with_the_daemons_settings_names() {
+    let cluster = RedisCluster::start(3, 1);
+    let mut env = env_with_prefix(&cluster, "");
+    env.push(("TOOLHOST__STREAMS__SHARDS".to_owned(), "6".to_owned()));
+    let pairs: Vec<(&str, &str)> = env.iter().map(|(name, value)| (name.as_str(), value.as_str())).collect();
+    let toolhost = Toolhost::start(&pairs);
+    let client_env =
+        [("REDIS_URL", cluster.nodes()[0].url()), ("TOOLHOST__REDIS__CLUSTER_NODES", cluster.nodes_env())];
+    let script = r#"
+import toolhost
+with toolhost.Client(shards=6) as client:
+    print(client.call("echo", {"message": "on the cluster"}, timeout=20))
+    print(client.call("echo", {"message": "replicated"}, timeout=20, replica_acks=1))
+    print(sorted(tool["name"] for tool in client.tools()))
+"#;
+    let (code, stdout, stderr) = toolhost_e2e::python_client(script, &client_env);
+    assert_eq!(code, 0, "{stdout}\n{stderr}\n{}", toolhost.log());
+    assert!(stdout.contains("on the cluster") && stdout.contains("replicated"), "{stdout}\n{stderr}");
+    assert!(stdout.contains("'echo'"), "{stdout}");
+    let script = format!(
+        r#"
+import toolhost
+with toolhost.Client("{}", cluster_nodes="{}", shards=6) as client:
+    print(client.call("echo", {{"message": "by keyword"}}, timeout=20))
+"#,
+        cluster.nodes()[0].url(),
+        cluster.nodes_env()
+    );
+    let (code, stdout, stderr) = toolhost_e2e::python_client(&script, &[]);
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(stdout.contains("by keyword"), "{stdout}\n{stderr}");
+    // Every request went to its home shard: nothing was moved.
+    assert!(!toolhost.log().contains("\"outcome\":\"moved\""), "{}", toolhost.log());
+}
+
+/// Cluster parity with one server: a caller that lost its answer and sends the request again
+/// (a new entry, the same request id) gets the original answer on its own topic, the tool not
+/// run again; and the console's call page shows the answer, read from the request's claim.
+#[test]
+fn a_retry_gets_its_original_answer_and_the_console_shows_it_on_a_cluster() {
+    let cluster = RedisCluster::start(3, 0);
+    let mut env = env_with_prefix(&cluster, "");
+    env.push(("TOOLHOST__CONSOLE__LISTEN".to_owned(), "127.0.0.1:0".to_owned()));
+    let pairs: Vec<(&str, &str)> = env.iter().map(|(name, value)| (name.as_str(), value.as_str())).collect();
+    let toolhost = Toolhost::start(&pairs);
+    let mut connection = cluster.connection();
+    // A non-idempotent call (a retry must not run it again) and an idempotent one.
+    let slow = |to: &str| request("terminal_run.requested", "kr-1", json!({"command": "sleep 1"}), to);
+    let echo = |message: &str, to: &str| request("echo.requested", "kr-2", json!({"message": message}), to);
+    xadd(&mut connection, REQUESTS, &slow(&topic(1)));
+    xadd(&mut connection, REQUESTS, &echo("kept", &topic(2)));
+    let named = named_topics(&[&[
+        ("kr-1".to_owned(), Value::Null, topic(1)),
+        ("kr-2".to_owned(), Value::Null, topic(2)),
+    ]]);
+    let first = assert_answered_once(&mut connection, &named, &[&toolhost]);
+    assert_eq!(first["kr-1"].1["data"]["success"], true, "{:?}", first["kr-1"]);
+
+    // The retries, each on a topic of its own, and one on the original's topic.
+    let retries = [slow(&topic(5)), echo("changed", &topic(6)), echo("changed", &topic(2))];
+    for retry in &retries {
+        xadd(&mut connection, REQUESTS, retry);
+    }
+    let named = named_topics(&[&[
+        ("kr-1".to_owned(), Value::Null, topic(1)),
+        ("kr-1".to_owned(), Value::Null, topic(5)),
+        ("kr-2".to_owned(), Value::Null, topic(2)),
+        ("kr-2".to_owned(), Value::Null, topic(6)),
+    ]]);
+    assert_answered_once(&mut connection, &named, &[&toolhost]);
+    let all = answers(&mut connection, "");
+    for retry in &retries {
+        let id = retry["data"]["request_id"].as_str().unwrap();
+        let to = retry["response_topic"].as_str().unwrap();
+        let original = &first[id].1;
+        let replayed = all[id]
+            .iter()
+            .find(|(_, answer)| answer["correlation_id"] == retry["correlation_id"])
+            .unwrap_or_else(|| panic!("no answer to the retry {retry}: {:?}", all[id]));
+        assert_eq!(replayed.0, to, "on the retry's own topic");
+        assert_eq!(replayed.1["data"], original["data"], "the original answer's data");
+        assert_ne!(replayed.1["id"], original["id"], "a message of its own");
+    }
+    assert_eq!(all["kr-2"][0].1["data"]["result"]["message"], "kept");
+    let log = toolhost.log();
+    assert_eq!(log.matches("\"outcome\":\"replayed\"").count(), 3, "{log}");
+    // The sleep ran once: one call of it logged as run.
+    assert_eq!(log.matches("\"message\":\"sleep 1\"").count(), 0, "no argument logged");
+    assert_no_slot_errors(&toolhost);
+
+    // The call page of the first echo shows the answer the ledger kept, from the claim.
+    let calls: Vec<(String, std::collections::HashMap<String, String>)> =
+        redis::cmd("XRANGE").arg("calls:toolhost").arg("-").arg("+").query(&mut connection).unwrap();
+    let (log_id, _) = calls
+        .iter()
+        .find(|(_, fields)| {
+            fields.get("id").map(String::as_str) == Some("kr-2")
+                && fields.get("payload").is_some_and(|payload| payload.contains("\"outcome\":\"success\""))
+        })
+        .unwrap_or_else(|| panic!("the call is logged: {calls:?}"));
+    let page = console_page(console_port(&toolhost), &format!("/calls/toolhost/{log_id}"));
+    let answer = page
+        .split_once("<pre id=\"call-answer\">")
+        .and_then(|(_, rest)| rest.split_once("</pre>"))
+        .map(|(answer, _)| answer)
+        .unwrap_or_else(|| panic!("no answer on the page:\n{page}"));
+    let original_id = first["kr-2"].1["id"].as_str().unwrap();
+    assert!(answer.contains(original_id), "the original answer's message id: {answer}");
+    assert!(answer.contains("kept") && !answer.contains("no answered mark"), "{answer}");
 }
 
 /// Every ledger key of `d-2` lives where CONTRACTS.md says: the claim, the call record and the

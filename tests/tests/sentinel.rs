@@ -232,6 +232,58 @@ fn a_sentinel_that_hangs_does_not_keep_toolhost_from_the_new_master() {
     assert_followed(&watched, &toolhost, pid, second);
 }
 
+/// The Python client takes the daemon's settings names (here from the same environment) and
+/// finds the master through the sentinels, before and after a failover.
+#[test]
+fn the_python_client_finds_the_master_through_the_sentinels_and_follows_a_failover() {
+    let watched = Watched::start();
+    let second = watched.servers[1].port();
+    let _toolhost = start_toolhost(&watched);
+    let script = r#"
+import toolhost
+with toolhost.Client() as client:
+    print(client.call("echo", {"message": "through the sentinels"}, timeout=20))
+"#;
+    let (code, stdout, stderr) = toolhost_e2e::python_client(script, &env(&watched));
+    assert_eq!(
+        code, 0,
+        "{stdout}
+{stderr}"
+    );
+    assert!(
+        stdout.contains("through the sentinels"),
+        "{stdout}
+{stderr}"
+    );
+    let reply: String = redis::cmd("SENTINEL")
+        .arg("FAILOVER")
+        .arg(MASTER_NAME)
+        .query(&mut watched.sentinels[0].connection())
+        .expect("SENTINEL FAILOVER");
+    assert_eq!(reply, "OK");
+    watched.wait_for_master(second, Duration::from_secs(30));
+    // Keyword arguments named as the daemon's settings, and a call after the failover.
+    let script = format!(
+        r#"
+import toolhost
+with toolhost.Client("redis://127.0.0.1:1/0", sentinels="{}", sentinel_master="{MASTER_NAME}") as client:
+    print(client.call("echo", {{"message": "after the failover"}}, timeout=20))
+"#,
+        watched.sentinel_urls()
+    );
+    let (code, stdout, stderr) = toolhost_e2e::python_client(&script, &[]);
+    assert_eq!(
+        code, 0,
+        "{stdout}
+{stderr}"
+    );
+    assert!(
+        stdout.contains("after the failover"),
+        "{stdout}
+{stderr}"
+    );
+}
+
 #[test]
 fn toolhost_call_finds_the_master_through_the_sentinels() {
     let watched = Watched::start();

@@ -123,6 +123,18 @@ pub trait Groups: Send + Sync + 'static {
     /// hand an entry to the replica that hosts its tool.
     async fn hand_over(&self, topic: &str, group: &str, consumer: &str, entry_id: &str) -> Result<(), Error>;
 
+    /// Adds an entry of `fields` (name, value, ...) to `to` unless `mark` (a key in `to`'s slot)
+    /// says it was, and sets `mark` for `retention`: the move of a request that reached the wrong
+    /// shard of a sharded requests stream to its home shard, safe to repeat until the source
+    /// entry is acked. Returns whether it was added now.
+    async fn move_once(
+        &self,
+        to: &str,
+        mark: &str,
+        fields: &[(&str, &str)],
+        retention: Duration,
+    ) -> Result<bool, Error>;
+
     /// Removes `consumer` from `group` if it holds no pending entries (deleting a consumer drops
     /// its pending entries, which would lose them). Returns whether it was removed.
     async fn delete_consumer(&self, topic: &str, group: &str, consumer: &str) -> Result<bool, Error>;

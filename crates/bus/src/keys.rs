@@ -116,6 +116,12 @@ impl Keys {
         self.ledger(stream, "entry", entry_id)
     }
 
+    /// The mark of the move of entry `entry_id` of the shard `from` (bare name) to its home
+    /// shard `stream` (bare name), in the home shard's slot on a cluster.
+    pub fn moved(&self, stream: &str, from: &str, entry_id: &str) -> String {
+        self.ledger(stream, "moved", &format!("{from}:{entry_id}"))
+    }
+
     /// The record of a call in progress: owner, lease and entry.
     pub fn call(&self, stream: &str, request_id: &str) -> String {
         self.ledger(stream, "call", request_id)
@@ -215,7 +221,12 @@ impl Keys {
     pub fn acl_patterns(&self, names: &AclNames<'_>) -> Vec<String> {
         let prefix = glob_escape(&self.prefix);
         let literal = |name: &str| format!("{prefix}{}", glob_escape(name));
-        let mut res = vec![literal(names.requests), literal(names.results)];
+        // The requests stream and its shards, `<requests>:{<tag>}` (braces are plain in ACL globs).
+        let mut res = vec![
+            literal(names.requests),
+            format!("{}:{{*}}", literal(names.requests)),
+            literal(names.results),
+        ];
         res.extend(names.response_topics.iter().map(|pattern| format!("{prefix}{pattern}")));
         res.extend([
             format!("{prefix}chat:*"),
@@ -338,7 +349,11 @@ impl ResponseTopics {
         if topic.is_empty() {
             return Err(TopicRefusal::Empty);
         }
+        // The requests stream, and its shards (`<requests>:{<tag>}`).
+        let shard =
+            topic.strip_prefix(self.requests_topic.as_str()).is_some_and(|rest| rest.starts_with(":{"));
         if topic == self.requests_topic
+            || shard
             || RESERVED_TOPIC_PREFIXES.iter().any(|prefix| topic.starts_with(prefix))
         {
             return Err(TopicRefusal::Reserved(topic.to_owned()));

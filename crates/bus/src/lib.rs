@@ -31,6 +31,7 @@ mod memory;
 mod raw_read;
 mod redis_bus;
 mod sentinel;
+mod shards;
 mod slots;
 mod tls;
 
@@ -45,4 +46,5 @@ pub use keys::{AclNames, Keys, RESERVED_TOPIC_PREFIXES, ResponseTopics, TopicRef
 pub use memory::MemoryBus;
 pub use redis_bus::{RedisBus, RedisOptions};
 pub use sentinel::Sentinels;
+pub use shards::{MAX_SHARDS, Shards};
 pub use tls::Tls;

@@ -85,6 +85,10 @@ pub struct RedisOptions {
     /// caller's bus, not the daemon's). An entry fewer replicas acknowledged in time is written,
     /// but is reported as [`Error::Unreplicated`]. 0 (the default): no `WAIT`.
     pub publish_acks: u32,
+    /// How many idle connections are kept for blocking reads (of each kind): at least as many
+    /// as the process runs blocking reads at once (a reader per stream and shard it reads), so
+    /// that none is opened again for every read. Default 8.
+    pub idle_blocking: usize,
 }
 
 impl RedisOptions {
@@ -104,6 +108,7 @@ impl RedisOptions {
             replica_acks: 0,
             replica_ack_timeout: Duration::from_secs(1),
             publish_acks: 0,
+            idle_blocking: MAX_IDLE_BLOCKING,
         }
     }
 
@@ -170,11 +175,12 @@ struct Scripts {
     prune_consumers: Script,
     prune_listed: Script,
     take_token: Script,
+    move_once: Script,
 }
 
 /// How much longer than its BLOCK time a blocking read may take before it is abandoned.
 const BLOCK_MARGIN: Duration = Duration::from_secs(3);
-/// How many idle blocking connections are kept.
+/// How many idle blocking connections are kept by default ([`RedisOptions::idle_blocking`]).
 const MAX_IDLE_BLOCKING: usize = 8;
 
 impl RedisBus {
@@ -200,16 +206,17 @@ impl RedisBus {
         }
         let raw = match matches!(options.topology, Topology::Single) && !options.script_reads {
             true => RawTarget::of(&options.url, &options.tls)?
-                .map(|target| RawReads { target, idle: Idle::new() }),
+                .map(|target| RawReads { target, idle: Idle::new(options.idle_blocking) }),
             false => None,
         };
+        let idle_blocking = options.idle_blocking;
         Ok(RedisBus {
             cluster: options.topology.is_cluster(),
             connector,
             options,
             commands,
             records,
-            blocking: Idle::new(),
+            blocking: Idle::new(idle_blocking),
             raw,
             scripts: Scripts {
                 read_group: Script::new(concat!(
@@ -225,6 +232,7 @@ impl RedisBus {
                 prune_consumers: Script::new(include_str!("scripts/prune_consumers.lua")),
                 prune_listed: Script::new(include_str!("scripts/cluster/prune_listed.lua")),
                 take_token: Script::new(include_str!("scripts/take_token.lua")),
+                move_once: Script::new(include_str!("scripts/move_once.lua")),
             },
             batchers: Batchers::default(),
         })
@@ -290,12 +298,12 @@ fn stalled(block: Duration) -> Error {
 }
 
 /// Idle connections of one kind, kept for the next blocking read (at most
-/// [`MAX_IDLE_BLOCKING`]).
-struct Idle<T>(Mutex<Vec<T>>);
+/// [`RedisOptions::idle_blocking`]).
+struct Idle<T>(Mutex<Vec<T>>, usize);
 
 impl<T> Idle<T> {
-    fn new() -> Idle<T> {
-        Idle(Mutex::new(Vec::new()))
+    fn new(most: usize) -> Idle<T> {
+        Idle(Mutex::new(Vec::new()), most.max(1))
     }
 
     fn take(&self) -> Option<T> {
@@ -305,7 +313,7 @@ impl<T> Idle<T> {
 
     fn give_back(&self, connection: T) {
         let mut idle = self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if idle.len() < MAX_IDLE_BLOCKING {
+        if idle.len() < self.1 {
             idle.push(connection);
         }
     }
@@ -499,6 +507,25 @@ impl Groups for RedisBus {
             .query_async(&mut connection)
             .await?;
         Ok(())
+    }
+
+    async fn move_once(
+        &self,
+        to: &str,
+        mark: &str,
+        fields: &[(&str, &str)],
+        retention: Duration,
+    ) -> Result<bool, Error> {
+        if self.cluster {
+            cluster::same_slot("move_once", &[to, mark])?;
+        }
+        let mut invocation = self.scripts.move_once.key(to);
+        invocation.key(mark).arg(retention.as_millis().max(1) as u64);
+        for (name, value) in fields {
+            invocation.arg(*name).arg(*value);
+        }
+        let added: u8 = invocation.invoke_async(&mut self.commands.clone()).await?;
+        Ok(added == 1)
     }
 
     async fn delete_consumer(&self, topic: &str, group: &str, consumer: &str) -> Result<bool, Error> {

@@ -49,30 +49,36 @@ pub(crate) fn prefix_is_tag(prefix: &str) -> bool {
     !tag.is_empty() && !tag.contains('{') && !after.contains(['{', '}'])
 }
 
+/// Every string over `0`-`9`, `a`-`z`, `A`-`Z`, shortest first, then by the order of those
+/// characters (bijective base 62): the order in which tags are tried.
+pub(crate) fn candidates() -> impl Iterator<Item = String> {
+    const ALPHABET: &[u8] = b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
+    (0_usize..).map(|mut n| {
+        let mut candidate = Vec::with_capacity(4);
+        loop {
+            candidate.push(ALPHABET[n % ALPHABET.len()]);
+            n /= ALPHABET.len();
+            if n == 0 {
+                break;
+            }
+            n -= 1;
+        }
+        String::from_utf8_lossy(&candidate).into_owned()
+    })
+}
+
 /// A short string whose slot is `slot` (taken modulo 16384).
 pub(crate) fn tag(slot: u16) -> &'static str {
     static TAGS: OnceLock<Vec<String>> = OnceLock::new();
     let tags = TAGS.get_or_init(|| {
-        const ALPHABET: &[u8] = b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
         let mut tags: Vec<Option<String>> = vec![None; usize::from(SLOTS)];
         let mut missing = usize::from(SLOTS);
-        // Every string over the alphabet, shortest first (bijective base 62).
-        let mut next: usize = 0;
+        let mut candidates = candidates();
         while missing > 0 {
-            let mut n = next;
-            next += 1;
-            let mut candidate = Vec::with_capacity(4);
-            loop {
-                candidate.push(ALPHABET[n % ALPHABET.len()]);
-                n /= ALPHABET.len();
-                if n == 0 {
-                    break;
-                }
-                n -= 1;
-            }
-            let at = usize::from(crc16(&candidate) % SLOTS);
+            let Some(candidate) = candidates.next() else { break };
+            let at = usize::from(crc16(candidate.as_bytes()) % SLOTS);
             if tags[at].is_none() {
-                tags[at] = Some(String::from_utf8_lossy(&candidate).into_owned());
+                tags[at] = Some(candidate);
                 missing -= 1;
             }
         }
@@ -117,7 +123,7 @@ pub(crate) fn tail<'a>(prefix: &str, key: &'a str) -> &'a str {
 }
 
 /// CRC16/XMODEM (polynomial 0x1021, initial 0), as Redis Cluster computes it.
-fn crc16(bytes: &[u8]) -> u16 {
+pub(crate) fn crc16(bytes: &[u8]) -> u16 {
     let mut crc: u16 = 0;
     for byte in bytes {
         crc ^= u16::from(*byte) << 8;

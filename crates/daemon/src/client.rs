@@ -180,7 +180,7 @@ async fn fleet_client(
     let bus: Arc<dyn FleetAccess> =
         Arc::new(RedisBus::new(options).map_err(|err| raw.redis.place().failure(&err))?);
     let settings = ClientSettings {
-        requests_topic: raw.streams.requests.clone(),
+        shards: config.shards(),
         source: "toolhost:cli".to_owned(),
         stream_ttl: Duration::from_secs(60),
         watch_period: None,

@@ -47,6 +47,8 @@ pub struct DeadLetters {
     /// Bare name of the toolbox's default results topic, when known: a request naming no
     /// response topic (or a refused one) is answered there.
     results: Option<String>,
+    /// The requests stream's shards: a replayed request goes to its home shard.
+    shards: Option<toolhost_bus::Shards>,
 }
 
 /// One dead letter as read back.
@@ -168,6 +170,7 @@ impl DeadLetters {
             requests: keys.topic(requests_stream),
             requests_stream: requests_stream.to_owned(),
             results: None,
+            shards: None,
             keys,
             streams,
             store,
@@ -181,6 +184,27 @@ impl DeadLetters {
     pub fn with_results(mut self, results: &str) -> DeadLetters {
         self.results = Some(results.to_owned());
         self
+    }
+
+    /// Names the requests stream's shards (`[streams] shards`): a letter of one of them is
+    /// replayed on the home shard of its request id, by the shard rule.
+    #[must_use]
+    pub fn with_shards(mut self, shards: toolhost_bus::Shards) -> DeadLetters {
+        self.shards = Some(shards);
+        self
+    }
+
+    /// The shard (full key) a letter of `stream` (full key) with `request_id` is replayed on:
+    /// the request id's home shard when `stream` is one of the requests stream's shards, else
+    /// `stream` itself.
+    fn home_of(&self, stream: &str, request_id: Option<&str>) -> String {
+        let bare = stream.strip_prefix(self.keys.prefix()).unwrap_or(stream);
+        match (&self.shards, request_id) {
+            (Some(shards), Some(id)) if shards.count() > 1 && shards.index_of(bare).is_some() => {
+                self.keys.topic(&shards.stream(shards.of_id(id)))
+            }
+            _ => stream.to_owned(),
+        }
     }
 
     /// The full key of the requests stream.
@@ -255,8 +279,10 @@ impl DeadLetters {
     pub async fn replay(&self, letter: &Letter) -> anyhow::Result<String> {
         let payload =
             letter.payload.as_deref().context("the dead letter holds no request payload to replay")?;
-        let stream = letter.stream.as_deref().unwrap_or(&self.requests);
-        if let Some(request_id) = letter.request_id() {
+        let request_id = letter.request_id();
+        let stream = self.home_of(letter.stream.as_deref().unwrap_or(&self.requests), request_id.as_deref());
+        let stream = stream.as_str();
+        if let Some(request_id) = request_id {
             // The ledger is the stream's, named by its bare name.
             let ledger = stream.strip_prefix(self.keys.prefix()).unwrap_or(&self.requests_stream);
             self.forget(ledger, &request_id, letter.response_topic())

@@ -16,6 +16,7 @@ use crate::output;
 fn configured(streams: Arc<dyn Streams>, store: Arc<dyn Directory>, config: &Config) -> DeadLetters {
     let raw = &config.raw;
     DeadLetters::of(streams, store, config.keys(), &raw.daemon.toolbox_id, &raw.streams.requests)
+        .with_shards(config.shards())
         .with_results(&raw.streams.results)
 }
 

@@ -8,12 +8,20 @@
 //! host themselves: when a live sibling hosts it, the sibling answers (see `doors::requests`).
 //! The same name with different descriptions on two replicas is reported in the log, a metric
 //! and `/status`.
+//!
+//! A door never answers `unknown_tool` from a view that may predate the request: the view
+//! remembers when its reading began, and [`Fleet::read_after`] reads the fleet again when the
+//! view began before the entry was delivered. Every replica writes its first heartbeat before
+//! it reads (`serve`), so a tool whose host had beaten before the request was added is in any
+//! view read after the entry was delivered, whatever the clocks say.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+use std::time::Instant;
 
 use arc_swap::ArcSwap;
 use serde_json::{Value, json};
+use toolhost_bus::Directory;
 
 use crate::heartbeat::Heartbeat;
 pub(crate) use crate::heartbeat::Hosted;
@@ -38,19 +46,109 @@ struct Snapshot {
     toolboxes: BTreeMap<String, BTreeSet<String>>,
     /// Tool names served with different descriptions, with the toolboxes serving each version.
     conflicts: BTreeMap<String, Vec<String>>,
+    /// When the reading this view came from began; `None` before the first.
+    read_at: Option<Instant>,
+}
+
+/// Where the fleet is read from: the fleet set and the heartbeats it lists.
+struct Source {
+    bus: Arc<dyn Directory>,
+    /// Full key of the fleet set.
+    set: String,
 }
 
 /// The fleet as last read, shared by the doors and the publisher.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub(crate) struct Fleet {
     snapshot: ArcSwap<Snapshot>,
+    /// Where it is read from; `None` for a view only [`Fleet::update`] fills (tests).
+    source: Option<Source>,
+    /// Held by the one reading under way, so that readers waiting for a view newer than their
+    /// entry share one reading instead of each making their own.
+    reading: tokio::sync::Mutex<()>,
+}
+
+impl std::fmt::Debug for Fleet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fleet").field("snapshot", &self.snapshot).finish_non_exhaustive()
+    }
 }
 
 impl Fleet {
+    /// A view read from `bus`: the heartbeats listed in the fleet set `set` (full key).
+    pub(crate) fn reading(bus: Arc<dyn Directory>, set: String) -> Fleet {
+        Fleet { source: Some(Source { bus, set }), ..Fleet::default() }
+    }
+
+    /// The heartbeat keys listed in the fleet set whose keys have not expired, with their
+    /// values; listed keys that have expired (replicas that died) are taken off the list.
+    pub(crate) async fn live_heartbeats(&self) -> Result<Vec<(String, String)>, toolhost_bus::Error> {
+        let Some(Source { bus, set }) = &self.source else { return Ok(Vec::new()) };
+        let keys = bus.members(set).await?;
+        let values = bus.values(&keys).await?;
+        let mut live = Vec::with_capacity(keys.len());
+        let mut dead = Vec::new();
+        for (key, value) in keys.into_iter().zip(values) {
+            match value {
+                Some(value) => live.push((key, value)),
+                None => dead.push(key),
+            }
+        }
+        bus.remove_members(set, &dead).await?;
+        Ok(live)
+    }
+
+    /// Reads every live replica's heartbeat into the view. Returns the names of the tools newly
+    /// found with conflicting descriptions, to report once.
+    pub(crate) async fn read(&self) -> Result<Vec<String>, toolhost_bus::Error> {
+        let _reading = self.reading.lock().await;
+        self.read_locked().await
+    }
+
+    async fn read_locked(&self) -> Result<Vec<String>, toolhost_bus::Error> {
+        let began = Instant::now();
+        let beats = self.live_heartbeats().await?;
+        Ok(self.update_at(beats.into_iter().map(|(_, value)| value), Some(began)))
+    }
+
+    /// Makes sure the view was read after `delivered` (when an entry was delivered here), reading
+    /// the fleet again when it was not. Readings are shared: an entry delivered while one is
+    /// under way waits for the next, which every entry waiting then shares. A view that is not
+    /// read from Redis ([`Fleet::default`]) is taken as it is.
+    ///
+    /// # Errors
+    /// Reading the fleet failed; the view is not known to be newer than the entry.
+    pub(crate) async fn read_after(&self, delivered: Instant) -> Result<(), toolhost_bus::Error> {
+        if self.source.is_none() || self.read_since(delivered) {
+            return Ok(());
+        }
+        let _reading = self.reading.lock().await;
+        // Another entry's reading may have begun after this one was delivered meanwhile.
+        if self.read_since(delivered) {
+            return Ok(());
+        }
+        self.read_locked().await.map(drop)
+    }
+
+    /// Whether the view's reading began at `instant` or later.
+    fn read_since(&self, instant: Instant) -> bool {
+        self.snapshot.load().read_at.is_some_and(|read_at| read_at >= instant)
+    }
+
     /// Replaces the view with what `heartbeats` (their JSON texts) say. Returns the names of the
     /// tools newly found with conflicting descriptions, to report once.
+    #[cfg(test)]
     pub(crate) fn update(&self, heartbeats: impl IntoIterator<Item = String>) -> Vec<String> {
-        let mut next = Snapshot::default();
+        self.update_at(heartbeats, None)
+    }
+
+    /// [`Fleet::update`] with when the reading of `heartbeats` began.
+    fn update_at(
+        &self,
+        heartbeats: impl IntoIterator<Item = String>,
+        read_at: Option<Instant>,
+    ) -> Vec<String> {
+        let mut next = Snapshot { read_at, ..Snapshot::default() };
         let mut versions: BTreeMap<String, BTreeMap<String, BTreeSet<String>>> = BTreeMap::new();
         for text in heartbeats {
             let Some(beat) = Heartbeat::parse(&text) else { continue };

@@ -34,6 +34,8 @@ pub(crate) struct Publisher {
     pub period: Duration,
     pub requests_topic: String,
     pub results_topic: String,
+    /// The shards of the requests stream this replica reads (full keys).
+    pub read_topics: Vec<String>,
     /// The chat inbox this replica reads (full key); with the requests stream, what its
     /// heartbeat lists as the streams it reads as a consumer group.
     pub inbox_topic: String,
@@ -117,10 +119,12 @@ impl Publisher {
             "tools": registry.names(),
             "hosted": hosted,
             "sources": self.telemetry.sources(),
-            "groups": [
-                {"stream": self.requests_topic, "group": self.toolbox_id},
-                {"stream": self.inbox_topic, "group": self.toolbox_id},
-            ],
+            "groups": self
+                .read_topics
+                .iter()
+                .chain([&self.inbox_topic])
+                .map(|stream| json!({"stream": stream, "group": self.toolbox_id}))
+                .collect::<Vec<_>>(),
             "at": toolhost_envelope::now_rfc3339(),
         });
         let key = self.heartbeat_key();
@@ -130,29 +134,10 @@ impl Publisher {
         Ok(listed_anew)
     }
 
-    /// The heartbeat keys listed in the fleet set whose keys have not expired, with their
-    /// values; listed keys that have expired (replicas that died) are taken off the list.
-    async fn live_heartbeats(&self) -> Result<Vec<(String, String)>, toolhost_bus::Error> {
-        let fleet = self.keys.fleet();
-        let keys = self.bus.members(&fleet).await?;
-        let values = self.bus.values(&keys).await?;
-        let mut live = Vec::with_capacity(keys.len());
-        let mut dead = Vec::new();
-        for (key, value) in keys.into_iter().zip(values) {
-            match value {
-                Some(value) => live.push((key, value)),
-                None => dead.push(key),
-            }
-        }
-        self.bus.remove_members(&fleet, &dead).await?;
-        Ok(live)
-    }
-
     /// Reads every live replica's heartbeat into the fleet view; reports tools that newly have
     /// different descriptions on different toolboxes.
     async fn read_fleet(&self) -> Result<(), toolhost_bus::Error> {
-        let beats = self.live_heartbeats().await?;
-        for name in self.fleet.update(beats.into_iter().map(|(_, value)| value)) {
+        for name in self.fleet.read().await? {
             warn!(tool = %name, fleet = %self.fleet.status()["conflicts"][&name], "one tool name, different descriptions on different toolboxes");
         }
         self.telemetry.set_fleet_conflicts(self.fleet.conflicts(), self.fleet.status());
@@ -192,7 +177,7 @@ impl Publisher {
         self.bus.delete(std::slice::from_ref(&key)).await?;
         self.bus.remove_members(&self.keys.fleet(), &[key]).await?;
         let siblings = self.keys.heartbeat_prefix(&self.toolbox_id);
-        let others = self.live_heartbeats().await?;
+        let others = self.fleet.live_heartbeats().await?;
         if !others.iter().any(|(key, _)| key.starts_with(&siblings)) {
             self.bus.delete(&[self.registry_key()]).await?;
         }

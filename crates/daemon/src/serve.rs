@@ -89,6 +89,7 @@ pub(crate) fn door_context(
         bus,
         keys: config.keys(),
         requests_stream: raw.streams.requests.clone(),
+        shards: config.shards(),
         results_stream: raw.streams.results.clone(),
         toolbox_id: raw.daemon.toolbox_id.clone(),
         auth,
@@ -166,7 +167,8 @@ pub struct App {
     telemetry: Telemetry,
     http: HttpServer,
     /// The requests door's reader.
-    requests: Arc<GroupReader<Lifecycle<Requests>>>,
+    /// The readers of the requests stream's shards this replica reads (one without shards).
+    requests: Vec<Arc<GroupReader<Lifecycle<Requests>>>>,
     /// The chat door's reader.
     inbox: Arc<GroupReader<Lifecycle<Inbox>>>,
     publisher: Arc<Publisher>,
@@ -234,6 +236,7 @@ impl App {
             period: config.heartbeat,
             requests_topic: keys.topic(&raw.streams.requests),
             results_topic: keys.topic(&raw.streams.results),
+            read_topics: requests.iter().map(|reader| reader.topic().to_owned()).collect(),
             inbox_topic: inbox.topic().to_owned(),
             fleet: doors.services.fleet.clone(),
             telemetry: telemetry.clone(),
@@ -308,10 +311,17 @@ impl App {
             redis: self.config.raw.redis.describe(),
             bus: self.bus.clone(),
             telemetry: self.telemetry.clone(),
-            groups: [self.requests.topic(), self.inbox.topic()]
+            groups: self
+                .read_topics()
                 .map(|stream| WatchedGroup { stream: stream.to_owned(), group: group.clone() })
-                .into(),
+                .collect(),
         }
+    }
+
+    /// The full keys of every stream this replica reads as a consumer group: the requests
+    /// stream's shards it reads, and the chat inbox.
+    fn read_topics(&self) -> impl Iterator<Item = &str> {
+        self.requests.iter().map(|reader| reader.topic()).chain([self.inbox.topic()])
     }
 
     /// Everything before the doors read: the consumer groups, Redis's version, the hosted MCP
@@ -322,9 +332,17 @@ impl App {
     async fn prepare(&self, signal: &mut (impl Future<Output = ()> + Unpin)) -> anyhow::Result<bool> {
         let redis = self.config.raw.redis.describe();
         let (requests, inbox) = (&self.requests, &self.inbox);
+        let groups = async {
+            for reader in requests {
+                if !reader.ensure_group().await? {
+                    return Ok(false);
+                }
+            }
+            inbox.ensure_group().await
+        };
         let ready: Result<bool, toolhost_bus::Error> = tokio::select! {
-            ready = async { Ok(requests.ensure_group().await? && inbox.ensure_group().await?) } => ready,
-            () = signal => Ok(false),
+            ready = groups => ready,
+            () = &mut *signal => Ok(false),
         };
         let ready = match ready {
             Ok(ready) => ready,
@@ -357,12 +375,31 @@ impl App {
         self.telemetry.set_groups_ready(true);
         self.telemetry.set_redis_up(true);
         check_eviction_policy(&*self.bus).await;
-        // Before `ready`, so whoever waits for that line finds the tools listed in Redis.
+        // Before `ready`, so whoever waits for that line finds the tools listed in Redis; and
+        // before the first read, so that no other toolbox answers `unknown_tool` for a tool of
+        // this one in a request added after this heartbeat (`fleet::Fleet::read_after`): retried
+        // until it is written.
         let fields = self.publisher.fields();
-        if let Err(err) = self.publisher.publish_once(&fields).await {
-            redis_warn!(&err, error = %err, "cannot publish the tool registry yet; will retry");
+        let mut backoff = crate::backoff::Backoff::new();
+        loop {
+            let attempt = async {
+                let Err(err) = self.publisher.publish_once(&fields).await else { return true };
+                redis_warn!(&err, error = %err, "cannot write the first heartbeat and the tool registry yet; retrying before reading");
+                backoff.wait(self.shutdown.stopping()).await;
+                false
+            };
+            let published = tokio::select! {
+                published = attempt => published,
+                () = &mut *signal => {
+                    info!("stopped before the first heartbeat could be written");
+                    self.abort().await;
+                    return Ok(false);
+                }
+            };
+            if published {
+                return Ok(true);
+            }
         }
-        Ok(true)
     }
 
     /// Stops what started before serving began: the loops so far, and the hosted servers.
@@ -382,7 +419,7 @@ impl App {
             agent_name = %raw.daemon.agent_name,
             consumer = %self.consumer,
             redis = %raw.redis.describe(),
-            requests = %self.requests.topic(),
+            requests = %self.requests.iter().map(|reader| reader.topic()).collect::<Vec<_>>().join(","),
             group = %raw.daemon.toolbox_id,
             results = %self.keys.topic(&raw.streams.results),
             inbox = %self.inbox.topic(),
@@ -396,8 +433,10 @@ impl App {
     /// Spawns every loop on the shutdown's task tracker; returns the sources, if any.
     fn spawn_loops(&mut self) -> Option<Arc<Sources>> {
         let (tasks, stopping) = (self.shutdown.tasks(), self.shutdown.stopping().clone());
-        tasks.spawn(self.requests.clone().run_reader());
-        tasks.spawn(self.requests.clone().run_reclaimer());
+        for reader in &self.requests {
+            tasks.spawn(reader.clone().run_reader());
+            tasks.spawn(reader.clone().run_reclaimer());
+        }
         tasks.spawn(self.publisher.clone().run(self.shutdown.clone()));
         tasks.spawn(self.calls.clone().run(stopping.clone()));
         tasks.spawn(self.inbox.clone().run_reader());
@@ -443,7 +482,7 @@ impl App {
             warn!(error = %err, "cannot remove the registry heartbeat");
         }
         let group = &self.config.raw.daemon.toolbox_id;
-        for stream in [self.requests.topic(), self.inbox.topic()] {
+        for stream in self.read_topics() {
             match self.bus.delete_consumer(stream, group, &self.consumer).await {
                 Ok(true) => {}
                 Ok(false) => info!(stream, "consumer keeps pending entries; left for a replica to reclaim"),
@@ -503,7 +542,7 @@ fn services(config: &Config, parts: &Parts) -> Services {
     let raw = &config.raw;
     let toolbox_id = &raw.daemon.toolbox_id;
     let (bus, keys) = (&parts.bus, &parts.keys);
-    let fleet = Arc::new(Fleet::default());
+    let fleet = Arc::new(Fleet::reading(bus.clone(), keys.fleet()));
     let calls = Calls::new(bus.clone(), keys.clone(), fleet.clone(), toolbox_id, &parts.consumer);
     let gate =
         crate::auth::Gate::new(parts.auth.clone(), bus.clone(), keys.clone(), toolbox_id, &config.secrets());

@@ -10,9 +10,12 @@ import re
 import uuid
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import redis.asyncio as aioredis
 from redis import exceptions as redis_errors
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.sentinel import Sentinel
 
 from . import _wire
 from ._errors import (
@@ -41,6 +44,37 @@ READ_COUNT = 256
 READ_BLOCK_MS = 1000
 
 
+def _nodes(given: list[str] | str | None, variable: str) -> list[str]:
+    """Nodes as the daemon's `[redis]` takes them: a list, or a comma-separated string (its
+    environment variable `TOOLHOST__REDIS__...` when not given); items trimmed, empty ones
+    dropped."""
+    if given is None:
+        given = os.environ.get(variable, "")
+    items = given.split(",") if isinstance(given, str) else given
+    return [item.strip() for item in items if item.strip()]
+
+
+def _host_port(node: str, what: str) -> tuple[str, int]:
+    """`host:port`, or a `redis://`/`rediss://` URL's host and port."""
+    parts = urlsplit(node if "://" in node else f"redis://{node}")
+    if parts.scheme not in ("redis", "rediss") or not parts.hostname or parts.port is None:
+        raise ClientError(f"{what} {node!r} must be host:port or a redis:// URL with a port")
+    return parts.hostname, parts.port
+
+
+def _login(url: str) -> dict[str, Any]:
+    """What the URL lends every node: user, password and TLS (rediss://)."""
+    parts = urlsplit(url)
+    login: dict[str, Any] = {}
+    if parts.username:
+        login["username"] = unquote(parts.username)
+    if parts.password:
+        login["password"] = unquote(parts.password)
+    if parts.scheme == "rediss":
+        login["ssl"] = True
+    return login
+
+
 def _redacted(url: str) -> str:
     """The URL without its password, for messages."""
     if "@" not in url:
@@ -64,6 +98,7 @@ class AsyncClient:
         *,
         key_prefix: str = "",
         requests_topic: str = "action-requests",
+        shards: int = 1,
         client_id: str | None = None,
         source: str = "toolhost-python",
         stream_ttl: float = 60.0,
@@ -78,6 +113,11 @@ class AsyncClient:
         secret: str | bytes | None = None,
         replica_acks: int = 0,
         replica_ack_timeout: float = 1.0,
+        cluster_nodes: list[str] | str | None = None,
+        sentinels: list[str] | str | None = None,
+        sentinel_master: str | None = None,
+        sentinel_username: str | None = None,
+        sentinel_password: str | None = None,
     ) -> None:
         if (key_id is None) != (secret is None):
             raise ClientError("key_id and secret go together: give both to sign requests, or neither")
@@ -87,6 +127,9 @@ class AsyncClient:
         self.url = url or os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/0"
         self.key_prefix = key_prefix
         self.requests_topic = requests_topic
+        if not isinstance(shards, int) or not 1 <= shards <= _wire.MAX_SHARDS:
+            raise ClientError(f"shards must be 1 to {_wire.MAX_SHARDS}, as [streams] shards of the daemons; not {shards!r}")
+        self.shards = shards
         self.client_id = client_id or f"py-{uuid.uuid4().hex}"
         if not re.fullmatch(r"[A-Za-z0-9_.:-]{1,128}", self.client_id):
             raise ClientError(f"client_id {self.client_id!r} must be 1-128 letters, digits, '-', '_', '.' or ':'")
@@ -102,10 +145,38 @@ class AsyncClient:
         tags = {"tenant_id": tenant_id, "user_id": user_id, "session_id": session_id, "trace_id": trace_id}
         self._tags = {name: value for name, value in tags.items() if value is not None}
         self._stream_key = key_prefix + self.response_topic
-        self._requests_key = key_prefix + requests_topic
+        # Where Redis is, as the daemon's [redis] says it: one server (the URL), a Redis Cluster
+        # (`cluster_nodes`, the URL lending its user, password and TLS), or the master the
+        # sentinels name (`sentinels`, `sentinel_master`, ...), followed across failovers.
+        self.cluster_nodes = _nodes(cluster_nodes, "TOOLHOST__REDIS__CLUSTER_NODES")
+        self.sentinels = _nodes(sentinels, "TOOLHOST__REDIS__SENTINELS")
+        if self.cluster_nodes and self.sentinels:
+            raise ClientError("cluster_nodes and sentinels exclude each other, as in the daemon's [redis]")
+        env = os.environ.get
+        self.sentinel_master = sentinel_master or env("TOOLHOST__REDIS__SENTINEL_MASTER") or "mymaster"
         # Requests are pipelined (see _send), so a few connections serve any number of calls.
-        self._pool = aioredis.ConnectionPool.from_url(self.url, max_connections=max_connections)
-        self._redis = aioredis.Redis(connection_pool=self._pool)
+        self._pool: aioredis.ConnectionPool | None = None
+        self._cluster: RedisCluster | None = None
+        if self.cluster_nodes:
+            nodes = [ClusterNode(*_host_port(node, "cluster node")) for node in self.cluster_nodes]
+            self._cluster = RedisCluster(startup_nodes=nodes, max_connections=max_connections, **_login(self.url))
+            self._redis: Any = self._cluster
+        elif self.sentinels:
+            watchers = [_host_port(node, "sentinel") for node in self.sentinels]
+            login = {
+                "username": sentinel_username or env("TOOLHOST__REDIS__SENTINEL_USERNAME") or None,
+                "password": sentinel_password or env("TOOLHOST__REDIS__SENTINEL_PASSWORD") or None,
+            }
+            sentinel_login: dict[str, Any] = {name: value for name, value in login.items() if value}
+            if any(node.startswith("rediss://") for node in self.sentinels):
+                sentinel_login["ssl"] = True
+            watched = Sentinel(  # type: ignore[no-untyped-call]
+                watchers, sentinel_kwargs=sentinel_login, max_connections=max_connections, **_login(self.url)
+            )
+            self._redis = watched.master_for(self.sentinel_master)
+        else:
+            self._pool = aioredis.ConnectionPool.from_url(self.url, max_connections=max_connections)
+            self._redis = aioredis.Redis(connection_pool=self._pool)
         # Request id to the calls (and discoveries) waiting for its answer.
         self._calls: dict[str, list[_Waiter]] = {}
         # Request id to the cancels waiting for their answer.
@@ -178,7 +249,8 @@ class AsyncClient:
             except redis_errors.RedisError as err:
                 log.warning("cannot delete %s (it expires in %g s): %s", self._stream_key, self.stream_ttl, err)
         await self._redis.aclose()
-        await self._pool.aclose()
+        if self._pool is not None:
+            await self._pool.aclose()
 
     async def __aenter__(self) -> AsyncClient:
         return await self.open()
@@ -267,7 +339,7 @@ class AsyncClient:
                     waiter.future = loop.create_future()
                     fields = self._entry("tool.invoke", data, rid, correlation_id)
                 try:
-                    await self._send(self._requests_key, fields, acks)
+                    await self._send(self._requests_key("tool.invoke", data), fields, acks)
                 except RequestNotReplicated as err:
                     if last:
                         raise RequestNotReplicated(rid, err.acked, err.wanted, err.waited) from None
@@ -420,7 +492,7 @@ class AsyncClient:
             event_type,
             data,
             source=self.source,
-            topic=self.requests_topic,
+            topic=self._shard(event_type, data),
             response_topic=self.response_topic,
             correlation_id=correlation_id if correlation_id is not None else rid,
             tags=self._tags,
@@ -433,7 +505,18 @@ class AsyncClient:
         return fields
 
     async def _publish(self, event_type: str, data: dict[str, Any], rid: str, correlation_id: str | None) -> None:
-        await self._send(self._requests_key, self._entry(event_type, data, rid, correlation_id))
+        await self._send(self._requests_key(event_type, data), self._entry(event_type, data, rid, correlation_id))
+
+    def _shard(self, event_type: str, data: dict[str, Any]) -> str:
+        """The bare name of the shard of the requests stream a request goes to (`shards` of
+        them, as `[streams] shards` of the daemons), by the shard rule of docs/CONTRACTS.md."""
+        request_id = data.get("request_id")
+        rid = request_id if isinstance(request_id, str) else None
+        return _wire.shard_stream(self.requests_topic, self.shards, event_type, rid)
+
+    def _requests_key(self, event_type: str, data: dict[str, Any]) -> str:
+        """The key of the shard a request goes to."""
+        return self.key_prefix + self._shard(event_type, data)
 
     async def _send(self, key: str, fields: dict[str, str], replica_acks: int = 0) -> None:
         """XADDs `fields` to `key`. Requests sent while a pipeline is on its way wait and go
@@ -467,16 +550,32 @@ class AsyncClient:
         try:
             if len(batch) == 1 and wanted == 0:
                 key, fields, _, _ = batch[0]
-                results: list[Any] = [await self._redis.xadd(key, fields)]  # type: ignore[arg-type]
+                results: list[Any] = [await self._redis.xadd(key, fields)]
             else:
                 # One connection for the XADDs and the WAIT after them: WAIT counts the replicas
                 # that have this connection's writes.
                 async with self._redis.pipeline(transaction=False) as pipe:
                     for key, fields, _, _ in batch:
-                        pipe.xadd(key, fields)  # type: ignore[arg-type]
+                        pipe.xadd(key, fields)
                     if wanted > 0:
-                        pipe.execute_command("WAIT", wanted, max(1, round(self.replica_ack_timeout * 1000)))
+                        wait = ("WAIT", wanted, max(1, round(self.replica_ack_timeout * 1000)))
+                        if self._cluster is None:
+                            pipe.execute_command(*wait)
+                        else:
+                            # A cluster pipeline sends each node's commands on one connection:
+                            # a WAIT to each node written to counts its XADDs' replicas.
+                            nodes: dict[str, ClusterNode] = {}
+                            for key, _, _, _ in batch:
+                                node = self._cluster.get_node_from_key(key)
+                                if node is not None:
+                                    nodes[node.name] = node
+                            for node in nodes.values():
+                                pipe.execute_command(*wait, target_nodes=node)
                     results = await pipe.execute(raise_on_error=False)
+                if wanted > 0 and self._cluster is not None:
+                    # The fewest replicas any node written to acknowledged.
+                    waits = results[len(batch):]
+                    results = results[: len(batch)] + [min((w for w in waits if isinstance(w, int)), default=0)]
         except BaseException as err:
             failure = err if isinstance(err, (redis_errors.RedisError, OSError)) else redis_errors.ConnectionError(str(err))
             for _, _, _, sent in batch:
@@ -533,10 +632,12 @@ class AsyncClient:
         return [tool for tool in tools if isinstance(tool, dict)] if isinstance(tools, list) else []
 
     async def _live_toolboxes(self) -> set[str]:
-        members: set[bytes] = await self._redis.smembers(f"{self.key_prefix}toolhost:fleet")  # type: ignore[misc]
+        members: set[bytes] = await self._redis.smembers(f"{self.key_prefix}toolhost:fleet")
         if not members:
             return set()
-        beats = await self._redis.mget(sorted(members))
+        # The heartbeats live in slots of their own on a cluster: one MGET per node.
+        get = self._cluster.mget_nonatomic if self._cluster is not None else self._redis.mget
+        beats = await get(sorted(members))
         toolboxes: set[str] = set()
         for beat in beats:
             if beat is None:

@@ -25,6 +25,58 @@ CANCEL_ANSWER = "tool.cancel.completed"
 TAGS = ("tenant_id", "user_id", "session_id", "trace_id")
 
 
+# The characters shard tags are made of, in the order they are tried.
+_TAG_ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+# The slots of a Redis Cluster; the most shards a requests stream may have.
+_SLOTS = 16384
+MAX_SHARDS = 1024
+
+
+def crc16(data: bytes) -> int:
+    """CRC16/XMODEM, as Redis Cluster hashes keys (and as the shard rule hashes request ids)."""
+    crc = 0
+    for byte in data:
+        crc ^= byte << 8
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x1021) & 0xFFFF if crc & 0x8000 else (crc << 1) & 0xFFFF
+    return crc
+
+
+def _tag_candidate(n: int) -> str:
+    """The n-th tag tried: its characters are n in bijective base 62, least significant first."""
+    out = []
+    while True:
+        out.append(_TAG_ALPHABET[n % 62])
+        n //= 62
+        if n == 0:
+            return "".join(out)
+        n -= 1
+
+
+def shard_tag(k: int, count: int) -> str:
+    """The hash tag of shard `k` of `count`: the first candidate whose slot lies in the middle
+    half of the k-th of `count` equal slices of the cluster's slots (docs/CONTRACTS.md,
+    "Sharded requests streams")."""
+    lo, hi = k * _SLOTS // count, (k + 1) * _SLOTS // count
+    quarter = (hi - lo) // 4
+    n = 0
+    while True:
+        candidate = _tag_candidate(n)
+        if lo + quarter <= crc16(candidate.encode()) % _SLOTS < hi - quarter:
+            return candidate
+        n += 1
+
+
+def shard_stream(requests: str, count: int, event_type: str, request_id: str | None) -> str:
+    """The bare name of the shard of the requests stream `requests` (split into `count`) a
+    request goes to: the shard of its request id (a cancel's names the call it cancels), shard 0
+    for `tools.*` and for a request without an id."""
+    if count <= 1:
+        return requests
+    k = 0 if event_type.startswith("tools.") or request_id is None else crc16(request_id.encode()) % count
+    return f"{requests}:{{{shard_tag(k, count)}}}"
+
+
 def now_rfc3339() -> str:
     """The current time in RFC 3339 UTC with microseconds."""
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")

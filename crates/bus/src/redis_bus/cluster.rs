@@ -35,7 +35,7 @@ use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr
 
 use super::RedisBus;
 use crate::batch::Batcher;
-use crate::bus::{CallKeys, Committed, Finish};
+use crate::bus::{CallKeys, Committed, Finish, KeptAnswer};
 use crate::connection::Connection;
 use crate::error::Cause;
 use crate::slots::{ROLE_ANSWER, ROLE_COPY, ROLE_LETTER, ROLE_REFUSAL};
@@ -69,6 +69,9 @@ struct Claimed {
     own: i64,
     /// 1: this finish took the claim.
     taken: i64,
+    /// The request was answered by another entry, whose answer is kept, and this final answer
+    /// keeps its own: nothing is written, and the entry is answered with this one instead.
+    kept: Option<KeptAnswer>,
 }
 
 /// Where the answer step left the finish.
@@ -153,6 +156,9 @@ impl RedisBus {
             return Ok(Committed::WrongType);
         }
         let claimed = self.finish_claim(finish, &keys).await?;
+        if let Some(kept) = claimed.kept {
+            return Ok(Committed::Kept(kept));
+        }
         let Some(answered) = self.finish_answer(finish, &keys, &claimed).await? else {
             return Ok(Committed::WrongType);
         };
@@ -186,13 +192,13 @@ impl RedisBus {
     async fn finish_claim(&self, finish: &Finish<'_>, keys: &FinishKeys) -> Result<Claimed, Error> {
         let entry = finish.entry;
         let identified = finish.call.is_some();
-        let mut claimed = Claimed { claim: 0, pending: 1, own: 0, taken: 0 };
+        let mut claimed = Claimed { claim: 0, pending: 1, own: 0, taken: 0, kept: None };
         if (identified && finish.answer.is_some()) || finish.dead_letter.is_some() {
             let batcher = self.cluster_batcher(
                 &self.batchers.cluster_claim,
                 include_str!("../scripts/cluster/claim.lua"),
                 3,
-                9,
+                11,
             );
             let reply = batcher
                 .invoke(
@@ -207,12 +213,12 @@ impl RedisBus {
                         retention(finish).as_millis().to_string(),
                         flag(finish.dead_letter.is_some()),
                         finish.answer.map_or("", |answer| answer.id).to_owned(),
+                        flag(finish.replay),
+                        flag(finish.kept.is_some()),
                     ],
                 )
                 .await?;
-            let (claim, pending, own, taken) =
-                redis::from_redis_value(reply).map_err(|err| Error::Protocol(err.to_string()))?;
-            claimed = Claimed { claim, pending, own, taken };
+            claimed = claimed_from(reply)?;
         }
         if claimed.claim == 2 {
             tracing::warn!(
@@ -256,11 +262,14 @@ impl RedisBus {
             return Ok(None);
         }
         let published = found.published == 1;
+        // A replay is guarded by the entry's mark alone (both marks are that one): what it finds
+        // there is this entry's answer, never the request's final one.
+        let final_on_topic = found.final_on_topic && !finish.replay;
         Ok(Some(Answered {
             published,
             answered_before: !published,
-            final_on_topic: found.final_on_topic,
-            refusal_on_topic: !found.final_on_topic,
+            final_on_topic,
+            refusal_on_topic: !final_on_topic,
             // Claimed for a final answer that is not on the topic (this entry's refusal is): give
             // the claim back, if this finish took it.
             release: claimed.taken == 1 && !found.final_on_topic,
@@ -351,7 +360,7 @@ impl RedisBus {
             &self.batchers.cluster_settle,
             include_str!("../scripts/cluster/settle.lua"),
             4,
-            11,
+            12,
         );
         batcher
             .invoke(
@@ -368,6 +377,7 @@ impl RedisBus {
                     settle.published.to_owned(),
                     flag(settle.delete_record),
                     flag(settle.ack),
+                    finish.kept.unwrap_or_default().to_owned(),
                 ],
             )
             .await?;
@@ -490,6 +500,12 @@ impl FinishKeys {
         let answer = finish.answer.map(|answer| {
             let at = slots::slot(answer.topic.as_bytes());
             match &request_tail {
+                // A replay is published once for its entry, like a refusal, whatever the final
+                // mark of the original answer says (the retry may name the original's topic).
+                Some(_) if finish.replay => {
+                    let mark = slots::place(prefix, at, ROLE_REFUSAL, &entry_tail);
+                    (mark.clone(), mark)
+                }
                 Some(tail) => (
                     slots::place(prefix, at, ROLE_ANSWER, tail),
                     slots::place(prefix, at, ROLE_REFUSAL, &entry_tail),
@@ -539,6 +555,23 @@ struct Settle<'a> {
 /// How long the request's marks are kept.
 fn retention(finish: &Finish<'_>) -> Duration {
     finish.call.map_or(Duration::ZERO, |call| call.retention)
+}
+
+/// Decodes the claim step's reply: `{claim, pending, own, taken}`, or `{3, pending, 0, 0, mark}`
+/// for a request answered by another entry with its answer kept.
+fn claimed_from(reply: Value) -> Result<Claimed, Error> {
+    let protocol = |err: redis::ParsingError| Error::Protocol(err.to_string());
+    if let Value::Array(parts) = &reply
+        && let [Value::Int(3), pending, _, _, mark] = parts.as_slice()
+    {
+        let pending: i64 = redis::from_redis_value(pending.clone()).map_err(protocol)?;
+        let mark: String = redis::from_redis_value(mark.clone()).map_err(protocol)?;
+        let kept = KeptAnswer::from_mark(&mark)
+            .ok_or_else(|| Error::Protocol("a kept answer's mark without its payload".to_owned()))?;
+        return Ok(Claimed { claim: 1, pending, own: 0, taken: 0, kept: Some(kept) });
+    }
+    let (claim, pending, own, taken) = redis::from_redis_value(reply).map_err(protocol)?;
+    Ok(Claimed { claim, pending, own, taken, kept: None })
 }
 
 /// A script's flag argument.

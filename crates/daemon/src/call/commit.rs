@@ -240,6 +240,31 @@ impl<D: Door> Lifecycle<D> {
         }
     }
 
+    /// Moves an entry that reached the wrong shard of the requests stream to its home shard
+    /// `home` (bare name), then acks it here: the move is guarded by a mark in the home shard's
+    /// slot, so an entry moved and then reclaimed before its ack (a crash between the two) is
+    /// moved once. The moved copy is a new entry of the home shard, answered there by the ledger
+    /// of its request id.
+    pub(super) async fn move_home(&self, entry: &Entry, home: &str) -> Outcome {
+        let (settings, keys) = (&self.settings, &self.services.keys);
+        let mark = keys.moved(home, &settings.ledger, &entry.entry_id);
+        let mut fields = vec![("id", entry.id.as_str())];
+        if let Some(payload) = entry.payload.as_deref() {
+            fields.push(("payload", payload));
+        }
+        if let toolhost_envelope::Sig::One(sig) = &entry.sig {
+            fields.push(("sig", sig.as_str()));
+        }
+        let moved =
+            self.services.bus.move_once(&keys.topic(home), &mark, &fields, settings.answered_retention).await;
+        if let Err(err) = moved {
+            warn!(error = %err, entry_id = %entry.entry_id, home, "cannot move the request to its home shard; left pending");
+            return Outcome::LeftPending;
+        }
+        debug!(entry_id = %entry.entry_id, home, "a request on the wrong shard moved to its home shard");
+        self.ack(entry, None).await.map_or(Outcome::LeftPending, |_| Outcome::Moved)
+    }
+
     /// Acks an entry without answering it.
     pub(super) async fn ack(&self, entry: &Entry, call: Option<CallKeys<'_>>) -> Option<Committed> {
         self.commit(entry, End { call, ..End::default() }).await

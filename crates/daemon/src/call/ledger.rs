@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
-use toolhost_bus::{CallKeys, CallStart, Committed, EntryRef, Finish, Ledger};
+use toolhost_bus::{CallKeys, CallStart, Committed, EntryRef, Finish, KeptAnswer, Ledger};
 use toolhost_envelope::ErrorCode;
 use toolhost_tools::Failure;
 use tracing::{debug, error, warn};
@@ -14,6 +14,40 @@ use tracing::{debug, error, warn};
 use crate::backoff::Backoff;
 use crate::outage::redis_warn;
 use crate::telemetry::Telemetry;
+
+/// Whether request `request_id` was answered in the ledger `ledger` (a bare stream name): the
+/// ledger of the previous shard count while the count changes. `None`: not answered there;
+/// `Some(None)`: answered, its answer not kept; `Some(Some(kept))`: answered with `kept`. On one
+/// server the answered mark is read, on a cluster the request's claim once it says `answered`.
+///
+/// # Errors
+/// Redis failed.
+pub(crate) async fn former_answer(
+    bus: &dyn toolhost_bus::Directory,
+    keys: &toolhost_bus::Keys,
+    ledger: &str,
+    request_id: &str,
+) -> Result<Option<Option<KeptAnswer>>, toolhost_bus::Error> {
+    let key = keys.answered(ledger, request_id);
+    if keys.is_cluster() {
+        let fields: std::collections::BTreeMap<String, String> =
+            bus.hash_fields(&key).await?.into_iter().collect();
+        if fields.get("state").map(String::as_str) != Some("answered") {
+            return Ok(None);
+        }
+        let kept = match (fields.get("entry"), fields.get("kept")) {
+            (Some(entry_id), Some(data)) => Some(KeptAnswer {
+                id: fields.get("answer").cloned().unwrap_or_default(),
+                entry_id: entry_id.clone(),
+                data: data.clone(),
+            }),
+            _ => None,
+        };
+        return Ok(Some(kept));
+    }
+    let mark = bus.values(std::slice::from_ref(&key)).await?.into_iter().next().flatten();
+    Ok(mark.map(|mark| KeptAnswer::from_mark(&mark)))
+}
 
 /// Records that `owner` starts the call under `call`, retrying while Redis is unavailable.
 /// `None` when it cannot be recorded (Redis refused, or `forced` fired): leave the entry pending.

@@ -77,6 +77,10 @@ pub(crate) struct Admitted<R> {
     pub ids: CallIds,
     /// The tool label of the request for stats, metrics and logs; `None` when it names no tool.
     pub tool_label: Option<String>,
+    /// While the requests stream's shard count changes: the ledger (bare name) the request id
+    /// had under the previous count, when it was another. An answer kept there answers the
+    /// request, which then does not run again.
+    pub former_ledger: Option<String>,
 }
 
 impl<R> Admitted<R> {
@@ -125,9 +129,31 @@ pub(crate) enum Work {
     AckOnly,
     /// Hand the entry to this consumer of the same group, which hosts its tool.
     HandOver(String),
+    /// Move the entry to this shard (bare name) of the requests stream, its home by the shard
+    /// rule, and ack it here.
+    Move(String),
     /// Cancel the call with this request id, wherever it runs, and answer (not final) with
     /// what was found.
     Cancel(String),
+}
+
+/// What a door decided about a request: the work, and whether the decision rests on no live
+/// replica hosting the request's tool.
+pub(crate) enum Decision {
+    /// Do this.
+    Work(Work),
+    /// Do this because the fleet view names no live host of the tool (an `unknown_tool` answer,
+    /// a disabled tool's refusal). The view may predate the entry, so the lifecycle first makes
+    /// sure it was read after the entry's delivery ([`crate::fleet::Fleet::read_after`]), then
+    /// asks the door again: a toolbox that had started before the request was added is then in
+    /// it.
+    Unhosted(Work),
+}
+
+impl From<Work> for Decision {
+    fn from(work: Work) -> Decision {
+        Decision::Work(work)
+    }
 }
 
 /// How a door answers a request refused by authentication: never on a topic the (unverified)
@@ -256,6 +282,8 @@ pub(crate) enum Outcome {
     LeftPending,
     /// Moved, unanswered, to a replica of the same toolbox that hosts its tool.
     HandedOver,
+    /// Moved, unanswered, to its home shard of the requests stream, where it is answered.
+    Moved,
 }
 
 impl Outcome {
@@ -271,6 +299,7 @@ impl Outcome {
             Outcome::Replayed => "replayed",
             Outcome::LeftPending => "left_pending",
             Outcome::HandedOver => "handed_over",
+            Outcome::Moved => "moved",
         }
     }
 }
@@ -291,7 +320,7 @@ pub(crate) trait Door: Send + Sync + 'static {
 
     /// What answering the request takes; `permits` says which tools the caller may call, for
     /// listings.
-    fn work(&self, request: &Self::Request, registry: &Registry, permits: Permits<'_>) -> Work;
+    fn work(&self, request: &Self::Request, registry: &Registry, permits: Permits<'_>) -> Decision;
 
     /// The answer to publish for `result`.
     fn answer(&self, request: &Self::Request, result: &Result<Output, Failure>) -> Answer;
@@ -355,6 +384,7 @@ impl<D: Door> Lifecycle<D> {
 
     /// Handles one entry to its end, then counts and logs how it ended.
     async fn handle_entry(&self, entry: &Entry, slot: &mut Slot) {
+        // After the entry's delivery: what the fleet view must be newer than (see `decide`).
         let started = Instant::now();
         let services = &self.services;
         if entry.deliveries > 1 {
@@ -380,7 +410,7 @@ impl<D: Door> Lifecycle<D> {
                     }
                     Err(refusal) => Err(refusal.clone()),
                 };
-                (self.answer(entry, &admitted, &registry, slot, caller).await, Some(admitted))
+                (self.answer(entry, &admitted, &registry, slot, caller, started).await, Some(admitted))
             }
         };
         self.count(entry, admitted.as_ref(), outcome, started.elapsed()).await;
@@ -440,6 +470,7 @@ impl<D: Door> Lifecycle<D> {
         registry: &Registry,
         slot: &mut Slot,
         caller: Result<Caller<'_>, Refusal>,
+        delivered: Instant,
     ) -> Outcome {
         let (keys, settings) = (&self.services.keys, &self.settings);
         let answered = keys.answered(&settings.ledger, &admitted.ledger_id);
@@ -457,14 +488,14 @@ impl<D: Door> Lifecycle<D> {
             Ok(caller) => caller,
             Err(refusal) => return self.refuse(&call, refusal).await,
         };
-        let work = {
-            let auth = self.services.gate.auth();
-            self.door.work(&admitted.request, registry, Permits { auth: &auth, tenant: caller.tenant })
+        let Some(work) = self.decide(admitted, registry, caller.tenant, delivered).await else {
+            return Outcome::LeftPending;
         };
         // Held while the call runs: the tenant's count of calls in flight.
         let (work, _in_flight) = self.apply_policy(&call, caller, work).await;
         match work {
             Work::HandOver(consumer) => self.hand_over(entry, &consumer).await,
+            Work::Move(home) => self.move_home(entry, &home).await,
             Work::AckOnly => self.ack(entry, None).await.map_or(Outcome::LeftPending, |_| Outcome::Duplicate),
             Work::Answer(..) | Work::Cancel(_) if self.poisoned(entry) => self.poison(&call).await,
             Work::Answer(result, reply) => {
@@ -480,6 +511,34 @@ impl<D: Door> Lifecycle<D> {
             Work::Tool { name, arguments } => {
                 self.call_tool(&call, registry, caller, slot, name, arguments).await
             }
+        }
+    }
+
+    /// What answering the request takes, as its door decides it. A decision that rests on no
+    /// live replica hosting the tool is taken again from a fleet view read after the entry was
+    /// `delivered`, so a toolbox that beat before the request was added is never answered for
+    /// with `unknown_tool`. `None` when the fleet cannot be read: the entry is left pending.
+    async fn decide(
+        &self,
+        admitted: &Admitted<D::Request>,
+        registry: &Registry,
+        tenant: &str,
+        delivered: Instant,
+    ) -> Option<Work> {
+        let ask = || {
+            let auth = self.services.gate.auth();
+            self.door.work(&admitted.request, registry, Permits { auth: &auth, tenant })
+        };
+        match ask() {
+            Decision::Work(work) => return Some(work),
+            Decision::Unhosted(_) => {}
+        }
+        if let Err(err) = self.services.fleet.read_after(delivered).await {
+            crate::outage::redis_warn!(&err, error = %err, request_id = %admitted.ledger_id, "cannot read the fleet to route a request nobody seemed to host; left pending");
+            return None;
+        }
+        match ask() {
+            Decision::Work(work) | Decision::Unhosted(work) => Some(work),
         }
     }
 

@@ -65,6 +65,26 @@ impl<D: Door> Lifecycle<D> {
         // owner (its renewal only keeps its entry).
         let owner =
             (!self.untracked(&name, registry)).then(|| call_owner(&self.settings.consumer, &entry.entry_id));
+        // While the shard count changes, a request answered under the previous count is
+        // answered with that answer, not run again.
+        if let Some(former) = &call.admitted.former_ledger {
+            let services = &self.services;
+            match ledger::former_answer(&*services.bus, &services.keys, former, &call.admitted.ledger_id)
+                .await
+            {
+                Err(err) => {
+                    warn!(error = %err, entry_id = %entry.entry_id, former, "cannot read the previous shard's ledger; left pending");
+                    return Outcome::LeftPending;
+                }
+                Ok(Some(Some(kept))) if D::TRAITS.keeps_answers && kept.entry_id != entry.entry_id => {
+                    return self.replay(call, kept).await;
+                }
+                Ok(Some(_)) => {
+                    return self.ack(entry, None).await.map_or(Outcome::LeftPending, |_| Outcome::Duplicate);
+                }
+                Ok(None) => {}
+            }
+        }
         let begun = self.begin(call, &name, owner.as_deref(), registry).await;
         // A redelivered entry may have a record its earlier holder wrote.
         let record = match begun {

@@ -48,6 +48,7 @@ pub(super) fn layer(
             .with_list_parse_key("tools.disabled")
             .with_list_parse_key("redis.cluster_nodes")
             .with_list_parse_key("redis.sentinels")
+            .with_list_parse_key("streams.read_shards")
             .source(Some(structured)),
     );
     let set =

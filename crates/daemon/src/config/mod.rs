@@ -127,6 +127,34 @@ pub struct StreamsSection {
     pub max_payload_bytes: usize,
     /// Glob patterns a caller's `response_topic` must match (bare names, before `key_prefix`).
     pub response_topics: Vec<String>,
+    /// How many shards the requests stream is split into (1: the one stream).
+    pub shards: u16,
+    /// The shards this replica reads; empty: all of them. Numbers, or their text (a
+    /// comma-separated `TOOLHOST__STREAMS__READ_SHARDS=0,1,2` gives text).
+    #[serde(deserialize_with = "shard_numbers")]
+    pub read_shards: Vec<u16>,
+    /// While the shard count changes: the count it changes from (0: no change under way).
+    pub previous_shards: u16,
+}
+
+/// A list of shard numbers, each a number or its text.
+fn shard_numbers<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Vec<u16>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Item {
+        Number(u16),
+        Text(String),
+    }
+    Vec::<Item>::deserialize(deserializer)?
+        .into_iter()
+        .map(|item| match item {
+            Item::Number(number) => Ok(number),
+            Item::Text(text) => text
+                .trim()
+                .parse()
+                .map_err(|_| serde::de::Error::custom(format!("{text:?} is not a shard number"))),
+        })
+        .collect()
 }
 
 /// `[dispatch]`
@@ -319,6 +347,35 @@ fn validate(
             bad(key, "must be greater than 0");
         }
     }
+    if raw.streams.shards == 0 || raw.streams.shards > toolhost_bus::MAX_SHARDS {
+        bad("streams.shards", &format!("must be 1 to {}", toolhost_bus::MAX_SHARDS));
+    }
+    if raw.streams.previous_shards > toolhost_bus::MAX_SHARDS
+        || (raw.streams.previous_shards != 0 && raw.streams.previous_shards == raw.streams.shards)
+    {
+        bad(
+            "streams.previous_shards",
+            &format!(
+                "must be 0 (no change under way) or a count from 1 to {} other than shards",
+                toolhost_bus::MAX_SHARDS
+            ),
+        );
+    }
+    let mut read = raw.streams.read_shards.clone();
+    read.sort_unstable();
+    read.dedup();
+    if read.len() < raw.streams.read_shards.len() {
+        bad("streams.read_shards", "names a shard twice");
+    }
+    if let Some(shard) = read.iter().find(|shard| **shard >= raw.streams.shards) {
+        bad(
+            "streams.read_shards",
+            &format!(
+                "shard {shard} does not exist: the shards are 0 to {}",
+                raw.streams.shards.saturating_sub(1)
+            ),
+        );
+    }
     let response_topics = toolhost_bus::ResponseTopics::new(
         &raw.streams.response_topics,
         &raw.streams.results,
@@ -385,6 +442,12 @@ impl Config {
         let raw = &self.raw;
         let mut options = toolhost_bus::RedisOptions::new(raw.redis.url.clone());
         options.topology = raw.redis.topology();
+        // A blocking read per shard read, the chat inbox's and the control stream's, and room.
+        let shards_read = match raw.streams.read_shards.len() {
+            0 => usize::from(raw.streams.shards),
+            read => read,
+        } + usize::from(raw.streams.previous_shards);
+        options.idle_blocking = options.idle_blocking.max(shards_read + 4);
         options.key_prefix.clone_from(&raw.redis.key_prefix);
         options.tls = self.redis_tls.clone();
         options.maxlen = raw.streams.maxlen;
@@ -424,12 +487,28 @@ impl Config {
         }
     }
 
+    /// The shards of the requests stream (`[streams] requests` and `shards`).
+    pub fn shards(&self) -> toolhost_bus::Shards {
+        toolhost_bus::Shards::new(&self.raw.streams.requests, self.raw.streams.shards)
+    }
+
+    /// The shards the fleet is changing from (`[streams] previous_shards`), while it does.
+    pub fn previous_shards(&self) -> Option<toolhost_bus::Shards> {
+        let count = self.raw.streams.previous_shards;
+        (count != 0).then(|| toolhost_bus::Shards::new(&self.raw.streams.requests, count))
+    }
+
     /// The requests door's settings, from `[streams]`, `[dispatch]` and `[daemon]`.
     pub(crate) fn requests_door(&self) -> crate::doors::requests::Settings {
         let raw = &self.raw;
         crate::doors::requests::Settings {
             toolbox_id: raw.daemon.toolbox_id.clone(),
             requests_topic: raw.streams.requests.clone(),
+            shards: self.shards(),
+            shard: 0,
+            read_shards: raw.streams.read_shards.clone(),
+            previous: self.previous_shards(),
+            draining: false,
             results_topic: raw.streams.results.clone(),
             max_payload_bytes: raw.streams.max_payload_bytes,
             max_request_age: self.max_request_age,

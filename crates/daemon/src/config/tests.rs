@@ -512,3 +512,49 @@ fn cluster_nodes_choose_the_topology_and_are_masked() {
     let err = Config::load(Some(&path.0), &env(&[("REDIS_URL", "redis://:s3cret@seed:6379/2")])).unwrap_err();
     assert!(err.to_string().contains("redis.url") && err.to_string().contains("database 0"), "{err}");
 }
+
+#[test]
+fn shard_settings_are_read_from_files_and_the_environment_and_bad_ones_name_their_key() {
+    let config = Config::load(None, &env(&[])).unwrap();
+    assert_eq!((config.raw.streams.shards, config.raw.streams.previous_shards), (1, 0));
+    assert!(config.raw.streams.read_shards.is_empty() && config.previous_shards().is_none());
+    let config = Config::load(
+        None,
+        &env(&[
+            ("TOOLHOST__STREAMS__SHARDS", "6"),
+            ("TOOLHOST__STREAMS__READ_SHARDS", "0, 1,2"),
+            ("TOOLHOST__STREAMS__PREVIOUS_SHARDS", "1"),
+        ]),
+    )
+    .unwrap();
+    assert_eq!(config.shards().count(), 6);
+    assert_eq!(config.raw.streams.read_shards, [0, 1, 2]);
+    assert_eq!(config.previous_shards().map(|shards| shards.count()), Some(1));
+    // A blocking read per shard read and per previous shard, with room.
+    assert!(config.redis_options().idle_blocking >= 8);
+    let listed = file("[streams]\nshards = 4\nread_shards = [3, 1]\n");
+    assert_eq!(Config::load(Some(&listed.0), &env(&[])).unwrap().raw.streams.read_shards, [3, 1]);
+    for (pairs, key, says) in [
+        (vec![("TOOLHOST__STREAMS__SHARDS", "0")], "streams.shards", "must be 1 to 1024"),
+        (vec![("TOOLHOST__STREAMS__SHARDS", "2000")], "streams.shards", "must be 1 to 1024"),
+        (
+            vec![("TOOLHOST__STREAMS__SHARDS", "3"), ("TOOLHOST__STREAMS__READ_SHARDS", "1,3")],
+            "streams.read_shards",
+            "shard 3 does not exist",
+        ),
+        (
+            vec![("TOOLHOST__STREAMS__SHARDS", "3"), ("TOOLHOST__STREAMS__READ_SHARDS", "1,1")],
+            "streams.read_shards",
+            "names a shard twice",
+        ),
+        (vec![("TOOLHOST__STREAMS__READ_SHARDS", "first")], "read_shards", "not a shard number"),
+        (
+            vec![("TOOLHOST__STREAMS__SHARDS", "6"), ("TOOLHOST__STREAMS__PREVIOUS_SHARDS", "6")],
+            "streams.previous_shards",
+            "other than shards",
+        ),
+    ] {
+        let err = format!("{:#}", Config::load(None, &env(&pairs)).unwrap_err());
+        assert!(err.contains(key) && err.contains(says), "{pairs:?}: {err}");
+    }
+}

@@ -30,6 +30,8 @@ pub(crate) struct DoorContext {
     pub keys: Keys,
     /// Bare name of the requests stream.
     pub requests_stream: String,
+    /// Its shards (`[streams] shards`; one: the stream itself).
+    pub shards: toolhost_bus::Shards,
     /// Bare name of the default results stream.
     pub results_stream: String,
     /// This daemon's toolbox id.
@@ -73,7 +75,7 @@ impl DoorContext {
         tenant: Option<String>,
     ) -> anyhow::Result<FleetClient> {
         let client = ClientSettings {
-            requests_topic: self.requests_stream.clone(),
+            shards: self.shards.clone(),
             source: source.to_owned(),
             stream_ttl,
             watch_period: Some(watch_period),

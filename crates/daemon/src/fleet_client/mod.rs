@@ -47,8 +47,9 @@ const OPENED: &str = "toolhost.client.opened";
 /// How a client of the fleet is set up.
 #[derive(Debug, Clone)]
 pub(crate) struct ClientSettings {
-    /// Bare name of the requests stream.
-    pub requests_topic: String,
+    /// The requests stream's shards (one: the stream itself), which requests are spread over by
+    /// the shard rule.
+    pub shards: toolhost_bus::Shards,
     /// What the requests' `source` says, e.g. `toolhost:mcp`.
     pub source: String,
     /// How long the private response stream outlives the client when it dies without closing.
@@ -161,8 +162,6 @@ struct Inner {
     bus: Arc<dyn FleetAccess>,
     keys: Keys,
     settings: ClientSettings,
-    /// Full key of the requests stream.
-    requests_key: String,
     /// Bare name of the private response stream.
     private_topic: String,
     /// Its full key.
@@ -194,7 +193,6 @@ impl FleetClient {
         let client_id = format!("fleet-{}", new_message_id());
         let private_topic = Keys::private_results(&client_id);
         let inner = Arc::new(Inner {
-            requests_key: keys.topic(&settings.requests_topic),
             private_key: keys.topic(&private_topic),
             private_topic,
             bus,
@@ -451,6 +449,15 @@ impl Inner {
         Ok(())
     }
 
+    /// The bare name of the shard of the requests stream a request goes to, by the shard rule
+    /// (docs/CONTRACTS.md, "Sharded requests streams"): its `data.request_id`'s, a cancel's the
+    /// call's, shard 0 for `tools.*`.
+    fn shard(&self, event_type: &str, data: &Map<String, Value>) -> String {
+        let shards = &self.settings.shards;
+        let request_id = data.get("request_id").and_then(Value::as_str);
+        shards.stream(shards.of_request(event_type, request_id).unwrap_or(0))
+    }
+
     async fn publish(
         &self,
         event_type: &str,
@@ -468,7 +475,7 @@ impl Inner {
             source: Some(source),
             specversion: Some(SPEC_VERSION.to_owned()),
             event_type: event_type.to_owned(),
-            topic: Some(self.settings.requests_topic.clone()),
+            topic: Some(self.shard(event_type, &data)),
             time: Some(now_rfc3339()),
             data: Value::Object(data),
             correlation_id: Some(request_id.to_owned()),
@@ -478,16 +485,17 @@ impl Inner {
         };
         // Serialising a struct of strings and JSON values cannot fail.
         let payload = serde_json::to_string(&request).unwrap_or_default();
+        let requests_key = self.keys.topic(request.topic.as_deref().unwrap_or_default());
         match &self.settings.signing {
             // Signed over the exact bytes written.
             Some(key) => {
                 let sig = key.sign(payload.as_bytes());
                 let fields =
                     [("id", request.id.as_str()), ("payload", payload.as_str()), ("sig", sig.as_str())];
-                self.bus.append(&self.requests_key, &fields, None).await?;
+                self.bus.append(&requests_key, &fields, None).await?;
             }
             None => {
-                self.bus.publish(&self.requests_key, &request.id, &payload).await?;
+                self.bus.publish(&requests_key, &request.id, &payload).await?;
             }
         }
         Ok(())
@@ -701,7 +709,7 @@ mod tests {
 
     fn settings() -> ClientSettings {
         ClientSettings {
-            requests_topic: "action-requests".to_owned(),
+            shards: toolhost_bus::Shards::new("action-requests", 1),
             source: "toolhost:test".to_owned(),
             stream_ttl: Duration::from_secs(60),
             watch_period: Some(Duration::from_secs(60)),

@@ -5,19 +5,26 @@
 -- ARGV[1] group, ARGV[2] entry id, ARGV[3] '1' when the request is identified (KEYS[2], KEYS[3]
 -- are real), ARGV[4] '1' when there is an answer, ARGV[5] '1' when it is final,
 -- ARGV[6] the answer's topic (full key), ARGV[7] retention ms, ARGV[8] '1' when there is a dead
--- letter (only then is the pending state looked up), ARGV[9] the answer's id
--- Returns {claim, pending, own, taken}:
+-- letter (only then is the pending state looked up), ARGV[9] the answer's id,
+-- ARGV[10] '1' when the answer replays a kept answer for a retry (only the entry's refusal mark
+-- guards it: the claim is the original's), ARGV[11] '1' when the finish keeps its final answer
+-- for retries
+-- Returns {claim, pending, own, taken}, or {3, pending, 0, 0, mark}:
 --   claim 0: publish (the claim is this topic's now, or the answer is not final);
 --         1: the request (or this entry) was answered already: publish nothing;
 --         2: the claim names another response topic: a copy of the request asked for its answer
 --            elsewhere, and that one gets it; publish nothing.
 --   pending 1 still pending, 0 not pending, -1 the group is gone;
+--         3: the request was answered by another entry whose answer is kept (the mark as
+--            one server keeps it, `<answer id>\n<entry id>\n<kept>`), and this final answer
+--            keeps its own: write nothing, the entry stays pending to be answered with it.
 --   own 1 when the recorded answer is this very answer (a retry of this finish);
 --   taken 1 when this call took the claim (only then may this finish give it back).
 --
 -- Only a final answer takes the claim: a refusal (not final) leaves a caller free to retry the
 -- request, with another response topic too.
 local identified, has_answer, final = ARGV[3] == '1', ARGV[4] == '1', ARGV[5] == '1'
+local replay, keep = ARGV[10] == '1', ARGV[11] == '1'
 local pending = 1
 if ARGV[8] == '1' then
   local found = redis.pcall('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1)
@@ -29,8 +36,19 @@ if ARGV[8] == '1' then
 end
 local claim, own, taken = 0, 0, 0
 if identified and has_answer then
-  local held = redis.call('HMGET', KEYS[2], 'topic', 'state', 'answer')
+  local held = redis.call('HMGET', KEYS[2], 'topic', 'state', 'answer', 'entry', 'kept')
   local refused = redis.call('GET', KEYS[3])
+  if replay then
+    if refused then
+      claim = 1
+      if refused == ARGV[9] then own = 1 end
+    end
+    return {claim, pending, own, taken}
+  end
+  if held[2] == 'answered' and not refused and keep and final and held[5] and held[4]
+      and held[4] ~= ARGV[2] and held[3] ~= ARGV[9] then
+    return {3, pending, 0, 0, (held[3] or '') .. '\n' .. held[4] .. '\n' .. held[5]}
+  end
   if held[2] == 'answered' or refused then
     claim = 1
     if held[3] == ARGV[9] or refused == ARGV[9] then own = 1 end

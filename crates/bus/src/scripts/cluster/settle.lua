@@ -7,13 +7,19 @@
 -- ARGV[6] '1' when this entry's refusal is on the topic (the refusal mark's copy is set here),
 -- ARGV[7] '1' to give the claim back (it was taken for an answer that was not published),
 -- ARGV[8] the answer's topic, ARGV[9] the answer's id when this finish published it (else ''),
--- ARGV[10] '1' to delete the call record, ARGV[11] '1' to ack the entry
+-- ARGV[10] '1' to delete the call record, ARGV[11] '1' to ack the entry,
+-- ARGV[12] what to keep of the final answer this finish published, for retries ('' for
+-- nothing): the claim then holds it with the entry it answered (fields `entry`, `kept`), which
+-- cluster/begin_call.lua hands to a retry as one server's mark does
 local identified = ARGV[4] == '1'
 if identified then
   if ARGV[5] == '1' then
     redis.call('HSET', KEYS[2], 'topic', ARGV[8], 'state', 'answered')
     if ARGV[9] ~= '' then
-      redis.call('HSET', KEYS[2], 'answer', ARGV[9])
+      redis.call('HSET', KEYS[2], 'answer', ARGV[9], 'entry', ARGV[2])
+      if ARGV[12] ~= '' then
+        redis.call('HSET', KEYS[2], 'kept', ARGV[12])
+      end
     end
     redis.call('PEXPIRE', KEYS[2], ARGV[3])
   elseif ARGV[7] == '1' then

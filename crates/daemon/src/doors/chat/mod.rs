@@ -30,8 +30,8 @@ use tracing::{info, warn};
 use self::message::{Incoming, Malformed, ToolCall, classify};
 pub(crate) use self::settings::Settings;
 use crate::call::{
-    Admission, Admitted, Answer, CallIds, Door, DoorTraits, Event, Letter, Lifecycle, Outcome, Permits,
-    Refused, Reply, UNKNOWN_TOOL_LABEL, Work,
+    Admission, Admitted, Answer, CallIds, Decision, Door, DoorTraits, Event, Letter, Lifecycle, Outcome,
+    Permits, Refused, Reply, UNKNOWN_TOOL_LABEL, Work,
 };
 use crate::doors::context::StreamContext;
 use crate::fleet::{Fleet, Route, route};
@@ -184,17 +184,18 @@ impl Door for Inbox {
         Refused::DeadLetter(self.letter(entry, message, &format!("refused: {}", failure.message)))
     }
 
-    fn work(&self, message: &Message, registry: &Registry, permits: Permits<'_>) -> Work {
-        match &message.work {
+    fn work(&self, message: &Message, registry: &Registry, permits: Permits<'_>) -> Decision {
+        let work = match &message.work {
             Some(message::Work::Call(call)) => {
-                let tool = || Work::Tool { name: call.name.clone(), arguments: call.arguments.clone() };
+                let tool = Work::Tool { name: call.name.clone(), arguments: call.arguments.clone() };
                 if registry.is_enabled(&call.name) {
-                    return tool();
+                    return tool.into();
                 }
                 // Every toolbox with this agent name reads the inbox: the one hosting the tool
-                // answers; the call is answered here only when no live replica hosts it.
+                // answers; the call is answered here only when no live replica hosts it, by a
+                // view of the fleet read after the message came.
                 match route(&self.fleet, &call.name, &self.settings.toolbox_id, &self.consumer) {
-                    Route::Here => tool(),
+                    Route::Here => return Decision::Unhosted(tool),
                     Route::OtherToolbox => Work::AckOnly,
                     Route::Sibling(consumer) => Work::HandOver(consumer),
                 }
@@ -213,7 +214,8 @@ impl Door for Inbox {
                 Work::Answer(Ok(Value::Array(tools).into()), Reply::Help)
             }
             None => Work::AckOnly,
-        }
+        };
+        work.into()
     }
 
     fn answer(&self, message: &Message, result: &Result<Output, Failure>) -> Answer {
@@ -325,6 +327,8 @@ fn admitted(message: Message, registry: &Registry) -> Admitted<Message> {
         tool_label: call.map(|call| {
             if registry.contains(&call.name) { call.name.clone() } else { UNKNOWN_TOOL_LABEL.to_owned() }
         }),
+        // The inbox is one stream, never sharded.
+        former_ledger: None,
         request: message,
     }
 }

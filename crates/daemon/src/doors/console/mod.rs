@@ -51,6 +51,8 @@ pub(crate) struct Console {
     keys: Keys,
     /// Bare name of the requests stream.
     requests_stream: String,
+    /// Its shards: a request's ledger is its home shard's.
+    shards: toolhost_bus::Shards,
     /// Bare name of the default results stream.
     results_stream: String,
     /// This daemon's toolbox id (its audit stream is the console's).
@@ -102,6 +104,7 @@ async fn start(settings: &Settings, cx: &DoorContext) -> anyhow::Result<Option<t
         bus: cx.bus.clone(),
         keys: cx.keys.clone(),
         requests_stream: cx.requests_stream.clone(),
+        shards: cx.shards.clone(),
         results_stream: cx.results_stream.clone(),
         toolbox_id: cx.toolbox_id.clone(),
         tenant: settings.tenant(),

@@ -440,7 +440,7 @@ pub(crate) async fn call(
     let request_id = call.text("request_id");
     let entry_id = call.text("entry_id");
     let from_requests = call.text("door") == "requests";
-    let request = match read::request_entry(&console, &entry_id).await {
+    let request = match read::request_entry(&console, &request_id, &entry_id).await {
         Ok(Some(entry)) if from_requests => match entry.payload.as_deref().map(serde_json::from_str::<Value>)
         {
             Some(Ok(envelope)) => pretty(&envelope),
@@ -460,10 +460,12 @@ pub(crate) async fn call(
             }
             match &kept.data {
                 Some(data) => format!("{}\n{}", escape(&text), pretty(data)),
-                None => escape(&format!("{text} (its data was not kept: over [dispatch] kept_answer_max_bytes, or kept answers are off)")),
+                None => escape(&format!(
+                    "{text} (its data was not kept: over [dispatch] kept_answer_max_bytes, or kept answers are off)"
+                )),
             }
         }
-        Ok(None) => "(no answered mark: the answer was not final, the mark expired, or it lives next to the answer's topic on a Redis Cluster)".to_owned(),
+        Ok(None) => "(no answered mark: the answer was not final, or the mark expired)".to_owned(),
         Err(err) => escape(&format!("cannot read the ledger: {err}")),
     };
     let body = format!(

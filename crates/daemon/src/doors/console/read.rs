@@ -89,7 +89,8 @@ pub(crate) async fn fleet(console: &Console) -> FleetView {
         }
     }
     conflicts.retain(|_, versions| versions.len() > 1);
-    let mut streams = BTreeSet::from([console.keys.topic(&console.requests_stream)]);
+    let mut streams: BTreeSet<String> =
+        console.shards.streams().iter().map(|stream| console.keys.topic(stream)).collect();
     streams.extend(replicas.iter().flat_map(|replica| replica.groups.iter().map(|read| read.stream.clone())));
     let mut groups = BTreeMap::new();
     for stream in streams {
@@ -201,9 +202,14 @@ pub(crate) async fn call(
         .find_map(|entry| LoggedCall::from_entry(toolbox, entry)))
 }
 
-/// The request entry of a logged call, if its stream still holds it.
-pub(crate) async fn request_entry(console: &Console, entry_id: &str) -> Result<Option<Entry>, BusError> {
-    let topic = console.keys.topic(&console.requests_stream);
+/// The request entry of a logged call, if its stream (the home shard of `request_id`) still
+/// holds it.
+pub(crate) async fn request_entry(
+    console: &Console,
+    request_id: &str,
+    entry_id: &str,
+) -> Result<Option<Entry>, BusError> {
+    let topic = console.keys.topic(&console.shards.stream(console.shards.of_id(request_id)));
     let entries = console.bus.read_back(&topic, entry_id, 1).await?;
     Ok(entries.into_iter().find(|entry| entry.entry_id == entry_id))
 }
@@ -217,12 +223,32 @@ pub(crate) struct KeptAnswer {
     pub data: Option<Value>,
 }
 
-/// The answered mark of a request of the requests stream, if it is there and readable (on a
-/// Redis Cluster the mark is not kept beside the stream, and this finds none).
+/// The answered mark of a request of the requests stream, if it is there and readable: on one
+/// server the mark itself, on a Redis Cluster the request's claim beside the stream, once it
+/// says `answered` (its fields `answer`, `entry` and `kept` hold what the mark holds).
 pub(crate) async fn kept_answer(console: &Console, request_id: &str) -> Result<Option<KeptAnswer>, BusError> {
-    let key = console.keys.answered(&console.requests_stream, request_id);
+    // The ledger of the request id's home shard (the requests stream itself without shards).
+    let home = console.shards.stream(console.shards.of_id(request_id));
+    let key = console.keys.answered(&home, request_id);
+    if console.keys.is_cluster() {
+        let fields: BTreeMap<String, String> = console.bus.hash_fields(&key).await?.into_iter().collect();
+        return Ok(claim_answer(&fields));
+    }
     let values = console.bus.values(std::slice::from_ref(&key)).await?;
     Ok(values.into_iter().next().flatten().map(|mark| parse_mark(&mark)))
+}
+
+/// What a cluster claim (`topic`, `state`, `answer`, `entry`, `kept`) says of the answer; `None`
+/// until it is `answered`.
+fn claim_answer(fields: &BTreeMap<String, String>) -> Option<KeptAnswer> {
+    if fields.get("state").map(String::as_str) != Some("answered") {
+        return None;
+    }
+    Some(KeptAnswer {
+        answer_id: fields.get("answer").cloned().unwrap_or_default(),
+        entry_id: fields.get("entry").filter(|id| !id.is_empty()).cloned(),
+        data: fields.get("kept").and_then(|data| serde_json::from_str(data).ok()),
+    })
 }
 
 /// Reads an answered mark: `<answer id>`, or `<answer id>\n<entry id>\n<data>`.
@@ -239,6 +265,7 @@ fn parse_mark(mark: &str) -> KeptAnswer {
 pub(crate) fn dead_letters(console: &Console, toolbox: &str) -> DeadLetters {
     let bus = console.bus.clone();
     DeadLetters::of(bus.clone(), bus, console.keys.clone(), toolbox, &console.requests_stream)
+        .with_shards(console.shards.clone())
         .with_results(&console.results_stream)
 }
 
@@ -273,6 +300,30 @@ fn entry_order(entry_id: &str) -> (u64, u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cluster_claims_are_read_once_answered() {
+        let claim = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs.iter().map(|(name, value)| ((*name).to_owned(), (*value).to_owned())).collect()
+        };
+        assert_eq!(claim_answer(&claim(&[("topic", "t"), ("state", "claimed")])), None);
+        assert_eq!(
+            claim_answer(&claim(&[
+                ("topic", "t"),
+                ("state", "answered"),
+                ("answer", "a1"),
+                ("entry", "5-0"),
+                ("kept", "{\"success\":true}")
+            ])),
+            Some(KeptAnswer {
+                answer_id: "a1".to_owned(),
+                entry_id: Some("5-0".to_owned()),
+                data: Some(serde_json::json!({"success": true}))
+            })
+        );
+        let bare = claim_answer(&claim(&[("state", "answered"), ("answer", "a2")])).unwrap();
+        assert_eq!((bare.entry_id, bare.data), (None, None));
+    }
 
     #[test]
     fn marks_with_and_without_kept_data_are_read() {

@@ -23,6 +23,9 @@ pub(crate) struct Request {
     /// `data.request_id`, else the envelope's `id`, else the entry's message id; stable across
     /// redeliveries, so the ledger can recognise them.
     pub request_id: String,
+    /// Whether the request id is the stream entry's own id (the writer gave no id at all): such
+    /// a request is at home on whichever shard it was added to.
+    pub id_is_entry_id: bool,
     /// What was asked for.
     pub target: Target,
     /// The bare topic the answer goes to: the caller's `response_topic` when allowed, else the
@@ -134,7 +137,15 @@ pub(crate) fn admit(
         },
     };
     let deadline = deadline(&envelope, entry);
-    Admission::Request(Box::new(Request { envelope, request_id, target, response_topic, deadline }))
+    let id_is_entry_id = request_id == entry.entry_id;
+    Admission::Request(Box::new(Request {
+        envelope,
+        request_id,
+        id_is_entry_id,
+        target,
+        response_topic,
+        deadline,
+    }))
 }
 
 /// The fields that say where and how to answer, read from a payload whose other values this

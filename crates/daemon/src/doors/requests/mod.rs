@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use toolhost_bus::Keys;
+use toolhost_bus::{Keys, Shards};
 use toolhost_envelope::{DiscoveryFormat, Entry, ErrorCode, EventEnvelope, ResultData, new_message_id};
 use toolhost_tools::{Failure, LogReport, Output, ProgressReport, Registry};
 use tracing::info;
@@ -21,27 +21,47 @@ use tracing::info;
 pub(crate) use self::admit::{Request, Target, entry_millis};
 pub(crate) use self::settings::Settings;
 use crate::call::{
-    Admission, Admitted, Answer, CallIds, Door, DoorTraits, Event, Letter, Lifecycle, Outcome, Permits,
-    Refused, Reply, UNKNOWN_TOOL_LABEL, Work,
+    Admission, Admitted, Answer, CallIds, Decision, Door, DoorTraits, Event, Letter, Lifecycle, Outcome,
+    Permits, Refused, Reply, UNKNOWN_TOOL_LABEL, Work,
 };
 use crate::doors::context::StreamContext;
 use crate::fleet::{Fleet, Route, route};
 use crate::group::GroupReader;
 use crate::stats::Stats;
 
-/// Starts the requests door: its reader of the requests stream, in the toolbox's consumer group.
-pub(crate) fn start(settings: Settings, cx: &StreamContext) -> Arc<GroupReader<Lifecycle<Requests>>> {
+/// Starts the requests door: a reader of each shard of the requests stream this replica reads
+/// (`[streams] read_shards`, all by default), in the toolbox's consumer group. With one shard,
+/// one reader of the requests stream itself. Each shard's ledger is its own: the shard rule puts
+/// every copy of a request id on one shard.
+pub(crate) fn start(settings: Settings, cx: &StreamContext) -> Vec<Arc<GroupReader<Lifecycle<Requests>>>> {
     let services = &cx.services;
-    let topic = services.keys.topic(&settings.requests_topic);
-    let ledger = settings.requests_topic.clone();
-    let door = Requests::new(
-        services.keys.clone(),
-        services.stats.clone(),
-        services.fleet.clone(),
-        &cx.consumer,
-        settings,
-    );
-    cx.reader(door, &ledger, topic)
+    let read: Vec<u16> = if settings.read_shards.is_empty() {
+        (0..settings.shards.count()).collect()
+    } else {
+        settings.read_shards.clone()
+    };
+    let current = read.into_iter().map(|shard| (settings.shards.stream(shard), shard, false));
+    // While the count changes, the previous count's streams too, drained into the current ones.
+    let all = settings.shards.streams();
+    let previous: Vec<String> =
+        settings.previous.iter().flat_map(Shards::streams).filter(|stream| !all.contains(stream)).collect();
+    let streams: Vec<(String, u16, bool)> =
+        current.chain(previous.into_iter().map(|stream| (stream, u16::MAX, true))).collect();
+    streams
+        .into_iter()
+        .map(|(stream, shard, draining)| {
+            let topic = services.keys.topic(&stream);
+            let settings = Settings { requests_topic: stream.clone(), shard, draining, ..settings.clone() };
+            let door = Requests::new(
+                services.keys.clone(),
+                services.stats.clone(),
+                services.fleet.clone(),
+                &cx.consumer,
+                settings,
+            );
+            cx.reader(door, &stream, topic)
+        })
+        .collect()
 }
 
 /// The requests door.
@@ -83,12 +103,43 @@ impl Requests {
         }
     }
 
+    /// The shard `request` belongs on, when it is not the one it was read from: its request id's
+    /// (a `tool.cancel`'s is the call's), shard 0 for `tools.*`. A request without an id of its
+    /// own, or one whose envelope cannot be run (it is answered where it is), stays; on a stream
+    /// of the previous shard count, which is drained, every request that can be run moves.
+    fn elsewhere(&self, request: &Request) -> Option<u16> {
+        let settings = &self.settings;
+        if matches!(request.target, Target::Invalid(_) | Target::Forbidden(_)) {
+            return None;
+        }
+        let id = (!request.id_is_entry_id).then_some(request.request_id.as_str());
+        let home = settings.shards.of_request(&request.envelope.event_type, id);
+        if settings.draining {
+            return Some(home.unwrap_or(0));
+        }
+        if settings.shards.count() == 1 {
+            return None;
+        }
+        home.filter(|home| *home != settings.shard)
+    }
+
+    /// While the shard count changes: the ledger the request id had under the previous count,
+    /// when it is not this shard's.
+    fn former_ledger(&self, request: &Request) -> Option<String> {
+        let previous = self.settings.previous.as_ref()?;
+        if request.id_is_entry_id || self.settings.draining {
+            return None;
+        }
+        let home = previous.of_request(&request.envelope.event_type, Some(&request.request_id))?;
+        Some(previous.stream(home)).filter(|former| *former != self.settings.requests_topic)
+    }
+
     /// The discovery answer in the requested format: the tools the caller may call.
     fn discover(&self, envelope: &EventEnvelope, registry: &Registry, permits: Permits<'_>) -> Value {
         let format = envelope.data_str("format").and_then(DiscoveryFormat::parse).unwrap_or_default();
         let tools = registry.export_where(
             format,
-            &self.keys.topic(&self.settings.requests_topic),
+            &self.keys.topic(&self.settings.shards.stream(0)),
             &self.keys.topic(&self.settings.results_topic),
             |tool| permits.allows(tool),
         );
@@ -159,31 +210,37 @@ impl Door for Requests {
         Refused::Answer(self.result_on(request, &self.settings.results_topic, &data))
     }
 
-    fn work(&self, request: &Request, registry: &Registry, permits: Permits<'_>) -> Work {
+    fn work(&self, request: &Request, registry: &Registry, permits: Permits<'_>) -> Decision {
         let answer = |result| Work::Answer(result, Reply::Result);
         let toolbox_id = &self.settings.toolbox_id;
         // A request this replica cannot serve goes to the replica that can; only when nobody
-        // live hosts it is it answered here, once across the fleet (see `call` and the ledger).
-        let elsewhere = |tool: &str| match route(&self.fleet, tool, toolbox_id, &self.consumer) {
-            Route::Here => None,
-            Route::OtherToolbox => Some(Work::AckOnly),
-            Route::Sibling(consumer) => Some(Work::HandOver(consumer)),
+        // live hosts it is it answered here, once across the fleet (see `call` and the ledger),
+        // from a view of the fleet read after the entry came (`Decision::Unhosted`).
+        let elsewhere = |tool: &str, here: Work| match route(&self.fleet, tool, toolbox_id, &self.consumer) {
+            Route::Here => Decision::Unhosted(here),
+            Route::OtherToolbox => Work::AckOnly.into(),
+            Route::Sibling(consumer) => Work::HandOver(consumer).into(),
         };
+        // A request on the wrong shard goes to its home shard, whose ledger holds its id.
+        if let Some(home) = self.elsewhere(request) {
+            return Work::Move(self.settings.shards.stream(home)).into();
+        }
         // Discovery and statistics addressed to another live toolbox are its to answer.
         let addressed = request.envelope.data_str("toolbox_id").filter(|id| *id != toolbox_id.as_str());
-        match &request.target {
+        let work = match &request.target {
             Target::Tool { name, arguments } => {
-                let run = || Work::Tool { name: name.clone(), arguments: arguments.clone() };
-                if registry.is_enabled(name) { run() } else { elsewhere(name).unwrap_or_else(run) }
+                let run = Work::Tool { name: name.clone(), arguments: arguments.clone() };
+                return if registry.is_enabled(name) { run.into() } else { elsewhere(name, run) };
             }
             // Deprecated: another toolbox sharing the stream answers it; only ack here.
             Target::Unknown(_) if !self.settings.answer_unknown_tools => Work::AckOnly,
-            Target::Unknown(event) => elsewhere(event).unwrap_or_else(|| {
-                answer(Err(Failure::new(
+            Target::Unknown(event) => {
+                let unknown = answer(Err(Failure::new(
                     ErrorCode::UnknownTool,
                     format!("no tool consumes the event '{event}'; send tools.discover to list the tools"),
-                )))
-            }),
+                )));
+                return elsewhere(event, unknown);
+            }
             Target::Discover | Target::Stats if addressed.is_some_and(|id| self.fleet.is_live(id)) => {
                 Work::AckOnly
             }
@@ -200,7 +257,8 @@ impl Door for Requests {
             )),
             Target::Invalid(reason) => answer(Err(Failure::new(ErrorCode::InvalidRequest, reason.clone()))),
             Target::Forbidden(reason) => answer(Err(Failure::new(ErrorCode::Forbidden, reason.clone()))),
-        }
+        };
+        work.into()
     }
 
     fn answer(&self, request: &Request, result: &Result<Output, Failure>) -> Answer {
@@ -310,6 +368,7 @@ impl Requests {
                     .map(str::to_owned),
             },
             tool_label: tool_label(&request, registry),
+            former_ledger: self.former_ledger(&request),
             request,
         }
     }
