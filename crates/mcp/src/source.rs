@@ -23,7 +23,7 @@ use rmcp::model::{
     CallToolRequest, CallToolRequestParams, CallToolResponse, CallToolResult, CancelledNotificationParam,
     ClientCapabilities, ClientConfig, ClientRequest, CreateMessageRequestParams, CreateMessageResult,
     ElicitRequestParams, ElicitResult, ErrorCode, Implementation, ListRootsResult, ProgressNotificationParam,
-    ProgressToken, ProtocolVersion, RequestId, ServerResult,
+    ProgressToken, ProtocolVersion, RequestId, RequestMetaObject, ServerResult,
 };
 use rmcp::service::{
     NotificationContext, PeerRequestOptions, RequestContext, RunningService, RunningServiceCancellationToken,
@@ -384,6 +384,15 @@ impl Tool for McpTool {
             () = context.cancel.cancelled() => return Err(cancelled()),
         };
         let mut params = CallToolRequestParams::new(self.original.clone());
+        // The call's trace context rides in `_meta` (SEP-414).
+        if let Some((traceparent, tracestate)) = context.trace_headers() {
+            let mut meta = RequestMetaObject::new();
+            meta.set_traceparent(traceparent);
+            if let Some(tracestate) = tracestate {
+                meta.set_tracestate(tracestate);
+            }
+            params.meta = Some(meta);
+        }
         params.arguments = match arguments {
             Value::Object(map) => Some(map),
             Value::Null => None,

@@ -79,6 +79,17 @@ pub struct Context {
     pub cancel: CancellationToken,
     /// Where the tool reports how far it got; reports go nowhere unless the host relays them.
     pub progress: Progress,
+    /// The W3C trace context of the call, which a source passes out to what it calls
+    /// (`_meta.traceparent`, the `traceparent` header, the `TRACEPARENT` variable); `None`
+    /// outside a traced call.
+    pub trace: Option<toolhost_envelope::CallTrace>,
+}
+
+impl Context {
+    /// The `traceparent` and `tracestate` (when kept) this call passes out.
+    pub fn trace_headers(&self) -> Option<(String, Option<&str>)> {
+        self.trace.as_ref().map(|trace| (trace.traceparent(), trace.tracestate.as_deref()))
+    }
 }
 
 /// One progress report of a running call, as MCP's `notifications/progress` carries it.

@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use toolhost_bus::CallKeys;
-use toolhost_envelope::{Entry, ErrorCode};
+use toolhost_envelope::{CallTrace, Entry, ErrorCode};
 use toolhost_tools::{Context, Failure, ProgressReport, Registry};
 
 use self::commit::{Answering, Finality, Record};
@@ -94,6 +94,9 @@ pub(crate) struct CallIds {
     pub correlation_id: Option<String>,
     /// The conversation the call runs in, when it has one.
     pub conversation_id: Option<String>,
+    /// The trace the call runs under (docs/CONTRACTS.md "Trace context"), passed out by the
+    /// tool's source.
+    pub trace: CallTrace,
 }
 
 impl CallIds {
@@ -105,6 +108,7 @@ impl CallIds {
             conversation_id: self.conversation_id.clone(),
             cancel: CancellationToken::default(),
             progress: Default::default(),
+            trace: Some(self.trace.clone()),
         }
     }
 }

@@ -22,7 +22,8 @@ use std::time::Duration;
 use serde_json::Value;
 use toolhost_bus::{Keys, Streams};
 use toolhost_envelope::{
-    Address, ChatEnvelope, DeadLetterEvent, Entry, StepStatus, StreamEvent, StreamEventKind, new_message_id,
+    Address, CallTrace, ChatEnvelope, DeadLetterEvent, Entry, StepStatus, StreamEvent, StreamEventKind,
+    new_message_id,
 };
 use toolhost_tools::{Failure, Registry};
 use tracing::{info, warn};
@@ -73,6 +74,17 @@ pub struct Message {
     envelope: Box<ChatEnvelope>,
     /// `None` for messages that are acked unanswered.
     work: Option<message::Work>,
+    /// The trace the call runs under: from `metadata.traceparent` (and `metadata.tracestate`),
+    /// else a new one.
+    trace: CallTrace,
+}
+
+impl Message {
+    fn new(envelope: Box<ChatEnvelope>, work: Option<message::Work>) -> Message {
+        let metadata = |key: &str| envelope.metadata.get(key).and_then(Value::as_str);
+        let trace = CallTrace::of(metadata("traceparent"), metadata("tracestate"), None, false);
+        Message { envelope, work, trace }
+    }
 }
 
 impl Inbox {
@@ -171,10 +183,10 @@ impl Door for Inbox {
                 Admission::DeadLetter(self.dead_letter(malformed), reason)
             }
             Incoming::Ignored(envelope, reason) => {
-                Admission::Ignore(admitted(Message { envelope, work: None }, registry), reason)
+                Admission::Ignore(admitted(Message::new(envelope, None), registry), reason)
             }
             Incoming::Message(envelope, work) => {
-                Admission::Request(admitted(Message { envelope, work: Some(work) }, registry))
+                Admission::Request(admitted(Message::new(envelope, Some(work)), registry))
             }
         }
     }
@@ -281,8 +293,11 @@ impl Inbox {
         duration: Duration,
     ) {
         let envelope = message.map(|message| &message.envelope);
+        let trace = message.map(|message| &message.trace);
         info!(
             envelope_id = envelope.map_or("-", |e| e.id.as_str()),
+            trace_id = trace.map(CallTrace::trace_id_hex),
+            span_id = trace.map(CallTrace::span_id_hex),
             conversation_id = envelope.map_or("-", |e| e.conversation_id.as_str()),
             sender = envelope.map_or("-", |e| e.sender.as_str()),
             tool,
@@ -321,6 +336,7 @@ fn admitted(message: Message, registry: &Registry) -> Admitted<Message> {
             request_id: envelope.id.clone(),
             correlation_id: call.map(|call| call.id.clone()),
             conversation_id: Some(envelope.conversation_id.clone()),
+            trace: message.trace.clone(),
         },
         tool_label: call.map(|call| {
             if registry.contains(&call.name) { call.name.clone() } else { UNKNOWN_TOOL_LABEL.to_owned() }

@@ -19,6 +19,7 @@ mod http;
 mod settings;
 mod tasks;
 mod tools;
+mod trace;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -53,6 +53,7 @@ impl Session {
         if let Some(answer) = self.remembered(&jsonrpc_id) {
             return Ok(answer.into());
         }
+        let trace = super::trace::caller(request.meta.as_ref(), &context);
         let call = Request {
             tool: name,
             arguments: Value::Object(request.arguments.unwrap_or_default()),
@@ -61,6 +62,7 @@ impl Session {
             response_topic: None,
             tenant: self.door.tenant(&context),
             via: Door::principal(&context).map(|principal| format!("token:{}", principal.token_id)),
+            trace,
         };
         let wants_task = context.client_capabilities().is_some_and(|caps| caps.supports_tasks());
         if wants_task && (tool.long_running || call.timeout > self.door.task_threshold) {

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use serde_json::{Map, Value};
 use toolhost_bus::{ResponseTopics, TopicRefusal};
-use toolhost_envelope::{Entry, EventEnvelope, RESERVED_DATA_KEYS};
+use toolhost_envelope::{CallTrace, Entry, EventEnvelope, RESERVED_DATA_KEYS};
 
 /// What the dispatcher should do with an entry.
 #[derive(Debug)]
@@ -30,6 +30,9 @@ pub(crate) struct Request {
     pub response_topic: String,
     /// When the request stops being worth running, as time since the UNIX epoch.
     pub deadline: Option<Duration>,
+    /// The trace the call runs under. The envelope's `traceparent` and `tracestate` were
+    /// replaced by this call's context, so every answer carries it.
+    pub trace: CallTrace,
 }
 
 /// What a request asks for.
@@ -134,7 +137,16 @@ pub(crate) fn admit(
         },
     };
     let deadline = deadline(&envelope, entry);
-    Admission::Request(Box::new(Request { envelope, request_id, target, response_topic, deadline }))
+    let mut envelope = envelope;
+    let trace = CallTrace::of(
+        envelope.traceparent.as_deref(),
+        envelope.tracestate.as_deref(),
+        envelope.trace_id.as_deref(),
+        false,
+    );
+    envelope.traceparent = Some(trace.traceparent());
+    envelope.tracestate.clone_from(&trace.tracestate);
+    Admission::Request(Box::new(Request { envelope, request_id, target, response_topic, deadline, trace }))
 }
 
 /// The fields that say where and how to answer, read from a payload whose other values this
@@ -154,6 +166,8 @@ fn header_envelope(payload: &str) -> Option<EventEnvelope> {
         user_id: Option<String>,
         session_id: Option<String>,
         trace_id: Option<String>,
+        traceparent: Option<Value>,
+        tracestate: Option<Value>,
         data: Option<HeaderData>,
     }
     #[derive(serde::Deserialize)]
@@ -188,6 +202,8 @@ fn header_envelope(payload: &str) -> Option<EventEnvelope> {
         user_id: header.user_id,
         session_id: header.session_id,
         trace_id: header.trace_id,
+        traceparent: header.traceparent.and_then(|value| value.as_str().map(str::to_owned)),
+        tracestate: header.tracestate.and_then(|value| value.as_str().map(str::to_owned)),
         ..EventEnvelope::default()
     })
 }
@@ -256,6 +272,8 @@ fn lenient_envelope(value: &Value) -> EventEnvelope {
         user_id: text("user_id"),
         session_id: text("session_id"),
         trace_id: text("trace_id"),
+        traceparent: text("traceparent"),
+        tracestate: text("tracestate"),
         ..EventEnvelope::default()
     }
 }

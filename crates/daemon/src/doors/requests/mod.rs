@@ -14,7 +14,9 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use toolhost_bus::Keys;
-use toolhost_envelope::{DiscoveryFormat, Entry, ErrorCode, EventEnvelope, ResultData, new_message_id};
+use toolhost_envelope::{
+    CallTrace, DiscoveryFormat, Entry, ErrorCode, EventEnvelope, ResultData, new_message_id,
+};
 use toolhost_tools::{Failure, ProgressReport, Registry};
 use tracing::info;
 
@@ -266,8 +268,17 @@ impl Requests {
         duration: Duration,
     ) {
         let envelope = request.map(|request| &request.envelope);
+        let trace = request.map(|request| &request.trace);
+        // The caller's `trace_id` when it is not the W3C trace id the call runs under.
+        let caller_trace_id = envelope
+            .and_then(|envelope| envelope.trace_id.as_deref())
+            .filter(|id| trace.is_none_or(|trace| *id != trace.trace_id_hex()));
         info!(
             request_id = request.map_or("-", |request| request.request_id.as_str()),
+            trace_id = trace.map(CallTrace::trace_id_hex),
+            span_id = trace.map(CallTrace::span_id_hex),
+            caller_trace_id,
+            trace_rejected = trace.is_some_and(|trace| trace.rejected).then_some(true),
             correlation_id = envelope.and_then(EventEnvelope::effective_correlation_id).unwrap_or("-"),
             tenant_id = envelope.and_then(|e| e.tenant_id.as_deref()).unwrap_or("-"),
             tool,
@@ -295,6 +306,7 @@ impl Requests {
                     .data_str("conversation_id")
                     .or(envelope.session_id.as_deref())
                     .map(str::to_owned),
+                trace: request.trace.clone(),
             },
             tool_label: tool_label(&request, registry),
             request,
