@@ -178,21 +178,26 @@ pub struct CallTrace {
 impl CallTrace {
     /// The trace of a call whose request carried these fields. A valid `traceparent` wins; else a
     /// `trace_id` that is a W3C trace id names the trace; else a new trace starts. The call's own
-    /// span id is new in every case. `sample_new` sets the `sampled` flag of a trace the caller
-    /// did not sample (its parent's flag is kept).
+    /// span id is new in every case. `sample` decides the `sampled` flag from the trace id and
+    /// the parent's flag (`None` for a call without a parent); see [`CallTrace::parent_only`].
     pub fn of(
         traceparent: Option<&str>,
         tracestate: Option<&str>,
         trace_id: Option<&str>,
-        sample_new: bool,
+        sample: impl FnOnce(&[u8; 16], Option<bool>) -> bool,
     ) -> CallTrace {
         let parsed = traceparent.and_then(TraceParent::parse);
         let rejected = traceparent.is_some() && parsed.is_none();
         let span_id = new_span_id();
-        let new_flags = if sample_new { SAMPLED } else { 0 };
+        let flag = |sampled: bool| if sampled { SAMPLED } else { 0 };
         match parsed {
             Some(parent) => CallTrace {
-                context: parent.with_span(span_id),
+                context: TraceParent {
+                    trace_id: parent.trace_id,
+                    span_id,
+                    flags: (parent.flags & !SAMPLED)
+                        | flag(sample(&parent.trace_id, Some(parent.is_sampled()))),
+                },
                 parent: Some(parent.span_id),
                 tracestate: tracestate.and_then(valid_tracestate).map(str::to_owned),
                 origin: TraceOrigin::Continued,
@@ -200,12 +205,9 @@ impl CallTrace {
             },
             None => {
                 let named = trace_id.and_then(TraceParent::parse_trace_id);
+                let trace_id = named.unwrap_or_else(new_trace_id);
                 CallTrace {
-                    context: TraceParent {
-                        trace_id: named.unwrap_or_else(new_trace_id),
-                        span_id,
-                        flags: new_flags,
-                    },
+                    context: TraceParent { trace_id, span_id, flags: flag(sample(&trace_id, None)) },
                     parent: None,
                     tracestate: None,
                     origin: if named.is_some() { TraceOrigin::TraceId } else { TraceOrigin::New },
@@ -213,6 +215,12 @@ impl CallTrace {
                 }
             }
         }
+    }
+
+    /// The sampling of a process that records nothing: a parent's flag is passed on, a new
+    /// trace is not sampled.
+    pub fn parent_only(_trace_id: &[u8; 16], parent: Option<bool>) -> bool {
+        parent.unwrap_or(false)
     }
 
     /// The `traceparent` this call passes on: its trace, its own span, its flags.
@@ -332,7 +340,7 @@ mod tests {
 
     #[test]
     fn a_valid_traceparent_wins_and_gets_a_span_of_the_call() {
-        let trace = CallTrace::of(Some(VALID), Some("vendor=abc"), Some("opaque-1"), false);
+        let trace = CallTrace::of(Some(VALID), Some("vendor=abc"), Some("opaque-1"), CallTrace::parent_only);
         assert_eq!(trace.origin, TraceOrigin::Continued);
         assert_eq!(trace.trace_id_hex(), "4bf92f3577b34da6a3ce929d0e0e4736");
         assert_eq!(trace.parent_id_hex().as_deref(), Some("00f067aa0ba902b7"));
@@ -345,26 +353,27 @@ mod tests {
     #[test]
     fn garbage_starts_a_new_trace_and_drops_its_tracestate() {
         let garbage = "00-00000000000000000000000000000000-00f067aa0ba902b7-01";
-        let trace = CallTrace::of(Some(garbage), Some("vendor=abc"), None, false);
+        let trace = CallTrace::of(Some(garbage), Some("vendor=abc"), None, CallTrace::parent_only);
         assert_eq!(trace.origin, TraceOrigin::New);
         assert!(trace.rejected);
         assert_eq!(trace.parent, None);
         assert_eq!(trace.tracestate, None);
         assert_ne!(trace.context.trace_id, [0; 16]);
         assert!(!trace.traceparent().contains("00000000000000000000000000000000"));
-        let other = CallTrace::of(Some(garbage), None, None, false);
+        let other = CallTrace::of(Some(garbage), None, None, CallTrace::parent_only);
         assert_ne!(trace.context.trace_id, other.context.trace_id);
     }
 
     #[test]
     fn a_trace_id_that_is_a_w3c_id_names_the_trace() {
-        let trace = CallTrace::of(None, Some("vendor=abc"), Some("4bf92f3577b34da6a3ce929d0e0e4736"), true);
+        let trace =
+            CallTrace::of(None, Some("vendor=abc"), Some("4bf92f3577b34da6a3ce929d0e0e4736"), |_, _| true);
         assert_eq!(trace.origin, TraceOrigin::TraceId);
         assert_eq!(trace.trace_id_hex(), "4bf92f3577b34da6a3ce929d0e0e4736");
         assert_eq!(trace.parent, None);
         assert_eq!(trace.tracestate, None);
         assert!(trace.context.is_sampled());
-        let opaque = CallTrace::of(None, None, Some("t-9"), false);
+        let opaque = CallTrace::of(None, None, Some("t-9"), CallTrace::parent_only);
         assert_eq!(opaque.origin, TraceOrigin::New);
         assert!(!opaque.rejected);
         assert!(!opaque.context.is_sampled());
@@ -377,6 +386,19 @@ mod tests {
         assert_eq!(TraceContext::read(Some(VALID), Some("bad")).unwrap().tracestate, None);
         assert_eq!(TraceContext::read(Some("00-xyz"), Some("a=1")), None);
         assert_eq!(TraceContext::read(None, Some("a=1")), None);
+    }
+
+    #[test]
+    fn the_sampler_decides_the_flag_from_the_trace_and_the_parents_flag() {
+        let unsampled = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00";
+        let mut asked = None;
+        let trace = CallTrace::of(Some(unsampled), None, None, |id, parent| {
+            asked = Some((*id, parent));
+            true
+        });
+        assert_eq!(asked, Some((trace.context.trace_id, Some(false))));
+        assert!(trace.context.is_sampled());
+        assert!(!CallTrace::of(Some(VALID), None, None, |_, _| false).context.is_sampled());
     }
 
     #[test]

@@ -368,6 +368,18 @@ impl Tool for McpTool {
         self.spec.clone()
     }
 
+    fn remote(&self) -> Option<toolhost_tools::Remote> {
+        Some(toolhost_tools::Remote {
+            system: "mcp",
+            target: self.source.spec.name.clone(),
+            name: self.original.clone(),
+            transport: match self.source.spec.transport {
+                Transport::Stdio { .. } => "pipe",
+                Transport::Http { .. } => "tcp",
+            },
+        })
+    }
+
     /// Calls the tool on the server. A call cut short (the future dropped at a timeout, or
     /// `context.cancel` fired) sends `notifications/cancelled` for its request.
     async fn call(&self, arguments: Value, context: &Context) -> Result<Value, ToolError> {

@@ -64,6 +64,25 @@ pub trait Tool: Send + Sync + 'static {
     /// The future may be dropped at any await when the call times out or the host stops; a tool
     /// that starts processes or holds resources must release them on drop.
     async fn call(&self, arguments: Value, context: &Context) -> Result<Value, ToolError>;
+
+    /// Where a run of the tool goes when it leaves the process (an MCP server, an HTTP
+    /// service), for the span of the run; `None` for a tool that runs here.
+    fn remote(&self) -> Option<Remote> {
+        None
+    }
+}
+
+/// What a tool's run calls outside the process, as its span names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Remote {
+    /// `mcp`, `http` or `chat` (a specialist agent).
+    pub system: &'static str,
+    /// The server, service or agent called (an `[[mcp_servers]]` name, a URL's host).
+    pub target: String,
+    /// The tool's name there (an MCP server's own name of the tool).
+    pub name: String,
+    /// `pipe` (a stdio child) or `tcp`.
+    pub transport: &'static str,
 }
 
 /// What a call knows about where it comes from.

@@ -14,7 +14,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis import exceptions as redis_errors
 
-from . import _wire
+from . import _otel, _wire
 from ._errors import (
     ClientClosed,
     ClientError,
@@ -198,6 +198,8 @@ class AsyncClient:
         correlation_id: str | None = None,
         on_progress: Callable[[Progress], None] | None = None,
         replica_acks: int | None = None,
+        traceparent: str | None = None,
+        tracestate: str | None = None,
     ) -> Any:
         """Calls `tool` and returns its result, or raises the answer's ToolError.
 
@@ -212,6 +214,9 @@ class AsyncClient:
         many Redis replicas have it (`WAIT`, up to `replica_ack_timeout`), and raises
         RequestNotReplicated when fewer did: a failover could then lose the request (it may
         also still be answered). With `retries` the request is sent again, same id, instead.
+        Each request carries W3C trace context: with `opentelemetry-api` installed, that of a
+        PRODUCER span `send <topic>` under the current span (or under `traceparent` when given);
+        without it, `traceparent` and `tracestate` as given.
         """
         _wire.check_tool_name(tool)
         if arguments is None:
@@ -237,9 +242,10 @@ class AsyncClient:
                 last = attempt == attempts - 1
                 if attempt > 0:
                     waiter.future = loop.create_future()
-                    fields = self._entry("tool.invoke", data, rid, correlation_id)
                 try:
-                    await self._send(self._requests_key, fields, acks)
+                    with _otel.send_span(self.requests_topic, tool, rid, traceparent, tracestate) as trace_fields:
+                        fields = self._entry("tool.invoke", data, rid, correlation_id, trace_fields)
+                        await self._send(self._requests_key, fields, acks)
                 except RequestNotReplicated as err:
                     if last:
                         raise RequestNotReplicated(rid, err.acked, err.wanted, err.waited) from None
@@ -385,7 +391,14 @@ class AsyncClient:
 
     # -- inside ----------------------------------------------------------------------------------
 
-    def _entry(self, event_type: str, data: dict[str, Any], rid: str, correlation_id: str | None) -> dict[str, str]:
+    def _entry(
+        self,
+        event_type: str,
+        data: dict[str, Any],
+        rid: str,
+        correlation_id: str | None,
+        trace_fields: dict[str, str] | None = None,
+    ) -> dict[str, str]:
         """The fields of a request entry: `id`, `payload`, and `sig` when the client signs."""
         envelope_id, payload = _wire.request_entry(
             event_type,
@@ -394,7 +407,7 @@ class AsyncClient:
             topic=self.requests_topic,
             response_topic=self.response_topic,
             correlation_id=correlation_id if correlation_id is not None else rid,
-            tags=self._tags,
+            tags={**self._tags, **(trace_fields or {})},
         )
         fields = {"id": envelope_id, "payload": payload}
         if self._signing is not None:

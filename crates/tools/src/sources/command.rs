@@ -472,7 +472,7 @@ mod tests {
             Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
             Some("vendor=x"),
             None,
-            false,
+            toolhost_envelope::CallTrace::parent_only,
         );
         let context = Context { trace: Some(trace.clone()), ..Context::default() };
         let output = tool.call(json!({}), &context).await.unwrap();

@@ -393,6 +393,18 @@ impl Tool for HttpTool {
         self.spec.clone()
     }
 
+    fn remote(&self) -> Option<crate::Remote> {
+        // Never the credentials a URL may hold before its host.
+        let authority = self.url.origin.split_once("://").map_or(self.url.origin.as_str(), |(_, rest)| rest);
+        let host = authority.rsplit('@').next().unwrap_or(authority);
+        Some(crate::Remote {
+            system: "http",
+            target: host.to_owned(),
+            name: self.spec.name.clone(),
+            transport: "tcp",
+        })
+    }
+
     async fn call(&self, arguments: Value, context: &Context) -> Result<Value, ToolError> {
         let empty = Map::new();
         let (url, body) =
@@ -624,7 +636,7 @@ mod tests {
             Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
             Some("vendor=x"),
             None,
-            false,
+            toolhost_envelope::CallTrace::parent_only,
         );
         let context = Context { trace: Some(trace.clone()), ..Context::default() };
         let head = tool.call(json!({}), &context).await.unwrap();

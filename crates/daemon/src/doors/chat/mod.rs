@@ -37,6 +37,7 @@ use crate::call::{
 use crate::doors::context::StreamContext;
 use crate::fleet::{Fleet, Route, route};
 use crate::group::GroupReader;
+use crate::telemetry::Sampling;
 
 /// Starts the chat door: its reader of the agent inbox `chat:<agent_name>`, in the toolbox's
 /// consumer group.
@@ -50,6 +51,7 @@ pub(crate) fn start(settings: Settings, cx: &StreamContext) -> Arc<GroupReader<L
         services.fleet.clone(),
         &cx.consumer,
         settings,
+        services.telemetry.sampling(),
     );
     cx.reader(door, &ledger, topic)
 }
@@ -67,6 +69,8 @@ pub struct Inbox {
     fleet: Arc<Fleet>,
     /// This replica's consumer name.
     consumer: String,
+    /// How new traces are sampled (the `sampled` flag of a call's context).
+    sampling: Sampling,
 }
 
 /// An admitted chat message: the envelope and what answering it takes.
@@ -80,9 +84,12 @@ pub struct Message {
 }
 
 impl Message {
-    fn new(envelope: Box<ChatEnvelope>, work: Option<message::Work>) -> Message {
+    fn new(envelope: Box<ChatEnvelope>, work: Option<message::Work>, sampling: Sampling) -> Message {
         let metadata = |key: &str| envelope.metadata.get(key).and_then(Value::as_str);
-        let trace = CallTrace::of(metadata("traceparent"), metadata("tracestate"), None, false);
+        let trace =
+            CallTrace::of(metadata("traceparent"), metadata("tracestate"), None, |trace_id, parent| {
+                sampling.sampled(trace_id, parent)
+            });
         Message { envelope, work, trace }
     }
 }
@@ -95,9 +102,11 @@ impl Inbox {
         fleet: Arc<Fleet>,
         consumer: &str,
         settings: Settings,
+        sampling: Sampling,
     ) -> Inbox {
         Inbox {
             fleet,
+            sampling,
             consumer: consumer.to_owned(),
             dead_letters: keys.dead_letters(&settings.agent_name),
             sender: Address::agent_of(&settings.agent_name),
@@ -183,10 +192,10 @@ impl Door for Inbox {
                 Admission::DeadLetter(self.dead_letter(malformed), reason)
             }
             Incoming::Ignored(envelope, reason) => {
-                Admission::Ignore(admitted(Message::new(envelope, None), registry), reason)
+                Admission::Ignore(admitted(Message::new(envelope, None, self.sampling), registry), reason)
             }
             Incoming::Message(envelope, work) => {
-                Admission::Request(admitted(Message::new(envelope, Some(work)), registry))
+                Admission::Request(admitted(Message::new(envelope, Some(work), self.sampling), registry))
             }
         }
     }

@@ -48,6 +48,8 @@ pub(crate) struct Door {
     pub auth: crate::auth::AuthHandle,
     /// The tenant of calls no token names (`[mcp] tenant`).
     pub tenant: Option<String>,
+    /// Where the door's spans go.
+    pub telemetry: crate::telemetry::Telemetry,
 }
 
 impl Door {

@@ -53,6 +53,7 @@ async fn door(settings: &Settings, cx: &DoorContext, transport: &'static str) ->
         transport,
         auth: cx.auth.clone(),
         tenant,
+        telemetry: cx.telemetry.clone(),
     }))
 }
 

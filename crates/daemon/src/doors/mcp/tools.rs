@@ -16,6 +16,7 @@ use tracing::info;
 
 use super::handler::{Door, Session};
 use crate::fleet_client::{CallFailure, Request};
+use crate::telemetry::DoorSpan;
 
 impl Session {
     /// `tools/list`: one page of the exposed tools the request's tenant may call.
@@ -53,7 +54,17 @@ impl Session {
         if let Some(answer) = self.remembered(&jsonrpc_id) {
             return Ok(answer.into());
         }
-        let trace = super::trace::caller(request.meta.as_ref(), &context);
+        let caller = super::trace::caller(request.meta.as_ref(), &context);
+        let door = &self.door;
+        let span = super::trace::server_span(
+            &door.telemetry,
+            caller.as_ref(),
+            &name,
+            &jsonrpc_id,
+            door.transport,
+            &context,
+        );
+        let trace = span.as_ref().map(DoorSpan::passed_on).or(caller);
         let call = Request {
             tool: name,
             arguments: Value::Object(request.arguments.unwrap_or_default()),
@@ -69,7 +80,17 @@ impl Session {
             let task = self.door.tasks.create(&self.door.fleet, call).await?;
             return Ok(CallToolResponse::Task(task));
         }
-        let result = self.run_call(call, &context).await?;
+        let result = self.run_call(call, &context).await;
+        if let Some(span) = &span {
+            match &result {
+                Err(error) => span.fail(&error.code.0.to_string(), &error.message),
+                Ok(result) if result.is_error == Some(true) => {
+                    span.fail("tool_error", "the tool answered an error")
+                }
+                Ok(_) => {}
+            }
+        }
+        let result = result?;
         self.remember(jsonrpc_id, &result);
         Ok(result.into())
     }

@@ -6,6 +6,8 @@ use serde_json::{Map, Value};
 use toolhost_bus::{ResponseTopics, TopicRefusal};
 use toolhost_envelope::{CallTrace, Entry, EventEnvelope, RESERVED_DATA_KEYS};
 
+use crate::telemetry::Sampling;
+
 /// What the dispatcher should do with an entry.
 #[derive(Debug)]
 pub(crate) enum Admission {
@@ -72,6 +74,7 @@ pub(crate) fn admit(
     max_payload_bytes: usize,
     topics: &ResponseTopics,
     resolve: impl Fn(&str) -> Option<String>,
+    sampling: Sampling,
 ) -> Admission {
     // A field that is not UTF-8 or over the limit: dead-lettered with its raw head, never parsed.
     if let Some(defect) = entry.unreadable(max_payload_bytes) {
@@ -142,7 +145,7 @@ pub(crate) fn admit(
         envelope.traceparent.as_deref(),
         envelope.tracestate.as_deref(),
         envelope.trace_id.as_deref(),
-        false,
+        |trace_id, parent| sampling.sampled(trace_id, parent),
     );
     envelope.traceparent = Some(trace.traceparent());
     envelope.tracestate.clone_from(&trace.tracestate);
@@ -319,7 +322,13 @@ mod tests {
     fn check(payload: &str) -> Admission {
         let patterns = ["action-results".to_owned(), "results:*".to_owned()];
         let topics = ResponseTopics::new(&patterns, "action-results", "action-requests").unwrap();
-        admit(&entry(payload), 1024, &topics, |event| (event == "echo.requested").then(|| "echo".to_owned()))
+        admit(
+            &entry(payload),
+            1024,
+            &topics,
+            |event| (event == "echo.requested").then(|| "echo".to_owned()),
+            Sampling::OFF,
+        )
     }
 
     fn request(payload: &str) -> Request {

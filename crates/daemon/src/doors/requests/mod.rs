@@ -30,6 +30,7 @@ use crate::doors::context::StreamContext;
 use crate::fleet::{Fleet, Route, route};
 use crate::group::GroupReader;
 use crate::stats::Stats;
+use crate::telemetry::Sampling;
 
 /// Starts the requests door: its reader of the requests stream, in the toolbox's consumer group.
 pub(crate) fn start(settings: Settings, cx: &StreamContext) -> Arc<GroupReader<Lifecycle<Requests>>> {
@@ -42,6 +43,7 @@ pub(crate) fn start(settings: Settings, cx: &StreamContext) -> Arc<GroupReader<L
         services.fleet.clone(),
         &cx.consumer,
         settings,
+        services.telemetry.sampling(),
     );
     cx.reader(door, &ledger, topic)
 }
@@ -62,6 +64,8 @@ pub struct Requests {
     fleet: Arc<Fleet>,
     /// This replica's consumer name.
     consumer: String,
+    /// How new traces are sampled (the `sampled` flag of a call's context).
+    sampling: Sampling,
 }
 
 impl Requests {
@@ -72,9 +76,11 @@ impl Requests {
         fleet: Arc<Fleet>,
         consumer: &str,
         settings: Settings,
+        sampling: Sampling,
     ) -> Requests {
         Requests {
             fleet,
+            sampling,
             consumer: consumer.to_owned(),
             requests: keys.topic(&settings.requests_topic),
             dead_letters: keys.dead_letters(&settings.toolbox_id),
@@ -144,7 +150,7 @@ impl Door for Requests {
     fn admit(&self, entry: &Entry, registry: &Registry) -> Admission<Request> {
         let topics = &self.settings.response_topics;
         let resolve = |event: &str| registry.by_event(event).map(str::to_owned);
-        match admit::admit(entry, self.settings.max_payload_bytes, topics, resolve) {
+        match admit::admit(entry, self.settings.max_payload_bytes, topics, resolve, self.sampling) {
             admit::Admission::DeadLetter(reason) => {
                 Admission::DeadLetter(self.dead_letter(entry, &reason), reason)
             }

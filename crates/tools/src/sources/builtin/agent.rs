@@ -157,6 +157,15 @@ impl AgentTool {
 
 #[async_trait]
 impl Tool for AgentTool {
+    fn remote(&self) -> Option<crate::Remote> {
+        Some(crate::Remote {
+            system: "chat",
+            target: self.settings.name.clone(),
+            name: self.settings.name.clone(),
+            transport: "tcp",
+        })
+    }
+
     fn spec(&self) -> ToolSpec {
         let settings = &self.settings;
         let mut spec = ToolSpec::new(
@@ -271,7 +280,7 @@ mod tests {
             Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
             Some("vendor=x"),
             None,
-            false,
+            toolhost_envelope::CallTrace::parent_only,
         );
         let mut registry = Registry::new();
         registry.register(Arc::new(tool(&bus, 2000))).unwrap();
