@@ -147,7 +147,8 @@ impl Fleet {
         let dir = temp_dir("telemetry");
         // Fast batches, so the spans reach the receiver soon after each call.
         let telemetry = format!(
-            "[telemetry]\notlp_endpoint = \"{}\"\nschedule_delay_ms = 50\nexport_timeout_ms = 2000\n",
+            "[telemetry]\notlp_endpoint = \"{}\"\nschedule_delay_ms = 50\nexport_timeout_ms = 2000\n\
+             metrics_interval_ms = 200\n",
             receiver.url()
         );
         let hosts_config = dir.join("hosts.toml");
@@ -312,6 +313,41 @@ fn a_call_through_the_mcp_door_and_one_over_redis_share_the_callers_trace_down_t
     assert!(received.starts_with(&format!("00-{trace_id}-{}-", run["span_id"].as_str().unwrap())));
     // The call's log line names the trace.
     fleet.hosts.wait_for_log(&format!("\"trace_id\":\"{trace_id}\""), WAIT);
+
+    // The same calls as OTLP metrics, beside Prometheus: per-tool counts and durations from the
+    // toolbox, in-flight, and the MCP conventions' operation duration from the door.
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let points = get(fleet.receiver.port, "/metrics").as_array().cloned().unwrap_or_default();
+        let found = |name: &str, check: &dyn Fn(&Value) -> bool| {
+            points.iter().any(|point| point["service"] == "toolhost" && point["name"] == name && check(point))
+        };
+        let tool_is =
+            |tool: &'static str| move |point: &Value| point["attributes"]["gen_ai.tool.name"] == tool;
+        let counted = found("toolhost.invocations", &|point| {
+            tool_is("traced__meta_echo")(point)
+                && point["attributes"]["toolhost.outcome"] == "success"
+                && point["value"].as_i64() >= Some(2)
+        });
+        let timed = found("toolhost.invocation.duration", &|point| {
+            tool_is("echo_headers")(point) && point["value"]["count"].as_i64() >= Some(1)
+        });
+        let in_flight = found("toolhost.in_flight", &|point| point["value"].as_i64() == Some(0));
+        let mcp = found("mcp.server.operation.duration", &|point| {
+            tool_is("traced__meta_echo")(point)
+                && point["attributes"]["mcp.method.name"] == "tools/call"
+                && point["unit"] == "s"
+                && point["value"]["count"].as_i64() >= Some(1)
+        });
+        if counted && timed && in_flight && mcp {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "OTLP metrics incomplete (counts {counted}, durations {timed}, in flight {in_flight}, mcp {mcp}): {points:#?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }
 
 /// An `echo` request over Redis with `traceparent` set to `traceparent` (a JSON value).

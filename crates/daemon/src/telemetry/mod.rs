@@ -128,6 +128,10 @@ struct Inner {
     settings: Settings,
     /// The span pipeline, once [`Telemetry::start_export`] started it.
     pipeline: std::sync::OnceLock<otel::Pipeline>,
+    /// The OTLP metrics, once [`Telemetry::start_export`] started them.
+    meters: std::sync::OnceLock<otel::Meters>,
+    /// Whether [`Telemetry::start_export`] ran.
+    export_started: AtomicBool,
     /// What the pipeline counts.
     export_counters: otel::ExportCounters,
 }
@@ -193,6 +197,8 @@ impl Telemetry {
         let inner = Inner {
             settings,
             pipeline: std::sync::OnceLock::new(),
+            meters: std::sync::OnceLock::new(),
+            export_started: AtomicBool::new(false),
             export_counters,
             handle: recorder.handle(),
             in_flight: gauge(IN_FLIGHT),
@@ -223,13 +229,15 @@ impl Telemetry {
     /// # Errors
     /// The exporter cannot be built.
     pub fn start_export(&self) -> anyhow::Result<()> {
-        if self.inner.pipeline.get().is_some() {
+        if self.inner.export_started.swap(true, Ordering::SeqCst) {
             return Ok(());
         }
-        if let Some(pipeline) =
-            otel::Pipeline::start(&self.inner.settings, self.inner.export_counters.clone())?
-        {
+        let settings = &self.inner.settings;
+        if let Some(pipeline) = otel::Pipeline::start(settings, self.inner.export_counters.clone())? {
             let _ = self.inner.pipeline.set(pipeline);
+        }
+        if let Some(meters) = otel::Meters::start(settings)? {
+            let _ = self.inner.meters.set(meters);
         }
         Ok(())
     }
@@ -238,6 +246,9 @@ impl Telemetry {
     pub async fn stop_export(&self, grace: Duration) {
         if let Some(pipeline) = self.inner.pipeline.get() {
             pipeline.shutdown(grace).await;
+        }
+        if let Some(meters) = self.inner.meters.get() {
+            meters.shutdown();
         }
     }
 
@@ -339,9 +350,30 @@ impl Telemetry {
         Readiness { reasons }
     }
 
+    /// Records one `tools/call` of the MCP door in `mcp.server.operation.duration` (OTLP only).
+    pub(crate) fn mcp_operation(&self, tool: &str, error: Option<&str>, duration: Duration) {
+        if let Some(meters) = self.inner.meters.get() {
+            let mut attributes = vec![
+                opentelemetry::KeyValue::new("mcp.method.name", "tools/call"),
+                opentelemetry::KeyValue::new("gen_ai.tool.name", tool.to_owned()),
+            ];
+            if let Some(error) = error {
+                attributes.push(opentelemetry::KeyValue::new("error.type", error.to_owned()));
+            }
+            meters.mcp_operation.record(duration.as_secs_f64(), &attributes);
+        }
+    }
+
     /// Counts one handled entry and its duration.
     pub fn invocation(&self, tool: &str, outcome: &str, duration: Duration) {
         let tool = if outcome == "unknown_tool" { UNKNOWN_TOOL_LABEL } else { tool };
+        if let Some(meters) = self.inner.meters.get() {
+            let tool_name = opentelemetry::KeyValue::new("gen_ai.tool.name", tool.to_owned());
+            meters.duration.record(duration.as_secs_f64(), std::slice::from_ref(&tool_name));
+            meters
+                .invocations
+                .add(1, &[tool_name, opentelemetry::KeyValue::new("toolhost.outcome", outcome.to_owned())]);
+        }
         let mut invocations = self.inner.invocations.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         match invocations.get_mut(tool) {
             Some(metrics) => self.record(metrics, tool, outcome, duration),
@@ -453,6 +485,9 @@ impl Telemetry {
     /// Counts a running call until the guard drops.
     pub fn in_flight_guard(&self) -> InFlight {
         self.inner.in_flight.increment(1.0);
+        if let Some(meters) = self.inner.meters.get() {
+            meters.in_flight.add(1, &[]);
+        }
         InFlight { telemetry: self.clone() }
     }
 
@@ -531,6 +566,9 @@ pub struct InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.telemetry.inner.in_flight.decrement(1.0);
+        if let Some(meters) = self.telemetry.inner.meters.get() {
+            meters.in_flight.add(-1, &[]);
+        }
     }
 }
 

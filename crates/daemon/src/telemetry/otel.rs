@@ -265,3 +265,176 @@ pub(crate) fn with_ids<T>(trace_id: [u8; 16], span_id: [u8; 8], make: impl FnOnc
     NEXT_SPAN.with(|next| next.set(None));
     made
 }
+
+/// The metrics toolhost exports over OTLP, beside the Prometheus endpoint: recorded where the
+/// Prometheus ones are, collected every `metrics_interval_ms` by one task.
+pub(crate) struct Meters {
+    /// `toolhost.invocations`: handled entries by `gen_ai.tool.name` and `toolhost.outcome`.
+    pub invocations: opentelemetry::metrics::Counter<u64>,
+    /// `toolhost.invocation.duration` (s), by `gen_ai.tool.name`.
+    pub duration: opentelemetry::metrics::Histogram<f64>,
+    /// `toolhost.in_flight`: tool calls running now.
+    pub in_flight: opentelemetry::metrics::UpDownCounter<i64>,
+    /// `mcp.server.operation.duration` (s), the MCP conventions' metric, recorded by the MCP
+    /// door for every `tools/call` (`mcp.method.name`, `gen_ai.tool.name`, `error.type`).
+    pub mcp_operation: opentelemetry::metrics::Histogram<f64>,
+    provider: opentelemetry_sdk::metrics::SdkMeterProvider,
+    export: std::sync::Mutex<Option<JoinHandle<()>>>,
+}
+
+/// Buckets of the duration histograms, in seconds (the Prometheus histogram's).
+const BUCKETS: &[f64] =
+    &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
+
+/// The SDK's manual reader, shared by the meter provider (which registers its pipeline) and the
+/// export task (which collects from it).
+#[derive(Debug, Clone)]
+struct SharedReader(std::sync::Arc<opentelemetry_sdk::metrics::ManualReader>);
+
+impl opentelemetry_sdk::metrics::reader::MetricReader for SharedReader {
+    fn register_pipeline(&self, pipeline: std::sync::Weak<opentelemetry_sdk::metrics::Pipeline>) {
+        self.0.register_pipeline(pipeline);
+    }
+
+    fn collect(&self, metrics: &mut opentelemetry_sdk::metrics::data::ResourceMetrics) -> OTelSdkResult {
+        self.0.collect(metrics)
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.0.force_flush()
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.0.shutdown_with_timeout(timeout)
+    }
+
+    fn temporality(
+        &self,
+        kind: opentelemetry_sdk::metrics::InstrumentKind,
+    ) -> opentelemetry_sdk::metrics::Temporality {
+        self.0.temporality(kind)
+    }
+}
+
+impl Meters {
+    /// Builds the metric exporter and starts the export task on the current runtime; `None`
+    /// when `settings` export no metrics.
+    ///
+    /// # Errors
+    /// The exporter cannot be built.
+    pub(crate) fn start(settings: &Settings) -> anyhow::Result<Option<Meters>> {
+        use opentelemetry::metrics::MeterProvider as _;
+        let Some(export) = &settings.export else { return Ok(None) };
+        let Some(interval) = export.metrics_interval else { return Ok(None) };
+        let exporter = metric_exporter(export)?;
+        let reader =
+            SharedReader(std::sync::Arc::new(opentelemetry_sdk::metrics::ManualReader::builder().build()));
+        let resource = Resource::builder().with_service_name(settings.service_name.clone()).build();
+        let provider = opentelemetry_sdk::metrics::SdkMeterProvider::builder()
+            .with_reader(reader.clone())
+            .with_resource(resource.clone())
+            .build();
+        let meter = provider.meter(SCOPE);
+        let meters = Meters {
+            invocations: meter
+                .u64_counter("toolhost.invocations")
+                .with_description("Handled request entries, by tool and outcome.")
+                .build(),
+            duration: meter
+                .f64_histogram("toolhost.invocation.duration")
+                .with_unit("s")
+                .with_description("How long handling a request entry took, by tool.")
+                .with_boundaries(BUCKETS.to_vec())
+                .build(),
+            in_flight: meter
+                .i64_up_down_counter("toolhost.in_flight")
+                .with_description("Tool calls running now.")
+                .build(),
+            mcp_operation: meter
+                .f64_histogram("mcp.server.operation.duration")
+                .with_unit("s")
+                .with_description("How long the MCP door took to answer a request, by method and tool.")
+                .with_boundaries(BUCKETS.to_vec())
+                .build(),
+            provider,
+            export: std::sync::Mutex::new(None),
+        };
+        let task = tokio::spawn(metrics_loop(reader, exporter, resource, interval, export.timeout));
+        *meters.export.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(task);
+        Ok(Some(meters))
+    }
+
+    /// Stops the export task (the last interval's metrics are not sent).
+    pub(crate) fn shutdown(&self) {
+        let task = self.export.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+        if let Some(task) = task {
+            task.abort();
+        }
+        let _ = self.provider.shutdown();
+    }
+}
+
+/// The OTLP metric exporter of `export`, built from the settings alone.
+fn metric_exporter(export: &Export) -> anyhow::Result<opentelemetry_otlp::MetricExporter> {
+    let exporter = match export.protocol {
+        Protocol::HttpProtobuf => {
+            let client = toolhost_tools::sources::http::client().map_err(anyhow::Error::msg)?;
+            opentelemetry_otlp::MetricExporter::builder()
+                .with_http()
+                .with_http_client(client)
+                .with_protocol(OtlpProtocol::HttpBinary)
+                .with_endpoint(export.metrics_endpoint.clone())
+                .with_timeout(export.timeout)
+                .with_headers(export.headers.iter().cloned().collect())
+                .build()?
+        }
+        Protocol::Grpc => opentelemetry_otlp::MetricExporter::builder()
+            .with_tonic()
+            .with_protocol(OtlpProtocol::Grpc)
+            .with_endpoint(export.metrics_endpoint.clone())
+            .with_timeout(export.timeout)
+            .with_metadata(tonic_metadata(&export.headers)?)
+            .build()?,
+    };
+    Ok(exporter)
+}
+
+/// Collects and exports the metrics every `interval`; a failed export is logged once per
+/// outage and skipped (the next one carries the cumulative values).
+async fn metrics_loop(
+    reader: SharedReader,
+    exporter: opentelemetry_otlp::MetricExporter,
+    resource: Resource,
+    interval: Duration,
+    timeout: Duration,
+) {
+    use opentelemetry_sdk::metrics::exporter::PushMetricExporter as _;
+    use opentelemetry_sdk::metrics::reader::MetricReader as _;
+    let _ = resource;
+    let mut ticks = tokio::time::interval(interval);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut failing = false;
+    loop {
+        ticks.tick().await;
+        let mut metrics = opentelemetry_sdk::metrics::data::ResourceMetrics::default();
+        if reader.collect(&mut metrics).is_err() {
+            continue;
+        }
+        let result = tokio::time::timeout(timeout + Duration::from_secs(1), exporter.export(&metrics)).await;
+        match result {
+            Ok(Ok(())) => failing = false,
+            Ok(Err(err)) => {
+                if !failing {
+                    warn!(error = %err, "cannot export metrics; skipped until the collector takes them again");
+                }
+                failing = true;
+            }
+            Err(_) => {
+                if !failing {
+                    warn!("exporting metrics timed out; skipped");
+                }
+                failing = true;
+            }
+        }
+    }
+}

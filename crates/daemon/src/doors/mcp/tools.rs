@@ -80,16 +80,21 @@ impl Session {
             let task = self.door.tasks.create(&self.door.fleet, call).await?;
             return Ok(CallToolResponse::Task(task));
         }
+        let started = std::time::Instant::now();
+        let tool_name = call.tool.clone();
         let result = self.run_call(call, &context).await;
-        if let Some(span) = &span {
-            match &result {
-                Err(error) => span.fail(&error.code.0.to_string(), &error.message),
-                Ok(result) if result.is_error == Some(true) => {
-                    span.fail("tool_error", "the tool answered an error")
-                }
-                Ok(_) => {}
+        let error = match &result {
+            Err(error) => Some((error.code.0.to_string(), error.message.to_string())),
+            Ok(result) if result.is_error == Some(true) => {
+                Some(("tool_error".to_owned(), "the tool answered an error".to_owned()))
             }
+            Ok(_) => None,
+        };
+        if let (Some(span), Some((error_type, message))) = (&span, &error) {
+            span.fail(error_type, message);
         }
+        let error_type = error.as_ref().map(|(error_type, _)| error_type.as_str());
+        door.telemetry.mcp_operation(&tool_name, error_type, started.elapsed());
         let result = result?;
         self.remember(jsonrpc_id, &result);
         Ok(result.into())
