@@ -445,6 +445,7 @@ impl<D: Door> Lifecycle<D> {
                 duration_us: duration.as_micros() as u64,
                 entry_id: entry.entry_id.clone(),
                 deliveries: entry.deliveries,
+                trace_id: admitted.map(|a| a.ids.trace.trace_id_hex()).unwrap_or_default(),
             });
         }
         let request = admitted.map(|admitted| &admitted.request);
