@@ -161,6 +161,15 @@ test-console: ensure-redis-installed debug-toolhost
     scripts/ensure-mcp-servers.sh >/dev/null
     cargo test -p toolhost-e2e --test console
 
+# Telemetry end to end (tests/tests/telemetry.rs): W3C trace context and OTLP spans from callers
+# with the OpenTelemetry SDK (the MCP Python SDK's client through the MCP door, the Python client
+# over Redis) through two toolboxes to a hosted MCP server and an HTTP tool, collected by an OTLP
+# receiver on the official opentelemetry-proto (pinned into a venv); the collector stopped
+# mid-run; garbage trace context.
+test-telemetry: ensure-redis-installed debug-toolhost
+    scripts/ensure-telemetry-venv.sh >/dev/null
+    cargo test -p toolhost-e2e --test telemetry
+
 # The Python client (clients/python) against a real daemon and redis-server: pytest, mypy
 # --strict, and the wheel built and checked with twine (the venv is made once, pinned).
 test-python: ensure-redis-installed debug-toolhost

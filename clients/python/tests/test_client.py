@@ -274,3 +274,20 @@ def test_nothing_answering_is_no_answer_with_the_request_id(redis_server: RedisS
         with pytest.raises(NoAnswer) as no_answer:
             client.call("echo", {"message": "hi"}, timeout=0.5, request_id="nobody-home")
     assert no_answer.value.request_id == "nobody-home" and isinstance(no_answer.value, TimeoutError)
+
+
+def test_a_given_traceparent_is_written_and_the_answer_continues_its_trace(daemon: Daemon, redis_server: RedisServer) -> None:
+    # Without opentelemetry-api installed (this venv), the client writes the context as given;
+    # with it, a PRODUCER span under it (tests/tests/telemetry.rs).
+    given = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    with Client(redis_server.url) as client:
+        result = client.call("echo", {"message": "traced"}, request_id="traced-1", traceparent=given, tracestate="v=1")
+        assert result == {"message": "traced"}
+        answers = answers_for(redis_server, client.response_topic, "traced-1")
+    requests = [json.loads(fields[b"payload"]) for _, fields in redis_server.connection().xrange("action-requests")]
+    sent = [request for request in requests if request["data"].get("request_id") == "traced-1"]
+    assert (sent[0]["traceparent"], sent[0]["tracestate"]) == (given, "v=1")
+    # The answer carries the call's own span in the caller's trace.
+    assert answers[0]["traceparent"].startswith("00-4bf92f3577b34da6a3ce929d0e0e4736-")
+    assert answers[0]["traceparent"] != given
+    assert answers[0]["tracestate"] == "v=1"

@@ -39,6 +39,8 @@ pub(crate) struct Record {
     pub duration_us: u64,
     pub entry_id: String,
     pub deliveries: u64,
+    /// The W3C trace id the call ran under (32 hex digits); empty for an entry not admitted.
+    pub trace_id: String,
 }
 
 impl Record {
@@ -55,6 +57,7 @@ impl Record {
             "duration_us": self.duration_us,
             "entry_id": self.entry_id,
             "deliveries": self.deliveries,
+            "trace_id": self.trace_id,
             "toolbox_id": target.toolbox_id,
             "consumer": target.consumer,
         })
@@ -139,6 +142,7 @@ mod tests {
             duration_us: 1234,
             entry_id: "1-0".to_owned(),
             deliveries: 1,
+            trace_id: "4bf92f3577b34da6a3ce929d0e0e4736".to_owned(),
         }
     }
 
@@ -178,6 +182,7 @@ mod tests {
             "duration_us": 1234,
             "entry_id": "1-0",
             "deliveries": 1,
+            "trace_id": "4bf92f3577b34da6a3ce929d0e0e4736",
             "toolbox_id": "tb",
             "consumer": "c1",
         });

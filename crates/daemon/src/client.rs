@@ -84,6 +84,7 @@ pub async fn run_call(
         response_topic: None,
         tenant: None,
         via: None,
+        trace: None,
     };
     let (progress, mut reports) = tokio::sync::mpsc::unbounded_channel::<Progress>();
     let call = fleet.call(&request, Some(progress));

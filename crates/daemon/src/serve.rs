@@ -112,8 +112,12 @@ pub async fn serve_mcp_stdio(config: &Config) -> anyhow::Result<()> {
             .map_err(|err| anyhow::anyhow!(config.raw.redis.place().failure(&err)))?,
     );
     let auth = Arc::new(arc_swap::ArcSwap::new(config.auth.clone()));
-    let cx = door_context(config, auth, bus, Telemetry::new(), CancellationToken::new());
-    crate::doors::mcp::serve_stdio(&config.raw.doors.mcp, &cx).await
+    let telemetry = Telemetry::with_settings(config.telemetry.clone());
+    telemetry.start_export()?;
+    let cx = door_context(config, auth, bus, telemetry.clone(), CancellationToken::new());
+    let served = crate::doors::mcp::serve_stdio(&config.raw.doors.mcp, &cx).await;
+    telemetry.stop_export(std::time::Duration::from_secs(1)).await;
+    served
 }
 
 /// A consumer name unique to this process: host, pid and a random suffix.
@@ -202,7 +206,7 @@ impl App {
         keys: Keys,
         registry: anyhow::Result<Registry>,
     ) -> anyhow::Result<App> {
-        let telemetry = Telemetry::new();
+        let telemetry = Telemetry::with_settings(config.telemetry.clone());
         let (registry, http) = checked_parts(&config, registry, &telemetry)?;
         let raw = &config.raw;
         let synthetic_tools = options.as_ref().map_or(0, |options| options.synthetic_tools);
@@ -281,6 +285,8 @@ impl App {
         }
         self.shutdown.tasks().spawn(self.probe().run(self.shutdown.stopping().clone()));
         tokio::pin!(signal);
+        // Spans are exported from the first call on; the export never holds one.
+        self.telemetry.start_export()?;
         if !self.prepare(&mut signal).await? {
             return Ok(());
         }
@@ -489,6 +495,8 @@ impl App {
                 Err(err) => warn!(error = %err, stream, "cannot delete this consumer"),
             }
         }
+        // The spans of the last calls, for at most a second.
+        self.telemetry.stop_export(std::time::Duration::from_secs(1)).await;
         info!("stopped");
     }
 }

@@ -45,6 +45,7 @@ fn normalise(value: &Value) -> Value {
                             json!(format!("<{key}>"))
                         }
                         "duration_ms" | "mean_ms" | "p50_ms" | "p99_ms" => json!("<ms>"),
+                        "traceparent" => json!(traceparent_shape(value.as_str().unwrap_or_default())),
                         _ => normalise(value),
                     };
                     (key.clone(), stable)
@@ -54,6 +55,22 @@ fn normalise(value: &Value) -> Value {
         Value::Array(items) => Value::Array(items.iter().map(normalise).collect()),
         Value::String(text) if uuid::Uuid::parse_str(text).is_ok() => json!("<uuid>"),
         other => other.clone(),
+    }
+}
+
+/// The trace id a golden request gives in its `traceparent`.
+const GOLDEN_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+
+/// A `traceparent` with its random parts replaced: the span id always (each call opens its
+/// own), the trace id unless it is the one the request gave.
+fn traceparent_shape(traceparent: &str) -> String {
+    let parts: Vec<&str> = traceparent.split('-').collect();
+    match parts.as_slice() {
+        [version, trace, span, flags] if span.len() == 16 => {
+            let trace = if *trace == GOLDEN_TRACE { (*trace).to_owned() } else { "<new trace>".to_owned() };
+            format!("{version}-{trace}-<span>-{flags}")
+        }
+        _ => format!("<not a traceparent: {traceparent}>"),
     }
 }
 
@@ -81,6 +98,14 @@ fn sorted(mut answers: Vec<Value>) -> Vec<Value> {
     answers
 }
 
+/// `envelope` with a trace context and an opaque `trace_id` beside it.
+fn traced(mut envelope: Value, traceparent: &str) -> Value {
+    envelope["traceparent"] = json!(traceparent);
+    envelope["tracestate"] = json!("vendor=golden");
+    envelope["trace_id"] = json!("caller-trace-1");
+    envelope
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wire_output_metric_names_and_log_fields_match_the_recorded_samples() {
     let redis = RedisServer::start();
@@ -98,6 +123,14 @@ async fn wire_output_metric_names_and_log_fields_match_the_recorded_samples() {
         request("terminal_run.requested", "g-refused", json!({"command": "cat /etc/passwd"})),
         request("tools.discover", "g-discover", json!({"format": "openai"})),
         request("tools.discover", "g-toolbox", json!({"format": "toolbox"})),
+        traced(
+            request("echo.requested", "g-traced", json!({"message": "traced"})),
+            &format!("00-{GOLDEN_TRACE}-00f067aa0ba902b7-01"),
+        ),
+        traced(
+            request("echo.requested", "g-bad-trace", json!({"message": "garbage"})),
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+        ),
     ];
     for envelope in &requests {
         xadd(&mut connection, "action-requests", &envelope.to_string()).await;

@@ -56,6 +56,21 @@ pub struct EventEnvelope {
     /// Copied from request to result.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub trace_id: Option<String>,
+    /// W3C trace context of the request's caller; on a result, the context of the call that
+    /// produced it (see [`crate::CallTrace`]). A value that is not a string reads as absent.
+    #[serde(skip_serializing_if = "Option::is_none", deserialize_with = "lenient_string")]
+    pub traceparent: Option<String>,
+    /// W3C `tracestate` beside `traceparent`. A value that is not a string reads as absent.
+    #[serde(skip_serializing_if = "Option::is_none", deserialize_with = "lenient_string")]
+    pub tracestate: Option<String>,
+}
+
+/// A string, or `None` for any other JSON value: trace context must never fail a request.
+fn lenient_string<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<String>, D::Error> {
+    Ok(match Value::deserialize(deserializer)? {
+        Value::String(text) => Some(text),
+        _ => None,
+    })
 }
 
 impl EventEnvelope {
@@ -164,6 +179,8 @@ impl EventEnvelope {
             user_id: self.user_id.as_deref(),
             session_id: self.session_id.as_deref(),
             trace_id: self.trace_id.as_deref(),
+            traceparent: self.traceparent.as_deref(),
+            tracestate: self.tracestate.as_deref(),
         };
         // Serialising strings and a plain data struct cannot fail.
         let payload = serde_json::to_string(&view).unwrap_or_default();
@@ -192,6 +209,10 @@ struct ResultView<'a, D: ?Sized> {
     session_id: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     trace_id: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    traceparent: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tracestate: Option<&'a str>,
 }
 
 /// What a result envelope's `data` holds.
@@ -437,6 +458,24 @@ mod tests {
         assert_eq!(request.result_type(), "my.calc.done");
         assert_eq!(request.tenant_id.as_deref(), Some("acme"));
         assert_eq!(request.trace_id.as_deref(), Some("t-9"));
+    }
+
+    #[test]
+    fn trace_context_that_is_not_a_string_reads_as_absent_and_a_string_is_copied() {
+        let request: EventEnvelope = serde_json::from_str(
+            r#"{"id":"x","type":"echo.requested","data":{},"traceparent":17,"tracestate":{"a":1}}"#,
+        )
+        .unwrap();
+        assert_eq!((request.traceparent, request.tracestate), (None, None));
+        let request: EventEnvelope = serde_json::from_str(
+            r#"{"id":"x","type":"echo.requested","data":{},"traceparent":"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01","tracestate":"a=1"}"#,
+        )
+        .unwrap();
+        let (_, payload) =
+            request.result_json("toolhost:tb", "action-results", &ResultData::ok("x", json!(1)));
+        let answer: Value = serde_json::from_str(&payload).unwrap();
+        assert_eq!(answer["traceparent"], "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01");
+        assert_eq!(answer["tracestate"], "a=1");
     }
 
     #[test]

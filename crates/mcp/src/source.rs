@@ -24,7 +24,7 @@ use rmcp::model::{
     ClientCapabilities, ClientConfig, ClientRequest, CreateMessageRequestParams, CreateMessageResult,
     ElicitRequestParams, ElicitResult, ErrorCode, Implementation, ListRootsResult,
     LoggingMessageNotificationParam, ProgressNotificationParam, ProgressToken, ProtocolVersion, RequestId,
-    ServerResult,
+    RequestMetaObject, ServerResult,
 };
 use rmcp::service::{
     NotificationContext, PeerRequestOptions, RequestContext, RunningService, RunningServiceCancellationToken,
@@ -377,6 +377,18 @@ impl Tool for McpTool {
         self.call_output(arguments, context).await.map(|output| output.result)
     }
 
+    fn remote(&self) -> Option<toolhost_tools::Remote> {
+        Some(toolhost_tools::Remote {
+            system: "mcp",
+            target: self.source.spec.name.clone(),
+            name: self.original.clone(),
+            transport: match self.source.spec.transport {
+                Transport::Stdio { .. } => "pipe",
+                Transport::Http { .. } => "tcp",
+            },
+        })
+    }
+
     /// Calls the tool on the server. A call cut short (the future dropped at a timeout, or
     /// `context.cancel` fired) sends `notifications/cancelled` for its request.
     async fn call_output(&self, arguments: Value, context: &Context) -> Result<Output, ToolError> {
@@ -394,6 +406,15 @@ impl Tool for McpTool {
         };
         let _in_flight = source.logs.add(context.log.clone());
         let mut params = CallToolRequestParams::new(self.original.clone());
+        // The call's trace context rides in `_meta` (SEP-414).
+        if let Some((traceparent, tracestate)) = context.trace_headers() {
+            let mut meta = RequestMetaObject::new();
+            meta.set_traceparent(traceparent);
+            if let Some(tracestate) = tracestate {
+                meta.set_tracestate(tracestate);
+            }
+            params.meta = Some(meta);
+        }
         params.arguments = match arguments {
             Value::Object(map) => Some(map),
             Value::Null => None,

@@ -30,4 +30,4 @@ pub use limits::{Admit, DEFAULT_MAX_QUEUE, Full, LimitSettings, Running, ToolLim
 pub use registry::{Failure, Registry, RegistryError, valid_tool_name};
 pub use schema::{SchemaError, describe_errors};
 pub use shared::SharedRegistry;
-pub use tool::{Context, Log, LogReport, Progress, ProgressReport, Tool, ToolError, ToolSpec};
+pub use tool::{Context, Log, LogReport, Progress, ProgressReport, Remote, Tool, ToolError, ToolSpec};

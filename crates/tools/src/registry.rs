@@ -203,6 +203,11 @@ impl Registry {
         self.by_name.contains_key(name)
     }
 
+    /// Where a run of the tool `name` goes outside the process ([`Tool::remote`]).
+    pub fn remote(&self, name: &str) -> Option<crate::Remote> {
+        self.by_name.get(name).and_then(|&i| self.tools[i].tool.remote())
+    }
+
     /// The full description of a tool.
     pub fn description(&self, name: &str) -> Option<ToolDescription> {
         self.by_name.get(name).map(|&i| self.tools[i].full_description())

@@ -73,6 +73,24 @@ pub trait Tool: Send + Sync + 'static {
     async fn call_output(&self, arguments: Value, context: &Context) -> Result<crate::Output, ToolError> {
         self.call(arguments, context).await.map(crate::Output::from)
     }
+    /// Where a run of the tool goes when it leaves the process (an MCP server, an HTTP
+    /// service), for the span of the run; `None` for a tool that runs here.
+    fn remote(&self) -> Option<Remote> {
+        None
+    }
+}
+
+/// What a tool's run calls outside the process, as its span names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Remote {
+    /// `mcp`, `http` or `chat` (a specialist agent).
+    pub system: &'static str,
+    /// The server, service or agent called (an `[[mcp_servers]]` name, a URL's host).
+    pub target: String,
+    /// The tool's name there (an MCP server's own name of the tool).
+    pub name: String,
+    /// `pipe` (a stdio child) or `tcp`.
+    pub transport: &'static str,
 }
 
 /// What a call knows about where it comes from.
@@ -91,6 +109,17 @@ pub struct Context {
     /// Where the tool's log messages for its caller go (a hosted MCP server's
     /// `notifications/message`); nowhere unless the host relays them.
     pub log: Log,
+    /// The W3C trace context of the call, which a source passes out to what it calls
+    /// (`_meta.traceparent`, the `traceparent` header, the `TRACEPARENT` variable); `None`
+    /// outside a traced call.
+    pub trace: Option<toolhost_envelope::CallTrace>,
+}
+
+impl Context {
+    /// The `traceparent` and `tracestate` (when kept) this call passes out.
+    pub fn trace_headers(&self) -> Option<(String, Option<&str>)> {
+        self.trace.as_ref().map(|trace| (trace.traceparent(), trace.tracestate.as_deref()))
+    }
 }
 
 /// One progress report of a running call, as MCP's `notifications/progress` carries it.

@@ -17,7 +17,7 @@ from redis import exceptions as redis_errors
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.sentinel import Sentinel
 
-from . import _wire
+from . import _otel, _wire
 from ._errors import (
     ClientClosed,
     ClientError,
@@ -271,6 +271,8 @@ class AsyncClient:
         correlation_id: str | None = None,
         on_progress: Callable[[Progress], None] | None = None,
         replica_acks: int | None = None,
+        traceparent: str | None = None,
+        tracestate: str | None = None,
     ) -> Any:
         """Calls `tool` and returns its result, or raises the answer's ToolError. `call_reply`
         returns the content blocks (images, audio, resources) beside the result.
@@ -286,6 +288,9 @@ class AsyncClient:
         many Redis replicas have it (`WAIT`, up to `replica_ack_timeout`), and raises
         RequestNotReplicated when fewer did: a failover could then lose the request (it may
         also still be answered). With `retries` the request is sent again, same id, instead.
+        Each request carries W3C trace context: with `opentelemetry-api` installed, that of a
+        PRODUCER span `send <topic>` under the current span (or under `traceparent` when given);
+        without it, `traceparent` and `tracestate` as given.
         """
         reply = await self.call_reply(
             tool,
@@ -296,6 +301,8 @@ class AsyncClient:
             correlation_id=correlation_id,
             on_progress=on_progress,
             replica_acks=replica_acks,
+            traceparent=traceparent,
+            tracestate=tracestate,
         )
         return reply.result
 
@@ -310,6 +317,8 @@ class AsyncClient:
         correlation_id: str | None = None,
         on_progress: Callable[[Progress], None] | None = None,
         replica_acks: int | None = None,
+        traceparent: str | None = None,
+        tracestate: str | None = None,
     ) -> Reply:
         """`call`, returning the whole answer: the result and the tool's content blocks as typed
         objects (ImageBlock, AudioBlock, ResourceLink, EmbeddedResource, TextBlock)."""
@@ -337,9 +346,10 @@ class AsyncClient:
                 last = attempt == attempts - 1
                 if attempt > 0:
                     waiter.future = loop.create_future()
-                    fields = self._entry("tool.invoke", data, rid, correlation_id)
                 try:
-                    await self._send(self._requests_key("tool.invoke", data), fields, acks)
+                    with _otel.send_span(self.requests_topic, tool, rid, traceparent, tracestate) as trace_fields:
+                        fields = self._entry("tool.invoke", data, rid, correlation_id, trace_fields)
+                        await self._send(self._requests_key("tool.invoke", data), fields, acks)
                 except RequestNotReplicated as err:
                     if last:
                         raise RequestNotReplicated(rid, err.acked, err.wanted, err.waited) from None
@@ -486,7 +496,14 @@ class AsyncClient:
 
     # -- inside ----------------------------------------------------------------------------------
 
-    def _entry(self, event_type: str, data: dict[str, Any], rid: str, correlation_id: str | None) -> dict[str, str]:
+    def _entry(
+        self,
+        event_type: str,
+        data: dict[str, Any],
+        rid: str,
+        correlation_id: str | None,
+        trace_fields: dict[str, str] | None = None,
+    ) -> dict[str, str]:
         """The fields of a request entry: `id`, `payload`, and `sig` when the client signs."""
         envelope_id, payload = _wire.request_entry(
             event_type,
@@ -495,7 +512,7 @@ class AsyncClient:
             topic=self._shard(event_type, data),
             response_topic=self.response_topic,
             correlation_id=correlation_id if correlation_id is not None else rid,
-            tags=self._tags,
+            tags={**self._tags, **(trace_fields or {})},
         )
         fields = {"id": envelope_id, "payload": payload}
         if self._signing is not None:

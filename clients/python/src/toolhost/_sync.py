@@ -7,6 +7,7 @@ import threading
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
+from . import _otel
 from ._aio import AsyncClient
 from ._content import Reply
 from ._errors import ClientClosed
@@ -69,8 +70,14 @@ class Client:
         correlation_id: str | None = None,
         on_progress: Callable[[Progress], None] | None = None,
         replica_acks: int | None = None,
+        traceparent: str | None = None,
+        tracestate: str | None = None,
     ) -> Any:
-        """AsyncClient.call, blocking; `on_progress` runs on the client's thread."""
+        """AsyncClient.call, blocking; `on_progress` runs on the client's thread. The caller's
+        current span (when OpenTelemetry is installed) is the request's parent unless
+        `traceparent` is given."""
+        if traceparent is None:
+            traceparent, tracestate = _otel.current()
         return self._run(
             self._client.call(
                 tool,
@@ -81,6 +88,8 @@ class Client:
                 correlation_id=correlation_id,
                 on_progress=on_progress,
                 replica_acks=replica_acks,
+                traceparent=traceparent,
+                tracestate=tracestate,
             )
         )
 

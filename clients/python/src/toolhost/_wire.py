@@ -22,7 +22,7 @@ TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 # The answer type of a cancel, unless the cancel names a response_event.
 CANCEL_ANSWER = "tool.cancel.completed"
 # The fields of the envelope a caller may set to tag a call.
-TAGS = ("tenant_id", "user_id", "session_id", "trace_id")
+TAGS = ("tenant_id", "user_id", "session_id", "trace_id", "traceparent", "tracestate")
 
 
 # The characters shard tags are made of, in the order they are tried.

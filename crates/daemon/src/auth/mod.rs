@@ -353,6 +353,12 @@ impl Gate {
             .with_details(json!({"retry_after_ms": (retry_after.as_millis() as u64).max(1)}))
     }
 
+    /// `value` redacted as the audit stream redacts arguments (the daemon's secrets, token
+    /// shapes, members whose key names a secret), for span attributes.
+    pub(crate) fn redact_json(&self, value: Value) -> Value {
+        self.redactor.redact_json(value)
+    }
+
     /// Appends an entry to the audit stream, with the call's arguments (redacted) when
     /// `[auth] audit_arguments` is on.
     pub(crate) async fn audit(&self, entry: AuditEntry<'_>) {

@@ -11,6 +11,7 @@ use tracing::{debug, error, warn};
 use super::{Answer, Call, Door, Letter, Lifecycle, Outcome, Refused, Reply, ledger};
 use crate::auth::{Caller, Refusal};
 use crate::call::cancel::Registration;
+use crate::telemetry::CallSpan;
 
 /// How an answer stands to its request id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -98,7 +99,9 @@ impl<D: Door> Lifecycle<D> {
         }
         let answer = self.door.answer(call.request(), &result);
         let end = End { call: Some(call.keys), answer: Some(&answer), letter: None, finality, record };
+        let settle = call.span.map(CallSpan::settle);
         let committed = self.commit(call.entry, end).await;
+        drop(settle);
         drop(held);
         match committed {
             // Another entry of the request was answered meanwhile: its answer is this one's too.

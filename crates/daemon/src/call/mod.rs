@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use toolhost_bus::CallKeys;
-use toolhost_envelope::{Entry, ErrorCode};
+use toolhost_envelope::{CallTrace, Entry, ErrorCode};
 use toolhost_tools::{Context, Failure, LogReport, Output, ProgressReport, Registry};
 
 use self::commit::{Answering, Finality, Record};
@@ -44,6 +44,7 @@ use crate::auth::policy::InFlight;
 use crate::auth::{AuditEntry, Caller, Claim, Refusal};
 use crate::group::{EntryHandler, Slot, StreamSettings};
 use crate::services::Services;
+use crate::telemetry::{CallSpan, Delivery};
 
 /// The tool label of calls naming a tool that does not exist, in `tools.stats` and metrics.
 pub(crate) const UNKNOWN_TOOL_LABEL: &str = "_unknown";
@@ -98,6 +99,9 @@ pub(crate) struct CallIds {
     pub correlation_id: Option<String>,
     /// The conversation the call runs in, when it has one.
     pub conversation_id: Option<String>,
+    /// The trace the call runs under (docs/CONTRACTS.md "Trace context"), passed out by the
+    /// tool's source.
+    pub trace: CallTrace,
 }
 
 impl CallIds {
@@ -110,6 +114,7 @@ impl CallIds {
             cancel: CancellationToken::default(),
             progress: Default::default(),
             log: Default::default(),
+            trace: Some(self.trace.clone()),
         }
     }
 }
@@ -367,6 +372,8 @@ struct Call<'a, R> {
     admitted: &'a Admitted<R>,
     /// The request's keys in the ledger.
     keys: CallKeys<'a>,
+    /// The call's `process` span, when it is sampled and spans are exported.
+    span: Option<&'a CallSpan>,
 }
 
 impl<R> Call<'_, R> {
@@ -374,6 +381,14 @@ impl<R> Call<'_, R> {
     fn request(&self) -> &R {
         &self.admitted.request
     }
+}
+
+/// When an entry reached this replica: `delivered` orders it against the fleet's heartbeats,
+/// `admitted_at` starts its span.
+#[derive(Clone, Copy)]
+struct Times {
+    delivered: Instant,
+    admitted_at: std::time::SystemTime,
 }
 
 impl<D: Door> Lifecycle<D> {
@@ -402,6 +417,7 @@ impl<D: Door> Lifecycle<D> {
                 (outcome, Some(admitted))
             }
             Admission::Request(admitted) => {
+                let admitted_at = std::time::SystemTime::now();
                 let claim = admitted.claim();
                 let key_id = services.gate.authenticate(&entry.sig, entry.payload.as_deref(), claim);
                 let caller = match &key_id {
@@ -410,10 +426,33 @@ impl<D: Door> Lifecycle<D> {
                     }
                     Err(refusal) => Err(refusal.clone()),
                 };
-                (self.answer(entry, &admitted, &registry, slot, caller, started).await, Some(admitted))
+                let times = Times { delivered: started, admitted_at };
+                (self.answer(entry, &admitted, &registry, slot, caller, times).await, Some(admitted))
             }
         };
         self.count(entry, admitted.as_ref(), outcome, started.elapsed()).await;
+    }
+
+    /// The `process` span of an admitted request (begun at `started`), when it is sampled and
+    /// spans are exported.
+    fn call_span(
+        &self,
+        entry: &Entry,
+        admitted: &Admitted<D::Request>,
+        started: std::time::SystemTime,
+    ) -> Option<CallSpan> {
+        let settings = &self.settings;
+        let delivery = Delivery {
+            door: D::TRAITS.name,
+            stream: &settings.ledger,
+            group: &settings.group,
+            consumer: &settings.consumer,
+            entry_id: &entry.entry_id,
+            deliveries: entry.deliveries,
+            request_id: &admitted.ids.request_id,
+            tool: admitted.tool_label.as_deref(),
+        };
+        self.services.telemetry.call_span(&admitted.ids.trace, &delivery, started)
     }
 
     /// Counts how an entry's handling ended (statistics, metrics, the call log) and has the door
@@ -452,6 +491,7 @@ impl<D: Door> Lifecycle<D> {
                 duration_us: duration.as_micros() as u64,
                 entry_id: entry.entry_id.clone(),
                 deliveries: entry.deliveries,
+                trace_id: admitted.map(|a| a.ids.trace.trace_id_hex()).unwrap_or_default(),
             });
         }
         let request = admitted.map(|admitted| &admitted.request);
@@ -470,8 +510,9 @@ impl<D: Door> Lifecycle<D> {
         registry: &Registry,
         slot: &mut Slot,
         caller: Result<Caller<'_>, Refusal>,
-        delivered: Instant,
+        times: Times,
     ) -> Outcome {
+        let Times { delivered, admitted_at } = times;
         let (keys, settings) = (&self.services.keys, &self.settings);
         let answered = keys.answered(&settings.ledger, &admitted.ledger_id);
         let record = keys.call(&settings.ledger, &admitted.ledger_id);
@@ -483,33 +524,75 @@ impl<D: Door> Lifecycle<D> {
             lease: settings.claim_idle,
             retention: settings.answered_retention,
         };
-        let call = Call { entry, admitted, keys };
         let caller = match caller {
             Ok(caller) => caller,
-            Err(refusal) => return self.refuse(&call, refusal).await,
+            Err(refusal) => {
+                let span = self.call_span(entry, admitted, admitted_at);
+                if let Some(span) = &span {
+                    span.admit(admitted_at)
+                        .fail(ErrorCode::Forbidden.as_str(), "the request's signature was refused");
+                }
+                let call = Call { entry, admitted, keys, span: span.as_ref() };
+                let outcome = self.refuse(&call, refusal).await;
+                if let Some(span) = span {
+                    end_span(span, outcome);
+                }
+                return outcome;
+            }
         };
         let Some(work) = self.decide(admitted, registry, caller.tenant, delivered).await else {
             return Outcome::LeftPending;
         };
+        // An entry only acked here (another toolbox answers it) gets no span: the host's is the
+        // call's.
+        let span = match work {
+            Work::AckOnly => None,
+            _ => self.call_span(entry, admitted, admitted_at),
+        };
+        let admit = span.as_ref().map(|span| span.admit(admitted_at));
+        let call = Call { entry, admitted, keys, span: span.as_ref() };
+        let asked_tool = matches!(work, Work::Tool { .. });
         // Held while the call runs: the tenant's count of calls in flight.
         let (work, _in_flight) = self.apply_policy(&call, caller, work).await;
+        match (admit, &work) {
+            (Some(admit), Work::Answer(Err(failure), _)) if asked_tool => {
+                admit.fail(failure.code.as_str(), &failure.message);
+            }
+            (admit, _) => drop(admit),
+        }
+        let outcome = self.run_work(&call, registry, caller, slot, work).await;
+        if let Some(span) = span {
+            end_span(span, outcome);
+        }
+        outcome
+    }
+
+    /// Does what answering an admitted request takes.
+    async fn run_work(
+        &self,
+        call: &Call<'_, D::Request>,
+        registry: &Registry,
+        caller: Caller<'_>,
+        slot: &mut Slot,
+        work: Work,
+    ) -> Outcome {
+        let entry = call.entry;
         match work {
             Work::HandOver(consumer) => self.hand_over(entry, &consumer).await,
             Work::Move(home) => self.move_home(entry, &home).await,
             Work::AckOnly => self.ack(entry, None).await.map_or(Outcome::LeftPending, |_| Outcome::Duplicate),
-            Work::Answer(..) | Work::Cancel(_) if self.poisoned(entry) => self.poison(&call).await,
+            Work::Answer(..) | Work::Cancel(_) if self.poisoned(entry) => self.poison(call).await,
             Work::Answer(result, reply) => {
-                let (result, reply) = match self.expired(&call) {
+                let (result, reply) = match self.expired(call) {
                     Some(failure) => (Err(failure), Reply::Result),
                     None => (result, reply),
                 };
                 let finality = Finality::of(&result);
-                self.conclude(&call, Answering { result, reply, finality, record: Record::Absent }, None)
-                    .await
+                self.conclude(call, Answering { result, reply, finality, record: Record::Absent }, None).await
             }
-            Work::Cancel(call_id) => self.cancel(&call, &call_id).await,
+            Work::Cancel(call_id) => self.cancel(call, &call_id).await,
             Work::Tool { name, arguments } => {
-                self.call_tool(&call, registry, caller, slot, name, arguments).await
+                self.call_tool(call, registry, caller, slot, name, arguments).await
             }
         }
     }
@@ -615,6 +698,22 @@ impl<D: Door> Lifecycle<D> {
         (deadline <= crate::clock::now_since_epoch())
             .then(|| Failure::new(ErrorCode::Expired, "the request's deadline passed before it could run"))
     }
+}
+
+/// Ends a call's `process` span with its outcome: an error answer (refusals, timeouts and
+/// cancels included) and a dead letter set `error.type`; a retry answered from the ledger says
+/// so.
+fn end_span(span: CallSpan, outcome: Outcome) {
+    let error = match outcome {
+        Outcome::Error(code) => Some(code.as_str()),
+        Outcome::DeadLetter => Some("dead_letter"),
+        _ => None,
+    };
+    if outcome == Outcome::Replayed {
+        span.set(opentelemetry::KeyValue::new("toolhost.replayed", true));
+        span.event("answered from the ledger", Vec::new());
+    }
+    span.end(outcome.label(), error);
 }
 
 impl<D: Door> EntryHandler for Lifecycle<D> {

@@ -4,6 +4,7 @@
 
 use std::time::{Duration, Instant};
 
+use opentelemetry::KeyValue;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use toolhost_bus::{CallStart, EntryRef, KeptAnswer, call_owner};
@@ -203,6 +204,16 @@ impl<D: Door> Lifecycle<D> {
         let services = &self.services;
         let ToolRun { tool, owner, cancelled, .. } = run;
         let mut context = call.admitted.ids.context();
+        // The run's span, whose context the tool's source passes on.
+        let run_span = call.span.map(|span| span.run(tool, registry.remote(tool).as_ref()));
+        let record_arguments = call.span.is_some_and(|span| span.record_arguments);
+        if let Some(run_span) = &run_span {
+            context.trace = Some(run_span.passed_on(&call.admitted.ids.trace));
+            if record_arguments {
+                let arguments = services.gate.redact_json(run.arguments.clone()).to_string();
+                run_span.set(KeyValue::new("gen_ai.tool.call.arguments", arguments));
+            }
+        }
         context.cancel = services.shutdown.forced().child_token();
         let relay = progress::Relay::<ProgressReport>::new(services.progress_per_second);
         // Log messages have a budget of their own, so a chatty tool does not starve its progress.
@@ -260,6 +271,23 @@ impl<D: Door> Lifecycle<D> {
             log_relay.run(&relay_stop, write_log)
         );
         let result = result?;
+        match (run_span, &result) {
+            (Some(run_span), Ok(value)) if record_arguments => {
+                let value = services.gate.redact_json(value.clone()).to_string();
+                run_span.set(KeyValue::new("gen_ai.tool.call.result", value));
+            }
+            (Some(run_span), Err(failure)) => {
+                // The MCP conventions' name for an error the tool itself reported.
+                let error_type = match failure.code {
+                    ErrorCode::ToolFailed if registry.remote(tool).is_some_and(|r| r.system == "mcp") => {
+                        "tool_error"
+                    }
+                    code => code.as_str(),
+                };
+                run_span.fail(error_type, &failure.message);
+            }
+            _ => {}
+        }
         let finished =
             Event::Finished { request: call.request(), result: &result, duration: started.elapsed() };
         self.door.observe(finished).await;

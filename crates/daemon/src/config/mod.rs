@@ -89,6 +89,8 @@ pub struct RawConfig {
     pub dispatch: DispatchSection,
     pub http: HttpSection,
     pub log: LogSection,
+    /// `[telemetry]`: spans and metrics over OTLP (issue 36), defined beside the pipeline.
+    pub telemetry: crate::telemetry::settings::Section,
     pub tools: ToolsSection,
     /// The tool sources' sections (`[[agents]]`, `[[commands]]`, `[[http_tools]]`,
     /// `[[mcp_servers]]`), defined beside the sources and read apart from the rest.
@@ -238,6 +240,8 @@ pub struct Config {
     pub mcp_env: EnvVars,
     /// `[auth]` and `[[policy]]`, with the signing keys' secrets read from the environment.
     pub auth: std::sync::Arc<crate::auth::Auth>,
+    /// `[telemetry]` with the standard `OTEL_*` variables over it.
+    pub telemetry: crate::telemetry::Settings,
     /// Things worth telling the operator that do not stop start-up, such as `TOOLHOST_*`
     /// variables that toolhost does not read; `main` prints them on stderr.
     pub warnings: Vec<String>,
@@ -314,6 +318,7 @@ fn validate(
         raw.doors.validate(&crate::doors::context::Checks { vars, toolbox_id: &raw.daemon.toolbox_id }),
     );
     errors.extend(raw.auth.validate(vars));
+    let telemetry = raw.telemetry.resolve(vars, errors);
     let auth = std::sync::Arc::new(crate::auth::Auth::new(&raw.auth, vars));
     let mcp_env = EnvVars(vars.iter().map(|(name, value)| (name.clone(), value.clone())).collect());
     let mut bad =
@@ -430,6 +435,7 @@ fn validate(
         http_headers,
         mcp_env,
         auth,
+        telemetry,
         warnings: Vec::new(),
         raw,
     })

@@ -25,7 +25,9 @@ use serde_json::{Map, Value, json};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 use toolhost_bus::{Error as BusError, FleetAccess, Keys};
-use toolhost_envelope::{Entry, EventEnvelope, ResultData, SPEC_VERSION, new_message_id, now_rfc3339};
+use toolhost_envelope::{
+    Entry, EventEnvelope, ResultData, SPEC_VERSION, TraceContext, new_message_id, now_rfc3339,
+};
 use tracing::{debug, warn};
 
 pub(crate) use events::{CallEvent, InputKind, InputState, LogMessage};
@@ -82,6 +84,8 @@ pub(crate) struct Request {
     /// Who the door authenticated (`token:<id>`), added to the request's `source` so the host's
     /// audit entries name it.
     pub via: Option<String>,
+    /// The caller's trace context, written as the request's `traceparent` and `tracestate`.
+    pub trace: Option<TraceContext>,
 }
 
 /// A progress report of a running call.
@@ -326,7 +330,7 @@ impl FleetClient {
         let request_id = new_message_id();
         data.insert("request_id".to_owned(), json!(request_id));
         let inner = &self.inner;
-        let publish = inner.publish(event_type, data, &request_id, &inner.private_topic, (None, None));
+        let publish = inner.publish(event_type, data, &request_id, &inner.private_topic, (None, None, None));
         self.wait_for(&request_id, None, wait, publish).await
     }
 
@@ -365,7 +369,7 @@ impl FleetClient {
         data.insert("arguments".to_owned(), request.arguments.clone());
         data.insert("timeout_ms".to_owned(), json!(request.timeout.as_millis() as u64));
         let topic = request.response_topic.as_deref().unwrap_or(&self.inner.private_topic);
-        let caller = (request.tenant.as_deref(), request.via.as_deref());
+        let caller = (request.tenant.as_deref(), request.via.as_deref(), request.trace.as_ref());
         self.inner.publish("tool.invoke", data, &request.request_id, topic, caller).await
     }
 
@@ -380,7 +384,7 @@ impl FleetClient {
         let mut data = Map::new();
         data.insert("request_id".to_owned(), json!(request_id));
         let published =
-            inner.publish("tool.cancel", data, request_id, &inner.private_topic, (None, None)).await;
+            inner.publish("tool.cancel", data, request_id, &inner.private_topic, (None, None, None)).await;
         let state = match published {
             Ok(()) => tokio::time::timeout(CANCEL_WAIT, receiver).await.ok().and_then(Result::ok),
             Err(err) => {
@@ -464,7 +468,7 @@ impl Inner {
         data: Map<String, Value>,
         request_id: &str,
         response_topic: &str,
-        (tenant, via): (Option<&str>, Option<&str>),
+        (tenant, via, trace): (Option<&str>, Option<&str>, Option<&TraceContext>),
     ) -> Result<(), CallFailure> {
         let source = match via {
             Some(via) => format!("{} {via}", self.settings.source),
@@ -481,6 +485,8 @@ impl Inner {
             correlation_id: Some(request_id.to_owned()),
             response_topic: Some(response_topic.to_owned()),
             tenant_id: tenant.or(self.settings.tenant.as_deref()).map(str::to_owned),
+            traceparent: trace.map(TraceContext::traceparent),
+            tracestate: trace.and_then(|trace| trace.tracestate.clone()),
             ..EventEnvelope::default()
         };
         // Serialising a struct of strings and JSON values cannot fail.
@@ -736,6 +742,7 @@ mod tests {
             response_topic: None,
             tenant: None,
             via: None,
+            trace: None,
         };
         let (r1, r2) = (request("r-1"), request("r-2"));
         let first = client.call(&r1, Some(progress_tx));
@@ -843,6 +850,7 @@ mod tests {
             response_topic: None,
             tenant: Some("house-1".to_owned()),
             via: None,
+            trace: None,
         };
         client.submit(&request).await.unwrap();
         request.tenant = None;
@@ -870,6 +878,7 @@ mod tests {
             response_topic: None,
             tenant: None,
             via: None,
+            trace: None,
         };
         match client.call(&request, None).await {
             Err(CallFailure::NoAnswer(waited)) => assert_eq!(waited, Duration::from_secs(3) + ANSWER_MARGIN),

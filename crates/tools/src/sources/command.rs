@@ -313,6 +313,19 @@ fn fill_stdin(template: &Template, arguments: &Map<String, Value>) -> String {
     rendered.ok().flatten().unwrap_or_default()
 }
 
+/// The call's trace context as the environment-carrier convention of OpenTelemetry names it:
+/// `TRACEPARENT`, and `TRACESTATE` when the caller gave one.
+fn trace_env(context: &Context) -> Vec<(&'static str, String)> {
+    let Some((traceparent, tracestate)) = context.trace_headers() else {
+        return Vec::new();
+    };
+    let mut env = vec![("TRACEPARENT", traceparent)];
+    if let Some(tracestate) = tracestate {
+        env.push(("TRACESTATE", tracestate.to_owned()));
+    }
+    env
+}
+
 /// The last [`STDERR_TAIL_LINES`] non-empty lines of `text`.
 fn last_lines(text: &str) -> String {
     let lines: Vec<&str> = text.lines().filter(|line| !line.trim().is_empty()).collect();
@@ -325,7 +338,7 @@ impl Tool for CommandTool {
         self.spec.clone()
     }
 
-    async fn call(&self, arguments: Value, _context: &Context) -> Result<Value, ToolError> {
+    async fn call(&self, arguments: Value, context: &Context) -> Result<Value, ToolError> {
         let empty = Map::new();
         let arguments = arguments.as_object().unwrap_or(&empty);
         let args = self.fill_argv(arguments).map_err(ToolError::InvalidArguments)?;
@@ -347,6 +360,7 @@ impl Tool for CommandTool {
             identity: self.policy.identity(),
             stdin,
             stderr_tail_bytes: Some(STDERR_TAIL_BYTES),
+            env: trace_env(context),
         };
         let execution =
             exec::execute(&spec).await.map_err(|refusal| ToolError::Failed(refusal.to_string()))?;
@@ -449,6 +463,29 @@ mod tests {
         let tool_with_option =
             super::tests::tool(&["echo", "--x={v}"], json!({"type": "object", "properties": {"v": {}}}));
         assert_eq!(fill(&tool_with_option, json!({"v": "-1"})).unwrap(), ["--x=-1"]);
+    }
+
+    #[tokio::test]
+    async fn a_command_gets_the_calls_trace_context_in_traceparent_and_nothing_else_new() {
+        let tool = tool(&["/usr/bin/env"], json!({"type": "object", "properties": {}}));
+        let trace = toolhost_envelope::CallTrace::of(
+            Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+            Some("vendor=x"),
+            None,
+            toolhost_envelope::CallTrace::parent_only,
+        );
+        let context = Context { trace: Some(trace.clone()), ..Context::default() };
+        let output = tool.call(json!({}), &context).await.unwrap();
+        let mut lines: Vec<&str> = output.as_str().unwrap().lines().collect();
+        lines.sort_unstable();
+        let traceparent = format!("TRACEPARENT={}", trace.traceparent());
+        assert_eq!(
+            lines,
+            ["LC_ALL=C", "PATH=/usr/bin:/bin:/usr/local/bin", traceparent.as_str(), "TRACESTATE=vendor=x"]
+        );
+        // Outside a traced call, only the two fixed variables.
+        let output = tool.call(json!({}), &Context::default()).await.unwrap();
+        assert_eq!(output.as_str().unwrap().lines().count(), 2);
     }
 
     #[test]

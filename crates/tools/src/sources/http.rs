@@ -419,16 +419,43 @@ impl Tool for HttpTool {
         self.spec.clone()
     }
 
+    fn remote(&self) -> Option<crate::Remote> {
+        // Never the credentials a URL may hold before its host.
+        let authority = self.url.origin.split_once("://").map_or(self.url.origin.as_str(), |(_, rest)| rest);
+        let host = authority.rsplit('@').next().unwrap_or(authority);
+        Some(crate::Remote {
+            system: "http",
+            target: host.to_owned(),
+            name: self.spec.name.clone(),
+            transport: "tcp",
+        })
+    }
+
     async fn call(&self, arguments: Value, context: &Context) -> Result<Value, ToolError> {
         self.call_output(arguments, context).await.map(|output| output.result)
     }
 
-    async fn call_output(&self, arguments: Value, _context: &Context) -> Result<Output, ToolError> {
+    async fn call_output(&self, arguments: Value, context: &Context) -> Result<Output, ToolError> {
         let empty = Map::new();
         let (url, body) =
             self.request(arguments.as_object().unwrap_or(&empty)).map_err(ToolError::InvalidArguments)?;
+        let mut headers = self.headers.clone();
+        // The call's trace context replaces any the operator configured: it is this call's.
+        if let Some((traceparent, tracestate)) = context.trace_headers() {
+            if let Ok(value) = HeaderValue::from_str(&traceparent) {
+                headers.insert(HeaderName::from_static("traceparent"), value);
+            }
+            match tracestate.map(HeaderValue::from_str) {
+                Some(Ok(value)) => {
+                    headers.insert(HeaderName::from_static("tracestate"), value);
+                }
+                _ => {
+                    headers.remove("tracestate");
+                }
+            }
+        }
         let mut request =
-            self.client.request(self.method.clone(), url).headers(self.headers.clone()).timeout(self.timeout);
+            self.client.request(self.method.clone(), url).headers(headers).timeout(self.timeout);
         if let Some(body) = body {
             request = request.header(CONTENT_TYPE, "application/json").body(body.to_string());
         }
@@ -600,6 +627,59 @@ mod tests {
             "{message}"
         );
         assert!(!message.contains("127.0.0.1"), "{message}");
+    }
+
+    #[tokio::test]
+    async fn the_calls_trace_context_goes_out_as_headers_replacing_the_operators() {
+        // A one-shot server that answers with the request's head as text.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    let n = stream.read(&mut buf).await.unwrap();
+                    if n == 0 {
+                        break;
+                    }
+                    head.extend_from_slice(&buf[..n]);
+                }
+                let body = String::from_utf8_lossy(&head).to_lowercase();
+                let reply = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = stream.write_all(reply.as_bytes()).await;
+            }
+        });
+        let headers = [(
+            "traceparent".to_owned(),
+            "00-11111111111111111111111111111111-1111111111111111-01".to_owned(),
+        )];
+        let tool = HttpTool::new(
+            &settings("GET", &format!("http://127.0.0.1:{port}/x"), schema(&[])),
+            &headers,
+            client().unwrap(),
+            &[],
+        )
+        .unwrap();
+        let trace = toolhost_envelope::CallTrace::of(
+            Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+            Some("vendor=x"),
+            None,
+            toolhost_envelope::CallTrace::parent_only,
+        );
+        let context = Context { trace: Some(trace.clone()), ..Context::default() };
+        let head = tool.call(json!({}), &context).await.unwrap();
+        let head = head.as_str().unwrap();
+        assert!(head.contains(&format!("traceparent: {}\r\n", trace.traceparent())), "{head}");
+        assert!(head.contains("tracestate: vendor=x\r\n"), "{head}");
+        assert_eq!(head.matches("traceparent:").count(), 1, "{head}");
+        // Outside a traced call the operator's header goes as configured.
+        let head = tool.call(json!({}), &Context::default()).await.unwrap();
+        assert!(head.as_str().unwrap().contains("traceparent: 00-1111"), "{head}");
     }
 
     #[test]

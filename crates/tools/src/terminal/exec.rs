@@ -59,6 +59,8 @@ pub struct Spec {
     /// `Some(cap)`: stderr goes to a pipe of its own, of which the last `cap` bytes are kept in
     /// [`Execution::stderr`]; `None`: it shares the output pipe with stdout.
     pub stderr_tail_bytes: Option<usize>,
+    /// Variables set beside `PATH` and `LC_ALL` (a command tool's `TRACEPARENT`).
+    pub env: Vec<(&'static str, String)>,
 }
 
 /// Optional rlimits; each is set as both soft and hard limit.
@@ -185,6 +187,7 @@ fn spawn(spec: &Spec) -> Result<(Child, Pipes), Refusal> {
         .env_clear()
         .env("PATH", FIXED_PATH)
         .env("LC_ALL", "C")
+        .envs(spec.env.iter().map(|(name, value)| (*name, value.as_str())))
         .stdin(if spec.stdin.is_some() { Stdio::piped() } else { Stdio::null() })
         .stdout(writer)
         .stderr(stderr_writer)

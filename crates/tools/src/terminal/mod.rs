@@ -187,6 +187,7 @@ pub async fn run(policy: &TerminalPolicy, command: &str, cwd: Option<&str>) -> R
         identity: policy.identity(),
         stdin: None,
         stderr_tail_bytes: None,
+        env: Vec::new(),
     };
     let started = Instant::now();
     let execution = exec::execute(&spec).await?;

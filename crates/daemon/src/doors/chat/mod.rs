@@ -22,7 +22,8 @@ use std::time::Duration;
 use serde_json::Value;
 use toolhost_bus::{Keys, Streams};
 use toolhost_envelope::{
-    Address, ChatEnvelope, DeadLetterEvent, Entry, StepStatus, StreamEvent, StreamEventKind, new_message_id,
+    Address, CallTrace, ChatEnvelope, DeadLetterEvent, Entry, StepStatus, StreamEvent, StreamEventKind,
+    new_message_id,
 };
 use toolhost_tools::{Failure, Output, Registry};
 use tracing::{info, warn};
@@ -36,6 +37,7 @@ use crate::call::{
 use crate::doors::context::StreamContext;
 use crate::fleet::{Fleet, Route, route};
 use crate::group::GroupReader;
+use crate::telemetry::Sampling;
 
 /// Starts the chat door: its reader of the agent inbox `chat:<agent_name>`, in the toolbox's
 /// consumer group.
@@ -49,6 +51,7 @@ pub(crate) fn start(settings: Settings, cx: &StreamContext) -> Arc<GroupReader<L
         services.fleet.clone(),
         &cx.consumer,
         settings,
+        services.telemetry.sampling(),
     );
     cx.reader(door, &ledger, topic)
 }
@@ -66,6 +69,8 @@ pub struct Inbox {
     fleet: Arc<Fleet>,
     /// This replica's consumer name.
     consumer: String,
+    /// How new traces are sampled (the `sampled` flag of a call's context).
+    sampling: Sampling,
 }
 
 /// An admitted chat message: the envelope and what answering it takes.
@@ -73,6 +78,20 @@ pub struct Message {
     envelope: Box<ChatEnvelope>,
     /// `None` for messages that are acked unanswered.
     work: Option<message::Work>,
+    /// The trace the call runs under: from `metadata.traceparent` (and `metadata.tracestate`),
+    /// else a new one.
+    trace: CallTrace,
+}
+
+impl Message {
+    fn new(envelope: Box<ChatEnvelope>, work: Option<message::Work>, sampling: Sampling) -> Message {
+        let metadata = |key: &str| envelope.metadata.get(key).and_then(Value::as_str);
+        let trace =
+            CallTrace::of(metadata("traceparent"), metadata("tracestate"), None, |trace_id, parent| {
+                sampling.sampled(trace_id, parent)
+            });
+        Message { envelope, work, trace }
+    }
 }
 
 impl Inbox {
@@ -83,9 +102,11 @@ impl Inbox {
         fleet: Arc<Fleet>,
         consumer: &str,
         settings: Settings,
+        sampling: Sampling,
     ) -> Inbox {
         Inbox {
             fleet,
+            sampling,
             consumer: consumer.to_owned(),
             dead_letters: keys.dead_letters(&settings.agent_name),
             sender: Address::agent_of(&settings.agent_name),
@@ -171,10 +192,10 @@ impl Door for Inbox {
                 Admission::DeadLetter(self.dead_letter(malformed), reason)
             }
             Incoming::Ignored(envelope, reason) => {
-                Admission::Ignore(admitted(Message { envelope, work: None }, registry), reason)
+                Admission::Ignore(admitted(Message::new(envelope, None, self.sampling), registry), reason)
             }
             Incoming::Message(envelope, work) => {
-                Admission::Request(admitted(Message { envelope, work: Some(work) }, registry))
+                Admission::Request(admitted(Message::new(envelope, Some(work), self.sampling), registry))
             }
         }
     }
@@ -283,8 +304,11 @@ impl Inbox {
         duration: Duration,
     ) {
         let envelope = message.map(|message| &message.envelope);
+        let trace = message.map(|message| &message.trace);
         info!(
             envelope_id = envelope.map_or("-", |e| e.id.as_str()),
+            trace_id = trace.map(CallTrace::trace_id_hex),
+            span_id = trace.map(CallTrace::span_id_hex),
             conversation_id = envelope.map_or("-", |e| e.conversation_id.as_str()),
             sender = envelope.map_or("-", |e| e.sender.as_str()),
             tool,
@@ -323,6 +347,7 @@ fn admitted(message: Message, registry: &Registry) -> Admitted<Message> {
             request_id: envelope.id.clone(),
             correlation_id: call.map(|call| call.id.clone()),
             conversation_id: Some(envelope.conversation_id.clone()),
+            trace: message.trace.clone(),
         },
         tool_label: call.map(|call| {
             if registry.contains(&call.name) { call.name.clone() } else { UNKNOWN_TOOL_LABEL.to_owned() }

@@ -16,7 +16,7 @@ use futures::Stream;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, watch};
-use toolhost_envelope::new_message_id;
+use toolhost_envelope::{TraceContext, new_message_id};
 
 use super::{Console, read};
 use crate::auth::AuditEntry;
@@ -63,6 +63,9 @@ pub(crate) struct CallBody {
     arguments: Option<Value>,
     #[serde(default)]
     request_id: Option<String>,
+    /// The page's trace context (W3C `traceparent`), passed on when valid.
+    #[serde(default)]
+    traceparent: Option<String>,
 }
 
 /// `POST /api/call`: publishes the call and answers 202 with its request id; its events come on
@@ -95,6 +98,7 @@ pub(crate) async fn call(State(console): State<Arc<Console>>, body: Option<Json<
         response_topic: None,
         tenant: console.tenant.clone(),
         via: Some("console".to_owned()),
+        trace: TraceContext::read(body.traceparent.as_deref(), None),
     };
     audit(&console, &request_id, &body.tool, "call").await;
     let followed = Arc::new(Followed {

@@ -67,6 +67,8 @@ pub(crate) struct Console {
     access: access::Access,
     /// Calls made from the try-it form, by request id, while their pages may follow them.
     calls: Mutex<HashMap<String, Arc<api::Followed>>>,
+    /// `[console] trace_url`: a call's trace in a trace viewer, `{trace_id}` in it; empty: none.
+    trace_url: String,
 }
 
 impl Console {
@@ -115,6 +117,7 @@ async fn start(settings: &Settings, cx: &DoorContext) -> anyhow::Result<Option<t
         redis: cx.redis.described().to_owned(),
         access: access::Access::new(token),
         calls: Mutex::new(HashMap::new()),
+        trace_url: settings.trace_url.trim().to_owned(),
     });
     let stop = cx.stop.clone();
     let listener = tokio::net::TcpListener::bind(addr)

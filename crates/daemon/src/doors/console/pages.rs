@@ -428,6 +428,22 @@ pub(crate) async fn calls(State(console): State<Arc<Console>>) -> Response {
 }
 
 /// `GET /calls/<toolbox>/<log id>`: one call: the request, the answer, timings, deliveries.
+/// A call's trace id, linked to `[console] trace_url` when it is set; `(none)` for a call logged
+/// without one. The id must be 32 hex digits to be linked (the call log is a stream anyone with
+/// Redis access could write).
+fn trace_link(template: &str, trace_id: &str) -> String {
+    let is_trace_id = trace_id.len() == 32 && trace_id.bytes().all(|b| b.is_ascii_hexdigit());
+    match (template.is_empty(), is_trace_id) {
+        (_, false) if trace_id.is_empty() => "(none)".to_owned(),
+        (true, _) | (_, false) => escape(trace_id),
+        (false, true) => format!(
+            "<a id=\"call-trace-link\" href=\"{}\" rel=\"noreferrer\">{}</a>",
+            escape(&template.replace("{trace_id}", trace_id)),
+            escape(trace_id)
+        ),
+    }
+}
+
 pub(crate) async fn call(
     State(console): State<Arc<Console>>,
     Path((toolbox, log_id)): Path<(String, String)>,
@@ -474,6 +490,7 @@ pub(crate) async fn call(
          <dl id=\"call-timings\"><dt>logged</dt><dd>{time}</dd><dt>duration</dt><dd>{duration} µs</dd>\
          <dt>request entry</dt><dd>{entry}</dd><dt>handled by</dt><dd>{toolbox} / {consumer}</dd></dl>\
          <p>Deliveries of the entry: <span id=\"call-deliveries\">{deliveries}</span></p>\
+         <p>Trace: <span id=\"call-trace\">{trace}</span></p>\
          <h2>Request</h2><pre id=\"call-request\">{request}</pre><h2>Answer</h2><pre id=\"call-answer\">{answer}</pre>",
         id = escape(&request_id),
         outcome = escape(&call.text("outcome")),
@@ -487,6 +504,7 @@ pub(crate) async fn call(
         toolbox = escape(&call.text("toolbox_id")),
         consumer = escape(&call.text("consumer")),
         deliveries = escape(&call.text("deliveries")),
+        trace = trace_link(&console.trace_url, &call.text("trace_id")),
     );
     page(&console, &format!("Call {request_id}"), "calls", &body)
 }
@@ -566,6 +584,20 @@ pub(crate) async fn letter(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_trace_id_is_linked_only_with_a_template_and_only_when_it_is_one() {
+        let id = "4bf92f3577b34da6a3ce929d0e0e4736";
+        assert_eq!(super::trace_link("", id), id);
+        assert_eq!(
+            super::trace_link("http://jaeger:16686/trace/{trace_id}?x=1&y=2", id),
+            format!(
+                "<a id=\"call-trace-link\" href=\"http://jaeger:16686/trace/{id}?x=1&amp;y=2\" rel=\"noreferrer\">{id}</a>"
+            )
+        );
+        assert_eq!(super::trace_link("http://j/{trace_id}", "<script>"), "&lt;script&gt;");
+        assert_eq!(super::trace_link("http://j/{trace_id}", ""), "(none)");
+    }
+
     use super::*;
 
     #[test]

@@ -27,6 +27,9 @@ pub struct Settings {
     pub calls_max_len: u64,
     /// How long a call from the console's try-it form may run, at most, in milliseconds.
     pub call_timeout_ms: u64,
+    /// A link to a call's trace in a trace viewer (Jaeger, Tempo), `{trace_id}` standing for
+    /// the trace id; empty: the trace id is shown without a link.
+    pub trace_url: String,
 }
 
 impl Default for Settings {
@@ -38,6 +41,7 @@ impl Default for Settings {
             record_calls: None,
             calls_max_len: 10_000,
             call_timeout_ms: 300_000,
+            trace_url: String::new(),
         }
     }
 }
@@ -94,6 +98,19 @@ impl Settings {
         }
         if self.call_timeout_ms == 0 {
             bad("call_timeout_ms", "must be at least 1".to_owned());
+        }
+        let trace_url = self.trace_url.trim();
+        if !trace_url.is_empty()
+            && (!(trace_url.starts_with("http://") || trace_url.starts_with("https://"))
+                || !trace_url.contains("{trace_id}"))
+        {
+            bad(
+                "trace_url",
+                format!(
+                    "'{trace_url}' must be an http:// or https:// URL holding {{trace_id}}, such as \
+                     http://jaeger:16686/trace/{{trace_id}}"
+                ),
+            );
         }
         errors
     }

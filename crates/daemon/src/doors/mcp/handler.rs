@@ -57,6 +57,8 @@ pub(crate) struct Door {
     pub list_ttl_ms: u64,
     /// The relay of `list_changed` to sessions and `subscriptions/listen` streams.
     pub subscriptions: Subscriptions,
+    /// Where the door's spans go.
+    pub telemetry: crate::telemetry::Telemetry,
 }
 
 impl Door {

@@ -23,6 +23,7 @@ mod settings;
 mod subscriptions;
 mod tasks;
 mod tools;
+mod trace;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -59,6 +60,7 @@ async fn door(settings: &Settings, cx: &DoorContext, transport: &'static str) ->
         tenant,
         list_ttl_ms: settings.watch_ms,
         subscriptions,
+        telemetry: cx.telemetry.clone(),
     }))
 }
 

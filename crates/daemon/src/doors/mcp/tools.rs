@@ -17,6 +17,7 @@ use tracing::{debug, info};
 use super::handler::{Door, Session};
 use super::logging::{self, SessionLevel};
 use crate::fleet_client::{CallEvent, CallFailure, FleetClient, InputKind, Request};
+use crate::telemetry::DoorSpan;
 
 impl Session {
     /// `tools/list`: one page of the exposed tools the request's tenant may call.
@@ -54,6 +55,17 @@ impl Session {
         if let Some(answer) = self.remembered(&key) {
             return Ok(answer.into());
         }
+        let caller = super::trace::caller(request.meta.as_ref(), &context);
+        let door = &self.door;
+        let span = super::trace::server_span(
+            &door.telemetry,
+            caller.as_ref(),
+            &name,
+            &context.id.to_string(),
+            door.transport,
+            &context,
+        );
+        let trace = span.as_ref().map(DoorSpan::passed_on).or(caller);
         let call = Request {
             tool: name,
             arguments: Value::Object(request.arguments.unwrap_or_default()),
@@ -62,13 +74,29 @@ impl Session {
             response_topic: None,
             tenant: self.door.tenant(&context),
             via: Door::principal(&context).map(|principal| format!("token:{}", principal.token_id)),
+            trace,
         };
         let wants_task = context.client_capabilities().is_some_and(|caps| caps.supports_tasks());
         if wants_task && (tool.long_running || call.timeout > self.door.task_threshold) {
             let task = self.door.tasks.create(&self.door.fleet, call).await?;
             return Ok(CallToolResponse::Task(task));
         }
-        let result = self.run_call(call, &context).await?;
+        let started = std::time::Instant::now();
+        let tool_name = call.tool.clone();
+        let result = self.run_call(call, &context).await;
+        let error = match &result {
+            Err(error) => Some((error.code.0.to_string(), error.message.to_string())),
+            Ok(result) if result.is_error == Some(true) => {
+                Some(("tool_error".to_owned(), "the tool answered an error".to_owned()))
+            }
+            Ok(_) => None,
+        };
+        if let (Some(span), Some((error_type, message))) = (&span, &error) {
+            span.fail(error_type, message);
+        }
+        let error_type = error.as_ref().map(|(error_type, _)| error_type.as_str());
+        door.telemetry.mcp_operation(&tool_name, error_type, started.elapsed());
+        let result = result?;
         self.remember(&key, &result);
         Ok(result.into())
     }

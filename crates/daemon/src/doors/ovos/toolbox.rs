@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value, json};
 use tokio::sync::Semaphore;
-use toolhost_envelope::{ErrorCode, ResultData, ToolDescription};
+use toolhost_envelope::{ErrorCode, ResultData, ToolDescription, TraceContext};
 use tracing::info;
 
 use crate::fleet_client::{CallFailure, FleetClient, Request};
@@ -153,6 +153,10 @@ impl ToolBox {
             response_topic: None,
             tenant: self.tenant.clone(),
             via: None,
+            trace: TraceContext::read(
+                message.context.get("traceparent").and_then(Value::as_str),
+                message.context.get("tracestate").and_then(Value::as_str),
+            ),
         };
         let door = self.clone();
         tokio::spawn(async move {

@@ -4,7 +4,9 @@ use std::time::Duration;
 
 use serde_json::{Map, Value};
 use toolhost_bus::{ResponseTopics, TopicRefusal};
-use toolhost_envelope::{Entry, EventEnvelope, RESERVED_DATA_KEYS};
+use toolhost_envelope::{CallTrace, Entry, EventEnvelope, RESERVED_DATA_KEYS};
+
+use crate::telemetry::Sampling;
 
 /// What the dispatcher should do with an entry.
 #[derive(Debug)]
@@ -33,6 +35,9 @@ pub(crate) struct Request {
     pub response_topic: String,
     /// When the request stops being worth running, as time since the UNIX epoch.
     pub deadline: Option<Duration>,
+    /// The trace the call runs under. The envelope's `traceparent` and `tracestate` were
+    /// replaced by this call's context, so every answer carries it.
+    pub trace: CallTrace,
 }
 
 /// What a request asks for.
@@ -72,6 +77,7 @@ pub(crate) fn admit(
     max_payload_bytes: usize,
     topics: &ResponseTopics,
     resolve: impl Fn(&str) -> Option<String>,
+    sampling: Sampling,
 ) -> Admission {
     // A field that is not UTF-8 or over the limit: dead-lettered with its raw head, never parsed.
     if let Some(defect) = entry.unreadable(max_payload_bytes) {
@@ -138,6 +144,15 @@ pub(crate) fn admit(
     };
     let deadline = deadline(&envelope, entry);
     let id_is_entry_id = request_id == entry.entry_id;
+    let mut envelope = envelope;
+    let trace = CallTrace::of(
+        envelope.traceparent.as_deref(),
+        envelope.tracestate.as_deref(),
+        envelope.trace_id.as_deref(),
+        |trace_id, parent| sampling.sampled(trace_id, parent),
+    );
+    envelope.traceparent = Some(trace.traceparent());
+    envelope.tracestate.clone_from(&trace.tracestate);
     Admission::Request(Box::new(Request {
         envelope,
         request_id,
@@ -145,6 +160,7 @@ pub(crate) fn admit(
         target,
         response_topic,
         deadline,
+        trace,
     }))
 }
 
@@ -165,6 +181,8 @@ fn header_envelope(payload: &str) -> Option<EventEnvelope> {
         user_id: Option<String>,
         session_id: Option<String>,
         trace_id: Option<String>,
+        traceparent: Option<Value>,
+        tracestate: Option<Value>,
         data: Option<HeaderData>,
     }
     #[derive(serde::Deserialize)]
@@ -199,6 +217,8 @@ fn header_envelope(payload: &str) -> Option<EventEnvelope> {
         user_id: header.user_id,
         session_id: header.session_id,
         trace_id: header.trace_id,
+        traceparent: header.traceparent.and_then(|value| value.as_str().map(str::to_owned)),
+        tracestate: header.tracestate.and_then(|value| value.as_str().map(str::to_owned)),
         ..EventEnvelope::default()
     })
 }
@@ -267,6 +287,8 @@ fn lenient_envelope(value: &Value) -> EventEnvelope {
         user_id: text("user_id"),
         session_id: text("session_id"),
         trace_id: text("trace_id"),
+        traceparent: text("traceparent"),
+        tracestate: text("tracestate"),
         ..EventEnvelope::default()
     }
 }
@@ -312,7 +334,13 @@ mod tests {
     fn check(payload: &str) -> Admission {
         let patterns = ["action-results".to_owned(), "results:*".to_owned()];
         let topics = ResponseTopics::new(&patterns, "action-results", "action-requests").unwrap();
-        admit(&entry(payload), 1024, &topics, |event| (event == "echo.requested").then(|| "echo".to_owned()))
+        admit(
+            &entry(payload),
+            1024,
+            &topics,
+            |event| (event == "echo.requested").then(|| "echo".to_owned()),
+            Sampling::OFF,
+        )
     }
 
     fn request(payload: &str) -> Request {

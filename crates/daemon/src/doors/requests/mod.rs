@@ -14,7 +14,9 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use toolhost_bus::{Keys, Shards};
-use toolhost_envelope::{DiscoveryFormat, Entry, ErrorCode, EventEnvelope, ResultData, new_message_id};
+use toolhost_envelope::{
+    CallTrace, DiscoveryFormat, Entry, ErrorCode, EventEnvelope, ResultData, new_message_id,
+};
 use toolhost_tools::{Failure, LogReport, Output, ProgressReport, Registry};
 use tracing::info;
 
@@ -28,6 +30,7 @@ use crate::doors::context::StreamContext;
 use crate::fleet::{Fleet, Route, route};
 use crate::group::GroupReader;
 use crate::stats::Stats;
+use crate::telemetry::Sampling;
 
 /// Starts the requests door: a reader of each shard of the requests stream this replica reads
 /// (`[streams] read_shards`, all by default), in the toolbox's consumer group. With one shard,
@@ -58,6 +61,7 @@ pub(crate) fn start(settings: Settings, cx: &StreamContext) -> Vec<Arc<GroupRead
                 services.fleet.clone(),
                 &cx.consumer,
                 settings,
+                services.telemetry.sampling(),
             );
             cx.reader(door, &stream, topic)
         })
@@ -80,6 +84,8 @@ pub struct Requests {
     fleet: Arc<Fleet>,
     /// This replica's consumer name.
     consumer: String,
+    /// How new traces are sampled (the `sampled` flag of a call's context).
+    sampling: Sampling,
 }
 
 impl Requests {
@@ -90,9 +96,11 @@ impl Requests {
         fleet: Arc<Fleet>,
         consumer: &str,
         settings: Settings,
+        sampling: Sampling,
     ) -> Requests {
         Requests {
             fleet,
+            sampling,
             consumer: consumer.to_owned(),
             requests: keys.topic(&settings.requests_topic),
             dead_letters: keys.dead_letters(&settings.toolbox_id),
@@ -193,7 +201,7 @@ impl Door for Requests {
     fn admit(&self, entry: &Entry, registry: &Registry) -> Admission<Request> {
         let topics = &self.settings.response_topics;
         let resolve = |event: &str| registry.by_event(event).map(str::to_owned);
-        match admit::admit(entry, self.settings.max_payload_bytes, topics, resolve) {
+        match admit::admit(entry, self.settings.max_payload_bytes, topics, resolve, self.sampling) {
             admit::Admission::DeadLetter(reason) => {
                 Admission::DeadLetter(self.dead_letter(entry, &reason), reason)
             }
@@ -337,8 +345,17 @@ impl Requests {
         duration: Duration,
     ) {
         let envelope = request.map(|request| &request.envelope);
+        let trace = request.map(|request| &request.trace);
+        // The caller's `trace_id` when it is not the W3C trace id the call runs under.
+        let caller_trace_id = envelope
+            .and_then(|envelope| envelope.trace_id.as_deref())
+            .filter(|id| trace.is_none_or(|trace| *id != trace.trace_id_hex()));
         info!(
             request_id = request.map_or("-", |request| request.request_id.as_str()),
+            trace_id = trace.map(CallTrace::trace_id_hex),
+            span_id = trace.map(CallTrace::span_id_hex),
+            caller_trace_id,
+            trace_rejected = trace.is_some_and(|trace| trace.rejected).then_some(true),
             correlation_id = envelope.and_then(EventEnvelope::effective_correlation_id).unwrap_or("-"),
             tenant_id = envelope.and_then(|e| e.tenant_id.as_deref()).unwrap_or("-"),
             tool,
@@ -366,6 +383,7 @@ impl Requests {
                     .data_str("conversation_id")
                     .or(envelope.session_id.as_deref())
                     .map(str::to_owned),
+                trace: request.trace.clone(),
             },
             tool_label: tool_label(&request, registry),
             former_ledger: self.former_ledger(&request),

@@ -70,8 +70,16 @@ impl AgentTool {
             self.bus.last_entry_id(&stream).await.map_err(|err| failed("read the stream", err))?;
         let chat_cursor = self.bus.last_entry_id(&chat).await.map_err(|err| failed("read the chat", err))?;
         let recipient = Address::agent_of(name);
+        // The call's trace context rides in `metadata.traceparent` (and `metadata.tracestate`).
+        let mut metadata = json!({});
+        if let Some((traceparent, tracestate)) = context.trace_headers() {
+            metadata["traceparent"] = json!(traceparent);
+            if let Some(tracestate) = tracestate {
+                metadata["tracestate"] = json!(tracestate);
+            }
+        }
         let envelope =
-            ChatEnvelope::message(conversation_id, &self.sender, &recipient, text.to_owned(), json!({}));
+            ChatEnvelope::message(conversation_id, &self.sender, &recipient, text.to_owned(), metadata);
         // Serialising a struct of strings and JSON values cannot fail.
         let payload = serde_json::to_string(&envelope).unwrap_or_default();
         for topic in [chat.clone(), self.keys.chat(name)] {
@@ -149,6 +157,15 @@ impl AgentTool {
 
 #[async_trait]
 impl Tool for AgentTool {
+    fn remote(&self) -> Option<crate::Remote> {
+        Some(crate::Remote {
+            system: "chat",
+            target: self.settings.name.clone(),
+            name: self.settings.name.clone(),
+            transport: "tcp",
+        })
+    }
+
     fn spec(&self) -> ToolSpec {
         let settings = &self.settings;
         let mut spec = ToolSpec::new(
@@ -249,6 +266,31 @@ mod tests {
         let res = invoke(tool(&bus, 2000), json!({"task": "greet"}), Some("conv-1")).await.unwrap();
         assert_eq!(res, json!({"response": "hello", "conversation_id": "conv-1"}));
         assert_eq!(bus.payloads("chat:conv-1").len(), 1);
+    }
+
+    #[tokio::test]
+    async fn the_message_carries_the_calls_trace_context_in_its_metadata() {
+        let bus = Arc::new(MemoryBus::new());
+        specialist(bus.clone(), |cid| {
+            let reply = ChatEnvelope::message(cid, "agent:coder", "agent:ToolHost", "done".into(), json!({}));
+            vec![(format!("chat:{cid}"), serde_json::to_value(reply).unwrap())]
+        })
+        .await;
+        let trace = toolhost_envelope::CallTrace::of(
+            Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+            Some("vendor=x"),
+            None,
+            toolhost_envelope::CallTrace::parent_only,
+        );
+        let mut registry = Registry::new();
+        registry.register(Arc::new(tool(&bus, 2000))).unwrap();
+        let context = Context { trace: Some(trace.clone()), ..Context::default() };
+        registry.invoke("coder", json!({"task": "greet"}), &context, None).await.unwrap();
+        let sent: ChatEnvelope = serde_json::from_str(&bus.payloads("chat:coder")[0]).unwrap();
+        assert_eq!(sent.metadata["traceparent"], trace.traceparent());
+        assert_eq!(sent.metadata["tracestate"], "vendor=x");
+        // Not the caller's span: the call's own.
+        assert!(!trace.traceparent().contains("00f067aa0ba902b7"));
     }
 
     #[tokio::test]

@@ -18,6 +18,18 @@ async function post(url, body) {
   return data;
 }
 
+// A W3C traceparent for a call made from this page: a new trace, the page as its root span,
+// sampled, so the call's spans have the page's trace id.
+function newTraceparent() {
+  const hex = (bytes) => Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
+  const random = (n) => {
+    const bytes = new Uint8Array(n);
+    do { crypto.getRandomValues(bytes); } while (bytes.every((b) => b === 0));
+    return hex(bytes);
+  };
+  return "00-" + random(16) + "-" + random(8) + "-01";
+}
+
 function flash(text) {
   document.getElementById("flash").textContent = text;
 }
@@ -285,7 +297,9 @@ function tryIt(form) {
     state.textContent = "sending";
     state.className = "";
     try {
-      const sent = await post("/api/call", { tool: form.getAttribute("data-tool"), arguments: args });
+      const sent = await post("/api/call", {
+        tool: form.getAttribute("data-tool"), arguments: args, traceparent: newTraceparent(),
+      });
       requestId.textContent = sent.request_id;
       state.textContent = "running";
       cancel.disabled = false;

@@ -8,6 +8,19 @@
 //! as well.
 //!
 //! Metric names are the constants below; `docs/OPERATIONS.md` explains each one.
+//!
+//! Spans (issue 36): [`settings`] is `[telemetry]` with the standard `OTEL_*` variables,
+//! [`otel`] the pipeline (the SDK's tracer, a bounded queue, the OTLP exporter), [`spans`] the
+//! spans of one call by the messaging and MCP conventions. The pipeline is started once the
+//! runtime runs ([`Telemetry::start_export`]); before that, and without an endpoint, no span is
+//! made.
+
+mod otel;
+pub mod settings;
+pub(crate) mod spans;
+
+pub use settings::{Sampling, Settings};
+pub(crate) use spans::{CallSpan, Delivery, DoorSpan};
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -47,6 +60,10 @@ pub const SOURCE_UP: &str = "toolhost_source_up";
 pub const RELOADS: &str = "toolhost_config_reloads_total";
 /// Counter: configuration reloads refused (the old configuration keeps serving).
 pub const RELOAD_FAILURES: &str = "toolhost_config_reload_failures_total";
+/// Counter: spans the OTLP collector took.
+pub const SPANS_EXPORTED: &str = "toolhost_telemetry_spans_exported_total";
+/// Counter, label `reason` (`queue_full`, `export_failed`): spans dropped, never waited for.
+pub const SPANS_DROPPED: &str = "toolhost_telemetry_spans_dropped_total";
 
 /// Histogram buckets of [`INVOCATION_DURATION`], in seconds: from a cache hit to a long command.
 const DURATION_BUCKETS: &[f64] =
@@ -107,6 +124,16 @@ struct Inner {
     /// invocation looks them up once instead of registering them again (label vectors, key
     /// hashing and the recorder's lock) on every call.
     invocations: std::sync::Mutex<HashMap<String, ToolMetrics>>,
+    /// `[telemetry]`, resolved.
+    settings: Settings,
+    /// The span pipeline, once [`Telemetry::start_export`] started it.
+    pipeline: std::sync::OnceLock<otel::Pipeline>,
+    /// The OTLP metrics, once [`Telemetry::start_export`] started them.
+    meters: std::sync::OnceLock<otel::Meters>,
+    /// Whether [`Telemetry::start_export`] ran.
+    export_started: AtomicBool,
+    /// What the pipeline counts.
+    export_counters: otel::ExportCounters,
 }
 
 /// One tool label's invocation metrics.
@@ -137,8 +164,15 @@ impl Default for Telemetry {
 }
 
 impl Telemetry {
-    /// Fresh telemetry: Redis not yet seen, groups not yet created, every metric at zero.
+    /// Fresh telemetry that exports nothing: Redis not yet seen, groups not yet created, every
+    /// metric at zero.
     pub fn new() -> Telemetry {
+        Telemetry::with_settings(Settings::default())
+    }
+
+    /// Fresh telemetry with `[telemetry]`'s settings; spans are exported once
+    /// [`Telemetry::start_export`] ran.
+    pub fn with_settings(settings: Settings) -> Telemetry {
         let recorder = PrometheusBuilder::new()
             .set_buckets_for_metric(Matcher::Full(INVOCATION_DURATION.to_owned()), DURATION_BUCKETS)
             // Only fails for an empty bucket list, and DURATION_BUCKETS is not empty.
@@ -149,7 +183,23 @@ impl Telemetry {
         let gauge = |name: &'static str| recorder.register_gauge(&Key::from_static_name(name), &METADATA);
         let build_info = Key::from_parts(BUILD_INFO, vec![Label::new("version", env!("CARGO_PKG_VERSION"))]);
         recorder.register_gauge(&build_info, &METADATA).set(1.0);
+        let dropped = |reason: &'static str| {
+            recorder.register_counter(
+                &Key::from_parts(SPANS_DROPPED, vec![Label::new("reason", reason)]),
+                &METADATA,
+            )
+        };
+        let export_counters = otel::ExportCounters {
+            exported: counter(SPANS_EXPORTED),
+            dropped_queue_full: dropped("queue_full"),
+            dropped_export_failed: dropped("export_failed"),
+        };
         let inner = Inner {
+            settings,
+            pipeline: std::sync::OnceLock::new(),
+            meters: std::sync::OnceLock::new(),
+            export_started: AtomicBool::new(false),
+            export_counters,
             handle: recorder.handle(),
             in_flight: gauge(IN_FLIGHT),
             dead_letters: counter(DEAD_LETTERS),
@@ -171,6 +221,73 @@ impl Telemetry {
             last_probe_ms: AtomicU64::new(0),
         };
         Telemetry { inner: Arc::new(inner) }
+    }
+
+    /// Starts the span pipeline on the current runtime when `[telemetry]` names a collector;
+    /// does nothing the second time.
+    ///
+    /// # Errors
+    /// The exporter cannot be built.
+    pub fn start_export(&self) -> anyhow::Result<()> {
+        if self.inner.export_started.swap(true, Ordering::SeqCst) {
+            return Ok(());
+        }
+        let settings = &self.inner.settings;
+        if let Some(pipeline) = otel::Pipeline::start(settings, self.inner.export_counters.clone())? {
+            let _ = self.inner.pipeline.set(pipeline);
+        }
+        if let Some(meters) = otel::Meters::start(settings)? {
+            let _ = self.inner.meters.set(meters);
+        }
+        Ok(())
+    }
+
+    /// Exports the spans still queued, for at most `grace`, and stops the pipeline.
+    pub async fn stop_export(&self, grace: Duration) {
+        if let Some(pipeline) = self.inner.pipeline.get() {
+            pipeline.shutdown(grace).await;
+        }
+        if let Some(meters) = self.inner.meters.get() {
+            meters.shutdown();
+        }
+    }
+
+    /// How calls' traces are sampled.
+    pub fn sampling(&self) -> Sampling {
+        self.inner.settings.sampling
+    }
+
+    /// `[telemetry]`, resolved.
+    pub fn settings(&self) -> &Settings {
+        &self.inner.settings
+    }
+
+    /// The `process` span of a sampled call; `None` when the call is not sampled or nothing is
+    /// exported.
+    pub(crate) fn call_span(
+        &self,
+        trace: &toolhost_envelope::CallTrace,
+        delivery: &Delivery<'_>,
+        started: std::time::SystemTime,
+    ) -> Option<CallSpan> {
+        if !trace.context.is_sampled() {
+            return None;
+        }
+        let pipeline = self.inner.pipeline.get()?;
+        CallSpan::start(&pipeline.tracer, self.inner.settings.record_arguments, trace, delivery, started)
+    }
+
+    /// The span of a call through a fleet door, when it is sampled and spans are exported; see
+    /// [`DoorSpan`].
+    pub(crate) fn door_span(
+        &self,
+        caller: Option<&toolhost_envelope::TraceContext>,
+        name: String,
+        kind: opentelemetry::trace::SpanKind,
+        attributes: Vec<opentelemetry::KeyValue>,
+    ) -> Option<DoorSpan> {
+        let pipeline = self.inner.pipeline.get()?;
+        DoorSpan::start(&pipeline.tracer, self.inner.settings.sampling, caller, name, kind, attributes)
     }
 
     /// Records whether the last Redis operation reached the server. Counts a reconnect when
@@ -233,9 +350,30 @@ impl Telemetry {
         Readiness { reasons }
     }
 
+    /// Records one `tools/call` of the MCP door in `mcp.server.operation.duration` (OTLP only).
+    pub(crate) fn mcp_operation(&self, tool: &str, error: Option<&str>, duration: Duration) {
+        if let Some(meters) = self.inner.meters.get() {
+            let mut attributes = vec![
+                opentelemetry::KeyValue::new("mcp.method.name", "tools/call"),
+                opentelemetry::KeyValue::new("gen_ai.tool.name", tool.to_owned()),
+            ];
+            if let Some(error) = error {
+                attributes.push(opentelemetry::KeyValue::new("error.type", error.to_owned()));
+            }
+            meters.mcp_operation.record(duration.as_secs_f64(), &attributes);
+        }
+    }
+
     /// Counts one handled entry and its duration.
     pub fn invocation(&self, tool: &str, outcome: &str, duration: Duration) {
         let tool = if outcome == "unknown_tool" { UNKNOWN_TOOL_LABEL } else { tool };
+        if let Some(meters) = self.inner.meters.get() {
+            let tool_name = opentelemetry::KeyValue::new("gen_ai.tool.name", tool.to_owned());
+            meters.duration.record(duration.as_secs_f64(), std::slice::from_ref(&tool_name));
+            meters
+                .invocations
+                .add(1, &[tool_name, opentelemetry::KeyValue::new("toolhost.outcome", outcome.to_owned())]);
+        }
         let mut invocations = self.inner.invocations.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         match invocations.get_mut(tool) {
             Some(metrics) => self.record(metrics, tool, outcome, duration),
@@ -347,6 +485,9 @@ impl Telemetry {
     /// Counts a running call until the guard drops.
     pub fn in_flight_guard(&self) -> InFlight {
         self.inner.in_flight.increment(1.0);
+        if let Some(meters) = self.inner.meters.get() {
+            meters.in_flight.add(1, &[]);
+        }
         InFlight { telemetry: self.clone() }
     }
 
@@ -392,6 +533,8 @@ fn describe(recorder: &PrometheusRecorder) {
         (REDIS_RECONNECTS, "Times Redis answered again after it had stopped answering."),
         (RELOADS, "Configuration reloads (SIGHUP) applied."),
         (RELOAD_FAILURES, "Configuration reloads (SIGHUP) refused; the old configuration keeps serving."),
+        (SPANS_EXPORTED, "Spans the OTLP collector took."),
+        (SPANS_DROPPED, "Spans dropped without waiting, by reason (queue_full, export_failed)."),
     ];
     for (name, help) in counters {
         recorder.describe_counter(name.into(), None, help.into());
@@ -423,6 +566,9 @@ pub struct InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.telemetry.inner.in_flight.decrement(1.0);
+        if let Some(meters) = self.telemetry.inner.meters.get() {
+            meters.in_flight.add(-1, &[]);
+        }
     }
 }
 
