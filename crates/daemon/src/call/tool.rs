@@ -273,7 +273,7 @@ impl<D: Door> Lifecycle<D> {
         let result = result?;
         match (run_span, &result) {
             (Some(run_span), Ok(value)) if record_arguments => {
-                let value = services.gate.redact_json(value.clone()).to_string();
+                let value = services.gate.redact_json(value.result.clone()).to_string();
                 run_span.set(KeyValue::new("gen_ai.tool.call.result", value));
             }
             (Some(run_span), Err(failure)) => {

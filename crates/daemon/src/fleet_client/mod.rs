@@ -293,7 +293,7 @@ impl FleetClient {
         data.insert("input_id".to_owned(), json!(input_id));
         data.insert("response".to_owned(), response);
         let published =
-            inner.publish("tool.input", data, request_id, &inner.private_topic, (None, None)).await;
+            inner.publish("tool.input", data, request_id, &inner.private_topic, (None, None, None)).await;
         let answer = match published {
             Ok(()) => tokio::time::timeout(CANCEL_WAIT, receiver).await.ok().and_then(Result::ok),
             Err(err) => {
@@ -790,6 +790,7 @@ mod tests {
             response_topic: None,
             tenant: None,
             via: None,
+            trace: None,
         };
         let (events, mut received) = mpsc::unbounded_channel();
         let call = client.call_with_events(&request, events);

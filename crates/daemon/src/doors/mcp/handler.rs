@@ -17,7 +17,7 @@ use std::time::Duration;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, ErrorData as McpError,
     GetTaskParams, GetTaskResult, Implementation, ListToolsResult, PaginatedRequestParams, ProtocolVersion,
-    ServerCapabilities, ServerConfig, SetLevelRequestMethod, SubscriptionFilter, Tool,
+    ServerCapabilities, ServerConfig, SubscriptionFilter, Tool,
 };
 // The 2026-07-28 revision deprecates logging; the door refuses its request there.
 #[allow(deprecated)]
@@ -221,18 +221,18 @@ impl ServerHandler for Session {
         self.door.tool(name).as_ref().and_then(super::tools::mcp_tool)
     }
 
-    /// Refused on 2026-07-28, which removed it; the `initialize` generations have no log
-    /// messages of the door to set a level for.
+    /// Refused on 2026-07-28, which removed it; the `initialize` generations set the level of
+    /// the hosted servers' log messages the session is sent.
     #[allow(deprecated)]
     async fn set_level(
         &self,
-        _request: SetLevelRequestParams,
+        request: SetLevelRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<(), McpError> {
         if generation::is_stateless(&context) {
             return Err(generation::removed("logging/setLevel"));
         }
-        Err(McpError::method_not_found::<SetLevelRequestMethod>())
+        self.set_log_level(request)
     }
 
     fn accepted_subscription_filter(&self, requested: &SubscriptionFilter) -> Option<SubscriptionFilter> {
@@ -271,16 +271,5 @@ impl ServerHandler for Session {
     async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
         debug!(transport = self.door.transport, session = %self.id, "MCP session initialized");
         self.door.subscriptions.follow_session(context.peer);
-    }
-
-    // Issue 33: thin delegations to the door's other modules.
-
-    #[allow(deprecated)]
-    async fn set_level(
-        &self,
-        request: rmcp::model::SetLevelRequestParams,
-        _context: RequestContext<RoleServer>,
-    ) -> Result<(), McpError> {
-        self.set_log_level(request)
     }
 }
