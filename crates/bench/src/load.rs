@@ -121,12 +121,37 @@ pub async fn run(redis_url: &str, spec: &LoadSpec) -> anyhow::Result<LoadResult>
 ///
 /// When Redis cannot be reached. Unanswered requests are counted, not errors.
 pub async fn run_split(publish_url: &str, read_url: &str, spec: &LoadSpec) -> anyhow::Result<LoadResult> {
-    let client = redis::Client::open(publish_url).context("parsing the Redis URL")?;
+    run_sharded(&[(REQUESTS_STREAM.to_owned(), publish_url.to_owned())], read_url, spec).await
+}
+
+/// [`run_split`] over a sharded requests stream: `shards` names each shard's stream and the URL
+/// of the node holding it, in shard order; each request goes to the shard of its request id by
+/// the rule of docs/CONTRACTS.md ([`crate::shards`]).
+///
+/// # Errors
+///
+/// When Redis cannot be reached. Unanswered requests are counted, not errors.
+pub async fn run_sharded(
+    shards: &[(String, String)],
+    read_url: &str,
+    spec: &LoadSpec,
+) -> anyhow::Result<LoadResult> {
     let publish_config = redis::AsyncConnectionConfig::new().set_response_timeout(Some(ANSWER_TIMEOUT));
-    let publisher = client
-        .get_multiplexed_async_connection_with_config(&publish_config)
-        .await
-        .context("connecting the publisher")?;
+    // One connection per node, shared by the shards it holds.
+    let mut by_url: HashMap<String, MultiplexedConnection> = HashMap::new();
+    let mut publishers = Vec::with_capacity(shards.len());
+    for (stream, url) in shards {
+        if !by_url.contains_key(url) {
+            let connection = redis::Client::open(url.as_str())
+                .context("parsing the Redis URL")?
+                .get_multiplexed_async_connection_with_config(&publish_config)
+                .await
+                .context("connecting the publisher")?;
+            by_url.insert(url.clone(), connection);
+        }
+        publishers.push((stream.clone(), by_url[url].clone()));
+    }
+    let publishers = Arc::new(publishers);
     let read_config = redis::AsyncConnectionConfig::new().set_response_timeout(None);
     let mut reader = redis::Client::open(read_url)
         .context("parsing the Redis URL")?
@@ -153,7 +178,7 @@ pub async fn run_split(publish_url: &str, read_url: &str, spec: &LoadSpec) -> an
     let mut lanes = Vec::with_capacity(spec.in_flight);
     for _ in 0..spec.in_flight {
         let lane = Lane {
-            publisher: publisher.clone(),
+            publishers: Arc::clone(&publishers),
             pending: Arc::clone(&pending),
             issued: Arc::clone(&issued),
             kind: spec.kind.clone(),
@@ -229,7 +254,8 @@ struct Answered {
 type Pending = Arc<Mutex<HashMap<String, oneshot::Sender<Answered>>>>;
 
 struct Lane {
-    publisher: MultiplexedConnection,
+    /// Each shard's stream and a connection to its node.
+    publishers: Arc<Vec<(String, MultiplexedConnection)>>,
     pending: Pending,
     issued: Arc<AtomicU64>,
     kind: RequestKind,
@@ -249,7 +275,7 @@ struct Tally {
 }
 
 impl Lane {
-    async fn run(mut self) -> Tally {
+    async fn run(self) -> Tally {
         let mut tally = Tally {
             n_ok: 0,
             n_failed: 0,
@@ -283,8 +309,10 @@ impl Lane {
             if let Some(sig) = &request.sig {
                 fields.push(("sig", sig.as_str()));
             }
+            let shard = crate::shards::of(&request.request_id, self.publishers.len());
+            let (stream, publisher) = &self.publishers[shard];
             let added: redis::RedisResult<String> =
-                self.publisher.xadd_options(REQUESTS_STREAM, "*", &fields, &self.add_options).await;
+                publisher.clone().xadd_options(stream.as_str(), "*", &fields, &self.add_options).await;
             if let Err(err) = added {
                 self.lock_pending().remove(&request.request_id);
                 tally.n_send_errors += 1;
