@@ -58,6 +58,9 @@ pub struct FleetOptions {
     /// Shard counts of the requests stream (`[streams] shards`), in order; each replica count
     /// runs with each.
     pub shards: Vec<usize>,
+    /// Whether each replica reads only its part of the shards (`[streams] read_shards`: replica
+    /// i of R reads the shards k with k mod R = i) instead of all of them.
+    pub split_shards: bool,
     /// Requests in flight.
     pub in_flight: usize,
     /// Length of the measured run.
@@ -90,6 +93,8 @@ pub struct FleetRow {
     pub replicas: usize,
     /// Shards of the requests stream.
     pub shards: usize,
+    /// Whether each replica read only its part of the shards.
+    pub split_shards: bool,
     /// What was called: `echo`, or `terminal_run` running `echo hi`.
     pub tool: String,
     /// `[redis] replica_acks` of toolhost (the replicated topology's rows only).
@@ -173,10 +178,11 @@ impl FleetReport {
                 .fold(0.0_f64, f64::max);
             let share = if row.sum("redis") > 0.0 { 100.0 * busiest / row.sum("redis") } else { 0.0 };
             out.push_str(&format!(
-                "| {} | {} | {} | {:.0} | {} | {} | {:.1} ({}) | {:.1} ({}) | {share:.0} % | {:.1} | {} |\n",
+                "| {} | {} | {}{} | {:.0} | {} | {} | {:.1} ({}) | {:.1} ({}) | {share:.0} % | {:.1} | {} |\n",
                 row.topology.name(),
                 row.replicas,
                 row.shards,
+                if row.split_shards { " (split)" } else { "" },
                 row.rps,
                 row.p50_us,
                 row.p99_us,
@@ -430,6 +436,7 @@ async fn measure(
         topology,
         replicas,
         shards,
+        split_shards: options.split_shards && shards >= replicas && shards > 1,
         tool: tool_name(&kind),
         replica_acks,
         waits_per_request: None,
@@ -470,6 +477,12 @@ async fn run_row(
     }
     env.push(("TOOLHOST__STREAMS__SHARDS".to_owned(), row.shards.to_string()));
     for index in 0..row.replicas {
+        let mut env = env.clone();
+        if row.split_shards {
+            let mine: Vec<String> =
+                (0..row.shards).filter(|k| k % row.replicas == index).map(|k| k.to_string()).collect();
+            env.push(("TOOLHOST__STREAMS__READ_SHARDS".to_owned(), mine.join(",")));
+        }
         let acks = row.replica_acks.map(|acks| format!("-{}-acks-{acks}", row.tool)).unwrap_or_default();
         let log_path = options.out_dir.join(format!(
             "fleet-{}-{}-shards-{}{acks}-replica-{index}.log",
