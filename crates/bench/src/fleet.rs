@@ -61,6 +61,8 @@ pub struct FleetOptions {
     /// Whether each replica reads only its part of the shards (`[streams] read_shards`: replica
     /// i of R reads the shards k with k mod R = i) instead of all of them.
     pub split_shards: bool,
+    /// Whether requests name a results topic of their shard's slot instead of the default one.
+    pub shard_results: bool,
     /// Requests in flight.
     pub in_flight: usize,
     /// Length of the measured run.
@@ -95,6 +97,8 @@ pub struct FleetRow {
     pub shards: usize,
     /// Whether each replica read only its part of the shards.
     pub split_shards: bool,
+    /// Whether answers went to a results topic per shard.
+    pub shard_results: bool,
     /// What was called: `echo`, or `terminal_run` running `echo hi`.
     pub tool: String,
     /// `[redis] replica_acks` of toolhost (the replicated topology's rows only).
@@ -182,7 +186,12 @@ impl FleetReport {
                 row.topology.name(),
                 row.replicas,
                 row.shards,
-                if row.split_shards { " (split)" } else { "" },
+                match (row.split_shards, row.shard_results) {
+                    (true, true) => " (split, results per shard)",
+                    (true, false) => " (split)",
+                    (false, true) => " (results per shard)",
+                    (false, false) => "",
+                },
                 row.rps,
                 row.p50_us,
                 row.p99_us,
@@ -242,6 +251,9 @@ impl FleetReport {
     }
 }
 
+/// Streams with the URL of the node holding each.
+type Keyed = Vec<(String, String)>;
+
 /// A running Redis of any topology.
 enum Redis {
     Single(RedisServer),
@@ -299,22 +311,38 @@ impl Redis {
     }
 
     /// Where the load generator publishes requests (each of `shards` shards' stream and the
-    /// URL of its node) and reads answers.
-    fn endpoints(&self, shards: usize) -> anyhow::Result<(Vec<(String, String)>, String)> {
+    /// URL of its node) and reads answers: the default results topic, or with `private` one
+    /// results topic per shard in the shard's own slot (`results:bench:{<tag>}`), as callers on
+    /// private streams spread theirs.
+    fn endpoints(&self, shards: usize, private: bool) -> anyhow::Result<(Keyed, Keyed)> {
         let streams: Vec<String> = (0..shards.max(1)).map(|k| crate::shards::stream(k, shards)).collect();
-        match self {
-            Redis::Single(server) | Redis::Replicated(server, _) => {
-                Ok((streams.into_iter().map(|stream| (stream, server.url())).collect(), server.url()))
+        let topics: Vec<String> = if private {
+            streams
+                .iter()
+                .map(|stream| match stream.split_once(':') {
+                    Some((_, tag)) => format!("results:bench:{tag}"),
+                    None => "results:bench".to_owned(),
+                })
+                .collect()
+        } else {
+            vec![RESULTS_STREAM.to_owned()]
+        };
+        let url_for = |key: &str| -> anyhow::Result<String> {
+            match self {
+                Redis::Single(server) | Redis::Replicated(server, _) => Ok(server.url()),
+                Redis::Cluster(cluster) => cluster.url_for(key),
             }
-            Redis::Cluster(cluster) => {
-                let publish = streams
-                    .into_iter()
-                    .map(|stream| Ok((cluster.url_for(&stream)?, stream)))
-                    .map(|found: anyhow::Result<(String, String)>| found.map(|(url, stream)| (stream, url)))
-                    .collect::<anyhow::Result<Vec<_>>>()?;
-                Ok((publish, cluster.url_for(RESULTS_STREAM)?))
-            }
-        }
+        };
+        let publish = streams
+            .into_iter()
+            .map(|stream| Ok((url_for(&stream)?, stream)))
+            .collect::<anyhow::Result<Vec<(String, String)>>>()?;
+        let reads = topics
+            .into_iter()
+            .map(|topic| Ok((url_for(&topic)?, topic)))
+            .collect::<anyhow::Result<Vec<(String, String)>>>()?;
+        let swap = |pairs: Vec<(String, String)>| pairs.into_iter().map(|(url, key)| (key, url)).collect();
+        Ok((swap(publish), swap(reads)))
     }
 
     async fn flush(&self) -> anyhow::Result<()> {
@@ -437,6 +465,7 @@ async fn measure(
         replicas,
         shards,
         split_shards: options.split_shards && shards >= replicas && shards > 1,
+        shard_results: options.shard_results,
         tool: tool_name(&kind),
         replica_acks,
         waits_per_request: None,
@@ -513,7 +542,7 @@ async fn run_row(
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let (publish, read) = redis.endpoints(row.shards)?;
+    let (publish, read) = redis.endpoints(row.shards, options.shard_results)?;
     let warmup = LoadSpec {
         generator: Generator::Harness,
         in_flight: row.in_flight,
