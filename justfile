@@ -43,6 +43,11 @@ test-fleet: ensure-redis-installed debug-toolhost
     scripts/ensure-python-client-venv.sh >/dev/null
     cargo test -p toolhost-e2e --test harness --test fleet --test shards --test cluster --test sentinel --test failover
 
+# The Kubernetes examples in deploy/ against the Kubernetes schemas (kubernetes-validate from
+# PyPI, strict: unknown fields refused); `just test` checks them against the configuration.
+check-deploy:
+    "$(scripts/ensure-k8s-validate.sh)/bin/kubernetes-validate" --strict --quiet deploy/kubernetes.yaml deploy/kubernetes-cluster.yaml
+
 # The security suites (tests/): TLS to Redis with a private CA and mutual TLS, the
 # least-privilege Redis user `toolhost redis-acl` prints, the MCP door's bearer tokens and signed
 # calls, `toolhost call --key-id`, and the docs' redis-cli + openssl signing example, against real

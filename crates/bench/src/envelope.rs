@@ -110,8 +110,23 @@ fn sign(key_id: &str, secret: &str, payload: &str) -> String {
 ///
 /// Only if serde_json fails to write a string, which it does not do for these types.
 pub fn request(kind: &RequestKind) -> serde_json::Result<Request> {
+    request_to(kind, &|_| None)
+}
+
+/// [`request`] answered on the topic `topic_for` names for its request id (the default results
+/// topic for `None`).
+///
+/// # Errors
+///
+/// Only if serde_json fails to write a string, which it does not do for these types.
+pub fn request_to(
+    kind: &RequestKind,
+    topic_for: &dyn Fn(&str) -> Option<String>,
+) -> serde_json::Result<Request> {
     let id = uuid::Uuid::new_v4().to_string();
     let request_id = uuid::Uuid::new_v4().to_string();
+    let topic = topic_for(&request_id);
+    let response_topic = topic.as_deref();
     let data = match kind {
         RequestKind::Echo { message } | RequestKind::SignedEcho { message, .. } => {
             RequestData::Echo { request_id: &request_id, message }
@@ -128,7 +143,7 @@ pub fn request(kind: &RequestKind) -> serde_json::Result<Request> {
         topic: REQUESTS_STREAM,
         time: now_rfc3339(),
         correlation_id: &request_id,
-        response_topic: None,
+        response_topic,
         tenant_id: match kind {
             RequestKind::SignedEcho { tenant, .. } => Some(tenant),
             _ => None,

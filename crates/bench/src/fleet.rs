@@ -2,9 +2,11 @@
 //! against a 3-master Redis Cluster, with the CPU split per process (each replica, each Redis,
 //! the load generator).
 //!
-//! Every replica belongs to one toolbox and reads the one requests stream, so on the cluster
-//! that stream lives on one shard: the curve is expected to stay flat there, and this measures
-//! what the cluster path costs per request.
+//! Every replica belongs to one toolbox and reads the requests stream. With one shard (the
+//! default) that stream lives on one node of the cluster: the curve is expected to stay flat
+//! there, and this measures what the cluster path costs per request. `--shards N` splits it
+//! (`[streams] shards`), the generator putting each request on its shard by the contract's rule,
+//! and the report gives the busiest Redis node's share of the Redis CPU.
 //!
 //! The `replicated` topology is a master with one replica (issue 37): one toolhost, `echo` and
 //! `terminal_run` (a tool that is not idempotent, so tracked) with `[redis] replica_acks` 0 and
@@ -18,7 +20,7 @@ use anyhow::Context as _;
 use serde::Serialize;
 use tokio::process::{Child, Command};
 
-use crate::envelope::{REQUESTS_STREAM, RESULTS_STREAM, RequestKind};
+use crate::envelope::{RESULTS_STREAM, RequestKind};
 use crate::load::{self, Generator, LoadSpec};
 use crate::procfs::{self, MachineInfo};
 use crate::redis_server::{RedisCluster, RedisServer};
@@ -53,6 +55,14 @@ pub struct FleetOptions {
     pub topologies: Vec<Topology>,
     /// Replica counts, in order.
     pub replicas: Vec<usize>,
+    /// Shard counts of the requests stream (`[streams] shards`), in order; each replica count
+    /// runs with each.
+    pub shards: Vec<usize>,
+    /// Whether each replica reads only its part of the shards (`[streams] read_shards`: replica
+    /// i of R reads the shards k with k mod R = i) instead of all of them.
+    pub split_shards: bool,
+    /// Whether requests name a results topic of their shard's slot instead of the default one.
+    pub shard_results: bool,
     /// Requests in flight.
     pub in_flight: usize,
     /// Length of the measured run.
@@ -83,6 +93,12 @@ pub struct FleetRow {
     pub topology: Topology,
     /// Replicas of toolhost.
     pub replicas: usize,
+    /// Shards of the requests stream.
+    pub shards: usize,
+    /// Whether each replica read only its part of the shards.
+    pub split_shards: bool,
+    /// Whether answers went to a results topic per shard.
+    pub shard_results: bool,
     /// What was called: `echo`, or `terminal_run` running `echo hi`.
     pub tool: String,
     /// `[redis] replica_acks` of toolhost (the replicated topology's rows only).
@@ -144,8 +160,8 @@ impl FleetReport {
             self.rows.iter().filter(|row| row.topology != Topology::Replicated).collect();
         if !fleet.is_empty() {
             out.push_str(
-                "| Redis | replicas | req/s | p50 µs | p99 µs | toolhost CPU µs/req (per replica) | Redis CPU µs/req (per node) | load µs/req | errors |\n\
-                 |---|---:|---:|---:|---:|---|---|---:|---|\n",
+                "| Redis | replicas | shards | req/s | p50 µs | p99 µs | toolhost CPU µs/req (per replica) | Redis CPU µs/req (per node) | busiest node's share | load µs/req | errors |\n\
+                 |---|---:|---:|---:|---:|---:|---|---|---:|---:|---|\n",
             );
         }
         for row in fleet {
@@ -158,10 +174,24 @@ impl FleetReport {
                     .join(" + ")
             };
             let errors = row.errors();
+            let busiest = row
+                .cpu
+                .iter()
+                .filter(|cpu| cpu.process.starts_with("redis"))
+                .map(|cpu| cpu.us_per_request)
+                .fold(0.0_f64, f64::max);
+            let share = if row.sum("redis") > 0.0 { 100.0 * busiest / row.sum("redis") } else { 0.0 };
             out.push_str(&format!(
-                "| {} | {} | {:.0} | {} | {} | {:.1} ({}) | {:.1} ({}) | {:.1} | {} |\n",
+                "| {} | {} | {}{} | {:.0} | {} | {} | {:.1} ({}) | {:.1} ({}) | {share:.0} % | {:.1} | {} |\n",
                 row.topology.name(),
                 row.replicas,
+                row.shards,
+                match (row.split_shards, row.shard_results) {
+                    (true, true) => " (split, results per shard)",
+                    (true, false) => " (split)",
+                    (false, true) => " (results per shard)",
+                    (false, false) => "",
+                },
                 row.rps,
                 row.p50_us,
                 row.p99_us,
@@ -221,6 +251,9 @@ impl FleetReport {
     }
 }
 
+/// Streams with the URL of the node holding each.
+type Keyed = Vec<(String, String)>;
+
 /// A running Redis of any topology.
 enum Redis {
     Single(RedisServer),
@@ -277,14 +310,39 @@ impl Redis {
         }
     }
 
-    /// Where the load generator publishes requests and reads answers.
-    fn endpoints(&self) -> anyhow::Result<(String, String)> {
-        match self {
-            Redis::Single(server) | Redis::Replicated(server, _) => Ok((server.url(), server.url())),
-            Redis::Cluster(cluster) => {
-                Ok((cluster.url_for(REQUESTS_STREAM)?, cluster.url_for(RESULTS_STREAM)?))
+    /// Where the load generator publishes requests (each of `shards` shards' stream and the
+    /// URL of its node) and reads answers: the default results topic, or with `private` one
+    /// results topic per shard in the shard's own slot (`results:bench:{<tag>}`), as callers on
+    /// private streams spread theirs.
+    fn endpoints(&self, shards: usize, private: bool) -> anyhow::Result<(Keyed, Keyed)> {
+        let streams: Vec<String> = (0..shards.max(1)).map(|k| crate::shards::stream(k, shards)).collect();
+        let topics: Vec<String> = if private {
+            streams
+                .iter()
+                .map(|stream| match stream.split_once(':') {
+                    Some((_, tag)) => format!("results:bench:{tag}"),
+                    None => "results:bench".to_owned(),
+                })
+                .collect()
+        } else {
+            vec![RESULTS_STREAM.to_owned()]
+        };
+        let url_for = |key: &str| -> anyhow::Result<String> {
+            match self {
+                Redis::Single(server) | Redis::Replicated(server, _) => Ok(server.url()),
+                Redis::Cluster(cluster) => cluster.url_for(key),
             }
-        }
+        };
+        let publish = streams
+            .into_iter()
+            .map(|stream| Ok((url_for(&stream)?, stream)))
+            .collect::<anyhow::Result<Vec<(String, String)>>>()?;
+        let reads = topics
+            .into_iter()
+            .map(|topic| Ok((url_for(&topic)?, topic)))
+            .collect::<anyhow::Result<Vec<(String, String)>>>()?;
+        let swap = |pairs: Vec<(String, String)>| pairs.into_iter().map(|(url, key)| (key, url)).collect();
+        Ok((swap(publish), swap(reads)))
     }
 
     async fn flush(&self) -> anyhow::Result<()> {
@@ -356,21 +414,30 @@ pub async fn run(options: &FleetOptions) -> anyhow::Result<FleetReport> {
         let redis =
             Redis::start(topology).with_context(|| format!("starting the {} Redis", topology.name()))?;
         // The replicated topology's rows: one toolhost, each tool with replica_acks 0 and 1.
-        let rows: Vec<(usize, RequestKind, Option<u32>)> = match topology {
+        let rows: Vec<(usize, usize, RequestKind, Option<u32>)> = match topology {
             Topology::Replicated => [RequestKind::echo(100), RequestKind::TerminalRun]
                 .into_iter()
-                .flat_map(|kind| [(1, kind.clone(), Some(0)), (1, kind, Some(1))])
+                .flat_map(|kind| [(1, 1, kind.clone(), Some(0)), (1, 1, kind, Some(1))])
                 .collect(),
-            _ => options.replicas.iter().map(|&replicas| (replicas, RequestKind::echo(100), None)).collect(),
+            _ => options
+                .shards
+                .iter()
+                .flat_map(|&shards| {
+                    options
+                        .replicas
+                        .iter()
+                        .map(move |&replicas| (replicas, shards, RequestKind::echo(100), None))
+                })
+                .collect(),
         };
-        for (replicas, kind, replica_acks) in rows {
+        for (replicas, shards, kind, replica_acks) in rows {
             let acks = replica_acks.map(|acks| format!(", replica_acks {acks}")).unwrap_or_default();
             eprintln!(
-                "bench: fleet {} with {replicas} replica(s), {}{acks}",
+                "bench: fleet {} with {replicas} replica(s), {shards} shard(s), {}{acks}",
                 topology.name(),
                 tool_name(&kind)
             );
-            let row = measure(options, &redis, topology, replicas, kind, replica_acks).await;
+            let row = measure(options, &redis, topology, (replicas, shards), kind, replica_acks).await;
             if let Some(error) = &row.error {
                 eprintln!("bench:   error: {error}");
             }
@@ -389,13 +456,16 @@ async fn measure(
     options: &FleetOptions,
     redis: &Redis,
     topology: Topology,
-    replicas: usize,
+    (replicas, shards): (usize, usize),
     kind: RequestKind,
     replica_acks: Option<u32>,
 ) -> FleetRow {
     let mut row = FleetRow {
         topology,
         replicas,
+        shards,
+        split_shards: options.split_shards && shards >= replicas && shards > 1,
+        shard_results: options.shard_results,
         tool: tool_name(&kind),
         replica_acks,
         waits_per_request: None,
@@ -434,12 +504,20 @@ async fn run_row(
     if matches!(kind, RequestKind::TerminalRun) {
         env.push(("TERMINAL_ALLOWED_COMMANDS".to_owned(), "echo".to_owned()));
     }
+    env.push(("TOOLHOST__STREAMS__SHARDS".to_owned(), row.shards.to_string()));
     for index in 0..row.replicas {
+        let mut env = env.clone();
+        if row.split_shards {
+            let mine: Vec<String> =
+                (0..row.shards).filter(|k| k % row.replicas == index).map(|k| k.to_string()).collect();
+            env.push(("TOOLHOST__STREAMS__READ_SHARDS".to_owned(), mine.join(",")));
+        }
         let acks = row.replica_acks.map(|acks| format!("-{}-acks-{acks}", row.tool)).unwrap_or_default();
         let log_path = options.out_dir.join(format!(
-            "fleet-{}-{}{acks}-replica-{index}.log",
+            "fleet-{}-{}-shards-{}{acks}-replica-{index}.log",
             row.topology.name(),
-            row.replicas
+            row.replicas,
+            row.shards
         ));
         std::fs::create_dir_all(&options.out_dir)?;
         let log = std::fs::File::create(&log_path)?;
@@ -464,7 +542,7 @@ async fn run_row(
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let (publish, read) = redis.endpoints()?;
+    let (publish, read) = redis.endpoints(row.shards, options.shard_results)?;
     let warmup = LoadSpec {
         generator: Generator::Harness,
         in_flight: row.in_flight,
@@ -472,7 +550,7 @@ async fn run_row(
         duration: options.warmup,
         max_requests: None,
     };
-    let warm = load::run_split(&publish, &read, &warmup).await?;
+    let warm = load::run_sharded(&publish, &read, &warmup).await?;
     anyhow::ensure!(
         warm.n_answered() > 0,
         "no answer during warm-up: {}",
@@ -496,7 +574,7 @@ async fn run_row(
         duration: options.duration,
         max_requests: None,
     };
-    let load = load::run_split(&publish, &read, &spec).await?;
+    let load = load::run_sharded(&publish, &read, &spec).await?;
     let replicas_after: Vec<Option<f64>> = pids.iter().map(|&pid| cpu_us(pid, ticks)).collect();
     let redis_after = redis.cpu_us(ticks);
     let load_after = cpu_us(std::process::id(), ticks);

@@ -21,4 +21,5 @@ pub mod procfs;
 pub mod redis_server;
 pub mod refworker;
 pub mod report;
+pub mod shards;
 pub mod target;

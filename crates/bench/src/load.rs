@@ -121,31 +121,70 @@ pub async fn run(redis_url: &str, spec: &LoadSpec) -> anyhow::Result<LoadResult>
 ///
 /// When Redis cannot be reached. Unanswered requests are counted, not errors.
 pub async fn run_split(publish_url: &str, read_url: &str, spec: &LoadSpec) -> anyhow::Result<LoadResult> {
-    let client = redis::Client::open(publish_url).context("parsing the Redis URL")?;
-    let publish_config = redis::AsyncConnectionConfig::new().set_response_timeout(Some(ANSWER_TIMEOUT));
-    let publisher = client
-        .get_multiplexed_async_connection_with_config(&publish_config)
-        .await
-        .context("connecting the publisher")?;
-    let read_config = redis::AsyncConnectionConfig::new().set_response_timeout(None);
-    let mut reader = redis::Client::open(read_url)
-        .context("parsing the Redis URL")?
-        .get_multiplexed_async_connection_with_config(&read_config)
-        .await
-        .context("connecting the dispatcher")?;
+    let reads = [(RESULTS_STREAM.to_owned(), read_url.to_owned())];
+    run_sharded(&[(REQUESTS_STREAM.to_owned(), publish_url.to_owned())], &reads, spec).await
+}
 
+/// [`run_split`] over a sharded requests stream: `shards` names each shard's stream and the URL
+/// of the node holding it, in shard order; each request goes to the shard of its request id by
+/// the rule of docs/CONTRACTS.md ([`crate::shards`]). `reads` names the results topics read and
+/// the URL of each one's node: the default results topic alone (requests then name none), or one
+/// per shard, each request naming its shard's as `response_topic`, as a caller with private
+/// results streams does.
+///
+/// # Errors
+///
+/// When Redis cannot be reached. Unanswered requests are counted, not errors.
+pub async fn run_sharded(
+    shards: &[(String, String)],
+    reads: &[(String, String)],
+    spec: &LoadSpec,
+) -> anyhow::Result<LoadResult> {
+    let private = !(reads.len() == 1 && reads[0].0 == RESULTS_STREAM);
+    anyhow::ensure!(
+        !private || reads.len() == shards.len(),
+        "one results topic per shard, or the default one"
+    );
+    let publish_config = redis::AsyncConnectionConfig::new().set_response_timeout(Some(ANSWER_TIMEOUT));
+    // One connection per node, shared by the shards it holds.
+    let mut by_url: HashMap<String, MultiplexedConnection> = HashMap::new();
+    let mut publishers = Vec::with_capacity(shards.len());
+    for (stream, url) in shards {
+        if !by_url.contains_key(url) {
+            let connection = redis::Client::open(url.as_str())
+                .context("parsing the Redis URL")?
+                .get_multiplexed_async_connection_with_config(&publish_config)
+                .await
+                .context("connecting the publisher")?;
+            by_url.insert(url.clone(), connection);
+        }
+        publishers.push((stream.clone(), by_url[url].clone()));
+    }
+    let publishers = Arc::new(publishers);
+    let topics: Option<Arc<Vec<String>>> =
+        private.then(|| Arc::new(reads.iter().map(|(topic, _)| topic.clone()).collect()));
+    let read_config = redis::AsyncConnectionConfig::new().set_response_timeout(None);
     let stream_cap = stream_cap(spec.kind.payload_bytes());
-    let last_id = last_entry_id(&mut reader, RESULTS_STREAM).await?;
     let pending: Pending = Arc::default();
     let stop = Arc::new(AtomicBool::new(false));
-    let dispatcher = tokio::spawn(dispatch(
-        reader,
-        last_id,
-        Arc::clone(&pending),
-        Arc::clone(&stop),
-        stream_cap,
-        spec.generator,
-    ));
+    let mut dispatchers = Vec::with_capacity(reads.len());
+    for (topic, url) in reads {
+        let mut reader = redis::Client::open(url.as_str())
+            .context("parsing the Redis URL")?
+            .get_multiplexed_async_connection_with_config(&read_config)
+            .await
+            .context("connecting the dispatcher")?;
+        let last_id = last_entry_id(&mut reader, topic).await?;
+        dispatchers.push(tokio::spawn(dispatch(
+            reader,
+            topic.clone(),
+            last_id,
+            Arc::clone(&pending),
+            Arc::clone(&stop),
+            stream_cap,
+            spec.generator,
+        )));
+    }
 
     let started = Instant::now();
     let deadline = started + spec.duration;
@@ -153,7 +192,8 @@ pub async fn run_split(publish_url: &str, read_url: &str, spec: &LoadSpec) -> an
     let mut lanes = Vec::with_capacity(spec.in_flight);
     for _ in 0..spec.in_flight {
         let lane = Lane {
-            publisher: publisher.clone(),
+            publishers: Arc::clone(&publishers),
+            topics: topics.clone(),
             pending: Arc::clone(&pending),
             issued: Arc::clone(&issued),
             kind: spec.kind.clone(),
@@ -192,7 +232,9 @@ pub async fn run_split(publish_url: &str, read_url: &str, spec: &LoadSpec) -> an
     stop.store(true, Ordering::Relaxed);
     // The dispatcher notices `stop` within one BLOCK period; its own errors were already
     // reported to the lanes as timeouts.
-    let _ = dispatcher.await;
+    for dispatcher in dispatchers {
+        let _ = dispatcher.await;
+    }
     Ok(res)
 }
 
@@ -229,7 +271,10 @@ struct Answered {
 type Pending = Arc<Mutex<HashMap<String, oneshot::Sender<Answered>>>>;
 
 struct Lane {
-    publisher: MultiplexedConnection,
+    /// Each shard's stream and a connection to its node.
+    publishers: Arc<Vec<(String, MultiplexedConnection)>>,
+    /// Each shard's results topic, when requests name one.
+    topics: Option<Arc<Vec<String>>>,
     pending: Pending,
     issued: Arc<AtomicU64>,
     kind: RequestKind,
@@ -249,7 +294,7 @@ struct Tally {
 }
 
 impl Lane {
-    async fn run(mut self) -> Tally {
+    async fn run(self) -> Tally {
         let mut tally = Tally {
             n_ok: 0,
             n_failed: 0,
@@ -265,7 +310,10 @@ impl Lane {
                 break;
             }
             let built = match self.generator {
-                Generator::Harness => envelope::request(&self.kind),
+                Generator::Harness => envelope::request_to(&self.kind, &|request_id| {
+                    let topics = self.topics.as_ref()?;
+                    topics.get(crate::shards::of(request_id, topics.len())).cloned()
+                }),
                 Generator::Independent => envelope::independent_request(),
             };
             let request = match built {
@@ -283,8 +331,10 @@ impl Lane {
             if let Some(sig) = &request.sig {
                 fields.push(("sig", sig.as_str()));
             }
+            let shard = crate::shards::of(&request.request_id, self.publishers.len());
+            let (stream, publisher) = &self.publishers[shard];
             let added: redis::RedisResult<String> =
-                self.publisher.xadd_options(REQUESTS_STREAM, "*", &fields, &self.add_options).await;
+                publisher.clone().xadd_options(stream.as_str(), "*", &fields, &self.add_options).await;
             if let Err(err) = added {
                 self.lock_pending().remove(&request.request_id);
                 tally.n_send_errors += 1;
@@ -328,6 +378,7 @@ impl Lane {
 /// Reads answers after `last_id` and hands each to the lane waiting for it.
 async fn dispatch(
     mut reader: MultiplexedConnection,
+    topic: String,
     mut last_id: String,
     pending: Pending,
     stop: Arc<AtomicBool>,
@@ -341,7 +392,7 @@ async fn dispatch(
     let mut n_since_trim = 0usize;
     while !stop.load(Ordering::Relaxed) {
         let reply: redis::RedisResult<Option<StreamReadReply>> =
-            reader.xread_options(&[RESULTS_STREAM], &[last_id.as_str()], &options).await;
+            reader.xread_options(&[topic.as_str()], &[last_id.as_str()], &options).await;
         let reply = match reply {
             Ok(Some(reply)) => reply,
             Ok(None) => continue,
@@ -387,7 +438,7 @@ async fn dispatch(
             n_since_trim = 0;
             let trimmed: redis::RedisResult<usize> = reader
                 .xtrim_options(
-                    RESULTS_STREAM,
+                    topic.as_str(),
                     &redis::streams::StreamTrimOptions::maxlen(StreamTrimmingMode::Approx, stream_cap),
                 )
                 .await;

@@ -430,6 +430,57 @@ fn compose_file_matches_the_configuration() {
     assert!(worker["command"].to_string().contains("worker.py"));
 }
 
+/// The Kubernetes example for a Redis Cluster with a sharded requests stream: the shard count
+/// is one value (the ConfigMap `toolhost-fleet`, read by every replica through `envFrom`), and
+/// what the pods get is a configuration that loads, in cluster mode, with that many shards.
+#[test]
+fn kubernetes_cluster_example_has_the_shard_count_as_one_value() {
+    let text = std::fs::read_to_string(repo().join("deploy/kubernetes-cluster.yaml")).unwrap();
+    assert_eq!(text.matches("TOOLHOST__STREAMS__SHARDS:").count(), 1, "the shard count is one value");
+    let documents = yaml_documents("deploy/kubernetes-cluster.yaml");
+    let named = |kind: &str, name: &str| {
+        documents
+            .iter()
+            .find(|doc| doc["kind"] == kind && doc["metadata"]["name"] == name)
+            .unwrap_or_else(|| panic!("no {kind} {name}"))
+    };
+    let fleet = &named("ConfigMap", "toolhost-fleet")["data"];
+    let deployment = named("Deployment", "toolhost");
+    assert!(deployment["spec"]["replicas"].as_u64().unwrap() >= 2, "several replicas");
+    let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(container["image"], format!("toolhost:{}", env!("CARGO_PKG_VERSION")));
+    assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz");
+    assert!(documents.iter().all(|doc| doc["kind"] != "Secret"), "ship no Secret");
+    let mut env = HashMap::new();
+    for source in container["envFrom"].as_array().unwrap() {
+        assert_eq!(source["configMapRef"]["name"], "toolhost-fleet");
+        assert_eq!(source["configMapRef"]["optional"], false);
+        for (name, value) in fleet.as_object().unwrap() {
+            env.insert(name.clone(), value.as_str().unwrap().to_owned());
+        }
+    }
+    for var in container["env"].as_array().unwrap() {
+        let name = var["name"].as_str().unwrap().to_owned();
+        let value = match var["value"].as_str() {
+            Some(value) => value.to_owned(),
+            None => {
+                assert_eq!(var["valueFrom"]["secretKeyRef"]["optional"], false, "{name} must be required");
+                "redis://:stand-in@redis-cluster:6379/0".to_owned()
+            }
+        };
+        env.insert(name, value);
+    }
+    let config = temp_dir("k8s-cluster").join("toolhost.toml");
+    let file = named("ConfigMap", "toolhost-config")["data"]["toolhost.toml"].as_str().unwrap();
+    std::fs::write(&config, file).unwrap();
+    check_env("deploy/kubernetes-cluster.yaml", &env, Some(&config));
+    let loaded = Config::load(Some(&config), &env).unwrap();
+    assert_eq!(loaded.raw.streams.shards, 6);
+    assert!(loaded.redis_options().topology.is_cluster(), "cluster mode");
+    let budget = named("PodDisruptionBudget", "toolhost");
+    assert_eq!(budget["spec"]["selector"], deployment["spec"]["selector"]);
+}
+
 #[test]
 fn kubernetes_and_dockerfile_match_the_configuration() {
     let documents = yaml_documents("deploy/kubernetes.yaml");

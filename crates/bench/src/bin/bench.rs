@@ -103,6 +103,19 @@ struct Args {
     /// Replica counts of the fleet rows, comma separated.
     #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
     replicas: Vec<usize>,
+    /// Shard counts of the requests stream (`[streams] shards`) of the fleet rows on one Redis
+    /// and on the cluster, comma separated; each replica count runs with each.
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    shards: Vec<usize>,
+    /// With --shards: each replica reads only its part of the shards (`[streams] read_shards`,
+    /// replica i of R the shards k with k mod R = i) instead of every shard.
+    #[arg(long)]
+    split_shards: bool,
+    /// With --shards: each request names a results topic in its shard's slot
+    /// (`results:bench:{<tag>}`) instead of the default `action-results`, as callers with private
+    /// results streams spread their answers.
+    #[arg(long)]
+    shard_results: bool,
     /// Topologies of the fleet rows, comma separated: single, cluster, replicated (a master with
     /// one replica: echo and terminal_run with `[redis] replica_acks` 0 and 1, one toolhost).
     #[arg(long, value_delimiter = ',', default_value = "single,cluster,replicated")]
@@ -213,6 +226,9 @@ fn fleet(runtime: &tokio::runtime::Runtime, args: &Args, options: &Options) -> s
             })
             .collect(),
         replicas: args.replicas.iter().copied().filter(|&replicas| replicas > 0).collect(),
+        shards: args.shards.iter().copied().map(|shards| shards.clamp(1, 1024)).collect(),
+        split_shards: args.split_shards,
+        shard_results: args.shard_results,
         in_flight: options.in_flight.as_ref().and_then(|in_flight| in_flight.first().copied()).unwrap_or(64),
         duration: options.duration,
         warmup: options.warmup,

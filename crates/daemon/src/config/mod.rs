@@ -139,7 +139,8 @@ pub struct StreamsSection {
     pub previous_shards: u16,
 }
 
-/// A list of shard numbers, each a number or its text.
+/// A list of shard numbers, each a number or its text; one number alone is a list of one (the
+/// environment gives `TOOLHOST__STREAMS__READ_SHARDS=1` as a number, not a list).
 fn shard_numbers<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Vec<u16>, D::Error> {
     #[derive(Deserialize)]
     #[serde(untagged)]
@@ -147,7 +148,17 @@ fn shard_numbers<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Ve
         Number(u16),
         Text(String),
     }
-    Vec::<Item>::deserialize(deserializer)?
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Items {
+        Many(Vec<Item>),
+        One(Item),
+    }
+    let items = match Items::deserialize(deserializer)? {
+        Items::Many(items) => items,
+        Items::One(item) => vec![item],
+    };
+    items
         .into_iter()
         .map(|item| match item {
             Item::Number(number) => Ok(number),

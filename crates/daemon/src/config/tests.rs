@@ -532,6 +532,13 @@ fn shard_settings_are_read_from_files_and_the_environment_and_bad_ones_name_thei
     assert_eq!(config.previous_shards().map(|shards| shards.count()), Some(1));
     // A blocking read per shard read and per previous shard, with room.
     assert!(config.redis_options().idle_blocking >= 8);
+    // One shard alone, which the environment gives as a number rather than a list.
+    let one = Config::load(
+        None,
+        &env(&[("TOOLHOST__STREAMS__SHARDS", "3"), ("TOOLHOST__STREAMS__READ_SHARDS", "1")]),
+    )
+    .unwrap();
+    assert_eq!(one.raw.streams.read_shards, [1]);
     let listed = file("[streams]\nshards = 4\nread_shards = [3, 1]\n");
     assert_eq!(Config::load(Some(&listed.0), &env(&[])).unwrap().raw.streams.read_shards, [3, 1]);
     for (pairs, key, says) in [

@@ -28,6 +28,9 @@ pub(crate) struct Request {
     /// Whether the request id is the stream entry's own id (the writer gave no id at all): such
     /// a request is at home on whichever shard it was added to.
     pub id_is_entry_id: bool,
+    /// Whether the entry was delivered before (to this group's consumers): a holder may still
+    /// be running it.
+    pub redelivered: bool,
     /// What was asked for.
     pub target: Target,
     /// The bare topic the answer goes to: the caller's `response_topic` when allowed, else the
@@ -153,10 +156,12 @@ pub(crate) fn admit(
     );
     envelope.traceparent = Some(trace.traceparent());
     envelope.tracestate.clone_from(&trace.tracestate);
+    let redelivered = entry.deliveries > 1;
     Admission::Request(Box::new(Request {
         envelope,
         request_id,
         id_is_entry_id,
+        redelivered,
         target,
         response_topic,
         deadline,

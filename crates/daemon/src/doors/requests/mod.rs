@@ -114,7 +114,10 @@ impl Requests {
     /// The shard `request` belongs on, when it is not the one it was read from: its request id's
     /// (a `tool.cancel`'s is the call's), shard 0 for `tools.*`. A request without an id of its
     /// own, or one whose envelope cannot be run (it is answered where it is), stays; on a stream
-    /// of the previous shard count, which is drained, every request that can be run moves.
+    /// of the previous shard count, which is drained, every request that can be run moves on its
+    /// first delivery. A redelivered one stays and is answered through that stream's ledger: a
+    /// replica of the previous count may still be running it (this one reclaimed it from there),
+    /// and only one ledger can see both.
     fn elsewhere(&self, request: &Request) -> Option<u16> {
         let settings = &self.settings;
         if matches!(request.target, Target::Invalid(_) | Target::Forbidden(_)) {
@@ -123,7 +126,7 @@ impl Requests {
         let id = (!request.id_is_entry_id).then_some(request.request_id.as_str());
         let home = settings.shards.of_request(&request.envelope.event_type, id);
         if settings.draining {
-            return Some(home.unwrap_or(0));
+            return (!request.redelivered).then_some(home.unwrap_or(0));
         }
         if settings.shards.count() == 1 {
             return None;
