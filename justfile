@@ -67,6 +67,7 @@ bench *ARGS: ensure-redis-installed
     PAUSED=1 scripts/bench-large-entries.sh ./target/dist/toolhost
     scripts/ensure-mcp-servers.sh >/dev/null
     ./target/dist/toolhost-bench-mcp
+    ./target/dist/toolhost-bench-jwt
     ./target/dist/toolhost-bench-clients
     TOOLHOST_BIN="$PWD/target/dist/toolhost" "$(scripts/ensure-python-client-venv.sh)/bin/python" clients/python/bench/bench.py
 
@@ -137,6 +138,7 @@ soak requests="100000": ensure-redis-installed
 test-mcp-door: ensure-redis-installed debug-toolhost
     scripts/ensure-mcp-door-venv.sh >/dev/null
     scripts/ensure-mcp-ts-clients.sh >/dev/null
+    scripts/ensure-mcp-oauth-venv.sh >/dev/null
     cargo test -p toolhost-e2e --test mcp_door
 
 # The official MCP conformance suite's server scenarios (@modelcontextprotocol/conformance, pinned,

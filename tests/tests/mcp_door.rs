@@ -9,7 +9,8 @@
 //! makes (`scripts/ensure-mcp-door-venv.sh`; `TOOLHOST_MCP_DOOR_VENV` names another); the
 //! TypeScript ones in `tests/mcp_door/ts_clients.cjs` from `scripts/ensure-mcp-ts-clients.sh`'s
 //! cache (`TOOLHOST_MCP_TS_CLIENTS`). The hosted MCP server is `tests/mcp_door/slow_server.py`,
-//! on the Python SDK.
+//! on the Python SDK; the OAuth tests' authorization server is `tests/mcp_door/auth_server.py`,
+//! on joserfc (`scripts/ensure-mcp-oauth-venv.sh`, `TOOLHOST_MCP_OAUTH_VENV`).
 
 // Test code: a failed step is a failed test.
 #![allow(clippy::unwrap_used)]
@@ -837,6 +838,16 @@ fn wait_until_closed(port: u16, headers: &str, every: Duration, what: &str) {
     }
 }
 
+/// The venv of the test authorization server, as `scripts/ensure-mcp-oauth-venv.sh` lays it out.
+fn oauth_venv() -> PathBuf {
+    toolhost_e2e::venv(
+        "TOOLHOST_MCP_OAUTH_VENV",
+        "venv-mcp-oauth",
+        "ensure-mcp-oauth-venv.sh",
+        "test-mcp-door",
+    )
+}
+
 /// The test authorization server (`tests/mcp_door/auth_server.py`, on joserfc), stopped when
 /// dropped.
 struct AuthServer {
@@ -847,7 +858,7 @@ struct AuthServer {
 impl AuthServer {
     fn start() -> AuthServer {
         let port = free_port();
-        let mut child = Command::new(venv().join("bin/python"))
+        let mut child = Command::new(oauth_venv().join("bin/python"))
             .arg(fixture("auth_server.py"))
             .arg(port.to_string())
             .stdout(Stdio::piped())

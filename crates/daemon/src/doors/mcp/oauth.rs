@@ -12,8 +12,9 @@
 //!   scope (`required_scope`) gates the door: a token without it is `403 insufficient_scope`.
 //!
 //! The JWKS is fetched when first needed and kept; a token naming a key the set does not have
-//! makes the door fetch it again (at most once per `jwks_refresh_min_ms`, so made-up key ids
-//! cannot make it hammer the issuer), as does a set older than `jwks_max_age_ms`. A token that
+//! makes the door fetch it again, as does a set older than `jwks_max_age_ms`, each at most once
+//! per `jwks_refresh_min_ms` (so made-up key ids, or an issuer that is down, cannot make it
+//! hammer the issuer); while a new read fails, the kept set serves on. A token that
 //! passed is remembered (by its SHA-256) until it expires or the set changes, so a client's
 //! next requests cost a hash and a lookup. The door never forwards a token: calls travel over
 //! Redis as the door's own requests.
@@ -174,10 +175,15 @@ impl OAuth {
             )));
         }
         let kid = header.kid.clone();
+        if self.stale() {
+            // A set past jwks_max_age_ms is read again; while the issuer cannot be reached, the
+            // kept one serves on.
+            self.refresh().await?;
+        }
         let key = match self.key(kid.as_deref()) {
             Some(key) => key,
             None => {
-                self.refresh(true).await?;
+                self.refresh().await?;
                 self.key(kid.as_deref()).ok_or_else(|| {
                     Refusal::Invalid(format!(
                         "the token names key '{}', which the issuer's JWKS does not have",
@@ -261,33 +267,54 @@ impl OAuth {
         passed.insert(digest, (grant.clone(), expires));
     }
 
-    /// The key for `kid` from the kept JWKS, if it has it and is not too old.
+    /// The key for `kid` from the kept JWKS, if it has it.
     fn key(&self, kid: Option<&str>) -> Option<DecodingKey> {
         let keys = self.keys.read().unwrap_or_else(std::sync::PoisonError::into_inner);
         let keys = keys.as_ref()?;
-        if keys.fetched_at.elapsed() > Duration::from_millis(self.settings.jwks_max_age_ms) {
-            return None;
-        }
         match kid {
             Some(kid) => keys.by_kid.get(kid).cloned(),
             None => keys.only.clone(),
         }
     }
 
-    /// Fetches the JWKS again, unless it was fetched less than `jwks_refresh_min_ms` ago (when
-    /// `rate_limited`) and is not too old.
-    async fn refresh(&self, rate_limited: bool) -> Result<(), Refusal> {
+    /// Whether no JWKS is kept, or the kept one is older than `jwks_max_age_ms`.
+    fn stale(&self) -> bool {
+        let max_age = Duration::from_millis(self.settings.jwks_max_age_ms);
+        self.keys
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_ref()
+            .is_none_or(|keys| keys.fetched_at.elapsed() > max_age)
+    }
+
+    /// Reads the JWKS again, unless it was tried less than `jwks_refresh_min_ms` ago. A failed
+    /// read keeps the set already kept.
+    ///
+    /// # Errors
+    /// No set is kept and none could be read.
+    async fn refresh(&self) -> Result<(), Refusal> {
         let mut last = self.fetching.lock().await;
         let min = Duration::from_millis(self.settings.jwks_refresh_min_ms);
-        let stale =
-            self.keys.read().unwrap_or_else(std::sync::PoisonError::into_inner).as_ref().is_none_or(|keys| {
-                keys.fetched_at.elapsed() > Duration::from_millis(self.settings.jwks_max_age_ms)
-            });
-        if rate_limited && !stale && last.is_some_and(|at| at.elapsed() < min) {
-            return Ok(());
+        let kept = || self.keys.read().unwrap_or_else(std::sync::PoisonError::into_inner).is_some();
+        if last.is_some_and(|at| at.elapsed() < min) {
+            return if kept() {
+                Ok(())
+            } else {
+                Err(Refusal::Keys(format!(
+                    "the issuer's keys at {} could not be read (tried again every {} ms)",
+                    self.settings.jwks_url, self.settings.jwks_refresh_min_ms
+                )))
+            };
         }
         *last = Some(Instant::now());
-        let set = self.fetch().await.map_err(Refusal::Keys)?;
+        let set = match self.fetch().await {
+            Ok(set) => set,
+            Err(err) if kept() => {
+                tracing::warn!(error = %err, "the issuer's JWKS could not be read again; the kept one serves on");
+                return Ok(());
+            }
+            Err(err) => return Err(Refusal::Keys(err)),
+        };
         let keys = keys_of(&set);
         tracing::info!(url = %self.settings.jwks_url, keys = keys.by_kid.len(), "the issuer's JWKS was read");
         *self.keys.write().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(keys);
@@ -398,6 +425,37 @@ mod tests {
         ));
         let open = oauth("", "");
         assert_eq!(open.grant(&json!({"client_id": "c"})).unwrap().tenant, "fallback");
+    }
+
+    #[tokio::test]
+    async fn an_issuer_whose_keys_cannot_be_read_is_503_and_tried_again_only_after_a_while() {
+        // A port nothing listens on: bound, then closed.
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let settings = OAuthSettings {
+            issuer: "https://as.example".to_owned(),
+            jwks_url: format!("http://127.0.0.1:{port}/jwks"),
+            resource: "https://door.example/mcp".to_owned(),
+            ..OAuthSettings::default()
+        };
+        let door = OAuth::new(&settings, "").unwrap();
+        let part = |value: Value| {
+            use base64::Engine as _;
+            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(value.to_string())
+        };
+        let token =
+            format!("{}.{}.c2ln", part(json!({"alg": "RS256", "kid": "k1"})), part(json!({"sub": "x"})));
+        match door.check(&token).await {
+            Err(Refusal::Keys(why)) => assert!(why.contains("cannot read the issuer's keys"), "{why}"),
+            other => panic!("expected a 503 refusal, got {other:?}"),
+        }
+        let tried = *door.fetching.lock().await;
+        match door.check(&token).await {
+            Err(Refusal::Keys(why)) => assert!(why.contains("tried again every 10000 ms"), "{why}"),
+            other => panic!("expected a 503 refusal, got {other:?}"),
+        }
+        assert_eq!(*door.fetching.lock().await, tried, "no second read within jwks_refresh_min_ms");
+        let hs = format!("{}.{}.c2ln", part(json!({"alg": "HS256"})), part(json!({"sub": "x"})));
+        assert!(matches!(door.check(&hs).await, Err(Refusal::Invalid(why)) if why.contains("HS256")));
     }
 
     #[test]
