@@ -42,7 +42,9 @@ async def checks(config: str) -> dict[str, Any]:
         command=os.environ["MCP_DOOR_TOOLHOST"], args=["mcp", "--config", config], env=dict(os.environ)
     )
     report: dict[str, Any] = {}
-    async with Client(server, cache=None, logging_callback=on_log) as client:
+    # The `initialize` generation: logging/setLevel is gone from 2026-07-28 (SEP-2577), which the
+    # SDK's default mode would pick.
+    async with Client(server, cache=None, logging_callback=on_log, mode="legacy") as client:
         names: list[str] = []
         cursor = None
         while True:
