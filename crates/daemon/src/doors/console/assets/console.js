@@ -388,7 +388,8 @@ function lineChart(title, series, from, to, unit) {
   figure.appendChild(caption);
   const width = 360, height = 120, pad = 4;
   const svg = svgNode("svg", { viewBox: `0 0 ${width} ${height}`, width, height, role: "img" });
-  const max = Math.max(1e-9, ...series.flatMap((s) => s.points.map((p) => p[1])));
+  // At least 1 (a call, a millisecond, an entry): an idle chart reads 0 to 1, not 0 to nothing.
+  const max = Math.max(1, ...series.flatMap((s) => s.points.map((p) => p[1])));
   const x = (t) => pad + (width - 2 * pad) * ((t - from) / Math.max(1, to - from));
   const y = (v) => height - pad - (height - 2 * pad) * (v / max);
   svg.appendChild(svgNode("line", { x1: pad, y1: height - pad, x2: width - pad, y2: height - pad, class: "axis" }));
