@@ -689,6 +689,10 @@ def charts(console: Console, tool: str, markup_tool: str) -> dict[str, Any]:
         "return document.querySelector('section#charts-tools .charts-empty').hidden"
     )
     report["screenshot_tools_charts"] = console.screenshot("tools-charts")
+    # The charts alone (docs/console-charts.png is one of these).
+    section = console.artifacts / "tools-charts-section.png"
+    console.one("section#charts-tools").screenshot(str(section))
+    report["screenshot_tools_charts_section"] = str(section)
     console.nav("fleet", "/fleet")
     console.wait(lambda: console.one("section#charts-replicas div.chart-group svg polyline"), "the replicas' charts")
     report["replicas"] = console.driver.execute_script(
