@@ -63,6 +63,7 @@ bench *ARGS: ensure-redis-installed
     cargo build --profile dist -p toolhost-bench
     ./target/dist/toolhost-bench {{ARGS}}
     ./target/dist/toolhost-bench --interleave 5 --in-flight 64 --only toolhost --auth --out-dir target/bench/auth
+    ./target/dist/toolhost-bench --interleave 5 --in-flight 64 --only toolhost --telemetry --out-dir target/bench/telemetry
     scripts/bench-large-entries.sh ./target/dist/toolhost
     PAUSED=1 scripts/bench-large-entries.sh ./target/dist/toolhost
     scripts/ensure-mcp-servers.sh >/dev/null

@@ -24,6 +24,11 @@ Scenarios:
                           so does a result holding markup, on the try-it and the call's page
     refusals              no token, a wrong token, and POSTs without (or with a wrong) CSRF
                           token are refused; the same POST with it is accepted
+    charts <tool> <markup tool>
+                          the tools page's charts of the last hour: <tool>'s render with
+                          points and update as new points come; <markup tool> (a name holding
+                          markup, in a history point the test wrote) is shown as text; the
+                          fleet page's per-replica charts render
 """
 
 from __future__ import annotations
@@ -661,6 +666,59 @@ def flag(console: Console) -> str | None:
     )
 
 
+def charts(console: Console, tool: str, markup_tool: str) -> dict[str, Any]:
+    """The charts on the tools and fleet pages, drawn by the script from /api/history."""
+    report: dict[str, Any] = {}
+    console.login()
+    console.open("/tools")
+    group = f'section#charts-tools div.chart-group[data-tool="{tool}"]'
+    console.wait(lambda: console.one(f"{group} figure.chart svg polyline"), f"{tool}'s charts")
+    figures = console.all(f"{group} figure.chart")
+    report["captions"] = [figure.find_element(By.CSS_SELECTOR, "figcaption").text for figure in figures]
+    report["series"] = console.driver.execute_script(
+        "return Array.from(document.querySelectorAll(arguments[0] + ' polyline')).map(p => p.getAttribute('data-series'))",
+        group,
+    )
+    first = int(figures[0].get_attribute("data-points") or "0")
+    report["points_first"] = first
+    report["updates_first"] = int(console.one("section#charts-tools").get_attribute("data-updated") or "0")
+    # New points come every 5 s; the page redraws with them.
+    console.wait(
+        lambda: int(console.one(f"{group} figure.chart").get_attribute("data-points") or "0") > first or None,
+        "a new point on the chart",
+    )
+    report["points_later"] = int(console.one(f"{group} figure.chart").get_attribute("data-points") or "0")
+    report["updates_later"] = int(console.one("section#charts-tools").get_attribute("data-updated") or "0")
+    # The tool name holding markup: its heading is text, nothing of it became an element.
+    headings = console.wait(
+        lambda: [h.text for h in console.all("section#charts-tools h3.chart-tool") if "<" in h.text] or None,
+        "the chart of the tool whose name holds markup",
+    )
+    report["markup_heading"] = headings[0]
+    report["markup_elements"] = console.driver.execute_script(
+        "return document.querySelectorAll('section#charts-tools img, section#charts-tools script, #injected').length"
+    )
+    report["markup_flag"] = flag(console)
+    report["empty_hidden"] = console.driver.execute_script(
+        "return document.querySelector('section#charts-tools .charts-empty').hidden"
+    )
+    report["screenshot_tools_charts"] = console.screenshot("tools-charts")
+    # The charts alone (docs/console-charts.png is one of these).
+    section = console.artifacts / "tools-charts-section.png"
+    console.one("section#charts-tools").screenshot(str(section))
+    report["screenshot_tools_charts_section"] = str(section)
+    console.nav("fleet", "/fleet")
+    console.wait(lambda: console.one("section#charts-replicas div.chart-group svg polyline"), "the replicas' charts")
+    report["replicas"] = console.driver.execute_script(
+        "return Array.from(document.querySelectorAll('section#charts-replicas div.chart-group')).map(g => g.getAttribute('data-replica'))"
+    )
+    report["replica_series"] = console.driver.execute_script(
+        "return Array.from(document.querySelectorAll('section#charts-replicas div.chart-group')[0].querySelectorAll('polyline')).map(p => p.getAttribute('data-series'))"
+    )
+    report["screenshot_fleet_charts"] = console.screenshot("fleet-charts")
+    return report
+
+
 def refusals(console: Console) -> dict[str, Any]:
     """No token, a wrong token, and POSTs without the CSRF token, with plain HTTP and from the
     browser's own session."""
@@ -731,6 +789,8 @@ def main() -> int:
             report = script(console)
         elif scenario == "refusals":
             report = refusals(console)
+        elif scenario == "charts":
+            report = charts(console, *args)
         else:
             raise SystemExit(f"unknown scenario {scenario}")
     except Exception:

@@ -699,3 +699,65 @@ fn requests_without_the_token_or_the_csrf_token_are_refused() {
     assert_eq!(report["browser_post_with_csrf"]["status"], 202, "{report}");
     check_screenshot(&report, "screenshot_fleet_after_login");
 }
+
+/// A tool name holding markup, as a history point written by anyone with Redis access carries it:
+/// it would set `window.__consoleXss` if the page ran it.
+const MARKUP_TOOL: &str = r#"<img src="z" id="injected" onerror="window.__consoleXss = 5">"#;
+
+#[test]
+fn the_charts_of_the_last_hour_render_update_and_keep_markup_in_a_tool_name_as_text() {
+    let _one = lock();
+    let fleet = Fleet::start();
+    // `main`'s consumer, whose history stream the console reads.
+    let ready =
+        fleet.main.log().lines().find(|line| line.contains("\"message\":\"ready\"")).map(str::to_owned);
+    let ready: Value = serde_json::from_str(&ready.unwrap()).unwrap();
+    let consumer = ready["consumer"].as_str().unwrap().to_owned();
+    let now_ms =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
+    let mut buckets = vec![0u64; 16];
+    buckets[3] = 2;
+    let point = json!({"t": now_ms - 10_000, "in_flight": 0, "pending": 0, "lag": 0,
+        "tools": {MARKUP_TOOL: {"calls": 2, "errors": 1, "buckets": buckets}}});
+    let _: String = redis::cmd("XADD")
+        .arg(format!("toolhost:history:main:{consumer}"))
+        .arg("*")
+        .arg("id")
+        .arg("forged")
+        .arg("payload")
+        .arg(point.to_string())
+        .query(&mut fleet.redis.connection())
+        .unwrap();
+    // Calls of html_note (only `main` hosts it) all along, so every new point has some.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    std::thread::scope(|scope| {
+        let caller = scope.spawn(|| {
+            let mut i = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                fleet.request_note(&format!("chart-{i}"), "charted", "action-results");
+                i += 1;
+                std::thread::sleep(Duration::from_millis(400));
+            }
+        });
+        let report = fleet.scenario("charts", &["html_note", MARKUP_TOOL]);
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        caller.join().unwrap();
+        assert_eq!(report["captions"], json!(["calls per second", "latency"]), "{report}");
+        assert_eq!(report["series"], json!(["calls/s", "errors/s", "p50", "p95", "p99"]), "{report}");
+        assert!(report["points_first"].as_u64() >= Some(1), "{report}");
+        assert!(
+            report["points_later"].as_u64() > report["points_first"].as_u64(),
+            "the chart updates: {report}"
+        );
+        assert!(report["updates_later"].as_u64() > report["updates_first"].as_u64(), "{report}");
+        assert_eq!(report["markup_heading"], MARKUP_TOOL, "the name is shown as it is, as text");
+        assert_eq!(report["markup_elements"], 0, "{report}");
+        assert_eq!(report["markup_flag"], Value::Null, "{report}");
+        assert_eq!(report["empty_hidden"], true, "{report}");
+        let replicas = report["replicas"].as_array().unwrap();
+        assert!(replicas.iter().any(|replica| replica == &json!(format!("main/{consumer}"))), "{report}");
+        assert_eq!(report["replica_series"], json!(["in flight", "pending", "lag"]), "{report}");
+        check_screenshot(&report, "screenshot_tools_charts");
+        check_screenshot(&report, "screenshot_fleet_charts");
+    });
+}

@@ -9,6 +9,7 @@
 //! - [`redis_server`]: a private `redis-server` per run.
 //! - [`procfs`]: CPU time and RSS from `/proc`, and the machine description.
 //! - [`report`]: the Markdown table and the JSON report.
+//! - [`otlp_sink`]: an OTLP/HTTP receiver that answers every export and keeps nothing.
 //!
 //! The harness talks to the daemon only over Redis and through its process, never
 //! through its crates, so it measures exactly what a caller would see.
@@ -16,6 +17,7 @@
 pub mod envelope;
 pub mod fleet;
 pub mod load;
+pub mod otlp_sink;
 pub mod plan;
 pub mod procfs;
 pub mod redis_server;

@@ -83,6 +83,9 @@ pub struct Options {
     /// Interleaved runs also measure toolhost with `require_signature` and a tenant policy
     /// (the `echo, signed + policy` row), beside plain echo.
     pub auth: bool,
+    /// Interleaved runs also measure toolhost exporting spans (`[telemetry]`) at sampler ratio
+    /// 0 and 1 to an OTLP receiver that does nothing, beside plain echo (telemetry off).
+    pub telemetry: bool,
 }
 
 /// The key of the signed rows, handed to the daemon in [`SIGNING_ENV`].
@@ -222,6 +225,25 @@ impl Scenario {
             kind: RequestKind::echo(payload_bytes),
             serve_args: Vec::new(),
             env: Vec::new(),
+            config: None,
+        }
+    }
+
+    /// Echo with spans exported over OTLP/HTTP to `endpoint` at sampler ratio `ratio` (through
+    /// the standard variables), metrics too: the cost of `[telemetry]`.
+    fn traced_echo(in_flight: usize, payload_bytes: usize, endpoint: &str, ratio: &str) -> Self {
+        Scenario {
+            generator: Generator::Harness,
+            name: format!("echo, telemetry ratio {ratio}"),
+            baseline: None,
+            in_flight,
+            kind: RequestKind::echo(payload_bytes),
+            serve_args: Vec::new(),
+            env: vec![
+                ("OTEL_EXPORTER_OTLP_ENDPOINT".to_owned(), endpoint.to_owned()),
+                ("OTEL_TRACES_SAMPLER".to_owned(), "parentbased_traceidratio".to_owned()),
+                ("OTEL_TRACES_SAMPLER_ARG".to_owned(), ratio.to_owned()),
+            ],
             config: None,
         }
     }
@@ -427,6 +449,17 @@ impl Bench<'_> {
     /// `options.interleave` times with the targets taking turns, so slow drifts of a shared
     /// machine spread over all of them; each row holds the medians of its runs.
     async fn interleaved(&mut self, report: &mut Report) {
+        // The collector of the telemetry rows: answers every export, keeps nothing.
+        let collector = match self.options.telemetry {
+            true => match crate::otlp_sink::start().await {
+                Ok(endpoint) => Some(endpoint),
+                Err(err) => {
+                    eprintln!("bench: no OTLP receiver for the telemetry rows: {err}");
+                    None
+                }
+            },
+            false => None,
+        };
         for scenario in interleaved_scenarios(self.options) {
             let in_flight = scenario.in_flight;
             let mut turns: Vec<(Worker, Scenario)> =
@@ -434,6 +467,15 @@ impl Bench<'_> {
             // The cost of signatures and policy, beside plain echo (harness rows only).
             if self.options.auth && scenario.name.starts_with("echo") {
                 turns.push((Worker::Toolhost, Scenario::signed_echo(in_flight, DEFAULT_PAYLOAD)));
+            }
+            // The cost of spans: off (plain echo), on and sampling nothing, on and sampling all.
+            if let Some(endpoint) = collector.as_deref().filter(|_| scenario.name.starts_with("echo")) {
+                for ratio in ["0", "1"] {
+                    turns.push((
+                        Worker::Toolhost,
+                        Scenario::traced_echo(in_flight, DEFAULT_PAYLOAD, endpoint, ratio),
+                    ));
+                }
             }
             let mut runs: Vec<Vec<Row>> = vec![Vec::new(); turns.len()];
             for round in 0..self.options.interleave {

@@ -174,6 +174,13 @@ impl Keys {
         format!("{}audit:{toolbox_id}", self.prefix)
     }
 
+    /// A replica's recent history for the console's charts,
+    /// `toolhost:history:<toolbox_id>:<consumer>`: a capped stream of one point every few
+    /// seconds, expiring when the replica stops writing.
+    pub fn history(&self, toolbox_id: &str, consumer: &str) -> String {
+        format!("{}toolhost:history:{toolbox_id}:{consumer}", self.prefix)
+    }
+
     /// A toolbox's call log, `calls:<toolbox_id>`: one entry per handled request, for the
     /// console (capped).
     pub fn calls(&self, toolbox_id: &str) -> String {
@@ -243,6 +250,7 @@ impl Keys {
             format!("{prefix}toolhost:ledger:*"),
             format!("{prefix}toolhost:registry:*"),
             format!("{prefix}toolhost:heartbeat:*"),
+            format!("{prefix}toolhost:history:*"),
             literal("toolhost:fleet"),
             format!("{prefix}toolhost:control:*"),
             format!("{prefix}toolhost:mcp:task:*"),

@@ -447,6 +447,15 @@ impl App {
         tasks.spawn(self.calls.clone().run(stopping.clone()));
         tasks.spawn(self.inbox.clone().run_reader());
         tasks.spawn(self.inbox.clone().run_reclaimer());
+        // The console's charts: a point of this replica's recent history every few seconds.
+        let history = self.keys.history(&self.config.raw.daemon.toolbox_id, &self.consumer);
+        let streams: Arc<dyn toolhost_bus::FleetAccess> = self.bus.clone();
+        tasks.spawn(crate::telemetry::history::run(
+            self.telemetry.clone(),
+            streams,
+            history,
+            stopping.clone(),
+        ));
         let (sources, events) = self.sources.take()?;
         tasks.spawn(sources.clone().run(events, stopping.clone()));
         let (config, telemetry) = (self.config.clone(), self.telemetry.clone());

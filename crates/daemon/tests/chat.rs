@@ -201,9 +201,12 @@ async fn tool_calls_by_chat_report_steps_output_and_reply_both_ways() {
     let expected = json!({"id": reply["id"], "conversation_id": "conv1", "sender": "agent:ToolHost",
         "recipient": "agent:Planner", "type": "message", "content": r#"{"message":"hi"}"#,
         "metadata": {"tool_call_id": "call-1", "tool": "echo", "success": true, "result": {"message": "hi"},
-                     "in_reply_to": by_metadata["id"]},
+                     "in_reply_to": by_metadata["id"], "traceparent": reply["metadata"]["traceparent"]},
         "created_at": reply["created_at"]});
     assert_eq!(reply, &expected);
+    // The reply carries the call's trace context (a new trace: the message gave none).
+    let traceparent = reply["metadata"]["traceparent"].as_str().unwrap();
+    assert!(traceparent.starts_with("00-") && traceparent.len() == 55, "{traceparent}");
 
     let content_reply = replies.iter().find(|reply| reply["conversation_id"] == "conv2").unwrap();
     assert_eq!(content_reply["content"], r#"{"message":"there"}"#);
@@ -401,9 +404,12 @@ async fn specialist_agents_answer_through_their_tools() {
     assert_eq!(
         fresh,
         &json!({"id": fresh["id"], "conversation_id": fresh_conversation, "sender": "agent:ToolHost",
-               "recipient": "agent:coder", "type": "message", "content": "write hello", "metadata": {},
+               "recipient": "agent:coder", "type": "message", "content": "write hello",
+               "metadata": {"traceparent": fresh["metadata"]["traceparent"]},
                "created_at": fresh["created_at"]})
     );
+    // The specialist is told the call's trace context (the agent tool's run).
+    assert_eq!(fresh["metadata"]["traceparent"].as_str().map(str::len), Some(55), "{fresh}");
     let in_conversation = payloads(&mut connection, &format!("chat:{fresh_conversation}")).await;
     assert_eq!(in_conversation, std::slice::from_ref(fresh));
     assert_eq!(payloads(&mut connection, "chat:silent").await.len(), 1);

@@ -94,6 +94,11 @@ struct Args {
     /// signed requests, in turn with the others (the cost of issue 25's checks per request).
     #[arg(long)]
     auth: bool,
+    /// With --interleave: also run toolhost with OpenTelemetry on, exporting to an OTLP
+    /// receiver in the harness that answers and keeps nothing, at sampler ratio 0 and 1, in
+    /// turn with the others (the cost of issue 36's spans per request).
+    #[arg(long)]
+    telemetry: bool,
     /// Only the fleet rows: 1, 2 and 4 replicas (or --replicas) of toolhost at 64 in flight
     /// (or the first --in-flight), against one Redis and a 3-master cluster, and the
     /// `replica_acks` rows against a master with one replica (or --topologies), with the CPU of
@@ -310,6 +315,7 @@ fn options(args: &Args) -> Options {
         soak: args.soak,
         out_dir: args.out_dir.clone().unwrap_or(default_out_dir),
         auth: args.auth,
+        telemetry: args.telemetry,
     }
 }
 

@@ -15,6 +15,7 @@
 //! runtime runs ([`Telemetry::start_export`]); before that, and without an endpoint, no span is
 //! made.
 
+pub(crate) mod history;
 mod otel;
 pub mod settings;
 pub(crate) mod spans;
@@ -132,6 +133,13 @@ struct Inner {
     meters: std::sync::OnceLock<otel::Meters>,
     /// Whether [`Telemetry::start_export`] ran.
     export_started: AtomicBool,
+    /// The calls answered since the last history point, by tool label.
+    history: std::sync::Mutex<std::collections::BTreeMap<String, history::ToolInterval>>,
+    /// Tool calls running now, for history points.
+    in_flight_now: std::sync::atomic::AtomicI64,
+    /// The last pending count and lag of each consumer group this replica reports, by stream
+    /// and group.
+    groups: std::sync::Mutex<std::collections::BTreeMap<(String, String), (u64, u64)>>,
     /// What the pipeline counts.
     export_counters: otel::ExportCounters,
 }
@@ -199,6 +207,9 @@ impl Telemetry {
             pipeline: std::sync::OnceLock::new(),
             meters: std::sync::OnceLock::new(),
             export_started: AtomicBool::new(false),
+            history: std::sync::Mutex::new(std::collections::BTreeMap::new()),
+            in_flight_now: std::sync::atomic::AtomicI64::new(0),
+            groups: std::sync::Mutex::new(std::collections::BTreeMap::new()),
             export_counters,
             handle: recorder.handle(),
             in_flight: gauge(IN_FLIGHT),
@@ -364,9 +375,32 @@ impl Telemetry {
         }
     }
 
+    /// The history point of the interval since the last one (see [`history`]), as JSON text;
+    /// the interval's counts start again from zero.
+    pub(crate) fn history_point(&self) -> String {
+        let tools = std::mem::take(&mut *self.inner.history.lock().unwrap_or_else(|p| p.into_inner()));
+        let groups = self.inner.groups.lock().unwrap_or_else(|p| p.into_inner());
+        let depth = groups.values().fold((0, 0), |(pending, lag), (p, l)| (pending + p, lag + l));
+        drop(groups);
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        history::point(
+            now.as_millis() as u64,
+            self.inner.in_flight_now.load(Ordering::Relaxed),
+            depth,
+            &tools,
+        )
+    }
+
     /// Counts one handled entry and its duration.
     pub fn invocation(&self, tool: &str, outcome: &str, duration: Duration) {
         let tool = if outcome == "unknown_tool" { UNKNOWN_TOOL_LABEL } else { tool };
+        if let Some(error) = history::classify(outcome) {
+            let mut history = self.inner.history.lock().unwrap_or_else(|p| p.into_inner());
+            match history.get_mut(tool) {
+                Some(interval) => interval.record(error, duration),
+                None => history.entry(tool.to_owned()).or_default().record(error, duration),
+            }
+        }
         if let Some(meters) = self.inner.meters.get() {
             let tool_name = opentelemetry::KeyValue::new("gen_ai.tool.name", tool.to_owned());
             meters.duration.record(duration.as_secs_f64(), std::slice::from_ref(&tool_name));
@@ -485,6 +519,7 @@ impl Telemetry {
     /// Counts a running call until the guard drops.
     pub fn in_flight_guard(&self) -> InFlight {
         self.inner.in_flight.increment(1.0);
+        self.inner.in_flight_now.fetch_add(1, Ordering::Relaxed);
         if let Some(meters) = self.inner.meters.get() {
             meters.in_flight.add(1, &[]);
         }
@@ -494,6 +529,9 @@ impl Telemetry {
     /// Records the pending count and lag of a consumer group. An unknown lag is recorded as NaN,
     /// which Prometheus shows as such rather than as a made-up number.
     pub fn set_group(&self, stream: &str, group: &str, pending: u64, lag: Option<u64>) {
+        let mut groups = self.inner.groups.lock().unwrap_or_else(|p| p.into_inner());
+        groups.insert((stream.to_owned(), group.to_owned()), (pending, lag.unwrap_or(0)));
+        drop(groups);
         let labels = || vec![Label::new("stream", stream.to_owned()), Label::new("group", group.to_owned())];
         self.gauge(Key::from_parts(GROUP_PENDING, labels())).set(pending as f64);
         self.gauge(Key::from_parts(GROUP_LAG, labels())).set(lag.map_or(f64::NAN, |lag| lag as f64));
@@ -566,6 +604,7 @@ pub struct InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.telemetry.inner.in_flight.decrement(1.0);
+        self.telemetry.inner.in_flight_now.fetch_sub(1, Ordering::Relaxed);
         if let Some(meters) = self.telemetry.inner.meters.get() {
             meters.in_flight.add(-1, &[]);
         }

@@ -250,6 +250,14 @@ impl Door for Inbox {
             (_, Err(failure)) => reply::bad_call_reply(&self.sender, envelope, &failure.message),
             (_, Ok(_)) => reply::help_reply(&self.sender, envelope, &[]),
         };
+        // The reply carries the call's trace context, as a result envelope does.
+        let mut reply = reply;
+        if let Value::Object(metadata) = &mut reply.metadata {
+            metadata.insert("traceparent".to_owned(), Value::String(message.trace.traceparent()));
+            if let Some(tracestate) = &message.trace.tracestate {
+                metadata.insert("tracestate".to_owned(), Value::String(tracestate.clone()));
+            }
+        }
         let topic = self.keys.chat(&reply.conversation_id);
         let copy = Address::parse(&reply.recipient)
             .and_then(Address::agent)

@@ -195,6 +195,11 @@ pub(crate) async fn fleet(State(console): State<Arc<Console>>) -> Response {
     Json(view.to_json(&console)).into_response()
 }
 
+/// `GET /api/history`: the live replicas' recent history, for the charts.
+pub(crate) async fn history(State(console): State<Arc<Console>>) -> Response {
+    Json(read::history(&console).await).into_response()
+}
+
 /// `GET /api/calls/stream`: every call logged from now on, in any toolbox's log, as SSE events
 /// `call`.
 pub(crate) async fn call_log(

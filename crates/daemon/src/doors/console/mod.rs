@@ -157,6 +157,7 @@ fn router(console: Arc<Console>) -> Router {
         .route("/static/console.js", get(pages::script))
         .route("/static/console.css", get(pages::style))
         .route("/api/fleet", get(api::fleet))
+        .route("/api/history", get(api::history))
         .route("/api/call", post(api::call))
         .route("/api/cancel", post(api::cancel))
         .route("/api/calls/stream", get(api::call_log))

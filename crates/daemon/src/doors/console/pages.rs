@@ -94,6 +94,18 @@ fn not_found(console: &Console, what: &str) -> Response {
 }
 
 /// `GET /`: the fleet.
+/// Where the fleet page's charts go: in-flight calls and queue depth per replica over the last
+/// hour, drawn by the script from `/api/history`.
+const CHARTS_REPLICAS: &str = "<section id=\"charts-replicas\" class=\"charts\" data-charts=\"replicas\">\
+     <h2>Last hour, per replica</h2><p class=\"charts-empty\">No history yet: each replica writes a point every \
+     5 seconds (toolhost:history:&lt;toolbox&gt;:&lt;consumer&gt;).</p></section>";
+
+/// Where the tools page's charts go: calls per second, p50/p95/p99 latency and errors per tool
+/// over the last hour, drawn by the script from `/api/history`.
+const CHARTS_TOOLS: &str = "<section id=\"charts-tools\" class=\"charts\" data-charts=\"tools\">\
+     <h2>Last hour, per tool</h2><p class=\"charts-empty\">No calls in the last hour: a tool's charts appear \
+     with its first call.</p></section>";
+
 pub(crate) async fn index() -> Redirect {
     Redirect::to("/fleet")
 }
@@ -113,6 +125,7 @@ pub(crate) async fn style() -> Response {
 pub(crate) async fn fleet(State(console): State<Arc<Console>>) -> Response {
     let view = read::fleet(&console).await;
     let mut body = String::from("<h1>Fleet</h1>");
+    body.push_str(CHARTS_REPLICAS);
     let _ = write!(
         body,
         "<section id=\"redis\"><h2>Redis</h2><p>Topology <span id=\"redis-topology\">{}</span> at {} · \
@@ -284,6 +297,7 @@ pub(crate) async fn tools(State(console): State<Arc<Console>>) -> Response {
         );
     }
     body.push_str("</tbody></table>");
+    body.push_str(CHARTS_TOOLS);
     page(&console, "Tools", "tools", &body)
 }
 

@@ -112,6 +112,35 @@ async fn replicas(console: &Console) -> Result<Vec<Heartbeat>, BusError> {
     Ok(replicas)
 }
 
+/// The recent history of every live replica (`toolhost:history:<toolbox>:<consumer>`, see
+/// `telemetry::history`), oldest point first: `{"every_ms", "buckets_ms", "replicas": [{"toolbox_id",
+/// "consumer", "points": [...]}]}`. A point that is not JSON is skipped.
+pub(crate) async fn history(console: &Console) -> Value {
+    use crate::telemetry::history::{BUCKETS_MS, POINT_EVERY, POINTS};
+    let mut replicas_history = Vec::new();
+    for replica in replicas(console).await.unwrap_or_default() {
+        let key = console.keys.history(&replica.toolbox_id, &replica.consumer);
+        let entries = console.bus.read_back(&key, "+", POINTS as usize).await.unwrap_or_default();
+        let mut points: Vec<Value> = entries
+            .iter()
+            .filter_map(|entry| entry.payload.as_deref())
+            .filter_map(|payload| serde_json::from_str::<Value>(payload).ok())
+            .filter(Value::is_object)
+            .collect();
+        points.reverse();
+        replicas_history.push(json!({
+            "toolbox_id": replica.toolbox_id,
+            "consumer": replica.consumer,
+            "points": points,
+        }));
+    }
+    json!({
+        "every_ms": POINT_EVERY.as_millis() as u64,
+        "buckets_ms": BUCKETS_MS,
+        "replicas": replicas_history,
+    })
+}
+
 /// One entry of a call log, with where it is.
 #[derive(Debug, Clone)]
 pub(crate) struct LoggedCall {

@@ -395,6 +395,165 @@ function letterActions(table) {
   });
 }
 
+// Charts of the last hour, hand-made SVG from /api/history (one point every few seconds per
+// replica; see telemetry/history.rs), redrawn at each new point. Every label is set with
+// textContent: a tool name is text, whatever it holds.
+const SVG = "http://www.w3.org/2000/svg";
+const SERIES_COLORS = ["#2457c5", "#b42318", "#157f3b", "#a15c07", "#6b3fa0"];
+
+function svgNode(tag, attributes) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [name, value] of Object.entries(attributes || {})) node.setAttribute(name, String(value));
+  return node;
+}
+
+// A line chart of `series` ([{name, points: [[t, value]]}]) over [from, to], in a figure with a
+// title and a legend; `unit` follows the largest value.
+function lineChart(title, series, from, to, unit) {
+  const figure = element("figure", { class: "chart" });
+  const caption = element("figcaption", {}, title);
+  figure.appendChild(caption);
+  const width = 360, height = 120, pad = 4;
+  const svg = svgNode("svg", { viewBox: `0 0 ${width} ${height}`, width, height, role: "img" });
+  // At least 1 (a call, a millisecond, an entry): an idle chart reads 0 to 1, not 0 to nothing.
+  const max = Math.max(1, ...series.flatMap((s) => s.points.map((p) => p[1])));
+  const x = (t) => pad + (width - 2 * pad) * ((t - from) / Math.max(1, to - from));
+  const y = (v) => height - pad - (height - 2 * pad) * (v / max);
+  svg.appendChild(svgNode("line", { x1: pad, y1: height - pad, x2: width - pad, y2: height - pad, class: "axis" }));
+  let drawn = 0;
+  series.forEach((s, i) => {
+    if (s.points.length === 0) return;
+    const points = s.points.map((p) => `${x(p[0]).toFixed(1)},${y(p[1]).toFixed(1)}`).join(" ");
+    const color = SERIES_COLORS[i % SERIES_COLORS.length];
+    const line = svgNode("polyline", { points, fill: "none", stroke: color, "stroke-width": 1.5 });
+    line.setAttribute("data-series", s.name);
+    svg.appendChild(line);
+    // A dot per point, so a lone point shows too.
+    for (const p of s.points) svg.appendChild(svgNode("circle", { cx: x(p[0]).toFixed(1), cy: y(p[1]).toFixed(1), r: 1.6, fill: color }));
+    drawn = Math.max(drawn, s.points.length);
+  });
+  const top = svgNode("text", { x: width - pad, y: 12, "text-anchor": "end", class: "scale" });
+  top.textContent = `${Number(max.toPrecision(3))} ${unit}`;
+  svg.appendChild(top);
+  const since = svgNode("text", { x: pad + 2, y: 12, class: "scale" });
+  since.textContent = "since " + new Date(from).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
+  svg.appendChild(since);
+  figure.setAttribute("data-points", String(drawn));
+  figure.appendChild(svg);
+  const legend = element("div", { class: "legend" });
+  series.forEach((s, i) => {
+    const key = element("span", { class: "key" }, s.name);
+    key.style.borderColor = SERIES_COLORS[i % SERIES_COLORS.length];
+    legend.appendChild(key);
+  });
+  figure.appendChild(legend);
+  return figure;
+}
+
+// The quantile `q` of merged bucket counts, as the upper bound (ms) of the bucket it falls in;
+// the last bucket has no bound and reads as twice the last one.
+function quantile(buckets, bounds, q) {
+  const total = buckets.reduce((a, b) => a + b, 0);
+  if (total === 0) return null;
+  let seen = 0;
+  for (let i = 0; i < buckets.length; i++) {
+    seen += buckets[i];
+    if (seen >= q * total) return i < bounds.length ? bounds[i] : 2 * bounds[bounds.length - 1];
+  }
+  return 2 * bounds[bounds.length - 1];
+}
+
+// Per tool, across replicas, by time slot: calls/s, errors/s and p50/p95/p99.
+function toolSeries(history) {
+  const every = history.every_ms;
+  const byTool = new Map();
+  for (const replica of history.replicas) {
+    for (const point of replica.points) {
+      const slot = Math.floor(point.t / every) * every;
+      for (const [tool, counts] of Object.entries(point.tools || {})) {
+        if (!byTool.has(tool)) byTool.set(tool, new Map());
+        const slots = byTool.get(tool);
+        const merged = slots.get(slot) || { calls: 0, errors: 0, buckets: [] };
+        merged.calls += counts.calls || 0;
+        merged.errors += counts.errors || 0;
+        (counts.buckets || []).forEach((n, i) => { merged.buckets[i] = (merged.buckets[i] || 0) + n; });
+        slots.set(slot, merged);
+      }
+    }
+  }
+  return byTool;
+}
+
+function drawTools(section, history, from, to) {
+  const byTool = toolSeries(history);
+  const holder = element("div", { class: "chart-grid" });
+  const seconds = history.every_ms / 1000;
+  for (const tool of [...byTool.keys()].sort()) {
+    const slots = [...byTool.get(tool).entries()].sort((a, b) => a[0] - b[0]);
+    const group = element("div", { class: "chart-group" });
+    group.setAttribute("data-tool", tool);
+    group.appendChild(element("h3", { class: "chart-tool" }, tool));
+    group.appendChild(lineChart("calls per second", [
+      { name: "calls/s", points: slots.map(([t, m]) => [t, m.calls / seconds]) },
+      { name: "errors/s", points: slots.map(([t, m]) => [t, m.errors / seconds]) },
+    ], from, to, "/s"));
+    const latency = (q) => slots
+      .map(([t, m]) => [t, quantile(m.buckets, history.buckets_ms, q)])
+      .filter((p) => p[1] !== null);
+    group.appendChild(lineChart("latency", [
+      { name: "p50", points: latency(0.5) },
+      { name: "p95", points: latency(0.95) },
+      { name: "p99", points: latency(0.99) },
+    ], from, to, "ms"));
+    holder.appendChild(group);
+  }
+  return [holder, byTool.size];
+}
+
+function drawReplicas(section, history, from, to) {
+  const holder = element("div", { class: "chart-grid" });
+  let count = 0;
+  for (const replica of history.replicas) {
+    if (replica.points.length === 0) continue;
+    count++;
+    const group = element("div", { class: "chart-group" });
+    group.setAttribute("data-replica", replica.toolbox_id + "/" + replica.consumer);
+    group.appendChild(element("h3", {}, replica.toolbox_id + " / " + replica.consumer));
+    group.appendChild(lineChart("in flight and queue depth", [
+      { name: "in flight", points: replica.points.map((p) => [p.t, p.in_flight || 0]) },
+      { name: "pending", points: replica.points.map((p) => [p.t, p.pending || 0]) },
+      { name: "lag", points: replica.points.map((p) => [p.t, p.lag || 0]) },
+    ], from, to, ""));
+    holder.appendChild(group);
+  }
+  return [holder, count];
+}
+
+async function charts(section) {
+  const kind = section.getAttribute("data-charts");
+  const empty = section.querySelector(".charts-empty");
+  let holder = null;
+  const draw = async () => {
+    let history;
+    try {
+      const response = await fetch("/api/history", { credentials: "same-origin" });
+      if (!response.ok) return;
+      history = await response.json();
+    } catch (_) { return; }
+    // The last hour, or less when the oldest point is younger: the lines fill the chart.
+    const to = Date.now();
+    const oldest = Math.min(to, ...history.replicas.flatMap((r) => r.points.map((p) => p.t)));
+    const from = Math.max(to - 3600 * 1000, oldest - history.every_ms);
+    const [fresh, count] = kind === "tools" ? drawTools(section, history, from, to) : drawReplicas(section, history, from, to);
+    if (holder) holder.replaceWith(fresh); else section.appendChild(fresh);
+    holder = fresh;
+    if (empty) empty.hidden = count > 0;
+    section.setAttribute("data-updated", String(Number(section.getAttribute("data-updated") || 0) + 1));
+  };
+  await draw();
+  setInterval(draw, 5000);
+}
+
 document.addEventListener("DOMContentLoaded", () => {
   const tools = document.getElementById("tools");
   if (tools) filterRows(document.getElementById("tool-search"), tools);
@@ -404,4 +563,5 @@ document.addEventListener("DOMContentLoaded", () => {
   if (calls) liveCalls(calls);
   const letters = document.getElementById("dead-letters");
   if (letters) letterActions(letters);
+  document.querySelectorAll("section.charts").forEach((section) => { charts(section); });
 });
