@@ -14,7 +14,8 @@
 //! Images, as callers receive them: from a hosted stdio server (`server-everything`, of
 //! `scripts/ensure-mcp-servers.sh`) and a hosted HTTP server (the reference server), through
 //! Redis to the Python client and its Agents SDK adapter, and through the door, over HTTP and
-//! over stdio, to the official MCP Python SDK (`tests/mcp_fidelity/images.py`).
+//! over stdio, to the official MCP Python SDK (`tests/mcp_fidelity/images.py`), and over HTTP to
+//! the official TypeScript SDK (`tests/mcp_fidelity/images.mjs`).
 
 // Test code: a failed step is a failed test.
 #![allow(clippy::unwrap_used)]
@@ -343,7 +344,7 @@ fn images(python: &Path, args: &[&str]) -> Value {
 }
 
 #[test]
-fn images_from_hosted_stdio_and_http_servers_reach_python_the_agents_sdk_and_mcp_clients() {
+fn images_from_hosted_stdio_and_http_servers_reach_python_the_agents_sdk_and_both_mcp_sdks() {
     let conformance = conformance();
     let everything = everything_server();
     let client_venv = toolhost_e2e::venv(
@@ -451,6 +452,24 @@ fn images_from_hosted_stdio_and_http_servers_reach_python_the_agents_sdk_and_mcp
             "{target}: {report}"
         );
         assert_eq!(report["http__test_image_content"]["types"], json!(["image"]), "{target}: {report}");
+    }
+    // And to the official TypeScript SDK client, over streamable HTTP.
+    let output = Command::new(&node)
+        .arg(toolhost_e2e::fixture("mcp_fidelity", "images.mjs"))
+        .arg(&door_url)
+        .args(tools)
+        .env("MCP_SDK", conformance.join("server/node_modules/@modelcontextprotocol/sdk"))
+        .stdin(Stdio::null())
+        .output()
+        .expect("run images.mjs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let last = stdout.lines().rev().find(|line| line.starts_with('{')).unwrap_or_default();
+    let report: Value = serde_json::from_str(last).unwrap_or_else(|_| {
+        panic!("images.mjs reported nothing:\n{stdout}\n{}", String::from_utf8_lossy(&output.stderr))
+    });
+    for tool in tools {
+        assert_eq!(report[tool]["error"], false, "TypeScript SDK {tool}: {report}");
+        assert_eq!(&report[tool]["images"], expected(tool), "TypeScript SDK {tool}: {report}");
     }
     drop((hosts, door));
     let _ = std::fs::remove_dir_all(&dir);
