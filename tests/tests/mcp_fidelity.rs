@@ -368,10 +368,12 @@ fn images_from_hosted_stdio_and_http_servers_reach_python_the_agents_sdk_and_bot
     std::fs::write(
         &hosts_config,
         format!(
-            "[daemon]\ntoolbox_id = \"hosts\"\n[tools.terminal]\nrun_as = \"{user}\"\n\n\
+            // Three log messages 50 ms apart: relayed at up to 100 a second, none is coalesced away.
+            "[daemon]\ntoolbox_id = \"hosts\"\n[dispatch]\nprogress_per_second = 100\n\
+             [tools.terminal]\nrun_as = \"{user}\"\n\n\
              [[mcp_servers]]\nname = \"stdio\"\ncommand = \"{node}\"\nargs = [\"{everything}\", \"stdio\"]\n\
              tools = [\"get-tiny-image\"]\n\n\
-             [[mcp_servers]]\nname = \"http\"\nurl = \"{url}\"\ntools = [\"test_image_content\"]\n",
+             [[mcp_servers]]\nname = \"http\"\nurl = \"{url}\"\ntools = [\"test_image_content\", \"test_tool_with_logging\"]\n",
             user = toolhost_e2e::user(),
             node = node.display(),
             everything = everything.display(),
@@ -431,6 +433,16 @@ fn images_from_hosted_stdio_and_http_servers_reach_python_the_agents_sdk_and_bot
         json!(["TextBlock", "ImageBlock", "TextBlock"]),
         "{redis_report}"
     );
+    // A hosted server's log messages reach the Python client as log entries over Redis.
+    let logs = images(&client_python, &["logs", &redis.url(), "http__test_tool_with_logging"]);
+    let expected_logs = json!([
+        {"level": "info", "data": "Tool execution started"},
+        {"level": "info", "data": "Tool processing data"},
+        {"level": "info", "data": "Tool execution completed"}
+    ]);
+    assert_eq!(logs["on_log"], expected_logs, "{logs}");
+    assert_eq!(logs["stream"], expected_logs, "{logs}");
+    assert_eq!(logs["result"], "Tool with logging executed successfully", "{logs}");
     assert_eq!(
         redis_report["stdio__get-tiny-image"]["result"],
         "Here's the image you requested:\nThe image above is the MCP logo.",

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 from ._aio import AsyncClient
 from ._content import Reply
 from ._errors import ClientClosed
-from ._wire import Finished, Progress
+from ._wire import Finished, LogEntry, Progress
 
 T = TypeVar("T")
 
@@ -69,6 +69,7 @@ class Client:
         correlation_id: str | None = None,
         on_progress: Callable[[Progress], None] | None = None,
         replica_acks: int | None = None,
+        on_log: Callable[[LogEntry], None] | None = None,
     ) -> Any:
         """AsyncClient.call, blocking; `on_progress` runs on the client's thread."""
         return self._run(
@@ -81,6 +82,7 @@ class Client:
                 correlation_id=correlation_id,
                 on_progress=on_progress,
                 replica_acks=replica_acks,
+                on_log=on_log,
             )
         )
 
@@ -95,6 +97,7 @@ class Client:
         correlation_id: str | None = None,
         on_progress: Callable[[Progress], None] | None = None,
         replica_acks: int | None = None,
+        on_log: Callable[[LogEntry], None] | None = None,
     ) -> Reply:
         """AsyncClient.call_reply, blocking: the result and the content blocks."""
         return self._run(
@@ -107,6 +110,7 @@ class Client:
                 correlation_id=correlation_id,
                 on_progress=on_progress,
                 replica_acks=replica_acks,
+                on_log=on_log,
             )
         )
 
@@ -120,7 +124,7 @@ class Client:
         retries: int | None = None,
         correlation_id: str | None = None,
         replica_acks: int | None = None,
-    ) -> Iterator[Progress | Finished]:
+    ) -> Iterator[Progress | LogEntry | Finished]:
         """AsyncClient.stream, as a plain iterator."""
         events = self._client.stream(
             tool,
