@@ -486,3 +486,81 @@ fn images_from_hosted_stdio_and_http_servers_reach_python_the_agents_sdk_and_bot
     drop((hosts, door));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The hash a toolbox publishes its hosted servers' resources, templates and prompts in, once
+/// it has `field`; its fields and the MCP objects they hold.
+fn published_catalog(
+    redis: &RedisProcess,
+    toolbox_id: &str,
+    field: &str,
+) -> std::collections::BTreeMap<String, Value> {
+    let mut connection = redis.connection();
+    let key = format!("toolhost:catalog:{toolbox_id}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let fields: std::collections::BTreeMap<String, String> =
+            redis::cmd("HGETALL").arg(&key).query(&mut connection).unwrap();
+        if fields.contains_key(field) {
+            return fields
+                .into_iter()
+                .map(|(key, value)| (key, serde_json::from_str(&value).unwrap()))
+                .collect();
+        }
+        assert!(Instant::now() < deadline, "{key} has no {field} in 30 s: {fields:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_toolbox_publishes_its_hosted_servers_resources_templates_and_prompts_beside_its_tools() {
+    let conformance = conformance();
+    let dir = temp_dir("mcp-fidelity-catalog");
+    let server = ReferenceServer::start(&conformance, &dir.join("reference.log"));
+    let redis = RedisProcess::start(&[]);
+    let config = dir.join("hosts.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[daemon]\ntoolbox_id = \"hosts\"\n\n[[mcp_servers]]\nname = \"reference\"\nurl = \"{}\"\nprefix = \"ref__\"\n",
+            server.url()
+        ),
+    )
+    .unwrap();
+    let mut hosts =
+        Toolhost::start(&[("REDIS_URL", &redis.url()), ("TOOLHOST_CONFIG", config.to_str().unwrap())]);
+    let catalog = published_catalog(&redis, "hosts", "prompt:ref__test_simple_prompt");
+
+    // A resource URI stays as the server wrote it, with the server's fields.
+    let text = &catalog["resource:test://static-text"];
+    assert_eq!(text["uri"], "test://static-text", "{text}");
+    assert_eq!(text["mimeType"], "text/plain", "{text}");
+    assert!(catalog.contains_key("resource:test://static-binary"), "{catalog:?}");
+    assert!(catalog.contains_key("resource:test://watched-resource"), "{catalog:?}");
+    let template = &catalog["template:test://template/{id}/data"];
+    assert_eq!(template["uriTemplate"], "test://template/{id}/data", "{template}");
+    // Prompt names take the source's prefix; the rest is the server's.
+    let prompt = &catalog["prompt:ref__test_prompt_with_arguments"];
+    assert_eq!(prompt["name"], "ref__test_prompt_with_arguments", "{prompt}");
+    assert_eq!(prompt["title"], "Prompt With Arguments", "{prompt}");
+    let arguments: Vec<&str> =
+        prompt["arguments"].as_array().unwrap().iter().map(|a| a["name"].as_str().unwrap()).collect();
+    assert_eq!(arguments, ["arg1", "arg2"], "{prompt}");
+    for name in ["test_simple_prompt", "test_prompt_with_embedded_resource", "test_prompt_with_image"] {
+        assert!(catalog.contains_key(&format!("prompt:ref__{name}")), "{name}: {catalog:?}");
+    }
+    assert!(
+        catalog.keys().all(|key| !key.starts_with("prompt:") || key.starts_with("prompt:ref__")),
+        "{catalog:?}"
+    );
+    // The tools are published as before, in the registry hash.
+    let tools: Vec<String> =
+        redis::cmd("HKEYS").arg("toolhost:registry:hosts").query(&mut redis.connection()).unwrap();
+    assert!(tools.contains(&"ref__test_simple_text".to_owned()), "{tools:?}");
+
+    // The last replica withdrawing takes the catalog with the registry.
+    assert_eq!(hosts.terminate(Duration::from_secs(20)), Some(0), "{}", hosts.log());
+    let exists: bool =
+        redis::cmd("EXISTS").arg("toolhost:catalog:hosts").query(&mut redis.connection()).unwrap();
+    assert!(!exists, "the catalog outlived the toolbox");
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -13,7 +13,7 @@
 //! let started = McpSources::start(&configs, &env, children, shutdown.clone()).await?;
 //! for tool in started.sources.tools() { registry.register(tool)?; }
 //! // on started.events: McpEvent::ToolsChanged → rebuild the registry from sources.tools()
-//! // and republish it; Up/Down → log; sources.status() → /status and toolhost_source_up{source}
+//! // and republish it; CatalogChanged → republish sources.catalog(); Up/Down → log; sources.status() → /status and toolhost_source_up{source}
 //! // on shutdown: shutdown.cancel(); started.sources.stopped().await;
 //! ```
 //!
@@ -35,6 +35,7 @@
 //! TLS for HTTP servers is rustls with ring, the workspace's one crypto provider: `start`
 //! installs it as the process default if none is installed yet.
 
+pub mod catalog;
 mod child;
 pub mod config;
 mod logging;
@@ -50,6 +51,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use toolhost_tools::Tool;
 
+pub use catalog::Catalog;
 pub use config::{ConfigError, ConfigErrors, McpServerConfig, Secret, ServerSpec, Transport};
 pub use source::{Children, LIST_CHANGED_DEBOUNCE, MAX_BACKOFF, McpEvent, SourceStatus};
 
@@ -138,6 +140,12 @@ impl McpSources {
     /// Every tool of every source, for the registry. A source that never came up has none yet.
     pub fn tools(&self) -> Vec<Arc<dyn Tool>> {
         self.sources.iter().flat_map(|source| source.tools()).collect()
+    }
+
+    /// Every source's resources, resource templates and prompts, by source name, in
+    /// configuration order. A source that never came up lists nothing yet.
+    pub fn catalog(&self) -> Vec<(String, Catalog)> {
+        self.sources.iter().map(|source| (source.spec.name.clone(), source.catalog())).collect()
     }
 
     /// The state of every source, in configuration order.

@@ -4,6 +4,8 @@
 //! streamable HTTP session), lists the tools following pagination, and then watches: for the
 //! child's exit, the session's end, a call that saw the connection break (checked with a ping),
 //! and `notifications/tools/list_changed` (debounced by [`LIST_CHANGED_DEBOUNCE`], then re-listed).
+//! Resources, resource templates and prompts ([`crate::catalog`]) are listed after the tools on
+//! every connection and again after their own `list_changed`, debounced the same way.
 //! When the connection is lost it kills the child's group and waits for it, marks the source
 //! down, and tries again after a capped exponential backoff with jitter (250 ms up to
 //! [`MAX_BACKOFF`]). On shutdown it does the same and stops.
@@ -41,6 +43,7 @@ use tokio_util::sync::CancellationToken;
 use toolhost_tools::terminal::{Identity, Limits};
 use toolhost_tools::{Context, Output, Progress, ProgressReport, Registry, Tool, ToolError, ToolSpec};
 
+use crate::catalog::{self, Catalog};
 use crate::child::{ChildSpec, ManagedChild};
 use crate::config::{ServerSpec, Transport};
 use crate::logging::LogRoutes;
@@ -69,6 +72,12 @@ pub enum McpEvent {
     /// The tools of `source` changed (after `list_changed` or a restart): rebuild the registry
     /// from [`crate::McpSources::tools`] and republish it.
     ToolsChanged {
+        /// The source's name.
+        source: String,
+    },
+    /// The resources, resource templates or prompts of `source` changed (after a
+    /// `list_changed` of theirs or a restart): republish [`crate::McpSources::catalog`].
+    CatalogChanged {
         /// The source's name.
         source: String,
     },
@@ -138,6 +147,8 @@ pub(crate) struct Shared {
     tools: RwLock<Vec<Arc<dyn Tool>>>,
     /// Fingerprint of the listing the current tools come from.
     listing: Mutex<String>,
+    /// The server's resources, resource templates and prompts, from its last listing.
+    catalog: RwLock<Catalog>,
     permits: Semaphore,
     /// A call saw the connection break.
     recheck: Notify,
@@ -320,6 +331,7 @@ impl Shared {
             next_attempt: Mutex::new(None),
             tools: RwLock::new(Vec::new()),
             listing: Mutex::new(String::new()),
+            catalog: RwLock::new(Catalog::default()),
             recheck: Notify::new(),
             progress: Arc::default(),
             logs: Arc::default(),
@@ -332,6 +344,24 @@ impl Shared {
 
     pub(crate) fn tools(&self) -> Vec<Arc<dyn Tool>> {
         self.tools.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    pub(crate) fn catalog(&self) -> Catalog {
+        self.catalog.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    /// Lists the server's catalog again and keeps it; `true` when it differs from the last.
+    async fn relist_catalog(&self, peer: &Peer<RoleClient>) -> bool {
+        let (catalog, failures) = catalog::list(peer, &self.spec.prefix).await;
+        for failure in failures {
+            tracing::warn!(source = %self.spec.name, error = %failure, "an MCP server's catalog listing failed; that kind stays empty");
+        }
+        let mut kept = self.catalog.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if *kept == catalog {
+            return false;
+        }
+        *kept = catalog;
+        true
     }
 
     fn peer(&self) -> Option<Peer<RoleClient>> {
@@ -431,6 +461,8 @@ impl Tool for McpTool {
 struct Handler {
     info: ClientConfig,
     changed: mpsc::Sender<()>,
+    /// Notes a `list_changed` of resources or prompts.
+    catalog_changed: mpsc::Sender<()>,
     progress: Arc<ProgressRoutes>,
     logs: Arc<LogRoutes>,
     /// The source's name, for log messages no call takes.
@@ -440,6 +472,7 @@ struct Handler {
 impl Handler {
     fn new(
         changed: mpsc::Sender<()>,
+        catalog_changed: mpsc::Sender<()>,
         progress: Arc<ProgressRoutes>,
         logs: Arc<LogRoutes>,
         source: &str,
@@ -451,7 +484,7 @@ impl Handler {
             Implementation::new("toolhost", env!("CARGO_PKG_VERSION")),
         )
         .with_protocol_version(ProtocolVersion::LATEST_WITH_INITIALIZE);
-        Handler { info, changed, progress, logs, source: source.to_owned() }
+        Handler { info, changed, catalog_changed, progress, logs, source: source.to_owned() }
     }
 }
 
@@ -472,6 +505,22 @@ impl ClientHandler for Handler {
     ) -> impl Future<Output = ()> + Send + '_ {
         // A full channel already holds a change to handle; this one joins it.
         let _ = self.changed.try_send(());
+        std::future::ready(())
+    }
+
+    fn on_resource_list_changed(
+        &self,
+        _context: NotificationContext<RoleClient>,
+    ) -> impl Future<Output = ()> + Send + '_ {
+        let _ = self.catalog_changed.try_send(());
+        std::future::ready(())
+    }
+
+    fn on_prompt_list_changed(
+        &self,
+        _context: NotificationContext<RoleClient>,
+    ) -> impl Future<Output = ()> + Send + '_ {
+        let _ = self.catalog_changed.try_send(());
         std::future::ready(())
     }
 
@@ -527,20 +576,21 @@ struct Connection {
     has_ended: bool,
     child: Option<ManagedChild>,
     changed: mpsc::Receiver<()>,
+    catalog_changed: mpsc::Receiver<()>,
 }
 
 impl Connection {
     fn new(
         service: RunningService<RoleClient, Handler>,
         child: Option<ManagedChild>,
-        changed: mpsc::Receiver<()>,
+        (changed, catalog_changed): (mpsc::Receiver<()>, mpsc::Receiver<()>),
     ) -> Connection {
         let peer = service.peer().clone();
         let stop = Some(service.cancellation_token());
         let ended = Box::pin(async move {
             let _ = service.waiting().await;
         });
-        Connection { peer, stop, ended, has_ended: false, child, changed }
+        Connection { peer, stop, ended, has_ended: false, child, changed, catalog_changed }
     }
 
     /// Closes the session, then kills the child's group and waits for it.
@@ -591,6 +641,17 @@ pub(crate) async fn supervise(
                 Some(listed) => match listed {
                     Ok(()) => {
                         backoff = self::backoff();
+                        let relisted = tokio::select! {
+                            changed = shared.relist_catalog(&connection.peer) => Some(changed),
+                            () = common.shutdown.cancelled() => None,
+                        };
+                        let Some(catalog_changed) = relisted else {
+                            connection.close(&name).await;
+                            break;
+                        };
+                        if catalog_changed && first.is_none() {
+                            let _ = common.events.send(McpEvent::CatalogChanged { source: name.clone() });
+                        }
                         shared.set_peer(Some(connection.peer.clone()));
                         {
                             let mut status = lock(&shared.status);
@@ -684,7 +745,10 @@ fn backoff() -> impl Iterator<Item = Duration> {
 async fn connect(shared: &Shared, common: &Common) -> Result<Connection, String> {
     let spec = &shared.spec;
     let (changed_tx, changed) = mpsc::channel(1);
-    let handler = Handler::new(changed_tx, shared.progress.clone(), shared.logs.clone(), &spec.name);
+    let (catalog_tx, catalog_changed) = mpsc::channel(1);
+    let changed = (changed, catalog_changed);
+    let handler =
+        Handler::new(changed_tx, catalog_tx, shared.progress.clone(), shared.logs.clone(), &spec.name);
     match &spec.transport {
         Transport::Stdio { command, args, env, cwd } => {
             let child_spec = ChildSpec {
@@ -892,6 +956,13 @@ async fn watch(shared: &Arc<Shared>, common: &Common, connection: &mut Connectio
                 let alive = tokio::time::timeout(PING_TIMEOUT, peer.send_request(rmcp::model::ClientRequest::PingRequest(Default::default()))).await;
                 if !matches!(alive, Ok(Ok(_))) {
                     return Ended::Lost(format!("MCP server '{name}' stopped answering"));
+                }
+            }
+            Some(()) = connection.catalog_changed.recv() => {
+                quiet(&mut connection.catalog_changed, LIST_CHANGED_DEBOUNCE).await;
+                tracing::info!(source = %name, "MCP server's resources or prompts changed; listing them again");
+                if shared.relist_catalog(&connection.peer).await {
+                    let _ = common.events.send(McpEvent::CatalogChanged { source: name.clone() });
                 }
             }
             Some(()) = connection.changed.recv() => {
