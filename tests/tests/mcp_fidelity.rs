@@ -183,12 +183,14 @@ fn fleet(redis: &RedisProcess, server: &ReferenceServer, dir: &Path) -> (Toolhos
     (hosts, door, door_port)
 }
 
+/// An `initialize` as a client with no SDK sends it.
+const INITIALIZE: &str = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"fidelity","version":"0"}}}"#;
+
 /// Waits until the door's `tools/list` names `tool`.
 fn wait_for_tool(port: u16, tool: &str) {
-    let initialize = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"fidelity","version":"0"}}}"#;
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let (_, response) = post(port, "", initialize);
+        let (_, response) = post(port, "", INITIALIZE);
         let session = session_id(&response);
         let (_, tools) = post(
             port,
@@ -232,6 +234,9 @@ fn the_conformance_suite_passes_through_the_door_but_for_the_expected_failures()
     // scenario that passes.
     let redis = RedisProcess::start(&[]);
     let (hosts, door, door_port) = fleet(&redis, &server, &dir);
+    // The door declares the logging it serves: MCP requires it of a server that sends log messages.
+    let (_, initialized) = post(door_port, "", INITIALIZE);
+    assert!(initialized.contains(r#""logging":{}"#), "no logging capability: {initialized}");
     let (expected_path, expected) = expected_failures();
     let door_url = format!("http://localhost:{door_port}/mcp");
     let (output, through) = run_suite(&conformance, &door_url, Some(&expected_path), &dir.join("door"));

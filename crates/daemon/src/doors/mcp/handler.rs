@@ -142,9 +142,15 @@ impl Session {
 }
 
 impl ServerHandler for Session {
+    // Logging is deprecated in 2026-07-28 (SEP-2577); the `initialize` generations are served it.
+    #[allow(deprecated)]
     fn get_info(&self) -> ServerConfig {
-        let capabilities =
-            ServerCapabilities::builder().enable_tools().enable_tool_list_changed().enable_tasks().build();
+        let capabilities = ServerCapabilities::builder()
+            .enable_logging()
+            .enable_tools()
+            .enable_tool_list_changed()
+            .enable_tasks()
+            .build();
         let mut info = ServerConfig::new(capabilities);
         info.server_info = Implementation::new("toolhost", env!("CARGO_PKG_VERSION"));
         info.instructions = Some(
