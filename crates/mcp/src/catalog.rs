@@ -110,6 +110,144 @@ pub fn original_prompt_name<'a>(prefix: &str, name: &'a str) -> Option<&'a str> 
     name.strip_prefix(prefix)
 }
 
+/// What a caller asks of the server that lists a resource or prompt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operation {
+    /// `resources/read`: params `{"uri"}`, routed by the URI.
+    ReadResource,
+    /// `prompts/get`: params `{"name", "arguments"?}`, routed by the (prefixed) name.
+    GetPrompt,
+    /// `completion/complete`: params `{"ref", "argument", "context"?}`, routed by `ref`: a
+    /// `ref/prompt`'s name or a `ref/resource`'s URI or URI template.
+    Complete,
+}
+
+impl Operation {
+    /// The MCP method.
+    pub fn method(self) -> &'static str {
+        match self {
+            Operation::ReadResource => "resources/read",
+            Operation::GetPrompt => "prompts/get",
+            Operation::Complete => "completion/complete",
+        }
+    }
+}
+
+/// What an operation's params name: the resource URI or the prompt name that routes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// A resource URI, or for completion a URI template.
+    Resource(String),
+    /// A prompt name, as listed (prefixed).
+    Prompt(String),
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Target::Resource(uri) => write!(f, "resource '{uri}'"),
+            Target::Prompt(name) => write!(f, "prompt '{name}'"),
+        }
+    }
+}
+
+/// The target of `operation` in `params`.
+///
+/// # Errors
+/// A sentence naming the missing or mistyped field.
+pub fn target(operation: Operation, params: &Value) -> Result<Target, String> {
+    let text = |value: Option<&Value>, what: &str| -> Result<String, String> {
+        match value {
+            Some(Value::String(text)) if !text.is_empty() => Ok(text.clone()),
+            _ => Err(format!("{} needs {what}, a non-empty string", operation.method())),
+        }
+    };
+    match operation {
+        Operation::ReadResource => text(params.get("uri"), "'uri'").map(Target::Resource),
+        Operation::GetPrompt => text(params.get("name"), "'name'").map(Target::Prompt),
+        Operation::Complete => {
+            let reference = params.get("ref");
+            match reference.and_then(|r| r.get("type")).and_then(Value::as_str) {
+                Some("ref/prompt") => {
+                    text(reference.and_then(|r| r.get("name")), "'ref.name'").map(Target::Prompt)
+                }
+                Some("ref/resource") => {
+                    text(reference.and_then(|r| r.get("uri")), "'ref.uri'").map(Target::Resource)
+                }
+                _ => Err(format!(
+                    "{} needs 'ref' with 'type' \"ref/prompt\" or \"ref/resource\"",
+                    operation.method()
+                )),
+            }
+        }
+    }
+}
+
+impl Catalog {
+    /// Whether this server serves `target`: a listed resource URI, a URI one of its templates
+    /// matches, a template it lists (for completion), or a prompt it lists.
+    pub fn serves(&self, target: &Target) -> bool {
+        match target {
+            Target::Resource(uri) => {
+                self.resources.iter().any(|r| r["uri"].as_str() == Some(uri))
+                    || self
+                        .templates
+                        .iter()
+                        .filter_map(|t| t["uriTemplate"].as_str())
+                        .any(|template| template == uri || template_matches(template, uri))
+            }
+            Target::Prompt(name) => self.prompts.iter().any(|p| p["name"].as_str() == Some(name)),
+        }
+    }
+}
+
+/// Whether `uri` is an expansion of the RFC 6570 URI template `template`.
+///
+/// Literal text must match exactly; an expression matches one or more characters: any
+/// characters for reserved (`{+var}`) and fragment (`{#var}`) expansion and for query
+/// expressions (`{?var}`, `{&var}`), else any but `/`, `?` and `#`, so that `test://item/{id}`
+/// matches `test://item/7` and not `test://item/7/more`.
+pub fn template_matches(template: &str, uri: &str) -> bool {
+    enum Part<'a> {
+        Literal(&'a str),
+        Expression { any: bool },
+    }
+    let mut parts = Vec::new();
+    let mut rest = template;
+    while let Some(open) = rest.find('{') {
+        let Some(close) = rest[open..].find('}') else { return false };
+        if open > 0 {
+            parts.push(Part::Literal(&rest[..open]));
+        }
+        let any = matches!(rest[open + 1..].chars().next(), Some('+' | '#' | '?' | '&'));
+        parts.push(Part::Expression { any });
+        rest = &rest[open + close + 1..];
+    }
+    if !rest.is_empty() {
+        parts.push(Part::Literal(rest));
+    }
+    fn matches(parts: &[Part<'_>], uri: &str) -> bool {
+        match parts.split_first() {
+            None => uri.is_empty(),
+            Some((Part::Literal(text), tail)) => {
+                uri.strip_prefix(text).is_some_and(|rest| matches(tail, rest))
+            }
+            Some((Part::Expression { any }, tail)) => {
+                for (index, character) in uri.char_indices() {
+                    if !any && matches!(character, '/' | '?' | '#') {
+                        break;
+                    }
+                    if matches(tail, &uri[index + character.len_utf8()..]) {
+                        return true;
+                    }
+                }
+                false
+            }
+        }
+    }
+    matches(&parts, uri)
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;
@@ -135,5 +273,50 @@ mod tests {
         assert_eq!(original_prompt_name("ref__", "other"), None);
         assert!(!catalog.is_empty());
         assert!(Catalog::default().is_empty());
+    }
+
+    #[test]
+    fn templates_match_their_expansions_only() {
+        assert!(template_matches("test://template/{id}/data", "test://template/123/data"));
+        assert!(!template_matches("test://template/{id}/data", "test://template//data"));
+        assert!(!template_matches("test://template/{id}/data", "test://template/1/2/data"));
+        assert!(!template_matches("test://template/{id}/data", "test://template/123/data/x"));
+        assert!(template_matches("file:///{+path}", "file:///a/b/c.txt"));
+        assert!(template_matches("demo://item{?page,size}", "demo://item?page=2&size=3"));
+        assert!(template_matches("demo://{a}-{b}", "demo://x-y-z"));
+        assert!(!template_matches("demo://{a", "demo://x"));
+        assert!(template_matches("demo://plain", "demo://plain"));
+    }
+
+    #[test]
+    fn targets_are_read_from_params_and_served_by_the_catalog_that_lists_them() {
+        let catalog = Catalog {
+            resources: vec![json!({"uri": "test://static-text", "name": "text"})],
+            templates: vec![json!({"uriTemplate": "test://template/{id}/data", "name": "item"})],
+            prompts: vec![json!({"name": "ref__greet"})],
+        };
+        let read = target(Operation::ReadResource, &json!({"uri": "test://template/9/data"})).unwrap();
+        assert!(catalog.serves(&read));
+        assert!(catalog.serves(&Target::Resource("test://static-text".into())));
+        assert!(!catalog.serves(&Target::Resource("test://other".into())));
+        let get = target(Operation::GetPrompt, &json!({"name": "ref__greet", "arguments": {}})).unwrap();
+        assert_eq!(get, Target::Prompt("ref__greet".into()));
+        assert!(catalog.serves(&get));
+        assert!(!catalog.serves(&Target::Prompt("greet".into())));
+        let complete = json!({"ref": {"type": "ref/resource", "uri": "test://template/{id}/data"},
+                              "argument": {"name": "id", "value": "1"}});
+        assert!(catalog.serves(&target(Operation::Complete, &complete).unwrap()));
+        let prompt = json!({"ref": {"type": "ref/prompt", "name": "ref__greet"}, "argument": {"name": "who", "value": ""}});
+        assert_eq!(target(Operation::Complete, &prompt).unwrap(), Target::Prompt("ref__greet".into()));
+        for (operation, params, needs) in [
+            (Operation::ReadResource, json!({}), "'uri'"),
+            (Operation::ReadResource, json!({"uri": 7}), "'uri'"),
+            (Operation::GetPrompt, json!({"name": ""}), "'name'"),
+            (Operation::Complete, json!({"ref": {"type": "ref/tool"}}), "'ref'"),
+            (Operation::Complete, json!({"ref": {"type": "ref/prompt"}}), "'ref.name'"),
+        ] {
+            let error = target(operation, &params).unwrap_err();
+            assert!(error.contains(operation.method()) && error.contains(needs), "{error}");
+        }
     }
 }

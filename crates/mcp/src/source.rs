@@ -43,7 +43,7 @@ use tokio_util::sync::CancellationToken;
 use toolhost_tools::terminal::{Identity, Limits};
 use toolhost_tools::{Context, Output, Progress, ProgressReport, Registry, Tool, ToolError, ToolSpec};
 
-use crate::catalog::{self, Catalog};
+use crate::catalog::{self, Catalog, Operation, Target};
 use crate::child::{ChildSpec, ManagedChild};
 use crate::config::{ServerSpec, Transport};
 use crate::logging::LogRoutes;
@@ -382,6 +382,93 @@ impl Shared {
             message: format!("MCP server '{}' is down and being restarted; retry later", self.spec.name),
             retry_after,
         }
+    }
+}
+
+impl Shared {
+    /// Whether this server lists `target` (see [`Catalog::serves`]).
+    pub(crate) fn serves(&self, target: &Target) -> bool {
+        self.catalog.read().unwrap_or_else(std::sync::PoisonError::into_inner).serves(target)
+    }
+
+    /// Sends `operation` with `params` to the server, a prompt's name taken back to the server's
+    /// own, within the server's `timeout_ms` and `max_concurrent`; the MCP result as JSON.
+    ///
+    /// # Errors
+    /// Params MCP does not accept or the server refuses: `InvalidArguments`; the server down:
+    /// `Unavailable`; no answer in time: `Timeout`; a result over `max_response_bytes`:
+    /// `TooLarge`; any other failure: `Failed`.
+    pub(crate) async fn request(&self, operation: Operation, mut params: Value) -> Result<Value, ToolError> {
+        let method = operation.method();
+        let name = &self.spec.name;
+        let prompt = match operation {
+            Operation::GetPrompt => params.get_mut("name"),
+            Operation::Complete => params.get_mut("ref").and_then(|r| r.get_mut("name")),
+            Operation::ReadResource => None,
+        };
+        if let Some(prompt) = prompt
+            && let Some(original) =
+                prompt.as_str().and_then(|n| catalog::original_prompt_name(&self.spec.prefix, n))
+        {
+            *prompt = Value::String(original.to_owned());
+        }
+        let invalid = |err: serde_json::Error| ToolError::InvalidArguments(format!("{method}: {err}"));
+        let request = match operation {
+            Operation::ReadResource => ClientRequest::ReadResourceRequest(
+                rmcp::model::ReadResourceRequest::new(serde_json::from_value(params).map_err(invalid)?),
+            ),
+            Operation::GetPrompt => ClientRequest::GetPromptRequest(rmcp::model::GetPromptRequest::new(
+                serde_json::from_value(params).map_err(invalid)?,
+            )),
+            Operation::Complete => ClientRequest::CompleteRequest(rmcp::model::CompleteRequest::new(
+                serde_json::from_value(params).map_err(invalid)?,
+            )),
+        };
+        let Some(peer) = self.peer() else { return Err(self.unavailable()) };
+        let _permit = self.permits.acquire().await;
+        let answered = tokio::time::timeout(self.spec.timeout, peer.send_request(request)).await;
+        let result = match answered {
+            Err(_elapsed) => {
+                return Err(ToolError::Timeout(format!(
+                    "MCP server '{name}' did not answer {method} within {} ms",
+                    self.spec.timeout.as_millis()
+                )));
+            }
+            Ok(Err(error)) => {
+                let (error, went_away) = mapping::service_error(method, name, error);
+                if went_away {
+                    self.recheck.notify_one();
+                }
+                return Err(error);
+            }
+            Ok(Ok(result)) => result,
+        };
+        let result = match (operation, result) {
+            (Operation::ReadResource, ServerResult::ReadResourceResult(result)) => {
+                serde_json::to_value(result)
+            }
+            (Operation::GetPrompt, ServerResult::GetPromptResult(result)) => serde_json::to_value(result),
+            (Operation::Complete, ServerResult::CompleteResult(result)) => serde_json::to_value(result),
+            _ => {
+                return Err(ToolError::Failed(format!(
+                    "MCP server '{name}' answered {method} in a form toolhost does not know"
+                )));
+            }
+        }
+        .map_err(|err| ToolError::Failed(format!("MCP server '{name}': {method} result: {err}")))?;
+        let size = result.to_string().len();
+        let limit = self.spec.max_response_bytes;
+        if size > limit {
+            return Err(ToolError::TooLarge {
+                message: format!(
+                    "MCP server '{name}' answered {method} with {size} bytes, over its max_response_bytes of {limit}"
+                ),
+                limit_bytes: limit,
+                size_bytes: size,
+                setting: "max_response_bytes",
+            });
+        }
+        Ok(result)
     }
 }
 
