@@ -147,6 +147,8 @@ impl ServerHandler for Session {
     fn get_info(&self) -> ServerConfig {
         let capabilities = ServerCapabilities::builder()
             .enable_logging()
+            .enable_prompts()
+            .enable_resources()
             .enable_tools()
             .enable_tool_list_changed()
             .enable_tasks()
@@ -238,5 +240,29 @@ impl ServerHandler for Session {
         _context: RequestContext<RoleServer>,
     ) -> Result<(), McpError> {
         self.set_log_level(request)
+    }
+
+    async fn list_resources(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::ListResourcesResult, McpError> {
+        self.list_fleet_resources().await
+    }
+
+    async fn list_resource_templates(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::ListResourceTemplatesResult, McpError> {
+        self.list_fleet_resource_templates().await
+    }
+
+    async fn list_prompts(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::ListPromptsResult, McpError> {
+        self.list_fleet_prompts().await
     }
 }

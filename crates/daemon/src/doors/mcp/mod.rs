@@ -14,6 +14,7 @@
 //!
 //! The door owns `[mcp]` ([`Settings`]).
 
+mod catalog;
 mod handler;
 mod http;
 mod logging;
