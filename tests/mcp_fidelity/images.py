@@ -99,9 +99,22 @@ def logs_over_redis(url: str, tool: str) -> dict[str, Any]:
     }
 
 
+def catalog_over_redis(url: str) -> dict[str, Any]:
+    from toolhost import Client
+
+    with Client(url) as client:
+        return {
+            "resources": client.list_resources(),
+            "templates": client.list_resource_templates(),
+            "prompts": client.list_prompts(),
+        }
+
+
 def main() -> int:
     mode, target, tools = sys.argv[1], sys.argv[2], sys.argv[3:]
-    if mode == "redis":
+    if mode == "catalog":
+        report = catalog_over_redis(target)
+    elif mode == "redis":
         report = over_redis(target, tools)
     elif mode == "logs":
         report = logs_over_redis(target, tools[0])

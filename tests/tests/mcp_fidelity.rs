@@ -562,6 +562,32 @@ fn a_toolbox_publishes_its_hosted_servers_resources_templates_and_prompts_beside
         redis::cmd("HKEYS").arg("toolhost:registry:hosts").query(&mut redis.connection()).unwrap();
     assert!(tools.contains(&"ref__test_simple_text".to_owned()), "{tools:?}");
 
+    // The Python client lists them from Redis, each kind sorted.
+    let client_venv = toolhost_e2e::venv(
+        "TOOLHOST_PYTHON_VENV",
+        "venv-python-client",
+        "ensure-python-client-venv.sh",
+        "test-python",
+    );
+    let listed = images(&client_venv.join("bin/python"), &["catalog", &redis.url()]);
+    let uris: Vec<&str> =
+        listed["resources"].as_array().unwrap().iter().filter_map(|r| r["uri"].as_str()).collect();
+    assert_eq!(uris, ["test://static-binary", "test://static-text", "test://watched-resource"], "{listed}");
+    assert_eq!(listed["templates"][0]["uriTemplate"], "test://template/{id}/data", "{listed}");
+    let prompts: Vec<&str> =
+        listed["prompts"].as_array().unwrap().iter().filter_map(|p| p["name"].as_str()).collect();
+    assert_eq!(
+        prompts,
+        [
+            "ref__test_prompt_with_arguments",
+            "ref__test_prompt_with_embedded_resource",
+            "ref__test_prompt_with_image",
+            "ref__test_simple_prompt"
+        ],
+        "{listed}"
+    );
+    assert_eq!(listed["prompts"][0], catalog["prompt:ref__test_prompt_with_arguments"], "{listed}");
+
     // The last replica withdrawing takes the catalog with the registry.
     assert_eq!(hosts.terminate(Duration::from_secs(20)), Some(0), "{}", hosts.log());
     let exists: bool =

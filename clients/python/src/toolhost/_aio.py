@@ -377,6 +377,40 @@ class AsyncClient:
                     listed.append(tool)
         return sorted(listed, key=_tool_name)
 
+    async def list_resources(self) -> list[dict[str, Any]]:
+        """The hosted MCP servers' resources (MCP `Resource` objects) every live toolbox
+        publishes, sorted by URI; a URI two toolboxes publish once, as the smaller toolbox id
+        published it."""
+        return await self._catalog("resource")
+
+    async def list_resource_templates(self) -> list[dict[str, Any]]:
+        """The hosted MCP servers' resource templates (MCP `ResourceTemplate` objects), as
+        `list_resources` lists resources."""
+        return await self._catalog("template")
+
+    async def list_prompts(self) -> list[dict[str, Any]]:
+        """The hosted MCP servers' prompts (MCP `Prompt` objects, named `<prefix><name>`), as
+        `list_resources` lists resources."""
+        return await self._catalog("prompt")
+
+    async def _catalog(self, kind: str) -> list[dict[str, Any]]:
+        await self.open()
+        prefix = f"{kind}:"
+        listed: dict[str, dict[str, Any]] = {}
+        for toolbox in sorted(await self._live_toolboxes()):
+            fields: dict[bytes, bytes] = await self._redis.hgetall(f"{self.key_prefix}toolhost:catalog:{toolbox}")  # type: ignore[misc]
+            for field, value in fields.items():
+                key = field.decode()
+                if not key.startswith(prefix) or key in listed:
+                    continue
+                try:
+                    item = json.loads(value)
+                except ValueError:
+                    continue
+                if isinstance(item, dict):
+                    listed[key] = item
+        return [listed[key] for key in sorted(listed)]
+
     async def send(
         self,
         recipient: str,

@@ -153,6 +153,18 @@ class Client:
         """AsyncClient.tools, blocking."""
         return self._run(self._client.tools(format, timeout=timeout))
 
+    def list_resources(self) -> list[dict[str, Any]]:
+        """AsyncClient.list_resources, blocking."""
+        return self._run(self._client.list_resources())
+
+    def list_resource_templates(self) -> list[dict[str, Any]]:
+        """AsyncClient.list_resource_templates, blocking."""
+        return self._run(self._client.list_resource_templates())
+
+    def list_prompts(self) -> list[dict[str, Any]]:
+        """AsyncClient.list_prompts, blocking."""
+        return self._run(self._client.list_prompts())
+
     def send(self, recipient: str, content: str, **options: Any) -> dict[str, Any]:
         """AsyncClient.send, blocking."""
         return self._run(self._client.send(recipient, content, **options))
