@@ -4,6 +4,8 @@ tests/tests/mcp_fidelity.rs. Prints one JSON object on its last line.
     images.py redis <redis url> <tool>...   the Python client (call_reply) and its Agents SDK
                                              adapter, over Redis (the python-client venv, with
                                              PYTHONPATH naming clients/python/src)
+    images.py logs <redis url> <tool>        a tool's log entries, by the Python client's `on_log`
+                                             and `stream()`, over Redis
     images.py mcp <target> <tool>...        the official MCP Python SDK through the MCP door (the
                                              mcp-door venv); a target is the door's URL or
                                              `stdio:<config file>` for `toolhost mcp`; or
@@ -83,10 +85,39 @@ async def through_door(target: str, tools: list[str]) -> dict[str, Any]:
     return report
 
 
+def logs_over_redis(url: str, tool: str) -> dict[str, Any]:
+    from toolhost import Client, LogEntry
+
+    with Client(url) as client:
+        seen: list[LogEntry] = []
+        result = client.call(tool, {}, on_log=seen.append)
+        streamed = [event for event in client.stream(tool, {}) if isinstance(event, LogEntry)]
+    return {
+        "result": result,
+        "on_log": [{"level": entry.level, "data": entry.data} for entry in seen],
+        "stream": [{"level": entry.level, "data": entry.data} for entry in streamed],
+    }
+
+
+def catalog_over_redis(url: str) -> dict[str, Any]:
+    from toolhost import Client
+
+    with Client(url) as client:
+        return {
+            "resources": client.list_resources(),
+            "templates": client.list_resource_templates(),
+            "prompts": client.list_prompts(),
+        }
+
+
 def main() -> int:
     mode, target, tools = sys.argv[1], sys.argv[2], sys.argv[3:]
-    if mode == "redis":
+    if mode == "catalog":
+        report = catalog_over_redis(target)
+    elif mode == "redis":
         report = over_redis(target, tools)
+    elif mode == "logs":
+        report = logs_over_redis(target, tools[0])
     else:
         report = asyncio.run(through_door(target, tools))
     print(json.dumps(report), flush=True)

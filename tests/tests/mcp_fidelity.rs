@@ -14,7 +14,8 @@
 //! Images, as callers receive them: from a hosted stdio server (`server-everything`, of
 //! `scripts/ensure-mcp-servers.sh`) and a hosted HTTP server (the reference server), through
 //! Redis to the Python client and its Agents SDK adapter, and through the door, over HTTP and
-//! over stdio, to the official MCP Python SDK (`tests/mcp_fidelity/images.py`).
+//! over stdio, to the official MCP Python SDK (`tests/mcp_fidelity/images.py`), and over HTTP to
+//! the official TypeScript SDK (`tests/mcp_fidelity/images.mjs`).
 
 // Test code: a failed step is a failed test.
 #![allow(clippy::unwrap_used)]
@@ -182,12 +183,14 @@ fn fleet(redis: &RedisProcess, server: &ReferenceServer, dir: &Path) -> (Toolhos
     (hosts, door, door_port)
 }
 
+/// An `initialize` as a client with no SDK sends it.
+const INITIALIZE: &str = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"fidelity","version":"0"}}}"#;
+
 /// Waits until the door's `tools/list` names `tool`.
 fn wait_for_tool(port: u16, tool: &str) {
-    let initialize = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"fidelity","version":"0"}}}"#;
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let (_, response) = post(port, "", initialize);
+        let (_, response) = post(port, "", INITIALIZE);
         let session = session_id(&response);
         let (_, tools) = post(
             port,
@@ -231,6 +234,9 @@ fn the_conformance_suite_passes_through_the_door_but_for_the_expected_failures()
     // scenario that passes.
     let redis = RedisProcess::start(&[]);
     let (hosts, door, door_port) = fleet(&redis, &server, &dir);
+    // The door declares the logging it serves: MCP requires it of a server that sends log messages.
+    let (_, initialized) = post(door_port, "", INITIALIZE);
+    assert!(initialized.contains(r#""logging":{}"#), "no logging capability: {initialized}");
     let (expected_path, expected) = expected_failures();
     let door_url = format!("http://localhost:{door_port}/mcp");
     let (output, through) = run_suite(&conformance, &door_url, Some(&expected_path), &dir.join("door"));
@@ -343,7 +349,7 @@ fn images(python: &Path, args: &[&str]) -> Value {
 }
 
 #[test]
-fn images_from_hosted_stdio_and_http_servers_reach_python_the_agents_sdk_and_mcp_clients() {
+fn images_from_hosted_stdio_and_http_servers_reach_python_the_agents_sdk_and_both_mcp_sdks() {
     let conformance = conformance();
     let everything = everything_server();
     let client_venv = toolhost_e2e::venv(
@@ -367,10 +373,12 @@ fn images_from_hosted_stdio_and_http_servers_reach_python_the_agents_sdk_and_mcp
     std::fs::write(
         &hosts_config,
         format!(
-            "[daemon]\ntoolbox_id = \"hosts\"\n[tools.terminal]\nrun_as = \"{user}\"\n\n\
+            // Three log messages 50 ms apart: relayed at up to 100 a second, none is coalesced away.
+            "[daemon]\ntoolbox_id = \"hosts\"\n[dispatch]\nprogress_per_second = 100\n\
+             [tools.terminal]\nrun_as = \"{user}\"\n\n\
              [[mcp_servers]]\nname = \"stdio\"\ncommand = \"{node}\"\nargs = [\"{everything}\", \"stdio\"]\n\
              tools = [\"get-tiny-image\"]\n\n\
-             [[mcp_servers]]\nname = \"http\"\nurl = \"{url}\"\ntools = [\"test_image_content\"]\n",
+             [[mcp_servers]]\nname = \"http\"\nurl = \"{url}\"\ntools = [\"test_image_content\", \"test_tool_with_logging\"]\n",
             user = toolhost_e2e::user(),
             node = node.display(),
             everything = everything.display(),
@@ -430,6 +438,16 @@ fn images_from_hosted_stdio_and_http_servers_reach_python_the_agents_sdk_and_mcp
         json!(["TextBlock", "ImageBlock", "TextBlock"]),
         "{redis_report}"
     );
+    // A hosted server's log messages reach the Python client as log entries over Redis.
+    let logs = images(&client_python, &["logs", &redis.url(), "http__test_tool_with_logging"]);
+    let expected_logs = json!([
+        {"level": "info", "data": "Tool execution started"},
+        {"level": "info", "data": "Tool processing data"},
+        {"level": "info", "data": "Tool execution completed"}
+    ]);
+    assert_eq!(logs["on_log"], expected_logs, "{logs}");
+    assert_eq!(logs["stream"], expected_logs, "{logs}");
+    assert_eq!(logs["result"], "Tool with logging executed successfully", "{logs}");
     assert_eq!(
         redis_report["stdio__get-tiny-image"]["result"],
         "Here's the image you requested:\nThe image above is the MCP logo.",
@@ -452,6 +470,128 @@ fn images_from_hosted_stdio_and_http_servers_reach_python_the_agents_sdk_and_mcp
         );
         assert_eq!(report["http__test_image_content"]["types"], json!(["image"]), "{target}: {report}");
     }
+    // And to the official TypeScript SDK client, over streamable HTTP.
+    let output = Command::new(&node)
+        .arg(toolhost_e2e::fixture("mcp_fidelity", "images.mjs"))
+        .arg(&door_url)
+        .args(tools)
+        .env("MCP_SDK", conformance.join("server/node_modules/@modelcontextprotocol/sdk"))
+        .stdin(Stdio::null())
+        .output()
+        .expect("run images.mjs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let last = stdout.lines().rev().find(|line| line.starts_with('{')).unwrap_or_default();
+    let report: Value = serde_json::from_str(last).unwrap_or_else(|_| {
+        panic!("images.mjs reported nothing:\n{stdout}\n{}", String::from_utf8_lossy(&output.stderr))
+    });
+    for tool in tools {
+        assert_eq!(report[tool]["error"], false, "TypeScript SDK {tool}: {report}");
+        assert_eq!(&report[tool]["images"], expected(tool), "TypeScript SDK {tool}: {report}");
+    }
     drop((hosts, door));
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The hash a toolbox publishes its hosted servers' resources, templates and prompts in, once
+/// it has `field`; its fields and the MCP objects they hold.
+fn published_catalog(
+    redis: &RedisProcess,
+    toolbox_id: &str,
+    field: &str,
+) -> std::collections::BTreeMap<String, Value> {
+    let mut connection = redis.connection();
+    let key = format!("toolhost:catalog:{toolbox_id}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let fields: std::collections::BTreeMap<String, String> =
+            redis::cmd("HGETALL").arg(&key).query(&mut connection).unwrap();
+        if fields.contains_key(field) {
+            return fields
+                .into_iter()
+                .map(|(key, value)| (key, serde_json::from_str(&value).unwrap()))
+                .collect();
+        }
+        assert!(Instant::now() < deadline, "{key} has no {field} in 30 s: {fields:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_toolbox_publishes_its_hosted_servers_resources_templates_and_prompts_beside_its_tools() {
+    let conformance = conformance();
+    let dir = temp_dir("mcp-fidelity-catalog");
+    let server = ReferenceServer::start(&conformance, &dir.join("reference.log"));
+    let redis = RedisProcess::start(&[]);
+    let config = dir.join("hosts.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[daemon]\ntoolbox_id = \"hosts\"\n\n[[mcp_servers]]\nname = \"reference\"\nurl = \"{}\"\nprefix = \"ref__\"\n",
+            server.url()
+        ),
+    )
+    .unwrap();
+    let mut hosts =
+        Toolhost::start(&[("REDIS_URL", &redis.url()), ("TOOLHOST_CONFIG", config.to_str().unwrap())]);
+    let catalog = published_catalog(&redis, "hosts", "prompt:ref__test_simple_prompt");
+
+    // A resource URI stays as the server wrote it, with the server's fields.
+    let text = &catalog["resource:test://static-text"];
+    assert_eq!(text["uri"], "test://static-text", "{text}");
+    assert_eq!(text["mimeType"], "text/plain", "{text}");
+    assert!(catalog.contains_key("resource:test://static-binary"), "{catalog:?}");
+    assert!(catalog.contains_key("resource:test://watched-resource"), "{catalog:?}");
+    let template = &catalog["template:test://template/{id}/data"];
+    assert_eq!(template["uriTemplate"], "test://template/{id}/data", "{template}");
+    // Prompt names take the source's prefix; the rest is the server's.
+    let prompt = &catalog["prompt:ref__test_prompt_with_arguments"];
+    assert_eq!(prompt["name"], "ref__test_prompt_with_arguments", "{prompt}");
+    assert_eq!(prompt["title"], "Prompt With Arguments", "{prompt}");
+    let arguments: Vec<&str> =
+        prompt["arguments"].as_array().unwrap().iter().map(|a| a["name"].as_str().unwrap()).collect();
+    assert_eq!(arguments, ["arg1", "arg2"], "{prompt}");
+    for name in ["test_simple_prompt", "test_prompt_with_embedded_resource", "test_prompt_with_image"] {
+        assert!(catalog.contains_key(&format!("prompt:ref__{name}")), "{name}: {catalog:?}");
+    }
+    assert!(
+        catalog.keys().all(|key| !key.starts_with("prompt:") || key.starts_with("prompt:ref__")),
+        "{catalog:?}"
+    );
+    // The tools are published as before, in the registry hash.
+    let tools: Vec<String> =
+        redis::cmd("HKEYS").arg("toolhost:registry:hosts").query(&mut redis.connection()).unwrap();
+    assert!(tools.contains(&"ref__test_simple_text".to_owned()), "{tools:?}");
+
+    // The Python client lists them from Redis, each kind sorted.
+    let client_venv = toolhost_e2e::venv(
+        "TOOLHOST_PYTHON_VENV",
+        "venv-python-client",
+        "ensure-python-client-venv.sh",
+        "test-python",
+    );
+    let listed = images(&client_venv.join("bin/python"), &["catalog", &redis.url()]);
+    let uris: Vec<&str> =
+        listed["resources"].as_array().unwrap().iter().filter_map(|r| r["uri"].as_str()).collect();
+    assert_eq!(uris, ["test://static-binary", "test://static-text", "test://watched-resource"], "{listed}");
+    assert_eq!(listed["templates"][0]["uriTemplate"], "test://template/{id}/data", "{listed}");
+    let prompts: Vec<&str> =
+        listed["prompts"].as_array().unwrap().iter().filter_map(|p| p["name"].as_str()).collect();
+    assert_eq!(
+        prompts,
+        [
+            "ref__test_prompt_with_arguments",
+            "ref__test_prompt_with_embedded_resource",
+            "ref__test_prompt_with_image",
+            "ref__test_simple_prompt"
+        ],
+        "{listed}"
+    );
+    assert_eq!(listed["prompts"][0], catalog["prompt:ref__test_prompt_with_arguments"], "{listed}");
+
+    // The last replica withdrawing takes the catalog with the registry.
+    assert_eq!(hosts.terminate(Duration::from_secs(20)), Some(0), "{}", hosts.log());
+    let exists: bool =
+        redis::cmd("EXISTS").arg("toolhost:catalog:hosts").query(&mut redis.connection()).unwrap();
+    assert!(!exists, "the catalog outlived the toolbox");
+    let _ = std::fs::remove_dir_all(dir);
 }

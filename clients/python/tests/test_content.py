@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import http.server
+import json
 import shutil
 import threading
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ from toolhost import (
     EmbeddedResource,
     Finished,
     ImageBlock,
+    LogEntry,
     Reply,
     ResourceLink,
     TextBlock,
@@ -125,3 +127,17 @@ def test_an_http_tools_image_reaches_the_client_as_an_image_block(redis_server: 
         assert client.call("snapshot", {}) == reply.result
         finished = [event for event in client.stream("snapshot", {}) if isinstance(event, Finished)]
         assert finished[0].content == reply.content
+
+
+def test_log_entries_are_told_from_progress_and_answers() -> None:
+    from toolhost._wire import log_of, parse_entry
+
+    def entry(event_type: str, data: dict[str, Any]) -> dict[bytes, bytes]:
+        return {b"payload": json.dumps({"type": event_type, "data": data}).encode()}
+
+    log = parse_entry(entry("tool.invoke.completed.log", {"request_id": "r", "level": "warning", "logger": "db", "data": {"rows": 3}}))
+    assert log is not None and log.kind == "log"
+    assert log_of(log) == LogEntry("r", "warning", {"rows": 3}, "db")
+    assert parse_entry(entry("tool.invoke.completed.log", {"request_id": "r", "data": 1})) is None
+    answer = parse_entry(entry("tool.invoke.completed", {"request_id": "r", "success": True, "result": 1}))
+    assert answer is not None and answer.kind == "answer"

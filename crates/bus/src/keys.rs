@@ -132,6 +132,13 @@ impl Keys {
         format!("{}toolhost:registry:{toolbox_id}", self.prefix)
     }
 
+    /// The hash of a toolbox's hosted MCP servers' resources, resource templates and prompts:
+    /// fields `resource:<uri>`, `template:<uriTemplate>` and `prompt:<name>`, each with its MCP
+    /// object as JSON.
+    pub fn catalog(&self, toolbox_id: &str) -> String {
+        format!("{}toolhost:catalog:{toolbox_id}", self.prefix)
+    }
+
     /// A replica's heartbeat, expiring unless refreshed.
     pub fn heartbeat(&self, toolbox_id: &str, consumer: &str) -> String {
         format!("{}toolhost:heartbeat:{toolbox_id}:{consumer}", self.prefix)
@@ -249,6 +256,7 @@ impl Keys {
             format!("{prefix}calls:*"),
             format!("{prefix}toolhost:ledger:*"),
             format!("{prefix}toolhost:registry:*"),
+            format!("{prefix}toolhost:catalog:*"),
             format!("{prefix}toolhost:heartbeat:*"),
             format!("{prefix}toolhost:history:*"),
             literal("toolhost:fleet"),

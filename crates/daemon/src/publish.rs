@@ -4,9 +4,14 @@
 //! description JSON); each replica refreshes `toolhost:heartbeat:<toolbox_id>:<consumer>`, which
 //! expires after three missed refreshes. A caller lists tools without a round trip to the daemon
 //! and sees which replicas are alive.
+//!
+//! Beside it, the hash `toolhost:catalog:<toolbox_id>` holds the hosted MCP servers' resources,
+//! resource templates and prompts (field `resource:<uri>`, `template:<uriTemplate>` or
+//! `prompt:<name>`, value the MCP object's JSON), written when they change and with the
+//! registry; it is removed with the registry when the last replica withdraws.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::json;
@@ -42,11 +47,33 @@ pub(crate) struct Publisher {
     /// What the other replicas host, read again on every beat.
     pub fleet: Arc<Fleet>,
     pub telemetry: Telemetry,
+    /// The catalog hash's fields, as [`Publisher::set_catalog`] last gave them.
+    pub catalog: Mutex<Vec<(String, String)>>,
 }
 
 impl Publisher {
     fn registry_key(&self) -> String {
         self.keys.registry(&self.toolbox_id)
+    }
+
+    fn catalog_key(&self) -> String {
+        self.keys.catalog(&self.toolbox_id)
+    }
+
+    /// Replaces the catalog this replica publishes (see [`Publisher::write_catalog`]).
+    pub fn set_catalog(&self, fields: Vec<(String, String)>) {
+        *self.catalog.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = fields;
+    }
+
+    /// Writes the catalog hash: this replica's fields, replacing the hash whole (replicas of a
+    /// toolbox host the same servers; during a rolling reload the last writer's list stands
+    /// until the next republish). An empty catalog deletes the hash.
+    pub async fn write_catalog(&self) -> Result<(), toolhost_bus::Error> {
+        let fields = self.catalog.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+        if fields.is_empty() {
+            return self.bus.delete(&[self.catalog_key()]).await;
+        }
+        self.bus.replace_hash(&self.catalog_key(), &fields).await
     }
 
     fn heartbeat_key(&self) -> String {
@@ -80,7 +107,8 @@ impl Publisher {
     /// them. A field nobody live hosts is dropped.
     pub async fn publish_once(&self, fields: &[(String, String)]) -> Result<(), toolhost_bus::Error> {
         self.beat().await?;
-        self.write_registry(fields).await
+        self.write_registry(fields).await?;
+        self.write_catalog().await
     }
 
     /// Writes the registry hash: this replica's tools, and those of live siblings.
@@ -160,7 +188,10 @@ impl Publisher {
             } else {
                 // Listed anew after another reader dropped it: its registry may be gone too.
                 match self.beat().await {
-                    Ok(true) => self.write_registry(&self.fields()).await,
+                    Ok(true) => match self.write_registry(&self.fields()).await {
+                        Ok(()) => self.write_catalog().await,
+                        Err(err) => Err(err),
+                    },
                     Ok(false) => Ok(()),
                     Err(err) => Err(err),
                 }
@@ -179,7 +210,9 @@ impl Publisher {
         let siblings = self.keys.heartbeat_prefix(&self.toolbox_id);
         let others = self.fleet.live_heartbeats().await?;
         if !others.iter().any(|(key, _)| key.starts_with(&siblings)) {
+            // One key a command: on a Redis Cluster the two live in different slots.
             self.bus.delete(&[self.registry_key()]).await?;
+            self.bus.delete(&[self.catalog_key()]).await?;
         }
         Ok(())
     }

@@ -244,6 +244,7 @@ impl App {
             inbox_topic: inbox.topic().to_owned(),
             fleet: doors.services.fleet.clone(),
             telemetry: telemetry.clone(),
+            catalog: std::sync::Mutex::default(),
         });
         let sources = options.as_ref().map(|_| {
             let (registry, limits) = (parts.registry.clone(), parts.limits.clone());

@@ -195,6 +195,7 @@ impl Sources {
         let registry = build_registry(settings, &self.bus, &self.keys, &hosted_tools)?;
         self.limits.update(limit_settings(settings, &registry));
         let old = self.registry.replace(registry);
+        self.publisher.set_catalog(self.catalog_fields().await);
         if let Err(err) = self.publisher.publish_once(&self.publisher.fields()).await {
             warn!(error = %err, "cannot republish the tool registry yet; the heartbeat will");
         }
@@ -263,6 +264,10 @@ impl Sources {
                             self.telemetry.reloaded(false);
                         }
                     }
+                    Some(McpEvent::CatalogChanged { source }) => {
+                        info!(source = %source, "a hosted source's resources or prompts changed; republishing them");
+                        self.publish_catalog().await;
+                    }
                     Some(McpEvent::Up { source }) => info!(source = %source, "hosted source up"),
                     Some(McpEvent::Down { source, error }) => {
                         warn!(source = %source, error = %error, "hosted source down; its tools answer overloaded");
@@ -270,6 +275,35 @@ impl Sources {
                     None => return,
                 },
             }
+        }
+    }
+
+    /// The catalog hash's fields from every hosted MCP server, by server name: a URI, template
+    /// or prompt name two servers of this toolbox list is served by the first name's server,
+    /// with a warning.
+    async fn catalog_fields(&self) -> Vec<(String, String)> {
+        let hosted = self.hosted.lock().await;
+        let mut fields: BTreeMap<String, (String, String)> = BTreeMap::new();
+        for (source, catalog) in hosted.values().flat_map(|hosted| hosted.sources.catalog()) {
+            for (key, item) in catalog.entries() {
+                match fields.get(&key) {
+                    Some((first, _)) => {
+                        warn!(entry = %key, first = %first, second = %source, "two hosted MCP servers list the same resource or prompt; the first serves it");
+                    }
+                    None => {
+                        fields.insert(key, (source.clone(), item.to_string()));
+                    }
+                }
+            }
+        }
+        fields.into_iter().map(|(key, (_, item))| (key, item)).collect()
+    }
+
+    /// Publishes the hosted servers' catalog again.
+    async fn publish_catalog(&self) {
+        self.publisher.set_catalog(self.catalog_fields().await);
+        if let Err(err) = self.publisher.write_catalog().await {
+            warn!(error = %err, "cannot publish the resources and prompts yet; the next republish will");
         }
     }
 

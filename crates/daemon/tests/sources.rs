@@ -52,6 +52,18 @@ async fn command_tools_fill_argv_feed_stdin_and_fail_with_stderr() {
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
     std::fs::write(dir.join("words.txt"), "one two three\n").unwrap();
     std::fs::set_permissions(dir.join("words.txt"), std::fs::Permissions::from_mode(0o644)).unwrap();
+    // MCP CallToolResults for `output = "mcp"`: an image between texts, bad base64, an error.
+    for (name, text) in [
+        (
+            "shot.json",
+            r#"{"content": [{"type": "text", "text": "a dot"}, {"type": "image", "data": "iVBORw0KGgo=", "mimeType": "image/png"}]}"#,
+        ),
+        ("bad.json", r#"{"content": [{"type": "image", "data": "not base64!", "mimeType": "image/png"}]}"#),
+        ("err.json", r#"{"content": [{"type": "text", "text": "no camera"}], "isError": true}"#),
+    ] {
+        std::fs::write(dir.join(name), text).unwrap();
+        std::fs::set_permissions(dir.join(name), std::fs::Permissions::from_mode(0o644)).unwrap();
+    }
     std::fs::write(
         dir.join("wc.json"),
         r#"{"type": "object", "properties": {"file": {"type": "string"}},
@@ -82,6 +94,14 @@ argv = ["printf", '{{{{"n": %s, "words": ["%s"]}}}}', "{{n}}", "{{words}}"]
 output = "json"
 argument_schema = {{ type = "object", properties = {{ n = {{ type = "integer" }}, words = {{ type = "array", items = {{ type = "string" }} }} }}, required = ["n"] }}
 output_schema = {{ type = "object", properties = {{ n = {{ type = "integer" }}, words = {{ type = "array", items = {{ minLength = 1 }} }} }}, required = ["n", "words"] }}
+
+[[commands]]
+name = "snapshot"
+description = "Answer a CallToolResult from a file."
+argv = ["cat", "{{file}}"]
+cwd = "{dir}"
+output = "mcp"
+argument_schema = {{ type = "object", properties = {{ file = {{ type = "string" }} }}, required = ["file"] }}
 
 [[commands]]
 name = "failing"
@@ -126,6 +146,17 @@ timeout_ms = 300
     // Two words make printf repeat its format: not JSON.
     let broken = call(&redis, "describe", "json-broken", json!({"n": 5, "words": ["x", "y"]})).await;
     assert!(failure(&broken, "tool_failed").starts_with("printf printed no JSON: "), "{broken}");
+
+    // output = "mcp": the texts as the result, the blocks beside it; bad blocks and isError fail.
+    let shot = call(&redis, "snapshot", "mcp", json!({"file": "shot.json"})).await;
+    assert_eq!(result(&shot), "a dot");
+    assert_eq!(shot["content"][1], json!({"type": "image", "data": "iVBORw0KGgo=", "mimeType": "image/png"}));
+    let bad = call(&redis, "snapshot", "mcp-bad", json!({"file": "bad.json"})).await;
+    let message = failure(&bad, "invalid_output");
+    assert!(message.contains("content block 0: its `data` is not base64"), "{message}");
+    assert!(bad["details"]["content_error"].as_str().unwrap().starts_with("content block 0"), "{bad}");
+    let refused = call(&redis, "snapshot", "mcp-error", json!({"file": "err.json"})).await;
+    assert_eq!(failure(&refused, "tool_failed"), "no camera");
 
     let failed = call(&redis, "failing", "failing", json!({"what": "xyz"})).await;
     assert_eq!(failure(&failed, "tool_failed"), "sh exited with code 3; stderr:\nbad input: xyz");

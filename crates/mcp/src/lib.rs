@@ -13,7 +13,7 @@
 //! let started = McpSources::start(&configs, &env, children, shutdown.clone()).await?;
 //! for tool in started.sources.tools() { registry.register(tool)?; }
 //! // on started.events: McpEvent::ToolsChanged → rebuild the registry from sources.tools()
-//! // and republish it; Up/Down → log; sources.status() → /status and toolhost_source_up{source}
+//! // and republish it; CatalogChanged → republish sources.catalog(); Up/Down → log; sources.status() → /status and toolhost_source_up{source}
 //! // on shutdown: shutdown.cancel(); started.sources.stopped().await;
 //! ```
 //!
@@ -35,6 +35,7 @@
 //! TLS for HTTP servers is rustls with ring, the workspace's one crypto provider: `start`
 //! installs it as the process default if none is installed yet.
 
+pub mod catalog;
 mod child;
 pub mod config;
 mod logging;
@@ -45,11 +46,13 @@ mod source;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-use toolhost_tools::Tool;
+use toolhost_tools::{Tool, ToolError};
 
+pub use catalog::{Catalog, Operation, Target};
 pub use config::{ConfigError, ConfigErrors, McpServerConfig, Secret, ServerSpec, Transport};
 pub use source::{Children, LIST_CHANGED_DEBOUNCE, MAX_BACKOFF, McpEvent, SourceStatus};
 
@@ -138,6 +141,41 @@ impl McpSources {
     /// Every tool of every source, for the registry. A source that never came up has none yet.
     pub fn tools(&self) -> Vec<Arc<dyn Tool>> {
         self.sources.iter().flat_map(|source| source.tools()).collect()
+    }
+
+    /// Every source's resources, resource templates and prompts, by source name, in
+    /// configuration order. A source that never came up lists nothing yet.
+    pub fn catalog(&self) -> Vec<(String, Catalog)> {
+        self.sources.iter().map(|source| (source.spec.name.clone(), source.catalog())).collect()
+    }
+
+    /// The first source, in configuration order, whose catalog lists `target`.
+    fn serving(&self, target: &Target) -> Option<&Arc<Shared>> {
+        self.sources.iter().find(|source| source.serves(target))
+    }
+
+    /// Whether a source lists what `operation`'s `params` name; `Err` when the params name
+    /// nothing (see [`catalog::target`]).
+    ///
+    /// # Errors
+    /// A sentence naming the missing or mistyped field.
+    pub fn serves(&self, operation: Operation, params: &Value) -> Result<bool, String> {
+        let target = catalog::target(operation, params)?;
+        Ok(self.serving(&target).is_some())
+    }
+
+    /// Sends `operation` to the first source, in configuration order, that lists what `params`
+    /// names (a prompt's prefixed name is taken back to the server's own); the MCP result.
+    ///
+    /// # Errors
+    /// Params that name nothing, or name what no source lists: `InvalidArguments`; else as the
+    /// server answers (`Unavailable` while it is down, `Timeout`, `TooLarge`, `Failed`).
+    pub async fn request(&self, operation: Operation, params: Value) -> Result<Value, ToolError> {
+        let target = catalog::target(operation, &params).map_err(ToolError::InvalidArguments)?;
+        let Some(source) = self.serving(&target) else {
+            return Err(ToolError::InvalidArguments(format!("no hosted MCP server lists {target}")));
+        };
+        source.request(operation, params).await
     }
 
     /// The state of every source, in configuration order.

@@ -14,10 +14,10 @@
 
 use serde_json::{Value, json};
 use toolhost_envelope::Annotations;
-use toolhost_tools::{Output, ToolError, ToolSpec};
+use toolhost_tools::{Output, ToolError, ToolSpec, from_call_result};
 
 use rmcp::ServiceError;
-use rmcp::model::{CallToolResponse, CallToolResult, ContentBlock, ErrorCode, Tool as McpTool};
+use rmcp::model::{CallToolResponse, ErrorCode, Tool as McpTool};
 
 use crate::config::ServerSpec;
 
@@ -81,7 +81,10 @@ pub fn answer(
                     setting: "max_response_bytes",
                 });
             }
-            complete(result)
+            let value = serde_json::to_value(&result).map_err(|err| {
+                ToolError::Failed(format!("the MCP tool's result could not be read: {err}"))
+            })?;
+            from_call_result(value).map_err(|err| ToolError::Failed(err.to_string()))
         }
         CallToolResponse::InputRequired(_) => Err(ToolError::Failed(format!(
             "MCP tool '{tool}' asked for input from the user before it could finish; toolhost offers \
@@ -92,62 +95,6 @@ pub fn answer(
         ))),
         _ => Err(ToolError::Failed(format!("MCP tool '{tool}' answered in a form toolhost does not know"))),
     }
-}
-
-/// `result` is `structuredContent`, else the texts joined by newlines; `content` is the blocks
-/// as the server gave them, unless they say no more than `result` (see [`plain`]).
-fn complete(result: CallToolResult) -> Result<Output, ToolError> {
-    if result.is_error == Some(true) {
-        let text = texts(&result.content);
-        let text = if text.is_empty() {
-            result
-                .structured_content
-                .map_or_else(|| "the MCP tool reported an error".to_owned(), |s| s.to_string())
-        } else {
-            text
-        };
-        return Err(ToolError::Failed(text));
-    }
-    let value = result.structured_content.clone().unwrap_or_else(|| Value::String(texts(&result.content)));
-    let content = if plain(&result) {
-        None
-    } else {
-        let blocks = result.content.iter().map(serde_json::to_value).collect::<Result<Vec<_>, _>>().map_err(
-            |err| ToolError::Failed(format!("the MCP tool's content could not be encoded: {err}")),
-        )?;
-        Some(blocks)
-    };
-    Ok(Output { result: value, content })
-}
-
-/// Whether `result`'s content says no more than its `result` value: no blocks, or one text
-/// block without annotations or `_meta` that is the text itself, or, beside `structuredContent`,
-/// that same JSON (as MCP asks servers to write it).
-fn plain(result: &CallToolResult) -> bool {
-    match result.content.as_slice() {
-        [] => true,
-        [ContentBlock::Text(text)] if text.annotations.is_none() && text.meta.is_none() => {
-            match &result.structured_content {
-                None => true,
-                Some(structured) => {
-                    serde_json::from_str::<Value>(&text.text).ok().as_ref() == Some(structured)
-                }
-            }
-        }
-        _ => false,
-    }
-}
-
-/// The texts of `content` joined by newlines; other blocks are left out.
-fn texts(content: &[ContentBlock]) -> String {
-    content
-        .iter()
-        .filter_map(|block| match block {
-            ContentBlock::Text(text) => Some(text.text.as_str()),
-            _ => None,
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
 }
 
 /// What a failed request means for the caller. `went_away` is whether the connection broke (the

@@ -4,6 +4,8 @@
 //! streamable HTTP session), lists the tools following pagination, and then watches: for the
 //! child's exit, the session's end, a call that saw the connection break (checked with a ping),
 //! and `notifications/tools/list_changed` (debounced by [`LIST_CHANGED_DEBOUNCE`], then re-listed).
+//! Resources, resource templates and prompts ([`crate::catalog`]) are listed after the tools on
+//! every connection and again after their own `list_changed`, debounced the same way.
 //! When the connection is lost it kills the child's group and waits for it, marks the source
 //! down, and tries again after a capped exponential backoff with jitter (250 ms up to
 //! [`MAX_BACKOFF`]). On shutdown it does the same and stops.
@@ -41,6 +43,7 @@ use tokio_util::sync::CancellationToken;
 use toolhost_tools::terminal::{Identity, Limits};
 use toolhost_tools::{Context, Output, Progress, ProgressReport, Registry, Tool, ToolError, ToolSpec};
 
+use crate::catalog::{self, Catalog, Operation, Target};
 use crate::child::{ChildSpec, ManagedChild};
 use crate::config::{ServerSpec, Transport};
 use crate::logging::LogRoutes;
@@ -69,6 +72,12 @@ pub enum McpEvent {
     /// The tools of `source` changed (after `list_changed` or a restart): rebuild the registry
     /// from [`crate::McpSources::tools`] and republish it.
     ToolsChanged {
+        /// The source's name.
+        source: String,
+    },
+    /// The resources, resource templates or prompts of `source` changed (after a
+    /// `list_changed` of theirs or a restart): republish [`crate::McpSources::catalog`].
+    CatalogChanged {
         /// The source's name.
         source: String,
     },
@@ -138,6 +147,8 @@ pub(crate) struct Shared {
     tools: RwLock<Vec<Arc<dyn Tool>>>,
     /// Fingerprint of the listing the current tools come from.
     listing: Mutex<String>,
+    /// The server's resources, resource templates and prompts, from its last listing.
+    catalog: RwLock<Catalog>,
     permits: Semaphore,
     /// A call saw the connection break.
     recheck: Notify,
@@ -320,6 +331,7 @@ impl Shared {
             next_attempt: Mutex::new(None),
             tools: RwLock::new(Vec::new()),
             listing: Mutex::new(String::new()),
+            catalog: RwLock::new(Catalog::default()),
             recheck: Notify::new(),
             progress: Arc::default(),
             logs: Arc::default(),
@@ -332,6 +344,24 @@ impl Shared {
 
     pub(crate) fn tools(&self) -> Vec<Arc<dyn Tool>> {
         self.tools.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    pub(crate) fn catalog(&self) -> Catalog {
+        self.catalog.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    /// Lists the server's catalog again and keeps it; `true` when it differs from the last.
+    async fn relist_catalog(&self, peer: &Peer<RoleClient>) -> bool {
+        let (catalog, failures) = catalog::list(peer, &self.spec.prefix).await;
+        for failure in failures {
+            tracing::warn!(source = %self.spec.name, error = %failure, "an MCP server's catalog listing failed; that kind stays empty");
+        }
+        let mut kept = self.catalog.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if *kept == catalog {
+            return false;
+        }
+        *kept = catalog;
+        true
     }
 
     fn peer(&self) -> Option<Peer<RoleClient>> {
@@ -352,6 +382,93 @@ impl Shared {
             message: format!("MCP server '{}' is down and being restarted; retry later", self.spec.name),
             retry_after,
         }
+    }
+}
+
+impl Shared {
+    /// Whether this server lists `target` (see [`Catalog::serves`]).
+    pub(crate) fn serves(&self, target: &Target) -> bool {
+        self.catalog.read().unwrap_or_else(std::sync::PoisonError::into_inner).serves(target)
+    }
+
+    /// Sends `operation` with `params` to the server, a prompt's name taken back to the server's
+    /// own, within the server's `timeout_ms` and `max_concurrent`; the MCP result as JSON.
+    ///
+    /// # Errors
+    /// Params MCP does not accept or the server refuses: `InvalidArguments`; the server down:
+    /// `Unavailable`; no answer in time: `Timeout`; a result over `max_response_bytes`:
+    /// `TooLarge`; any other failure: `Failed`.
+    pub(crate) async fn request(&self, operation: Operation, mut params: Value) -> Result<Value, ToolError> {
+        let method = operation.method();
+        let name = &self.spec.name;
+        let prompt = match operation {
+            Operation::GetPrompt => params.get_mut("name"),
+            Operation::Complete => params.get_mut("ref").and_then(|r| r.get_mut("name")),
+            Operation::ReadResource => None,
+        };
+        if let Some(prompt) = prompt
+            && let Some(original) =
+                prompt.as_str().and_then(|n| catalog::original_prompt_name(&self.spec.prefix, n))
+        {
+            *prompt = Value::String(original.to_owned());
+        }
+        let invalid = |err: serde_json::Error| ToolError::InvalidArguments(format!("{method}: {err}"));
+        let request = match operation {
+            Operation::ReadResource => ClientRequest::ReadResourceRequest(
+                rmcp::model::ReadResourceRequest::new(serde_json::from_value(params).map_err(invalid)?),
+            ),
+            Operation::GetPrompt => ClientRequest::GetPromptRequest(rmcp::model::GetPromptRequest::new(
+                serde_json::from_value(params).map_err(invalid)?,
+            )),
+            Operation::Complete => ClientRequest::CompleteRequest(rmcp::model::CompleteRequest::new(
+                serde_json::from_value(params).map_err(invalid)?,
+            )),
+        };
+        let Some(peer) = self.peer() else { return Err(self.unavailable()) };
+        let _permit = self.permits.acquire().await;
+        let answered = tokio::time::timeout(self.spec.timeout, peer.send_request(request)).await;
+        let result = match answered {
+            Err(_elapsed) => {
+                return Err(ToolError::Timeout(format!(
+                    "MCP server '{name}' did not answer {method} within {} ms",
+                    self.spec.timeout.as_millis()
+                )));
+            }
+            Ok(Err(error)) => {
+                let (error, went_away) = mapping::service_error(method, name, error);
+                if went_away {
+                    self.recheck.notify_one();
+                }
+                return Err(error);
+            }
+            Ok(Ok(result)) => result,
+        };
+        let result = match (operation, result) {
+            (Operation::ReadResource, ServerResult::ReadResourceResult(result)) => {
+                serde_json::to_value(result)
+            }
+            (Operation::GetPrompt, ServerResult::GetPromptResult(result)) => serde_json::to_value(result),
+            (Operation::Complete, ServerResult::CompleteResult(result)) => serde_json::to_value(result),
+            _ => {
+                return Err(ToolError::Failed(format!(
+                    "MCP server '{name}' answered {method} in a form toolhost does not know"
+                )));
+            }
+        }
+        .map_err(|err| ToolError::Failed(format!("MCP server '{name}': {method} result: {err}")))?;
+        let size = result.to_string().len();
+        let limit = self.spec.max_response_bytes;
+        if size > limit {
+            return Err(ToolError::TooLarge {
+                message: format!(
+                    "MCP server '{name}' answered {method} with {size} bytes, over its max_response_bytes of {limit}"
+                ),
+                limit_bytes: limit,
+                size_bytes: size,
+                setting: "max_response_bytes",
+            });
+        }
+        Ok(result)
     }
 }
 
@@ -452,6 +569,8 @@ impl Tool for McpTool {
 struct Handler {
     info: ClientConfig,
     changed: mpsc::Sender<()>,
+    /// Notes a `list_changed` of resources or prompts.
+    catalog_changed: mpsc::Sender<()>,
     progress: Arc<ProgressRoutes>,
     logs: Arc<LogRoutes>,
     /// The source's name, for log messages no call takes.
@@ -461,6 +580,7 @@ struct Handler {
 impl Handler {
     fn new(
         changed: mpsc::Sender<()>,
+        catalog_changed: mpsc::Sender<()>,
         progress: Arc<ProgressRoutes>,
         logs: Arc<LogRoutes>,
         source: &str,
@@ -472,7 +592,7 @@ impl Handler {
             Implementation::new("toolhost", env!("CARGO_PKG_VERSION")),
         )
         .with_protocol_version(ProtocolVersion::LATEST_WITH_INITIALIZE);
-        Handler { info, changed, progress, logs, source: source.to_owned() }
+        Handler { info, changed, catalog_changed, progress, logs, source: source.to_owned() }
     }
 }
 
@@ -493,6 +613,22 @@ impl ClientHandler for Handler {
     ) -> impl Future<Output = ()> + Send + '_ {
         // A full channel already holds a change to handle; this one joins it.
         let _ = self.changed.try_send(());
+        std::future::ready(())
+    }
+
+    fn on_resource_list_changed(
+        &self,
+        _context: NotificationContext<RoleClient>,
+    ) -> impl Future<Output = ()> + Send + '_ {
+        let _ = self.catalog_changed.try_send(());
+        std::future::ready(())
+    }
+
+    fn on_prompt_list_changed(
+        &self,
+        _context: NotificationContext<RoleClient>,
+    ) -> impl Future<Output = ()> + Send + '_ {
+        let _ = self.catalog_changed.try_send(());
         std::future::ready(())
     }
 
@@ -548,20 +684,21 @@ struct Connection {
     has_ended: bool,
     child: Option<ManagedChild>,
     changed: mpsc::Receiver<()>,
+    catalog_changed: mpsc::Receiver<()>,
 }
 
 impl Connection {
     fn new(
         service: RunningService<RoleClient, Handler>,
         child: Option<ManagedChild>,
-        changed: mpsc::Receiver<()>,
+        (changed, catalog_changed): (mpsc::Receiver<()>, mpsc::Receiver<()>),
     ) -> Connection {
         let peer = service.peer().clone();
         let stop = Some(service.cancellation_token());
         let ended = Box::pin(async move {
             let _ = service.waiting().await;
         });
-        Connection { peer, stop, ended, has_ended: false, child, changed }
+        Connection { peer, stop, ended, has_ended: false, child, changed, catalog_changed }
     }
 
     /// Closes the session, then kills the child's group and waits for it.
@@ -612,6 +749,17 @@ pub(crate) async fn supervise(
                 Some(listed) => match listed {
                     Ok(()) => {
                         backoff = self::backoff();
+                        let relisted = tokio::select! {
+                            changed = shared.relist_catalog(&connection.peer) => Some(changed),
+                            () = common.shutdown.cancelled() => None,
+                        };
+                        let Some(catalog_changed) = relisted else {
+                            connection.close(&name).await;
+                            break;
+                        };
+                        if catalog_changed && first.is_none() {
+                            let _ = common.events.send(McpEvent::CatalogChanged { source: name.clone() });
+                        }
                         shared.set_peer(Some(connection.peer.clone()));
                         {
                             let mut status = lock(&shared.status);
@@ -705,7 +853,10 @@ fn backoff() -> impl Iterator<Item = Duration> {
 async fn connect(shared: &Shared, common: &Common) -> Result<Connection, String> {
     let spec = &shared.spec;
     let (changed_tx, changed) = mpsc::channel(1);
-    let handler = Handler::new(changed_tx, shared.progress.clone(), shared.logs.clone(), &spec.name);
+    let (catalog_tx, catalog_changed) = mpsc::channel(1);
+    let changed = (changed, catalog_changed);
+    let handler =
+        Handler::new(changed_tx, catalog_tx, shared.progress.clone(), shared.logs.clone(), &spec.name);
     match &spec.transport {
         Transport::Stdio { command, args, env, cwd } => {
             let child_spec = ChildSpec {
@@ -913,6 +1064,13 @@ async fn watch(shared: &Arc<Shared>, common: &Common, connection: &mut Connectio
                 let alive = tokio::time::timeout(PING_TIMEOUT, peer.send_request(rmcp::model::ClientRequest::PingRequest(Default::default()))).await;
                 if !matches!(alive, Ok(Ok(_))) {
                     return Ended::Lost(format!("MCP server '{name}' stopped answering"));
+                }
+            }
+            Some(()) = connection.catalog_changed.recv() => {
+                quiet(&mut connection.catalog_changed, LIST_CHANGED_DEBOUNCE).await;
+                tracing::info!(source = %name, "MCP server's resources or prompts changed; listing them again");
+                if shared.relist_catalog(&connection.peer).await {
+                    let _ = common.events.send(McpEvent::CatalogChanged { source: name.clone() });
                 }
             }
             Some(()) = connection.changed.recv() => {

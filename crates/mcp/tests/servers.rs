@@ -526,3 +526,119 @@ async fn a_servers_progress_notifications_reach_the_calls_progress_handle_in_ord
     assert!(steps == [1.0, 2.0, 3.0] || steps == [1.0, 2.0, 3.0, 4.0], "{seen:?}");
     assert!(seen.iter().all(|report| report.total == Some(4.0)), "{seen:?}");
 }
+
+#[tokio::test]
+#[ignore = "needs the MCP servers of scripts/ensure-mcp-servers.sh; run `just test-mcp`"]
+async fn resources_templates_and_prompts_are_kept_prompts_prefixed_and_listed_again_on_list_changed() {
+    let mut sources = Sources::start(&everything_config("everything", ""), &env(&[])).await;
+    let catalogs = sources.sources().catalog();
+    assert_eq!(catalogs.len(), 1);
+    let (source, catalog) = &catalogs[0];
+    assert_eq!(source, "everything");
+    let uris: Vec<&str> = catalog.resources.iter().filter_map(|r| r["uri"].as_str()).collect();
+    assert!(uris.iter().any(|uri| uri.starts_with("demo://resource/static/document/")), "{uris:?}");
+    let templates: Vec<&str> = catalog.templates.iter().filter_map(|t| t["uriTemplate"].as_str()).collect();
+    assert!(templates.contains(&"demo://resource/dynamic/text/{resourceId}"), "{templates:?}");
+    let prompts: Vec<&str> = catalog.prompts.iter().filter_map(|p| p["name"].as_str()).collect();
+    assert!(prompts.contains(&"everything__simple-prompt"), "{prompts:?}");
+    assert!(prompts.iter().all(|name| name.starts_with("everything__")), "{prompts:?}");
+    let args = catalog.prompts.iter().find(|p| p["name"] == "everything__args-prompt").unwrap();
+    assert!(args["arguments"].as_array().is_some_and(|a| !a.is_empty()), "{args}");
+    let keys: Vec<String> = catalog.entries().into_iter().map(|(key, _)| key).collect();
+    assert!(keys.contains(&"prompt:everything__simple-prompt".to_owned()), "{keys:?}");
+
+    // The tool registers a session resource, and the server sends resources/list_changed.
+    let registry = sources.registry();
+    let data = "data:text/plain;base64,aGVsbG8gdG9vbGhvc3Q=";
+    call_output(&registry, "everything__gzip-file-as-resource", json!({"name": "hello.gz", "data": data}))
+        .await
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        match next_event(&mut sources.started.events, left).await {
+            McpEvent::CatalogChanged { source } => {
+                assert_eq!(source, "everything");
+                break;
+            }
+            McpEvent::ToolsChanged { .. } => {}
+            other => panic!("unexpected event {other:?}"),
+        }
+    }
+    let catalog = &sources.sources().catalog()[0].1;
+    assert!(
+        catalog.resources.iter().any(|r| r["uri"] == "demo://resource/session/hello.gz"),
+        "{:?}",
+        catalog.resources
+    );
+    assert_eq!(sources.sources().status()[0].restarts, 0);
+    sources.stop().await;
+}
+
+#[tokio::test]
+#[ignore = "needs the MCP servers of scripts/ensure-mcp-servers.sh; run `just test-mcp`"]
+async fn resources_are_read_prompts_got_and_arguments_completed_on_the_server_that_lists_them() {
+    use toolhost_mcp::Operation;
+    let started = Sources::start(&everything_config("everything", ""), &env(&[])).await;
+    let sources = started.sources().clone();
+    // A listed resource, read by its URI as the server wrote it.
+    let catalog = sources.catalog().remove(0).1;
+    let listed = catalog.resources[0]["uri"].as_str().unwrap().to_owned();
+    let read = sources.request(Operation::ReadResource, json!({"uri": listed})).await.unwrap();
+    assert_eq!(read["contents"][0]["uri"], listed, "{read}");
+    // A URI one of its templates matches, though no listing names it.
+    let uri = "demo://resource/dynamic/text/7";
+    assert!(sources.serves(Operation::ReadResource, &json!({"uri": uri})).unwrap());
+    let read = sources.request(Operation::ReadResource, json!({"uri": uri})).await.unwrap();
+    assert_eq!(read["contents"][0]["uri"], uri, "{read}");
+    assert!(read["contents"][0]["text"].as_str().is_some_and(|text| text.contains('7')), "{read}");
+    // A prompt by its prefixed name, with arguments; the server sees its own name.
+    let prompt = sources
+        .request(
+            Operation::GetPrompt,
+            json!({"name": "everything__args-prompt", "arguments": {"city": "Lyon"}}),
+        )
+        .await
+        .unwrap();
+    let text = prompt["messages"][0]["content"]["text"].as_str().unwrap();
+    assert!(text.contains("Lyon"), "{prompt}");
+    // Completion of a prompt argument, routed by the prompt's prefixed name.
+    let completed = sources
+        .request(
+            Operation::Complete,
+            json!({"ref": {"type": "ref/prompt", "name": "everything__completable-prompt"},
+                   "argument": {"name": "department", "value": "S"}}),
+        )
+        .await
+        .unwrap();
+    let values: Vec<&str> =
+        completed["completion"]["values"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
+    assert_eq!(values, ["Sales", "Support"], "{completed}");
+
+    // What no source lists, params that name nothing, and params MCP refuses: clear errors.
+    let unlisted =
+        sources.request(Operation::ReadResource, json!({"uri": "demo://nowhere"})).await.unwrap_err();
+    assert_eq!(unlisted.code(), ErrorCode::InvalidArguments);
+    assert!(
+        unlisted.to_string().contains("no hosted MCP server lists resource 'demo://nowhere'"),
+        "{unlisted}"
+    );
+    let unprefixed = sources.request(Operation::GetPrompt, json!({"name": "args-prompt"})).await.unwrap_err();
+    assert!(unprefixed.to_string().contains("prompt 'args-prompt'"), "{unprefixed}");
+    let nameless = sources.request(Operation::GetPrompt, json!({"arguments": {}})).await.unwrap_err();
+    assert!(nameless.to_string().contains("prompts/get needs 'name'"), "{nameless}");
+    let refused = sources
+        .request(
+            Operation::Complete,
+            json!({"ref": {"type": "ref/prompt", "name": "everything__completable-prompt"}}),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), ErrorCode::InvalidArguments, "{refused}");
+    assert!(refused.to_string().contains("completion/complete"), "{refused}");
+    // The server itself refusing: a prompt argument it requires is missing.
+    let missing =
+        sources.request(Operation::GetPrompt, json!({"name": "everything__args-prompt"})).await.unwrap_err();
+    assert!(matches!(missing.code(), ErrorCode::InvalidArguments | ErrorCode::ToolFailed), "{missing}");
+    started.stop().await;
+}

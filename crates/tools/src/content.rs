@@ -25,6 +25,68 @@ impl From<Value> for Output {
     }
 }
 
+/// The answer of an MCP `CallToolResult` in its JSON form (`{"content", "structuredContent"?,
+/// "isError"?}`), as a hosted MCP server or an `output = "mcp"` command gives it: `result` is
+/// `structuredContent`, else the text blocks joined by newlines; `content` is the blocks, unless
+/// they say no more than `result` (no blocks; one plain text block that is the text, or beside
+/// `structuredContent` its JSON).
+///
+/// # Errors
+/// `isError`: the text to answer `tool_failed` with; a value that is not a `CallToolResult`.
+pub fn from_call_result(value: Value) -> Result<Output, CallResultError> {
+    let Value::Object(mut fields) = value else {
+        return Err(CallResultError::Malformed("a CallToolResult must be a JSON object".to_owned()));
+    };
+    let blocks = match fields.remove("content") {
+        None => Vec::new(),
+        Some(Value::Array(blocks)) => blocks,
+        Some(_) => {
+            return Err(CallResultError::Malformed("its content must be an array of blocks".to_owned()));
+        }
+    };
+    let structured = fields.remove("structuredContent").filter(|value| !value.is_null());
+    let text = blocks
+        .iter()
+        .filter(|block| block.get("type").and_then(Value::as_str) == Some("text"))
+        .filter_map(|block| block.get("text").and_then(Value::as_str))
+        .collect::<Vec<_>>()
+        .join("\n");
+    if fields.get("isError").and_then(Value::as_bool) == Some(true) {
+        return Err(CallResultError::IsError(if text.is_empty() {
+            structured.map_or_else(|| "the MCP tool reported an error".to_owned(), |s| s.to_string())
+        } else {
+            text
+        }));
+    }
+    let plain = match blocks.as_slice() {
+        [] => true,
+        [block]
+            if block.get("type").and_then(Value::as_str) == Some("text")
+                && block.get("annotations").is_none_or(Value::is_null)
+                && block.get("_meta").is_none_or(Value::is_null) =>
+        {
+            match &structured {
+                None => true,
+                Some(structured) => serde_json::from_str::<Value>(&text).ok().as_ref() == Some(structured),
+            }
+        }
+        _ => false,
+    };
+    Ok(Output { result: structured.unwrap_or(Value::String(text)), content: (!plain).then_some(blocks) })
+}
+
+/// Why a `CallToolResult` is not an answer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CallResultError {
+    /// It says `isError`: the tool's text.
+    #[error("{0}")]
+    IsError(String),
+    /// It is not a `CallToolResult`.
+    #[error("{0}")]
+    Malformed(String),
+}
+
 /// The block types MCP defines (2025-11-25).
 pub const BLOCK_TYPES: [&str; 5] = ["text", "image", "audio", "resource_link", "resource"];
 
@@ -94,6 +156,23 @@ mod tests {
             json!({"type": "resource", "resource": {"uri": "test://b", "blob": "AAEC"}}),
         ];
         assert_eq!(check_blocks(&blocks), Ok(()));
+    }
+
+    #[test]
+    fn a_call_result_is_its_structured_content_or_texts_with_the_blocks_that_say_more() {
+        let image = json!({"type": "image", "data": "AAAA", "mimeType": "image/png"});
+        let output = from_call_result(json!({"content": [{"type": "text", "text": "a"}, image]})).unwrap();
+        assert_eq!(
+            output,
+            Output { result: json!("a"), content: Some(vec![json!({"type": "text", "text": "a"}), image]) }
+        );
+        let structured =
+            json!({"content": [{"type": "text", "text": "{\"k\": 1}"}], "structuredContent": {"k": 1}});
+        assert_eq!(from_call_result(structured).unwrap(), Output { result: json!({"k": 1}), content: None });
+        let failed = json!({"content": [{"type": "text", "text": "no"}], "isError": true});
+        assert_eq!(from_call_result(failed), Err(CallResultError::IsError("no".to_owned())));
+        assert!(matches!(from_call_result(json!([1])), Err(CallResultError::Malformed(_))));
+        assert!(matches!(from_call_result(json!({"content": "x"})), Err(CallResultError::Malformed(_))));
     }
 
     #[test]

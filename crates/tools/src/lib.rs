@@ -25,7 +25,7 @@ pub use sources::builtin;
 pub mod terminal;
 mod tool;
 
-pub use content::{BLOCK_TYPES, Output, check_blocks};
+pub use content::{BLOCK_TYPES, CallResultError, Output, check_blocks, from_call_result};
 pub use limits::{Admit, DEFAULT_MAX_QUEUE, Full, LimitSettings, Running, ToolLimits, Waiting};
 pub use registry::{Failure, Registry, RegistryError, valid_tool_name};
 pub use schema::{SchemaError, describe_errors};

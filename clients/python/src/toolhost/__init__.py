@@ -31,7 +31,7 @@ from ._errors import (
     UnknownTool,
 )
 from ._sync import Client
-from ._wire import Finished, Progress
+from ._wire import Finished, LogEntry, Progress
 
 __version__ = "0.1.0"
 
@@ -54,6 +54,7 @@ __all__ = [
     "InvalidArguments",
     "InvalidOutput",
     "InvalidRequest",
+    "LogEntry",
     "NoAnswer",
     "Overloaded",
     "Progress",

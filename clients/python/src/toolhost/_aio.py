@@ -29,7 +29,7 @@ from ._errors import (
     error_from,
 )
 from ._content import Reply, parse_blocks
-from ._wire import Answer, Finished, Progress
+from ._wire import Answer, Finished, LogEntry, Progress
 
 log = logging.getLogger("toolhost")
 
@@ -273,6 +273,7 @@ class AsyncClient:
         replica_acks: int | None = None,
         traceparent: str | None = None,
         tracestate: str | None = None,
+        on_log: Callable[[LogEntry], None] | None = None,
     ) -> Any:
         """Calls `tool` and returns its result, or raises the answer's ToolError. `call_reply`
         returns the content blocks (images, audio, resources) beside the result.
@@ -303,6 +304,7 @@ class AsyncClient:
             replica_acks=replica_acks,
             traceparent=traceparent,
             tracestate=tracestate,
+            on_log=on_log,
         )
         return reply.result
 
@@ -319,9 +321,11 @@ class AsyncClient:
         replica_acks: int | None = None,
         traceparent: str | None = None,
         tracestate: str | None = None,
+        on_log: Callable[[LogEntry], None] | None = None,
     ) -> Reply:
         """`call`, returning the whole answer: the result and the tool's content blocks as typed
-        objects (ImageBlock, AudioBlock, ResourceLink, EmbeddedResource, TextBlock)."""
+        objects (ImageBlock, AudioBlock, ResourceLink, EmbeddedResource, TextBlock). `on_log` gets
+        the call's log entries (a hosted MCP server's log messages), on the client's event loop."""
         _wire.check_tool_name(tool)
         if arguments is None:
             arguments = {}
@@ -339,7 +343,7 @@ class AsyncClient:
         acks = self.replica_acks if replica_acks is None else _check_replica_acks(replica_acks)
         await self.open()
         loop = asyncio.get_running_loop()
-        waiter = _Waiter(loop.create_future(), on_progress)
+        waiter = _Waiter(loop.create_future(), on_progress, on_log)
         self._calls.setdefault(rid, []).append(waiter)
         try:
             for attempt in range(attempts):
@@ -387,11 +391,11 @@ class AsyncClient:
         retries: int | None = None,
         correlation_id: str | None = None,
         replica_acks: int | None = None,
-    ) -> AsyncGenerator[Progress | Finished, None]:
-        """Calls `tool` and yields its progress entries, then Finished with the result; an
-        error answer is raised. Takes the same arguments as `call`."""
+    ) -> AsyncGenerator[Progress | LogEntry | Finished, None]:
+        """Calls `tool` and yields its progress and log entries, then Finished with the result
+        and content blocks; an error answer is raised. Takes the same arguments as `call`."""
         rid = _wire.check_request_id(request_id) if request_id is not None else _wire.new_id()
-        events: asyncio.Queue[Progress] = asyncio.Queue()
+        events: asyncio.Queue[Progress | LogEntry] = asyncio.Queue()
         call = asyncio.ensure_future(
             self.call_reply(
                 tool,
@@ -402,6 +406,7 @@ class AsyncClient:
                 correlation_id=correlation_id,
                 on_progress=events.put_nowait,
                 replica_acks=replica_acks,
+                on_log=events.put_nowait,
             )
         )
         try:
@@ -453,6 +458,40 @@ class AsyncClient:
                     seen.add(name)
                     listed.append(tool)
         return sorted(listed, key=_tool_name)
+
+    async def list_resources(self) -> list[dict[str, Any]]:
+        """The hosted MCP servers' resources (MCP `Resource` objects) every live toolbox
+        publishes, sorted by URI; a URI two toolboxes publish once, as the smaller toolbox id
+        published it."""
+        return await self._catalog("resource")
+
+    async def list_resource_templates(self) -> list[dict[str, Any]]:
+        """The hosted MCP servers' resource templates (MCP `ResourceTemplate` objects), as
+        `list_resources` lists resources."""
+        return await self._catalog("template")
+
+    async def list_prompts(self) -> list[dict[str, Any]]:
+        """The hosted MCP servers' prompts (MCP `Prompt` objects, named `<prefix><name>`), as
+        `list_resources` lists resources."""
+        return await self._catalog("prompt")
+
+    async def _catalog(self, kind: str) -> list[dict[str, Any]]:
+        await self.open()
+        prefix = f"{kind}:"
+        listed: dict[str, dict[str, Any]] = {}
+        for toolbox in sorted(await self._live_toolboxes()):
+            fields: dict[bytes, bytes] = await self._redis.hgetall(f"{self.key_prefix}toolhost:catalog:{toolbox}")  # type: ignore[misc]
+            for field, value in fields.items():
+                key = field.decode()
+                if not key.startswith(prefix) or key in listed:
+                    continue
+                try:
+                    item = json.loads(value)
+                except ValueError:
+                    continue
+                if isinstance(item, dict):
+                    listed[key] = item
+        return [listed[key] for key in sorted(listed)]
 
     async def send(
         self,
@@ -700,6 +739,12 @@ class AsyncClient:
                     progress = progress or _wire.progress_of(answer)
                     waiter.on_progress(progress)
             return
+        if answer.kind == "log":
+            entry = _wire.log_of(answer)
+            for waiter in self._calls.get(answer.request_id, ()):
+                if waiter.on_log is not None:
+                    waiter.on_log(entry)
+            return
         for waiter in (self._cancels if answer.kind == "cancel" else self._calls).get(answer.request_id, ()):
             if not waiter.future.done():
                 waiter.future.set_result(answer)
@@ -740,11 +785,17 @@ def _check_replica_acks(replica_acks: int) -> int:
 class _Waiter:
     """A call, cancel or discovery waiting for its answer."""
 
-    __slots__ = ("future", "on_progress")
+    __slots__ = ("future", "on_log", "on_progress")
 
-    def __init__(self, future: asyncio.Future[Answer], on_progress: Callable[[Progress], None] | None) -> None:
+    def __init__(
+        self,
+        future: asyncio.Future[Answer],
+        on_progress: Callable[[Progress], None] | None,
+        on_log: Callable[[LogEntry], None] | None = None,
+    ) -> None:
         self.future = future
         self.on_progress = on_progress
+        self.on_log = on_log
 
 
 def _tool_name(tool: dict[str, Any]) -> str:

@@ -11,7 +11,7 @@ from . import _otel
 from ._aio import AsyncClient
 from ._content import Reply
 from ._errors import ClientClosed
-from ._wire import Finished, Progress
+from ._wire import Finished, LogEntry, Progress
 
 T = TypeVar("T")
 
@@ -72,6 +72,7 @@ class Client:
         replica_acks: int | None = None,
         traceparent: str | None = None,
         tracestate: str | None = None,
+        on_log: Callable[[LogEntry], None] | None = None,
     ) -> Any:
         """AsyncClient.call, blocking; `on_progress` runs on the client's thread. The caller's
         current span (when OpenTelemetry is installed) is the request's parent unless
@@ -90,6 +91,7 @@ class Client:
                 replica_acks=replica_acks,
                 traceparent=traceparent,
                 tracestate=tracestate,
+                on_log=on_log,
             )
         )
 
@@ -104,6 +106,7 @@ class Client:
         correlation_id: str | None = None,
         on_progress: Callable[[Progress], None] | None = None,
         replica_acks: int | None = None,
+        on_log: Callable[[LogEntry], None] | None = None,
     ) -> Reply:
         """AsyncClient.call_reply, blocking: the result and the content blocks."""
         return self._run(
@@ -116,6 +119,7 @@ class Client:
                 correlation_id=correlation_id,
                 on_progress=on_progress,
                 replica_acks=replica_acks,
+                on_log=on_log,
             )
         )
 
@@ -129,7 +133,7 @@ class Client:
         retries: int | None = None,
         correlation_id: str | None = None,
         replica_acks: int | None = None,
-    ) -> Iterator[Progress | Finished]:
+    ) -> Iterator[Progress | LogEntry | Finished]:
         """AsyncClient.stream, as a plain iterator."""
         events = self._client.stream(
             tool,
@@ -157,6 +161,18 @@ class Client:
     def tools(self, format: str = "native", *, timeout: float = 5.0) -> list[dict[str, Any]]:
         """AsyncClient.tools, blocking."""
         return self._run(self._client.tools(format, timeout=timeout))
+
+    def list_resources(self) -> list[dict[str, Any]]:
+        """AsyncClient.list_resources, blocking."""
+        return self._run(self._client.list_resources())
+
+    def list_resource_templates(self) -> list[dict[str, Any]]:
+        """AsyncClient.list_resource_templates, blocking."""
+        return self._run(self._client.list_resource_templates())
+
+    def list_prompts(self) -> list[dict[str, Any]]:
+        """AsyncClient.list_prompts, blocking."""
+        return self._run(self._client.list_prompts())
 
     def send(self, recipient: str, content: str, **options: Any) -> dict[str, Any]:
         """AsyncClient.send, blocking."""

@@ -162,6 +162,17 @@ class Progress:
 
 
 @dataclass(frozen=True)
+class LogEntry:
+    """A log message of a running call (a hosted MCP server's `notifications/message`): never
+    final, and ignoring it loses nothing."""
+
+    request_id: str
+    level: str
+    data: Any
+    logger: str | None = None
+
+
+@dataclass(frozen=True)
 class Finished:
     """The end of a streamed call: its result and content blocks (errors are raised instead)."""
 
@@ -174,7 +185,7 @@ class Finished:
 class Answer:
     """One entry read from the private stream, sorted out."""
 
-    kind: str  # "answer", "progress", "cancel"
+    kind: str  # "answer", "progress", "log", "cancel"
     request_id: str
     data: dict[str, Any]
 
@@ -201,6 +212,8 @@ def parse_entry(fields: dict[bytes, bytes]) -> Answer | None:
     if "success" not in data:
         if event_type.endswith(".progress") and isinstance(data.get("progress"), (int, float)):
             return Answer("progress", request_id, data)
+        if event_type.endswith(".log") and isinstance(data.get("level"), str):
+            return Answer("log", request_id, data)
         return None
     if event_type == CANCEL_ANSWER:
         return Answer("cancel", request_id, data)
@@ -216,4 +229,15 @@ def progress_of(answer: Answer) -> Progress:
         progress=float(data["progress"]),
         total=float(total) if isinstance(total, (int, float)) else None,
         message=message if isinstance(message, str) else None,
+    )
+
+
+def log_of(answer: Answer) -> LogEntry:
+    data = answer.data
+    logger = data.get("logger")
+    return LogEntry(
+        request_id=answer.request_id,
+        level=str(data["level"]),
+        data=data.get("data"),
+        logger=logger if isinstance(logger, str) else None,
     )

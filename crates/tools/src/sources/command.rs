@@ -26,7 +26,8 @@
 //!
 //! The program's stdout is the result: `output = "text"` (default) answers it as a string,
 //! `output = "json"` parses it and answers the value (validated against `output_schema` by the
-//! registry). Stderr is kept apart; a non-zero exit answers `tool_failed` with the exit code and
+//! registry), `output = "mcp"` reads it as an MCP `CallToolResult`, whose images, audio and
+//! resources become the answer's content blocks (checked by the registry). Stderr is kept apart; a non-zero exit answers `tool_failed` with the exit code and
 //! the last lines of stderr. Stdout past `max_output_bytes` answers `tool_failed` rather than a
 //! cut result.
 
@@ -40,11 +41,12 @@ use serde_json::{Map, Value, json};
 
 use super::template::{Template, scalar_text};
 use super::{AnnotationSettings, FieldError, argument_schema, check_common, dash_allowed};
+use crate::terminal::Redactor;
 use crate::terminal::TerminalPolicy;
 use crate::terminal::exec::{self, Spec};
 use crate::terminal::parse::{ParsedCommand, resolve_cwd, resolve_program};
 use crate::terminal::{Refusal, TerminalSettings};
-use crate::{Context, Tool, ToolError, ToolSpec};
+use crate::{CallResultError, Context, Output, Tool, ToolError, ToolSpec, from_call_result};
 
 /// Bytes of stderr kept (the last ones) for a failure's message.
 const STDERR_TAIL_BYTES: usize = 4096;
@@ -63,6 +65,10 @@ pub enum CommandOutput {
     Text,
     /// The result is stdout parsed as JSON.
     Json,
+    /// Stdout is an MCP `CallToolResult` (`{"content": [...], "structuredContent"?, "isError"?}`):
+    /// images, audio and resources become the answer's content blocks, `isError` is
+    /// `tool_failed` (docs/CONTRACTS.md, "Content blocks").
+    Mcp,
 }
 
 /// One `[[commands]]` table as configured.
@@ -190,6 +196,7 @@ impl CommandTool {
         let output_schema = settings.output_schema.clone().unwrap_or_else(|| match settings.output {
             CommandOutput::Text => json!({"type": "string"}),
             CommandOutput::Json => json!({}),
+            CommandOutput::Mcp => json!({"type": ["object", "string"]}),
         });
         let mut spec = ToolSpec::new(&settings.name, &settings.description, arguments, output_schema);
         let timeout = Duration::from_millis(settings.timeout_ms);
@@ -326,6 +333,24 @@ fn trace_env(context: &Context) -> Vec<(&'static str, String)> {
     env
 }
 
+/// A `CallToolResult` with its texts redacted (text blocks, embedded text resources,
+/// `structuredContent`); base64 is left alone, since a redaction would corrupt it.
+fn redact_call_result(redactor: &Redactor, mut value: Value) -> Value {
+    if let Some(blocks) = value.get_mut("content").and_then(Value::as_array_mut) {
+        for block in blocks {
+            for pointer in ["/text", "/resource/text"] {
+                if let Some(Value::String(text)) = block.pointer_mut(pointer) {
+                    *text = redactor.redact(text);
+                }
+            }
+        }
+    }
+    if let Some(structured) = value.get_mut("structuredContent") {
+        *structured = redactor.redact_json(structured.take());
+    }
+    value
+}
+
 /// The last [`STDERR_TAIL_LINES`] non-empty lines of `text`.
 fn last_lines(text: &str) -> String {
     let lines: Vec<&str> = text.lines().filter(|line| !line.trim().is_empty()).collect();
@@ -339,6 +364,10 @@ impl Tool for CommandTool {
     }
 
     async fn call(&self, arguments: Value, context: &Context) -> Result<Value, ToolError> {
+        self.call_output(arguments, context).await.map(|output| output.result)
+    }
+
+    async fn call_output(&self, arguments: Value, context: &Context) -> Result<Output, ToolError> {
         let empty = Map::new();
         let arguments = arguments.as_object().unwrap_or(&empty);
         let args = self.fill_argv(arguments).map_err(ToolError::InvalidArguments)?;
@@ -397,11 +426,23 @@ impl Tool for CommandTool {
             )));
         }
         let stdout = String::from_utf8_lossy(&execution.output);
+        let parsed = || {
+            serde_json::from_str::<Value>(&stdout)
+                .map_err(|err| ToolError::Failed(format!("{} printed no JSON: {err}", self.program_name)))
+        };
         match self.output {
-            CommandOutput::Text => Ok(Value::String(redactor.redact(&stdout))),
-            CommandOutput::Json => serde_json::from_str(&stdout)
-                .map(|value| redactor.redact_json(value))
-                .map_err(|err| ToolError::Failed(format!("{} printed no JSON: {err}", self.program_name))),
+            CommandOutput::Text => Ok(Value::String(redactor.redact(&stdout)).into()),
+            CommandOutput::Json => parsed().map(|value| redactor.redact_json(value).into()),
+            CommandOutput::Mcp => {
+                let value = redact_call_result(redactor, parsed()?);
+                from_call_result(value).map_err(|err| match err {
+                    CallResultError::IsError(text) => ToolError::Failed(text),
+                    other => ToolError::Failed(format!(
+                        "{} printed no MCP CallToolResult: {other}",
+                        self.program_name
+                    )),
+                })
+            }
         }
     }
 }

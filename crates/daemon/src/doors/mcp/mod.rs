@@ -14,6 +14,7 @@
 //!
 //! The door owns `[mcp]` ([`Settings`]).
 
+mod catalog;
 mod generation;
 mod handler;
 mod http;
