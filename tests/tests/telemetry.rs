@@ -271,7 +271,9 @@ fn a_call_through_the_mcp_door_and_one_over_redis_share_the_callers_trace_down_t
     assert_eq!(door["parent_span_id"], send["span_id"], "the door's span is the child of the client's");
     assert_eq!(door["attributes"]["mcp.method.name"], "tools/call");
     assert_eq!(door["attributes"]["gen_ai.tool.name"], "traced__meta_echo");
-    assert!(door["attributes"]["mcp.session.id"].is_string(), "{door:#}");
+    // The SDK's default mode speaks 2026-07-28, where a request has no session: no
+    // `mcp.session.id` (an `initialize` session's id is named by the conventions' attribute).
+    assert!(door["attributes"].get("mcp.session.id").is_none(), "{door:#}");
     let run = check_toolbox_part(&spans, door, "tools/call meta_echo", "CLIENT");
     assert_eq!(run["attributes"]["mcp.method.name"], "tools/call");
     assert_eq!(run["attributes"]["gen_ai.tool.name"], "meta_echo");
