@@ -480,7 +480,7 @@ class AsyncClient:
         prefix = f"{kind}:"
         listed: dict[str, dict[str, Any]] = {}
         for toolbox in sorted(await self._live_toolboxes()):
-            fields: dict[bytes, bytes] = await self._redis.hgetall(f"{self.key_prefix}toolhost:catalog:{toolbox}")  # type: ignore[misc]
+            fields: dict[bytes, bytes] = await self._redis.hgetall(f"{self.key_prefix}toolhost:catalog:{toolbox}")
             for field, value in fields.items():
                 key = field.decode()
                 if not key.startswith(prefix) or key in listed:
