@@ -298,15 +298,17 @@ fn with_replica_acks_no_request_id_runs_twice_across_unplanned_failovers_of_a_la
 }
 
 #[test]
-fn without_replica_acks_a_failover_may_run_a_request_twice_but_never_more() {
+fn without_replica_acks_each_failover_may_run_a_request_once_more_but_never_more() {
     // docs/RELIABILITY.md, "A Sentinel failover": a failover rewinds Redis by the replication lag;
     // requests added in it are lost (the caller sends them again), and a request answered in it
     // can be answered, or run, once more. What this run did is printed; the assertions are the
     // promise: at most one more run per failover that touched the request, and every request
     // answered in the end.
     let (runs, tally) = failovers(0);
+    // A call re-run after one failover can itself fall in the next failover's lag, so a request
+    // may run once more per failover, never more: 1 + ROUNDS at most.
     let most = runs.values().copied().max().unwrap_or(0);
-    assert!(most <= 2, "a request id ran {most} times: {tally:?}");
+    assert!(most <= 1 + ROUNDS, "a request id ran {most} times: {tally:?}");
     assert!(tally.ran_once + tally.ran_twice >= tally.sent / 2, "{tally:?}");
     eprintln!(
         "without replica_acks: {} of {} request ids ran twice, {} were sent again",

@@ -21,6 +21,7 @@
 #![allow(clippy::unwrap_used)]
 
 use std::net::TcpStream;
+use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -59,7 +60,10 @@ impl ReferenceServer {
         let node_bin = node(dir).parent().unwrap().to_owned();
         let path = format!("{}:{}", node_bin.display(), std::env::var("PATH").unwrap_or_default());
         let log = std::fs::File::create(log).unwrap();
+        // Its own process group: tsx runs the server in a child node process, which a kill of
+        // tsx alone would leave listening.
         let child = Command::new(dir.join("server/node_modules/.bin/tsx"))
+            .process_group(0)
             .arg("everything-server.ts")
             .current_dir(dir.join("server"))
             .env("PORT", port.to_string())
@@ -84,6 +88,8 @@ impl ReferenceServer {
 
 impl Drop for ReferenceServer {
     fn drop(&mut self) {
+        // The whole group the server leads: tsx and its node child.
+        let _ = Command::new("kill").args(["-KILL", "--", &format!("-{}", self.child.id())]).status();
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
