@@ -224,6 +224,16 @@ impl RedisProcess {
         self.spawn();
     }
 
+    /// Starts it again as a replica of `master_port` from its first moment, so that it is never
+    /// an empty master that a sentinel or a client could take for the real one.
+    pub fn restart_as_replica_of(&mut self, master_port: u16) {
+        self.kill();
+        let kept = self.args.clone();
+        self.args.extend(["--replicaof".to_owned(), "127.0.0.1".to_owned(), master_port.to_string()]);
+        self.spawn();
+        self.args = kept;
+    }
+
     /// The process id (0 once killed).
     pub fn pid(&self) -> u32 {
         self.child.as_ref().map_or(0, Child::id)

@@ -208,13 +208,9 @@ fn failovers(replica_acks: u32) -> (HashMap<String, usize>, Tally) {
         watched.wait_for_master(replica_port, Duration::from_secs(60));
 
         // The old master comes back empty, as a replica of the new one (what the sentinels would
-        // make it, told at once so the test does not wait for their next look at it).
-        watched.servers[master_idx].restart();
-        let () = redis::cmd("REPLICAOF")
-            .arg("127.0.0.1")
-            .arg(replica_port)
-            .query(&mut watched.servers[master_idx].connection())
-            .expect("REPLICAOF");
+        // make it), started as one: never an empty master for a moment, which the sentinels' own
+        // reconfiguration raced (the resync that never came, a sentinel naming a replica).
+        watched.servers[master_idx].restart_as_replica_of(replica_port);
         // A replica in name first, then in sync: a full resync of a loaded machine can outlast the
         // fence's WAIT below.
         poll("the old master to turn replica and sync", Duration::from_secs(60), || {
