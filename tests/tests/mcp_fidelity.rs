@@ -173,18 +173,7 @@ fn fleet(redis: &RedisProcess, server: &ReferenceServer, dir: &Path) -> (Toolhos
     .unwrap();
     let hosts =
         Toolhost::start(&[("REDIS_URL", &redis.url()), ("TOOLHOST_CONFIG", hosts_config.to_str().unwrap())]);
-    let door_port = free_port();
-    let door_config = dir.join("door.toml");
-    std::fs::write(
-        &door_config,
-        format!(
-            "[redis]\nurl = \"{}\"\n[daemon]\ntoolbox_id = \"door\"\n[mcp]\nlisten = \"127.0.0.1:{door_port}\"\n",
-            redis.url()
-        ),
-    )
-    .unwrap();
-    let door = Toolhost::start(&[("TOOLHOST_CONFIG", door_config.to_str().unwrap())]);
-    door.wait_for_log("MCP door listening at /mcp", Duration::from_secs(10));
+    let (door, door_port) = start_door(&redis.url(), dir);
     wait_for_tool(door_port, "test_simple_text");
     (hosts, door, door_port)
 }
@@ -394,18 +383,7 @@ fn images_from_hosted_stdio_and_http_servers_reach_python_the_agents_sdk_and_bot
     .unwrap();
     let hosts =
         Toolhost::start(&[("REDIS_URL", &redis.url()), ("TOOLHOST_CONFIG", hosts_config.to_str().unwrap())]);
-    let door_port = free_port();
-    let door_config = dir.join("door.toml");
-    std::fs::write(
-        &door_config,
-        format!(
-            "[redis]\nurl = \"{}\"\n[daemon]\ntoolbox_id = \"door\"\n[mcp]\nlisten = \"127.0.0.1:{door_port}\"\n",
-            redis.url()
-        ),
-    )
-    .unwrap();
-    let door = Toolhost::start(&[("TOOLHOST_CONFIG", door_config.to_str().unwrap())]);
-    door.wait_for_log("MCP door listening at /mcp", Duration::from_secs(10));
+    let (door, door_port) = start_door(&redis.url(), &dir);
     wait_for_tool(door_port, "stdio__get-tiny-image");
     wait_for_tool(door_port, "http__test_image_content");
 
@@ -462,7 +440,7 @@ fn images_from_hosted_stdio_and_http_servers_reach_python_the_agents_sdk_and_bot
 
     // Through the door, over streamable HTTP and over stdio, to the MCP SDK.
     let door_url = format!("http://127.0.0.1:{door_port}/mcp");
-    let stdio_target = format!("stdio:{}", door_config.display());
+    let stdio_target = format!("stdio:{}", dir.join("door.toml").display());
     for target in [door_url.as_str(), stdio_target.as_str()] {
         let report = images(&door_python, &[&["mcp", target][..], &tools[..]].concat());
         for tool in tools {
@@ -600,4 +578,20 @@ fn a_toolbox_publishes_its_hosted_servers_resources_templates_and_prompts_beside
         redis::cmd("EXISTS").arg("toolhost:catalog:hosts").query(&mut redis.connection()).unwrap();
     assert!(!exists, "the catalog outlived the toolbox");
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A toolbox `door` on `redis_url` serving the MCP door on a free port, once it listens.
+fn start_door(redis_url: &str, dir: &Path) -> (Toolhost, u16) {
+    let door_port = free_port();
+    let door_config = dir.join("door.toml");
+    std::fs::write(
+        &door_config,
+        format!(
+            "[redis]\nurl = \"{redis_url}\"\n[daemon]\ntoolbox_id = \"door\"\n[mcp]\nlisten = \"127.0.0.1:{door_port}\"\n"
+        ),
+    )
+    .unwrap();
+    let door = Toolhost::start(&[("TOOLHOST_CONFIG", door_config.to_str().unwrap())]);
+    door.wait_for_log("MCP door listening at /mcp", Duration::from_secs(10));
+    (door, door_port)
 }
