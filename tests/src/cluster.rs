@@ -5,6 +5,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use redis::cluster::{ClusterClient, ClusterConnection};
+use serde_json::Value;
 
 use crate::RedisProcess;
 
@@ -174,4 +175,27 @@ fn owns(nodes: &str, slot: u16) -> bool {
             }
         })
     })
+}
+
+/// Every payload of `stream`, parsed (`null` for one that is not JSON), oldest first.
+pub fn payloads(connection: &mut ClusterConnection, stream: &str) -> Vec<Value> {
+    let mut found = Vec::new();
+    let mut start = "-".to_owned();
+    loop {
+        let page: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+            .arg(stream)
+            .arg(&start)
+            .arg("+")
+            .arg("COUNT")
+            .arg(500)
+            .query(connection)
+            .expect("XRANGE");
+        let Some((last, _)) = page.last() else { return found };
+        start = format!("({last}");
+        for (_, fields) in page {
+            let payload = fields.into_iter().find(|(name, _)| name == "payload").map(|(_, payload)| payload);
+            found
+                .push(payload.and_then(|payload| serde_json::from_str(&payload).ok()).unwrap_or(Value::Null));
+        }
+    }
 }

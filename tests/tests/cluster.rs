@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use redis::cluster::ClusterConnection;
 use serde_json::{Value, json};
-use toolhost_e2e::cluster::RedisCluster;
+use toolhost_e2e::cluster::{RedisCluster, payloads};
 use toolhost_e2e::{RedisProcess, Toolhost, toolhost_bin};
 
 const REQUESTS: &str = "action-requests";
@@ -78,29 +78,6 @@ fn xadd(connection: &mut ClusterConnection, stream: &str, payload: &Value) -> St
         .arg(payload.to_string())
         .query(connection)
         .expect("XADD")
-}
-
-/// Every payload of `stream`, parsed, oldest first.
-fn payloads(connection: &mut ClusterConnection, stream: &str) -> Vec<Value> {
-    let mut found = Vec::new();
-    let mut start = "-".to_owned();
-    loop {
-        let page: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
-            .arg(stream)
-            .arg(&start)
-            .arg("+")
-            .arg("COUNT")
-            .arg(500)
-            .query(connection)
-            .expect("XRANGE");
-        let Some((last, _)) = page.last() else { return found };
-        start = format!("({last}");
-        for (_, fields) in page {
-            let payload = fields.into_iter().find(|(name, _)| name == "payload").map(|(_, payload)| payload);
-            found
-                .push(payload.and_then(|payload| serde_json::from_str(&payload).ok()).unwrap_or(Value::Null));
-        }
-    }
 }
 
 /// Answers per request id over every response topic (under `prefix`), each with the bare topic

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use redis::cluster::ClusterConnection;
 use serde_json::{Value, json};
 use toolhost_bus::Shards;
-use toolhost_e2e::cluster::RedisCluster;
+use toolhost_e2e::cluster::{RedisCluster, payloads};
 use toolhost_e2e::{Toolhost, toolhost_bin};
 
 const REQUESTS: &str = "action-requests";
@@ -72,29 +72,6 @@ fn send(connection: &mut ClusterConnection, payload: &Value) {
     let id = payload["data"]["request_id"].as_str();
     let shard = shards.of_request(payload["type"].as_str().unwrap(), id).unwrap_or(0);
     xadd_to(connection, &shards.stream(shard), payload);
-}
-
-/// Every payload of `stream`, oldest first.
-fn payloads(connection: &mut ClusterConnection, stream: &str) -> Vec<Value> {
-    let mut found = Vec::new();
-    let mut start = "-".to_owned();
-    loop {
-        let page: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
-            .arg(stream)
-            .arg(&start)
-            .arg("+")
-            .arg("COUNT")
-            .arg(2000)
-            .query(connection)
-            .unwrap();
-        let Some((last, _)) = page.last() else { return found };
-        start = format!("({last}");
-        for (_, fields) in page {
-            let payload = fields.into_iter().find(|(name, _)| name == "payload").map(|(_, payload)| payload);
-            found
-                .push(payload.and_then(|payload| serde_json::from_str(&payload).ok()).unwrap_or(Value::Null));
-        }
-    }
 }
 
 /// Answers by request id over `topics`.
