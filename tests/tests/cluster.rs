@@ -939,13 +939,7 @@ fn a_dead_letter_replayed_from_the_console_is_answered_on_its_response_topic_on_
     let mut connection = cluster.connection();
     a_dead_letter_whose_request_was_answered_since(&cluster, &mut connection);
 
-    let port: u16 = toolhost
-        .log()
-        .lines()
-        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
-        .find(|line| line["message"] == "console listening")
-        .and_then(|line| line["address"].as_str()?.rsplit_once(':')?.1.parse().ok())
-        .unwrap_or_else(|| panic!("no `console listening` line with an address:\n{}", toolhost.log()));
+    let port = console_port(&toolhost);
     let http = |request: String| toolhost_e2e::mcp_http::raw(port, &request);
     let (status, page) =
         http(format!("GET /dlq HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n"));
