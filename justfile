@@ -176,6 +176,7 @@ test-console: ensure-redis-installed debug-toolhost
 # mid-run; garbage trace context.
 test-telemetry: ensure-redis-installed debug-toolhost
     scripts/ensure-telemetry-venv.sh >/dev/null
+    scripts/ensure-ovos-venv.sh >/dev/null
     cargo test -p toolhost-e2e --test telemetry
 
 # The Python client (clients/python) against a real daemon and redis-server: pytest, mypy

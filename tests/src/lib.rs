@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 pub mod cluster;
 pub mod mcp_http;
+pub mod ovos;
 pub mod tls;
 
 /// A free loopback TCP port (bound, then released).

@@ -75,6 +75,8 @@ def keep_traces(body: bytes) -> None:
                         "links": [{"trace_id": link.trace_id.hex(), "span_id": link.span_id.hex()} for link in span.links],
                         "events": [event.name for event in span.events],
                         "status": {"code": span.status.code, "message": span.status.message},
+                        "start_ns": span.start_time_unix_nano,
+                        "end_ns": span.end_time_unix_nano,
                         "duration_ns": span.end_time_unix_nano - span.start_time_unix_nano,
                     }
                 )

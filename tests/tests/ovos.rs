@@ -16,106 +16,11 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use toolhost_e2e::{RedisProcess, Toolhost, free_port, temp_dir, user};
-
-/// The venv with the bus, its client and the plugin manager.
-fn venv() -> PathBuf {
-    toolhost_e2e::venv("TOOLHOST_OVOS_VENV", "venv-ovos", "ensure-ovos-venv.sh", "test-ovos")
-}
+use toolhost_e2e::ovos::{Bus, python};
+use toolhost_e2e::{RedisProcess, Toolhost, temp_dir, user};
 
 fn fixture(name: &str) -> PathBuf {
     toolhost_e2e::fixture("ovos", name)
-}
-
-/// A Python process of the venv with the OVOS configuration of `dir` (its XDG directories), so
-/// nothing reads or writes the user's own.
-fn python(dir: &Path) -> Command {
-    let mut command = Command::new(venv().join("bin/python"));
-    for (name, sub) in [
-        ("XDG_CONFIG_HOME", "config"),
-        ("XDG_DATA_HOME", "data"),
-        ("XDG_CACHE_HOME", "cache"),
-        ("XDG_STATE_HOME", "state"),
-    ] {
-        command.env(name, dir.join(sub));
-    }
-    command.env("MYCROFT_SYSTEM_CONFIG", dir.join("no-system.conf")).current_dir(dir);
-    command
-}
-
-/// `ovos-messagebus` on a free loopback port, taking messages up to 32 MiB (so a 10 MiB frame
-/// reaches the door's own cap).
-struct Bus {
-    dir: PathBuf,
-    port: u16,
-    child: Option<Child>,
-}
-
-impl Bus {
-    fn start() -> Bus {
-        let dir = temp_dir("ovos-bus");
-        let mut bus = Bus { dir, port: 0, child: None };
-        for _ in 0..4 {
-            bus.port = free_port();
-            if bus.spawn() {
-                return bus;
-            }
-        }
-        panic!("ovos-messagebus did not start on four free ports");
-    }
-
-    fn spawn(&mut self) -> bool {
-        let config = self.dir.join("config/mycroft");
-        std::fs::create_dir_all(&config).unwrap();
-        std::fs::write(
-            config.join("mycroft.conf"),
-            json!({"websocket": {"host": "127.0.0.1", "port": self.port, "route": "/core", "max_msg_size": 32}})
-                .to_string(),
-        )
-        .unwrap();
-        let log = std::fs::File::create(self.dir.join("bus.log")).unwrap();
-        let child = python(&self.dir)
-            .args(["-m", "ovos_messagebus"])
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("start ovos-messagebus");
-        self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < deadline {
-            if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
-                return true;
-            }
-            if self.child.as_mut().is_some_and(|child| matches!(child.try_wait(), Ok(Some(_)))) {
-                return false;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        false
-    }
-
-    fn url(&self) -> String {
-        format!("ws://127.0.0.1:{}/core", self.port)
-    }
-
-    fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-
-    fn restart(&mut self) {
-        self.kill();
-        assert!(self.spawn(), "ovos-messagebus did not start again on port {}", self.port);
-    }
-}
-
-impl Drop for Bus {
-    fn drop(&mut self) {
-        self.kill();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
 }
 
 /// A reference `ToolBox` on the bus.

@@ -8,6 +8,9 @@
 //! tool; a toolbox `door` serving the MCP door; and two callers with the OpenTelemetry SDK
 //! (`callers.py`): the MCP Python SDK's client through the door, and toolhost's Python client
 //! over Redis. Everything exports to the receiver. The venv is `scripts/ensure-telemetry-venv.sh`'s.
+//! The OVOS door's test adds the real `ovos-messagebus` and a persona on `MessageBusClient`
+//! (`ovos_caller.py`), from `scripts/ensure-ovos-venv.sh`'s venv; the console's calls are plain
+//! HTTP.
 
 // A failed unwrap is a test failure with a clear message; that is what tests want.
 #![allow(clippy::unwrap_used)]
@@ -19,7 +22,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use toolhost_e2e::{RedisProcess, Toolhost, temp_dir, user};
+use toolhost_e2e::{RedisProcess, Toolhost, free_port, temp_dir, user};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -135,13 +138,18 @@ struct Fleet {
     redis: RedisProcess,
     receiver: Receiver,
     hosts: Toolhost,
-    _door: Toolhost,
+    door: Toolhost,
     door_port: u16,
     _dir: PathBuf,
 }
 
 impl Fleet {
     fn start() -> Fleet {
+        Fleet::start_with("")
+    }
+
+    /// The fleet, with `door_doors` (more doors' sections) in the door's configuration.
+    fn start_with(door_doors: &str) -> Fleet {
         let redis = RedisProcess::start(&[]);
         let receiver = Receiver::start();
         let dir = temp_dir("telemetry");
@@ -179,7 +187,7 @@ impl Fleet {
             // The door hosts no tool of its own, so `hosts` answers every call.
             format!(
                 "[daemon]\ntoolbox_id = \"door\"\n[mcp]\nlisten = \"127.0.0.1:{door_port}\"\n{telemetry}\n\
-                 [tools]\ndisabled = [\"echo\", \"terminal_run\", \"chat_send\"]\n"
+                 [tools]\ndisabled = [\"echo\", \"terminal_run\", \"chat_send\"]\n{door_doors}\n"
             ),
         )
         .unwrap();
@@ -188,7 +196,7 @@ impl Fleet {
             ("TOOLHOST_CONFIG", door_config.to_str().unwrap()),
         ]);
         door.wait_for_log("MCP door listening at /mcp", WAIT);
-        Fleet { redis, receiver, hosts, _door: door, door_port, _dir: dir }
+        Fleet { redis, receiver, hosts, door, door_port, _dir: dir }
     }
 
     fn mcp_url(&self) -> String {
@@ -285,6 +293,10 @@ fn a_call_through_the_mcp_door_and_one_over_redis_share_the_callers_trace_down_t
     let run_id = run["span_id"].as_str().unwrap();
     assert!(received.starts_with(&format!("00-{trace_id}-{run_id}-")), "{received}");
     assert!(spans.iter().all(|span| span["trace_id"] == trace_id));
+    // docs/trace.png is this trace, drawn by scripts/trace-waterfall.py (docs/OPERATIONS.md).
+    if let Some(out) = std::env::var_os("TOOLHOST_TELEMETRY_TRACE_OUT") {
+        std::fs::write(out, serde_json::to_string_pretty(&spans).unwrap()).unwrap();
+    }
 
     // The same door to the HTTP tool: the `traceparent` header is the run span's.
     let report = fleet.caller(&["mcp", &fleet.mcp_url(), "echo_headers", "{}"]);
@@ -471,4 +483,102 @@ fn with_the_collector_down_every_call_is_answered_and_the_drop_counter_rises() {
         std::thread::sleep(Duration::from_millis(100));
     }
     assert!(fleet.hosts.log().contains("cannot export spans; dropped"), "the outage is logged once");
+}
+
+/// A sampled W3C context of a new trace: the trace id, the caller's span id and the header.
+fn new_context() -> (String, String, String) {
+    let trace_id = uuid::Uuid::new_v4().simple().to_string();
+    let span_id = uuid::Uuid::new_v4().simple().to_string()[..16].to_owned();
+    let traceparent = format!("00-{trace_id}-{span_id}-01");
+    (trace_id, span_id, traceparent)
+}
+
+/// One HTTP/1.1 request to the console; the status and the body.
+fn console_request(port: u16, request: &str) -> (u16, String) {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let status = response.split(' ').nth(1).and_then(|status| status.parse().ok()).unwrap_or(0);
+    (status, response.split("\r\n\r\n").nth(1).unwrap_or_default().to_owned())
+}
+
+#[test]
+fn the_ovos_door_and_the_console_make_their_spans_and_pass_the_callers_context_on() {
+    let bus = toolhost_e2e::ovos::Bus::start();
+    let console_port = free_port();
+    let fleet = Fleet::start_with(&format!(
+        "[ovos]\nurl = \"{}\"\n[console]\nlisten = \"127.0.0.1:{console_port}\"\n",
+        bus.url()
+    ));
+    fleet.door.wait_for_log("connected to the OVOS messagebus", WAIT);
+    fleet.door.wait_for_log("console listening", WAIT);
+
+    // A persona's call on the bus, its message context holding a sampled `traceparent`: the
+    // door's CONSUMER span is the child of the persona's span and linked to it, and the
+    // toolbox's `process` span is the door span's child.
+    let (trace_id, persona_span, traceparent) = new_context();
+    let output = toolhost_e2e::ovos::python(&bus.dir)
+        .arg(fixture("ovos_caller.py"))
+        .args([&bus.port.to_string(), "door", "echo", r#"{"message": "from the bus"}"#, &traceparent])
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("run ovos_caller.py");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let report: Value = serde_json::from_str(stdout.lines().last().unwrap_or_default())
+        .unwrap_or_else(|_| panic!("ovos_caller.py said {stdout}"));
+    assert_eq!(report["replies"][0]["result"]["message"], "from the bus", "{report}");
+    let door_span = "process ovos.persona.tools.door.call";
+    let spans = fleet.receiver.trace(&trace_id, |spans| {
+        has(spans, "toolhost", door_span) && has(spans, "toolhost", "settle action-requests")
+    });
+    let door = one(&spans, "toolhost", door_span);
+    assert_eq!(door["kind"], "CONSUMER");
+    assert_eq!(door["parent_span_id"], persona_span.as_str(), "the door's span is the persona's child");
+    assert_eq!(door["links"], json!([{"trace_id": trace_id, "span_id": persona_span}]));
+    assert_eq!(door["attributes"]["messaging.system"], "ovos_messagebus");
+    assert_eq!(door["attributes"]["messaging.operation.type"], "process");
+    assert_eq!(door["attributes"]["messaging.destination.name"], "ovos.persona.tools.door.call");
+    assert_eq!(door["attributes"]["gen_ai.tool.name"], "echo");
+    check_toolbox_part(&spans, door, "execute_tool echo", "INTERNAL");
+    assert!(spans.iter().all(|span| span["trace_id"] == trace_id.as_str()));
+
+    // A call from the console's page with its `traceparent`: the console's SERVER span is the
+    // page's child, and the toolbox's `process` span is the console span's child.
+    let page =
+        console_request(console_port, "GET /tools HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+            .1;
+    let csrf = page
+        .split("<meta name=\"csrf-token\" content=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .unwrap_or_else(|| panic!("no CSRF token in the console's page: {page}"))
+        .to_owned();
+    let (trace_id, page_span, traceparent) = new_context();
+    let body = json!({"tool": "echo", "arguments": {"message": "from the page"}, "traceparent": traceparent})
+        .to_string();
+    let (status, answer) = console_request(
+        console_port,
+        &format!(
+            "POST /api/call HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\
+             Content-Type: application/json\r\nX-CSRF-Token: {csrf}\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        ),
+    );
+    assert_eq!(status, 202, "{answer}");
+    let spans = fleet.receiver.trace(&trace_id, |spans| {
+        has(spans, "toolhost", "POST /api/call") && has(spans, "toolhost", "settle action-requests")
+    });
+    let console = one(&spans, "toolhost", "POST /api/call");
+    assert_eq!(console["kind"], "SERVER");
+    assert_eq!(console["parent_span_id"], page_span.as_str(), "the console's span is the page's child");
+    assert_eq!(console["attributes"]["http.route"], "/api/call");
+    assert_eq!(console["attributes"]["gen_ai.tool.name"], "echo");
+    assert_eq!(console["attributes"]["toolhost.door"], "console");
+    let process = one(&spans, "toolhost", "process action-requests");
+    assert!(
+        console["end_ns"].as_u64() >= process["end_ns"].as_u64(),
+        "the console's span lasts until the answer: {console:#} {process:#}"
+    );
+    check_toolbox_part(&spans, console, "execute_tool echo", "INTERNAL");
 }

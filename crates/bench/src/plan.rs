@@ -873,7 +873,11 @@ fn info_field<'a>(info: &'a str, field: &str) -> Option<&'a str> {
 fn median_row(rows: Vec<Row>) -> Option<Row> {
     let measured: Vec<&Row> = rows.iter().filter(|row| row.n_answered > 0).collect();
     let first = rows.first()?;
-    let mut res = Row { runs_rps: measured.iter().map(|row| row.rps).collect(), ..first.clone() };
+    let mut res = Row {
+        runs_rps: measured.iter().map(|row| row.rps).collect(),
+        runs_cpu_us: measured.iter().filter_map(|row| row.cpu_us_per_request).collect(),
+        ..first.clone()
+    };
     let median_of = |pick: &dyn Fn(&Row) -> Option<f64>| -> Option<f64> {
         median(&measured.iter().filter_map(|row| pick(row)).collect::<Vec<f64>>())
     };
@@ -975,6 +979,7 @@ mod tests {
         assert_eq!(row.max_us, 18);
         assert_eq!(row.cpu_us_per_request, Some(3.0));
         assert_eq!(row.runs_rps, [300.0, 100.0, 200.0]);
+        assert_eq!(row.runs_cpu_us, [3.0, 1.0, 5.0], "the spread of the CPU medians");
         assert_eq!(row.n_answered, 300);
         assert_eq!(row.n_timeouts, 1);
         assert_eq!(row.error.as_deref(), Some("no answer"), "a failed run shows");

@@ -106,6 +106,9 @@ pub struct Row {
     pub ratio_cpu_floor: Option<f64>,
     /// Throughput of each interleaved run, in run order (the row holds their medians).
     pub runs_rps: Vec<f64>,
+    /// The target's CPU per request (µs) of each interleaved run, in run order: the spread of
+    /// the row's median CPU.
+    pub runs_cpu_us: Vec<f64>,
     /// Redis's commands per answered request (`INFO commandstats`, the load generator's
     /// included), most time first; of the median run when runs were interleaved.
     pub redis_commands: Vec<CommandCost>,
@@ -590,17 +593,19 @@ impl Report {
             return;
         }
         out.push_str(
-            "\n| target | scenario | in-flight | req/s of each interleaved run |\n|---|---|---:|---|\n",
+            "\n| target | scenario | in-flight | req/s of each interleaved run | target CPU µs/req of each run |\n|---|---|---:|---|---|\n",
         );
         for row in self.rows.iter().filter(|row| row.runs_rps.len() > 1) {
             let runs: Vec<String> = row.runs_rps.iter().map(|rps| format!("{rps:.0}")).collect();
+            let cpu: Vec<String> = row.runs_cpu_us.iter().map(|cpu| format!("{cpu:.1}")).collect();
             let _ = writeln!(
                 out,
-                "| {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} |",
                 row.target,
                 row.scenario,
                 row.in_flight,
-                runs.join(", ")
+                runs.join(", "),
+                cpu.join(", ")
             );
         }
     }

@@ -703,7 +703,7 @@ impl<D: Door> Lifecycle<D> {
 /// Ends a call's `process` span with its outcome: an error answer (refusals, timeouts and
 /// cancels included) and a dead letter set `error.type`; a retry answered from the ledger says
 /// so.
-fn end_span(span: CallSpan, outcome: Outcome) {
+fn end_span(mut span: CallSpan, outcome: Outcome) {
     let error = match outcome {
         Outcome::Error(code) => Some(code.as_str()),
         Outcome::DeadLetter => Some("dead_letter"),

@@ -10,7 +10,7 @@
 //! Metric names are the constants below; `docs/OPERATIONS.md` explains each one.
 //!
 //! Spans (issue 36): [`settings`] is `[telemetry]` with the standard `OTEL_*` variables,
-//! [`otel`] the pipeline (the SDK's tracer, a bounded queue, the OTLP exporter), [`spans`] the
+//! [`otel`] the pipeline (a bounded queue of finished spans, the OTLP exporter), [`spans`] the
 //! spans of one call by the messaging and MCP conventions. The pipeline is started once the
 //! runtime runs ([`Telemetry::start_export`]); before that, and without an endpoint, no span is
 //! made.
@@ -285,7 +285,7 @@ impl Telemetry {
             return None;
         }
         let pipeline = self.inner.pipeline.get()?;
-        CallSpan::start(&pipeline.tracer, self.inner.settings.record_arguments, trace, delivery, started)
+        CallSpan::start(&pipeline.spans, self.inner.settings.record_arguments, trace, delivery, started)
     }
 
     /// The span of a call through a fleet door, when it is sampled and spans are exported; see
@@ -298,7 +298,7 @@ impl Telemetry {
         attributes: Vec<opentelemetry::KeyValue>,
     ) -> Option<DoorSpan> {
         let pipeline = self.inner.pipeline.get()?;
-        DoorSpan::start(&pipeline.tracer, self.inner.settings.sampling, caller, name, kind, attributes)
+        DoorSpan::start(&pipeline.spans, self.inner.settings.sampling, caller, name, kind, attributes)
     }
 
     /// Records whether the last Redis operation reached the server. Counts a reconnect when

@@ -1,5 +1,11 @@
-//! The OpenTelemetry pipeline: the SDK's tracer (its parent-based ratio sampler, the call's own
-//! ids) and a bounded queue in front of the OTLP exporter.
+//! The OpenTelemetry pipeline: a bounded queue of finished spans in front of the OTLP exporter.
+//!
+//! toolhost makes its spans' exportable data itself ([`super::spans`]) rather than through the
+//! SDK's tracer: a call's span ids are chosen at admission, its sampling decision too, and its
+//! spans are built once, when each ends, straight into the queue; the SDK's per-span machinery
+//! (a context and a locked span per span, its sampler, its id generator, its processor chain)
+//! cost more than the rest of an echo call (docs/PERFORMANCE.md, "Telemetry"). The SDK's
+//! exporter still encodes and sends them.
 //!
 //! A span that ends is offered to the queue and never waited for: when the queue is full (the
 //! collector is slow or down) it is dropped and counted
@@ -10,22 +16,20 @@
 //! (`reason="export_failed"`), never retried, so an outage costs memory of one queue at most.
 //! The SDK's own batch processor counts its drops only in a log line at shutdown, hence this one.
 
-use std::cell::Cell;
+use std::sync::Arc;
 use std::time::Duration;
 
 use metrics::Counter;
-use opentelemetry::trace::{SpanId, TraceId};
+use opentelemetry::InstrumentationScope;
 use opentelemetry_otlp::{
     Protocol as OtlpProtocol, WithExportConfig as _, WithHttpConfig as _, WithTonicConfig as _,
 };
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::error::OTelSdkResult;
-use opentelemetry_sdk::trace::{
-    IdGenerator, RandomIdGenerator, Sampler, SdkTracer, SdkTracerProvider, SpanData, SpanExporter as _,
-    SpanProcessor,
-};
+use opentelemetry_sdk::trace::{SpanData, SpanExporter as _};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
 use super::settings::{Export, Protocol, Settings};
@@ -44,11 +48,38 @@ pub(crate) struct ExportCounters {
     pub dropped_export_failed: Counter,
 }
 
-/// A running pipeline: the tracer the lifecycle makes spans with, and the export task.
+impl std::fmt::Debug for ExportCounters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExportCounters").finish_non_exhaustive()
+    }
+}
+
+/// Where finished spans go: the export queue, offered to and never waited on.
+pub(crate) struct SpanQueue {
+    queue: mpsc::Sender<SpanData>,
+    dropped: Counter,
+    /// The instrumentation scope every span names (its strings are static: a clone allocates
+    /// nothing).
+    pub scope: InstrumentationScope,
+}
+
+impl SpanQueue {
+    /// Offers a finished span; when the queue is full (or the pipeline stopped) it is dropped,
+    /// and counted while the pipeline runs.
+    pub(crate) fn offer(&self, span: SpanData) {
+        match self.queue.try_send(span) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(_)) => self.dropped.increment(1),
+            Err(mpsc::error::TrySendError::Closed(_)) => {}
+        }
+    }
+}
+
+/// A running pipeline: the queue the lifecycle offers spans to, and the export task.
 pub(crate) struct Pipeline {
-    /// Makes spans; cloned into every call's span.
-    pub tracer: SdkTracer,
-    provider: SdkTracerProvider,
+    /// Takes finished spans; shared by every sampled call's span.
+    pub spans: Arc<SpanQueue>,
+    stop: CancellationToken,
     export: std::sync::Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -70,26 +101,17 @@ impl Pipeline {
         let mut exporter = span_exporter(export)?;
         opentelemetry_sdk::trace::SpanExporter::set_resource(&mut exporter, &resource);
         let (queue, spans) = mpsc::channel(export.max_queue_size);
-        let task = tokio::spawn(export_loop(spans, exporter, export.clone(), counters.clone()));
-        let sampler = if settings.sampling.parent_based {
-            Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(settings.sampling.ratio)))
-        } else {
-            Sampler::TraceIdRatioBased(settings.sampling.ratio)
-        };
-        let provider = SdkTracerProvider::builder()
-            .with_span_processor(QueueProcessor { queue, dropped: counters.dropped_queue_full })
-            .with_sampler(sampler)
-            .with_id_generator(CallIdGenerator::default())
-            .with_resource(resource)
-            .build();
-        let tracer = opentelemetry::trace::TracerProvider::tracer(&provider, SCOPE);
-        Ok(Some(Pipeline { tracer, provider, export: std::sync::Mutex::new(Some(task)) }))
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(export_loop(spans, exporter, export.clone(), counters.clone(), stop.clone()));
+        let scope = InstrumentationScope::builder(SCOPE).build();
+        let spans = Arc::new(SpanQueue { queue, dropped: counters.dropped_queue_full, scope });
+        Ok(Some(Pipeline { spans, stop, export: std::sync::Mutex::new(Some(task)) }))
     }
 
     /// Stops taking spans and exports what the queue holds, for at most `grace`.
     pub(crate) async fn shutdown(&self, grace: Duration) {
-        // Drops the processor and with it the queue's sender: the export task drains and ends.
-        let _ = self.provider.shutdown_with_timeout(grace);
+        // The export task closes the queue (later spans are refused) and drains it.
+        self.stop.cancel();
         let task = self.export.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
         if let Some(task) = task {
             let _ = tokio::time::timeout(grace, task).await;
@@ -143,22 +165,25 @@ pub(crate) fn tonic_metadata(headers: &[(String, String)]) -> anyhow::Result<ton
     Ok(metadata)
 }
 
-/// Takes spans off the queue in batches and exports them, until the queue closes and is empty.
+/// Takes spans off the queue in batches and exports them, until `stop` closes the queue and it
+/// is empty.
 async fn export_loop(
     mut spans: mpsc::Receiver<SpanData>,
     exporter: opentelemetry_otlp::SpanExporter,
     export: Export,
     counters: ExportCounters,
+    stop: CancellationToken,
 ) {
     let mut batch = Vec::with_capacity(export.max_export_batch_size);
     let mut failing = false;
+    let mut stopping = false;
     loop {
-        let Some(first) = spans.recv().await else { break };
+        let Some(first) = next_span(&mut spans, &stop, &mut stopping).await else { break };
         batch.push(first);
         let until = tokio::time::Instant::now() + export.schedule_delay;
         let mut closed = false;
         while batch.len() < export.max_export_batch_size {
-            match tokio::time::timeout_at(until, spans.recv()).await {
+            match tokio::time::timeout_at(until, next_span(&mut spans, &stop, &mut stopping)).await {
                 Ok(Some(span)) => batch.push(span),
                 Ok(None) => {
                     closed = true;
@@ -198,72 +223,37 @@ async fn export_loop(
     }
 }
 
-/// Offers every sampled span that ends to the export queue, never waiting.
-#[derive(Debug)]
-struct QueueProcessor {
-    queue: mpsc::Sender<SpanData>,
-    dropped: Counter,
-}
-
-impl std::fmt::Debug for ExportCounters {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ExportCounters").finish_non_exhaustive()
-    }
-}
-
-impl SpanProcessor for QueueProcessor {
-    fn on_start(&self, _span: &mut opentelemetry_sdk::trace::Span, _cx: &opentelemetry::Context) {}
-
-    fn on_end(&self, span: SpanData) {
-        if !span.span_context.is_sampled() {
-            return;
-        }
-        if self.queue.try_send(span).is_err() {
-            self.dropped.increment(1);
+/// The next span of the queue; `None` once it is closed and empty. When `stop` fires the queue
+/// is closed: later spans are refused, and what it holds is still received.
+async fn next_span(
+    spans: &mut mpsc::Receiver<SpanData>,
+    stop: &CancellationToken,
+    stopping: &mut bool,
+) -> Option<SpanData> {
+    loop {
+        tokio::select! {
+            biased;
+            () = stop.cancelled(), if !*stopping => {
+                spans.close();
+                *stopping = true;
+            }
+            span = spans.recv() => return span,
         }
     }
-
-    fn force_flush(&self) -> OTelSdkResult {
-        Ok(())
-    }
-
-    fn shutdown_with_timeout(&self, _timeout: Duration) -> OTelSdkResult {
-        Ok(())
-    }
 }
 
-thread_local! {
-    /// The ids the next span made on this thread takes (see [`with_ids`]).
-    static NEXT_TRACE: Cell<Option<[u8; 16]>> = const { Cell::new(None) };
-    static NEXT_SPAN: Cell<Option<[u8; 8]>> = const { Cell::new(None) };
-}
-
-/// The SDK's id generator, except for a call's own span: its ids were chosen when the request
-/// was admitted (they are in the answer's `traceparent`), and [`with_ids`] hands them to the
-/// span made in its closure.
-#[derive(Debug, Default)]
-struct CallIdGenerator(RandomIdGenerator);
-
-impl IdGenerator for CallIdGenerator {
-    fn new_trace_id(&self) -> TraceId {
-        NEXT_TRACE.with(Cell::take).map_or_else(|| self.0.new_trace_id(), TraceId::from_bytes)
+/// A random span id, never all zero, from the thread's fast generator (the SDK's own way): a
+/// child span's id, which nothing else needs to know before the span exists.
+pub(crate) fn new_span_id() -> opentelemetry::trace::SpanId {
+    thread_local! {
+        static IDS: opentelemetry_sdk::trace::RandomIdGenerator = opentelemetry_sdk::trace::RandomIdGenerator::default();
     }
-
-    fn new_span_id(&self) -> SpanId {
-        NEXT_SPAN.with(Cell::take).map_or_else(|| self.0.new_span_id(), SpanId::from_bytes)
+    loop {
+        let id = IDS.with(opentelemetry_sdk::trace::IdGenerator::new_span_id);
+        if id != opentelemetry::trace::SpanId::INVALID {
+            return id;
+        }
     }
-}
-
-/// Runs `make` (which makes one span) with `trace_id` and `span_id` as the ids it takes: the
-/// span id always, the trace id when the span has no parent.
-pub(crate) fn with_ids<T>(trace_id: [u8; 16], span_id: [u8; 8], make: impl FnOnce() -> T) -> T {
-    NEXT_TRACE.with(|next| next.set(Some(trace_id)));
-    NEXT_SPAN.with(|next| next.set(Some(span_id)));
-    let made = make();
-    // Whatever `make` did not take is not left for another span.
-    NEXT_TRACE.with(|next| next.set(None));
-    NEXT_SPAN.with(|next| next.set(None));
-    made
 }
 
 /// The metrics toolhost exports over OTLP, beside the Prometheus endpoint: recorded where the

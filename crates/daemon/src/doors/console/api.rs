@@ -13,6 +13,8 @@ use axum::http::StatusCode;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::Stream;
+use opentelemetry::KeyValue;
+use opentelemetry::trace::SpanKind;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, watch};
@@ -21,6 +23,7 @@ use toolhost_envelope::{TraceContext, new_message_id};
 use super::{Console, read};
 use crate::auth::AuditEntry;
 use crate::fleet_client::{CallFailure, CancelState, Progress, Request};
+use crate::telemetry::DoorSpan;
 
 /// How long a finished call's events stay for a page that follows it late.
 const KEEP_FINISHED: Duration = Duration::from_secs(300);
@@ -69,6 +72,25 @@ pub(crate) struct CallBody {
 }
 
 /// `POST /api/call`: publishes the call and answers 202 with its request id; its events come on
+/// The console's SERVER span of a call from its page, `POST /api/call` by the HTTP conventions
+/// (`http.request.method`, `http.route`, `http.response.status_code` 202) with the tool's
+/// (`gen_ai.tool.name`, `gen_ai.operation.name` `execute_tool`): a child of the page's context,
+/// and the context the request carries. It lasts until the call's answer (or its timeout)
+/// reaches the console, not only until the 202, so it shows the call as the page follows it.
+/// `None` when the call is not sampled or nothing is exported.
+fn call_span(console: &Console, caller: Option<&TraceContext>, request: &Request) -> Option<DoorSpan> {
+    let attributes = vec![
+        KeyValue::new("http.request.method", "POST"),
+        KeyValue::new("http.route", "/api/call"),
+        KeyValue::new("http.response.status_code", 202),
+        KeyValue::new("gen_ai.tool.name", request.tool.clone()),
+        KeyValue::new("gen_ai.operation.name", "execute_tool"),
+        KeyValue::new("toolhost.door", "console"),
+        KeyValue::new("toolhost.request_id", request.request_id.clone()),
+    ];
+    console.telemetry.door_span(caller, "POST /api/call".to_owned(), SpanKind::Server, attributes)
+}
+
 /// `GET /api/calls/<request id>/events`.
 pub(crate) async fn call(State(console): State<Arc<Console>>, body: Option<Json<CallBody>>) -> Response {
     let Some(Json(body)) = body else {
@@ -90,7 +112,7 @@ pub(crate) async fn call(State(console): State<Arc<Console>>, body: Option<Json<
         0 => console.call_timeout,
         ms => Duration::from_millis(ms).min(console.call_timeout),
     };
-    let request = Request {
+    let mut request = Request {
         tool: body.tool.clone(),
         arguments: arguments.clone(),
         request_id: request_id.clone(),
@@ -98,8 +120,11 @@ pub(crate) async fn call(State(console): State<Arc<Console>>, body: Option<Json<
         response_topic: None,
         tenant: console.tenant.clone(),
         via: Some("console".to_owned()),
-        trace: TraceContext::read(body.traceparent.as_deref(), None),
+        trace: None,
     };
+    let caller = TraceContext::read(body.traceparent.as_deref(), None);
+    let span = call_span(&console, caller.as_ref(), &request);
+    request.trace = span.as_ref().map(DoorSpan::passed_on).or(caller);
     audit(&console, &request_id, &body.tool, "call").await;
     let followed = Arc::new(Followed {
         events: Mutex::new(Vec::new()),
@@ -118,17 +143,31 @@ pub(crate) async fn call(State(console): State<Arc<Console>>, body: Option<Json<
     let fleet = console.fleet.clone();
     let weak = Arc::downgrade(&console);
     tokio::spawn(async move {
-        match fleet.call(&request, Some(progress)).await {
-            Ok(answer) => followed.push("answer", serde_json::to_value(&answer).unwrap_or_default(), true),
+        let failed = match fleet.call(&request, Some(progress)).await {
+            Ok(answer) => {
+                let failed =
+                    answer.error_code.map(|code| (code.as_str(), "the call was answered with an error"));
+                followed.push("answer", serde_json::to_value(&answer).unwrap_or_default(), true);
+                failed
+            }
             Err(CallFailure::NoAnswer(wait)) => {
                 followed.push(
                     "timeout",
                     json!({"error": format!("no toolbox answered within {} ms", wait.as_millis())}),
                     true,
                 );
+                Some(("timeout", "no toolbox answered in time"))
             }
-            Err(err) => followed.push("timeout", json!({"error": err.to_string()}), true),
+            Err(err) => {
+                followed.push("timeout", json!({"error": err.to_string()}), true);
+                Some(("no_answer", "the call could not be made"))
+            }
+        };
+        if let (Some(span), Some((error_type, description))) = (&span, failed) {
+            span.fail(error_type, description);
         }
+        // The console's span ends when the call's outcome reached the console.
+        drop(span);
         tokio::time::sleep(KEEP_FINISHED).await;
         if let Some(console) = weak.upgrade() {
             console.lock_calls().remove(&request.request_id);

@@ -69,6 +69,8 @@ pub(crate) struct Console {
     calls: Mutex<HashMap<String, Arc<api::Followed>>>,
     /// `[console] trace_url`: a call's trace in a trace viewer, `{trace_id}` in it; empty: none.
     trace_url: String,
+    /// Makes the console's span of each call.
+    telemetry: crate::telemetry::Telemetry,
 }
 
 impl Console {
@@ -118,6 +120,7 @@ async fn start(settings: &Settings, cx: &DoorContext) -> anyhow::Result<Option<t
         access: access::Access::new(token),
         calls: Mutex::new(HashMap::new()),
         trace_url: settings.trace_url.trim().to_owned(),
+        telemetry: cx.telemetry.clone(),
     });
     let stop = cx.stop.clone();
     let listener = tokio::net::TcpListener::bind(addr)

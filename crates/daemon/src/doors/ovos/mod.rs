@@ -77,6 +77,7 @@ async fn start(settings: &Settings, cx: &DoorContext) -> anyhow::Result<Option<t
         tenant: settings.tenant(),
         permits: Arc::new(Semaphore::new(settings.max_concurrent_calls)),
         max_concurrent_calls: settings.max_concurrent_calls,
+        telemetry: cx.telemetry.clone(),
     });
     info!(toolbox_id = %door.toolbox_id, tools = fleet.tools().len(), "OVOS door started");
     Ok(Some(tokio::spawn(async move {

@@ -15,6 +15,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use opentelemetry::KeyValue;
+use opentelemetry::trace::SpanKind;
 use serde_json::{Map, Value, json};
 use tokio::sync::Semaphore;
 use toolhost_envelope::{ErrorCode, ResultData, ToolDescription, TraceContext};
@@ -24,6 +26,10 @@ use crate::fleet_client::{CallFailure, FleetClient, Request};
 use crate::ovos_bus::link::Link;
 use crate::ovos_bus::message::{BusMessage, python_str, python_type};
 use crate::ovos_bus::{DISCOVER, HOSTED_PREFIX, STATIC_CALL};
+use crate::telemetry::{DoorSpan, Telemetry};
+
+/// `messaging.system` of the door's spans: no convention names the OVOS messagebus yet.
+const OVOS_MESSAGING_SYSTEM: &str = "ovos_messagebus";
 
 /// The door as one `ToolBox`.
 pub(crate) struct ToolBox {
@@ -41,6 +47,8 @@ pub(crate) struct ToolBox {
     /// Calls waiting for answers.
     pub permits: Arc<Semaphore>,
     pub max_concurrent_calls: usize,
+    /// Makes the door's span of each call.
+    pub telemetry: Telemetry,
 }
 
 /// What a call asks for, once checked: the tool and its arguments, or the reference's error.
@@ -128,35 +136,50 @@ impl ToolBox {
     /// Answers one call, exactly once.
     fn call(self: &Arc<Self>, message: BusMessage) {
         let name_field = message.data.get("name").cloned().unwrap_or_else(|| json!(""));
+        let caller = TraceContext::read(
+            message.context.get("traceparent").and_then(Value::as_str),
+            message.context.get("tracestate").and_then(Value::as_str),
+        );
+        let span = self.span(&message, caller.as_ref());
         let (tool, kwargs) = match self.check(&message.data) {
             Checked::Call { tool, kwargs } => (tool, kwargs),
             Checked::Refused(error) => {
                 info!(door = "ovos", tool = %truncated(&name_field), outcome = "refused", error = %truncated(&json!(error)), "OVOS bus call refused");
+                if let Some(span) = &span {
+                    span.fail("invalid_request", &error);
+                }
                 self.reply(&message, name_field, Err(error));
                 return;
             }
         };
+        if let Some(span) = &span {
+            span.set(KeyValue::new("gen_ai.tool.name", tool.name.clone()));
+        }
         let Ok(permit) = self.permits.clone().try_acquire_owned() else {
             let error = format!(
                 "RuntimeError: overloaded: the OVOS door has {} calls in flight; retry later",
                 self.max_concurrent_calls
             );
             info!(door = "ovos", tool = %tool.name, outcome = "overloaded", "OVOS bus call refused");
+            if let Some(span) = &span {
+                span.fail("overloaded", &error);
+            }
             self.reply(&message, name_field, Err(error));
             return;
         };
+        let request_id = format!("ovos-{}", uuid::Uuid::new_v4().simple());
+        if let Some(span) = &span {
+            span.set(KeyValue::new("toolhost.request_id", request_id.clone()));
+        }
         let request = Request {
             tool: tool.name.clone(),
             arguments: Value::Object(kwargs),
-            request_id: format!("ovos-{}", uuid::Uuid::new_v4().simple()),
+            request_id,
             timeout: Duration::from_millis(tool.timeout_ms.max(1)).min(self.call_timeout),
             response_topic: None,
             tenant: self.tenant.clone(),
             via: None,
-            trace: TraceContext::read(
-                message.context.get("traceparent").and_then(Value::as_str),
-                message.context.get("tracestate").and_then(Value::as_str),
-            ),
+            trace: span.as_ref().map(DoorSpan::passed_on).or(caller),
         };
         let door = self.clone();
         tokio::spawn(async move {
@@ -179,8 +202,31 @@ impl ToolBox {
                 duration_ms = started.elapsed().as_millis() as u64,
                 "OVOS bus call answered"
             );
+            if let (Some(span), Err(error)) = (&span, &reply)
+                && outcome != "ok"
+            {
+                span.fail(outcome, error);
+            }
             door.reply(&message, name_field, reply);
+            drop(span);
         });
+    }
+
+    /// The door's CONSUMER span `process <message type>` of a call, by the messaging
+    /// conventions (`messaging.system` `ovos_messagebus`, the message type as the destination):
+    /// a child of the message's context, linked to it; `None` when the call is not sampled or
+    /// nothing is exported.
+    fn span(&self, message: &BusMessage, caller: Option<&TraceContext>) -> Option<DoorSpan> {
+        let attributes = vec![
+            KeyValue::new("messaging.system", OVOS_MESSAGING_SYSTEM),
+            KeyValue::new("messaging.operation.type", "process"),
+            KeyValue::new("messaging.operation.name", "process"),
+            KeyValue::new("messaging.destination.name", message.msg_type.clone()),
+            KeyValue::new("gen_ai.operation.name", "execute_tool"),
+            KeyValue::new("toolhost.door", "ovos"),
+        ];
+        let name = format!("process {}", message.msg_type);
+        self.telemetry.door_span(caller, name, SpanKind::Consumer, attributes).map(DoorSpan::linked)
     }
 
     /// Sends the one response of a call.
