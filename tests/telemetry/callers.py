@@ -7,9 +7,10 @@ OTLP/HTTP (to OTEL_EXPORTER_OTLP_ENDPOINT) as service `caller`. Each prints one 
     callers.py redis <redis url> <tool> <arguments JSON>
         toolhost's Python client calls the tool over Redis inside a span `caller`; the client
         makes the PRODUCER span `send action-requests` and sets the request's `traceparent`.
-    callers.py raw-mcp <url> <tool> <traceparent>
+    callers.py raw-mcp <url> <tool> <traceparent> [task]
         No SDK span: one tools/call over plain HTTP whose `_meta.traceparent` is given as is
-        (garbage, for the tests), printing the answer.
+        (garbage, for the tests), printing the answer. With `task`, the client declares the
+        tasks extension (protocol 2025-11-25), so the door may answer with a task.
 """
 
 from __future__ import annotations
@@ -62,20 +63,22 @@ async def redis_call(url: str, tool: str, arguments: str) -> None:
     done({"trace_id": trace_id, "result": result})
 
 
-async def raw_mcp_call(url: str, tool: str, traceparent: str) -> None:
+async def raw_mcp_call(url: str, tool: str, traceparent: str, task: str = "") -> None:
     import httpx2 as httpx
 
     headers = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+    version = "2025-11-25" if task == "task" else "2025-06-18"
+    capabilities = {"extensions": {"io.modelcontextprotocol/tasks": {}}} if task == "task" else {}
     async with httpx.AsyncClient(timeout=30) as http:
         init = {
             "jsonrpc": "2.0", "id": 1, "method": "initialize",
-            "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}},
+            "params": {"protocolVersion": version, "capabilities": capabilities, "clientInfo": {"name": "raw", "version": "1"}},
         }
         response = await http.post(url, json=init, headers=headers)
         session = response.headers.get("mcp-session-id")
         if session:
             headers["mcp-session-id"] = session
-        headers["mcp-protocol-version"] = "2025-06-18"
+        headers["mcp-protocol-version"] = version
         await http.post(url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=headers)
         call = {
             "jsonrpc": "2.0", "id": 2, "method": "tools/call",

@@ -167,7 +167,9 @@ impl Fleet {
                  [[mcp_servers]]\nname = \"traced\"\ncommand = \"{python}\"\nargs = [\"{server}\"]\n\
                  env = {{ OTEL_EXPORTER_OTLP_ENDPOINT = \"{collector}\" }}\n\n\
                  [[http_tools]]\nname = \"echo_headers\"\ndescription = \"Answers with the trace headers it got.\"\n\
-                 method = \"GET\"\nurl = \"{collector}/echo\"\nannotations = {{ read_only = true }}\n",
+                 method = \"GET\"\nurl = \"{collector}/echo\"\nannotations = {{ read_only = true }}\n\n\
+                 [[commands]]\nname = \"print_traceparent\"\ndescription = \"Prints the TRACEPARENT it got.\"\n\
+                 argv = [\"printenv\", \"TRACEPARENT\"]\ntimeout_ms = 20000\n",
                 user = user(),
                 python = venv().join("bin/python").display(),
                 server = fixture("traced_server.py").display(),
@@ -581,4 +583,39 @@ fn the_ovos_door_and_the_console_make_their_spans_and_pass_the_callers_context_o
         "the console's span lasts until the answer: {console:#} {process:#}"
     );
     check_toolbox_part(&spans, console, "execute_tool echo", "INTERNAL");
+}
+
+#[test]
+fn a_call_the_mcp_door_makes_a_task_carries_the_callers_trace_to_the_toolbox() {
+    let fleet = Fleet::start();
+    fleet.hosts.wait_for_log("print_traceparent", WAIT);
+    // A client that takes tasks calls a tool whose timeout (20 s) is above the door's task
+    // threshold (10 s): the door answers with a task and writes the request itself.
+    let (trace_id, client_span, traceparent) = new_context();
+    let report = fleet.caller(&["raw-mcp", &fleet.mcp_url(), "print_traceparent", &traceparent, "task"]);
+    let task = &report["answer"]["result"];
+    assert_eq!(task["resultType"], "task", "the door made a task: {report}");
+    assert!(task["taskId"].is_string(), "{report}");
+    // The toolbox ran the command (`printenv` fails without TRACEPARENT, which the outcome
+    // `success` of check_toolbox_part rules out) in the caller's trace, under the door's span.
+    let spans = fleet.receiver.trace(&trace_id, |spans| {
+        has(spans, "toolhost", "tools/call print_traceparent")
+            && has(spans, "toolhost", "settle action-requests")
+    });
+    let door = one(&spans, "toolhost", "tools/call print_traceparent");
+    assert_eq!(door["kind"], "SERVER");
+    assert_eq!(door["parent_span_id"], client_span.as_str(), "the door's span is the client's child");
+    check_toolbox_part(&spans, door, "execute_tool print_traceparent", "INTERNAL");
+    // The request the task path wrote carries the door span's context.
+    let mut connection = fleet.redis.connection();
+    let entries: Vec<(String, Vec<(String, String)>)> =
+        redis::cmd("XRANGE").arg("action-requests").arg("-").arg("+").query(&mut connection).unwrap();
+    let request = entries
+        .iter()
+        .filter_map(|(_, fields)| fields.iter().find(|(name, _)| name == "payload"))
+        .map(|(_, payload)| serde_json::from_str::<Value>(payload).unwrap())
+        .find(|request| request["data"]["tool"] == "print_traceparent")
+        .expect("the task's request on action-requests");
+    let door_id = door["span_id"].as_str().unwrap();
+    assert_eq!(request["traceparent"], format!("00-{trace_id}-{door_id}-01"), "{request:#}");
 }
