@@ -17,6 +17,7 @@
 //! The SDK's own batch processor counts its drops only in a log line at shutdown, hence this one.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use metrics::Counter;
@@ -27,7 +28,7 @@ use opentelemetry_otlp::{
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::trace::{SpanData, SpanExporter as _};
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
@@ -58,6 +59,12 @@ impl std::fmt::Debug for ExportCounters {
 pub(crate) struct SpanQueue {
     queue: mpsc::Sender<SpanData>,
     dropped: Counter,
+    /// Spans in the queue; the export task is woken when they make a full batch.
+    waiting: AtomicUsize,
+    /// `max_export_batch_size`.
+    batch: usize,
+    /// Wakes the export task: a batch is full.
+    full: Notify,
     /// The instrumentation scope every span names (its strings are static: a clone allocates
     /// nothing).
     pub scope: InstrumentationScope,
@@ -68,10 +75,24 @@ impl SpanQueue {
     /// and counted while the pipeline runs.
     pub(crate) fn offer(&self, span: SpanData) {
         match self.queue.try_send(span) {
-            Ok(()) => {}
+            Ok(()) => {
+                if self.waiting.fetch_add(1, Ordering::Relaxed) + 1 == self.batch {
+                    self.full.notify_one();
+                }
+            }
             Err(mpsc::error::TrySendError::Full(_)) => self.dropped.increment(1),
             Err(mpsc::error::TrySendError::Closed(_)) => {}
         }
+    }
+
+    /// Spans in the queue.
+    fn waiting(&self) -> usize {
+        self.waiting.load(Ordering::Relaxed)
+    }
+
+    /// The export task took `count` spans off the queue.
+    fn taken(&self, count: usize) {
+        self.waiting.fetch_sub(count, Ordering::Relaxed);
     }
 }
 
@@ -100,11 +121,24 @@ impl Pipeline {
         let resource = Resource::builder().with_service_name(settings.service_name.clone()).build();
         let mut exporter = span_exporter(export)?;
         opentelemetry_sdk::trace::SpanExporter::set_resource(&mut exporter, &resource);
-        let (queue, spans) = mpsc::channel(export.max_queue_size);
+        let (queue, receiver) = mpsc::channel(export.max_queue_size);
         let stop = CancellationToken::new();
-        let task = tokio::spawn(export_loop(spans, exporter, export.clone(), counters.clone(), stop.clone()));
-        let scope = InstrumentationScope::builder(SCOPE).build();
-        let spans = Arc::new(SpanQueue { queue, dropped: counters.dropped_queue_full, scope });
+        let spans = Arc::new(SpanQueue {
+            queue,
+            dropped: counters.dropped_queue_full.clone(),
+            waiting: AtomicUsize::new(0),
+            batch: export.max_export_batch_size,
+            full: Notify::new(),
+            scope: InstrumentationScope::builder(SCOPE).build(),
+        });
+        let task = tokio::spawn(export_loop(
+            receiver,
+            spans.clone(),
+            exporter,
+            export.clone(),
+            counters.clone(),
+            stop.clone(),
+        ));
         Ok(Some(Pipeline { spans, stop, export: std::sync::Mutex::new(Some(task)) }))
     }
 
@@ -166,78 +200,82 @@ pub(crate) fn tonic_metadata(headers: &[(String, String)]) -> anyhow::Result<ton
 }
 
 /// Takes spans off the queue in batches and exports them, until `stop` closes the queue and it
-/// is empty.
+/// is empty. It wakes when a batch is full, every `schedule_delay` or when stopped, never for a
+/// single span: a span offered costs its sender no wake-up of this task.
 async fn export_loop(
     mut spans: mpsc::Receiver<SpanData>,
+    queue: Arc<SpanQueue>,
     exporter: opentelemetry_otlp::SpanExporter,
     export: Export,
     counters: ExportCounters,
     stop: CancellationToken,
 ) {
-    let mut batch = Vec::with_capacity(export.max_export_batch_size);
     let mut failing = false;
-    let mut stopping = false;
     loop {
-        let Some(first) = next_span(&mut spans, &stop, &mut stopping).await else { break };
-        batch.push(first);
-        let until = tokio::time::Instant::now() + export.schedule_delay;
-        let mut closed = false;
-        while batch.len() < export.max_export_batch_size {
-            match tokio::time::timeout_at(until, next_span(&mut spans, &stop, &mut stopping)).await {
-                Ok(Some(span)) => batch.push(span),
-                Ok(None) => {
-                    closed = true;
-                    break;
+        let stopping = tokio::select! {
+            biased;
+            () = stop.cancelled() => true,
+            () = queue.full.notified() => false,
+            () = tokio::time::sleep(export.schedule_delay) => false,
+        };
+        if stopping {
+            // Later spans are refused; what the queue holds is still taken.
+            spans.close();
+        }
+        loop {
+            let mut batch = Vec::with_capacity(export.max_export_batch_size.min(queue.waiting()));
+            while batch.len() < export.max_export_batch_size {
+                match spans.try_recv() {
+                    Ok(span) => batch.push(span),
+                    Err(_) => break,
                 }
-                Err(_) => break,
+            }
+            queue.taken(batch.len());
+            if batch.is_empty() {
+                break;
+            }
+            let full = batch.len() == export.max_export_batch_size;
+            export_batch(&exporter, batch, &export, &counters, &mut failing).await;
+            if !full {
+                break;
             }
         }
-        let count = batch.len() as u64;
-        let sent = std::mem::replace(&mut batch, Vec::with_capacity(export.max_export_batch_size));
-        // The exporter's own timeout bounds the request; this bounds everything else.
-        let result =
-            tokio::time::timeout(export.timeout + Duration::from_secs(1), exporter.export(sent)).await;
-        match result {
-            Ok(Ok(())) => {
-                counters.exported.increment(count);
-                failing = false;
-            }
-            Ok(Err(err)) => {
-                counters.dropped_export_failed.increment(count);
-                if !failing {
-                    warn!(error = %err, spans = count, "cannot export spans; dropped (counted until the collector takes them again)");
-                }
-                failing = true;
-            }
-            Err(_) => {
-                counters.dropped_export_failed.increment(count);
-                if !failing {
-                    warn!(spans = count, "exporting spans timed out; dropped");
-                }
-                failing = true;
-            }
-        }
-        if closed {
+        if stopping {
             break;
         }
     }
 }
 
-/// The next span of the queue; `None` once it is closed and empty. When `stop` fires the queue
-/// is closed: later spans are refused, and what it holds is still received.
-async fn next_span(
-    spans: &mut mpsc::Receiver<SpanData>,
-    stop: &CancellationToken,
-    stopping: &mut bool,
-) -> Option<SpanData> {
-    loop {
-        tokio::select! {
-            biased;
-            () = stop.cancelled(), if !*stopping => {
-                spans.close();
-                *stopping = true;
+/// Exports one batch, counting it as exported or dropped; `failing` keeps one warning per
+/// outage.
+async fn export_batch(
+    exporter: &opentelemetry_otlp::SpanExporter,
+    batch: Vec<SpanData>,
+    export: &Export,
+    counters: &ExportCounters,
+    failing: &mut bool,
+) {
+    let count = batch.len() as u64;
+    // The exporter's own timeout bounds the request; this bounds everything else.
+    let result = tokio::time::timeout(export.timeout + Duration::from_secs(1), exporter.export(batch)).await;
+    match result {
+        Ok(Ok(())) => {
+            counters.exported.increment(count);
+            *failing = false;
+        }
+        Ok(Err(err)) => {
+            counters.dropped_export_failed.increment(count);
+            if !*failing {
+                warn!(error = %err, spans = count, "cannot export spans; dropped (counted until the collector takes them again)");
             }
-            span = spans.recv() => return span,
+            *failing = true;
+        }
+        Err(_) => {
+            counters.dropped_export_failed.increment(count);
+            if !*failing {
+                warn!(spans = count, "exporting spans timed out; dropped");
+            }
+            *failing = true;
         }
     }
 }
