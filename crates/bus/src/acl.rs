@@ -44,6 +44,8 @@ const COMMON: &[&str] = &[
     "exists",
     "type",
     "hset",
+    // A cluster claim given back keeps ledger format 2's `refused` field.
+    "hdel",
     // redis-rs writes a hash of several fields (the registry) with HMSET.
     "hmset",
     "hget",

@@ -430,6 +430,55 @@ pub enum Committed {
     Kept(KeptAnswer),
 }
 
+/// The value of a request's answered mark (on a cluster: the field `refused` of its claim) that
+/// ledger format 2 writes when an entry of the request is refused (an answer that is not final)
+/// and no final answer is there yet: "an entry of this request was answered, look at its refusal
+/// mark". It is no answer: readers of format 2 treat it as "not answered". See
+/// `docs/CONTRACTS.md`, "The ledger's format".
+pub const REFUSED_MARK: &str = "refused";
+
+/// The format of the ledger's marks a replica writes and reads (`[dispatch] ledger_format`,
+/// `[dispatch] previous_ledger_format`), so a fleet rolls from format 1 to format 2 without
+/// losing or doubling an answer (`docs/OPERATIONS.md`, "Rolling to ledger format 2").
+///
+/// Format 1 writes a refusal as the entry's refusal mark alone, so a final answer must look
+/// that mark up (one `EXISTS` per answer). Format 2 also sets the request's answered mark to
+/// [`REFUSED_MARK`] when it has none (and keeps the mark alive as long as the refusal), so an
+/// answered mark that is not there means no entry of the request was answered at all, and the
+/// common answer (a request answered for the first time) is one `SET NX GET`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum LedgerFormat {
+    /// Writes format 1, reads either (a placeholder is "not answered"). The default; what
+    /// replicas of earlier releases write.
+    #[default]
+    One,
+    /// Writes format 2, reads as format 1 (every answer looks its entry's refusal mark up):
+    /// the fleet runs replicas of format 1 and 2 side by side (`ledger_format = 2` with
+    /// `previous_ledger_format = 1`).
+    Rolling,
+    /// Writes format 2 and trusts it: an answer looks the entry's refusal mark up only when the
+    /// answered mark is there. Every replica of the fleet must write format 2.
+    Two,
+}
+
+impl LedgerFormat {
+    /// Whether refusals also set the request's answered mark to [`REFUSED_MARK`].
+    pub fn writes_placeholders(self) -> bool {
+        self != LedgerFormat::One
+    }
+
+    /// Whether an answer skips the entry's refusal mark when the request's mark is not there.
+    pub fn trusts_placeholders(self) -> bool {
+        self == LedgerFormat::Two
+    }
+}
+
+/// Whether `mark`, the value of a request's answered mark on one server, is an answer (not the
+/// placeholder of format 2).
+pub fn is_answer_mark(mark: &str) -> bool {
+    mark != REFUSED_MARK
+}
+
 /// A request's final answer as the ledger keeps it for retries: the original answer's message
 /// id, the entry it answered, and what was kept of it (its `data`).
 #[derive(Debug, Clone, PartialEq, Eq)]

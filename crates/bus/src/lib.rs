@@ -37,7 +37,8 @@ mod tls;
 
 pub use bus::{
     Bus, CallKeys, CallStart, Committed, Directory, EntryRef, Finish, FleetAccess, GroupInfo, Groups,
-    KeptAnswer, Ledger, Published, RateLimits, Reclaimed, Server, Streams, call_owner,
+    KeptAnswer, Ledger, LedgerFormat, Published, REFUSED_MARK, RateLimits, Reclaimed, Server, Streams,
+    call_owner, is_answer_mark,
 };
 pub use caller::{CallError, Caller, Pending};
 pub use connection::Topology;

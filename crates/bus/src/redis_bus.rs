@@ -89,6 +89,9 @@ pub struct RedisOptions {
     /// as the process runs blocking reads at once (a reader per stream and shard it reads), so
     /// that none is opened again for every read. Default 8.
     pub idle_blocking: usize,
+    /// The ledger's format, written and read (`[dispatch] ledger_format`); see
+    /// [`crate::LedgerFormat`]. Format 1 by default.
+    pub ledger_format: crate::LedgerFormat,
 }
 
 impl RedisOptions {
@@ -109,6 +112,7 @@ impl RedisOptions {
             replica_ack_timeout: Duration::from_secs(1),
             publish_acks: 0,
             idle_blocking: MAX_IDLE_BLOCKING,
+            ledger_format: crate::LedgerFormat::One,
         }
     }
 
@@ -575,7 +579,7 @@ impl Ledger for RedisBus {
                 let source =
                     concat!(include_str!("scripts/begin_call.lua"), include_str!("scripts/call_lease.lua"));
                 let (connection, wait) = self.record_connection();
-                Batcher::waiting(source, 3, 4, connection, false, self.options.gather_batches, wait)
+                Batcher::waiting(source, 3, 5, connection, false, self.options.gather_batches, wait)
             })
         };
         let (reply, acked) = batcher
@@ -586,6 +590,7 @@ impl Ledger for RedisBus {
                     call.lease.as_millis().to_string(),
                     call.retention.as_millis().to_string(),
                     entry_id.to_owned(),
+                    flag(self.options.ledger_format.trusts_placeholders()).to_owned(),
                 ],
             )
             .await?;
@@ -614,7 +619,7 @@ impl Ledger for RedisBus {
             .arg(entry.group)
             .arg(consumer)
             .arg(entry.entry_id)
-            .arg(if tracked { "1" } else { "0" })
+            .arg(flag(tracked))
             .invoke_async(&mut self.commands.clone())
             .await?;
         Ok(renewed == 1)
@@ -646,7 +651,7 @@ impl Ledger for RedisBus {
             Batcher::new(
                 include_str!("scripts/finish.lua"),
                 7,
-                13,
+                14,
                 self.commands.clone(),
                 false,
                 self.options.gather_batches,
@@ -670,11 +675,12 @@ impl Ledger for RedisBus {
             answer.payload,
             dead_letter.id,
             dead_letter.payload,
-            if finish.call.is_some() { "1" } else { "0" },
-            if finish.answer_copy.is_some() { "1" } else { "0" },
-            if finish.final_answer { "1" } else { "0" },
+            flag(finish.call.is_some()),
+            flag(finish.answer_copy.is_some()),
+            flag(finish.final_answer),
             finish.kept.unwrap_or_default(),
-            if finish.replay { "1" } else { "0" },
+            flag(finish.replay),
+            flag(self.options.ledger_format.writes_placeholders()),
         ];
         let reply = batcher
             .invoke(
@@ -955,7 +961,7 @@ impl RedisBus {
             entry.entry_id.to_owned(),
             answer.id.to_owned(),
             answer.payload.to_owned(),
-            if tracked { "1" } else { "0" }.to_owned(),
+            flag(tracked).to_owned(),
             kept.unwrap_or_default().to_owned(),
         ];
         let reply = batcher.invoke_shared(shared, keys, args).await?;
@@ -975,11 +981,21 @@ impl RedisBus {
         }
         let shared = Arc::new(Shared {
             keys: vec![topic.to_owned()],
-            args: vec![group.to_owned(), self.options.maxlen.to_string(), millis.to_string()],
+            args: vec![
+                group.to_owned(),
+                self.options.maxlen.to_string(),
+                millis.to_string(),
+                flag(self.options.ledger_format.trusts_placeholders()).to_owned(),
+            ],
         });
         known.push(((topic.to_owned(), group.to_owned(), millis), Arc::clone(&shared)));
         shared
     }
+}
+
+/// A yes-or-no script argument: `"1"` or `"0"`.
+pub(crate) fn flag(on: bool) -> &'static str {
+    if on { "1" } else { "0" }
 }
 
 /// Decodes a finish script's reply for one entry: 1 published, -1 wrong type, `{2, mark}` a

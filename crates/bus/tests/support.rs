@@ -38,6 +38,30 @@ impl Server {
         panic!("the replica on port {} did not sync with its master", replica.port);
     }
 
+    /// A Redis Cluster of this one server, which holds every slot.
+    pub fn cluster_of_one() -> Server {
+        let server = Server::start(&["--cluster-enabled", "yes"]);
+        let mut connection = server.connection();
+        let () = redis::cmd("CLUSTER").arg("ADDSLOTSRANGE").arg(0).arg(16383).query(&mut connection).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if server.cluster_info().contains("cluster_state:ok") {
+                return server;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("the cluster of one on port {} did not become ok", server.port);
+    }
+
+    fn cluster_info(&self) -> String {
+        redis::cmd("CLUSTER").arg("INFO").query(&mut self.connection()).unwrap()
+    }
+
+    /// `127.0.0.1:<port>`, a cluster's seed node.
+    pub fn address(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
     fn start(args: &[&str]) -> Server {
         let port = free_port();
         let dir = std::env::temp_dir().join(format!("toolhost-bus-test-{}", uuid::Uuid::new_v4().simple()));

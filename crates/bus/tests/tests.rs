@@ -8,3 +8,7 @@ mod support;
 
 /// `[redis] replica_acks`: call records acknowledged by replicas before a tool runs.
 mod replica_acks;
+
+/// `[dispatch] ledger_format`: refusals folded into the answered mark (format 2), and the roll
+/// from format 1, on one server and on a cluster.
+mod ledger_format;

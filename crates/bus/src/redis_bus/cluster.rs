@@ -142,7 +142,7 @@ impl RedisBus {
             // On the records' own connection when they wait for replicas: the pipeline of script
             // and WAIT goes whole to the primary of the items' slot (WAIT names no key).
             let (connection, wait) = self.record_connection();
-            Batcher::waiting(source, 3, 4, connection, true, self.options.gather_batches, wait)
+            Batcher::waiting(source, 3, 5, connection, true, self.options.gather_batches, wait)
         }))
     }
 
@@ -198,7 +198,7 @@ impl RedisBus {
                 &self.batchers.cluster_claim,
                 include_str!("../scripts/cluster/claim.lua"),
                 3,
-                11,
+                12,
             );
             let reply = batcher
                 .invoke(
@@ -215,6 +215,7 @@ impl RedisBus {
                         finish.answer.map_or("", |answer| answer.id).to_owned(),
                         flag(finish.replay),
                         flag(finish.kept.is_some()),
+                        flag(self.options.ledger_format.trusts_placeholders()),
                     ],
                 )
                 .await?;
@@ -360,7 +361,7 @@ impl RedisBus {
             &self.batchers.cluster_settle,
             include_str!("../scripts/cluster/settle.lua"),
             4,
-            12,
+            13,
         );
         batcher
             .invoke(
@@ -378,6 +379,7 @@ impl RedisBus {
                     flag(settle.delete_record),
                     flag(settle.ack),
                     finish.kept.unwrap_or_default().to_owned(),
+                    flag(self.options.ledger_format.writes_placeholders()),
                 ],
             )
             .await?;
@@ -574,9 +576,9 @@ fn claimed_from(reply: Value) -> Result<Claimed, Error> {
     Ok(Claimed { claim, pending, own, taken, kept: None })
 }
 
-/// A script's flag argument.
+/// A script's flag argument, owned.
 fn flag(value: bool) -> String {
-    if value { "1" } else { "0" }.to_owned()
+    super::flag(value).to_owned()
 }
 
 /// One slot of each primary, from a `CLUSTER SLOTS` reply (`[[start, end, [host, port, id], replicas...], ...]`).

@@ -3,7 +3,10 @@
 -- letters, answer copies, entries of unidentified requests).
 -- KEYS[1] requests stream; then for each item, three keys, or four when its call wrote a call
 -- record: answered mark, the entry's refusal mark, answer topic[, call record]
--- ARGV[1] group, ARGV[2] maxlen, ARGV[3] retention ms; then for item i, from a = 3 + (i - 1) * 5:
+-- ARGV[1] group, ARGV[2] maxlen, ARGV[3] retention ms, ARGV[4] '1' when the ledger is of
+-- format 2 on every replica (an answered mark that is not there means no entry of the request was
+-- answered, so the entry's refusal mark is not looked up); then for item i, from
+-- a = 4 + (i - 1) * 5:
 --   ARGV[a + 1] entry id, ARGV[a + 2] answer id, ARGV[a + 3] answer payload,
 --   ARGV[a + 4] '1' when the call wrote a call record (its key follows the item's other three,
 --   and it is deleted here), '0' when it did not (the item has three keys),
@@ -18,7 +21,9 @@
 -- kept, gets {2, mark}: nothing is written and its entry stays pending, for the caller to answer
 -- it with the original answer (finish.lua's replay).
 --
--- The answered mark is taken with one `SET NX GET`: nil means this item set it. It is a plain
+-- The answered mark is taken with one `SET NX GET`: nil means this item set it. A mark that is
+-- the placeholder `refused` (ledger format 2: entries of the request were refused, none answered
+-- for good) is no answer: the entry's refusal mark decides, and the final mark replaces it. It is a plain
 -- `redis.call`: the marks are the ledger's own string keys, so the only errors it can meet are
 -- the server's state (out of memory, a replica, a failed save), which Redis reports only at the
 -- first write of a script, before anything is written, and which fail the whole call as
@@ -34,12 +39,24 @@ local function kept_by_other(mark, entry)
   local at = string.find(mark, '\n', 1, true)
   return at ~= nil and string.sub(mark, at + 1, at + #entry + 1) ~= entry .. '\n'
 end
-local n = (#ARGV - 3) / 5
+local trusted = ARGV[4] == '1'
+-- The answer on its topic; `nil` when it is there, else the item's reply (nothing written).
+local function publish(topic, id, payload)
+  local added = redis.pcall('XADD', topic, 'MAXLEN', '~', ARGV[2], '*', 'id', id, 'payload', payload)
+  if type(added) == 'table' and added.err then
+    if string.sub(added.err, 1, 9) == 'WRONGTYPE' then
+      return -1
+    end
+    return {0, added.err}
+  end
+  return nil
+end
+local n = (#ARGV - 4) / 5
 local replies = {}
 local acked = {}
 local k = 1
 for i = 1, n do
-  local a = 3 + (i - 1) * 5
+  local a = 4 + (i - 1) * 5
   local mark_key, refusal_key, topic = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3]
   local record_key = nil
   if ARGV[a + 4] == '1' then
@@ -56,7 +73,20 @@ for i = 1, n do
     mark = id .. '\n' .. entry .. '\n' .. ARGV[a + 5]
   end
   local before = redis.call('SET', mark_key, mark, 'NX', 'GET', 'PX', ARGV[3])
-  if before then
+  if before == 'refused' then
+    -- Entries of this request were refused, none answered for good: unless this entry was,
+    -- the answer goes out and its mark replaces the placeholder (after the answer, so an answer
+    -- Redis refuses leaves the placeholder as it was).
+    if redis.call('EXISTS', refusal_key) == 1 then
+      reply = 0
+    else
+      reply = publish(topic, id, ARGV[a + 3])
+      if reply == nil then
+        redis.call('SET', mark_key, mark, 'PX', ARGV[3])
+        reply = 1
+      end
+    end
+  elseif before then
     if string.sub(before, 1, #id) == id then
       reply = 1
     elseif keep and kept_by_other(before, entry) and redis.call('EXISTS', refusal_key) == 0 then
@@ -64,22 +94,17 @@ for i = 1, n do
     else
       reply = 0
     end
-  elseif redis.call('EXISTS', refusal_key) == 1 then
+  elseif not trusted and redis.call('EXISTS', refusal_key) == 1 then
     -- Another toolbox answered this entry with a refusal: that stays its one answer.
     redis.call('DEL', mark_key)
     reply = 0
   else
-    local added = redis.pcall('XADD', topic, 'MAXLEN', '~', ARGV[2], '*', 'id', id, 'payload', ARGV[a + 3])
-    if type(added) == 'table' and added.err then
+    reply = publish(topic, id, ARGV[a + 3])
+    if reply == nil then
+      reply = 1
+    else
       -- Nothing of this item may stay written.
       redis.call('DEL', mark_key)
-      if string.sub(added.err, 1, 9) == 'WRONGTYPE' then
-        reply = -1
-      else
-        reply = {0, added.err}
-      end
-    else
-      reply = 1
     end
   end
   if reply == 0 or reply == 1 then

@@ -15,6 +15,10 @@
 -- ARGV[13] '1' when this answer replays a kept answer for a retry: it is guarded by the entry's
 --   refusal mark alone (the request's answered mark is the original's) and sets it, like a
 --   refusal, so the retry's entry is answered once
+-- ARGV[14] '1' when the ledger writes format 2: an entry's refusal mark set here also sets the
+--   request's answered mark to the placeholder `refused` when it has none, and keeps the mark
+--   alive at least as long as the refusal mark, so a mark that is not there means no entry of the
+--   request was answered (answer_batch.lua and begin_call.lua then skip the refusal mark)
 -- Returns 1 when the answer is the one published for the request (now, or by an earlier run of
 -- this same finish whose reply was lost), 0 otherwise, and -1 when an answer topic holds a key
 -- that is not a stream: then nothing at all was written and the entry is still pending.
@@ -42,6 +46,10 @@ local mark, entry_mark = false, false
 if identified then
   local marks = redis.call('MGET', KEYS[2], KEYS[7])
   mark, entry_mark = marks[1], marks[2]
+  -- The placeholder of format 2 is no answer.
+  if mark == 'refused' then
+    mark = false
+  end
 end
 -- The answer ids are UUIDs: a mark that begins with this answer's id is this answer's.
 local function own(value)
@@ -81,6 +89,9 @@ if has_answer then
       redis.call('SET', KEYS[2], ARGV[5], 'PX', ARGV[4])
     elseif identified then
       redis.call('SET', KEYS[7], ARGV[5], 'PX', ARGV[4])
+      if ARGV[14] == '1' and redis.call('SET', KEYS[2], 'refused', 'NX', 'GET', 'PX', ARGV[4]) then
+        redis.call('PEXPIRE', KEYS[2], ARGV[4])
+      end
     end
     published = 1
   elseif own(mark) or own(entry_mark) then

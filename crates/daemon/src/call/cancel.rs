@@ -196,10 +196,16 @@ impl Calls {
     async fn ledger_state(&self, ledger: &str, request_id: &str) -> Result<CancelState, Error> {
         let answered = self.keys.answered(ledger, request_id);
         // On a cluster the key is the request's claim, a hash; on one server the mark, a string.
+        // Neither counts when it holds only ledger format 2's note of refused entries.
         let is_answered = if self.keys.is_cluster() {
-            !self.bus.hash_fields(&answered).await?.is_empty()
+            self.bus
+                .hash_fields(&answered)
+                .await?
+                .iter()
+                .any(|(field, _)| field != toolhost_bus::REFUSED_MARK)
         } else {
-            self.bus.values(&[answered]).await?.first().is_some_and(Option::is_some)
+            let marks = self.bus.values(&[answered]).await?;
+            marks.first().and_then(Option::as_deref).is_some_and(toolhost_bus::is_answer_mark)
         };
         if is_answered {
             return Ok(CancelState::Answered);

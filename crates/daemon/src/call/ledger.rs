@@ -45,8 +45,9 @@ pub(crate) async fn former_answer(
         };
         return Ok(Some(kept));
     }
+    // The placeholder of ledger format 2 (refused entries, no answer) is not answered.
     let mark = bus.values(std::slice::from_ref(&key)).await?.into_iter().next().flatten();
-    Ok(mark.map(|mark| KeptAnswer::from_mark(&mark)))
+    Ok(mark.filter(|mark| toolhost_bus::is_answer_mark(mark)).map(|mark| KeptAnswer::from_mark(&mark)))
 }
 
 /// Records that `owner` starts the call under `call`, retrying while Redis is unavailable.

@@ -193,6 +193,12 @@ pub struct DispatchSection {
     /// The largest answer payload kept with its answered mark, so a retry of the request is
     /// answered with it; 0 keeps none.
     pub kept_answer_max_bytes: usize,
+    /// The ledger's format this replica writes: 1 (the default) or 2 (refusals folded into the
+    /// request's answered mark). See [`toolhost_bus::LedgerFormat`].
+    pub ledger_format: u8,
+    /// While a fleet rolls from ledger format 1 to 2: 1, so a replica writing format 2 still
+    /// reads as format 1 does; 0 otherwise.
+    pub previous_ledger_format: u8,
 }
 
 /// `[http]`
@@ -377,6 +383,15 @@ fn validate(
             ),
         );
     }
+    if !(1..=2).contains(&raw.dispatch.ledger_format) {
+        bad("dispatch.ledger_format", "must be 1 or 2");
+    }
+    if !matches!((raw.dispatch.ledger_format, raw.dispatch.previous_ledger_format), (_, 0) | (2, 1)) {
+        bad(
+            "dispatch.previous_ledger_format",
+            "must be 0 (no roll under way), or 1 with ledger_format = 2 (a roll from format 1 to 2)",
+        );
+    }
     let mut read = raw.streams.read_shards.clone();
     read.sort_unstable();
     read.dedup();
@@ -472,6 +487,7 @@ impl Config {
         // Group reads deliver larger values only as head, size and digest, so one read stays small.
         options.max_field_bytes = raw.streams.max_payload_bytes;
         options.gather_batches = raw.dispatch.batch_under_load;
+        options.ledger_format = self.ledger_format();
         options.replica_acks = raw.redis.replica_acks;
         options.replica_ack_timeout = Duration::from_millis(raw.redis.replica_ack_timeout_ms);
         options
@@ -507,6 +523,15 @@ impl Config {
     /// The shards of the requests stream (`[streams] requests` and `shards`).
     pub fn shards(&self) -> toolhost_bus::Shards {
         toolhost_bus::Shards::new(&self.raw.streams.requests, self.raw.streams.shards)
+    }
+
+    /// The ledger's format, from `[dispatch] ledger_format` and `previous_ledger_format`.
+    pub fn ledger_format(&self) -> toolhost_bus::LedgerFormat {
+        match (self.raw.dispatch.ledger_format, self.raw.dispatch.previous_ledger_format) {
+            (2, 0) => toolhost_bus::LedgerFormat::Two,
+            (2, _) => toolhost_bus::LedgerFormat::Rolling,
+            _ => toolhost_bus::LedgerFormat::One,
+        }
     }
 
     /// The shards the fleet is changing from (`[streams] previous_shards`), while it does.

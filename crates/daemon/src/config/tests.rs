@@ -565,3 +565,31 @@ fn shard_settings_are_read_from_files_and_the_environment_and_bad_ones_name_thei
         assert!(err.contains(key) && err.contains(says), "{pairs:?}: {err}");
     }
 }
+
+#[test]
+fn the_ledger_format_rolls_from_1_to_2_and_bad_combinations_name_their_key() {
+    use toolhost_bus::LedgerFormat;
+    let format = |vars: &[(&str, &str)]| {
+        Config::load(None, &env(vars)).map(|config| config.redis_options().ledger_format)
+    };
+    assert_eq!(format(&[]).unwrap(), LedgerFormat::One);
+    let rolling =
+        [("TOOLHOST__DISPATCH__LEDGER_FORMAT", "2"), ("TOOLHOST__DISPATCH__PREVIOUS_LEDGER_FORMAT", "1")];
+    assert_eq!(format(&rolling).unwrap(), LedgerFormat::Rolling);
+    assert_eq!(format(&[("TOOLHOST__DISPATCH__LEDGER_FORMAT", "2")]).unwrap(), LedgerFormat::Two);
+    for (vars, key) in [
+        (&[("TOOLHOST__DISPATCH__LEDGER_FORMAT", "3")][..], "dispatch.ledger_format"),
+        (&[("TOOLHOST__DISPATCH__LEDGER_FORMAT", "0")][..], "dispatch.ledger_format"),
+        (&[("TOOLHOST__DISPATCH__PREVIOUS_LEDGER_FORMAT", "1")][..], "dispatch.previous_ledger_format"),
+        (
+            &[
+                ("TOOLHOST__DISPATCH__LEDGER_FORMAT", "2"),
+                ("TOOLHOST__DISPATCH__PREVIOUS_LEDGER_FORMAT", "2"),
+            ][..],
+            "dispatch.previous_ledger_format",
+        ),
+    ] {
+        let err = format(vars).unwrap_err().to_string();
+        assert!(err.contains(key), "{vars:?}: {err}");
+    }
+}

@@ -8,7 +8,8 @@
 -- letter (only then is the pending state looked up), ARGV[9] the answer's id,
 -- ARGV[10] '1' when the answer replays a kept answer for a retry (only the entry's refusal mark
 -- guards it: the claim is the original's), ARGV[11] '1' when the finish keeps its final answer
--- for retries
+-- for retries, ARGV[12] '1' when the ledger is of format 2 on every replica: a claim without the
+-- field `refused` means no entry of the request was refused, and the refusal mark is not read
 -- Returns {claim, pending, own, taken}, or {3, pending, 0, 0, mark}:
 --   claim 0: publish (the claim is this topic's now, or the answer is not final);
 --         1: the request (or this entry) was answered already: publish nothing;
@@ -36,8 +37,11 @@ if ARGV[8] == '1' then
 end
 local claim, own, taken = 0, 0, 0
 if identified and has_answer then
-  local held = redis.call('HMGET', KEYS[2], 'topic', 'state', 'answer', 'entry', 'kept')
-  local refused = redis.call('GET', KEYS[3])
+  local held = redis.call('HMGET', KEYS[2], 'topic', 'state', 'answer', 'entry', 'kept', 'refused')
+  local refused = false
+  if ARGV[12] ~= '1' or held[6] then
+    refused = redis.call('GET', KEYS[3])
+  end
   if replay then
     if refused then
       claim = 1

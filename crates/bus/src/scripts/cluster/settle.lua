@@ -10,7 +10,10 @@
 -- ARGV[10] '1' to delete the call record, ARGV[11] '1' to ack the entry,
 -- ARGV[12] what to keep of the final answer this finish published, for retries ('' for
 -- nothing): the claim then holds it with the entry it answered (fields `entry`, `kept`), which
--- cluster/begin_call.lua hands to a retry as one server's mark does
+-- cluster/begin_call.lua hands to a retry as one server's mark does,
+-- ARGV[13] '1' when the ledger writes format 2: setting the refusal mark's copy also sets the
+-- claim's field `refused` and keeps the claim alive at least as long as the copy, so a claim
+-- without it means no entry of the request was refused (claim.lua, begin_call.lua)
 local identified = ARGV[4] == '1'
 if identified then
   if ARGV[5] == '1' then
@@ -25,11 +28,16 @@ if identified then
   elseif ARGV[7] == '1' then
     local held = redis.call('HMGET', KEYS[2], 'topic', 'state')
     if held[1] == ARGV[8] and held[2] == 'claimed' then
-      redis.call('DEL', KEYS[2])
+      -- Only the claim's own fields: a `refused` field stays (the hash goes when it was alone).
+      redis.call('HDEL', KEYS[2], 'topic', 'state')
     end
   end
   if ARGV[6] == '1' then
     redis.call('SET', KEYS[4], ARGV[9], 'PX', ARGV[3])
+    if ARGV[13] == '1' then
+      redis.call('HSET', KEYS[2], 'refused', '1')
+      redis.call('PEXPIRE', KEYS[2], ARGV[3])
+    end
   end
   if ARGV[10] == '1' then
     redis.call('DEL', KEYS[3])

@@ -264,7 +264,13 @@ pub(crate) async fn kept_answer(console: &Console, request_id: &str) -> Result<O
         return Ok(claim_answer(&fields));
     }
     let values = console.bus.values(std::slice::from_ref(&key)).await?;
-    Ok(values.into_iter().next().flatten().map(|mark| parse_mark(&mark)))
+    // The placeholder of ledger format 2 (refused entries, no answer) is no answer.
+    Ok(values
+        .into_iter()
+        .next()
+        .flatten()
+        .filter(|mark| toolhost_bus::is_answer_mark(mark))
+        .map(|mark| parse_mark(&mark)))
 }
 
 /// What a cluster claim (`topic`, `state`, `answer`, `entry`, `kept`) says of the answer; `None`

@@ -1,0 +1,326 @@
+//! The ledger's formats (`[dispatch] ledger_format`): format 2 notes refusals in the request's
+//! answered mark (on a cluster, the field `refused` of its claim), so a request answered for the
+//! first time is answered without looking its entry's refusal mark up; a forged entry that
+//! borrows a victim's request id still cannot use it up; and replicas of format 1 and 2 side by
+//! side during the roll (format 1 with `Rolling`, `Rolling` with `Two`) answer each entry once.
+//! Each test runs on one server and on a cluster (of one node, which holds every slot: the
+//! cluster scripts and keys, not the spreading, are what is tested here).
+
+use std::time::Duration;
+
+use toolhost_bus::{
+    CallKeys, CallStart, Committed, EntryRef, Finish, Groups as _, Keys, Ledger as _, LedgerFormat,
+    Published, REFUSED_MARK, RedisBus, RedisOptions, Streams as _, Topology,
+};
+
+use crate::support::Server;
+
+const REQUESTS: &str = "action-requests";
+const RESULTS: &str = "action-results";
+/// Two toolboxes reading the same stream, each in its group.
+const GROUPS: [&str; 2] = ["toolbox-a", "toolbox-b"];
+const LEASE: Duration = Duration::from_secs(30);
+const RETENTION: Duration = Duration::from_secs(60);
+
+/// A Redis (one server, or a cluster of one node) and the keys the ledger uses there.
+struct Redis {
+    server: Server,
+    keys: Keys,
+}
+
+impl Redis {
+    fn one_server() -> Redis {
+        Redis { server: Server::master(), keys: Keys::new("") }
+    }
+
+    fn cluster() -> Redis {
+        Redis { server: Server::cluster_of_one(), keys: Keys::for_cluster("") }
+    }
+
+    /// A replica's bus writing and reading the ledger in `format`.
+    fn bus(&self, format: LedgerFormat) -> RedisBus {
+        let mut options = RedisOptions::new(self.server.url());
+        if self.keys.is_cluster() {
+            options.topology = Topology::Cluster { nodes: vec![self.server.address()] };
+        }
+        options.ledger_format = format;
+        RedisBus::new(options).unwrap()
+    }
+
+    /// Adds one request entry per id and delivers each to both groups: the entry ids.
+    async fn deliver(&self, bus: &RedisBus, count: usize) -> Vec<String> {
+        let stream = self.keys.topic(REQUESTS);
+        for group in GROUPS {
+            bus.ensure_group(&stream, group).await.unwrap();
+        }
+        let mut ids = Vec::new();
+        for index in 0..count {
+            ids.push(
+                bus.publish(&stream, &format!("m-{}", uuid::Uuid::new_v4()), &format!("{{\"n\":{index}}}"))
+                    .await
+                    .unwrap(),
+            );
+        }
+        for group in GROUPS {
+            let read = bus.read_group(&stream, group, "c1", count, Duration::from_millis(10)).await.unwrap();
+            assert_eq!(read.len(), count);
+        }
+        ids
+    }
+
+    /// The value of a request's answered mark on one server; on a cluster, its claim's fields
+    /// written as `field=value` pairs.
+    fn mark(&self, request_id: &str) -> Option<String> {
+        let key = self.keys.answered(REQUESTS, request_id);
+        let mut connection = self.server.connection();
+        if self.keys.is_cluster() {
+            let fields: Vec<(String, String)> =
+                redis::cmd("HGETALL").arg(&key).query(&mut connection).unwrap();
+            let pairs: Vec<String> = fields.iter().map(|(field, value)| format!("{field}={value}")).collect();
+            return (!pairs.is_empty()).then(|| pairs.join(","));
+        }
+        redis::cmd("GET").arg(&key).query(&mut connection).unwrap()
+    }
+
+    /// How many answers the results topic holds.
+    fn answers(&self) -> usize {
+        redis::cmd("XLEN").arg(self.keys.topic(RESULTS)).query(&mut self.server.connection()).unwrap()
+    }
+}
+
+/// The ledger keys of request `request_id` delivered as entry `entry_id`.
+struct Call {
+    answered: String,
+    record: String,
+    entry: String,
+}
+
+impl Call {
+    fn new(redis: &Redis, request_id: &str, entry_id: &str) -> Call {
+        Call {
+            answered: redis.keys.answered(REQUESTS, request_id),
+            record: redis.keys.call(REQUESTS, request_id),
+            entry: redis.keys.answered_entry(REQUESTS, entry_id),
+        }
+    }
+
+    fn keys(&self) -> CallKeys<'_> {
+        CallKeys {
+            answered: &self.answered,
+            call: &self.record,
+            entry: &self.entry,
+            lease: LEASE,
+            retention: RETENTION,
+        }
+    }
+}
+
+/// How an entry is ended.
+#[derive(Clone, Copy, PartialEq)]
+enum End<'a> {
+    /// A refusal (`forbidden`, `unknown_tool`, ...): not final.
+    Refusal,
+    /// A final answer, keeping this `data` for retries when given.
+    Final(Option<&'a str>),
+    /// The kept answer replayed for a retry.
+    Replay,
+}
+
+/// Ends entry `entry_id` of request `request_id` as group `group` would: the answer's payload
+/// is `<what>:<entry id>`.
+async fn end(
+    redis: &Redis,
+    bus: &RedisBus,
+    group: &str,
+    request_id: &str,
+    entry_id: &str,
+    how: End<'_>,
+) -> Committed {
+    let stream = redis.keys.topic(REQUESTS);
+    let results = redis.keys.topic(RESULTS);
+    let call = Call::new(redis, request_id, entry_id);
+    let answer_id = uuid::Uuid::new_v4().to_string();
+    let payload = format!("{}:{entry_id}", if how == End::Refusal { "refused" } else { "answer" });
+    let finish = Finish {
+        entry: EntryRef { topic: &stream, group, entry_id },
+        call: Some(call.keys()),
+        answer: Some(Published { topic: &results, id: &answer_id, payload: &payload }),
+        answer_copy: None,
+        dead_letter: None,
+        final_answer: matches!(how, End::Final(_)),
+        tracked: false,
+        kept: match how {
+            End::Final(kept) => kept,
+            _ => None,
+        },
+        replay: how == End::Replay,
+    };
+    bus.finish(&finish).await.unwrap()
+}
+
+async fn begin(redis: &Redis, bus: &RedisBus, request_id: &str, entry_id: &str) -> CallStart {
+    let call = Call::new(redis, request_id, entry_id);
+    bus.begin_call(&call.keys(), &format!("owner-{entry_id}"), entry_id).await.unwrap()
+}
+
+/// How often the server ran `command` since `before` (`INFO commandstats` counts the commands
+/// scripts run).
+fn ran(redis: &Redis, command: &str, before: u64) -> u64 {
+    redis.server.calls(command) - before
+}
+
+/// The command that looks an entry's refusal mark up: `EXISTS` in one server's answer script,
+/// `GET` in the cluster's claim step.
+fn refusal_lookup(redis: &Redis) -> &'static str {
+    if redis.keys.is_cluster() { "get" } else { "exists" }
+}
+
+async fn first_answers_skip_the_refusal_mark_only_in_format_2(redis: &Redis) {
+    let lookup = refusal_lookup(redis);
+    for (format, lookups) in [(LedgerFormat::One, 1), (LedgerFormat::Rolling, 1), (LedgerFormat::Two, 0)] {
+        let bus = redis.bus(format);
+        let entries = redis.deliver(&bus, 1).await;
+        let request_id = format!("first-{format:?}");
+        let before = redis.server.calls(lookup);
+        assert_eq!(
+            end(redis, &bus, GROUPS[0], &request_id, &entries[0], End::Final(None)).await,
+            Committed::Published
+        );
+        assert_eq!(ran(redis, lookup, before), lookups, "{format:?}: refusal mark lookups of a first answer");
+        // The other toolbox's copy of the entry: answered once.
+        assert_eq!(
+            end(redis, &bus, GROUPS[1], &request_id, &entries[0], End::Final(None)).await,
+            Committed::NotPublished
+        );
+    }
+}
+
+async fn a_refusal_in_format_2_does_not_use_the_request_id_up(redis: &Redis) {
+    for writer in [LedgerFormat::Rolling, LedgerFormat::Two] {
+        for reader in [LedgerFormat::One, LedgerFormat::Rolling, LedgerFormat::Two] {
+            if writer == LedgerFormat::Two && reader == LedgerFormat::One {
+                // Never side by side: the roll passes through `Rolling`.
+                continue;
+            }
+            let (writes, reads) = (redis.bus(writer), redis.bus(reader));
+            let request_id = format!("victim-{writer:?}-{reader:?}");
+            let entries = redis.deliver(&writes, 3).await;
+            let (forged, real, retry) = (&entries[0], &entries[1], &entries[2]);
+            let answers = redis.answers();
+
+            // A forged entry borrowing the id is refused: the mark notes a refusal, no answer.
+            assert_eq!(
+                end(redis, &writes, GROUPS[0], &request_id, forged, End::Refusal).await,
+                Committed::Published
+            );
+            let mark = redis.mark(&request_id).unwrap();
+            assert!(mark.contains(REFUSED_MARK) && !mark.contains("answered"), "{mark}");
+
+            // The victim's own request runs and is answered, and its answer kept.
+            assert_eq!(begin(redis, &reads, &request_id, real).await, CallStart::Fresh);
+            assert_eq!(
+                end(redis, &reads, GROUPS[0], &request_id, real, End::Final(Some("{\"kept\":1}"))).await,
+                Committed::Published
+            );
+            // The forged entry, read by the other toolbox: its refusal stays its one answer,
+            // whether it finds it as a first answer or as a retry with a kept answer.
+            assert_eq!(begin(redis, &reads, &request_id, forged).await, CallStart::Answered);
+            assert_eq!(
+                end(redis, &reads, GROUPS[1], &request_id, forged, End::Final(Some("{\"kept\":2}"))).await,
+                Committed::NotPublished
+            );
+            // A retry gets the original answer, once across both toolboxes.
+            let CallStart::AnsweredKept(kept) = begin(redis, &reads, &request_id, retry).await else {
+                panic!("{writer:?} → {reader:?}: the retry did not find the kept answer")
+            };
+            assert_eq!(kept.data, "{\"kept\":1}");
+            assert_eq!(
+                end(redis, &reads, GROUPS[0], &request_id, retry, End::Replay).await,
+                Committed::Published
+            );
+            assert_eq!(
+                end(redis, &writes, GROUPS[1], &request_id, retry, End::Replay).await,
+                Committed::NotPublished
+            );
+            assert_eq!(redis.answers() - answers, 3, "{writer:?} → {reader:?}: refusal, answer, replay");
+        }
+    }
+}
+
+async fn a_format_1_refusal_is_seen_by_a_rolling_replica(redis: &Redis) {
+    let (old, rolling) = (redis.bus(LedgerFormat::One), redis.bus(LedgerFormat::Rolling));
+    let entries = redis.deliver(&old, 2).await;
+    let answers = redis.answers();
+    assert_eq!(
+        end(redis, &old, GROUPS[0], "old-refused", &entries[0], End::Refusal).await,
+        Committed::Published
+    );
+    assert_eq!(redis.mark("old-refused"), None, "format 1 notes no refusal in the request's mark");
+    assert_eq!(begin(redis, &rolling, "old-refused", &entries[0]).await, CallStart::Answered);
+    assert_eq!(
+        end(redis, &rolling, GROUPS[1], "old-refused", &entries[0], End::Final(None)).await,
+        Committed::NotPublished
+    );
+    // The request itself is not used up: its next entry runs.
+    assert_eq!(begin(redis, &rolling, "old-refused", &entries[1]).await, CallStart::Fresh);
+    assert_eq!(
+        end(redis, &rolling, GROUPS[0], "old-refused", &entries[1], End::Final(None)).await,
+        Committed::Published
+    );
+    assert_eq!(redis.answers() - answers, 2);
+}
+
+async fn a_refusal_after_the_answer_keeps_the_mark_as_long_as_itself(redis: &Redis) {
+    let bus = redis.bus(LedgerFormat::Two);
+    let entries = redis.deliver(&bus, 2).await;
+    assert_eq!(
+        end(redis, &bus, GROUPS[0], "lasting", &entries[0], End::Final(Some("{}"))).await,
+        Committed::Published
+    );
+    let key = redis.keys.answered(REQUESTS, "lasting");
+    let mut connection = redis.server.connection();
+    let () = redis::cmd("PEXPIRE").arg(&key).arg(1000).query(&mut connection).unwrap();
+    assert_eq!(end(redis, &bus, GROUPS[0], "lasting", &entries[1], End::Replay).await, Committed::Published);
+    let left: i64 = redis::cmd("PTTL").arg(&key).query(&mut connection).unwrap();
+    assert!(left > 1000, "the mark expires before the refusal mark it vouches for ({left} ms left)");
+}
+
+#[tokio::test]
+async fn on_one_server_first_answers_skip_the_refusal_mark_only_in_format_2() {
+    first_answers_skip_the_refusal_mark_only_in_format_2(&Redis::one_server()).await;
+}
+
+#[tokio::test]
+async fn on_a_cluster_first_answers_skip_the_refusal_mark_only_in_format_2() {
+    first_answers_skip_the_refusal_mark_only_in_format_2(&Redis::cluster()).await;
+}
+
+#[tokio::test]
+async fn on_one_server_a_refusal_in_format_2_does_not_use_the_request_id_up() {
+    a_refusal_in_format_2_does_not_use_the_request_id_up(&Redis::one_server()).await;
+}
+
+#[tokio::test]
+async fn on_a_cluster_a_refusal_in_format_2_does_not_use_the_request_id_up() {
+    a_refusal_in_format_2_does_not_use_the_request_id_up(&Redis::cluster()).await;
+}
+
+#[tokio::test]
+async fn on_one_server_a_format_1_refusal_is_seen_by_a_rolling_replica() {
+    a_format_1_refusal_is_seen_by_a_rolling_replica(&Redis::one_server()).await;
+}
+
+#[tokio::test]
+async fn on_a_cluster_a_format_1_refusal_is_seen_by_a_rolling_replica() {
+    a_format_1_refusal_is_seen_by_a_rolling_replica(&Redis::cluster()).await;
+}
+
+#[tokio::test]
+async fn on_one_server_a_refusal_after_the_answer_keeps_the_mark_as_long_as_itself() {
+    a_refusal_after_the_answer_keeps_the_mark_as_long_as_itself(&Redis::one_server()).await;
+}
+
+#[tokio::test]
+async fn on_a_cluster_a_refusal_after_the_answer_keeps_the_mark_as_long_as_itself() {
+    a_refusal_after_the_answer_keeps_the_mark_as_long_as_itself(&Redis::cluster()).await;
+}
