@@ -65,6 +65,7 @@ async def asynchronous(url: str) -> dict[str, Any]:
             return {"role": "assistant", "content": {"type": "text", "text": f"sampled: {text}"}, "model": "py"}
 
         report["sampling"] = await client.call("test_sampling", {"prompt": "hi"}, on_input=sample)
+        report["sampling_declined"] = await client.call("test_sampling", {"prompt": "no"}, on_input=lambda q: None)
         # Nobody answers: the host declines a second before the call's deadline.
         report["unanswered"] = await client.call("test_elicitation", {"message": "Anyone?"}, timeout=3)
         # A callback that gives None declines at once.

@@ -420,13 +420,19 @@ impl Requests {
     }
 }
 
-/// The id the ledger remembers a request by. A cancel is remembered by its own id: the request
-/// id it carries is the call's, whose answered mark must not swallow the cancel's answer (and a
-/// cancel's answer sets no mark).
+/// The id the ledger remembers a request by. A cancel (and a `tool.input`) is remembered by its
+/// own id: the request id it carries is the call's, whose answered mark must not swallow the
+/// cancel's answer (and a cancel's answer sets no mark). A malformed one too, since committing
+/// its answer under the call's id would delete the running call's record.
 fn ledger_id(request: &Request) -> String {
     match &request.target {
         Target::Cancel { cancel_id, .. } => format!("{}:{cancel_id}", admit::TOOL_CANCEL),
         Target::Input { answer_id, .. } => format!("{}:{answer_id}", admit::TOOL_INPUT),
+        Target::Invalid(_)
+            if matches!(request.envelope.event_type.as_str(), admit::TOOL_CANCEL | admit::TOOL_INPUT) =>
+        {
+            format!("{}:{}:invalid", request.envelope.event_type, request.envelope.id)
+        }
         _ => request.request_id.clone(),
     }
 }
