@@ -15,6 +15,7 @@ import os
 import sys
 from typing import Any
 
+from mcp import types
 from mcp.client.client import Client
 from mcp.client.stdio import StdioServerParameters
 
@@ -38,13 +39,33 @@ async def checks(config: str) -> dict[str, Any]:
     async def on_log(params: Any) -> None:
         logs.append({"level": params.level, "data": params.data})
 
+    asked: list[dict[str, Any]] = []
+
+    # The hosted server's questions, asked of this client through the door.
+    async def on_elicit(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        asked.append({"kind": "elicitation", "message": params.message})
+        return types.ElicitResult(action="accept", content={"response": "from the stdio client"})
+
+    async def on_sample(context: Any, params: types.CreateMessageRequestParams) -> types.CreateMessageResult:
+        asked.append({"kind": "sampling", "text": params.messages[0].content.text})
+        return types.CreateMessageResult(
+            role="assistant", content=types.TextContent(type="text", text="sampled over stdio"), model="stdio-model"
+        )
+
     server = StdioServerParameters(
         command=os.environ["MCP_DOOR_TOOLHOST"], args=["mcp", "--config", config], env=dict(os.environ)
     )
     report: dict[str, Any] = {}
     # The `initialize` generation: logging/setLevel is gone from 2026-07-28 (SEP-2577), which the
     # SDK's default mode would pick.
-    async with Client(server, cache=None, logging_callback=on_log, mode="legacy") as client:
+    async with Client(
+        server,
+        cache=None,
+        logging_callback=on_log,
+        elicitation_callback=on_elicit,
+        sampling_callback=on_sample,
+        mode="legacy",
+    ) as client:
         names: list[str] = []
         cursor = None
         while True:
@@ -74,6 +95,13 @@ async def checks(config: str) -> dict[str, Any]:
         await client.session.set_logging_level("info")
         await client.call_tool("test_tool_with_logging", {})
         report["logs"] = logs
+        for tool, arguments in (
+            ("test_elicitation", {"message": "Answer over stdio?"}),
+            ("test_sampling", {"prompt": "Say hi over stdio"}),
+        ):
+            result = await client.call_tool(tool, arguments)
+            report[tool] = {"error": result.is_error, "content": [block(content) for content in result.content]}
+        report["asked"] = asked
     return report
 
 

@@ -312,6 +312,33 @@ fn check_stdio(report: &Value) {
         ["Tool execution started", "Tool processing data", "Tool execution completed"],
         "{report}"
     );
+    // The hosted server's questions reach the SDK client over stdio, and its answers the server.
+    assert_eq!(
+        report["asked"],
+        json!([{"kind": "elicitation", "message": "Answer over stdio?"}, {"kind": "sampling", "text": "Say hi over stdio"}]),
+        "{report}"
+    );
+    assert_eq!(
+        content("test_elicitation"),
+        json!([{"type": "text", "text": "User response: action=accept, content={\"response\":\"from the stdio client\"}"}]),
+        "{report}"
+    );
+    assert_sampling_reached(&content("test_sampling")[0]["text"]);
+}
+
+/// The reference server's `test_sampling` answer once a client's `CreateMessageResult` reached
+/// it: it checks the result against a schema that wants the request's `method` in it
+/// (`z.object({method: z.literal("sampling/createMessage")})`), which no client's result has
+/// (the suite's own client gets the same text), so it complains of that field rather than echo
+/// the message. A refusal would reach it as an error instead.
+fn assert_sampling_reached(text: &Value) {
+    let text = text.as_str().unwrap_or_default();
+    assert!(
+        text.starts_with("Sampling not supported or error: ")
+            && text.contains(r#"expected \"sampling/createMessage\""#)
+            && text.contains(r#""method""#),
+        "{text}"
+    );
 }
 
 /// The installed server-everything entry script, as `scripts/ensure-mcp-servers.sh` lays it out.
@@ -327,19 +354,25 @@ fn everything_server() -> PathBuf {
 /// Runs `images.py` with `python` (and the Python client's source on its path) and returns its
 /// report.
 fn images(python: &Path, args: &[&str]) -> Value {
+    python_fixture(python, "images.py", args)
+}
+
+/// Runs the fixture `script` with `python` (and the Python client's source on its path) and
+/// returns the report on its last JSON line.
+fn python_fixture(python: &Path, script: &str, args: &[&str]) -> Value {
     let client_source = Path::new(env!("CARGO_MANIFEST_DIR")).join("../clients/python/src");
     let output = Command::new(python)
-        .arg(toolhost_e2e::fixture("mcp_fidelity", "images.py"))
+        .arg(toolhost_e2e::fixture("mcp_fidelity", script))
         .args(args)
         .env("PYTHONPATH", client_source)
         .env("MCP_DOOR_TOOLHOST", toolhost_bin())
         .stdin(Stdio::null())
         .output()
-        .expect("run images.py");
+        .unwrap_or_else(|err| panic!("run {script}: {err}"));
     let stdout = String::from_utf8_lossy(&output.stdout);
     let last = stdout.lines().rev().find(|line| line.starts_with('{')).unwrap_or_default();
     serde_json::from_str(last).unwrap_or_else(|_| {
-        panic!("images.py {args:?} reported nothing:\n{stdout}\n{}", String::from_utf8_lossy(&output.stderr))
+        panic!("{script} {args:?} reported nothing:\n{stdout}\n{}", String::from_utf8_lossy(&output.stderr))
     })
 }
 
@@ -594,4 +627,189 @@ fn start_door(redis_url: &str, dir: &Path) -> (Toolhost, u16) {
     let door = Toolhost::start(&[("TOOLHOST_CONFIG", door_config.to_str().unwrap())]);
     door.wait_for_log("MCP door listening at /mcp", Duration::from_secs(10));
     (door, door_port)
+}
+
+/// A request of `event_type` with `data` on the requests stream, answered on `action-results`.
+fn send_request(redis: &RedisProcess, event_type: &str, data: &Value) {
+    let payload = json!({"id": uuid::Uuid::new_v4().to_string(), "type": event_type, "data": data});
+    let _: String = redis::cmd("XADD")
+        .arg("action-requests")
+        .arg("*")
+        .arg("id")
+        .arg(payload["id"].as_str().unwrap())
+        .arg("payload")
+        .arg(payload.to_string())
+        .query(&mut redis.connection())
+        .unwrap();
+}
+
+/// The first entry of `action-results` of `request_id` after `skip` of them whose type ends with
+/// `suffix`, as `(type, data)`, waiting up to 30 s.
+fn result_entry(redis: &RedisProcess, request_id: &str, suffix: &str, skip: usize) -> (String, Value) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let entries: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+            .arg("action-results")
+            .arg("-")
+            .arg("+")
+            .query(&mut redis.connection())
+            .unwrap();
+        let found = entries
+            .into_iter()
+            .filter_map(|(_, fields)| fields.into_iter().find(|(name, _)| name == "payload"))
+            .map(|(_, payload)| serde_json::from_str::<Value>(&payload).unwrap())
+            .filter(|answer| answer["data"]["request_id"] == request_id)
+            .filter(|answer| answer["type"].as_str().is_some_and(|kind| kind.ends_with(suffix)))
+            .nth(skip);
+        if let Some(answer) = found {
+            return (answer["type"].as_str().unwrap().to_owned(), answer["data"].clone());
+        }
+        assert!(Instant::now() < deadline, "no {suffix} entry #{skip} of {request_id} in 30 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A toolbox `hosts` hosting the reference server with no prefix and a short lease, once it
+/// publishes the server's tools.
+fn elicit_hosts(redis: &RedisProcess, server: &ReferenceServer, dir: &Path) -> Toolhost {
+    let config = dir.join("hosts.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[daemon]\ntoolbox_id = \"hosts\"\n[dispatch]\nclaim_idle_ms = 2000\n\n\
+             [[mcp_servers]]\nname = \"reference\"\nurl = \"{}\"\nprefix = \"\"\ntimeout_ms = 20000\n",
+            server.url()
+        ),
+    )
+    .unwrap();
+    let hosts =
+        Toolhost::start(&[("REDIS_URL", &redis.url()), ("TOOLHOST_CONFIG", config.to_str().unwrap())]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let tools: Vec<String> =
+            redis::cmd("HKEYS").arg("toolhost:registry:hosts").query(&mut redis.connection()).unwrap();
+        if tools.iter().any(|tool| tool == "test_elicitation") {
+            return hosts;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "hosts did not publish test_elicitation in 30 s:\n{}",
+            hosts.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_hosted_servers_questions_are_answered_over_redis_checked_declined_and_lost_with_their_replica() {
+    let conformance = conformance();
+    let dir = temp_dir("mcp-fidelity-elicit");
+    let server = ReferenceServer::start(&conformance, &dir.join("reference.log"));
+    let redis = RedisProcess::start(&[]);
+    let mut hosts = elicit_hosts(&redis, &server, &dir);
+
+    // From the Python client: `on_input=` answers (a plain function and a coroutine), a response
+    // breaking the form is refused, a question nobody asked is unknown, a late answer changes
+    // nothing, and a question nobody answers is declined before the deadline.
+    let client_venv = toolhost_e2e::venv(
+        "TOOLHOST_PYTHON_VENV",
+        "venv-python-client",
+        "ensure-python-client-venv.sh",
+        "test-python",
+    );
+    let report = python_fixture(&client_venv.join("bin/python"), "elicit.py", &[&redis.url()]);
+    let blocking = &report["blocking"];
+    assert_eq!(
+        blocking["result"], "User response: action=accept, content={\"response\":\"from python\"}",
+        "{report}"
+    );
+    assert_eq!(
+        blocking["seen"],
+        json!([{"kind": "elicitation", "method": "elicitation/create", "message": "Name?", "required": ["response"], "expires": true}]),
+        "{report}"
+    );
+    let answered = &report["async"];
+    assert_eq!(
+        answered["invalid"],
+        json!({"code": "invalid_arguments", "pointers": ["/response"]}),
+        "{report}"
+    );
+    assert_eq!(answered["unknown"], "unknown", "{report}");
+    assert_eq!(
+        answered["result"], "User response: action=accept, content={\"response\":\"async\"}",
+        "{report}"
+    );
+    assert_eq!(answered["late"], "unknown", "a late answer changes nothing: {report}");
+    // The reference server checks a sampling result against a schema that wants the request's
+    // `method` in it, so it answers the same text to every client (see `assert_sampling_reached`);
+    // a refusal reaches it as the error -1.
+    assert_sampling_reached(&answered["sampling"]);
+    let declined = answered["sampling_declined"].as_str().unwrap();
+    assert!(declined.contains("-1") && declined.contains("the caller declined to sample"), "{report}");
+    assert_eq!(answered["unanswered"], "User response: action=decline, content={}", "{report}");
+    assert_eq!(answered["declined"], "User response: action=decline, content={}", "{report}");
+
+    // On the wire: the question, then a replica restart while the call waits for its answer.
+    let started_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis();
+    send_request(
+        &redis,
+        "tool.invoke",
+        &json!({"request_id": "asks", "tool": "test_elicitation", "arguments": {"message": "Wire?"}}),
+    );
+    let (kind, question) = result_entry(&redis, "asks", ".input_required", 0);
+    assert_eq!(kind, "tool.invoke.completed.input_required");
+    assert_eq!(question["kind"], "elicitation", "{question}");
+    assert_eq!(question["request"]["method"], "elicitation/create", "{question}");
+    assert_eq!(question["request"]["params"]["message"], "Wire?", "{question}");
+    assert_eq!(
+        question["request"]["params"]["requestedSchema"]["required"],
+        json!(["response"]),
+        "{question}"
+    );
+    assert!(question.get("success").is_none(), "{question}");
+    let expires = u128::from(question["expires_at_ms"].as_u64().unwrap());
+    // The tool's timeout (20 s) from its start.
+    assert!(expires > started_ms + 15_000 && expires < started_ms + 25_000, "{question}");
+    let input_id = question["input_id"].as_str().unwrap().to_owned();
+    assert_eq!(uuid::Uuid::parse_str(&input_id).unwrap().get_version_num(), 4);
+    // A response that breaks the form: invalid_arguments, and the question keeps waiting.
+    let bad =
+        json!({"request_id": "asks", "input_id": input_id, "response": {"action": "accept", "content": {}}});
+    send_request(&redis, "tool.input", &bad);
+    let (kind, refused) = result_entry(&redis, "asks", "tool.input.completed", 0);
+    assert_eq!(kind, "tool.input.completed");
+    assert_eq!(refused["error_code"], "invalid_arguments", "{refused}");
+    assert_eq!(refused["details"]["errors"][0]["rule"], "required", "{refused}");
+    // An input id nobody asked: unknown; a tool.input without a response: invalid_request.
+    send_request(
+        &redis,
+        "tool.input",
+        &json!({"request_id": "asks", "input_id": "nope", "response": {"action": "decline"}}),
+    );
+    let (_, unknown) = result_entry(&redis, "asks", "tool.input.completed", 1);
+    assert_eq!(
+        unknown["result"],
+        json!({"request_id": "asks", "input_id": "nope", "state": "unknown"}),
+        "{unknown}"
+    );
+    // (Remembered by its own id: its answer's commit leaves the waiting call's record alone, so
+    // the takeover below still knows the call ran.)
+    send_request(&redis, "tool.input", &json!({"request_id": "asks", "input_id": "nope"}));
+    let (_, malformed) = result_entry(&redis, "asks", "tool.input.completed", 2);
+    assert_eq!(malformed["error_code"], "invalid_request", "{malformed}");
+
+    // The replica dies while the call waits; the one that takes the call over after the lease
+    // decides as for any call whose holder died: the tool is not idempotent, so `interrupted`.
+    hosts.kill9();
+    let restarted = elicit_hosts(&redis, &server, &dir);
+    let (kind, answer) = result_entry(&redis, "asks", "tool.invoke.completed", 0);
+    assert_eq!(kind, "tool.invoke.completed", "{answer}");
+    assert_eq!(answer["error_code"], "interrupted", "{answer}\n{}", restarted.log());
+    // The lost question takes no answer.
+    let late = json!({"request_id": "asks", "input_id": input_id, "response": {"action": "decline"}});
+    send_request(&redis, "tool.input", &late);
+    let (_, late) = result_entry(&redis, "asks", "tool.input.completed", 3);
+    assert_eq!(late["result"]["state"], "unknown", "{late}");
+    drop(restarted);
+    let _ = std::fs::remove_dir_all(&dir);
 }

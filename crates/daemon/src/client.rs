@@ -10,7 +10,9 @@ use toolhost_envelope::DiscoveryFormat;
 use crate::EXIT_CONFIG;
 use crate::auth::SigningKey;
 use crate::config::Config;
-use crate::fleet_client::{CallFailure, ClientSettings, FleetClient, Progress, Request};
+use crate::fleet_client::{
+    CallEvent, CallFailure, ClientSettings, FleetClient, InputState, Progress, Request,
+};
 use crate::output;
 
 /// Exit code when the tool answered with an error.
@@ -30,8 +32,10 @@ fn caller(config: &Config) -> Result<(Arc<dyn Bus>, Caller), String> {
 }
 
 /// `toolhost call`: calls the tool through the fleet client (a private response stream, the
-/// call's progress on stderr), prints the result and returns the exit code (0, 1 or 2). Ctrl-C
-/// sends `tool.cancel` for the call and prints its `cancelled` answer.
+/// call's progress and log messages on stderr), prints the result and returns the exit code (0,
+/// 1 or 2). A question of the call is asked on the terminal (`prompt`: an elicitation's form),
+/// or declined when stdin is not one. Ctrl-C sends `tool.cancel` for the call and prints its
+/// `cancelled` answer.
 pub async fn run_call(
     config: &Config,
     tool: &str,
@@ -86,13 +90,32 @@ pub async fn run_call(
         via: None,
         trace: None,
     };
-    let (progress, mut reports) = tokio::sync::mpsc::unbounded_channel::<Progress>();
-    let call = fleet.call(&request, Some(progress));
+    let (events, mut reports) = tokio::sync::mpsc::unbounded_channel::<CallEvent>();
+    let call = fleet.call_with_events(&request, events);
     tokio::pin!(call);
     let answer = loop {
         tokio::select! {
             answer = &mut call => break answer,
-            Some(report) = reports.recv() => print_progress(&report),
+            Some(event) = reports.recv() => match event {
+                CallEvent::Progress(report) => print_progress(&report),
+                CallEvent::Log(message) => {
+                    eprintln!("toolhost: log {}: {}", message.level, message.data);
+                }
+                // Asked on a task of its own, so the call's answer and Ctrl-C are not held up.
+                CallEvent::InputRequired { input_id, kind, request: question } => {
+                    let (fleet, request_id) = (fleet.clone(), request.request_id.clone());
+                    tokio::spawn(async move {
+                        let response = tokio::task::spawn_blocking(move || crate::prompt::answer(kind, &question))
+                            .await
+                            .unwrap_or_else(|_| crate::prompt::declined(kind));
+                        match fleet.answer_input(&request_id, &input_id, response).await {
+                            Ok(InputState::Accepted) => {}
+                            Ok(state) => eprintln!("toolhost: the answer to the tool's question was not taken: {state:?}"),
+                            Err(err) => eprintln!("toolhost: cannot send the answer to the tool's question: {err}"),
+                        }
+                    });
+                }
+            },
             // Ctrl-C: ask the host to stop the call, then wait briefly for its `cancelled` answer.
             _ = interrupt.recv() => {
                 eprintln!("toolhost: interrupted; cancelling call {}", request.request_id);

@@ -40,15 +40,18 @@ pub(crate) trait EntryHandler: Send + Sync + 'static {
 /// A handling that must wait for something other than the host's capacity (a tool's own
 /// concurrency limit) gives its slot back with [`Slot::release`], so the reader can take other
 /// work meanwhile.
+///
+/// Releasing takes `&self`, so a call's parts that run side by side (its queue wait, its
+/// questions to the caller) can each give it back; the first release counts.
 #[derive(Debug)]
 pub(crate) struct Slot {
-    permit: Option<OwnedSemaphorePermit>,
+    permit: Mutex<Option<OwnedSemaphorePermit>>,
 }
 
 impl Slot {
     /// Gives the slot back to the reader now rather than when the handling ends.
-    pub(crate) fn release(&mut self) {
-        self.permit = None;
+    pub(crate) fn release(&self) {
+        self.permit.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
     }
 }
 
@@ -292,7 +295,7 @@ impl<H: EntryHandler> GroupReader<H> {
         // The handling's future is a few KiB; boxed at once, the spawn and the task tracker move
         // a pointer instead of copying it again at every layer.
         self.shutdown.tasks().spawn(Box::pin(async move {
-            handler.handle(entry, Slot { permit: Some(permit) }).await;
+            handler.handle(entry, Slot { permit: Mutex::new(Some(permit)) }).await;
             drop(active);
             drop(in_round);
         }));

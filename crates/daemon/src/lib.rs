@@ -45,6 +45,7 @@ mod outage;
 pub mod output;
 mod ovos_bus;
 mod probe;
+mod prompt;
 mod publish;
 pub mod redis_acl;
 mod reload;

@@ -158,6 +158,13 @@ impl EventEnvelope {
         self.envelope_json(source, topic, &format!("{}.log", self.result_type()), data)
     }
 
+    /// An input-required entry of this request, `<answer type>.input_required` (never an answer:
+    /// `data` holds no `success`), as its message id and compact JSON payload, with the answer's
+    /// copied fields.
+    pub fn input_required_json(&self, source: &str, topic: &str, data: &Value) -> (String, String) {
+        self.envelope_json(source, topic, &format!("{}.input_required", self.result_type()), data)
+    }
+
     fn envelope_json<D: Serialize + ?Sized>(
         &self,
         source: &str,

@@ -2,7 +2,8 @@
 //!
 //! Each configured server becomes a source: a stdio child (own process group, the terminal
 //! tool's rlimits, only its `env` plus `PATH`, `HOME` and `LANG`) or a streamable HTTP session.
-//! toolhost advertises no client capabilities. The server's tools become [`toolhost_tools::Tool`]s
+//! toolhost declares the elicitation and sampling client capabilities and asks a server's
+//! questions of the call's caller ([`toolhost_tools::Input`]); it offers no roots. The server's tools become [`toolhost_tools::Tool`]s
 //! named `<prefix><tool>` (see [`names`]), with their schemas and hints mapped as [`mapping`]
 //! describes; the registry validates arguments and output as for every tool.
 //!
@@ -38,6 +39,7 @@
 pub mod catalog;
 mod child;
 pub mod config;
+mod input;
 mod logging;
 pub mod mapping;
 pub mod names;

@@ -23,10 +23,9 @@ use backon::{BackoffBuilder, ExponentialBuilder};
 #[allow(deprecated)]
 use rmcp::model::{
     CallToolRequest, CallToolRequestParams, CallToolResponse, CallToolResult, CancelledNotificationParam,
-    ClientCapabilities, ClientConfig, ClientRequest, CreateMessageRequestParams, CreateMessageResult,
-    ElicitRequestParams, ElicitResult, ErrorCode, Implementation, ListRootsResult,
-    LoggingMessageNotificationParam, ProgressNotificationParam, ProgressToken, ProtocolVersion, RequestId,
-    RequestMetaObject, ServerResult,
+    ClientConfig, ClientRequest, CreateMessageRequestParams, CreateMessageResult, ElicitRequestParams,
+    ElicitResult, ErrorCode, Implementation, ListRootsResult, LoggingMessageNotificationParam,
+    ProgressNotificationParam, ProgressToken, ProtocolVersion, RequestId, RequestMetaObject, ServerResult,
 };
 use rmcp::service::{
     NotificationContext, PeerRequestOptions, RequestContext, RunningService, RunningServiceCancellationToken,
@@ -46,6 +45,7 @@ use toolhost_tools::{Context, Output, Progress, ProgressReport, Registry, Tool, 
 use crate::catalog::{self, Catalog, Operation, Target};
 use crate::child::{ChildSpec, ManagedChild};
 use crate::config::{ServerSpec, Transport};
+use crate::input::{InputRoute, InputRoutes};
 use crate::logging::LogRoutes;
 use crate::{mapping, names};
 
@@ -156,6 +156,8 @@ pub(crate) struct Shared {
     progress: Arc<ProgressRoutes>,
     /// The calls in flight, for the server's `notifications/message`.
     logs: Arc<LogRoutes>,
+    /// The calls in flight, for the server's `elicitation/create` and `sampling/createMessage`.
+    inputs: Arc<InputRoutes>,
 }
 
 /// The calls waiting for progress, by the progress token their request carried.
@@ -275,16 +277,19 @@ impl Drop for Abandoned {
 }
 
 /// `tools/call` with a progress route: what `call_tool_once` does, keeping the request's
-/// progress token so the server's `notifications/progress` for it reach `progress`.
+/// progress token so the server's `notifications/progress` for it reach `progress`, and its id
+/// so the server's questions on its stream reach the call's `input`.
 async fn call_with_progress(
     peer: &Peer<RoleClient>,
     params: CallToolRequestParams,
     routes: &Arc<ProgressRoutes>,
     progress: &Progress,
+    input: &InputRoute<'_>,
 ) -> Result<CallToolResponse, ServiceError> {
     let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
     let handle = peer.send_request_with_option(request, PeerRequestOptions::no_options()).await?;
     let _route = routes.add(handle.progress_token.clone(), progress.clone());
+    input.sent(handle.id.clone());
     let mut abandoned = Abandoned { peer: peer.clone(), id: Some(handle.id.clone()) };
     let result = handle.await_response().await;
     abandoned.id = None;
@@ -335,6 +340,7 @@ impl Shared {
             recheck: Notify::new(),
             progress: Arc::default(),
             logs: Arc::default(),
+            inputs: Arc::default(),
         })
     }
 
@@ -522,6 +528,7 @@ impl Tool for McpTool {
             () = context.cancel.cancelled() => return Err(cancelled()),
         };
         let _in_flight = source.logs.add(context.log.clone());
+        let asks = source.inputs.add(context.input.clone());
         let mut params = CallToolRequestParams::new(self.original.clone());
         // The call's trace context rides in `_meta` (SEP-414).
         if let Some((traceparent, tracestate)) = context.trace_headers() {
@@ -542,8 +549,8 @@ impl Tool for McpTool {
         // Dropping this future before its answer makes rmcp send notifications/cancelled (or
         // `Abandoned`, when progress is relayed).
         let call = async {
-            if context.progress.is_relayed() {
-                call_with_progress(&peer, params, &source.progress, &context.progress).await
+            if context.progress.is_relayed() || context.input.is_relayed() {
+                call_with_progress(&peer, params, &source.progress, &context.progress, &asks).await
             } else {
                 peer.call_tool_once(params).await
             }
@@ -565,7 +572,8 @@ impl Tool for McpTool {
     }
 }
 
-/// The client side toolhost shows a server: no capabilities, and a note of `list_changed`.
+/// The client side toolhost shows a server: elicitation and sampling, asked of the call's caller
+/// ([`crate::input`]), and a note of `list_changed`.
 struct Handler {
     info: ClientConfig,
     changed: mpsc::Sender<()>,
@@ -573,6 +581,8 @@ struct Handler {
     catalog_changed: mpsc::Sender<()>,
     progress: Arc<ProgressRoutes>,
     logs: Arc<LogRoutes>,
+    /// Where the server's questions go.
+    inputs: Arc<InputRoutes>,
     /// The source's name, for log messages no call takes.
     source: String,
 }
@@ -583,16 +593,17 @@ impl Handler {
         catalog_changed: mpsc::Sender<()>,
         progress: Arc<ProgressRoutes>,
         logs: Arc<LogRoutes>,
+        inputs: Arc<InputRoutes>,
         source: &str,
     ) -> Handler {
-        // No sampling, elicitation or roots. The last protocol version with `initialize`, so
-        // that list_changed arrives as a plain notification.
+        // Elicitation and sampling, but no roots. The last protocol version with `initialize`,
+        // so that list_changed arrives as a plain notification.
         let info = ClientConfig::new(
-            ClientCapabilities::default(),
+            crate::input::capabilities(),
             Implementation::new("toolhost", env!("CARGO_PKG_VERSION")),
         )
         .with_protocol_version(ProtocolVersion::LATEST_WITH_INITIALIZE);
-        Handler { info, changed, catalog_changed, progress, logs, source: source.to_owned() }
+        Handler { info, changed, catalog_changed, progress, logs, inputs, source: source.to_owned() }
     }
 }
 
@@ -600,7 +611,8 @@ fn not_offered(what: &str) -> ErrorData {
     ErrorData::new(ErrorCode::METHOD_NOT_FOUND, format!("toolhost offers MCP servers no {what}"), None)
 }
 
-// Sampling and roots are deprecated in MCP (SEP-2577); they are refused here all the same.
+// Sampling and roots are deprecated in MCP (SEP-2577); servers of the `initialize` generations
+// still ask for sampling, which is relayed to the caller; roots are refused.
 #[allow(deprecated)]
 impl ClientHandler for Handler {
     fn get_info(&self) -> ClientConfig {
@@ -650,12 +662,12 @@ impl ClientHandler for Handler {
         std::future::ready(())
     }
 
-    fn create_message(
+    async fn create_message(
         &self,
-        _params: CreateMessageRequestParams,
-        _context: RequestContext<RoleClient>,
-    ) -> impl Future<Output = Result<CreateMessageResult, ErrorData>> + Send + '_ {
-        std::future::ready(Err(not_offered("sampling")))
+        params: CreateMessageRequestParams,
+        context: RequestContext<RoleClient>,
+    ) -> Result<CreateMessageResult, ErrorData> {
+        self.inputs.sample(&self.source, params, &context).await
     }
 
     fn list_roots(
@@ -665,12 +677,12 @@ impl ClientHandler for Handler {
         std::future::ready(Err(not_offered("roots")))
     }
 
-    fn create_elicitation(
+    async fn create_elicitation(
         &self,
-        _request: ElicitRequestParams,
-        _context: RequestContext<RoleClient>,
-    ) -> impl Future<Output = Result<ElicitResult, ErrorData>> + Send + '_ {
-        std::future::ready(Err(not_offered("elicitation")))
+        request: ElicitRequestParams,
+        context: RequestContext<RoleClient>,
+    ) -> Result<ElicitResult, ErrorData> {
+        self.inputs.elicit(&self.source, request, &context).await
     }
 }
 
@@ -855,8 +867,14 @@ async fn connect(shared: &Shared, common: &Common) -> Result<Connection, String>
     let (changed_tx, changed) = mpsc::channel(1);
     let (catalog_tx, catalog_changed) = mpsc::channel(1);
     let changed = (changed, catalog_changed);
-    let handler =
-        Handler::new(changed_tx, catalog_tx, shared.progress.clone(), shared.logs.clone(), &spec.name);
+    let handler = Handler::new(
+        changed_tx,
+        catalog_tx,
+        shared.progress.clone(),
+        shared.logs.clone(),
+        shared.inputs.clone(),
+        &spec.name,
+    );
     match &spec.transport {
         Transport::Stdio { command, args, env, cwd } => {
             let child_spec = ChildSpec {

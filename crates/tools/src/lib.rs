@@ -13,6 +13,7 @@
 //! variables and installs no logging subscriber: the daemon hands every setting in.
 
 mod content;
+mod input;
 mod limits;
 mod registry;
 mod schema;
@@ -26,6 +27,7 @@ pub mod terminal;
 mod tool;
 
 pub use content::{BLOCK_TYPES, CallResultError, Output, check_blocks, from_call_result};
+pub use input::{Input, InputFuture, InputKind, InputReply, InputRequest};
 pub use limits::{Admit, DEFAULT_MAX_QUEUE, Full, LimitSettings, Running, ToolLimits, Waiting};
 pub use registry::{Failure, Registry, RegistryError, valid_tool_name};
 pub use schema::{SchemaError, describe_errors};

@@ -109,6 +109,9 @@ pub struct Context {
     /// Where the tool's log messages for its caller go (a hosted MCP server's
     /// `notifications/message`); nowhere unless the host relays them.
     pub log: Log,
+    /// Where the tool asks its caller for input (a hosted MCP server's `elicitation/create`
+    /// and `sampling/createMessage`); every question is declined unless the host relays them.
+    pub input: crate::Input,
     /// The W3C trace context of the call, which a source passes out to what it calls
     /// (`_meta.traceparent`, the `traceparent` header, the `TRACEPARENT` variable); `None`
     /// outside a traced call.

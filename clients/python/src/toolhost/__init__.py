@@ -31,7 +31,7 @@ from ._errors import (
     UnknownTool,
 )
 from ._sync import Client
-from ._wire import Finished, LogEntry, Progress
+from ._wire import Finished, InputRequest, LogEntry, Progress
 
 __version__ = "0.1.0"
 
@@ -49,6 +49,7 @@ __all__ = [
     "Finished",
     "Forbidden",
     "ImageBlock",
+    "InputRequest",
     "Internal",
     "Interrupted",
     "InvalidArguments",

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import logging
 import os
 import re
 import uuid
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -22,6 +23,7 @@ from ._errors import (
     ClientClosed,
     ClientError,
     ConnectionFailed,
+    InvalidArguments,
     NoAnswer,
     Overloaded,
     RequestNotReplicated,
@@ -29,9 +31,13 @@ from ._errors import (
     error_from,
 )
 from ._content import Reply, parse_blocks
-from ._wire import Answer, Finished, LogEntry, Progress
+from ._wire import Answer, Finished, InputRequest, LogEntry, Progress
 
 log = logging.getLogger("toolhost")
+
+# What answers a call's questions: a function or coroutine function of the InputRequest that
+# gives the MCP response as a dict, or None to decline.
+OnInput = Callable[[InputRequest], "dict[str, Any] | None | Awaitable[dict[str, Any] | None]"]
 
 # How long a call waits past its own timeout before it says NoAnswer: the host answers a call
 # at its deadline, and the answer needs a moment to arrive.
@@ -181,6 +187,10 @@ class AsyncClient:
         self._calls: dict[str, list[_Waiter]] = {}
         # Request id to the cancels waiting for their answer.
         self._cancels: dict[str, list[_Waiter]] = {}
+        # `<request id> <input id>` to the inputs waiting for their answer.
+        self._inputs: dict[str, list[_Waiter]] = {}
+        # The calls' on_input tasks that have not ended.
+        self._questions: set[asyncio.Task[None]] = set()
         self._tasks: list[asyncio.Task[None]] = []
         # Requests waiting for the next pipeline (key, fields, replicas that must acknowledge
         # it, and who waits for the XADD's outcome), and whether one is being sent.
@@ -239,7 +249,9 @@ class AsyncClient:
                 await task
             except asyncio.CancelledError:
                 pass
-        for waiters in (*self._calls.values(), *self._cancels.values()):
+        for question in list(self._questions):
+            question.cancel()
+        for waiters in (*self._calls.values(), *self._cancels.values(), *self._inputs.values()):
             for waiter in waiters:
                 if not waiter.future.done():
                     waiter.future.set_exception(ClientClosed("the client was closed while the call waited"))
@@ -274,6 +286,7 @@ class AsyncClient:
         traceparent: str | None = None,
         tracestate: str | None = None,
         on_log: Callable[[LogEntry], None] | None = None,
+        on_input: OnInput | None = None,
     ) -> Any:
         """Calls `tool` and returns its result, or raises the answer's ToolError. `call_reply`
         returns the content blocks (images, audio, resources) beside the result.
@@ -305,6 +318,7 @@ class AsyncClient:
             traceparent=traceparent,
             tracestate=tracestate,
             on_log=on_log,
+            on_input=on_input,
         )
         return reply.result
 
@@ -322,10 +336,20 @@ class AsyncClient:
         traceparent: str | None = None,
         tracestate: str | None = None,
         on_log: Callable[[LogEntry], None] | None = None,
+        on_input: OnInput | None = None,
     ) -> Reply:
         """`call`, returning the whole answer: the result and the tool's content blocks as typed
         objects (ImageBlock, AudioBlock, ResourceLink, EmbeddedResource, TextBlock). `on_log` gets
-        the call's log entries (a hosted MCP server's log messages), on the client's event loop."""
+        the call's log entries (a hosted MCP server's log messages), on the client's event loop.
+
+        `on_input` answers the call's questions (a hosted MCP server's elicitation or sampling
+        request, as an InputRequest): a plain function runs on a worker thread (it may block, say
+        to prompt a person), a coroutine function on the client's event loop. It returns the MCP
+        `ElicitResult` (`{"action": "accept", "content": {...}}`) or `CreateMessageResult` as a
+        dict, or None to decline; the answer goes back as a `tool.input`. An answer the host
+        refuses (content that breaks the question's `requestedSchema`) is logged, and a decline
+        is sent instead. Without `on_input` the call's questions are left to the host, which
+        declines them at the call's deadline."""
         _wire.check_tool_name(tool)
         if arguments is None:
             arguments = {}
@@ -343,7 +367,7 @@ class AsyncClient:
         acks = self.replica_acks if replica_acks is None else _check_replica_acks(replica_acks)
         await self.open()
         loop = asyncio.get_running_loop()
-        waiter = _Waiter(loop.create_future(), on_progress, on_log)
+        waiter = _Waiter(loop.create_future(), on_progress, on_log, on_input)
         self._calls.setdefault(rid, []).append(waiter)
         try:
             for attempt in range(attempts):
@@ -438,6 +462,51 @@ class AsyncClient:
             raise error_from(answer.data, rid)
         result = answer.data.get("result")
         return str(result.get("state")) if isinstance(result, dict) else "unknown"
+
+    async def answer_input(
+        self, request_id: str, input_id: str, response: dict[str, Any], *, timeout: float = 5.0
+    ) -> str:
+        """Answers the question `input_id` of the call `request_id` (the wire's `tool.input`) with
+        an MCP `ElicitResult` or `CreateMessageResult` (a dict) and returns what the host did:
+        `accepted`, or `unknown` when no call waits for that question (never asked, answered
+        already, or past its deadline). Raises InvalidArguments for a response that breaks the
+        question's `requestedSchema` (the question keeps waiting)."""
+        rid = _wire.check_request_id(request_id)
+        if not isinstance(input_id, str) or not input_id:
+            raise ClientError("input_id must be a non-empty string")
+        if not isinstance(response, dict):
+            raise ClientError(f"response must be a dict (a JSON object), not {type(response).__name__}")
+        data = {"request_id": rid, "input_id": input_id, "response": response}
+        answer = await self._ask("tool.input", data, f"{rid} {input_id}", self._inputs, timeout, rid)
+        if answer is None:
+            raise NoAnswer(rid, timeout, "tool.input")
+        if answer.data.get("success") is not True:
+            raise error_from(answer.data, rid)
+        result = answer.data.get("result")
+        return str(result.get("state")) if isinstance(result, dict) else "unknown"
+
+    async def _answer_question(self, on_input: OnInput, question: InputRequest) -> None:
+        """Asks `on_input` and sends its answer; a failing callback or a refused answer is
+        logged and declined."""
+        try:
+            if asyncio.iscoroutinefunction(on_input):
+                response = await on_input(question)
+            else:
+                response = await asyncio.get_running_loop().run_in_executor(None, on_input, question)
+                if inspect.isawaitable(response):
+                    response = await response
+        except Exception:  # noqa: BLE001 - the callback is the caller's; its failure declines
+            log.exception("on_input failed for question %s of %s; declined", question.input_id, question.request_id)
+            response = None
+        if response is None:
+            response = _wire.declined(question.kind)
+        try:
+            state = await self.answer_input(question.request_id, question.input_id, response)
+        except InvalidArguments as err:
+            log.warning("the answer to question %s was refused (%s); declined", question.input_id, err)
+            state = await self.answer_input(question.request_id, question.input_id, _wire.declined(question.kind))
+        if state != "accepted":
+            log.info("the answer to question %s of %s was %s", question.input_id, question.request_id, state)
 
     async def tools(self, format: str = "native", *, timeout: float = 5.0) -> list[dict[str, Any]]:
         """The tools of every live toolbox, in a discovery format (`native`, `openai`, `mcp`,
@@ -661,14 +730,16 @@ class AsyncClient:
         rid: str,
         waiters: dict[str, list[_Waiter]],
         timeout: float,
+        request_id: str | None = None,
     ) -> Answer | None:
-        """Publishes a request that is not a call (a cancel, a discovery) and waits for its
-        answer; None when none came in `timeout` seconds."""
+        """Publishes a request that is not a call (a cancel, an input, a discovery) and waits
+        for its answer, filed under `rid` among `waiters`; None when none came in `timeout`
+        seconds. `request_id` is the request's when it is not `rid`."""
         await self.open()
         waiter = _Waiter(asyncio.get_running_loop().create_future(), None)
         waiters.setdefault(rid, []).append(waiter)
         try:
-            await self._publish(event_type, data, rid, None)
+            await self._publish(event_type, data, request_id or rid, None)
             try:
                 return await asyncio.wait_for(waiter.future, timeout)
             except asyncio.TimeoutError:
@@ -745,9 +816,39 @@ class AsyncClient:
                 if waiter.on_log is not None:
                     waiter.on_log(entry)
             return
+        if answer.kind == "input":
+            self._ask_caller(answer)
+            return
+        if answer.kind == "input_answer":
+            self._route_input_answer(answer)
+            return
         for waiter in (self._cancels if answer.kind == "cancel" else self._calls).get(answer.request_id, ()):
             if not waiter.future.done():
                 waiter.future.set_result(answer)
+
+    def _ask_caller(self, answer: Answer) -> None:
+        """Hands a call's question to its `on_input`, on a task of its own."""
+        question = _wire.input_of(answer)
+        on_input = next((w.on_input for w in self._calls.get(answer.request_id, ()) if w.on_input), None)
+        if question is None or on_input is None:
+            return
+        task = asyncio.ensure_future(self._answer_question(on_input, question))
+        self._questions.add(task)
+        task.add_done_callback(self._questions.discard)
+
+    def _route_input_answer(self, answer: Answer) -> None:
+        """Hands a `tool.input`'s answer to the input waiting for it: by its input id, else (a
+        refusal that names none) to the call's one waiting input."""
+        data = answer.data
+        result, details = data.get("result"), data.get("details")
+        input_id = (result if isinstance(result, dict) else details if isinstance(details, dict) else {}).get("input_id")
+        keys = [f"{answer.request_id} {input_id}"] if isinstance(input_id, str) else []
+        if not keys or keys[0] not in self._inputs:
+            keys = [key for key in self._inputs if key.split(" ", 1)[0] == answer.request_id][:1]
+        for key in keys:
+            for waiter in self._inputs.get(key, ()):
+                if not waiter.future.done():
+                    waiter.future.set_result(answer)
 
     async def _keep_alive(self) -> None:
         """Refreshes the private stream's TTL while the client lives."""
@@ -785,17 +886,19 @@ def _check_replica_acks(replica_acks: int) -> int:
 class _Waiter:
     """A call, cancel or discovery waiting for its answer."""
 
-    __slots__ = ("future", "on_log", "on_progress")
+    __slots__ = ("future", "on_input", "on_log", "on_progress")
 
     def __init__(
         self,
         future: asyncio.Future[Answer],
         on_progress: Callable[[Progress], None] | None,
         on_log: Callable[[LogEntry], None] | None = None,
+        on_input: OnInput | None = None,
     ) -> None:
         self.future = future
         self.on_progress = on_progress
         self.on_log = on_log
+        self.on_input = on_input
 
 
 def _tool_name(tool: dict[str, Any]) -> str:

@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
 from . import _otel
-from ._aio import AsyncClient
+from ._aio import AsyncClient, OnInput
 from ._content import Reply
 from ._errors import ClientClosed
 from ._wire import Finished, LogEntry, Progress
@@ -73,8 +73,10 @@ class Client:
         traceparent: str | None = None,
         tracestate: str | None = None,
         on_log: Callable[[LogEntry], None] | None = None,
+        on_input: OnInput | None = None,
     ) -> Any:
-        """AsyncClient.call, blocking; `on_progress` runs on the client's thread. The caller's
+        """AsyncClient.call, blocking; `on_progress` runs on the client's thread, a plain
+        `on_input` on a worker thread (it may block to prompt a person). The caller's
         current span (when OpenTelemetry is installed) is the request's parent unless
         `traceparent` is given."""
         if traceparent is None:
@@ -92,6 +94,7 @@ class Client:
                 traceparent=traceparent,
                 tracestate=tracestate,
                 on_log=on_log,
+                on_input=on_input,
             )
         )
 
@@ -107,6 +110,7 @@ class Client:
         on_progress: Callable[[Progress], None] | None = None,
         replica_acks: int | None = None,
         on_log: Callable[[LogEntry], None] | None = None,
+        on_input: OnInput | None = None,
     ) -> Reply:
         """AsyncClient.call_reply, blocking: the result and the content blocks."""
         return self._run(
@@ -120,6 +124,7 @@ class Client:
                 on_progress=on_progress,
                 replica_acks=replica_acks,
                 on_log=on_log,
+                on_input=on_input,
             )
         )
 
@@ -157,6 +162,10 @@ class Client:
     def cancel(self, request_id: str, *, timeout: float = 5.0) -> str:
         """AsyncClient.cancel, blocking."""
         return self._run(self._client.cancel(request_id, timeout=timeout))
+
+    def answer_input(self, request_id: str, input_id: str, response: dict[str, Any], *, timeout: float = 5.0) -> str:
+        """AsyncClient.answer_input, blocking."""
+        return self._run(self._client.answer_input(request_id, input_id, response, timeout=timeout))
 
     def tools(self, format: str = "native", *, timeout: float = 5.0) -> list[dict[str, Any]]:
         """AsyncClient.tools, blocking."""

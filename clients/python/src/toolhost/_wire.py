@@ -21,6 +21,8 @@ SPEC_VERSION = "1.0"
 TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 # The answer type of a cancel, unless the cancel names a response_event.
 CANCEL_ANSWER = "tool.cancel.completed"
+# The answer type of a tool.input, unless it names a response_event.
+INPUT_ANSWER = "tool.input.completed"
 # The fields of the envelope a caller may set to tag a call.
 TAGS = ("tenant_id", "user_id", "session_id", "trace_id", "traceparent", "tracestate")
 
@@ -173,6 +175,58 @@ class LogEntry:
 
 
 @dataclass(frozen=True)
+class InputRequest:
+    """A question of a running call (a hosted MCP server's `elicitation/create` or
+    `sampling/createMessage`), to answer with an MCP `ElicitResult` or `CreateMessageResult`
+    before `expires_at_ms`; nobody answering is a decline."""
+
+    request_id: str
+    input_id: str
+    kind: str  # "elicitation" or "sampling"
+    method: str
+    params: dict[str, Any]
+    expires_at_ms: int | None = None
+
+    @property
+    def message(self) -> str | None:
+        """An elicitation's message to the user."""
+        message = self.params.get("message")
+        return message if isinstance(message, str) else None
+
+    @property
+    def requested_schema(self) -> dict[str, Any] | None:
+        """An elicitation's form: the JSON Schema the accepted content must fit."""
+        schema = self.params.get("requestedSchema")
+        return schema if isinstance(schema, dict) else None
+
+
+def input_of(answer: Answer) -> InputRequest | None:
+    """The question an `.input_required` entry holds, or None for one that is malformed."""
+    data = answer.data
+    request = data.get("request")
+    kind = data.get("kind")
+    if not isinstance(request, dict) or kind not in ("elicitation", "sampling"):
+        return None
+    params = request.get("params")
+    expires = data.get("expires_at_ms")
+    return InputRequest(
+        request_id=answer.request_id,
+        input_id=str(data["input_id"]),
+        kind=str(kind),
+        method=str(request.get("method", "")),
+        params=params if isinstance(params, dict) else {},
+        expires_at_ms=expires if isinstance(expires, int) else None,
+    )
+
+
+def declined(kind: str) -> dict[str, Any]:
+    """The response that declines a question: `action: decline`, or a refused sampling."""
+    if kind == "sampling":
+        return {"error": {"code": -1, "message": "the caller declined to sample"}}
+    return {"action": "decline"}
+
+
+@dataclass(frozen=True)
 class Finished:
     """The end of a streamed call: its result and content blocks (errors are raised instead)."""
 
@@ -185,7 +239,7 @@ class Finished:
 class Answer:
     """One entry read from the private stream, sorted out."""
 
-    kind: str  # "answer", "progress", "log", "cancel"
+    kind: str  # "answer", "progress", "log", "cancel", "input", "input_answer"
     request_id: str
     data: dict[str, Any]
 
@@ -214,9 +268,13 @@ def parse_entry(fields: dict[bytes, bytes]) -> Answer | None:
             return Answer("progress", request_id, data)
         if event_type.endswith(".log") and isinstance(data.get("level"), str):
             return Answer("log", request_id, data)
+        if event_type.endswith(".input_required") and isinstance(data.get("input_id"), str):
+            return Answer("input", request_id, data)
         return None
     if event_type == CANCEL_ANSWER:
         return Answer("cancel", request_id, data)
+    if event_type == INPUT_ANSWER:
+        return Answer("input_answer", request_id, data)
     return Answer("answer", request_id, data)
 
 

@@ -20,7 +20,8 @@
 //!
 //! The control loop ([`Calls::run`]) reads this replica's control stream: it cancels the calls
 //! forwarded to it and answers the replica that forwarded them, and hands the replies to its own
-//! forwards to the waiting cancels. The stream is deleted when the replica stops.
+//! forwards to the waiting cancels. A `tool.input` travels the same way (`call/input.rs`). The
+//! stream is deleted when the replica stops.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -34,6 +35,7 @@ use toolhost_bus::{Bus, Error, Keys};
 use toolhost_envelope::new_message_id;
 use tracing::{debug, warn};
 
+use super::input::Inputs;
 use crate::backoff::Backoff;
 use crate::fleet::Fleet;
 use crate::outage::redis_warn;
@@ -77,8 +79,10 @@ pub(crate) struct Calls {
     control: String,
     /// The calls running here.
     running: Running,
-    /// Forwarded cancels waiting for replies, by nonce.
-    waiting: Mutex<HashMap<String, mpsc::UnboundedSender<bool>>>,
+    /// The questions of calls running here that wait for their caller's input.
+    inputs: Arc<Inputs>,
+    /// Forwarded cancels and inputs waiting for replies, by nonce.
+    waiting: Mutex<HashMap<String, mpsc::UnboundedSender<Value>>>,
 }
 
 /// The calls running here by ledger (the bare name of the stream they came from) and ledger id,
@@ -148,6 +152,7 @@ impl Calls {
             fleet,
             consumer: consumer.to_owned(),
             running: Running::default(),
+            inputs: Arc::default(),
             waiting: Mutex::default(),
         }
     }
@@ -216,20 +221,38 @@ impl Calls {
         Ok(if record.is_empty() { CancelState::Unknown } else { CancelState::Cancelling })
     }
 
+    /// The questions of calls running here that wait for their caller's input.
+    pub(crate) fn inputs(&self) -> &Arc<Inputs> {
+        &self.inputs
+    }
+
     /// Forwards a cancel to every other live replica and waits for their replies; whether one
     /// of them ran the call. A replica that cannot be reached counts as not running it.
     async fn forward(&self, ledger: &str, request_id: &str) -> bool {
+        let message = json!({"kind": "cancel", "ledger": ledger, "request_id": request_id});
+        let found = |reply: &Value| reply.get("running").and_then(Value::as_bool) == Some(true);
+        self.forward_until(message, found).await.is_some()
+    }
+
+    /// Sends `message` (a JSON object; `reply_to` and `nonce` are added) to every other live
+    /// replica's control stream and waits up to [`FORWARD_WAIT`] for the first reply `found`
+    /// takes; `None` when no replica gave one. A replica that cannot be reached gives none.
+    pub(super) async fn forward_until(
+        &self,
+        mut message: Value,
+        found: impl Fn(&Value) -> bool,
+    ) -> Option<Value> {
         let replicas = self.fleet.replicas(&self.consumer);
         if replicas.is_empty() {
-            return false;
+            return None;
         }
         let nonce = new_message_id();
         let (sender, mut replies) = mpsc::unbounded_channel();
         lock(&self.waiting).insert(nonce.clone(), sender);
         let _waiting = Waiting { calls: self, nonce: &nonce };
-        let message =
-            json!({"kind": "cancel", "ledger": ledger, "request_id": request_id, "reply_to": self.control, "nonce": nonce})
-                .to_string();
+        message["reply_to"] = json!(self.control);
+        message["nonce"] = json!(nonce);
+        let message = message.to_string();
         let mut asked = 0;
         for replica in &replicas {
             let control = self.keys.control(&replica.toolbox_id, &replica.consumer);
@@ -241,14 +264,14 @@ impl Calls {
         let wait = async {
             for _ in 0..asked {
                 match replies.recv().await {
-                    Some(true) => return true,
-                    Some(false) => {}
-                    None => return false,
+                    Some(reply) if found(&reply) => return Some(reply),
+                    Some(_) => {}
+                    None => return None,
                 }
             }
-            false
+            None
         };
-        tokio::time::timeout(FORWARD_WAIT, wait).await.unwrap_or(false)
+        tokio::time::timeout(FORWARD_WAIT, wait).await.ok().flatten()
     }
 
     /// Reads this replica's control stream until `stopping` fires, then deletes it.
@@ -288,29 +311,35 @@ impl Calls {
         }
     }
 
-    /// Handles one control message: a forwarded cancel, or a reply to one of ours.
+    /// Handles one control message: a forwarded cancel or input, or a reply to one of ours.
     async fn handle(&self, message: &Value) {
         let text = |key: &str| message.get(key).and_then(Value::as_str);
-        match (text("kind"), text("nonce")) {
-            (Some("cancel"), Some(nonce)) => {
+        let mut reply = match (text("kind"), text("nonce")) {
+            (Some("cancel"), Some(_)) => {
                 let (Some(ledger), Some(request_id)) = (text("ledger"), text("request_id")) else { return };
                 let running = self.running.cancel(ledger, request_id);
                 if running {
                     debug!(request_id, "call cancelled at another replica's request");
                 }
-                let Some(reply_to) = text("reply_to") else { return };
-                let reply = json!({"kind": "reply", "nonce": nonce, "running": running}).to_string();
-                if let Err(err) = self.bus.publish(reply_to, &new_message_id(), &reply).await {
-                    debug!(error = %err, request_id, "cannot reply to a forwarded cancel");
-                }
+                json!({"running": running})
             }
+            (Some("input"), Some(_)) => match self.inputs.answer_forwarded(message) {
+                Some(reply) => reply,
+                None => return,
+            },
             (Some("reply"), Some(nonce)) => {
-                let running = message.get("running").and_then(Value::as_bool).unwrap_or(false);
                 if let Some(sender) = lock(&self.waiting).get(nonce) {
-                    let _ = sender.send(running);
+                    let _ = sender.send(message.clone());
                 }
+                return;
             }
-            _ => {}
+            _ => return,
+        };
+        let Some(reply_to) = text("reply_to") else { return };
+        reply["kind"] = json!("reply");
+        reply["nonce"] = message["nonce"].clone();
+        if let Err(err) = self.bus.publish(reply_to, &new_message_id(), &reply.to_string()).await {
+            debug!(error = %err, "cannot reply to a forwarded control message");
         }
     }
 }

@@ -26,6 +26,7 @@
 
 pub(crate) mod cancel;
 mod commit;
+pub(crate) mod input;
 pub(crate) mod ledger;
 pub(crate) mod progress;
 mod tool;
@@ -114,6 +115,7 @@ impl CallIds {
             cancel: CancellationToken::default(),
             progress: Default::default(),
             log: Default::default(),
+            input: Default::default(),
             trace: Some(self.trace.clone()),
         }
     }
@@ -140,6 +142,16 @@ pub(crate) enum Work {
     /// Cancel the call with this request id, wherever it runs, and answer (not final) with
     /// what was found.
     Cancel(String),
+    /// Answer a question of a running call (`tool.input`), wherever it waits, and answer (not
+    /// final) with what was found.
+    Input {
+        /// The call's request id.
+        call_id: String,
+        /// The question's id.
+        input_id: String,
+        /// The caller's response.
+        response: Value,
+    },
 }
 
 /// What a door decided about a request: the work, and whether the decision rests on no live
@@ -342,6 +354,13 @@ pub(crate) trait Door: Send + Sync + 'static {
         None
     }
 
+    /// An input-required entry of the request's running call (`data` as docs/CONTRACTS.md
+    /// "Input from the caller" gives it), to publish on the answer's topic (only asked of a door
+    /// that [relays progress](DoorTraits::relays_progress)); `None` declines every question.
+    fn input_required(&self, _request: &Self::Request, _data: &Value) -> Option<Answer> {
+        None
+    }
+
     /// How to answer a request refused by authentication (`failure` is `forbidden`).
     fn refusal(&self, entry: &Entry, request: &Self::Request, failure: Failure) -> Refused;
 
@@ -398,7 +417,7 @@ impl<D: Door> Lifecycle<D> {
     }
 
     /// Handles one entry to its end, then counts and logs how it ended.
-    async fn handle_entry(&self, entry: &Entry, slot: &mut Slot) {
+    async fn handle_entry(&self, entry: &Entry, slot: &Slot) {
         // After the entry's delivery: what the fleet view must be newer than (see `decide`).
         let started = Instant::now();
         let services = &self.services;
@@ -508,7 +527,7 @@ impl<D: Door> Lifecycle<D> {
         entry: &Entry,
         admitted: &Admitted<D::Request>,
         registry: &Registry,
-        slot: &mut Slot,
+        slot: &Slot,
         caller: Result<Caller<'_>, Refusal>,
         times: Times,
     ) -> Outcome {
@@ -573,7 +592,7 @@ impl<D: Door> Lifecycle<D> {
         call: &Call<'_, D::Request>,
         registry: &Registry,
         caller: Caller<'_>,
-        slot: &mut Slot,
+        slot: &Slot,
         work: Work,
     ) -> Outcome {
         let entry = call.entry;
@@ -581,7 +600,9 @@ impl<D: Door> Lifecycle<D> {
             Work::HandOver(consumer) => self.hand_over(entry, &consumer).await,
             Work::Move(home) => self.move_home(entry, &home).await,
             Work::AckOnly => self.ack(entry, None).await.map_or(Outcome::LeftPending, |_| Outcome::Duplicate),
-            Work::Answer(..) | Work::Cancel(_) if self.poisoned(entry) => self.poison(call).await,
+            Work::Answer(..) | Work::Cancel(_) | Work::Input { .. } if self.poisoned(entry) => {
+                self.poison(call).await
+            }
             Work::Answer(result, reply) => {
                 let (result, reply) = match self.expired(call) {
                     Some(failure) => (Err(failure), Reply::Result),
@@ -591,6 +612,9 @@ impl<D: Door> Lifecycle<D> {
                 self.conclude(call, Answering { result, reply, finality, record: Record::Absent }, None).await
             }
             Work::Cancel(call_id) => self.cancel(call, &call_id).await,
+            Work::Input { call_id, input_id, response } => {
+                self.answer_input(call, &call_id, &input_id, response).await
+            }
             Work::Tool { name, arguments } => {
                 self.call_tool(call, registry, caller, slot, name, arguments).await
             }
@@ -717,7 +741,7 @@ fn end_span(mut span: CallSpan, outcome: Outcome) {
 }
 
 impl<D: Door> EntryHandler for Lifecycle<D> {
-    async fn handle(&self, entry: Entry, mut slot: Slot) {
-        self.handle_entry(&entry, &mut slot).await;
+    async fn handle(&self, entry: Entry, slot: Slot) {
+        self.handle_entry(&entry, &slot).await;
     }
 }

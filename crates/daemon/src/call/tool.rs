@@ -1,7 +1,8 @@
 //! The tool path of the lifecycle: the ledger's say before a tool call, the wait for a run slot
 //! of the tool, and the run itself, under its lease, its deadline, a `tool.cancel` and forced
-//! shutdown, with its progress relayed.
+//! shutdown, with its progress, log messages and questions (`input.rs`) relayed.
 
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use opentelemetry::KeyValue;
@@ -13,7 +14,7 @@ use toolhost_tools::{Admit, Context, Failure, Full, LogReport, Output, ProgressR
 use tracing::{debug, warn};
 
 use super::commit::{Answering, Finality, Record};
-use super::{Call, Door, Event, Lifecycle, Outcome, Reply, ledger, progress};
+use super::{Call, Door, Event, Lifecycle, Outcome, Reply, input, ledger, progress};
 use crate::auth::Caller;
 use crate::clock::now_since_epoch;
 use crate::group::Slot;
@@ -53,7 +54,7 @@ impl<D: Door> Lifecycle<D> {
         call: &Call<'_, D::Request>,
         registry: &Registry,
         caller: Caller<'_>,
-        slot: &mut Slot,
+        slot: &Slot,
         name: String,
         arguments: Value,
     ) -> Outcome {
@@ -199,7 +200,7 @@ impl<D: Door> Lifecycle<D> {
         call: &Call<'_, D::Request>,
         registry: &Registry,
         run: ToolRun<'_>,
-        slot: &mut Slot,
+        slot: &Slot,
     ) -> Option<Result<Output, Failure>> {
         let services = &self.services;
         let ToolRun { tool, owner, cancelled, .. } = run;
@@ -218,9 +219,14 @@ impl<D: Door> Lifecycle<D> {
         let relay = progress::Relay::<ProgressReport>::new(services.progress_per_second);
         // Log messages have a budget of their own, so a chatty tool does not starve its progress.
         let log_relay = progress::Relay::<LogReport>::new(services.progress_per_second);
+        // The call's questions to its caller, and when its run ends at the latest (set as the
+        // run starts), which a question's `expires_at_ms` says.
+        let (input, questions) = input::channel();
+        let expires = Mutex::new(None);
         if D::TRAITS.relays_progress {
             context.progress = relay.handle();
             context.log = log_relay.log_handle();
+            context.input = input;
         }
         let write_progress = |report: ProgressReport| async move {
             let Some(entry) = self.door.progress(call.request(), &report) else { return };
@@ -236,7 +242,7 @@ impl<D: Door> Lifecycle<D> {
         };
         let relay_stop = CancellationToken::new();
         let started = Instant::now();
-        let run = self.start_tool(call, registry, run, &context, slot);
+        let run = self.start_tool(call, registry, run, &context, (slot, &expires));
         // Polled in this order: a tool that answers at once (most read-only tools) ends the call
         // on the first poll, before the lease renewal sets up its timer or the shutdown watch
         // registers a waiter. A cancel drops the tool's future, which stops it (a command's
@@ -265,10 +271,11 @@ impl<D: Door> Lifecycle<D> {
         // The relay stops with the call, finishing a write under way and writing the report
         // still waiting, before the answer is committed: the last step reaches the caller, and
         // no progress entry is written after the answer.
-        let (result, (), ()) = tokio::join!(
+        let (result, (), (), ()) = tokio::join!(
             supervised,
             relay.run(&relay_stop, write_progress),
-            log_relay.run(&relay_stop, write_log)
+            log_relay.run(&relay_stop, write_log),
+            self.relay_questions(call, questions, slot, &expires, &relay_stop)
         );
         let result = result?;
         match (run_span, &result) {
@@ -303,7 +310,7 @@ impl<D: Door> Lifecycle<D> {
         registry: &Registry,
         run: ToolRun<'_>,
         context: &Context,
-        slot: &mut Slot,
+        (slot, expires): (&Slot, &Mutex<Option<Duration>>),
     ) -> Result<Output, Failure> {
         let ToolRun { tool, arguments, cancelled, .. } = run;
         // Cancelled before it started (while its ledger step waited out a Redis outage): it
@@ -317,7 +324,15 @@ impl<D: Door> Lifecycle<D> {
         let deadline = call.admitted.deadline;
         let _running = self.wait_for_tool(tool, deadline, slot).await?;
         let _in_flight = self.services.telemetry.in_flight_guard();
-        let left = deadline.map(|deadline| deadline.saturating_sub(now_since_epoch()));
+        let now = now_since_epoch();
+        let left = deadline.map(|deadline| deadline.saturating_sub(now));
+        let timeout =
+            registry.description(tool).map(|description| Duration::from_millis(description.timeout_ms));
+        let ends = match (deadline, timeout) {
+            (Some(deadline), Some(timeout)) => Some(deadline.min(now + timeout)),
+            (deadline, timeout) => deadline.or(timeout.map(|timeout| now + timeout)),
+        };
+        *expires.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = ends;
         registry.run(tool, arguments, context, left).await
     }
 
@@ -340,7 +355,7 @@ impl<D: Door> Lifecycle<D> {
         &self,
         tool: &str,
         deadline: Option<Duration>,
-        slot: &mut Slot,
+        slot: &Slot,
     ) -> Result<Running, Failure> {
         let waiting = match self.services.limits.admit(tool) {
             Admit::Run(running) => return Ok(running),

@@ -15,6 +15,7 @@
 //! The door owns `[mcp]` ([`Settings`]).
 
 mod catalog;
+mod elicit;
 mod generation;
 mod handler;
 mod http;

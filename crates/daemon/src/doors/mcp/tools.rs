@@ -6,17 +6,18 @@ use std::time::Duration;
 use rmcp::RoleServer;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorData as McpError,
-    ListToolsResult, PaginatedRequestParams, ProgressNotificationParam, ProgressToken, Tool,
+    ListToolsResult, PaginatedRequestParams, ProgressNotificationParam, ProgressToken, RequestId, Tool,
 };
 use rmcp::service::{Peer, RequestContext};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use toolhost_envelope::{DiscoveryFormat, ErrorCode, ResultData, ToolDescription};
-use tracing::{debug, info};
+use tracing::info;
 
+use super::elicit;
 use super::handler::{Door, Session};
 use super::logging::{self, SessionLevel};
-use crate::fleet_client::{CallEvent, CallFailure, FleetClient, InputKind, Request};
+use crate::fleet_client::{CallEvent, CallFailure, FleetClient, Request};
 use crate::telemetry::DoorSpan;
 
 impl Session {
@@ -131,7 +132,7 @@ impl Session {
             context.meta.get_progress_token(),
             self.log_level.clone(),
             fleet.clone(),
-            request.request_id.clone(),
+            (request.request_id.clone(), context.id.clone()),
         ));
         let answer = tokio::select! {
             answer = fleet.call_with_events(&request, events) => answer,
@@ -160,8 +161,8 @@ const RELAY_DRAIN: Duration = Duration::from_secs(5);
 
 /// Passes a call's events on to the MCP client until the call ends: progress as
 /// `notifications/progress` under the request's token, log entries as `notifications/message`
-/// at or above the session's level; a question is declined (the door asks its client nothing
-/// yet).
+/// at or above the session's level; a question is asked of the client ([`elicit::ask`], on a
+/// task of its own, so that progress and the answer are not held up behind the client's user).
 // `notifications/message` is deprecated in 2026-07-28 (SEP-2577); the `initialize` generations
 // have it.
 #[allow(deprecated)]
@@ -171,7 +172,7 @@ async fn relay(
     progress_token: Option<ProgressToken>,
     log_level: SessionLevel,
     fleet: FleetClient,
-    request_id: String,
+    (request_id, originating): (String, RequestId),
 ) {
     while let Some(event) = events.recv().await {
         match event {
@@ -194,19 +195,15 @@ async fn relay(
                     return;
                 }
             }
-            CallEvent::InputRequired { input_id, kind, .. } => {
-                let state = fleet.answer_input(&request_id, &input_id, declined(kind)).await;
-                debug!(%request_id, %input_id, kind = kind.as_str(), ?state, "declined a question the MCP client cannot be asked");
+            CallEvent::InputRequired { input_id, kind, request } => {
+                let (peer, fleet, request_id, originating) =
+                    (peer.clone(), fleet.clone(), request_id.clone(), originating.clone());
+                tokio::spawn(async move {
+                    let call = (&fleet, request_id.as_str());
+                    elicit::ask(&peer, &originating, call, (&input_id, kind, &request)).await;
+                });
             }
         }
-    }
-}
-
-/// The answer that declines a question of `kind` (docs/CONTRACTS.md, "Input from the caller").
-pub(crate) fn declined(kind: InputKind) -> Value {
-    match kind {
-        InputKind::Elicitation => json!({"action": "decline"}),
-        InputKind::Sampling => json!({"error": {"code": -1, "message": "the caller declined to sample"}}),
     }
 }
 

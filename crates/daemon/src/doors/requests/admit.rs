@@ -57,6 +57,9 @@ pub(crate) enum Target {
     /// `tool.cancel`: stop the call `call_id`. `cancel_id` is the cancel's own id (its
     /// envelope's `id`, else the entry's message id), which the ledger remembers it by.
     Cancel { call_id: String, cancel_id: String },
+    /// `tool.input`: answer the question `input_id` of the call `call_id` with `response`.
+    /// `answer_id` is the request's own id, which the ledger remembers it by.
+    Input { call_id: String, input_id: String, response: Value, answer_id: String },
     /// The envelope can be answered but not run; the sentence says why.
     Invalid(String),
     /// The caller asked for something it may not have (a reserved or unlisted response topic);
@@ -72,6 +75,8 @@ pub(crate) const TOOLS_DISCOVER: &str = "tools.discover";
 pub(crate) const TOOLS_STATS: &str = "tools.stats";
 /// Cancelling a running call.
 pub(crate) const TOOL_CANCEL: &str = "tool.cancel";
+/// Answering a running call's question.
+pub(crate) const TOOL_INPUT: &str = "tool.input";
 
 /// Decodes an entry; `resolve` maps an event type to the tool consuming it, `topics` says which
 /// response topics a caller may name.
@@ -141,6 +146,9 @@ pub(crate) fn admit(
         (None, None) => match target(&envelope, resolve) {
             Target::Cancel { call_id, cancel_id } if cancel_id.is_empty() => {
                 Target::Cancel { call_id, cancel_id: entry.id.clone() }
+            }
+            Target::Input { call_id, input_id, response, answer_id } if answer_id.is_empty() => {
+                Target::Input { call_id, input_id, response, answer_id: entry.id.clone() }
             }
             target => target,
         },
@@ -247,6 +255,7 @@ fn target(envelope: &EventEnvelope, resolve: impl Fn(&str) -> Option<String>) ->
                 Target::Invalid("tool.cancel needs data.request_id, the id of the call to cancel".to_owned())
             }
         },
+        TOOL_INPUT => input_target(envelope, data),
         TOOL_INVOKE => {
             let Some(name) = data.get("tool").and_then(Value::as_str) else {
                 return Target::Invalid("tool.invoke needs data.tool, the tool's name".to_owned());
@@ -275,6 +284,30 @@ fn target(envelope: &EventEnvelope, resolve: impl Fn(&str) -> Option<String>) ->
             }
             None => Target::Unknown(event.to_owned()),
         },
+    }
+}
+
+/// A `tool.input`: `data.request_id` (the call's), `data.input_id` and `data.response`.
+fn input_target(envelope: &EventEnvelope, data: &Map<String, Value>) -> Target {
+    let text = |key: &str| data.get(key).and_then(Value::as_str).filter(|text| !text.is_empty());
+    let (Some(call_id), Some(input_id)) = (text("request_id"), text("input_id")) else {
+        return Target::Invalid(
+            "tool.input needs data.request_id (the call's id) and data.input_id (the question's id), \
+             both non-empty strings"
+                .to_owned(),
+        );
+    };
+    let Some(response) = data.get("response").filter(|response| response.is_object()) else {
+        return Target::Invalid(
+            "tool.input needs data.response, a JSON object: an MCP ElicitResult or CreateMessageResult"
+                .to_owned(),
+        );
+    };
+    Target::Input {
+        call_id: call_id.to_owned(),
+        input_id: input_id.to_owned(),
+        response: response.clone(),
+        answer_id: envelope.id.clone(),
     }
 }
 
@@ -370,6 +403,30 @@ mod tests {
                 Admission::DeadLetter(text) => assert!(text.contains(reason), "{text}"),
                 Admission::Request(request) => panic!("admitted {request:?}"),
             }
+        }
+    }
+
+    #[test]
+    fn an_input_names_the_call_and_the_question_and_needs_a_response_object() {
+        let input = request(
+            r#"{"id":"e-7","type":"tool.input","data":{"request_id":"call-1","input_id":"i-1","response":{"action":"decline"}}}"#,
+        );
+        assert_eq!(input.request_id, "call-1");
+        assert!(matches!(&input.target,
+            Target::Input { call_id, input_id, answer_id, response }
+                if call_id == "call-1" && input_id == "i-1" && answer_id == "e-7" && response["action"] == "decline"));
+        for data in [
+            r#"{"request_id":"call-1","response":{}}"#,
+            r#"{"request_id":"call-1","input_id":"","response":{}}"#,
+            r#"{"request_id":"call-1","input_id":"i-1"}"#,
+            r#"{"request_id":"call-1","input_id":"i-1","response":"yes"}"#,
+        ] {
+            let input = request(&format!(r#"{{"id":"e-7","type":"tool.input","data":{data}}}"#));
+            assert!(
+                matches!(&input.target, Target::Invalid(reason) if reason.starts_with("tool.input needs")),
+                "{data}: {:?}",
+                input.target
+            );
         }
     }
 

@@ -261,6 +261,12 @@ impl Door for Requests {
             ))),
             // Every toolbox reading the stream looks for the call; one of them answers.
             Target::Cancel { call_id, .. } => Work::Cancel(call_id.clone()),
+            // As a cancel: every toolbox looks for the question; one of them answers.
+            Target::Input { call_id, input_id, response, .. } => Work::Input {
+                call_id: call_id.clone(),
+                input_id: input_id.clone(),
+                response: response.clone(),
+            },
             Target::Discover => answer(Ok(self.discover(&request.envelope, registry, permits).into())),
             Target::Stats => answer(Ok(
                 json!({"toolbox_id": self.settings.toolbox_id, "tools": self.stats.snapshot()["tools"]})
@@ -309,6 +315,13 @@ impl Door for Requests {
         }
         let topic = self.keys.topic(&request.response_topic);
         let (id, payload) = request.envelope.log_json(&self.source, &topic, &data);
+        Some(Answer { topic, copy: None, id, payload, kept: None })
+    }
+
+    /// `<answer type>.input_required` on the answer's topic, `data` without `success`.
+    fn input_required(&self, request: &Request, data: &Value) -> Option<Answer> {
+        let topic = self.keys.topic(&request.response_topic);
+        let (id, payload) = request.envelope.input_required_json(&self.source, &topic, data);
         Some(Answer { topic, copy: None, id, payload, kept: None })
     }
 
@@ -407,12 +420,19 @@ impl Requests {
     }
 }
 
-/// The id the ledger remembers a request by. A cancel is remembered by its own id: the request
-/// id it carries is the call's, whose answered mark must not swallow the cancel's answer (and a
-/// cancel's answer sets no mark).
+/// The id the ledger remembers a request by. A cancel (and a `tool.input`) is remembered by its
+/// own id: the request id it carries is the call's, whose answered mark must not swallow the
+/// cancel's answer (and a cancel's answer sets no mark). A malformed one too, since committing
+/// its answer under the call's id would delete the running call's record.
 fn ledger_id(request: &Request) -> String {
     match &request.target {
         Target::Cancel { cancel_id, .. } => format!("{}:{cancel_id}", admit::TOOL_CANCEL),
+        Target::Input { answer_id, .. } => format!("{}:{answer_id}", admit::TOOL_INPUT),
+        Target::Invalid(_)
+            if matches!(request.envelope.event_type.as_str(), admit::TOOL_CANCEL | admit::TOOL_INPUT) =>
+        {
+            format!("{}:{}:invalid", request.envelope.event_type, request.envelope.id)
+        }
         _ => request.request_id.clone(),
     }
 }
@@ -427,6 +447,7 @@ fn tool_label(request: &Request, registry: &Registry) -> Option<String> {
         Target::Discover => Some(admit::TOOLS_DISCOVER.to_owned()),
         Target::Stats => Some(admit::TOOLS_STATS.to_owned()),
         Target::Cancel { .. } => Some(admit::TOOL_CANCEL.to_owned()),
+        Target::Input { .. } => Some(admit::TOOL_INPUT.to_owned()),
         Target::Invalid(_) | Target::Forbidden(_) => None,
     }
 }
