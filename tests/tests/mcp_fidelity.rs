@@ -743,6 +743,20 @@ fn a_hosted_servers_questions_are_answered_over_redis_checked_declined_and_lost_
     assert_eq!(answered["unanswered"], "User response: action=decline, content={}", "{report}");
     assert_eq!(answered["declined"], "User response: action=decline, content={}", "{report}");
 
+    // `toolhost call` with stdin not a terminal declines at once, and the tool decides.
+    let cli_log = dir.join("cli.log");
+    let called = toolhost_e2e::toolhost_command(
+        &["call", "test_elicitation", "--args", r#"{"message": "From the CLI?"}"#],
+        &[("REDIS_URL", &redis.url())],
+        &cli_log,
+    )
+    .stdin(Stdio::null())
+    .status()
+    .unwrap();
+    let printed = std::fs::read_to_string(&cli_log).unwrap();
+    assert!(called.success(), "{printed}");
+    assert!(printed.contains(r#""User response: action=decline, content={}""#), "{printed}");
+
     // On the wire: the question, then a replica restart while the call waits for its answer.
     let started_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis();
     send_request(
