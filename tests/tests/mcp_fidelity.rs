@@ -161,18 +161,7 @@ fn expected_failures() -> (PathBuf, Vec<String>) {
 /// `progress_per_second` of 10 the middle one is coalesced away, as docs/CONTRACTS.md says, so the
 /// hosts relay up to 100 a second here.
 fn fleet(redis: &RedisProcess, server: &ReferenceServer, dir: &Path) -> (Toolhost, Toolhost, u16) {
-    let hosts_config = dir.join("hosts.toml");
-    std::fs::write(
-        &hosts_config,
-        format!(
-            "[daemon]\ntoolbox_id = \"hosts\"\n[dispatch]\nprogress_per_second = 100\n\n\
-             [[mcp_servers]]\nname = \"reference\"\nurl = \"{}\"\nprefix = \"\"\ntimeout_ms = 20000\n",
-            server.url()
-        ),
-    )
-    .unwrap();
-    let hosts =
-        Toolhost::start(&[("REDIS_URL", &redis.url()), ("TOOLHOST_CONFIG", hosts_config.to_str().unwrap())]);
+    let hosts = start_hosts(redis, server, dir, "progress_per_second = 100");
     let (door, door_port) = start_door(&redis.url(), dir);
     wait_for_tool(door_port, "test_simple_text");
     (hosts, door, door_port)
@@ -669,21 +658,26 @@ fn result_entry(redis: &RedisProcess, request_id: &str, suffix: &str, skip: usiz
     }
 }
 
-/// A toolbox `hosts` hosting the reference server with no prefix and a short lease, once it
-/// publishes the server's tools.
-fn elicit_hosts(redis: &RedisProcess, server: &ReferenceServer, dir: &Path) -> Toolhost {
+/// A toolbox `hosts` hosting the reference server with no prefix, with `dispatch` as its
+/// `[dispatch]` section (the tool timeout is 20 s).
+fn start_hosts(redis: &RedisProcess, server: &ReferenceServer, dir: &Path, dispatch: &str) -> Toolhost {
     let config = dir.join("hosts.toml");
     std::fs::write(
         &config,
         format!(
-            "[daemon]\ntoolbox_id = \"hosts\"\n[dispatch]\nclaim_idle_ms = 2000\n\n\
+            "[daemon]\ntoolbox_id = \"hosts\"\n[dispatch]\n{dispatch}\n\n\
              [[mcp_servers]]\nname = \"reference\"\nurl = \"{}\"\nprefix = \"\"\ntimeout_ms = 20000\n",
             server.url()
         ),
     )
     .unwrap();
-    let hosts =
-        Toolhost::start(&[("REDIS_URL", &redis.url()), ("TOOLHOST_CONFIG", config.to_str().unwrap())]);
+    Toolhost::start(&[("REDIS_URL", &redis.url()), ("TOOLHOST_CONFIG", config.to_str().unwrap())])
+}
+
+/// A toolbox `hosts` hosting the reference server with no prefix and a short lease, once it
+/// publishes the server's tools.
+fn elicit_hosts(redis: &RedisProcess, server: &ReferenceServer, dir: &Path) -> Toolhost {
+    let hosts = start_hosts(redis, server, dir, "claim_idle_ms = 2000");
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let tools: Vec<String> =
@@ -748,6 +742,20 @@ fn a_hosted_servers_questions_are_answered_over_redis_checked_declined_and_lost_
     assert!(declined.contains("-1") && declined.contains("the caller declined to sample"), "{report}");
     assert_eq!(answered["unanswered"], "User response: action=decline, content={}", "{report}");
     assert_eq!(answered["declined"], "User response: action=decline, content={}", "{report}");
+
+    // `toolhost call` with stdin not a terminal declines at once, and the tool decides.
+    let cli_log = dir.join("cli.log");
+    let called = toolhost_e2e::toolhost_command(
+        &["call", "test_elicitation", "--args", r#"{"message": "From the CLI?"}"#],
+        &[("REDIS_URL", &redis.url())],
+        &cli_log,
+    )
+    .stdin(Stdio::null())
+    .status()
+    .unwrap();
+    let printed = std::fs::read_to_string(&cli_log).unwrap();
+    assert!(called.success(), "{printed}");
+    assert!(printed.contains(r#""User response: action=decline, content={}""#), "{printed}");
 
     // On the wire: the question, then a replica restart while the call waits for its answer.
     let started_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis();

@@ -42,6 +42,7 @@ pub mod config;
 mod input;
 mod logging;
 pub mod mapping;
+mod mrtr;
 pub mod names;
 mod source;
 

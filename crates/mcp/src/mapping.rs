@@ -86,9 +86,9 @@ pub fn answer(
             })?;
             from_call_result(value).map_err(|err| ToolError::Failed(err.to_string()))
         }
+        // The source answers these itself and retries (`mrtr`); one that reaches here was not.
         CallToolResponse::InputRequired(_) => Err(ToolError::Failed(format!(
-            "MCP tool '{tool}' asked for input from the user before it could finish; toolhost offers \
-             MCP servers no elicitation, sampling or roots, so the call cannot complete"
+            "MCP tool '{tool}' asked for input before it could finish, and the question was not answered"
         ))),
         CallToolResponse::Task(_) => Err(ToolError::Failed(format!(
             "MCP tool '{tool}' answered with a task to poll later; toolhost does not run MCP tasks"

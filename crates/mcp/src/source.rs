@@ -47,7 +47,7 @@ use crate::child::{ChildSpec, ManagedChild};
 use crate::config::{ServerSpec, Transport};
 use crate::input::{InputRoute, InputRoutes};
 use crate::logging::LogRoutes;
-use crate::{mapping, names};
+use crate::{mapping, mrtr, names};
 
 /// Quiet time after a `list_changed` before the tools are listed again, so a burst is one list.
 pub const LIST_CHANGED_DEBOUNCE: Duration = Duration::from_millis(300);
@@ -546,28 +546,46 @@ impl Tool for McpTool {
                 return Err(ToolError::InvalidArguments(format!("arguments must be an object, not {other}")));
             }
         };
+        let name = &self.spec.name;
         // Dropping this future before its answer makes rmcp send notifications/cancelled (or
-        // `Abandoned`, when progress is relayed).
+        // `Abandoned`, when progress is relayed). An `InputRequiredResult` (MRTR, 2026-07-28)
+        // is answered through the call's input and the call retried (`mrtr`).
         let call = async {
-            if context.progress.is_relayed() || context.input.is_relayed() {
-                call_with_progress(&peer, params, &source.progress, &context.progress, &asks).await
-            } else {
-                peer.call_tool_once(params).await
+            let mut params = params;
+            let mut rounds = 0;
+            loop {
+                let sent = if context.progress.is_relayed() || context.input.is_relayed() {
+                    call_with_progress(&peer, params.clone(), &source.progress, &context.progress, &asks)
+                        .await
+                } else {
+                    peer.call_tool_once(params.clone()).await
+                };
+                let response = match sent {
+                    Ok(response) => response,
+                    Err(error) => {
+                        let (error, went_away) = mapping::service_error(name, &source.spec.name, error);
+                        if went_away {
+                            source.recheck.notify_one();
+                        }
+                        return Err(error);
+                    }
+                };
+                let CallToolResponse::InputRequired(round) = response else {
+                    return mapping::answer(name, response, source.spec.max_response_bytes);
+                };
+                if rounds == mrtr::MAX_ROUNDS {
+                    return Err(mrtr::too_many_rounds(name));
+                }
+                rounds += 1;
+                let responses = mrtr::answer_round(name, &context.input, &round).await?;
+                params = params.with_input_responses(responses);
+                params.request_state = round.request_state;
             }
         };
         tokio::select! {
             biased;
             () = context.cancel.cancelled() => Err(cancelled()),
-            response = call => match response {
-                Ok(response) => mapping::answer(&self.spec.name, response, source.spec.max_response_bytes),
-                Err(error) => {
-                    let (error, went_away) = mapping::service_error(&self.spec.name, &source.spec.name, error);
-                    if went_away {
-                        source.recheck.notify_one();
-                    }
-                    Err(error)
-                }
-            },
+            res = call => res,
         }
     }
 }

@@ -14,7 +14,7 @@ use support::*;
 use tokio_util::sync::CancellationToken;
 use toolhost_envelope::{Annotations, DiscoveryFormat, ErrorCode};
 use toolhost_mcp::{Children, McpEvent, McpSources, StartError, mapping};
-use toolhost_tools::{Context, Progress, ProgressReport};
+use toolhost_tools::{Context, Input, InputKind, InputReply, InputRequest, Progress, ProgressReport};
 
 fn time_config() -> String {
     format!(
@@ -139,7 +139,8 @@ async fn an_answer_over_max_response_bytes_is_refused_naming_the_limit_and_small
 
 #[tokio::test]
 #[ignore = "needs the MCP servers of scripts/ensure-mcp-servers.sh; run `just test-mcp`"]
-async fn toolhost_advertises_no_client_capabilities_and_says_so_when_a_tool_needs_more() {
+async fn toolhost_declares_elicitation_and_sampling_asks_the_calls_caller_and_says_so_when_a_tool_needs_more()
+{
     let dir = temp_dir("capabilities");
     let tap = dir.join("stdin.jsonl");
     let config = format!(
@@ -148,14 +149,40 @@ async fn toolhost_advertises_no_client_capabilities_and_says_so_when_a_tool_need
     );
     let sources = Sources::start(&config, &env(&[])).await;
     let initialize = tap_lines(&tap).into_iter().find(|line| line["method"] == "initialize").unwrap();
-    assert_eq!(initialize["params"]["capabilities"], json!({}), "{initialize}");
+    assert_eq!(
+        initialize["params"]["capabilities"],
+        json!({"elicitation": {"form": {}}, "sampling": {}}),
+        "{initialize}"
+    );
     assert_eq!(initialize["params"]["clientInfo"]["name"], "toolhost");
     // server-everything registers these only for clients that declare sampling, elicitation or
-    // roots.
+    // roots: toolhost declares the first two.
     let registry = sources.registry();
-    for name in ["trigger-sampling-request", "trigger-elicitation-request", "get-roots-list"] {
-        assert!(!registry.contains(&format!("everything__{name}")), "{name} offered: {:?}", registry.names());
+    for name in ["trigger-sampling-request", "trigger-elicitation-request"] {
+        assert!(registry.contains(&format!("everything__{name}")), "{name} missing: {:?}", registry.names());
     }
+    assert!(!registry.contains("everything__get-roots-list"), "roots offered: {:?}", registry.names());
+    // Over stdio a question names no call: it goes to the server's one call in flight, whose
+    // input answers it.
+    let asked = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let input = {
+        let asked = asked.clone();
+        Input::new(move |question: InputRequest| {
+            asked.lock().unwrap().push(question);
+            Box::pin(async { InputReply::Answered(json!({"action": "accept", "content": {"name": "Ada"}})) })
+        })
+    };
+    let context = Context { request_id: "asks".into(), input, ..Context::default() };
+    let answered =
+        registry.invoke("everything__trigger-elicitation-request", json!({}), &context, None).await.unwrap();
+    assert!(answered.to_string().contains("- Name: Ada"), "{answered}");
+    let asked = asked.lock().unwrap().clone();
+    assert_eq!(asked.len(), 1, "{asked:?}");
+    assert_eq!((asked[0].kind, asked[0].method.as_str()), (InputKind::Elicitation, "elicitation/create"));
+    assert_eq!(asked[0].params["requestedSchema"]["required"], json!(["name"]), "{asked:?}");
+    // Without an input to ask, the question is declined and the tool decides.
+    let declined = call(&registry, "everything__trigger-elicitation-request", json!({})).await.unwrap();
+    assert!(declined.to_string().contains("User declined"), "{declined}");
     // A tool that must run as an MCP task (which toolhost does not offer) fails with the
     // server's sentence.
     let failure =

@@ -1,6 +1,8 @@
 //! Tools and how they are called.
 //!
 //! - [`Tool`]: what a tool is (a [`ToolSpec`] and an async `call`), with its [`Context`].
+//! - [`Input`]: where a running tool asks its caller (a hosted MCP server's elicitation and
+//!   sampling requests), declined unless the host relays them.
 //! - [`Registry`]: every tool of a toolbox, its compiled schemas, and [`Registry::invoke`], which
 //!   validates arguments, runs the tool under its timeout, catches panics and validates output.
 //! - [`SharedRegistry`]: the current registry snapshot, swapped whole on reload.

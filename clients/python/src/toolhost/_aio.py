@@ -456,12 +456,7 @@ class AsyncClient:
         already ended) or `unknown`."""
         rid = _wire.check_request_id(request_id)
         answer = await self._ask("tool.cancel", {"request_id": rid}, rid, self._cancels, timeout)
-        if answer is None:
-            raise NoAnswer(rid, timeout, "tool.cancel")
-        if answer.data.get("success") is not True:
-            raise error_from(answer.data, rid)
-        result = answer.data.get("result")
-        return str(result.get("state")) if isinstance(result, dict) else "unknown"
+        return _state_of(answer, rid, "tool.cancel", timeout)
 
     async def answer_input(
         self, request_id: str, input_id: str, response: dict[str, Any], *, timeout: float = 5.0
@@ -478,12 +473,7 @@ class AsyncClient:
             raise ClientError(f"response must be a dict (a JSON object), not {type(response).__name__}")
         data = {"request_id": rid, "input_id": input_id, "response": response}
         answer = await self._ask("tool.input", data, f"{rid} {input_id}", self._inputs, timeout, rid)
-        if answer is None:
-            raise NoAnswer(rid, timeout, "tool.input")
-        if answer.data.get("success") is not True:
-            raise error_from(answer.data, rid)
-        result = answer.data.get("result")
-        return str(result.get("state")) if isinstance(result, dict) else "unknown"
+        return _state_of(answer, rid, "tool.input", timeout)
 
     async def _answer_question(self, on_input: OnInput, question: InputRequest) -> None:
         """Asks `on_input` and sends its answer; a failing callback or a refused answer is
@@ -874,6 +864,17 @@ class AsyncClient:
         if isinstance(error, Overloaded) and error.retry_after is not None:
             return min(30.0, max(backoff, error.retry_after))
         return backoff
+
+
+def _state_of(answer: Answer | None, rid: str, what: str, timeout: float) -> str:
+    """The `state` of a cancel's or an input's answer; NoAnswer when none came, the answer's
+    ToolError when it is one."""
+    if answer is None:
+        raise NoAnswer(rid, timeout, what)
+    if answer.data.get("success") is not True:
+        raise error_from(answer.data, rid)
+    result = answer.data.get("result")
+    return str(result.get("state")) if isinstance(result, dict) else "unknown"
 
 
 def _check_replica_acks(replica_acks: int) -> int:

@@ -12,6 +12,9 @@
 //! tool whose timeout is above `[mcp] task_threshold_ms` becomes a durable task ([`tasks`]) for
 //! clients that declare the tasks extension.
 //!
+//! A hosted tool's questions (elicitation, sampling) are asked of the door's client when it
+//! declared the capability ([`elicit`]), else declined.
+//!
 //! The door owns `[mcp]` ([`Settings`]).
 
 mod catalog;
