@@ -174,7 +174,10 @@ impl RedisBus {
             refused: answered.refusal_on_topic && !finish.final_answer,
             release: answered.release,
             published: if published { finish.answer.map_or("", |answer| answer.id) } else { "" },
-            delete_record: claimed.claim != 2,
+            // The common end of a call that wrote no record (a read-only idempotent tool's
+            // first delivery, `Finish::tracked` false) has none to delete, as one server's
+            // answer script knows; every other end deletes it, as one server's finish does.
+            delete_record: claimed.claim != 2 && (finish.tracked || !super::is_lean_answer(finish)),
             ack: true,
         };
         self.settle(finish, &keys, settle).await?;
