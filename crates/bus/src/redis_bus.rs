@@ -169,6 +169,8 @@ struct Batchers {
     cluster_claim: OnceLock<Batcher>,
     cluster_publish: OnceLock<Batcher>,
     cluster_settle: OnceLock<Batcher>,
+    /// The common end of a call whose answer topic shares the stream's slot, in one script.
+    cluster_answer_local: OnceLock<Batcher>,
 }
 
 struct Scripts {
