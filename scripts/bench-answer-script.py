@@ -9,9 +9,16 @@ record, a fresh request id and entry per item), and the counters are dumped
 (`callgrind_control -d`). Everything Redis did for the calls is counted: reading and parsing them,
 the script, the `XADD`s, the replies. Prints instructions per answer.
 
-Usage: scripts/bench-answer-script.py B N NAME=PATH:KEYS [NAME=PATH:KEYS ...]
+With --commandstats the server runs without valgrind, and what is printed is Redis's own
+`INFO commandstats` for the measured calls (after `CONFIG RESETSTAT`): microseconds and calls per
+answer, by command (the commands a script runs are counted under their own names, and their
+time inside `evalsha`'s too). Times move with the machine's load; the counts do not.
+
+Usage: scripts/bench-answer-script.py [--commandstats] B N NAME=PATH:KEYS[:FORMAT] [...]
   KEYS is the item layout: 4 (answered mark, refusal mark, call record, topic: the script before
   round 6) or 3 (answered mark, refusal mark, topic: round 6 for items without a call record).
+  FORMAT, for scripts that take the ledger format as their fourth shared argument (issue 35):
+  1 (format 1, or 2 rolling from 1: the refusal mark is looked up) or 2 (format 2 trusted).
 Example (docs/PERFORMANCE.md, round 6):
   git show 32d0a83:crates/bus/src/scripts/answer_batch.lua > /tmp/before.lua
   scripts/bench-answer-script.py 17 100 before=/tmp/before.lua:4 \
@@ -46,13 +53,15 @@ def cli(port, *args):
     return subprocess.run(['redis-cli', '-p', str(port), *args], capture_output=True, text=True).stdout
 
 
-def calls(keys_per_item, n_calls, per_call, tag, sha):
+def calls(keys_per_item, n_calls, per_call, tag, sha, ledger_format=None):
     """N calls of B items each, every item with a fresh request id and entry id."""
     payload = '{"id":"x","data":{"request_id":"r","success":true,"result":{"message":"' + 'x' * 100 + '"}}}'
     stream = 'action-requests'
     out = []
     for call in range(n_calls):
         keys, args = [stream], ['toolhost', '100000', '86400000']
+        if ledger_format is not None:
+            args.append('1' if ledger_format == 2 else '0')
         for item in range(per_call):
             request_id, entry = f'{tag}-{call}-{item}', f'{call + 1}-{item}'
             mark = f'toolhost:ledger:{stream}:answered:{request_id}'
@@ -67,13 +76,24 @@ def calls(keys_per_item, n_calls, per_call, tag, sha):
     return b''.join(out)
 
 
-def measure(path, keys_per_item, n_calls, per_call):
+def commandstats(port):
+    """`INFO commandstats` as {command: (calls, usec)}."""
+    stats = {}
+    for line in cli(port, 'INFO', 'commandstats').splitlines():
+        if line.startswith('cmdstat_'):
+            name, fields = line[len('cmdstat_'):].split(':', 1)
+            values = dict(field.split('=') for field in fields.split(','))
+            stats[name] = (int(values['calls']), int(values['usec']))
+    return stats
+
+
+def measure(path, keys_per_item, n_calls, per_call, ledger_format=None, by_command=False):
     port = free_port()
     workdir = tempfile.mkdtemp(prefix='answer-script-')
     out = os.path.join(workdir, 'callgrind.out')
+    valgrind = [] if by_command else ['valgrind', '--tool=callgrind', f'--callgrind-out-file={out}']
     server = subprocess.Popen(
-        ['valgrind', '--tool=callgrind', f'--callgrind-out-file={out}',
-         'redis-server', '--port', str(port), '--save', '', '--appendonly', 'no'],
+        [*valgrind, 'redis-server', '--port', str(port), '--save', '', '--appendonly', 'no'],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         for _ in range(300):
@@ -84,8 +104,18 @@ def measure(path, keys_per_item, n_calls, per_call):
         sha = hashlib.sha1(source).hexdigest()
         cli(port, 'SCRIPT', 'LOAD', source.decode())
         pipe = ['redis-cli', '-p', str(port), '--pipe']
-        subprocess.run(pipe, input=calls(keys_per_item, 20, per_call, 'warm', sha), capture_output=True, check=True)
-        measured = calls(keys_per_item, n_calls, per_call, 'run', sha)
+        warm = calls(keys_per_item, 20, per_call, 'warm', sha, ledger_format)
+        subprocess.run(pipe, input=warm, capture_output=True, check=True)
+        measured = calls(keys_per_item, n_calls, per_call, 'run', sha, ledger_format)
+        if by_command:
+            cli(port, 'CONFIG', 'RESETSTAT')
+            subprocess.run(pipe, input=measured, capture_output=True, check=True)
+            stats = commandstats(port)
+            cli(port, 'SHUTDOWN', 'NOSAVE')
+            server.wait(timeout=60)
+            answers = n_calls * per_call
+            return {name: (calls / answers, usec / answers) for name, (calls, usec) in stats.items()
+                    if name not in ('config|resetstat', 'info', 'echo')}
         subprocess.run(['callgrind_control', '-z', str(server.pid)], capture_output=True, check=True)
         subprocess.run(pipe, input=measured, capture_output=True, check=True)
         subprocess.run(['callgrind_control', '-d', str(server.pid)], capture_output=True, check=True)
@@ -105,14 +135,24 @@ def measure(path, keys_per_item, n_calls, per_call):
 
 
 def main():
-    if len(sys.argv) < 4:
+    argv = sys.argv[1:]
+    by_command = bool(argv) and argv[0] == '--commandstats'
+    if by_command:
+        argv = argv[1:]
+    if len(argv) < 3:
         raise SystemExit(__doc__)
-    per_call, n_calls = int(sys.argv[1]), int(sys.argv[2])
-    for variant in sys.argv[3:]:
+    per_call, n_calls = int(argv[0]), int(argv[1])
+    for variant in argv[2:]:
         name, rest = variant.split('=', 1)
-        path, keys_per_item = rest.rsplit(':', 1)
-        per_answer = measure(path, int(keys_per_item), n_calls, per_call)
-        print(f'{name}: {per_answer:.0f} instructions per answer, {per_call} answers a call, {n_calls} calls')
+        parts = rest.split(':')
+        path, keys_per_item = parts[0], int(parts[1])
+        ledger_format = int(parts[2]) if len(parts) > 2 else None
+        measured = measure(path, keys_per_item, n_calls, per_call, ledger_format, by_command)
+        if by_command:
+            row = ', '.join(f'{name} {usec:.2f} us ({calls:.2f})' for name, (calls, usec) in sorted(measured.items()))
+            print(f'{name}: per answer, {per_call} answers a call, {n_calls} calls: {row}')
+        else:
+            print(f'{name}: {measured:.0f} instructions per answer, {per_call} answers a call, {n_calls} calls')
 
 
 if __name__ == '__main__':

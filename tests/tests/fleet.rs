@@ -31,6 +31,9 @@ trait Topology: Sync {
     fn connect(&self) -> Box<dyn ConnectionLike + Send>;
     /// The names of the keys toolhost uses there.
     fn keys(&self) -> toolhost_bus::Keys;
+    /// The results topic of the roll's calls: on a cluster one in the requests stream's slot,
+    /// so final answers take the one-script path and refusals and replays the five steps.
+    fn roll_results(&self) -> &'static str;
 }
 
 struct OneServer(RedisProcess);
@@ -46,6 +49,10 @@ impl Topology for OneServer {
 
     fn keys(&self) -> toolhost_bus::Keys {
         toolhost_bus::Keys::new("")
+    }
+
+    fn roll_results(&self) -> &'static str {
+        RESULTS
     }
 }
 
@@ -65,6 +72,10 @@ impl Topology for Cluster {
 
     fn keys(&self) -> toolhost_bus::Keys {
         toolhost_bus::Keys::for_cluster("")
+    }
+
+    fn roll_results(&self) -> &'static str {
+        "results:{action-requests}"
     }
 }
 
@@ -306,13 +317,14 @@ enum Asked {
 /// entry `after` on: the answers' `data`, and where the next read starts.
 fn answers_by_correlation(
     connection: &mut dyn ConnectionLike,
+    topic: &str,
     after: &str,
     into: &mut BTreeMap<String, Vec<Value>>,
 ) -> String {
     let mut start = after.to_owned();
     loop {
         let page: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
-            .arg(RESULTS)
+            .arg(topic)
             .arg(&start)
             .arg("+")
             .arg("COUNT")
@@ -336,13 +348,16 @@ fn answers_by_correlation(
 /// beside it before it stops, then each of those by one of format 2. A caller keeps sending new
 /// `stamp` calls, retries of answered ones, calls of a tool nobody hosts, and `echo` calls
 /// refused for their arguments followed by the same request id sent right. Every entry is
-/// answered once, and every retry with its original answer, on either side of each step.
+/// answered once, and every retry with its original answer, on either side of each step. On a
+/// cluster the calls name a results topic in the requests stream's slot, so their final answers
+/// take the one-script answer and their refusals and replays the five steps.
 fn a_fleet_rolls_from_ledger_format_1_to_2_under_load(topology: &dyn Topology) {
     let format_1 = ledger_env("1", "0");
     let rolling = ledger_env("2", "1");
     let format_2 = ledger_env("2", "0");
     let mut a = toolbox_with(topology, "a", STAMP, &format_1);
     let mut b = toolbox_with(topology, "b", STAMP, &format_1);
+    let results = topology.roll_results();
     let stop = Arc::new(AtomicBool::new(false));
     let asked = std::thread::scope(|scope| {
         let caller = {
@@ -354,7 +369,7 @@ fn a_fleet_rolls_from_ledger_format_1_to_2_under_load(topology: &dyn Topology) {
                 let (mut cursor, mut sent) = ("-".to_owned(), 0usize);
                 let mut retried: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
                 while !stop.load(Ordering::Relaxed) {
-                    cursor = answers_by_correlation(&mut *connection, &cursor, &mut seen);
+                    cursor = answers_by_correlation(&mut *connection, results, &cursor, &mut seen);
                     let mut batch: Vec<(String, String, Asked, Value)> = Vec::new();
                     for _ in 0..4 {
                         let id = format!("stamp-{sent}-{}", batch.len());
@@ -399,6 +414,7 @@ fn a_fleet_rolls_from_ledger_format_1_to_2_under_load(topology: &dyn Topology) {
                     for (id, event, what, mut data) in batch {
                         let correlation = format!("c-{}", asked.len());
                         data["correlation_id"] = Value::String(correlation.clone());
+                        data["response_topic"] = Value::String(results.to_owned());
                         payloads.push(request(&event, &id, data));
                         asked.insert(correlation, (id, what));
                     }
@@ -432,7 +448,7 @@ fn a_fleet_rolls_from_ledger_format_1_to_2_under_load(topology: &dyn Topology) {
     let mut found = BTreeMap::new();
     loop {
         found.clear();
-        answers_by_correlation(&mut *connection, "-", &mut found);
+        answers_by_correlation(&mut *connection, results, "-", &mut found);
         if asked.keys().all(|correlation| found.contains_key(correlation)) || Instant::now() > deadline {
             break;
         }
@@ -441,7 +457,7 @@ fn a_fleet_rolls_from_ledger_format_1_to_2_under_load(topology: &dyn Topology) {
     // Time for a second answer to show, were there one: longer than a lease.
     std::thread::sleep(Duration::from_secs(3));
     found.clear();
-    answers_by_correlation(&mut *connection, "-", &mut found);
+    answers_by_correlation(&mut *connection, results, "-", &mut found);
     let mut failures = Vec::new();
     let mut kinds: BTreeMap<&str, usize> = BTreeMap::new();
     for (correlation, (id, what)) in &asked {

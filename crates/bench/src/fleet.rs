@@ -12,6 +12,7 @@
 //! `terminal_run` (a tool that is not idempotent, so tracked) with `[redis] replica_acks` 0 and
 //! 1, and the `WAIT`s the master ran per request (`INFO commandstats`).
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -63,6 +64,8 @@ pub struct FleetOptions {
     pub split_shards: bool,
     /// Whether requests name a results topic of their shard's slot instead of the default one.
     pub shard_results: bool,
+    /// `[dispatch] ledger_format` of the replicas (1 or 2).
+    pub ledger_format: u8,
     /// Requests in flight.
     pub in_flight: usize,
     /// Length of the measured run.
@@ -84,6 +87,19 @@ pub struct ProcessCpu {
     pub us_per_request: f64,
     /// CPU time over wall time: 1.0 is one core busy.
     pub cores: f64,
+}
+
+/// One command on one Redis node, per answered request.
+#[derive(Clone, Debug, Serialize)]
+pub struct NodeCommand {
+    /// `redis-0`, `redis-1`, ...
+    pub node: String,
+    /// The command, as `INFO commandstats` names it (`evalsha`, `xadd`, `xgroup|create`).
+    pub command: String,
+    /// Calls per answered request.
+    pub calls_per_request: f64,
+    /// Microseconds per answered request.
+    pub us_per_request: f64,
 }
 
 /// One measured fleet row.
@@ -119,8 +135,14 @@ pub struct FleetRow {
     pub n_failed: u64,
     /// Requests unanswered within the load generator's limit, or not sent.
     pub n_timeouts: u64,
+    /// `[dispatch] ledger_format` of the replicas.
+    pub ledger_format: u8,
     /// CPU per process.
     pub cpu: Vec<ProcessCpu>,
+    /// What each Redis node ran per answered request, by command (`INFO commandstats`: the
+    /// commands scripts run are counted under their own names too, and their time inside the
+    /// script's), the load generator's included.
+    pub commands: Vec<NodeCommand>,
     /// Why the row is incomplete.
     pub error: Option<String>,
 }
@@ -203,6 +225,7 @@ impl FleetReport {
                 errors,
             ));
         }
+        out.push_str(&commands_markdown(&self.rows));
         let replicated: Vec<&FleetRow> =
             self.rows.iter().filter(|row| row.topology == Topology::Replicated).collect();
         if !replicated.is_empty() {
@@ -249,6 +272,38 @@ impl FleetReport {
         std::fs::write(dir.join("fleet.md"), self.to_markdown())?;
         Ok(())
     }
+}
+
+/// The per-node command table of the fleet rows: for each row, every command a node ran at
+/// least 0.01 times per answered request, µs and calls per request.
+fn commands_markdown(rows: &[FleetRow]) -> String {
+    let mut out = String::new();
+    for row in rows.iter().filter(|row| row.topology != Topology::Replicated && !row.commands.is_empty()) {
+        out.push_str(&format!(
+            "\nRedis by node and command, {} with {} replica(s), {} shard(s), ledger format {}: µs per answered request (calls per request)\n\n| node | commands |\n|---|---|\n",
+            row.topology.name(),
+            row.replicas,
+            row.shards,
+            row.ledger_format
+        ));
+        let mut nodes: Vec<&str> = row.commands.iter().map(|command| command.node.as_str()).collect();
+        nodes.dedup();
+        for node in nodes {
+            let cells: Vec<String> = row
+                .commands
+                .iter()
+                .filter(|command| command.node == node && command.calls_per_request >= 0.01)
+                .map(|command| {
+                    format!(
+                        "`{}` {:.1} ({:.2})",
+                        command.command, command.us_per_request, command.calls_per_request
+                    )
+                })
+                .collect();
+            out.push_str(&format!("| {node} | {} |\n", cells.join(", ")));
+        }
+    }
+    out
 }
 
 /// Streams with the URL of the node holding each.
@@ -387,16 +442,25 @@ fn wait_for_sync(replica: &RedisServer) -> anyhow::Result<()> {
     }
 }
 
-/// How many `WAIT`s `server` has run (`INFO commandstats`).
-async fn waits(server: &RedisServer) -> anyhow::Result<u64> {
+/// Calls and microseconds of every command `server` has run (`INFO commandstats`).
+async fn commandstats(server: &RedisServer) -> anyhow::Result<BTreeMap<String, (u64, u64)>> {
     let mut connection = redis::Client::open(server.url())?.get_multiplexed_async_connection().await?;
     let stats: String = redis::cmd("INFO").arg("commandstats").query_async(&mut connection).await?;
+    let field = |fields: &str, name: &str| {
+        fields.split(',').find_map(|field| field.strip_prefix(name)).and_then(|value| value.parse().ok())
+    };
     Ok(stats
         .lines()
-        .find_map(|line| line.strip_prefix("cmdstat_wait:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|calls| calls.parse().ok())
-        .unwrap_or(0))
+        .filter_map(|line| line.strip_prefix("cmdstat_")?.split_once(':'))
+        .filter_map(|(command, fields)| {
+            Some((command.to_owned(), (field(fields, "calls=")?, field(fields, "usec=")?)))
+        })
+        .collect())
+}
+
+/// How many `WAIT`s `server` has run.
+async fn waits(server: &RedisServer) -> anyhow::Result<u64> {
+    Ok(commandstats(server).await?.get("wait").map_or(0, |&(calls, _)| calls))
 }
 
 fn cpu_us(pid: u32, ticks_per_second: u64) -> Option<f64> {
@@ -469,6 +533,7 @@ async fn measure(
         tool: tool_name(&kind),
         replica_acks,
         waits_per_request: None,
+        ledger_format: options.ledger_format,
         in_flight: options.in_flight,
         rps: 0.0,
         p50_us: 0,
@@ -477,6 +542,7 @@ async fn measure(
         n_failed: 0,
         n_timeouts: 0,
         cpu: Vec::new(),
+        commands: Vec::new(),
         error: None,
     };
     let mut children = Vec::new();
@@ -505,6 +571,7 @@ async fn run_row(
         env.push(("TERMINAL_ALLOWED_COMMANDS".to_owned(), "echo".to_owned()));
     }
     env.push(("TOOLHOST__STREAMS__SHARDS".to_owned(), row.shards.to_string()));
+    env.push(("TOOLHOST__DISPATCH__LEDGER_FORMAT".to_owned(), row.ledger_format.to_string()));
     for index in 0..row.replicas {
         let mut env = env.clone();
         if row.split_shards {
@@ -563,6 +630,10 @@ async fn run_row(
     let replicas_before: Vec<Option<f64>> = pids.iter().map(|&pid| cpu_us(pid, ticks)).collect();
     let redis_before = redis.cpu_us(ticks);
     let load_before = cpu_us(std::process::id(), ticks);
+    let mut stats_before = Vec::new();
+    for server in redis.primaries() {
+        stats_before.push(commandstats(server).await?);
+    }
     let waits_before = match redis.primaries().first() {
         Some(master) if row.replica_acks.is_some() => Some(waits(master).await?),
         _ => None,
@@ -578,6 +649,18 @@ async fn run_row(
     let replicas_after: Vec<Option<f64>> = pids.iter().map(|&pid| cpu_us(pid, ticks)).collect();
     let redis_after = redis.cpu_us(ticks);
     let load_after = cpu_us(std::process::id(), ticks);
+    let answered = load.n_answered().max(1) as f64;
+    for (index, (server, before)) in redis.primaries().into_iter().zip(&stats_before).enumerate() {
+        for (command, (calls, usec)) in commandstats(server).await? {
+            let (calls_before, usec_before) = before.get(&command).copied().unwrap_or_default();
+            row.commands.push(NodeCommand {
+                node: format!("redis-{index}"),
+                command,
+                calls_per_request: calls.saturating_sub(calls_before) as f64 / answered,
+                us_per_request: usec.saturating_sub(usec_before) as f64 / answered,
+            });
+        }
+    }
     if let (Some(before), Some(master)) = (waits_before, redis.primaries().first()) {
         let after = waits(master).await?;
         row.waits_per_request = Some(after.saturating_sub(before) as f64 / load.n_answered().max(1) as f64);

@@ -169,6 +169,8 @@ struct Batchers {
     cluster_claim: OnceLock<Batcher>,
     cluster_publish: OnceLock<Batcher>,
     cluster_settle: OnceLock<Batcher>,
+    /// The common end of a call whose answer topic shares the stream's slot, in one script.
+    cluster_answer_local: OnceLock<Batcher>,
 }
 
 struct Scripts {
@@ -629,14 +631,9 @@ impl Ledger for RedisBus {
         if self.cluster {
             return self.cluster_finish(finish).await;
         }
-        if let (Some(call), Some(answer), None, None, true, false) = (
-            finish.call,
-            finish.answer,
-            finish.answer_copy,
-            finish.dead_letter,
-            finish.final_answer,
-            finish.replay,
-        ) {
+        if is_lean_answer(finish)
+            && let (Some(call), Some(answer)) = (finish.call, finish.answer)
+        {
             return self.answer(finish.entry, &call, answer, finish.tracked, finish.kept).await;
         }
         let entry = finish.entry;
@@ -991,6 +988,17 @@ impl RedisBus {
         known.push(((topic.to_owned(), group.to_owned(), millis), Arc::clone(&shared)));
         shared
     }
+}
+
+/// Whether `finish` is the common end of a call: a final answer and nothing else, which one
+/// server ends with the lean `answer_batch.lua` and which, on a cluster, deletes a call record
+/// only when the call may have one (`Finish::tracked`).
+pub(crate) fn is_lean_answer(finish: &Finish<'_>) -> bool {
+    finish.final_answer
+        && finish.answer.is_some()
+        && finish.answer_copy.is_none()
+        && finish.dead_letter.is_none()
+        && !finish.replay
 }
 
 /// A yes-or-no script argument: `"1"` or `"0"`.

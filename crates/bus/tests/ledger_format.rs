@@ -13,10 +13,14 @@ use toolhost_bus::{
     Published, REFUSED_MARK, RedisBus, RedisOptions, Streams as _, Topology,
 };
 
+use redis::Value;
+
 use crate::support::Server;
 
 const REQUESTS: &str = "action-requests";
 const RESULTS: &str = "action-results";
+/// A results topic in the slot of `action-requests`.
+const LOCAL_RESULTS: &str = "results:{action-requests}";
 /// Two toolboxes reading the same stream, each in its group.
 const GROUPS: [&str; 2] = ["toolbox-a", "toolbox-b"];
 const LEASE: Duration = Duration::from_secs(30);
@@ -26,15 +30,24 @@ const RETENTION: Duration = Duration::from_secs(60);
 struct Redis {
     server: Server,
     keys: Keys,
+    /// The results topic (bare name).
+    results: &'static str,
 }
 
 impl Redis {
     fn one_server() -> Redis {
-        Redis { server: Server::master(), keys: Keys::new("") }
+        Redis { server: Server::master(), keys: Keys::new(""), results: RESULTS }
     }
 
     fn cluster() -> Redis {
-        Redis { server: Server::cluster_of_one(), keys: Keys::for_cluster("") }
+        Redis { server: Server::cluster_of_one(), keys: Keys::for_cluster(""), results: RESULTS }
+    }
+
+    /// A cluster whose results topic shares the requests stream's slot (a results topic per
+    /// shard): final answers take the one-script path (`cluster/answer_local.lua`), refusals and
+    /// replays the three steps.
+    fn cluster_with_local_results() -> Redis {
+        Redis { results: LOCAL_RESULTS, ..Redis::cluster() }
     }
 
     /// A replica's bus writing and reading the ledger in `format`.
@@ -84,7 +97,7 @@ impl Redis {
 
     /// How many answers the results topic holds.
     fn answers(&self) -> usize {
-        redis::cmd("XLEN").arg(self.keys.topic(RESULTS)).query(&mut self.server.connection()).unwrap()
+        redis::cmd("XLEN").arg(self.keys.topic(self.results)).query(&mut self.server.connection()).unwrap()
     }
 }
 
@@ -137,7 +150,7 @@ async fn end(
     how: End<'_>,
 ) -> Committed {
     let stream = redis.keys.topic(REQUESTS);
-    let results = redis.keys.topic(RESULTS);
+    let results = redis.keys.topic(redis.results);
     let call = Call::new(redis, request_id, entry_id);
     let answer_id = uuid::Uuid::new_v4().to_string();
     let payload = format!("{}:{entry_id}", if how == End::Refusal { "refused" } else { "answer" });
@@ -323,4 +336,59 @@ async fn on_one_server_a_refusal_after_the_answer_keeps_the_mark_as_long_as_itse
 #[tokio::test]
 async fn on_a_cluster_a_refusal_after_the_answer_keeps_the_mark_as_long_as_itself() {
     a_refusal_after_the_answer_keeps_the_mark_as_long_as_itself(&Redis::cluster()).await;
+}
+
+#[tokio::test]
+async fn on_a_cluster_with_results_in_the_streams_slot_first_answers_skip_the_refusal_mark_only_in_format_2()
+{
+    first_answers_skip_the_refusal_mark_only_in_format_2(&Redis::cluster_with_local_results()).await;
+}
+
+#[tokio::test]
+async fn on_a_cluster_with_results_in_the_streams_slot_a_refusal_does_not_use_the_request_id_up() {
+    a_refusal_in_format_2_does_not_use_the_request_id_up(&Redis::cluster_with_local_results()).await;
+}
+
+#[tokio::test]
+async fn on_a_cluster_with_results_in_the_streams_slot_a_format_1_refusal_is_seen_by_a_rolling_replica() {
+    a_format_1_refusal_is_seen_by_a_rolling_replica(&Redis::cluster_with_local_results()).await;
+}
+
+/// The one-script answer: one script call per answer, and a topic that is not a stream leaves
+/// nothing written and the entry pending.
+#[tokio::test]
+async fn on_a_cluster_an_answer_in_the_streams_slot_is_one_script_and_writes_nothing_on_a_wrong_topic() {
+    let redis = Redis::cluster_with_local_results();
+    let bus = redis.bus(LedgerFormat::Two);
+    let entries = redis.deliver(&bus, 3).await;
+    // The first call of a script loads it (`NOSCRIPT`, then `SCRIPT LOAD`): count the second.
+    assert_eq!(
+        end(&redis, &bus, GROUPS[0], "warm", &entries[2], End::Final(None)).await,
+        Committed::Published
+    );
+    let scripts = redis.server.calls("evalsha");
+    assert_eq!(
+        end(&redis, &bus, GROUPS[0], "local", &entries[0], End::Final(None)).await,
+        Committed::Published
+    );
+    assert_eq!(ran(&redis, "evalsha", scripts), 1, "claim, publish and settle in one script");
+    assert!(redis.mark("local").unwrap().contains("state=answered"));
+    let mut connection = redis.server.connection();
+    let topic = redis.keys.topic(LOCAL_RESULTS);
+    let () = redis::cmd("DEL").arg(&topic).query(&mut connection).unwrap();
+    let () = redis::cmd("SET").arg(&topic).arg("not a stream").query(&mut connection).unwrap();
+    assert_eq!(
+        end(&redis, &bus, GROUPS[0], "wrong", &entries[1], End::Final(None)).await,
+        Committed::WrongType
+    );
+    assert_eq!(redis.mark("wrong"), None);
+    let pending: Vec<Value> = redis::cmd("XPENDING")
+        .arg(redis.keys.topic(REQUESTS))
+        .arg(GROUPS[0])
+        .arg("-")
+        .arg("+")
+        .arg(10)
+        .query(&mut connection)
+        .unwrap();
+    assert_eq!(pending.len(), 1, "the entry stays pending");
 }

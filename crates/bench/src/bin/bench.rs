@@ -121,6 +121,9 @@ struct Args {
     /// results streams spread their answers.
     #[arg(long)]
     shard_results: bool,
+    /// `[dispatch] ledger_format` of the fleet rows' replicas: 1 (the default) or 2.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=2))]
+    ledger_format: u8,
     /// Topologies of the fleet rows, comma separated: single, cluster, replicated (a master with
     /// one replica: echo and terminal_run with `[redis] replica_acks` 0 and 1, one toolhost).
     #[arg(long, value_delimiter = ',', default_value = "single,cluster,replicated")]
@@ -234,6 +237,7 @@ fn fleet(runtime: &tokio::runtime::Runtime, args: &Args, options: &Options) -> s
         shards: args.shards.iter().copied().map(|shards| shards.clamp(1, 1024)).collect(),
         split_shards: args.split_shards,
         shard_results: args.shard_results,
+        ledger_format: args.ledger_format,
         in_flight: options.in_flight.as_ref().and_then(|in_flight| in_flight.first().copied()).unwrap_or(64),
         duration: options.duration,
         warmup: options.warmup,

@@ -150,6 +150,12 @@ impl RedisBus {
     pub(super) async fn cluster_finish(&self, finish: &Finish<'_>) -> Result<Committed, Error> {
         let keys = FinishKeys::new(self.options.key_prefix.as_str(), finish);
         same_slot("finish", &[finish.entry.topic, &keys.claim, &keys.record, &keys.refused])?;
+        if let (true, Some(answer), Some((final_mark, refusal_mark))) =
+            (super::is_lean_answer(finish) && finish.call.is_some(), finish.answer, &keys.answer)
+            && slots::slot(answer.topic.as_bytes()) == slots::slot(finish.entry.topic.as_bytes())
+        {
+            return self.answer_local(finish, &keys, answer, [final_mark, refusal_mark]).await;
+        }
         // Before anything is written: a copy topic of another type would leave the answer half
         // published (the answer topic itself is checked by its own step, which writes nothing then).
         if self.copy_of_wrong_type(finish).await? {
@@ -174,11 +180,58 @@ impl RedisBus {
             refused: answered.refusal_on_topic && !finish.final_answer,
             release: answered.release,
             published: if published { finish.answer.map_or("", |answer| answer.id) } else { "" },
-            delete_record: claimed.claim != 2,
+            // The common end of a call that wrote no record (a read-only idempotent tool's
+            // first delivery, `Finish::tracked` false) has none to delete, as one server's
+            // answer script knows; every other end deletes it, as one server's finish does.
+            delete_record: claimed.claim != 2 && (finish.tracked || !super::is_lean_answer(finish)),
             ack: true,
         };
         self.settle(finish, &keys, settle).await?;
         Ok(if published { Committed::Published } else { Committed::NotPublished })
+    }
+
+    /// The common end of a call (a final answer and nothing else) whose answer topic is in the
+    /// stream's slot: the claim, the answer and the settle in one script
+    /// (`scripts/cluster/answer_local.lua`).
+    async fn answer_local(
+        &self,
+        finish: &Finish<'_>,
+        keys: &FinishKeys,
+        answer: crate::Published<'_>,
+        [final_mark, refusal_mark]: [&String; 2],
+    ) -> Result<Committed, Error> {
+        let entry = finish.entry;
+        let batcher = self.cluster_batcher(
+            &self.batchers.cluster_answer_local,
+            include_str!("../scripts/cluster/answer_local.lua"),
+            7,
+            9,
+        );
+        let reply = batcher
+            .invoke(
+                vec![
+                    entry.topic.to_owned(),
+                    keys.claim.clone(),
+                    keys.record.clone(),
+                    keys.refused.clone(),
+                    answer.topic.to_owned(),
+                    final_mark.clone(),
+                    refusal_mark.clone(),
+                ],
+                vec![
+                    entry.group.to_owned(),
+                    entry.entry_id.to_owned(),
+                    self.options.maxlen.to_string(),
+                    retention(finish).as_millis().max(1).to_string(),
+                    answer.id.to_owned(),
+                    answer.payload.to_owned(),
+                    finish.kept.unwrap_or_default().to_owned(),
+                    flag(self.options.ledger_format.trusts_placeholders()),
+                    flag(finish.tracked),
+                ],
+            )
+            .await?;
+        super::committed_from(reply)
     }
 
     /// Whether the answer's copy topic holds a key that is not a stream.

@@ -17,13 +17,15 @@
 local identified = ARGV[4] == '1'
 if identified then
   if ARGV[5] == '1' then
-    redis.call('HSET', KEYS[2], 'topic', ARGV[8], 'state', 'answered')
+    -- One HSET of every field this finish records.
+    local fields = {'topic', ARGV[8], 'state', 'answered'}
     if ARGV[9] ~= '' then
-      redis.call('HSET', KEYS[2], 'answer', ARGV[9], 'entry', ARGV[2])
+      fields[5], fields[6], fields[7], fields[8] = 'answer', ARGV[9], 'entry', ARGV[2]
       if ARGV[12] ~= '' then
-        redis.call('HSET', KEYS[2], 'kept', ARGV[12])
+        fields[9], fields[10] = 'kept', ARGV[12]
       end
     end
+    redis.call('HSET', KEYS[2], unpack(fields))
     redis.call('PEXPIRE', KEYS[2], ARGV[3])
   elseif ARGV[7] == '1' then
     local held = redis.call('HMGET', KEYS[2], 'topic', 'state')
