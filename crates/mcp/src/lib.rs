@@ -42,6 +42,7 @@ mod logging;
 pub mod mapping;
 pub mod names;
 mod source;
+mod subscriptions;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -164,6 +165,11 @@ impl McpSources {
         Ok(self.serving(&target).is_some())
     }
 
+    /// Whether a source lists `target` (see [`Catalog::serves`]).
+    pub fn serves_target(&self, target: &Target) -> bool {
+        self.serving(target).is_some()
+    }
+
     /// Sends `operation` to the first source, in configuration order, that lists what `params`
     /// names (a prompt's prefixed name is taken back to the server's own); the MCP result.
     ///
@@ -176,6 +182,27 @@ impl McpSources {
             return Err(ToolError::InvalidArguments(format!("no hosted MCP server lists {target}")));
         };
         source.request(operation, params).await
+    }
+
+    /// Subscribes to the resource `uri` at the first source, in configuration order, that
+    /// lists it; its `notifications/resources/updated` come as [`McpEvent::ResourceUpdated`].
+    ///
+    /// # Errors
+    /// No source lists it, or it does not offer subscriptions: `InvalidArguments`; else as the
+    /// server answers.
+    pub async fn subscribe(&self, uri: &str) -> Result<(), ToolError> {
+        let target = Target::Resource(uri.to_owned());
+        match self.serving(&target) {
+            Some(source) => source.subscribe(uri).await,
+            None => Err(ToolError::InvalidArguments(format!("no hosted MCP server lists {target}"))),
+        }
+    }
+
+    /// Unsubscribes from `uri` at every source subscribed to it.
+    pub async fn unsubscribe(&self, uri: &str) {
+        for source in &self.sources {
+            source.unsubscribe(uri).await;
+        }
     }
 
     /// The state of every source, in configuration order.

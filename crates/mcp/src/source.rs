@@ -26,7 +26,7 @@ use rmcp::model::{
     ClientCapabilities, ClientConfig, ClientRequest, CreateMessageRequestParams, CreateMessageResult,
     ElicitRequestParams, ElicitResult, ErrorCode, Implementation, ListRootsResult,
     LoggingMessageNotificationParam, ProgressNotificationParam, ProgressToken, ProtocolVersion, RequestId,
-    RequestMetaObject, ServerResult,
+    RequestMetaObject, ResourceUpdatedNotificationParam, ServerResult,
 };
 use rmcp::service::{
     NotificationContext, PeerRequestOptions, RequestContext, RunningService, RunningServiceCancellationToken,
@@ -80,6 +80,14 @@ pub enum McpEvent {
     CatalogChanged {
         /// The source's name.
         source: String,
+    },
+    /// `source` sent `notifications/resources/updated` for `uri`, a resource toolhost
+    /// subscribed to ([`crate::McpSources::subscribe`]).
+    ResourceUpdated {
+        /// The source's name.
+        source: String,
+        /// The resource's URI, as the server wrote it.
+        uri: String,
     },
     /// `source` is connected and its tools answer.
     Up {
@@ -156,6 +164,8 @@ pub(crate) struct Shared {
     progress: Arc<ProgressRoutes>,
     /// The calls in flight, for the server's `notifications/message`.
     logs: Arc<LogRoutes>,
+    /// The resource URIs toolhost is subscribed to, subscribed again on every connection.
+    pub(crate) subscribed: Mutex<BTreeSet<String>>,
 }
 
 /// The calls waiting for progress, by the progress token their request carried.
@@ -335,6 +345,7 @@ impl Shared {
             recheck: Notify::new(),
             progress: Arc::default(),
             logs: Arc::default(),
+            subscribed: Mutex::default(),
         })
     }
 
@@ -364,7 +375,7 @@ impl Shared {
         true
     }
 
-    fn peer(&self) -> Option<Peer<RoleClient>> {
+    pub(crate) fn peer(&self) -> Option<Peer<RoleClient>> {
         self.peer.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
     }
 
@@ -373,7 +384,7 @@ impl Shared {
     }
 
     /// The answer of a call while the source is down.
-    fn unavailable(&self) -> ToolError {
+    pub(crate) fn unavailable(&self) -> ToolError {
         let retry_after = lock(&self.next_attempt)
             .map(|at| at.saturating_duration_since(Instant::now()))
             .unwrap_or(CONNECTING_RETRY_AFTER)
@@ -575,6 +586,8 @@ struct Handler {
     logs: Arc<LogRoutes>,
     /// The source's name, for log messages no call takes.
     source: String,
+    /// Where resource updates go (the daemon's events).
+    updates: mpsc::UnboundedSender<McpEvent>,
 }
 
 impl Handler {
@@ -583,7 +596,7 @@ impl Handler {
         catalog_changed: mpsc::Sender<()>,
         progress: Arc<ProgressRoutes>,
         logs: Arc<LogRoutes>,
-        source: &str,
+        (source, updates): (&str, mpsc::UnboundedSender<McpEvent>),
     ) -> Handler {
         // No sampling, elicitation or roots. The last protocol version with `initialize`, so
         // that list_changed arrives as a plain notification.
@@ -592,7 +605,7 @@ impl Handler {
             Implementation::new("toolhost", env!("CARGO_PKG_VERSION")),
         )
         .with_protocol_version(ProtocolVersion::LATEST_WITH_INITIALIZE);
-        Handler { info, changed, catalog_changed, progress, logs, source: source.to_owned() }
+        Handler { info, changed, catalog_changed, progress, logs, source: source.to_owned(), updates }
     }
 }
 
@@ -629,6 +642,15 @@ impl ClientHandler for Handler {
         _context: NotificationContext<RoleClient>,
     ) -> impl Future<Output = ()> + Send + '_ {
         let _ = self.catalog_changed.try_send(());
+        std::future::ready(())
+    }
+
+    fn on_resource_updated(
+        &self,
+        params: ResourceUpdatedNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) -> impl Future<Output = ()> + Send + '_ {
+        let _ = self.updates.send(McpEvent::ResourceUpdated { source: self.source.clone(), uri: params.uri });
         std::future::ready(())
     }
 
@@ -760,6 +782,7 @@ pub(crate) async fn supervise(
                         if catalog_changed && first.is_none() {
                             let _ = common.events.send(McpEvent::CatalogChanged { source: name.clone() });
                         }
+                        shared.resubscribe(&connection.peer).await;
                         shared.set_peer(Some(connection.peer.clone()));
                         {
                             let mut status = lock(&shared.status);
@@ -855,8 +878,8 @@ async fn connect(shared: &Shared, common: &Common) -> Result<Connection, String>
     let (changed_tx, changed) = mpsc::channel(1);
     let (catalog_tx, catalog_changed) = mpsc::channel(1);
     let changed = (changed, catalog_changed);
-    let handler =
-        Handler::new(changed_tx, catalog_tx, shared.progress.clone(), shared.logs.clone(), &spec.name);
+    let named = (spec.name.as_str(), common.events.clone());
+    let handler = Handler::new(changed_tx, catalog_tx, shared.progress.clone(), shared.logs.clone(), named);
     match &spec.transport {
         Transport::Stdio { command, args, env, cwd } => {
             let child_spec = ChildSpec {

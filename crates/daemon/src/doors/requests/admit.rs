@@ -57,6 +57,8 @@ pub(crate) enum Target {
     /// `tool.cancel`: stop the call `call_id`. `cancel_id` is the cancel's own id (its
     /// envelope's `id`, else the entry's message id), which the ledger remembers it by.
     Cancel { call_id: String, cancel_id: String },
+    /// A catalog request (`resources.read`, `prompts.get`, ...): MCP's params.
+    Catalog { ask: crate::call::catalog::CatalogAsk, params: Value },
     /// The envelope can be answered but not run; the sentence says why.
     Invalid(String),
     /// The caller asked for something it may not have (a reserved or unlisted response topic);
@@ -237,6 +239,7 @@ fn target(envelope: &EventEnvelope, resolve: impl Fn(&str) -> Option<String>) ->
     };
     match envelope.event_type.as_str() {
         "" => Target::Invalid("envelope has no type".to_owned()),
+        kind if let Some(catalog) = super::catalog::target(kind, data) => catalog,
         TOOLS_DISCOVER => Target::Discover,
         TOOLS_STATS => Target::Stats,
         TOOL_CANCEL => match data.get("request_id") {

@@ -7,6 +7,7 @@
 //! statistics answer, or a refusal, published as a result envelope.
 
 mod admit;
+mod catalog;
 mod settings;
 
 use std::sync::Arc;
@@ -261,6 +262,8 @@ impl Door for Requests {
             ))),
             // Every toolbox reading the stream looks for the call; one of them answers.
             Target::Cancel { call_id, .. } => Work::Cancel(call_id.clone()),
+            // Every toolbox reading the stream reads it; the one that serves it answers.
+            Target::Catalog { ask, params } => Work::Catalog { ask: *ask, params: params.clone() },
             Target::Discover => answer(Ok(self.discover(&request.envelope, registry, permits).into())),
             Target::Stats => answer(Ok(
                 json!({"toolbox_id": self.settings.toolbox_id, "tools": self.stats.snapshot()["tools"]})
@@ -427,6 +430,7 @@ fn tool_label(request: &Request, registry: &Registry) -> Option<String> {
         Target::Discover => Some(admit::TOOLS_DISCOVER.to_owned()),
         Target::Stats => Some(admit::TOOLS_STATS.to_owned()),
         Target::Cancel { .. } => Some(admit::TOOL_CANCEL.to_owned()),
+        Target::Catalog { ask, .. } => Some(ask.request_type().to_owned()),
         Target::Invalid(_) | Target::Forbidden(_) => None,
     }
 }
