@@ -846,3 +846,71 @@ fn a_door_client_subscribed_to_a_hosted_resource_hears_its_updates_until_it_unsu
     drop((hosts, door));
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn a_hosted_source_speaks_2026_07_28_where_the_server_offers_it_and_initialize_where_told() {
+    let dir = temp_dir("mcp-fidelity-protocol");
+    let door_venv = toolhost_e2e::venv(
+        "TOOLHOST_MCP_DOOR_VENV",
+        "venv-mcp-door",
+        "ensure-mcp-door-venv.sh",
+        "test-mcp-door",
+    );
+    let python = door_venv.join("bin/python");
+    let redis = RedisProcess::start(&[]);
+    // The same server of the official Python SDK 2.3.0, which serves both generations, hosted
+    // three times: pinned to 2026-07-28, probing (`auto`), and pinned to `initialize`.
+    let server = |name: &str, protocol: &str| {
+        format!(
+            "[[mcp_servers]]\nname = \"{name}\"\ncommand = \"{}\"\nargs = [\"{}\"]\nprefix = \"{name}__\"\nprotocol = \"{protocol}\"\n\
+             env = {{ UPDATING_SERVER_MARKS = \"{}\" }}\n\n",
+            python.display(),
+            toolhost_e2e::fixture("mcp_fidelity", "updating_server.py").display(),
+            dir.display()
+        )
+    };
+    let config = dir.join("hosts.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[daemon]\ntoolbox_id = \"hosts\"\n[tools.terminal]\nrun_as = \"{}\"\n\n{}{}{}",
+            toolhost_e2e::user(),
+            server("modern", "2026-07-28"),
+            server("probing", "auto"),
+            server("legacy", "legacy")
+        ),
+    )
+    .unwrap();
+    let hosts =
+        Toolhost::start(&[("REDIS_URL", &redis.url()), ("TOOLHOST_CONFIG", config.to_str().unwrap())]);
+    published_catalog(&redis, "hosts", "resource:watched://counter");
+    let log = hosts.log();
+    let up = |name: &str| {
+        log.lines()
+            .find(|line| {
+                line.contains("MCP server is up") && line.contains(&format!("\"source\":\"{name}\""))
+            })
+            .unwrap_or_else(|| panic!("{name} is not up:\n{log}"))
+            .to_owned()
+    };
+    assert!(up("modern").contains(r#""protocol":"2026-07-28""#), "{}", up("modern"));
+    assert!(up("probing").contains(r#""protocol":"2026-07-28""#), "{}", up("probing"));
+    assert!(up("legacy").contains(r#""protocol":"2025-11-25""#), "{}", up("legacy"));
+    // Each answers its tools and its resource, whatever it speaks.
+    for (index, name) in ["modern", "probing", "legacy"].iter().enumerate() {
+        let id = format!("bump-{index}");
+        let answer = catalog_request(
+            &redis,
+            "tool.invoke",
+            &id,
+            json!({"tool": format!("{name}__bump"), "arguments": {}}),
+            None,
+        );
+        assert_eq!(answer["data"]["success"], true, "{name}: {answer}");
+        assert_eq!(answer["data"]["result"], "1", "{name}: {answer}");
+    }
+    let read = catalog_request(&redis, "resources.read", "read-1", json!({"uri": "watched://counter"}), None);
+    assert_eq!(read["data"]["success"], true, "{read}");
+    drop(hosts);
+    let _ = std::fs::remove_dir_all(dir);
+}

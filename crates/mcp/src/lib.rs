@@ -38,6 +38,7 @@
 pub mod catalog;
 mod child;
 pub mod config;
+mod lifecycle;
 mod logging;
 pub mod mapping;
 pub mod names;
@@ -54,7 +55,7 @@ use tokio_util::sync::CancellationToken;
 use toolhost_tools::{Tool, ToolError};
 
 pub use catalog::{Catalog, Operation, Target};
-pub use config::{ConfigError, ConfigErrors, McpServerConfig, Secret, ServerSpec, Transport};
+pub use config::{ConfigError, ConfigErrors, McpServerConfig, Protocol, Secret, ServerSpec, Transport};
 pub use source::{Children, LIST_CHANGED_DEBOUNCE, MAX_BACKOFF, McpEvent, SourceStatus};
 
 use source::{Common, FirstAttempt, Shared};

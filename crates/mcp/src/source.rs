@@ -34,7 +34,7 @@ use rmcp::service::{
 };
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
-use rmcp::{ClientHandler, ErrorData, Peer, RoleClient, ServiceExt};
+use rmcp::{ClientHandler, ErrorData, Peer, RoleClient};
 use serde::Serialize;
 use serde_json::Value;
 use tokio::sync::{Notify, Semaphore, mpsc};
@@ -577,7 +577,7 @@ impl Tool for McpTool {
 }
 
 /// The client side toolhost shows a server: no capabilities, and a note of `list_changed`.
-struct Handler {
+pub(crate) struct Handler {
     info: ClientConfig,
     changed: mpsc::Sender<()>,
     /// Notes a `list_changed` of resources or prompts.
@@ -790,7 +790,9 @@ pub(crate) async fn supervise(
                             status.last_error = None;
                             status.pid = connection.child.as_ref().and_then(ManagedChild::pid);
                         }
-                        tracing::info!(source = %name, tools = shared.status().tools, "MCP server is up");
+                        let protocol =
+                            connection.peer.peer_info().map(|info| info.protocol_version.to_string());
+                        tracing::info!(source = %name, tools = shared.status().tools, protocol, "MCP server is up");
                         if let Some(first) = first.take() {
                             let _ = first.send(FirstAttempt::Up);
                         } else {
@@ -878,8 +880,31 @@ async fn connect(shared: &Shared, common: &Common) -> Result<Connection, String>
     let (changed_tx, changed) = mpsc::channel(1);
     let (catalog_tx, catalog_changed) = mpsc::channel(1);
     let changed = (changed, catalog_changed);
+    let listeners = crate::lifecycle::Listeners {
+        changed: changed_tx.clone(),
+        catalog_changed: catalog_tx.clone(),
+        events: common.events.clone(),
+        source: spec.name.clone(),
+    };
     let named = (spec.name.as_str(), common.events.clone());
     let handler = Handler::new(changed_tx, catalog_tx, shared.progress.clone(), shared.logs.clone(), named);
+    let connection = connect_with(shared, common, handler, changed).await?;
+    if crate::lifecycle::is_modern(&connection.peer)
+        && let Err(err) = crate::lifecycle::listen(&connection.peer, listeners).await
+    {
+        tracing::warn!(source = %spec.name, error = %err, "subscriptions/listen of a 2026-07-28 server failed; its list changes are not followed");
+    }
+    Ok(connection)
+}
+
+/// Starts or reaches the server and opens the session with `handler`.
+async fn connect_with(
+    shared: &Shared,
+    common: &Common,
+    handler: Handler,
+    changed: (mpsc::Receiver<()>, mpsc::Receiver<()>),
+) -> Result<Connection, String> {
+    let spec = &shared.spec;
     match &spec.transport {
         Transport::Stdio { command, args, env, cwd } => {
             let child_spec = ChildSpec {
@@ -897,7 +922,7 @@ async fn connect(shared: &Shared, common: &Common) -> Result<Connection, String>
             })?;
             lock(&shared.status).pid = child.pid();
             let served = tokio::select! {
-                served = tokio::time::timeout(CONNECT_TIMEOUT, handler.serve((stdout, stdin))) => served,
+                served = tokio::time::timeout(CONNECT_TIMEOUT, handler.open((stdout, stdin), spec.protocol)) => served,
                 () = common.shutdown.cancelled() => {
                     child.kill_and_wait(&spec.name).await;
                     return Err(format!("MCP server '{}' was stopped while it started", spec.name));
@@ -934,7 +959,7 @@ async fn connect(shared: &Shared, common: &Common) -> Result<Connection, String>
                 .reinit_on_expired_session(true);
             let transport = StreamableHttpClientTransport::with_client(client, config);
             let served = tokio::select! {
-                served = tokio::time::timeout(CONNECT_TIMEOUT, handler.serve(transport)) => served,
+                served = tokio::time::timeout(CONNECT_TIMEOUT, handler.open(transport, spec.protocol)) => served,
                 () = common.shutdown.cancelled() => {
                     return Err(format!("MCP server '{}' was stopped while it connected", spec.name));
                 }
@@ -1179,6 +1204,7 @@ mod tests {
             max_concurrent: 1,
             tools: allow.map(|names| names.iter().map(|name| (*name).to_owned()).collect()),
             max_response_bytes: crate::config::DEFAULT_MAX_RESPONSE_BYTES,
+            protocol: crate::config::Protocol::Legacy,
         })
     }
 
