@@ -1,8 +1,11 @@
-"""Subscribes to a hosted resource through the MCP door with the official MCP Python SDK (an
-`initialize` session, `mode="legacy"`), driven by tests/tests/mcp_fidelity.rs. Prints one JSON
-object on its last line: the updates heard while subscribed and after unsubscribing.
+"""Subscribes to a hosted resource through the MCP door with the official MCP Python SDK,
+driven by tests/tests/mcp_fidelity.rs. Prints one JSON object on its last line.
 
     subscriber.py <door url> <uri> <tool that changes it>
+        an `initialize` session (`mode="legacy"`): `resources/subscribe`, the updates heard
+        while subscribed and after unsubscribing
+    subscriber.py listen <door url> <uri> <tool that changes it>
+        2026-07-28: `subscriptions/listen` with `resourceSubscriptions`, the update heard
 """
 
 from __future__ import annotations
@@ -53,5 +56,26 @@ async def main(url: str, uri: str, tool: str) -> dict:
     return report
 
 
+async def listen(url: str, uri: str, tool: str) -> dict:
+    from mcp.client.client import Client
+
+    report: dict = {}
+    async with Client(url, mode="2026-07-28", cache=None) as client:
+        async with client.listen(resource_subscriptions=[uri]) as subscription:
+            honored = subscription.honored
+            report["honored"] = list(honored.resource_subscriptions or []) if honored else None
+            await client.call_tool(tool, {})
+            event = None
+            with anyio.move_on_after(10):
+                async for event in subscription:
+                    break
+            report["event"] = type(event).__name__ if event is not None else None
+            report["uri"] = getattr(event, "uri", None)
+    return report
+
+
 if __name__ == "__main__":
-    print(json.dumps(anyio.run(main, *sys.argv[1:4])), flush=True)
+    if sys.argv[1] == "listen":
+        print(json.dumps(anyio.run(listen, *sys.argv[2:5])), flush=True)
+    else:
+        print(json.dumps(anyio.run(main, *sys.argv[1:4])), flush=True)

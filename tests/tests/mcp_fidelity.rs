@@ -843,6 +843,24 @@ fn a_door_client_subscribed_to_a_hosted_resource_hears_its_updates_until_it_unsu
     // The hosting toolbox subscribed upstream while the client wanted the URI, and no longer.
     let marks = std::fs::read_to_string(dir.join("subscriptions")).unwrap_or_default();
     assert_eq!(marks, "subscribe watched://counter\nunsubscribe watched://counter\n", "{}", hosts.log());
+
+    // A 2026-07-28 client names the URI in subscriptions/listen and hears the same update there.
+    let output = Command::new(&python)
+        .arg(toolhost_e2e::fixture("mcp_fidelity", "subscriber.py"))
+        .args(["listen", &format!("http://127.0.0.1:{door_port}/mcp"), "watched://counter", "upd__bump"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run subscriber.py listen");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let last = stdout.lines().rev().find(|line| line.starts_with('{')).unwrap_or_default();
+    let listened: Value = serde_json::from_str(last).unwrap_or_else(|_| {
+        panic!(
+            "subscriber.py listen reported nothing:\n{stdout}\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        )
+    });
+    assert_eq!(listened["honored"], json!(["watched://counter"]), "{listened}");
+    assert_eq!(listened["uri"], "watched://counter", "{listened}\n{}", door.log());
     drop((hosts, door));
     let _ = std::fs::remove_dir_all(dir);
 }
