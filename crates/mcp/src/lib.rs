@@ -2,6 +2,8 @@
 //!
 //! Each configured server becomes a source: a stdio child (own process group, the terminal
 //! tool's rlimits, only its `env` plus `PATH`, `HOME` and `LANG`) or a streamable HTTP session.
+//! The session opens in the generation `protocol` names (`initialize`, or 2026-07-28 where the
+//! server offers it; see [`config::Protocol`]).
 //! toolhost advertises no client capabilities. The server's tools become [`toolhost_tools::Tool`]s
 //! named `<prefix><tool>` (see [`names`]), with their schemas and hints mapped as [`mapping`]
 //! describes; the registry validates arguments and output as for every tool.
@@ -13,7 +15,8 @@
 //! let started = McpSources::start(&configs, &env, children, shutdown.clone()).await?;
 //! for tool in started.sources.tools() { registry.register(tool)?; }
 //! // on started.events: McpEvent::ToolsChanged → rebuild the registry from sources.tools()
-//! // and republish it; CatalogChanged → republish sources.catalog(); Up/Down → log; sources.status() → /status and toolhost_source_up{source}
+//! // and republish it; CatalogChanged → republish sources.catalog(); ResourceUpdated → relay it
+//! // (after sources.subscribe(uri)); Up/Down → log; sources.status() → /status and toolhost_source_up{source}
 //! // on shutdown: shutdown.cancel(); started.sources.stopped().await;
 //! ```
 //!
