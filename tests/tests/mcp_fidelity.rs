@@ -776,9 +776,26 @@ fn resources_prompts_and_completion_are_answered_over_redis_by_the_toolbox_that_
         "{audit:?}"
     );
 
+    // A subscription lease over Redis: a bad time to live is refused, a good one taken and given
+    // back; a request past its deadline is not sent at all.
+    let bad_ttl = json!({"uri": "test://watched-resource", "ttl_ms": 5, "subscriber": "t"});
+    let bad_ttl = catalog_request(&redis, "resources.subscribe", "sub-1", bad_ttl, None);
+    assert_eq!(bad_ttl["data"]["error_code"], "invalid_arguments", "{bad_ttl}");
+    assert!(bad_ttl["data"]["error"].as_str().unwrap().contains("'ttl_ms'"), "{bad_ttl}");
+    let lease = json!({"uri": "test://watched-resource", "ttl_ms": 5000, "subscriber": "t"});
+    let taken = catalog_request(&redis, "resources.subscribe", "sub-2", lease, None);
+    assert_eq!(taken["data"]["result"], json!({}), "{taken}");
+    assert_eq!(taken["source"], "toolhost:alpha", "{taken}");
+    let given = json!({"uri": "test://watched-resource", "subscriber": "t"});
+    let given = catalog_request(&redis, "resources.unsubscribe", "sub-3", given, None);
+    assert_eq!(given["data"]["result"], json!({}), "{given}");
+    let late = json!({"uri": "test://static-text", "deadline": "2000-01-01T00:00:00Z"});
+    let late = catalog_request(&redis, "resources.read", "late-1", late, None);
+    assert_eq!(late["data"]["error_code"], "expired", "{late}");
+
     // Every request was answered once, across both toolboxes.
     std::thread::sleep(Duration::from_millis(500));
-    for id in ["bad-1", "bad-3", "read-1", "get-1", "list-1", "policy-1"] {
+    for id in ["bad-1", "bad-3", "read-1", "get-1", "list-1", "policy-1", "sub-2", "late-1"] {
         assert_eq!(answers_of(&redis, id).len(), 1, "{id}: {:?}", answers_of(&redis, id));
     }
     drop((alpha, beta));
