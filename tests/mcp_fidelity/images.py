@@ -100,13 +100,25 @@ def logs_over_redis(url: str, tool: str) -> dict[str, Any]:
 
 
 def catalog_over_redis(url: str) -> dict[str, Any]:
-    from toolhost import Client
+    from toolhost import Client, ToolError
 
     with Client(url) as client:
+        try:
+            client.read_resource("test://nobody-lists-this")
+            unknown: dict[str, Any] = {"raised": None}
+        except ToolError as error:
+            unknown = {"raised": type(error).__name__, "code": error.code, "message": str(error)}
+        prompt_ref = {"type": "ref/prompt", "name": "ref__test_prompt_with_arguments"}
         return {
             "resources": client.list_resources(),
             "templates": client.list_resource_templates(),
             "prompts": client.list_prompts(),
+            "text": client.read_resource("test://static-text"),
+            "binary": client.read_resource("test://static-binary"),
+            "templated": client.read_resource("test://template/7/data"),
+            "prompt": client.get_prompt("ref__test_prompt_with_arguments", {"arg1": "x", "arg2": "y"}),
+            "completion": client.complete(prompt_ref, {"name": "arg1", "value": "pa"}),
+            "unknown": unknown,
         }
 
 

@@ -593,6 +593,21 @@ fn a_toolbox_publishes_its_hosted_servers_resources_templates_and_prompts_beside
         "{listed}"
     );
     assert_eq!(listed["prompts"][0], catalog["prompt:ref__test_prompt_with_arguments"], "{listed}");
+    // ... and reads, gets prompts and completes over the requests stream.
+    assert_eq!(listed["text"]["contents"][0]["uri"], "test://static-text", "{listed}");
+    assert_eq!(listed["text"]["contents"][0]["mimeType"], "text/plain", "{listed}");
+    assert!(listed["binary"]["contents"][0]["blob"].as_str().unwrap().starts_with("iVBOR"), "{listed}");
+    assert!(
+        listed["templated"]["contents"][0]["text"].as_str().unwrap().contains("Data for ID: 7"),
+        "{listed}"
+    );
+    assert_eq!(
+        listed["prompt"]["messages"][0]["content"]["text"], "Prompt with arguments: arg1='x', arg2='y'",
+        "{listed}"
+    );
+    assert!(listed["completion"]["completion"]["values"].is_array(), "{listed}");
+    assert_eq!(listed["unknown"]["raised"], "InvalidArguments", "{listed}");
+    assert!(listed["unknown"]["message"].as_str().unwrap().contains("test://nobody-lists-this"), "{listed}");
 
     // The last replica withdrawing takes the catalog with the registry.
     assert_eq!(hosts.terminate(Duration::from_secs(20)), Some(0), "{}", hosts.log());
@@ -820,4 +835,343 @@ fn a_hosted_servers_questions_are_answered_over_redis_checked_declined_and_lost_
     assert_eq!(late["result"]["state"], "unknown", "{late}");
     drop(restarted);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Sends a request of `event_type` with `data` (and `request_id` = `id`) for `tenant` on
+/// `action-requests`, answered on `results:catalog`.
+fn send_catalog_request(redis: &RedisProcess, event_type: &str, id: &str, data: Value, tenant: Option<&str>) {
+    let mut data = data;
+    data["request_id"] = json!(id);
+    let mut payload =
+        json!({"id": id, "type": event_type, "data": data, "response_topic": "results:catalog"});
+    if let Some(tenant) = tenant {
+        payload["tenant_id"] = json!(tenant);
+    }
+    let _: String = redis::cmd("XADD")
+        .arg("action-requests")
+        .arg("*")
+        .arg("id")
+        .arg(id)
+        .arg("payload")
+        .arg(payload.to_string())
+        .query(&mut redis.connection())
+        .unwrap();
+}
+
+/// Every answer envelope on `results:catalog` whose `data.request_id` is `id`.
+fn answers_of(redis: &RedisProcess, id: &str) -> Vec<Value> {
+    let entries: Vec<(String, Vec<(String, String)>)> =
+        redis::cmd("XRANGE").arg("results:catalog").arg("-").arg("+").query(&mut redis.connection()).unwrap();
+    entries
+        .into_iter()
+        .flat_map(|(_, fields)| fields)
+        .filter(|(field, _)| field == "payload")
+        .map(|(_, payload)| serde_json::from_str::<Value>(&payload).unwrap())
+        .filter(|answer| answer["data"]["request_id"] == id)
+        .collect()
+}
+
+/// Sends a request and waits for its one answer envelope.
+fn catalog_request(
+    redis: &RedisProcess,
+    event_type: &str,
+    id: &str,
+    data: Value,
+    tenant: Option<&str>,
+) -> Value {
+    send_catalog_request(redis, event_type, id, data, tenant);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(answer) = answers_of(redis, id).into_iter().next() {
+            return answer;
+        }
+        assert!(Instant::now() < deadline, "no answer to {event_type} {id} in 30 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn resources_prompts_and_completion_are_answered_over_redis_by_the_toolbox_that_lists_them() {
+    let conformance = conformance();
+    let dir = temp_dir("mcp-fidelity-catalog-requests");
+    let server = ReferenceServer::start(&conformance, &dir.join("reference.log"));
+    let redis = RedisProcess::start(&[]);
+    // Two toolboxes host the same server, so both publish every URI and prompt: the smaller
+    // toolbox id, `alpha`, serves them. A tenant whose policy names only tools is refused.
+    let start = |toolbox: &str| {
+        let config = dir.join(format!("{toolbox}.toml"));
+        std::fs::write(
+            &config,
+            format!(
+                "[daemon]\ntoolbox_id = \"{toolbox}\"\n\n[[mcp_servers]]\nname = \"reference\"\nurl = \"{}\"\nprefix = \"ref__\"\n\n\
+                 [[policy]]\ntenant = \"tools-only\"\nallow = [\"ref__*\"]\n\n[[policy]]\ntenant = \"*\"\nallow = [\"*\"]\n",
+                server.url()
+            ),
+        )
+        .unwrap();
+        Toolhost::start(&[("REDIS_URL", &redis.url()), ("TOOLHOST_CONFIG", config.to_str().unwrap())])
+    };
+    let (alpha, beta) = (start("beta"), start("alpha"));
+    published_catalog(&redis, "alpha", "prompt:ref__test_simple_prompt");
+    published_catalog(&redis, "beta", "prompt:ref__test_simple_prompt");
+
+    // Bad input first: each gets a clear error, and nothing is lost after it.
+    let missing = catalog_request(&redis, "resources.read", "bad-1", json!({}), None);
+    assert_eq!(missing["data"]["error_code"], "invalid_arguments", "{missing}");
+    assert!(missing["data"]["error"].as_str().unwrap().contains("'uri'"), "{missing}");
+    let mistyped = catalog_request(&redis, "resources.read", "bad-2", json!({"uri": 7}), None);
+    assert_eq!(mistyped["data"]["error_code"], "invalid_arguments", "{mistyped}");
+    let unknown = catalog_request(&redis, "resources.read", "bad-3", json!({"uri": "test://nobody"}), None);
+    assert_eq!(unknown["data"]["error_code"], "invalid_arguments", "{unknown}");
+    assert!(unknown["data"]["error"].as_str().unwrap().contains("test://nobody"), "{unknown}");
+    assert_eq!(unknown["data"]["details"]["not_listed"], "resource 'test://nobody'", "{unknown}");
+    let no_prompt =
+        catalog_request(&redis, "prompts.get", "bad-4", json!({"name": "test_simple_prompt"}), None);
+    assert_eq!(no_prompt["data"]["error_code"], "invalid_arguments", "{no_prompt}");
+    let bad_ref = json!({"ref": {"type": "ref/tool", "name": "x"}, "argument": {"name": "a", "value": ""}});
+    let bad_ref = catalog_request(&redis, "completion.complete", "bad-5", bad_ref, None);
+    assert_eq!(bad_ref["data"]["error_code"], "invalid_arguments", "{bad_ref}");
+    let bad_args = json!({"name": "ref__test_prompt_with_arguments", "arguments": "not an object"});
+    let bad_args = catalog_request(&redis, "prompts.get", "bad-6", bad_args, None);
+    assert_eq!(bad_args["data"]["error_code"], "invalid_arguments", "{bad_args}");
+
+    // Reads, answered by `alpha`, as MCP's results.
+    let text =
+        catalog_request(&redis, "resources.read", "read-1", json!({"uri": "test://static-text"}), None);
+    assert_eq!(text["type"], "resources.read.completed", "{text}");
+    assert_eq!(text["source"], "toolhost:alpha", "{text}");
+    let contents = &text["data"]["result"]["contents"][0];
+    assert_eq!(contents["uri"], "test://static-text", "{text}");
+    assert!(!contents["text"].as_str().unwrap().is_empty(), "{text}");
+    let binary =
+        catalog_request(&redis, "resources.read", "read-2", json!({"uri": "test://static-binary"}), None);
+    let blob = &binary["data"]["result"]["contents"][0];
+    assert_eq!(blob["mimeType"], "image/png", "{binary}");
+    assert!(blob["blob"].as_str().unwrap().starts_with("iVBOR"), "{binary}");
+    let templated =
+        catalog_request(&redis, "resources.read", "read-3", json!({"uri": "test://template/42/data"}), None);
+    let templated = &templated["data"]["result"]["contents"][0];
+    assert_eq!(templated["uri"], "test://template/42/data", "{templated}");
+    assert!(templated["text"].as_str().unwrap().contains("Data for ID: 42"), "{templated}");
+
+    // A prompt by its prefixed name, sent to the server under its own.
+    let arguments =
+        json!({"name": "ref__test_prompt_with_arguments", "arguments": {"arg1": "a", "arg2": "b"}});
+    let prompt = catalog_request(&redis, "prompts.get", "get-1", arguments, None);
+    assert_eq!(prompt["type"], "prompts.get.completed", "{prompt}");
+    let message = &prompt["data"]["result"]["messages"][0];
+    assert_eq!(message["content"]["text"], "Prompt with arguments: arg1='a', arg2='b'", "{prompt}");
+    let complete = json!({"ref": {"type": "ref/prompt", "name": "ref__test_prompt_with_arguments"},
+                          "argument": {"name": "arg1", "value": "par"}});
+    let complete = catalog_request(&redis, "completion.complete", "complete-1", complete, None);
+    assert_eq!(complete["data"]["success"], true, "{complete}");
+    assert!(complete["data"]["result"]["completion"]["values"].is_array(), "{complete}");
+
+    // Lists: the fleet's, each kind as MCP's list result.
+    let listed = catalog_request(&redis, "resources.list", "list-1", json!({}), None);
+    let uris: Vec<&str> = listed["data"]["result"]["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|r| r["uri"].as_str())
+        .collect();
+    assert_eq!(uris, ["test://static-binary", "test://static-text", "test://watched-resource"], "{listed}");
+    let templates = catalog_request(&redis, "resources.templates.list", "list-2", json!({}), None);
+    assert_eq!(
+        templates["data"]["result"]["resourceTemplates"][0]["uriTemplate"], "test://template/{id}/data",
+        "{templates}"
+    );
+    let prompts = catalog_request(&redis, "prompts.list", "list-3", json!({}), None);
+    assert_eq!(prompts["data"]["result"]["prompts"].as_array().unwrap().len(), 4, "{prompts}");
+
+    // The tenant policy names them by their request type; the refusal is audited.
+    let refused = catalog_request(
+        &redis,
+        "resources.read",
+        "policy-1",
+        json!({"uri": "test://static-text"}),
+        Some("tools-only"),
+    );
+    assert_eq!(refused["data"]["error_code"], "forbidden", "{refused}");
+    assert!(refused["data"]["error"].as_str().unwrap().contains("'resources.read'"), "{refused}");
+    let audit: Vec<(String, Vec<(String, String)>)> =
+        redis::cmd("XRANGE").arg("audit:alpha").arg("-").arg("+").query(&mut redis.connection()).unwrap();
+    assert!(
+        audit.iter().any(|(_, fields)| fields.contains(&("request_id".to_owned(), "policy-1".to_owned()))
+            && fields.contains(&("tool".to_owned(), "resources.read".to_owned()))),
+        "{audit:?}"
+    );
+
+    // A subscription lease over Redis: a bad time to live is refused, a good one taken and given
+    // back; a request past its deadline is not sent at all.
+    let bad_ttl = json!({"uri": "test://watched-resource", "ttl_ms": 5, "subscriber": "t"});
+    let bad_ttl = catalog_request(&redis, "resources.subscribe", "sub-1", bad_ttl, None);
+    assert_eq!(bad_ttl["data"]["error_code"], "invalid_arguments", "{bad_ttl}");
+    assert!(bad_ttl["data"]["error"].as_str().unwrap().contains("'ttl_ms'"), "{bad_ttl}");
+    let lease = json!({"uri": "test://watched-resource", "ttl_ms": 5000, "subscriber": "t"});
+    let taken = catalog_request(&redis, "resources.subscribe", "sub-2", lease, None);
+    assert_eq!(taken["data"]["result"], json!({}), "{taken}");
+    assert_eq!(taken["source"], "toolhost:alpha", "{taken}");
+    let given = json!({"uri": "test://watched-resource", "subscriber": "t"});
+    let given = catalog_request(&redis, "resources.unsubscribe", "sub-3", given, None);
+    assert_eq!(given["data"]["result"], json!({}), "{given}");
+    let late = json!({"uri": "test://static-text", "deadline": "2000-01-01T00:00:00Z"});
+    let late = catalog_request(&redis, "resources.read", "late-1", late, None);
+    assert_eq!(late["data"]["error_code"], "expired", "{late}");
+
+    // Every request was answered once, across both toolboxes.
+    std::thread::sleep(Duration::from_millis(500));
+    for id in ["bad-1", "bad-3", "read-1", "get-1", "list-1", "policy-1", "sub-2", "late-1"] {
+        assert_eq!(answers_of(&redis, id).len(), 1, "{id}: {:?}", answers_of(&redis, id));
+    }
+    drop((alpha, beta));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_door_client_subscribed_to_a_hosted_resource_hears_its_updates_until_it_unsubscribes() {
+    let dir = temp_dir("mcp-fidelity-subscriptions");
+    let door_venv = toolhost_e2e::venv(
+        "TOOLHOST_MCP_DOOR_VENV",
+        "venv-mcp-door",
+        "ensure-mcp-door-venv.sh",
+        "test-mcp-door",
+    );
+    let python = door_venv.join("bin/python");
+    let redis = RedisProcess::start(&[]);
+    // A stdio server of the official Python SDK that sends notifications/resources/updated.
+    let config = dir.join("hosts.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[daemon]\ntoolbox_id = \"hosts\"\n[tools.terminal]\nrun_as = \"{}\"\n\n[[mcp_servers]]\nname = \"updating\"\n\
+             command = \"{}\"\nargs = [\"{}\"]\nprefix = \"upd__\"\nenv = {{ UPDATING_SERVER_MARKS = \"{}\" }}\n",
+            toolhost_e2e::user(),
+            python.display(),
+            toolhost_e2e::fixture("mcp_fidelity", "updating_server.py").display(),
+            dir.display()
+        ),
+    )
+    .unwrap();
+    let hosts =
+        Toolhost::start(&[("REDIS_URL", &redis.url()), ("TOOLHOST_CONFIG", config.to_str().unwrap())]);
+    published_catalog(&redis, "hosts", "resource:watched://counter");
+    let (door, door_port) = start_door(&redis.url(), &dir);
+    wait_for_tool(door_port, "upd__bump");
+    // The door declares subscriptions.
+    let (_, initialized) = post(door_port, "", INITIALIZE);
+    assert!(initialized.contains(r#""subscribe":true"#), "no resources.subscribe capability: {initialized}");
+
+    let output = Command::new(&python)
+        .arg(toolhost_e2e::fixture("mcp_fidelity", "subscriber.py"))
+        .args([&format!("http://127.0.0.1:{door_port}/mcp"), "watched://counter", "upd__bump"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run subscriber.py");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let last = stdout.lines().rev().find(|line| line.starts_with('{')).unwrap_or_default();
+    let report: Value = serde_json::from_str(last).unwrap_or_else(|_| {
+        panic!(
+            "subscriber.py reported nothing:\n{stdout}\n{}\nhosts log:\n{}\ndoor log:\n{}",
+            String::from_utf8_lossy(&output.stderr),
+            hosts.log(),
+            door.log()
+        )
+    });
+    assert_eq!(report["while_subscribed"], json!(["watched://counter"]), "{report}\n{}", door.log());
+    assert_eq!(report["read"], "1", "{report}");
+    assert_eq!(report["after_unsubscribe"], json!([]), "{report}");
+    // A URI no toolbox lists is MCP's "resource not found".
+    assert_eq!(report["unknown"]["code"], -32002, "{report}");
+    // The hosting toolbox subscribed upstream while the client wanted the URI, and no longer.
+    let marks = std::fs::read_to_string(dir.join("subscriptions")).unwrap_or_default();
+    assert_eq!(marks, "subscribe watched://counter\nunsubscribe watched://counter\n", "{}", hosts.log());
+
+    // A 2026-07-28 client names the URI in subscriptions/listen and hears the same update there.
+    let output = Command::new(&python)
+        .arg(toolhost_e2e::fixture("mcp_fidelity", "subscriber.py"))
+        .args(["listen", &format!("http://127.0.0.1:{door_port}/mcp"), "watched://counter", "upd__bump"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run subscriber.py listen");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let last = stdout.lines().rev().find(|line| line.starts_with('{')).unwrap_or_default();
+    let listened: Value = serde_json::from_str(last).unwrap_or_else(|_| {
+        panic!(
+            "subscriber.py listen reported nothing:\n{stdout}\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        )
+    });
+    assert_eq!(listened["honored"], json!(["watched://counter"]), "{listened}");
+    assert_eq!(listened["uri"], "watched://counter", "{listened}\n{}", door.log());
+    drop((hosts, door));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_hosted_source_speaks_2026_07_28_where_the_server_offers_it_and_initialize_where_told() {
+    let dir = temp_dir("mcp-fidelity-protocol");
+    let door_venv = toolhost_e2e::venv(
+        "TOOLHOST_MCP_DOOR_VENV",
+        "venv-mcp-door",
+        "ensure-mcp-door-venv.sh",
+        "test-mcp-door",
+    );
+    let python = door_venv.join("bin/python");
+    let redis = RedisProcess::start(&[]);
+    // The same server of the official Python SDK 2.3.0, which serves both generations, hosted
+    // three times: pinned to 2026-07-28, probing (`auto`), and pinned to `initialize`.
+    let server = |name: &str, protocol: &str| {
+        format!(
+            "[[mcp_servers]]\nname = \"{name}\"\ncommand = \"{}\"\nargs = [\"{}\"]\nprefix = \"{name}__\"\nprotocol = \"{protocol}\"\n\
+             env = {{ UPDATING_SERVER_MARKS = \"{}\" }}\n\n",
+            python.display(),
+            toolhost_e2e::fixture("mcp_fidelity", "updating_server.py").display(),
+            dir.display()
+        )
+    };
+    let config = dir.join("hosts.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[daemon]\ntoolbox_id = \"hosts\"\n[tools.terminal]\nrun_as = \"{}\"\n\n{}{}{}",
+            toolhost_e2e::user(),
+            server("modern", "2026-07-28"),
+            server("probing", "auto"),
+            server("legacy", "legacy")
+        ),
+    )
+    .unwrap();
+    let hosts =
+        Toolhost::start(&[("REDIS_URL", &redis.url()), ("TOOLHOST_CONFIG", config.to_str().unwrap())]);
+    published_catalog(&redis, "hosts", "resource:watched://counter");
+    let log = hosts.log();
+    let up = |name: &str| {
+        log.lines()
+            .find(|line| {
+                line.contains("MCP server is up") && line.contains(&format!("\"source\":\"{name}\""))
+            })
+            .unwrap_or_else(|| panic!("{name} is not up:\n{log}"))
+            .to_owned()
+    };
+    assert!(up("modern").contains(r#""protocol":"2026-07-28""#), "{}", up("modern"));
+    assert!(up("probing").contains(r#""protocol":"2026-07-28""#), "{}", up("probing"));
+    assert!(up("legacy").contains(r#""protocol":"2025-11-25""#), "{}", up("legacy"));
+    // Each answers its tools and its resource, whatever it speaks.
+    for (index, name) in ["modern", "probing", "legacy"].iter().enumerate() {
+        let id = format!("bump-{index}");
+        let answer = catalog_request(
+            &redis,
+            "tool.invoke",
+            &id,
+            json!({"tool": format!("{name}__bump"), "arguments": {}}),
+            None,
+        );
+        assert_eq!(answer["data"]["success"], true, "{name}: {answer}");
+        assert_eq!(answer["data"]["result"], "1", "{name}: {answer}");
+    }
+    let read = catalog_request(&redis, "resources.read", "read-1", json!({"uri": "watched://counter"}), None);
+    assert_eq!(read["data"]["success"], true, "{read}");
+    drop(hosts);
+    let _ = std::fs::remove_dir_all(dir);
 }

@@ -139,6 +139,13 @@ impl Keys {
         format!("{}toolhost:catalog:{toolbox_id}", self.prefix)
     }
 
+    /// The fleet stream of hosted MCP servers' resource updates (`{"uri", "toolbox_id",
+    /// "source"}` payloads), which every MCP door reads to relay
+    /// `notifications/resources/updated` to its subscribed clients. Capped.
+    pub fn resource_updates(&self) -> String {
+        format!("{}toolhost:mcp:resource-updated", self.prefix)
+    }
+
     /// A replica's heartbeat, expiring unless refreshed.
     pub fn heartbeat(&self, toolbox_id: &str, consumer: &str) -> String {
         format!("{}toolhost:heartbeat:{toolbox_id}:{consumer}", self.prefix)

@@ -36,6 +36,7 @@ mod dlq;
 mod doors;
 pub mod dumpable;
 mod fleet;
+mod fleet_catalog;
 mod fleet_client;
 mod group;
 mod heartbeat;

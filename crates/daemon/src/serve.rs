@@ -248,7 +248,17 @@ impl App {
         });
         let sources = options.as_ref().map(|_| {
             let (registry, limits) = (parts.registry.clone(), parts.limits.clone());
-            Sources::new(source_settings, bus, keys, registry, limits, publisher.clone(), telemetry.clone())
+            let (sources, events) = Sources::new(
+                source_settings,
+                bus,
+                keys,
+                registry,
+                limits,
+                publisher.clone(),
+                telemetry.clone(),
+            );
+            doors.services.hosted.set(sources.clone());
+            (sources, events)
         });
         Ok(App {
             auth: parts.auth.clone(),
@@ -585,6 +595,7 @@ fn services(config: &Config, parts: &Parts) -> Services {
         calls: Arc::new(calls),
         progress_per_second: raw.dispatch.progress_per_second,
         gate: Arc::new(gate),
+        hosted: Arc::default(),
         call_log,
     }
 }

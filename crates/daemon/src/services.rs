@@ -34,6 +34,8 @@ pub struct Services {
     pub progress_per_second: u64,
     /// Signatures, tenant policy, rate limits and the audit stream.
     pub gate: Arc<crate::auth::Gate>,
+    /// This toolbox's hosted MCP servers, for catalog requests (`call/catalog.rs`).
+    pub(crate) hosted: Arc<crate::call::catalog::HostedCatalog>,
     /// The call log the console reads (`[console] record_calls`); `None`: off.
     pub(crate) call_log: Option<Arc<crate::call_log::CallLog>>,
 }

@@ -15,6 +15,7 @@
 //! server is stopped only once no call holds the snapshot it served in (or the shutdown grace
 //! has passed). Limits and statistics live outside the snapshot, so a swap never resets them.
 
+mod catalog;
 mod host_access;
 mod ovos;
 mod registry;
@@ -64,6 +65,8 @@ pub(crate) struct Sources {
     stop: CancellationToken,
     /// How long a removed server waits for the calls still using it.
     grace: Duration,
+    /// Who wants which resource's updates, until when (`sources/catalog.rs`).
+    leases: catalog::Leases,
 }
 
 /// One running MCP server.
@@ -100,6 +103,7 @@ impl Sources {
             events,
             stop: CancellationToken::new(),
             grace,
+            leases: catalog::Leases::default(),
         };
         (Arc::new(sources), receiver)
     }
@@ -254,7 +258,10 @@ impl Sources {
         loop {
             tokio::select! {
                 () = stopping.cancelled() => return,
-                _ = tick.tick() => self.report().await,
+                _ = tick.tick() => {
+                    self.report().await;
+                    self.expire_leases().await;
+                }
                 event = events.recv() => match event {
                     Some(McpEvent::ToolsChanged { source }) => {
                         info!(source = %source, "a hosted source's tools changed; rebuilding the registry");
@@ -268,6 +275,7 @@ impl Sources {
                         info!(source = %source, "a hosted source's resources or prompts changed; republishing them");
                         self.publish_catalog().await;
                     }
+                    Some(McpEvent::ResourceUpdated { source, uri }) => self.resource_updated(&source, &uri).await,
                     Some(McpEvent::Up { source }) => info!(source = %source, "hosted source up"),
                     Some(McpEvent::Down { source, error }) => {
                         warn!(source = %source, error = %error, "hosted source down; its tools answer overloaded");

@@ -69,10 +69,34 @@ pub struct McpServerConfig {
     /// answers `tool_failed` naming this limit, never cut.
     #[serde(default = "default_max_response_bytes")]
     pub max_response_bytes: usize,
+    /// How the session opens: `"legacy"` (`initialize`, up to 2025-11-25), `"auto"` (probe
+    /// `server/discover` for 2026-07-28, else `initialize`), or `"2026-07-28"` (discover only);
+    /// default `"auto"` over HTTP and `"legacy"` over stdio (see [`Protocol`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protocol: Option<Protocol>,
 }
 
 fn default_max_response_bytes() -> usize {
     DEFAULT_MAX_RESPONSE_BYTES
+}
+
+/// The protocol generation a source opens its session in (`[[mcp_servers]] protocol`).
+///
+/// `Auto` probes with `server/discover` and falls back to `initialize` when the server answers
+/// as a legacy one (an error, at once) or says nothing for rmcp's 10 s; a stdio server that
+/// ignores an unknown request would cost those 10 s at every start, which is why stdio defaults
+/// to `Legacy` and HTTP, whose legacy servers answer an unknown method at once, to `Auto`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+pub enum Protocol {
+    /// `initialize`, the newest version up to 2025-11-25.
+    #[serde(rename = "legacy")]
+    Legacy,
+    /// 2026-07-28 when the server offers it, else `initialize`.
+    #[serde(rename = "auto")]
+    Auto,
+    /// 2026-07-28 only: a server that does not offer it does not connect.
+    #[serde(rename = "2026-07-28")]
+    Modern,
 }
 
 fn default_timeout_ms() -> u64 {
@@ -98,6 +122,7 @@ impl fmt::Debug for McpServerConfig {
             .field("max_concurrent", &self.max_concurrent)
             .field("tools", &self.tools)
             .field("max_response_bytes", &self.max_response_bytes)
+            .field("protocol", &self.protocol)
             .finish()
     }
 }
@@ -171,6 +196,8 @@ pub struct ServerSpec {
     pub tools: Option<Vec<String>>,
     /// Largest answer of a call, in bytes of its result's JSON.
     pub max_response_bytes: usize,
+    /// How the session opens.
+    pub protocol: Protocol,
 }
 
 /// One problem with the configuration, naming its key (`mcp_servers[0].url`).
@@ -322,7 +349,12 @@ fn resolve_one(
             Some(Transport::Http { url: url.clone(), headers: expanded })
         }
     }?;
+    let protocol = config.protocol.unwrap_or(match transport {
+        Transport::Stdio { .. } => Protocol::Legacy,
+        Transport::Http { .. } => Protocol::Auto,
+    });
     Some(ServerSpec {
+        protocol,
         name: config.name.clone(),
         transport,
         prefix,
@@ -462,6 +494,21 @@ mod tests {
         let err =
             toml::from_str::<McpServerConfig>("name = \"a\"\ncommand = \"x\"\ntimeout = 5\n").unwrap_err();
         assert!(err.to_string().contains("unknown field `timeout`"), "{err}");
+    }
+
+    #[test]
+    fn the_protocol_defaults_to_legacy_over_stdio_and_auto_over_http_and_takes_three_values() {
+        let configs = parse(
+            "[[mcp_servers]]\nname = \"s\"\ncommand = \"x\"\n\n[[mcp_servers]]\nname = \"h\"\nurl = \"http://h/mcp\"\n\n\
+             [[mcp_servers]]\nname = \"m\"\ncommand = \"x\"\nprotocol = \"2026-07-28\"\n\n\
+             [[mcp_servers]]\nname = \"l\"\nurl = \"http://l/mcp\"\nprotocol = \"legacy\"\n",
+        );
+        let protocols: Vec<Protocol> =
+            resolve(&configs, &env()).unwrap().iter().map(|spec| spec.protocol).collect();
+        assert_eq!(protocols, [Protocol::Legacy, Protocol::Auto, Protocol::Modern, Protocol::Legacy]);
+        let err = toml::from_str::<McpServerConfig>("name = \"a\"\ncommand = \"x\"\nprotocol = \"2025\"\n")
+            .unwrap_err();
+        assert!(err.to_string().contains("unknown variant `2025`"), "{err}");
     }
 
     #[test]

@@ -2,6 +2,8 @@
 //!
 //! Each configured server becomes a source: a stdio child (own process group, the terminal
 //! tool's rlimits, only its `env` plus `PATH`, `HOME` and `LANG`) or a streamable HTTP session.
+//! The session opens in the generation `protocol` names (`initialize`, or 2026-07-28 where the
+//! server offers it; see [`config::Protocol`]).
 //! toolhost declares the elicitation and sampling client capabilities and asks a server's
 //! questions of the call's caller ([`toolhost_tools::Input`]); it offers no roots. The server's tools become [`toolhost_tools::Tool`]s
 //! named `<prefix><tool>` (see [`names`]), with their schemas and hints mapped as [`mapping`]
@@ -14,7 +16,8 @@
 //! let started = McpSources::start(&configs, &env, children, shutdown.clone()).await?;
 //! for tool in started.sources.tools() { registry.register(tool)?; }
 //! // on started.events: McpEvent::ToolsChanged → rebuild the registry from sources.tools()
-//! // and republish it; CatalogChanged → republish sources.catalog(); Up/Down → log; sources.status() → /status and toolhost_source_up{source}
+//! // and republish it; CatalogChanged → republish sources.catalog(); ResourceUpdated → relay it
+//! // (after sources.subscribe(uri)); Up/Down → log; sources.status() → /status and toolhost_source_up{source}
 //! // on shutdown: shutdown.cancel(); started.sources.stopped().await;
 //! ```
 //!
@@ -40,11 +43,13 @@ pub mod catalog;
 mod child;
 pub mod config;
 mod input;
+mod lifecycle;
 mod logging;
 pub mod mapping;
 mod mrtr;
 pub mod names;
 mod source;
+mod subscriptions;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -56,7 +61,7 @@ use tokio_util::sync::CancellationToken;
 use toolhost_tools::{Tool, ToolError};
 
 pub use catalog::{Catalog, Operation, Target};
-pub use config::{ConfigError, ConfigErrors, McpServerConfig, Secret, ServerSpec, Transport};
+pub use config::{ConfigError, ConfigErrors, McpServerConfig, Protocol, Secret, ServerSpec, Transport};
 pub use source::{Children, LIST_CHANGED_DEBOUNCE, MAX_BACKOFF, McpEvent, SourceStatus};
 
 use source::{Common, FirstAttempt, Shared};
@@ -167,6 +172,11 @@ impl McpSources {
         Ok(self.serving(&target).is_some())
     }
 
+    /// Whether a source lists `target` (see [`Catalog::serves`]).
+    pub fn serves_target(&self, target: &Target) -> bool {
+        self.serving(target).is_some()
+    }
+
     /// Sends `operation` to the first source, in configuration order, that lists what `params`
     /// names (a prompt's prefixed name is taken back to the server's own); the MCP result.
     ///
@@ -179,6 +189,27 @@ impl McpSources {
             return Err(ToolError::InvalidArguments(format!("no hosted MCP server lists {target}")));
         };
         source.request(operation, params).await
+    }
+
+    /// Subscribes to the resource `uri` at the first source, in configuration order, that
+    /// lists it; its `notifications/resources/updated` come as [`McpEvent::ResourceUpdated`].
+    ///
+    /// # Errors
+    /// No source lists it, or it does not offer subscriptions: `InvalidArguments`; else as the
+    /// server answers.
+    pub async fn subscribe(&self, uri: &str) -> Result<(), ToolError> {
+        let target = Target::Resource(uri.to_owned());
+        match self.serving(&target) {
+            Some(source) => source.subscribe(uri).await,
+            None => Err(ToolError::InvalidArguments(format!("no hosted MCP server lists {target}"))),
+        }
+    }
+
+    /// Unsubscribes from `uri` at every source subscribed to it.
+    pub async fn unsubscribe(&self, uri: &str) {
+        for source in &self.sources {
+            source.unsubscribe(uri).await;
+        }
     }
 
     /// The state of every source, in configuration order.

@@ -25,7 +25,8 @@ use rmcp::model::{
     CallToolRequest, CallToolRequestParams, CallToolResponse, CallToolResult, CancelledNotificationParam,
     ClientConfig, ClientRequest, CreateMessageRequestParams, CreateMessageResult, ElicitRequestParams,
     ElicitResult, ErrorCode, Implementation, ListRootsResult, LoggingMessageNotificationParam,
-    ProgressNotificationParam, ProgressToken, ProtocolVersion, RequestId, RequestMetaObject, ServerResult,
+    ProgressNotificationParam, ProgressToken, ProtocolVersion, RequestId, RequestMetaObject,
+    ResourceUpdatedNotificationParam, ServerResult,
 };
 use rmcp::service::{
     NotificationContext, PeerRequestOptions, RequestContext, RunningService, RunningServiceCancellationToken,
@@ -33,7 +34,7 @@ use rmcp::service::{
 };
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
-use rmcp::{ClientHandler, ErrorData, Peer, RoleClient, ServiceExt};
+use rmcp::{ClientHandler, ErrorData, Peer, RoleClient};
 use serde::Serialize;
 use serde_json::Value;
 use tokio::sync::{Notify, Semaphore, mpsc};
@@ -80,6 +81,14 @@ pub enum McpEvent {
     CatalogChanged {
         /// The source's name.
         source: String,
+    },
+    /// `source` sent `notifications/resources/updated` for `uri`, a resource toolhost
+    /// subscribed to ([`crate::McpSources::subscribe`]).
+    ResourceUpdated {
+        /// The source's name.
+        source: String,
+        /// The resource's URI, as the server wrote it.
+        uri: String,
     },
     /// `source` is connected and its tools answer.
     Up {
@@ -158,6 +167,8 @@ pub(crate) struct Shared {
     logs: Arc<LogRoutes>,
     /// The calls in flight, for the server's `elicitation/create` and `sampling/createMessage`.
     inputs: Arc<InputRoutes>,
+    /// The resource URIs toolhost is subscribed to, subscribed again on every connection.
+    pub(crate) subscribed: Mutex<BTreeSet<String>>,
 }
 
 /// The calls waiting for progress, by the progress token their request carried.
@@ -341,6 +352,7 @@ impl Shared {
             progress: Arc::default(),
             logs: Arc::default(),
             inputs: Arc::default(),
+            subscribed: Mutex::default(),
         })
     }
 
@@ -370,7 +382,7 @@ impl Shared {
         true
     }
 
-    fn peer(&self) -> Option<Peer<RoleClient>> {
+    pub(crate) fn peer(&self) -> Option<Peer<RoleClient>> {
         self.peer.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
     }
 
@@ -379,7 +391,7 @@ impl Shared {
     }
 
     /// The answer of a call while the source is down.
-    fn unavailable(&self) -> ToolError {
+    pub(crate) fn unavailable(&self) -> ToolError {
         let retry_after = lock(&self.next_attempt)
             .map(|at| at.saturating_duration_since(Instant::now()))
             .unwrap_or(CONNECTING_RETRY_AFTER)
@@ -592,7 +604,7 @@ impl Tool for McpTool {
 
 /// The client side toolhost shows a server: elicitation and sampling, asked of the call's caller
 /// ([`crate::input`]), and a note of `list_changed`.
-struct Handler {
+pub(crate) struct Handler {
     info: ClientConfig,
     changed: mpsc::Sender<()>,
     /// Notes a `list_changed` of resources or prompts.
@@ -603,6 +615,8 @@ struct Handler {
     inputs: Arc<InputRoutes>,
     /// The source's name, for log messages no call takes.
     source: String,
+    /// Where resource updates go (the daemon's events).
+    updates: mpsc::UnboundedSender<McpEvent>,
 }
 
 impl Handler {
@@ -612,7 +626,7 @@ impl Handler {
         progress: Arc<ProgressRoutes>,
         logs: Arc<LogRoutes>,
         inputs: Arc<InputRoutes>,
-        source: &str,
+        (source, updates): (&str, mpsc::UnboundedSender<McpEvent>),
     ) -> Handler {
         // Elicitation and sampling, but no roots. The last protocol version with `initialize`,
         // so that list_changed arrives as a plain notification.
@@ -621,7 +635,7 @@ impl Handler {
             Implementation::new("toolhost", env!("CARGO_PKG_VERSION")),
         )
         .with_protocol_version(ProtocolVersion::LATEST_WITH_INITIALIZE);
-        Handler { info, changed, catalog_changed, progress, logs, inputs, source: source.to_owned() }
+        Handler { info, changed, catalog_changed, progress, logs, inputs, source: source.to_owned(), updates }
     }
 }
 
@@ -659,6 +673,15 @@ impl ClientHandler for Handler {
         _context: NotificationContext<RoleClient>,
     ) -> impl Future<Output = ()> + Send + '_ {
         let _ = self.catalog_changed.try_send(());
+        std::future::ready(())
+    }
+
+    fn on_resource_updated(
+        &self,
+        params: ResourceUpdatedNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) -> impl Future<Output = ()> + Send + '_ {
+        let _ = self.updates.send(McpEvent::ResourceUpdated { source: self.source.clone(), uri: params.uri });
         std::future::ready(())
     }
 
@@ -790,6 +813,7 @@ pub(crate) async fn supervise(
                         if catalog_changed && first.is_none() {
                             let _ = common.events.send(McpEvent::CatalogChanged { source: name.clone() });
                         }
+                        shared.resubscribe(&connection.peer).await;
                         shared.set_peer(Some(connection.peer.clone()));
                         {
                             let mut status = lock(&shared.status);
@@ -797,7 +821,9 @@ pub(crate) async fn supervise(
                             status.last_error = None;
                             status.pid = connection.child.as_ref().and_then(ManagedChild::pid);
                         }
-                        tracing::info!(source = %name, tools = shared.status().tools, "MCP server is up");
+                        let protocol =
+                            connection.peer.peer_info().map(|info| info.protocol_version.to_string());
+                        tracing::info!(source = %name, tools = shared.status().tools, protocol, "MCP server is up");
                         if let Some(first) = first.take() {
                             let _ = first.send(FirstAttempt::Up);
                         } else {
@@ -885,14 +911,38 @@ async fn connect(shared: &Shared, common: &Common) -> Result<Connection, String>
     let (changed_tx, changed) = mpsc::channel(1);
     let (catalog_tx, catalog_changed) = mpsc::channel(1);
     let changed = (changed, catalog_changed);
+    let listeners = crate::lifecycle::Listeners {
+        changed: changed_tx.clone(),
+        catalog_changed: catalog_tx.clone(),
+        events: common.events.clone(),
+        source: spec.name.clone(),
+    };
+    let named = (spec.name.as_str(), common.events.clone());
     let handler = Handler::new(
         changed_tx,
         catalog_tx,
         shared.progress.clone(),
         shared.logs.clone(),
         shared.inputs.clone(),
-        &spec.name,
+        named,
     );
+    let connection = connect_with(shared, common, handler, changed).await?;
+    if crate::lifecycle::is_modern(&connection.peer)
+        && let Err(err) = crate::lifecycle::listen(&connection.peer, listeners).await
+    {
+        tracing::warn!(source = %spec.name, error = %err, "subscriptions/listen of a 2026-07-28 server failed; its list changes are not followed");
+    }
+    Ok(connection)
+}
+
+/// Starts or reaches the server and opens the session with `handler`.
+async fn connect_with(
+    shared: &Shared,
+    common: &Common,
+    handler: Handler,
+    changed: (mpsc::Receiver<()>, mpsc::Receiver<()>),
+) -> Result<Connection, String> {
+    let spec = &shared.spec;
     match &spec.transport {
         Transport::Stdio { command, args, env, cwd } => {
             let child_spec = ChildSpec {
@@ -910,7 +960,7 @@ async fn connect(shared: &Shared, common: &Common) -> Result<Connection, String>
             })?;
             lock(&shared.status).pid = child.pid();
             let served = tokio::select! {
-                served = tokio::time::timeout(CONNECT_TIMEOUT, handler.serve((stdout, stdin))) => served,
+                served = tokio::time::timeout(CONNECT_TIMEOUT, handler.open((stdout, stdin), spec.protocol)) => served,
                 () = common.shutdown.cancelled() => {
                     child.kill_and_wait(&spec.name).await;
                     return Err(format!("MCP server '{}' was stopped while it started", spec.name));
@@ -947,7 +997,7 @@ async fn connect(shared: &Shared, common: &Common) -> Result<Connection, String>
                 .reinit_on_expired_session(true);
             let transport = StreamableHttpClientTransport::with_client(client, config);
             let served = tokio::select! {
-                served = tokio::time::timeout(CONNECT_TIMEOUT, handler.serve(transport)) => served,
+                served = tokio::time::timeout(CONNECT_TIMEOUT, handler.open(transport, spec.protocol)) => served,
                 () = common.shutdown.cancelled() => {
                     return Err(format!("MCP server '{}' was stopped while it connected", spec.name));
                 }
@@ -1192,6 +1242,7 @@ mod tests {
             max_concurrent: 1,
             tools: allow.map(|names| names.iter().map(|name| (*name).to_owned()).collect()),
             max_response_bytes: crate::config::DEFAULT_MAX_RESPONSE_BYTES,
+            protocol: crate::config::Protocol::Legacy,
         })
     }
 

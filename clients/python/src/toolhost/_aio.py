@@ -534,6 +534,51 @@ class AsyncClient:
         `list_resources` lists resources."""
         return await self._catalog("prompt")
 
+    async def read_resource(self, uri: str, *, timeout: float = 30.0) -> dict[str, Any]:
+        """Reads a hosted MCP server's resource (`resources.read`), routed to the toolbox that
+        lists `uri` (or a template matching it): MCP's `ReadResourceResult`, whose `contents`
+        hold `text` or base64 `blob`. Raises the answer's ToolError (`InvalidArguments` for a
+        URI no toolbox lists), or NoAnswer after `timeout` seconds."""
+        return await self._catalog_request("resources.read", {"uri": uri}, timeout)
+
+    async def get_prompt(
+        self, name: str, arguments: dict[str, str] | None = None, *, timeout: float = 30.0
+    ) -> dict[str, Any]:
+        """Gets a hosted MCP server's prompt by its prefixed name (`prompts.get`): MCP's
+        `GetPromptResult` (`messages`, `description`). Raises as `read_resource` does."""
+        data: dict[str, Any] = {"name": name}
+        if arguments is not None:
+            data["arguments"] = arguments
+        return await self._catalog_request("prompts.get", data, timeout)
+
+    async def complete(
+        self,
+        ref: dict[str, Any],
+        argument: dict[str, Any],
+        *,
+        context: dict[str, Any] | None = None,
+        timeout: float = 30.0,
+    ) -> dict[str, Any]:
+        """Asks the hosted MCP server that lists `ref` (`{"type": "ref/prompt", "name"}` or
+        `{"type": "ref/resource", "uri"}`) to complete `argument` (`{"name", "value"}`)
+        (`completion.complete`): MCP's `CompleteResult` (`completion.values`, `total`,
+        `hasMore`). Raises as `read_resource` does."""
+        data: dict[str, Any] = {"ref": ref, "argument": argument}
+        if context is not None:
+            data["context"] = context
+        return await self._catalog_request("completion.complete", data, timeout)
+
+    async def _catalog_request(self, event_type: str, data: dict[str, Any], timeout: float) -> dict[str, Any]:
+        rid = _wire.new_id()
+        data = {**data, "request_id": rid, "timeout_ms": max(1, int(timeout * 1000))}
+        answer = await self._ask(event_type, data, rid, self._calls, timeout + 2.0)
+        if answer is None:
+            raise NoAnswer(rid, timeout, event_type)
+        if answer.data.get("success") is not True:
+            raise error_from(answer.data, rid)
+        result = answer.data.get("result")
+        return result if isinstance(result, dict) else {}
+
     async def _catalog(self, kind: str) -> list[dict[str, Any]]:
         await self.open()
         prefix = f"{kind}:"

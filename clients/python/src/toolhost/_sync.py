@@ -183,6 +183,27 @@ class Client:
         """AsyncClient.list_prompts, blocking."""
         return self._run(self._client.list_prompts())
 
+    def read_resource(self, uri: str, *, timeout: float = 30.0) -> dict[str, Any]:
+        """AsyncClient.read_resource, blocking."""
+        return self._run(self._client.read_resource(uri, timeout=timeout))
+
+    def get_prompt(
+        self, name: str, arguments: dict[str, str] | None = None, *, timeout: float = 30.0
+    ) -> dict[str, Any]:
+        """AsyncClient.get_prompt, blocking."""
+        return self._run(self._client.get_prompt(name, arguments, timeout=timeout))
+
+    def complete(
+        self,
+        ref: dict[str, Any],
+        argument: dict[str, Any],
+        *,
+        context: dict[str, Any] | None = None,
+        timeout: float = 30.0,
+    ) -> dict[str, Any]:
+        """AsyncClient.complete, blocking."""
+        return self._run(self._client.complete(ref, argument, context=context, timeout=timeout))
+
     def send(self, recipient: str, content: str, **options: Any) -> dict[str, Any]:
         """AsyncClient.send, blocking."""
         return self._run(self._client.send(recipient, content, **options))

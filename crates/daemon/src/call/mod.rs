@@ -25,6 +25,7 @@
 //! commit) in `commit.rs`.
 
 pub(crate) mod cancel;
+pub(crate) mod catalog;
 mod commit;
 pub(crate) mod input;
 pub(crate) mod ledger;
@@ -151,6 +152,14 @@ pub(crate) enum Work {
         input_id: String,
         /// The caller's response.
         response: Value,
+    },
+    /// Answer a catalog request (resources, prompts, completion) with these params; see
+    /// `catalog.rs`.
+    Catalog {
+        /// What it asks for.
+        ask: catalog::CatalogAsk,
+        /// MCP's params: the request's `data` without the reserved keys.
+        params: Value,
     },
 }
 
@@ -615,6 +624,7 @@ impl<D: Door> Lifecycle<D> {
             Work::Input { call_id, input_id, response } => {
                 self.answer_input(call, &call_id, &input_id, response).await
             }
+            Work::Catalog { ask, params } => self.catalog(call, caller, ask, params).await,
             Work::Tool { name, arguments } => {
                 self.call_tool(call, registry, caller, slot, name, arguments).await
             }
@@ -659,11 +669,27 @@ impl<D: Door> Lifecycle<D> {
         work: Work,
     ) -> (Work, Option<InFlight>) {
         let Work::Tool { name, arguments } = &work else { return (work, None) };
-        match self.services.gate.admit_call(caller, name).await {
+        match self.police(call, caller, name, arguments).await {
             Ok(counted) => (work, counted),
+            Err(failure) => (Work::Answer(Err(failure), Reply::Result), None),
+        }
+    }
+
+    /// The tenant's policy and limits for a call of `name` (a tool, or a catalog request's
+    /// type): the tenant's in-flight count of the call, to hold while it runs, or the refusal,
+    /// audited.
+    async fn police(
+        &self,
+        call: &Call<'_, D::Request>,
+        caller: Caller<'_>,
+        name: &str,
+        arguments: &Value,
+    ) -> Result<Option<InFlight>, Failure> {
+        match self.services.gate.admit_call(caller, name).await {
+            Ok(counted) => Ok(counted),
             Err(failure) => {
                 self.audit(call, caller, name, "refused", &failure.message, Some(arguments)).await;
-                (Work::Answer(Err(failure), Reply::Result), None)
+                Err(failure)
             }
         }
     }

@@ -338,7 +338,7 @@ impl<D: Door> Lifecycle<D> {
 
     /// Keeps the call's lease (or, for a call without a record, its entry) while it runs; never
     /// returns (see [`ledger::renew`]).
-    async fn renew(&self, call: &Call<'_, D::Request>, owner: Option<&str>) {
+    pub(super) async fn renew(&self, call: &Call<'_, D::Request>, owner: Option<&str>) {
         let settings = &self.settings;
         let entry =
             EntryRef { topic: &settings.topic, group: &settings.group, entry_id: &call.entry.entry_id };

@@ -324,13 +324,28 @@ impl FleetClient {
     pub(crate) async fn ask(
         &self,
         event_type: &str,
+        data: Map<String, Value>,
+        wait: Duration,
+    ) -> Result<ResultData, CallFailure> {
+        self.ask_for(event_type, data, wait, (None, None, None)).await
+    }
+
+    /// [`FleetClient::ask`] for a caller: its tenant, the principal it came `via` and its
+    /// trace context, as a call's [`Request`] names them.
+    ///
+    /// # Errors
+    /// The request could not be published, or nothing answered within `wait`.
+    pub(crate) async fn ask_for(
+        &self,
+        event_type: &str,
         mut data: Map<String, Value>,
         wait: Duration,
+        caller: (Option<&str>, Option<&str>, Option<&TraceContext>),
     ) -> Result<ResultData, CallFailure> {
         let request_id = new_message_id();
         data.insert("request_id".to_owned(), json!(request_id));
         let inner = &self.inner;
-        let publish = inner.publish(event_type, data, &request_id, &inner.private_topic, (None, None, None));
+        let publish = inner.publish(event_type, data, &request_id, &inner.private_topic, caller);
         self.wait_for(&request_id, None, wait, publish).await
     }
 

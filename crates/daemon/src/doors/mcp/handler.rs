@@ -172,6 +172,11 @@ impl Session {
         }
     }
 
+    /// The session's random id, which names it among a resource's watchers.
+    pub(super) fn key(&self) -> &str {
+        &self.id
+    }
+
     /// The request id of the session's call with JSON-RPC id `jsonrpc_id`: the same for a retry.
     fn request_id(&self, jsonrpc_id: &str) -> String {
         let id: String = jsonrpc_id
@@ -189,8 +194,10 @@ impl ServerHandler for Session {
     fn get_info(&self) -> ServerConfig {
         let capabilities = ServerCapabilities::builder()
             .enable_logging()
+            .enable_completions()
             .enable_prompts()
             .enable_resources()
+            .enable_resources_subscribe()
             .enable_tools()
             .enable_tool_list_changed()
             .enable_tasks()
@@ -303,5 +310,49 @@ impl ServerHandler for Session {
         _context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::ListPromptsResult, McpError> {
         self.list_fleet_prompts().await
+    }
+
+    async fn read_resource(
+        &self,
+        request: rmcp::model::ReadResourceRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::ReadResourceResponse, McpError> {
+        self.read_fleet_resource(request, &context).await.map(Into::into)
+    }
+
+    async fn get_prompt(
+        &self,
+        request: rmcp::model::GetPromptRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::GetPromptResponse, McpError> {
+        self.get_fleet_prompt(request, &context).await.map(Into::into)
+    }
+
+    async fn complete(
+        &self,
+        request: rmcp::model::CompleteRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::CompleteResult, McpError> {
+        self.complete_fleet(request, &context).await
+    }
+
+    // Legacy-only in rmcp (refused on 2026-07-28, which has `subscriptions/listen` instead).
+    #[allow(deprecated)]
+    async fn subscribe(
+        &self,
+        request: rmcp::model::SubscribeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        self.subscribe_fleet_resource(request.uri, context).await
+    }
+
+    #[allow(deprecated)]
+    async fn unsubscribe(
+        &self,
+        request: rmcp::model::UnsubscribeRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        self.door.subscriptions.resources.unsubscribe_session(&request.uri, self.key()).await;
+        Ok(())
     }
 }

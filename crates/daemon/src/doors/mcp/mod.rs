@@ -24,6 +24,7 @@ mod handler;
 mod http;
 mod logging;
 mod oauth;
+mod resource_updates;
 mod settings;
 mod subscriptions;
 mod tasks;
@@ -51,7 +52,7 @@ async fn door(settings: &Settings, cx: &DoorContext, transport: &'static str) ->
     let tenant = Some(settings.tenant.clone()).filter(|tenant| !tenant.is_empty());
     let source = format!("toolhost:mcp:{transport}");
     let fleet = cx.open_fleet(&source, STREAM_TTL, settings.watch_period(), tenant.clone()).await?;
-    let subscriptions = subscriptions::Subscriptions::new(fleet.changes());
+    let subscriptions = subscriptions::Subscriptions::new(&fleet);
     // Validated when the configuration was loaded.
     let tools = settings.tools.iter().filter_map(|pattern| glob::Pattern::new(pattern).ok()).collect();
     Ok(Arc::new(Door {
@@ -81,6 +82,7 @@ pub(crate) async fn serve_stdio(settings: &Settings, cx: &DoorContext) -> anyhow
         .await
         .context("the MCP client did not initialize")?;
     let res = running.waiting().await;
+    door.subscriptions.stop();
     door.fleet.close().await;
     res.map(|_| ()).context("the MCP session ended with an error")
 }
@@ -122,6 +124,7 @@ impl FleetDoor for Settings {
         Ok(Some(tokio::spawn(async move {
             stop.cancelled().await;
             let _ = server.await;
+            door.subscriptions.stop();
             door.fleet.close().await;
         })))
     }

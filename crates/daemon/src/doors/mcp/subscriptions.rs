@@ -9,9 +9,12 @@
 //!   gets the same notification, stamped with its subscription, for as long as the request
 //!   stays open ([`Subscriptions::listen`]).
 //!
-//! Both read the same source, the fleet client's change counter, so they cannot disagree; other
-//! kinds of update (resources) are added here, beside it.
+//! Both read the same source, the fleet client's change counter, so they cannot disagree.
+//! Resource updates come the same two ways, from one source too: an `initialize` session's
+//! `resources/subscribe` and a listen stream's `resourceSubscriptions` both register with
+//! [`ResourceUpdates`] (`resource_updates.rs`), which relays the fleet stream of updates.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use rmcp::RoleServer;
@@ -20,6 +23,9 @@ use rmcp::service::{Peer, SubscriptionContext};
 use tokio::sync::watch;
 use tracing::debug;
 
+use super::resource_updates::{Asker, ResourceUpdates};
+use crate::fleet_client::FleetClient;
+
 /// How often a session's watch checks that the session is still open.
 const SESSION_CHECK: Duration = Duration::from_secs(60);
 
@@ -27,19 +33,29 @@ const SESSION_CHECK: Duration = Duration::from_secs(60);
 pub(crate) struct Subscriptions {
     /// The fleet client's count of changes of its tool set.
     changes: watch::Receiver<u64>,
+    /// Who watches which resource, and the relay of their updates.
+    pub(super) resources: Arc<ResourceUpdates>,
 }
 
 impl Subscriptions {
-    /// Relays the changes counted by `changes` (the fleet client's).
-    pub(crate) fn new(changes: watch::Receiver<u64>) -> Subscriptions {
-        Subscriptions { changes }
+    /// Relays the changes of `fleet`'s tools and the updates of the resources its clients
+    /// subscribe to.
+    pub(crate) fn new(fleet: &FleetClient) -> Subscriptions {
+        Subscriptions { changes: fleet.changes(), resources: ResourceUpdates::start(fleet.clone()) }
     }
 
-    /// What a `subscriptions/listen` filter is granted: the tool list's changes, the only kind
-    /// the door has. Everything else asked for is left out of the acknowledgement.
+    /// Stops relaying resource updates.
+    pub(crate) fn stop(&self) {
+        self.resources.stop();
+    }
+
+    /// What a `subscriptions/listen` filter is granted: the tool list's changes and the
+    /// resources named. Everything else asked for is left out of the acknowledgement.
     pub(crate) fn accept(requested: &SubscriptionFilter) -> SubscriptionFilter {
         let mut accepted = SubscriptionFilter::new();
         accepted.tools_list_changed = requested.tools_list_changed.filter(|wanted| *wanted);
+        accepted.resource_subscriptions =
+            requested.resource_subscriptions.clone().filter(|uris| !uris.is_empty());
         accepted
     }
 
@@ -48,27 +64,41 @@ impl Subscriptions {
     /// # Errors
     /// None today: a stream whose client has gone ends quietly.
     pub(crate) async fn listen(&self, context: SubscriptionContext) -> Result<(), McpError> {
-        if context.accepted().tools_list_changed != Some(true) {
-            context.cancelled().await;
-            return Ok(());
-        }
+        let tools = context.accepted().tools_list_changed == Some(true);
+        let uris = context.accepted().resource_subscriptions.clone().unwrap_or_default();
+        let (key, mut updates) = if uris.is_empty() {
+            (None, None)
+        } else {
+            let (key, updates) = self.resources.subscribe_listen(&uris, Asker::default()).await?;
+            (Some(key), Some(updates))
+        };
         let mut changes = self.changes.clone();
         changes.borrow_and_update();
-        loop {
+        let ended = loop {
             tokio::select! {
-                () = context.cancelled() => return Ok(()),
-                changed = changes.changed() => {
+                () = context.cancelled() => break Ok(()),
+                changed = changes.changed(), if tools => {
                     if changed.is_err() {
                         // The door is stopping: a graceful end of the stream.
-                        return Ok(());
+                        break Ok(());
                     }
                     if let Err(err) = context.sink().notify_tool_list_changed().await {
                         debug!(error = %err, "a subscriptions/listen stream closed");
-                        return Ok(());
+                        break Ok(());
+                    }
+                }
+                Some(uri) = async { updates.as_mut()?.recv().await }, if updates.is_some() => {
+                    if let Err(err) = context.sink().notify_resource_updated(uri).await {
+                        debug!(error = %err, "a subscriptions/listen stream closed");
+                        break Ok(());
                     }
                 }
             }
+        };
+        if let Some(key) = key {
+            self.resources.forget_listen(&key, &uris).await;
         }
+        ended
     }
 
     /// Tells an `initialize` session of every change of the fleet's tools until it ends; a
@@ -101,7 +131,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_the_tool_list_is_granted() {
+    fn the_tool_list_and_resources_are_granted() {
         let requested = SubscriptionFilter::builder()
             .tools_list_changed()
             .resources_list_changed()
@@ -110,7 +140,7 @@ mod tests {
         let accepted = Subscriptions::accept(&requested);
         assert_eq!(accepted.tools_list_changed, Some(true));
         assert_eq!(accepted.resources_list_changed, None);
-        assert_eq!(accepted.resource_subscriptions, None);
+        assert_eq!(accepted.resource_subscriptions, Some(vec!["file:///a".to_owned()]));
         let nothing = Subscriptions::accept(&SubscriptionFilter::builder().prompts_list_changed().build());
         assert_eq!(nothing, SubscriptionFilter::new());
     }

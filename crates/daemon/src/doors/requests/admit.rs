@@ -60,6 +60,8 @@ pub(crate) enum Target {
     /// `tool.input`: answer the question `input_id` of the call `call_id` with `response`.
     /// `answer_id` is the request's own id, which the ledger remembers it by.
     Input { call_id: String, input_id: String, response: Value, answer_id: String },
+    /// A catalog request (`resources.read`, `prompts.get`, ...): MCP's params.
+    Catalog { ask: crate::call::catalog::CatalogAsk, params: Value },
     /// The envelope can be answered but not run; the sentence says why.
     Invalid(String),
     /// The caller asked for something it may not have (a reserved or unlisted response topic);
@@ -245,6 +247,7 @@ fn target(envelope: &EventEnvelope, resolve: impl Fn(&str) -> Option<String>) ->
     };
     match envelope.event_type.as_str() {
         "" => Target::Invalid("envelope has no type".to_owned()),
+        kind if let Some(catalog) = super::catalog::target(kind, data) => catalog,
         TOOLS_DISCOVER => Target::Discover,
         TOOLS_STATS => Target::Stats,
         TOOL_CANCEL => match data.get("request_id") {

@@ -7,6 +7,7 @@
 //! statistics answer, or a refusal, published as a result envelope.
 
 mod admit;
+mod catalog;
 mod settings;
 
 use std::sync::Arc;
@@ -267,6 +268,8 @@ impl Door for Requests {
                 input_id: input_id.clone(),
                 response: response.clone(),
             },
+            // Every toolbox reading the stream reads it; the one that serves it answers.
+            Target::Catalog { ask, params } => Work::Catalog { ask: *ask, params: params.clone() },
             Target::Discover => answer(Ok(self.discover(&request.envelope, registry, permits).into())),
             Target::Stats => answer(Ok(
                 json!({"toolbox_id": self.settings.toolbox_id, "tools": self.stats.snapshot()["tools"]})
@@ -448,6 +451,7 @@ fn tool_label(request: &Request, registry: &Registry) -> Option<String> {
         Target::Stats => Some(admit::TOOLS_STATS.to_owned()),
         Target::Cancel { .. } => Some(admit::TOOL_CANCEL.to_owned()),
         Target::Input { .. } => Some(admit::TOOL_INPUT.to_owned()),
+        Target::Catalog { ask, .. } => Some(ask.request_type().to_owned()),
         Target::Invalid(_) | Target::Forbidden(_) => None,
     }
 }
