@@ -16,6 +16,12 @@
 //! Redis to the Python client and its Agents SDK adapter, and through the door, over HTTP and
 //! over stdio, to the official MCP Python SDK (`tests/mcp_fidelity/images.py`), and over HTTP to
 //! the official TypeScript SDK (`tests/mcp_fidelity/images.mjs`).
+//!
+//! Questions (a hosted server's elicitation and sampling): asked of the door's MCP clients (the
+//! suite's elicitation and sampling scenarios; the MCP Python SDK over stdio), of the Python
+//! client over Redis (`on_input=`, `tests/mcp_fidelity/elicit.py`), of `toolhost call` without a
+//! terminal, and on the wire: a response that breaks the form, an unknown question, a late
+//! answer, nobody answering, and the replica lost while a call waits.
 
 // Test code: a failed step is a failed test.
 #![allow(clippy::unwrap_used)]
