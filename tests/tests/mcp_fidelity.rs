@@ -16,6 +16,12 @@
 //! Redis to the Python client and its Agents SDK adapter, and through the door, over HTTP and
 //! over stdio, to the official MCP Python SDK (`tests/mcp_fidelity/images.py`), and over HTTP to
 //! the official TypeScript SDK (`tests/mcp_fidelity/images.mjs`).
+//!
+//! Questions (a hosted server's elicitation and sampling): asked of the door's MCP clients (the
+//! suite's elicitation and sampling scenarios; the MCP Python SDK over stdio), of the Python
+//! client over Redis (`on_input=`, `tests/mcp_fidelity/elicit.py`), of `toolhost call` without a
+//! terminal, and on the wire: a response that breaks the form, an unknown question, a late
+//! answer, nobody answering, and the replica lost while a call waits.
 
 // Test code: a failed step is a failed test.
 #![allow(clippy::unwrap_used)]
@@ -689,10 +695,12 @@ fn start_hosts(redis: &RedisProcess, server: &ReferenceServer, dir: &Path, dispa
     Toolhost::start(&[("REDIS_URL", &redis.url()), ("TOOLHOST_CONFIG", config.to_str().unwrap())])
 }
 
-/// A toolbox `hosts` hosting the reference server with no prefix and a short lease, once it
-/// publishes the server's tools.
+/// A toolbox `hosts` hosting the reference server with no prefix, a short lease and one slot
+/// (`max_in_flight = 1`: a `tool.input` is read only because the call waiting for it gave its
+/// slot back; short blocking reads, as the requests and inbox readers take turns with the one
+/// slot), once it publishes the server's tools.
 fn elicit_hosts(redis: &RedisProcess, server: &ReferenceServer, dir: &Path) -> Toolhost {
-    let hosts = start_hosts(redis, server, dir, "claim_idle_ms = 2000");
+    let hosts = start_hosts(redis, server, dir, "claim_idle_ms = 2000\nmax_in_flight = 1\nblock_ms = 100");
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let tools: Vec<String> =
@@ -795,6 +803,14 @@ fn a_hosted_servers_questions_are_answered_over_redis_checked_declined_and_lost_
     assert!(expires > started_ms + 15_000 && expires < started_ms + 25_000, "{question}");
     let input_id = question["input_id"].as_str().unwrap().to_owned();
     assert_eq!(uuid::Uuid::parse_str(&input_id).unwrap().get_version_num(), 4);
+    // The waiting call holds no slot: another call is answered meanwhile.
+    send_request(
+        &redis,
+        "tool.invoke",
+        &json!({"request_id": "meanwhile", "tool": "echo", "arguments": {"message": "hi"}}),
+    );
+    let (_, meanwhile) = result_entry(&redis, "meanwhile", "tool.invoke.completed", 0);
+    assert_eq!(meanwhile["result"], json!({"message": "hi"}), "{meanwhile}");
     // A response that breaks the form: invalid_arguments, and the question keeps waiting.
     let bad =
         json!({"request_id": "asks", "input_id": input_id, "response": {"action": "accept", "content": {}}});
