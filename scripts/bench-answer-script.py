@@ -15,6 +15,8 @@ answer, by command (the commands a script runs are counted under their own names
 time inside `evalsha`'s too). Times move with the machine's load; the counts do not.
 
 Usage: scripts/bench-answer-script.py [--commandstats] B N NAME=PATH:KEYS[:FORMAT] [...]
+  PATH may be several files joined with '+', concatenated in that order (answer_batch.lua runs
+  with add_answer.lua before it).
   KEYS is the item layout: 4 (answered mark, refusal mark, call record, topic: the script before
   round 6) or 3 (answered mark, refusal mark, topic: round 6 for items without a call record).
   FORMAT, for scripts that take the ledger format as their fourth shared argument (issue 35):
@@ -100,7 +102,8 @@ def measure(path, keys_per_item, n_calls, per_call, ledger_format=None, by_comma
             time.sleep(0.1)
             if cli(port, 'PING').strip() == 'PONG':
                 break
-        source = open(path, 'rb').read()
+        # PATH may join several files with '+' (a script and what the bus prepends to it).
+        source = b''.join(open(part, 'rb').read() for part in path.split('+'))
         sha = hashlib.sha1(source).hexdigest()
         cli(port, 'SCRIPT', 'LOAD', source.decode())
         pipe = ['redis-cli', '-p', str(port), '--pipe']

@@ -646,7 +646,7 @@ impl Ledger for RedisBus {
             finish.dead_letter.unwrap_or(crate::Published { topic: entry.topic, id: "", payload: "" });
         let batcher = self.batchers.finish.get_or_init(|| {
             Batcher::new(
-                include_str!("scripts/finish.lua"),
+                concat!(include_str!("scripts/add_answer.lua"), include_str!("scripts/finish.lua")),
                 7,
                 14,
                 self.commands.clone(),
@@ -939,7 +939,7 @@ impl RedisBus {
     ) -> Result<Committed, Error> {
         let batcher = self.batchers.answer.get_or_init(|| {
             Batcher::for_batches(
-                include_str!("scripts/answer_batch.lua"),
+                concat!(include_str!("scripts/add_answer.lua"), include_str!("scripts/answer_batch.lua")),
                 (3, 4),
                 5,
                 self.commands.clone(),

@@ -203,7 +203,10 @@ impl RedisBus {
         let entry = finish.entry;
         let batcher = self.cluster_batcher(
             &self.batchers.cluster_answer_local,
-            include_str!("../scripts/cluster/answer_local.lua"),
+            concat!(
+                include_str!("../scripts/add_answer.lua"),
+                include_str!("../scripts/cluster/answer_local.lua")
+            ),
             7,
             9,
         );
@@ -385,7 +388,10 @@ impl RedisBus {
     ) -> Result<Publish, Error> {
         let batcher = self.cluster_batcher(
             &self.batchers.cluster_publish,
-            include_str!("../scripts/cluster/publish.lua"),
+            concat!(
+                include_str!("../scripts/add_answer.lua"),
+                include_str!("../scripts/cluster/publish.lua")
+            ),
             3,
             6,
         );

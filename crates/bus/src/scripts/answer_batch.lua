@@ -40,17 +40,6 @@ local function kept_by_other(mark, entry)
   return at ~= nil and string.sub(mark, at + 1, at + #entry + 1) ~= entry .. '\n'
 end
 local trusted = ARGV[4] == '1'
--- The answer on its topic; `nil` when it is there, else the item's reply (nothing written).
-local function publish(topic, id, payload)
-  local added = redis.pcall('XADD', topic, 'MAXLEN', '~', ARGV[2], '*', 'id', id, 'payload', payload)
-  if type(added) == 'table' and added.err then
-    if string.sub(added.err, 1, 9) == 'WRONGTYPE' then
-      return -1
-    end
-    return {0, added.err}
-  end
-  return nil
-end
 local n = (#ARGV - 4) / 5
 local replies = {}
 local acked = {}
@@ -80,7 +69,7 @@ for i = 1, n do
     if redis.call('EXISTS', refusal_key) == 1 then
       reply = 0
     else
-      reply = publish(topic, id, ARGV[a + 3])
+      reply = add_answer(topic, ARGV[2], id, ARGV[a + 3], true)
       if reply == nil then
         redis.call('SET', mark_key, mark, 'PX', ARGV[3])
         reply = 1
@@ -99,7 +88,7 @@ for i = 1, n do
     redis.call('DEL', mark_key)
     reply = 0
   else
-    reply = publish(topic, id, ARGV[a + 3])
+    reply = add_answer(topic, ARGV[2], id, ARGV[a + 3], true)
     if reply == nil then
       reply = 1
     else

@@ -73,12 +73,8 @@ if has_answer then
         return -1
       end
     end
-    local added = redis.pcall('XADD', KEYS[4], 'MAXLEN', '~', ARGV[3], '*', 'id', ARGV[5], 'payload', ARGV[6])
-    if type(added) == 'table' and added.err then
-      if string.sub(added.err, 1, 9) == 'WRONGTYPE' then
-        return -1
-      end
-      error(added)
+    if add_answer(KEYS[4], ARGV[3], ARGV[5], ARGV[6]) == -1 then
+      return -1
     end
     if ARGV[10] == '1' then
       redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[3], '*', 'id', ARGV[5], 'payload', ARGV[6])

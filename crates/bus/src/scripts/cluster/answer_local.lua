@@ -45,12 +45,8 @@ if claim == 0 then
     published = marks[2] == id and 1 or 0
     final_on_topic = false
   else
-    local added = redis.pcall('XADD', KEYS[5], 'MAXLEN', '~', ARGV[3], '*', 'id', id, 'payload', ARGV[6])
-    if type(added) == 'table' and added.err then
-      if string.sub(added.err, 1, 9) == 'WRONGTYPE' then
-        return -1
-      end
-      error(added)
+    if add_answer(KEYS[5], ARGV[3], id, ARGV[6]) == -1 then
+      return -1
     end
     redis.call('SET', KEYS[6], id, 'PX', ARGV[4])
     published = 1

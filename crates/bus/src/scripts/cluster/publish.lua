@@ -17,12 +17,8 @@ if guarded then
     return {marks[2] == ARGV[3] and 1 or 0, 0}
   end
 end
-local added = redis.pcall('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*', 'id', ARGV[3], 'payload', ARGV[4])
-if type(added) == 'table' and added.err then
-  if string.sub(added.err, 1, 9) == 'WRONGTYPE' then
-    return {-1, 0}
-  end
-  error(added)
+if add_answer(KEYS[1], ARGV[1], ARGV[3], ARGV[4]) == -1 then
+  return {-1, 0}
 end
 if guarded and final then
   redis.call('SET', KEYS[2], ARGV[3], 'PX', ARGV[2])
