@@ -237,7 +237,7 @@ impl Keys {
     /// The key patterns (Redis ACL `~` globs, without the `~`) of every key toolhost reads or
     /// writes under `names`: its streams and the response topics callers may name, chat
     /// inboxes and conversation streams, its dead letters, `audit:*`, `calls:*`, and its own `toolhost:`
-    /// keys (ledger, registries, heartbeats, fleet set, control streams, MCP tasks); on a
+    /// keys (ledger, registries, heartbeats, fleet set, control streams, MCP tasks, the resource updates stream); on a
     /// cluster also the ledger keys and marks placed in other slots.
     pub fn acl_patterns(&self, names: &AclNames<'_>) -> Vec<String> {
         let prefix = glob_escape(&self.prefix);
@@ -269,6 +269,7 @@ impl Keys {
             literal("toolhost:fleet"),
             format!("{prefix}toolhost:control:*"),
             format!("{prefix}toolhost:mcp:task:*"),
+            literal("toolhost:mcp:resource-updated"),
         ]);
         if self.cluster {
             // Ledger keys and marks carry a hash tag after the prefix, unless the prefix is one.
