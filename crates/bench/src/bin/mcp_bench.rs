@@ -251,19 +251,30 @@ where
     })
 }
 
-/// The server spoken to directly by an rmcp client.
-async fn direct(program: &Path) -> anyhow::Result<Row> {
-    let mut child = tokio::process::Command::new(program)
-        .arg("stdio")
+/// An rmcp client of the stdio server `command` starts (`what` names it in errors): the server's
+/// process (killed on drop), the client, and the server's pid.
+async fn stdio_client(
+    mut command: tokio::process::Command,
+    what: &str,
+) -> anyhow::Result<(tokio::process::Child, Arc<rmcp::service::RunningService<rmcp::RoleClient, ()>>, u32)> {
+    let mut child = command
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .kill_on_drop(true)
         .spawn()
-        .context("starting server-everything")?;
+        .with_context(|| format!("starting {what}"))?;
     let (stdin, stdout) = (child.stdin.take().context("stdin")?, child.stdout.take().context("stdout")?);
-    let client = Arc::new(().serve((stdout, stdin)).await.context("initialising the MCP session")?);
+    let client = Arc::new(().serve((stdout, stdin)).await.with_context(|| format!("initialising {what}"))?);
     let server = child.id().context("the server's pid")?;
+    Ok((child, client, server))
+}
+
+/// The server spoken to directly by an rmcp client.
+async fn direct(program: &Path) -> anyhow::Result<Row> {
+    let mut command = tokio::process::Command::new(program);
+    command.arg("stdio");
+    let (mut child, client, server) = stdio_client(command, "server-everything").await?;
     let row = measure_direct(
         "direct (rmcp client, stdio)",
         client,
@@ -281,17 +292,9 @@ async fn direct(program: &Path) -> anyhow::Result<Row> {
 /// row, and the image's base64 as the server gives it (what the rows through toolhost must
 /// deliver).
 async fn direct_pictures(pictures: &Pictures) -> anyhow::Result<(Row, Row, Arc<str>)> {
-    let mut child = tokio::process::Command::new("node")
-        .args(pictures.args())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .context("starting the picture server with node")?;
-    let (stdin, stdout) = (child.stdin.take().context("stdin")?, child.stdout.take().context("stdout")?);
-    let client = Arc::new(().serve((stdout, stdin)).await.context("initialising the picture server")?);
-    let server = child.id().context("the server's pid")?;
+    let mut command = tokio::process::Command::new("node");
+    command.args(pictures.args());
+    let (mut child, client, server) = stdio_client(command, "the picture server (node)").await?;
     let first = client.call_tool(CallToolRequestParams::new("image")).await?;
     let data: Arc<str> = first
         .content
