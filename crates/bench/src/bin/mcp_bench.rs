@@ -18,7 +18,12 @@
 //! 5. **`toolhost mcp`**: the stdio door's start, from spawn to its answer to `initialize` and
 //!    to its first `tools/list` (the fleet's tools), the median of five starts;
 //! 6. **idle memory**: RSS, anonymous memory and PSS of `toolhost serve` without an MCP server
-//!    and with server-everything hosted over stdio.
+//!    and with server-everything hosted over stdio;
+//! 7. **an image beside text** (issue 33): a small server on the official TypeScript SDK
+//!    (`src/servers/picture_server.mjs`, hosted over stdio) answers a short text block or a
+//!    100 KiB PNG as an image content block, directly to an rmcp client, over Redis and through
+//!    the MCP door (rmcp streamable HTTP client); each call checks that the image's base64 arrived
+//!    whole.
 //!
 //! Each is measured at 1 call in flight (p50, p99) and at 16 (calls/s). The table goes to
 //! stdout and `target/bench/mcp.md`.
@@ -33,6 +38,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
+use base64::Engine as _;
 use hdrhistogram::Histogram;
 use redis::aio::MultiplexedConnection;
 use rmcp::ServiceExt as _;
@@ -51,6 +57,11 @@ const SEQUENTIAL_CALLS: usize = 2000;
 const ROUNDS: usize = 5;
 /// Calls in flight for the throughput rows.
 const LANES: usize = 16;
+/// The size of the picture server's PNG, KiB.
+const IMAGE_KIB: usize = 100;
+/// The picture server's tools as toolhost names them.
+const TEXT_TOOL: &str = "pictures__text";
+const IMAGE_TOOL: &str = "pictures__image";
 
 /// One measured row.
 struct Row {
@@ -116,6 +127,72 @@ fn everything() -> anyhow::Result<PathBuf> {
     Ok(program)
 }
 
+/// The small MCP server of the image rows (`src/servers/picture_server.mjs`), on the TypeScript
+/// SDK that server-everything installs beside itself; its script is written to a temporary file.
+struct Pictures {
+    script: PathBuf,
+    sdk: PathBuf,
+}
+
+impl Pictures {
+    fn new(everything: &Path) -> anyhow::Result<Pictures> {
+        let modules =
+            everything.parent().and_then(Path::parent).context("server-everything's node_modules")?;
+        let sdk = modules.join("@modelcontextprotocol/sdk");
+        anyhow::ensure!(sdk.exists(), "{} is missing: run scripts/ensure-mcp-servers.sh", sdk.display());
+        let script =
+            std::env::temp_dir().join(format!("toolhost-bench-mcp-{}-pictures.mjs", std::process::id()));
+        std::fs::write(&script, include_str!("../servers/picture_server.mjs"))?;
+        Ok(Pictures { script, sdk })
+    }
+
+    /// `node`'s arguments.
+    fn args(&self) -> [String; 3] {
+        [self.script.display().to_string(), self.sdk.display().to_string(), IMAGE_KIB.to_string()]
+    }
+}
+
+impl Drop for Pictures {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.script);
+    }
+}
+
+/// What an answer must hold for a call to count: success, and for the image rows the image's
+/// base64 as the server gave it.
+#[derive(Clone)]
+enum Expect {
+    Success,
+    Image(Arc<str>),
+}
+
+impl Expect {
+    /// An rmcp client's result, direct or through the door.
+    fn check(&self, tool: &str, result: &rmcp::model::CallToolResult) -> anyhow::Result<()> {
+        anyhow::ensure!(result.is_error != Some(true), "{tool} failed: {result:?}");
+        if let Expect::Image(data) = self {
+            let whole = result.content.iter().any(
+                |block| matches!(block, rmcp::model::ContentBlock::Image(image) if *image.data == **data),
+            );
+            anyhow::ensure!(whole, "{tool} answered no image, or another one");
+        }
+        Ok(())
+    }
+
+    /// The answer's payload over Redis.
+    fn check_payload(&self, tool: &str, payload: &str) -> anyhow::Result<()> {
+        anyhow::ensure!(payload.contains("\"success\":true"), "{tool} failed: {payload}");
+        if let Expect::Image(data) = self {
+            anyhow::ensure!(
+                payload.contains("\"type\":\"image\"") && payload.contains(&**data),
+                "{tool} answered no image, or another one ({} bytes)",
+                payload.len()
+            );
+        }
+        Ok(())
+    }
+}
+
 fn arguments() -> serde_json::Map<String, Value> {
     json!({"a": 2, "b": 3}).as_object().cloned().unwrap_or_default()
 }
@@ -174,39 +251,99 @@ where
     })
 }
 
-/// The server spoken to directly by an rmcp client.
-async fn direct(program: &Path) -> anyhow::Result<Row> {
-    let mut child = tokio::process::Command::new(program)
-        .arg("stdio")
+/// An rmcp client of the stdio server `command` starts (`what` names it in errors): the server's
+/// process (killed on drop), the client, and the server's pid.
+async fn stdio_client(
+    mut command: tokio::process::Command,
+    what: &str,
+) -> anyhow::Result<(tokio::process::Child, Arc<rmcp::service::RunningService<rmcp::RoleClient, ()>>, u32)> {
+    let mut child = command
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .kill_on_drop(true)
         .spawn()
-        .context("starting server-everything")?;
+        .with_context(|| format!("starting {what}"))?;
     let (stdin, stdout) = (child.stdin.take().context("stdin")?, child.stdout.take().context("stdout")?);
-    let client = Arc::new(().serve((stdout, stdin)).await.context("initialising the MCP session")?);
+    let client = Arc::new(().serve((stdout, stdin)).await.with_context(|| format!("initialising {what}"))?);
     let server = child.id().context("the server's pid")?;
-    let row = measure_direct("direct (rmcp client, stdio)", client, server).await;
+    Ok((child, client, server))
+}
+
+/// The server spoken to directly by an rmcp client.
+async fn direct(program: &Path) -> anyhow::Result<Row> {
+    let mut command = tokio::process::Command::new(program);
+    command.arg("stdio");
+    let (mut child, client, server) = stdio_client(command, "server-everything").await?;
+    let row = measure_direct(
+        "direct (rmcp client, stdio)",
+        client,
+        server,
+        "get-sum",
+        arguments(),
+        &Expect::Success,
+    )
+    .await;
     let _ = child.kill().await;
     row
 }
 
-/// `get-sum` called by `client` directly, with the CPU of this process and of the server's.
+/// The picture server spoken to directly over stdio by an rmcp client: its text row, its image
+/// row, and the image's base64 as the server gives it (what the rows through toolhost must
+/// deliver).
+async fn direct_pictures(pictures: &Pictures) -> anyhow::Result<(Row, Row, Arc<str>)> {
+    let mut command = tokio::process::Command::new("node");
+    command.args(pictures.args());
+    let (mut child, client, server) = stdio_client(command, "the picture server (node)").await?;
+    let first = client.call_tool(CallToolRequestParams::new("image")).await?;
+    let data: Arc<str> = first
+        .content
+        .iter()
+        .find_map(|block| match block {
+            rmcp::model::ContentBlock::Image(image) => Some(image.data.as_str().into()),
+            _ => None,
+        })
+        .context("the picture server answered no image")?;
+    let none = serde_json::Map::new();
+    let text = measure_direct(
+        "text, direct (rmcp client, stdio)",
+        Arc::clone(&client),
+        server,
+        "text",
+        none.clone(),
+        &Expect::Success,
+    )
+    .await?;
+    let image = measure_direct(
+        "image, direct (rmcp client, stdio)",
+        client,
+        server,
+        "image",
+        none,
+        &Expect::Image(Arc::clone(&data)),
+    )
+    .await?;
+    let _ = child.kill().await;
+    Ok((text, image, data))
+}
+
+/// `tool` called by `client` directly, with the CPU of this process and of the server's.
 async fn measure_direct(
     target: &'static str,
     client: Arc<rmcp::service::RunningService<rmcp::RoleClient, ()>>,
     server: u32,
+    tool: &'static str,
+    arguments: serde_json::Map<String, Value>,
+    expect: &Expect,
 ) -> anyhow::Result<Row> {
     let watched = vec![("client", std::process::id(), Scope::Own), ("server", server, Scope::Tree)];
+    let expect = expect.clone();
     measure(target, &watched, move |_| {
-        let client = Arc::clone(&client);
+        let (client, arguments, expect) = (Arc::clone(&client), arguments.clone(), expect.clone());
         async move {
-            let mut params = CallToolRequestParams::new("get-sum");
-            params.arguments = Some(arguments());
-            let result = client.call_tool(params).await?;
-            anyhow::ensure!(result.is_error != Some(true), "get-sum failed: {result:?}");
-            Ok(())
+            let mut params = CallToolRequestParams::new(tool);
+            params.arguments = Some(arguments);
+            expect.check(tool, &client.call_tool(params).await?)
         }
     })
     .await
@@ -233,7 +370,13 @@ impl Lanes {
 }
 
 /// A `tool.invoke` of `tool` over Redis, answered on this lane's results stream.
-async fn invoke(lanes: &Lanes, lane: usize, tool: &str, arguments: Value) -> anyhow::Result<()> {
+async fn invoke(
+    lanes: &Lanes,
+    lane: usize,
+    tool: &str,
+    arguments: Value,
+    expect: &Expect,
+) -> anyhow::Result<()> {
     let lane = lane % LANES;
     let mut connection = lanes.get(lane).clone();
     let request_id = uuid::Uuid::new_v4().to_string();
@@ -269,8 +412,7 @@ async fn invoke(lanes: &Lanes, lane: usize, tool: &str, arguments: Value) -> any
                     // Trimmed as it goes, so each read finds only the answers still awaited.
                     let _: u64 =
                         redis::cmd("XDEL").arg(&topic).arg(&entry.id).query_async(&mut connection).await?;
-                    anyhow::ensure!(payload.contains("\"success\":true"), "{tool} failed: {payload}");
-                    return Ok(());
+                    return expect.check_payload(tool, &payload);
                 }
             }
         }
@@ -287,6 +429,11 @@ struct Measured {
     echo_door: Row,
     echo_plain: Row,
     echo_modern: Row,
+    /// The picture server's text and image, over Redis and through the door.
+    text_redis: Row,
+    image_redis: Row,
+    text_door: Row,
+    image_door: Row,
     /// `toolhost mcp`'s start: to `initialize` answered, to the first `tools/list`, in ms.
     stdio_start: (f64, f64),
 }
@@ -297,8 +444,15 @@ const HOSTED_HTTP_TOOL: &str = "http__get-sum";
 const COMMAND_TOOL: &str = "sum_command";
 
 /// The daemon's configuration: the MCP door, server-everything over stdio (`everything__`) and,
-/// when `http_url` is given, over streamable HTTP (`http__`), and `expr` as a `[[commands]]` tool.
-fn daemon_config(program: &Path, door_port: Option<u16>, http_url: Option<&str>, command: bool) -> String {
+/// when `http_url` is given, over streamable HTTP (`http__`), `expr` as a `[[commands]]` tool,
+/// and the picture server over stdio (`pictures__`).
+fn daemon_config(
+    program: &Path,
+    door_port: Option<u16>,
+    http_url: Option<&str>,
+    command: bool,
+    pictures: Option<&Pictures>,
+) -> String {
     let user =
         std::env::var("USER").ok().filter(|user| !user.is_empty()).unwrap_or_else(|| "root".to_owned());
     let mut config = String::new();
@@ -319,6 +473,12 @@ fn daemon_config(program: &Path, door_port: Option<u16>, http_url: Option<&str>,
         config.push_str(&format!(
             "\n[[commands]]\nname = \"{COMMAND_TOOL}\"\ndescription = \"a + b, by expr.\"\nargv = [\"expr\", \"{{a}}\", \"+\", \"{{b}}\"]\n\
              argument_schema = {{ type = \"object\", properties = {{ a = {{ type = \"integer\" }}, b = {{ type = \"integer\" }} }}, required = [\"a\", \"b\"] }}\n"
+        ));
+    }
+    if let Some(pictures) = pictures {
+        let args = pictures.args().map(|arg| format!("{arg:?}")).join(", ");
+        config.push_str(&format!(
+            "\n[[mcp_servers]]\nname = \"pictures\"\ncommand = \"node\"\nargs = [{args}]\nmax_concurrent = 64\n"
         ));
     }
     config
@@ -417,7 +577,15 @@ impl HttpServer {
 async fn direct_http(url: &str, server: u32) -> anyhow::Result<Row> {
     let transport = rmcp::transport::StreamableHttpClientTransport::from_uri(url.to_owned());
     let client = Arc::new(().serve(transport).await.context("initialising the HTTP MCP session")?);
-    measure_direct("direct (rmcp client, streamable HTTP)", client, server).await
+    measure_direct(
+        "direct (rmcp client, streamable HTTP)",
+        client,
+        server,
+        "get-sum",
+        arguments(),
+        &Expect::Success,
+    )
+    .await
 }
 
 /// Idle memory of `toolhost serve` without an MCP server, and with server-everything hosted over
@@ -431,7 +599,7 @@ async fn idle_memory(
     let plain = Daemon::start(toolhost_bin, &redis, &connection, "", &["echo"]).await?;
     let without = plain.memory();
     plain.stop().await;
-    let config = daemon_config(program, None, None, false);
+    let config = daemon_config(program, None, None, false, None);
     let hosted = Daemon::start(toolhost_bin, &redis, &connection, &config, &[HOSTED_TOOL]).await?;
     let with = hosted.memory();
     hosted.stop().await;
@@ -440,20 +608,27 @@ async fn idle_memory(
 
 /// `toolhost serve` hosting server-everything over stdio and over streamable HTTP, `expr` as a
 /// command, and its MCP door, driven over Redis. Echo over Redis, the hosted and command sums and
-/// the door's rows take turns, round by round; each row is the median of its rounds.
-async fn toolhost(program: &Path, toolhost_bin: &Path, http_server: &HttpServer) -> anyhow::Result<Measured> {
+/// the door's rows take turns, round by round; each row is the median of its rounds. The picture
+/// server's image must arrive as `image` (its base64).
+async fn toolhost(
+    program: &Path,
+    toolhost_bin: &Path,
+    http_server: &HttpServer,
+    pictures: &Pictures,
+    image: &Arc<str>,
+) -> anyhow::Result<Measured> {
     let http_url = http_server.url.as_str();
     let redis = RedisServer::start()?;
     let door_port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
     let client = redis::Client::open(redis.url())?;
     let connection = client.get_multiplexed_async_connection().await?;
-    let config = daemon_config(program, Some(door_port), Some(http_url), true);
+    let config = daemon_config(program, Some(door_port), Some(http_url), true, Some(pictures));
     let daemon = Daemon::start(
         toolhost_bin,
         &redis,
         &connection,
         &config,
-        &[HOSTED_TOOL, HOSTED_HTTP_TOOL, COMMAND_TOOL],
+        &[HOSTED_TOOL, HOSTED_HTTP_TOOL, COMMAND_TOOL, TEXT_TOOL, IMAGE_TOOL],
     )
     .await?;
     let mut watched = vec![
@@ -481,24 +656,60 @@ async fn toolhost(program: &Path, toolhost_bin: &Path, http_server: &HttpServer)
     let plain = Arc::new(PlainSession::open(door_port).await?);
     let modern = Arc::new(PlainModern::new(door_port)?);
     let mut rounds: [Vec<Row>; 7] = Default::default();
+    // The picture server's text and image over Redis, then through the door.
+    let mut picture_rounds: [Vec<Row>; 4] = Default::default();
+    let image = Expect::Image(Arc::clone(image));
     for round in 0..ROUNDS {
         eprintln!("bench-mcp: round {}/{ROUNDS}", round + 1);
+        let success = Expect::Success;
         let over_redis = [
-            ("echo over Redis (tool.invoke, a results stream per lane)", "echo", json!({"message": "hi"})),
-            ("get-sum over Redis, hosted over stdio", HOSTED_TOOL, Value::Object(arguments())),
-            ("get-sum over Redis, hosted over streamable HTTP", HOSTED_HTTP_TOOL, Value::Object(arguments())),
+            (
+                "echo over Redis (tool.invoke, a results stream per lane)",
+                "echo",
+                json!({"message": "hi"}),
+                &success,
+            ),
+            ("get-sum over Redis, hosted over stdio", HOSTED_TOOL, Value::Object(arguments()), &success),
+            (
+                "get-sum over Redis, hosted over streamable HTTP",
+                HOSTED_HTTP_TOOL,
+                Value::Object(arguments()),
+                &success,
+            ),
             (
                 "sum over Redis, as [[commands]] (expr, a process per call)",
                 COMMAND_TOOL,
                 Value::Object(arguments()),
+                &success,
             ),
         ];
-        for (row, (target, tool, arguments)) in over_redis.into_iter().enumerate() {
-            let lanes = all_lanes.clone();
-            rounds[row].push(
+        let pictures_over_redis = [
+            ("text over Redis (tool.invoke), hosted over stdio", TEXT_TOOL, json!({}), &success),
+            ("image over Redis (tool.invoke), hosted over stdio", IMAGE_TOOL, json!({}), &image),
+        ];
+        let rows = rounds.iter_mut().take(4).chain(picture_rounds.iter_mut().take(2));
+        for (row, (target, tool, arguments, expect)) in
+            rows.zip(over_redis.into_iter().chain(pictures_over_redis))
+        {
+            let (lanes, expect) = (all_lanes.clone(), expect.clone());
+            row.push(
                 measure(target, &watched, move |lane| {
-                    let (lanes, arguments) = (lanes.clone(), arguments.clone());
-                    async move { invoke(&lanes, lane, tool, arguments).await }
+                    let (lanes, arguments, expect) = (lanes.clone(), arguments.clone(), expect.clone());
+                    async move { invoke(&lanes, lane, tool, arguments, &expect).await }
+                })
+                .await?,
+            );
+        }
+        let door_pictures = [
+            ("text through the MCP door (/mcp, rmcp streamable HTTP client)", TEXT_TOOL, &success),
+            ("image through the MCP door (/mcp, rmcp streamable HTTP client)", IMAGE_TOOL, &image),
+        ];
+        for (row, (target, tool, expect)) in picture_rounds.iter_mut().skip(2).zip(door_pictures) {
+            let (door, expect) = (Arc::clone(&door), expect.clone());
+            row.push(
+                measure(target, &watched, move |_| {
+                    let (door, expect) = (Arc::clone(&door), expect.clone());
+                    async move { expect.check(tool, &door.call_tool(CallToolRequestParams::new(tool)).await?) }
                 })
                 .await?,
             );
@@ -510,9 +721,7 @@ async fn toolhost(program: &Path, toolhost_bin: &Path, http_server: &HttpServer)
                 async move {
                     let mut params = CallToolRequestParams::new("echo");
                     params.arguments = json!({"message": "hi"}).as_object().cloned();
-                    let result = door.call_tool(params).await?;
-                    anyhow::ensure!(result.is_error != Some(true), "echo failed: {result:?}");
-                    Ok(())
+                    Expect::Success.check("echo", &door.call_tool(params).await?)
                 }
             })
             .await?,
@@ -539,6 +748,7 @@ async fn toolhost(program: &Path, toolhost_bin: &Path, http_server: &HttpServer)
         );
     }
     let [echo_redis, hosted, hosted_http, command, echo_door, echo_plain, echo_modern] = rounds.map(median);
+    let [text_redis, image_redis, text_door, image_door] = picture_rounds.map(median);
     let stdio_start = stdio_start(toolhost_bin, &redis.url(), &daemon.dir).await?;
     daemon.stop().await;
     Ok(Measured {
@@ -550,6 +760,10 @@ async fn toolhost(program: &Path, toolhost_bin: &Path, http_server: &HttpServer)
         echo_door,
         echo_plain,
         echo_modern,
+        text_redis,
+        image_redis,
+        text_door,
+        image_door,
         stdio_start,
     })
 }
@@ -658,6 +872,26 @@ impl PlainModern {
     }
 }
 
+/// A Markdown table of `rows`.
+fn rows_table(rows: &[&Row]) -> String {
+    let mut table = String::from(
+        "| target | p50 µs (1 in flight) | p99 µs (1 in flight) | calls/s (16 in flight) | CPU µs per call at 16 in flight |\n\
+         |---|---:|---:|---:|---|\n",
+    );
+    for row in rows {
+        let cpu: Vec<String> = row.cpu_us.iter().map(|(label, us)| format!("{label} {us:.1}")).collect();
+        table.push_str(&format!(
+            "| {} | {} | {} | {:.0} | {} |\n",
+            row.target,
+            row.p50_us,
+            row.p99_us,
+            row.calls_per_s,
+            cpu.join(", ")
+        ));
+    }
+    table
+}
+
 /// The median of each column over the rounds of one target.
 fn median(mut rounds: Vec<Row>) -> Row {
     fn middle<T: Copy + PartialOrd>(mut values: Vec<T>) -> T {
@@ -723,6 +957,8 @@ async fn main() -> anyhow::Result<()> {
     // The HTTP clients are built without a TLS provider of their own.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let direct = direct(&program).await?;
+    let pictures = Pictures::new(&program)?;
+    let (text_direct, image_direct, image) = direct_pictures(&pictures).await?;
     let http_server = HttpServer::start(&program).await?;
     let direct_http =
         direct_http(&http_server.url, http_server.child.id().context("the HTTP server's pid")?).await?;
@@ -735,14 +971,14 @@ async fn main() -> anyhow::Result<()> {
         echo_door,
         echo_plain,
         echo_modern,
+        text_redis,
+        image_redis,
+        text_door,
+        image_door,
         stdio_start,
-    } = toolhost(&program, &toolhost_bin, &http_server).await?;
+    } = toolhost(&program, &toolhost_bin, &http_server, &pictures, &image).await?;
     let (without_mcp, with_mcp) = idle_memory(&program, &toolhost_bin).await?;
-    let mut table = String::from(
-        "| target | p50 µs (1 in flight) | p99 µs (1 in flight) | calls/s (16 in flight) | CPU µs per call at 16 in flight |\n\
-         |---|---:|---:|---:|---|\n",
-    );
-    for row in [
+    let mut table = rows_table(&[
         &direct,
         &direct_http,
         &floor,
@@ -753,17 +989,7 @@ async fn main() -> anyhow::Result<()> {
         &echo_door,
         &echo_plain,
         &echo_modern,
-    ] {
-        let cpu: Vec<String> = row.cpu_us.iter().map(|(label, us)| format!("{label} {us:.1}")).collect();
-        table.push_str(&format!(
-            "| {} | {} | {} | {:.0} | {} |\n",
-            row.target,
-            row.p50_us,
-            row.p99_us,
-            row.calls_per_s,
-            cpu.join(", ")
-        ));
-    }
+    ]);
     let above = |row: &Row, base: &Row| row.p50_us as i64 - base.p50_us as i64;
     table.push_str(&format!(
         "\nRows through toolhost are the medians of {ROUNDS} interleaved rounds.\n\
@@ -818,6 +1044,31 @@ async fn main() -> anyhow::Result<()> {
             ));
         }
     }
+    let image_bytes = base64::engine::general_purpose::STANDARD.decode(&*image)?.len();
+    table.push_str(&format!(
+        "\nA hosted tool answering a {:.1} KiB PNG ({} bytes of base64) beside one answering a short text, the same \
+         server (`picture_server.mjs`, TypeScript SDK, hosted over stdio):\n\n",
+        image_bytes as f64 / 1024.0,
+        image.len()
+    ));
+    table.push_str(&rows_table(&[
+        &text_direct,
+        &image_direct,
+        &text_redis,
+        &image_redis,
+        &text_door,
+        &image_door,
+    ]));
+    table.push_str(&format!(
+        "\nThe image costs {:+} µs at p50 over text directly, {:+} µs over Redis and {:+} µs through the MCP door; at 16 in \
+         flight it keeps {:.2} of text's throughput directly, {:.2} over Redis and {:.2} through the door.\n",
+        above(&image_direct, &text_direct),
+        above(&image_redis, &text_redis),
+        above(&image_door, &text_door),
+        image_direct.calls_per_s / text_direct.calls_per_s,
+        image_redis.calls_per_s / text_redis.calls_per_s,
+        image_door.calls_per_s / text_door.calls_per_s,
+    ));
     print!("{table}");
     let out = PathBuf::from("target/bench");
     std::fs::create_dir_all(&out)?;
