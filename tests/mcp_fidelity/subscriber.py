@@ -64,11 +64,22 @@ async def listen(url: str, uri: str, tool: str) -> dict:
         async with client.listen(resource_subscriptions=[uri]) as subscription:
             honored = subscription.honored
             report["honored"] = list(honored.resource_subscriptions or []) if honored else None
-            await client.call_tool(tool, {})
+            # The acknowledgement comes before the hosting toolbox has subscribed upstream (the
+            # door's lease is taken once the stream runs; docs/CONTRACTS.md, "The MCP door"), so
+            # the resource is changed every half second until an update is heard.
             event = None
+
+            async def change() -> None:
+                while True:
+                    await client.call_tool(tool, {})
+                    await anyio.sleep(0.5)
+
             with anyio.move_on_after(10):
-                async for event in subscription:
-                    break
+                async with anyio.create_task_group() as changes:
+                    changes.start_soon(change)
+                    async for event in subscription:
+                        break
+                    changes.cancel_scope.cancel()
             report["event"] = type(event).__name__ if event is not None else None
             report["uri"] = getattr(event, "uri", None)
     return report

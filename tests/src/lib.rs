@@ -70,6 +70,12 @@ pub fn venv(env: &str, name: &str, script: &str, recipe: &str) -> PathBuf {
     venv
 }
 
+/// The venv of the MCP door's clients (the official MCP Python SDK and the Agents SDK), as
+/// `scripts/ensure-mcp-door-venv.sh` lays it out.
+pub fn mcp_door_venv() -> PathBuf {
+    venv("TOOLHOST_MCP_DOOR_VENV", "venv-mcp-door", "ensure-mcp-door-venv.sh", "test-mcp-door")
+}
+
 /// Runs `script` with the Python client's venv (`scripts/ensure-python-client-venv.sh`), the
 /// client taken from this checkout (`clients/python/src`), and a clean environment plus `env`.
 /// Returns the exit code, stdout and stderr.

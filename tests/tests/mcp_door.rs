@@ -25,11 +25,6 @@ use serde_json::{Value, json};
 use toolhost_e2e::mcp_http::{post, raw, session_id};
 use toolhost_e2e::{RedisProcess, Toolhost, free_port, temp_dir, toolhost_bin, user};
 
-/// The venv with the clients, as `scripts/ensure-mcp-door-venv.sh` lays it out.
-fn venv() -> PathBuf {
-    toolhost_e2e::venv("TOOLHOST_MCP_DOOR_VENV", "venv-mcp-door", "ensure-mcp-door-venv.sh", "test-mcp-door")
-}
-
 /// The TypeScript clients, as `scripts/ensure-mcp-ts-clients.sh` installs them.
 fn ts_clients() -> PathBuf {
     let dir = std::env::var_os("TOOLHOST_MCP_TS_CLIENTS").map(PathBuf::from).unwrap_or_else(|| {
@@ -75,7 +70,7 @@ impl Fleet {
                 "[daemon]\ntoolbox_id = \"hosts\"\n[tools.terminal]\nrun_as = \"{}\"\n\n[[mcp_servers]]\nname = \"slow\"\n\
                  command = \"{}\"\nargs = [\"{}\"]\ntimeout_ms = 8000\nenv = {{ SLOW_SERVER_MARKS = \"{}\" }}\n",
                 user(),
-                venv().join("bin/python").display(),
+                toolhost_e2e::mcp_door_venv().join("bin/python").display(),
                 fixture("slow_server.py").display(),
                 dir.join("marks").display()
             ),
@@ -190,7 +185,7 @@ impl Fleet {
 }
 
 fn scenario_command(args: &[&str]) -> Command {
-    let mut command = Command::new(venv().join("bin/python"));
+    let mut command = Command::new(toolhost_e2e::mcp_door_venv().join("bin/python"));
     command
         .arg(fixture("scenarios.py"))
         .args(args)

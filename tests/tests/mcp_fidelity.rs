@@ -254,12 +254,7 @@ fn the_conformance_suite_passes_through_the_door_but_for_the_expected_failures()
 
     // Over stdio (`toolhost mcp`), which the suite cannot reach, the same tool checks by the
     // official MCP Python SDK.
-    let door_venv = toolhost_e2e::venv(
-        "TOOLHOST_MCP_DOOR_VENV",
-        "venv-mcp-door",
-        "ensure-mcp-door-venv.sh",
-        "test-mcp-door",
-    );
+    let door_venv = toolhost_e2e::mcp_door_venv();
     let output = Command::new(door_venv.join("bin/python"))
         .arg(toolhost_e2e::fixture("mcp_fidelity", "stdio_checks.py"))
         .arg(dir.join("door.toml"))
@@ -381,12 +376,7 @@ fn images_from_hosted_stdio_and_http_servers_reach_python_the_agents_sdk_and_bot
         "ensure-python-client-venv.sh",
         "test-python",
     );
-    let door_venv = toolhost_e2e::venv(
-        "TOOLHOST_MCP_DOOR_VENV",
-        "venv-mcp-door",
-        "ensure-mcp-door-venv.sh",
-        "test-mcp-door",
-    );
+    let door_venv = toolhost_e2e::mcp_door_venv();
     let (client_python, door_python) = (client_venv.join("bin/python"), door_venv.join("bin/python"));
     let dir = temp_dir("mcp-images");
     let server = ReferenceServer::start(&conformance, &dir.join("reference.log"));
@@ -1047,12 +1037,7 @@ fn resources_prompts_and_completion_are_answered_over_redis_by_the_toolbox_that_
 #[test]
 fn a_door_client_subscribed_to_a_hosted_resource_hears_its_updates_until_it_unsubscribes() {
     let dir = temp_dir("mcp-fidelity-subscriptions");
-    let door_venv = toolhost_e2e::venv(
-        "TOOLHOST_MCP_DOOR_VENV",
-        "venv-mcp-door",
-        "ensure-mcp-door-venv.sh",
-        "test-mcp-door",
-    );
+    let door_venv = toolhost_e2e::mcp_door_venv();
     let python = door_venv.join("bin/python");
     let redis = RedisProcess::start(&[]);
     // A stdio server of the official Python SDK that sends notifications/resources/updated.
@@ -1127,12 +1112,7 @@ fn a_door_client_subscribed_to_a_hosted_resource_hears_its_updates_until_it_unsu
 #[test]
 fn a_hosted_source_speaks_2026_07_28_where_the_server_offers_it_and_initialize_where_told() {
     let dir = temp_dir("mcp-fidelity-protocol");
-    let door_venv = toolhost_e2e::venv(
-        "TOOLHOST_MCP_DOOR_VENV",
-        "venv-mcp-door",
-        "ensure-mcp-door-venv.sh",
-        "test-mcp-door",
-    );
+    let door_venv = toolhost_e2e::mcp_door_venv();
     let python = door_venv.join("bin/python");
     let redis = RedisProcess::start(&[]);
     // The same server of the official Python SDK 2.3.0, which serves both generations, hosted
