@@ -136,24 +136,38 @@ fn send(connection: &mut dyn ConnectionLike, payloads: &[String]) {
 
 /// Every answer's `data` on the results stream, by request id.
 fn answers(connection: &mut dyn ConnectionLike) -> BTreeMap<String, Vec<Value>> {
-    let mut by_id: BTreeMap<String, Vec<Value>> = BTreeMap::new();
-    let mut start = "-".to_owned();
+    let mut by_id = BTreeMap::new();
+    read_answers(connection, RESULTS, "-", |answer| &answer["data"]["request_id"], &mut by_id);
+    by_id
+}
+
+/// Reads `topic` from entry `start` (an XRANGE bound) to its end, a page at a time, adding each
+/// answer's `data` to `into` under the string `key` picks from the answer; returns where the
+/// next read starts.
+fn read_answers(
+    connection: &mut dyn ConnectionLike,
+    topic: &str,
+    start: &str,
+    key: impl Fn(&Value) -> &Value,
+    into: &mut BTreeMap<String, Vec<Value>>,
+) -> String {
+    let mut start = start.to_owned();
     loop {
         let page: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
-            .arg(RESULTS)
+            .arg(topic)
             .arg(&start)
             .arg("+")
             .arg("COUNT")
             .arg(1000)
             .query(connection)
             .unwrap();
-        let Some((last, _)) = page.last() else { return by_id };
+        let Some((last, _)) = page.last() else { return start };
         start = format!("({last}");
         for (_, fields) in page {
             let Some((_, payload)) = fields.into_iter().find(|(name, _)| name == "payload") else { continue };
             let answer: Value = serde_json::from_str(&payload).unwrap();
-            let id = answer["data"]["request_id"].as_str().unwrap_or_default().to_owned();
-            by_id.entry(id).or_default().push(answer["data"].clone());
+            let id = key(&answer).as_str().unwrap_or_default().to_owned();
+            into.entry(id).or_default().push(answer["data"].clone());
         }
     }
 }
@@ -321,25 +335,7 @@ fn answers_by_correlation(
     after: &str,
     into: &mut BTreeMap<String, Vec<Value>>,
 ) -> String {
-    let mut start = after.to_owned();
-    loop {
-        let page: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
-            .arg(topic)
-            .arg(&start)
-            .arg("+")
-            .arg("COUNT")
-            .arg(1000)
-            .query(connection)
-            .unwrap();
-        let Some((last, _)) = page.last() else { return start };
-        start = format!("({last}");
-        for (_, fields) in page {
-            let Some((_, payload)) = fields.into_iter().find(|(name, _)| name == "payload") else { continue };
-            let answer: Value = serde_json::from_str(&payload).unwrap();
-            let correlation = answer["correlation_id"].as_str().unwrap_or_default().to_owned();
-            into.entry(correlation).or_default().push(answer["data"].clone());
-        }
-    }
+    read_answers(connection, topic, after, |answer| &answer["correlation_id"], into)
 }
 
 /// A fleet rolls from ledger format 1 to 2 under load (docs/OPERATIONS.md, "Rolling to ledger
