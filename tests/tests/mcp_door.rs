@@ -985,4 +985,63 @@ fn the_http_door_is_an_oauth_resource_server_for_an_authorization_servers_tokens
         assert_eq!(call["tenant_id"], tenant, "{call}");
         assert_eq!(call["source"], format!("toolhost:mcp:http token:oauth:{client}"), "{call}");
     }
+
+    // A refused request whose body comes after its headers (a separate write, as an HTTP client
+    // may send it) leaves its connection usable: the client's next request on it, the metadata
+    // the 401 names, is answered. Answered before the body arrived, the connection used to
+    // close under the client's feet, and the SDK's OAuth flow failed at random.
+    let mut stream = TcpStream::connect(("127.0.0.1", fleet.door_port)).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{}}"#;
+    write!(
+        stream,
+        "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Type: application/json\r\n\
+         Accept: application/json, text/event-stream\r\nContent-Length: {}\r\n\r\n",
+        fleet.door_port,
+        body.len()
+    )
+    .unwrap();
+    stream.flush().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    stream.write_all(body.as_bytes()).unwrap();
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let (status, headers, _) = read_response(&mut reader);
+    assert!(status.contains(" 401 "), "{status}");
+    assert!(!headers.iter().any(|line| line.eq_ignore_ascii_case("connection: close")), "{headers:?}");
+    write!(
+        stream,
+        "GET /.well-known/oauth-protected-resource/mcp HTTP/1.1\r\nHost: 127.0.0.1:{}\r\n\r\n",
+        fleet.door_port
+    )
+    .unwrap();
+    let (status, _, metadata) = read_response(&mut reader);
+    assert!(status.contains(" 200 "), "the same connection, after the 401: {status}");
+    assert_eq!(serde_json::from_str::<Value>(&metadata).unwrap()["resource"], url);
+}
+
+/// Reads one HTTP/1.1 response with a `Content-Length` body: its status line, headers and body.
+fn read_response(reader: &mut BufReader<TcpStream>) -> (String, Vec<String>, String) {
+    use std::io::Read as _;
+    let mut status = String::new();
+    reader.read_line(&mut status).unwrap();
+    let mut headers = Vec::new();
+    loop {
+        let mut line = String::new();
+        reader.read_line(&mut line).unwrap();
+        let line = line.trim_end().to_owned();
+        if line.is_empty() {
+            break;
+        }
+        headers.push(line);
+    }
+    let length = headers
+        .iter()
+        .find_map(|line| {
+            let (name, value) = line.split_once(':')?;
+            name.eq_ignore_ascii_case("content-length").then(|| value.trim().parse::<usize>().ok())?
+        })
+        .unwrap_or(0);
+    let mut body = vec![0; length];
+    reader.read_exact(&mut body).unwrap();
+    (status, headers, String::from_utf8_lossy(&body).into_owned())
 }
