@@ -10,6 +10,9 @@
 //! - [`console`]: the web console (`[console] listen`), where operators see the fleet, call a
 //!   tool from a form, follow calls and replay dead letters.
 //!
+//! [`refusal`] is what the two HTTP doors (MCP and console) do with the body of a request they
+//! refuse.
+//!
 //! The two stream doors read a consumer group and implement [`crate::call::Door`], which the
 //! call lifecycle drives. A door that speaks another protocol (MCP, a message bus) is a client of
 //! the fleet: it turns its protocol's calls into requests on the requests stream, so they get
@@ -27,6 +30,7 @@ pub(crate) mod console;
 pub(crate) mod context;
 pub(crate) mod mcp;
 pub(crate) mod ovos;
+pub(crate) mod refusal;
 pub(crate) mod requests;
 
 use serde::{Deserialize, Serialize};

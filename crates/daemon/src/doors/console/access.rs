@@ -122,27 +122,32 @@ fn loopback_host(host: &str) -> bool {
 /// console without a token, the CSRF token of `POST`s, and the headers of every answer.
 pub(crate) async fn check(State(console): State<Arc<Console>>, request: Request, next: Next) -> Response {
     let access = &console.access;
-    let mut response = if access.token.is_none()
+    let answered = if access.token.is_none()
         && !request.headers().get(header::HOST).and_then(|host| host.to_str().ok()).is_some_and(loopback_host)
     {
-        refuse(&request, StatusCode::FORBIDDEN, "this console answers only on a loopback host name")
+        Some(refuse(&request, StatusCode::FORBIDDEN, "this console answers only on a loopback host name"))
     } else if let Some(login) = login(access, &request) {
-        login
+        Some(login)
     } else if !access.authenticated(request.headers()) {
-        refuse(
+        Some(refuse(
             &request,
             StatusCode::UNAUTHORIZED,
             "Unauthorized: open /?token=<token> or send Authorization: Bearer <token>",
-        )
+        ))
     } else if request.method() != Method::GET
         && !request
             .headers()
             .get(CSRF_HEADER)
             .is_some_and(|value| bool::from(value.as_bytes().ct_eq(access.csrf.as_bytes())))
     {
-        refuse(&request, StatusCode::FORBIDDEN, "missing or wrong CSRF token")
+        Some(refuse(&request, StatusCode::FORBIDDEN, "missing or wrong CSRF token"))
     } else {
-        next.run(request).await
+        None
+    };
+    // A request answered here has its body read first, so its connection stays usable.
+    let mut response = match answered {
+        Some(response) => crate::doors::refusal::refuse(request.into_body(), response).await,
+        None => next.run(request).await,
     };
     let headers = response.headers_mut();
     headers.insert(header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(CSP));

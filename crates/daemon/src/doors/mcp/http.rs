@@ -146,12 +146,8 @@ pub(crate) async fn serve(
 /// valid for the door, naming its principal in the request's extensions; refuses any other
 /// (401, or 403 for a missing scope, 503 when the issuer's keys cannot be read) with an audit
 /// entry.
-///
-/// The refused request's body is read and dropped first (up to [`REFUSED_DRAIN_LIMIT`], for at
-/// most [`REFUSED_DRAIN_TIME`]): answered before its body arrived, hyper would close the
-/// connection after the answer, and a client that reuses it at once (an OAuth client fetching
-/// the metadata the 401 names) finds it closed without an answer. A body past either bound is
-/// left, and the answer says `Connection: close`.
+/// The refused request's body is read first ([`crate::doors::refusal`]), so the client can
+/// reuse its connection.
 async fn check_token(State(tokens): State<Arc<Tokens>>, mut request: Request, next: Next) -> Response {
     use super::oauth::Refusal;
     let presented = request
@@ -181,9 +177,6 @@ async fn check_token(State(tokens): State<Arc<Tokens>>, mut request: Request, ne
             }
         },
     };
-    let drained = tokio::time::timeout(REFUSED_DRAIN_TIME, drain(request.into_body(), REFUSED_DRAIN_LIMIT))
-        .await
-        .unwrap_or(false);
     let reason = refusal.reason();
     let audit = crate::auth::AuditEntry {
         request_id: "-",
@@ -211,17 +204,8 @@ async fn check_token(State(tokens): State<Arc<Tokens>>, mut request: Request, ne
     if let Ok(value) = header::HeaderValue::from_str(&challenge) {
         response.headers_mut().insert(header::WWW_AUTHENTICATE, value);
     }
-    if !drained {
-        response.headers_mut().insert(header::CONNECTION, header::HeaderValue::from_static("close"));
-    }
-    response
+    crate::doors::refusal::refuse(request.into_body(), response).await
 }
-
-/// How much of a refused request's body is read so that its connection stays usable.
-const REFUSED_DRAIN_LIMIT: u64 = 1024 * 1024;
-
-/// How long a refused request's body is waited for.
-const REFUSED_DRAIN_TIME: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// How much of a body over the limit is read and thrown away so that its client, still sending,
 /// reads the 413; a client sending more is cut off.
@@ -255,7 +239,7 @@ async fn check_body(State(max): State<usize>, request: Request, next: Next) -> R
         .get(header::CONTENT_LENGTH)
         .and_then(|value| value.to_str().ok()?.trim().parse::<u64>().ok());
     if declared.is_some_and(|length| length > max as u64) {
-        drain(body, DRAIN_LIMIT).await;
+        crate::doors::refusal::drain(body, DRAIN_LIMIT).await;
         return too_large(max);
     }
     let Ok(bytes) = axum::body::to_bytes(body, max).await else { return too_large(max) };
@@ -291,21 +275,6 @@ fn parse_error(err: &serde_json::Error) -> Response {
     });
     (StatusCode::BAD_REQUEST, [(header::CONTENT_TYPE, "application/json")], Body::from(body.to_string()))
         .into_response()
-}
-
-/// Reads and drops `body`, at most `limit` bytes of it; whether it read to the body's end.
-async fn drain(body: Body, limit: u64) -> bool {
-    use futures::StreamExt as _;
-    let mut stream = body.into_data_stream();
-    let mut read = 0u64;
-    while read <= limit {
-        match stream.next().await {
-            Some(Ok(chunk)) => read += chunk.len() as u64,
-            Some(Err(_)) => return false,
-            None => return true,
-        }
-    }
-    false
 }
 
 /// 413, naming the limit; the connection closes after it.
