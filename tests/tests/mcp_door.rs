@@ -340,6 +340,91 @@ fn a_2026_07_28_client_cancels_and_sees_progress_over_http_and_stdio() {
 }
 
 #[test]
+fn a_2026_07_28_client_answers_a_hosted_tools_question_by_retrying_its_call_over_http_and_stdio() {
+    let fleet = Fleet::start();
+    for target in [fleet.url(), fleet.stdio()] {
+        let report = scenario(&["--mode", "2026-07-28", "ask", &target]);
+        assert_eq!(report["protocol"], "2026-07-28", "{target}: {report}");
+        // The SDK's elicitation callback got each question through an InputRequiredResult and
+        // answered it in its retry of tools/call.
+        assert_eq!(report["asked"], json!(["Name?", "No?"]), "{target}: {report}");
+        assert_eq!(
+            report["accepted"]["structured"],
+            json!({"action": "accept", "name": "Ada"}),
+            "{target}: {report}"
+        );
+        assert_eq!(report["declined"]["structured"]["action"], "decline", "{target}: {report}");
+    }
+}
+
+#[test]
+fn a_2026_07_28_retry_with_a_bad_request_state_or_answer_is_refused_and_the_other_replica_takes_it() {
+    let fleet = Fleet::start();
+    let (_second, second_url) = fleet.start_second_door();
+    let report = scenario(&["ask-raw", &fleet.url(), &second_url]);
+    let first = &report["first"]["body"]["result"];
+    assert_eq!(first["resultType"], "input_required", "{report}");
+    let requests = first["inputRequests"].as_object().unwrap();
+    assert_eq!(requests.len(), 1, "{report}");
+    let question = requests.values().next().unwrap();
+    assert_eq!(question["method"], "elicitation/create", "{report}");
+    assert_eq!(question["params"]["message"], "Name?", "{report}");
+    assert_eq!(question["params"]["requestedSchema"]["required"], json!(["name"]), "{report}");
+    let state = first["requestState"].as_str().unwrap();
+    assert!(state.starts_with("rs2."), "sealed by rmcp's keyring codec: {state}");
+    let error = |step: &str| {
+        let error = &report[step]["body"]["error"];
+        assert_eq!(error["code"], -32602, "{step}: {report}");
+        error["message"].as_str().unwrap().to_owned()
+    };
+    for step in ["tampered", "forged", "other_tool"] {
+        assert!(error(step).starts_with("requestState rejected"), "{step}: {report}");
+    }
+    assert!(error("no_state").contains("without the requestState"), "{report}");
+    assert!(error("unknown_key").starts_with("unknown: the call did not ask 'never-asked'"), "{report}");
+    // The host checks the answer against requestedSchema, as `tool.input` does; the question
+    // keeps waiting.
+    let refused = error("refused");
+    assert!(refused.contains("invalid_arguments"), "{refused}");
+    assert_eq!(report["refused"]["body"]["error"]["data"]["state"], "refused", "{report}");
+    // The other replica took the answer and followed the call, made by the first, to its end.
+    let answered = &report["answered"]["body"]["result"];
+    assert_eq!(answered["resultType"], "complete", "{report}");
+    assert_eq!(answered["structuredContent"], json!({"action": "accept", "name": "Ada"}), "{report}");
+    // The question was answered: the same state again is `unknown`.
+    assert!(error("replayed").starts_with("unknown: the call no longer waits"), "{report}");
+    assert_eq!(report["replayed"]["body"]["error"]["data"]["state"], "unknown", "{report}");
+    // A client that did not declare elicitation is declined for, and the tool goes on.
+    let incapable = &report["incapable"]["body"]["result"];
+    assert_eq!(incapable["resultType"], "complete", "{report}");
+    assert_eq!(incapable["structuredContent"]["action"], "decline", "{report}");
+    // A task's question is its `input_required` status, answered by `tasks/update` on the
+    // other door; a refused answer is the update's error, and a second answer is `unknown`.
+    assert_eq!(report["task_created"]["body"]["result"]["resultType"], "task", "{report}");
+    let asked = &report["task_asked"];
+    assert_eq!(asked["status"], "input_required", "{report}");
+    let requests = asked["inputRequests"].as_object().unwrap();
+    assert_eq!(requests.values().next().unwrap()["params"]["message"], "Name?", "{report}");
+    assert_eq!(report["task_refused"]["body"]["error"]["data"]["state"], "refused", "{report}");
+    assert!(report["task_update"]["body"]["error"].is_null(), "{report}");
+    assert_eq!(report["task_again"]["body"]["error"]["data"]["state"], "unknown", "{report}");
+    let final_task = &report["task_final"];
+    assert_eq!(final_task["status"], "completed", "{report}");
+    assert_eq!(
+        final_task["result"]["structuredContent"],
+        json!({"action": "accept", "name": "Grace"}),
+        "{report}"
+    );
+    // One call ran for the answered question: its request id answered once, with Ada.
+    let answers: Vec<Value> = fleet
+        .client_answers()
+        .into_iter()
+        .filter(|answer| answer["data"]["result"]["name"] == "Ada")
+        .collect();
+    assert_eq!(answers.len(), 1, "{answers:?}");
+}
+
+#[test]
 fn list_changed_reaches_a_2026_07_28_client_through_subscriptions_listen() {
     let fleet = Fleet::start();
     let mut toolboxes = Vec::new();
