@@ -633,7 +633,11 @@ fn the_tools_globs_narrow_what_the_door_exposes() {
     let fleet = Fleet::start_with("tools = [\"echo\", \"slow__*\"]");
     let report = scenario(&["list-call", &fleet.url()]);
     check_list_call("narrowed", Mode::Legacy, &report);
-    assert_eq!(report["tools"], json!(["echo", "slow__add", "slow__shape", "slow__slow"]), "{report}");
+    assert_eq!(
+        report["tools"],
+        json!(["echo", "slow__add", "slow__ask", "slow__shape", "slow__slow"]),
+        "{report}"
+    );
     let hidden =
         scenario(&["call", &fleet.url(), "chat_send", r#"{"recipient": "chat:x", "content": "hi"}"#]);
     assert!(
@@ -1027,7 +1031,7 @@ fn the_http_door_is_an_oauth_resource_server_for_an_authorization_servers_tokens
     assert_eq!(report["sdk_acme"]["echo"], json!({"message": "from agent-acme"}), "{report}");
     assert_eq!(
         report["sdk_beta"]["tools"],
-        json!(["echo", "slow__add", "slow__shape", "slow__slow"]),
+        json!(["echo", "slow__add", "slow__ask", "slow__shape", "slow__slow"]),
         "{report}"
     );
     assert_eq!(report["sdk_beta"]["echo"], json!({"message": "from agent-beta"}), "{report}");

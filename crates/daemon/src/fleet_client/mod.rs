@@ -800,7 +800,7 @@ mod tests {
             bus.publish(&private, "l", &answer("x.log", log)).await.unwrap();
             let question = json!({"request_id": "r-q", "input_id": "i-1", "kind": "sampling",
                 "request": {"method": "sampling/createMessage", "params": {}}});
-            bus.publish(&private, "q", &answer("x.input_required", question)).await.unwrap();
+            let asked_at = bus.publish(&private, "q", &answer("x.input_required", question)).await.unwrap();
             let answered = client.answer_input("r-q", "i-1", json!({"role": "assistant"}));
             let accept = async {
                 loop {
@@ -824,13 +824,16 @@ mod tests {
             assert_eq!(answered.unwrap(), InputState::Accepted);
             let done = answer("x", json!({"request_id": "r-q", "success": true, "result": 1}));
             bus.publish(&private, "a", &done).await.unwrap();
+            asked_at
         };
-        let (answered, ()) = tokio::join!(call, host);
+        let (answered, asked_at) = tokio::join!(call, host);
         assert_eq!(answered.unwrap().result, Some(json!(1)));
         assert!(matches!(received.recv().await, Some(CallEvent::Log(log)) if log.level == "warning"));
+        // The question names its entry on the stream, where a retry of a 2026-07-28 call reads on.
         assert!(matches!(
             received.recv().await,
-            Some(CallEvent::InputRequired { kind: InputKind::Sampling, ref input_id, .. }) if input_id == "i-1"
+            Some(CallEvent::InputRequired { kind: InputKind::Sampling, ref input_id, ref at, .. })
+                if input_id == "i-1" && *at == asked_at
         ));
         assert_eq!(received.recv().await, None, "the events end with the answer");
         assert!(client.inner.lock().inputs.is_empty());
