@@ -292,6 +292,12 @@ fn the_typescript_sdk_clients_list_and_call_in_both_generations() {
         assert_eq!(new["protocol"], "2026-07-28", "{new}");
         assert_eq!(new["session"], Value::Null, "{new}");
         assert_eq!(new["hints"], json!({"ttlMs": 1000, "cacheScope": "private"}), "{new}");
+        // The 2.x client's own MRTR driver answers the hosted tool's question through its
+        // elicitation handler and retries the call.
+        let asked = run(&["ask", &target]);
+        assert!(asked.get("failed").is_none(), "ask {target}: {asked}");
+        assert_eq!(asked["asked"], json!(["Name?"]), "ask {target}: {asked}");
+        assert_eq!(asked["structured"], json!({"action": "accept", "name": "Lin"}), "ask {target}: {asked}");
     }
     let old = run(&["sdk", &fleet.url()]);
     assert_eq!(old["protocol"], "2025-11-25", "{old}");
