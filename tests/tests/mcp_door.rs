@@ -3,7 +3,9 @@
 //! (one of them from a hosted MCP server), over streamable HTTP (`[mcp] listen`) and over stdio
 //! (`toolhost mcp`), in the `initialize` generations and in 2026-07-28 (no handshake, no
 //! session); cancel, progress, durable tasks across a restart of the door and across doors,
-//! `list_changed` and `subscriptions/listen`, and hostile input.
+//! `list_changed` and `subscriptions/listen`, a hosted tool's question answered by a 2026-07-28
+//! client (an `InputRequiredResult` and a retried call, on either door; a task's
+//! `input_required` answered by `tasks/update`), and hostile input.
 //!
 //! The Python clients run in `tests/mcp_door/scenarios.py` under the venv `just test-mcp-door`
 //! makes (`scripts/ensure-mcp-door-venv.sh`; `TOOLHOST_MCP_DOOR_VENV` names another); the
