@@ -18,6 +18,12 @@ for it to act (start a toolbox, restart the door).
     scenarios.py modern-raw <url> <url2>    2026-07-28 requests written by hand: a retried id, a
                                             task made on one door and read on another, removed
                                             methods, a header that contradicts the body
+    scenarios.py ask <target>               `slow__ask` answered by the SDK client's elicitation
+                                            callback (accepted, then declined)
+    scenarios.py ask-raw <url> <url2>       2026-07-28 `InputRequiredResult` and its retries written
+                                            by hand: tampered, refused, unknown, answered on the
+                                            other door, replayed, and a client without the
+                                            capability
     scenarios.py oauth <url> <issuer>       the door as an OAuth resource server: its metadata,
                                             tokens the issuer mints (valid and not), a key
                                             rotation, and SDK clients that get their own token
@@ -396,6 +402,93 @@ def modern_raw(url: str, other: str) -> None:
     done(report)
 
 
+async def ask(target: str) -> None:
+    from mcp import types
+
+    asked: list[str] = []
+
+    async def on_elicit(context: Any, params: Any) -> Any:
+        asked.append(params.message)
+        if params.message == "Name?":
+            return types.ElicitResult(action="accept", content={"name": "Ada"})
+        return types.ElicitResult(action="decline")
+
+    async with connect(target, elicitation_callback=on_elicit) as client:
+        report: dict[str, Any] = {"protocol": client.protocol_version}
+        for step, question in [("accepted", "Name?"), ("declined", "No?")]:
+            result = await client.call_tool("slow__ask", {"question": question}, read_timeout_seconds=60)
+            report[step] = {"error": result.is_error, "structured": result.structured_content, "text": text_of(result)}
+        report["asked"] = asked
+        done(report)
+
+
+def ask_raw(url: str, other: str) -> None:
+    report: dict[str, Any] = {}
+    can_elicit = {"elicitation": {}}
+
+    def retry(http: httpx.Client, id_: int, responses: dict[str, Any], state: str | None) -> dict[str, Any]:
+        params: dict[str, Any] = {"name": "slow__ask", "arguments": {"question": "Name?"}, "inputResponses": responses}
+        if state is not None:
+            params["requestState"] = state
+        return modern(http, id_, "tools/call", params, name="slow__ask", capabilities=can_elicit)
+
+    with httpx.Client(base_url=url, timeout=30) as client, httpx.Client(base_url=other, timeout=30) as replica:
+        ask = {"name": "slow__ask", "arguments": {"question": "Name?"}}
+        first = modern(client, 1, "tools/call", ask, name="slow__ask", capabilities=can_elicit)
+        report["first"] = first
+        result = (first["body"] or {}).get("result") or {}
+        state = result.get("requestState") or ""
+        keys = list((result.get("inputRequests") or {}).keys())
+        key = keys[0] if keys else "none"
+        accept = {"action": "accept", "content": {"name": "Ada"}}
+        # One character of the state changed: its tag no longer matches.
+        flipped = state[:-1] + ("A" if state[-1:] != "A" else "B")
+        report["tampered"] = retry(client, 2, {key: accept}, flipped)
+        report["forged"] = retry(client, 3, {key: accept}, "not-a-state")
+        report["no_state"] = retry(client, 4, {key: accept}, None)
+        report["unknown_key"] = retry(replica, 5, {"never-asked": accept}, state)
+        report["refused"] = retry(replica, 6, {key: {"action": "accept", "content": {"name": 5}}}, state)
+        # The question still waits after a refused answer; the other door takes the right one.
+        report["answered"] = retry(replica, 7, {key: accept}, state)
+        report["replayed"] = retry(client, 8, {key: accept}, state)
+        # Another tool's call cannot use the state.
+        other_tool = {"name": "slow__add", "arguments": {"a": 1, "b": 2}, "inputResponses": {key: accept}, "requestState": state}
+        report["other_tool"] = modern(client, 9, "tools/call", other_tool, name="slow__add", capabilities=can_elicit)
+        # A client that did not declare elicitation is declined for.
+        report["incapable"] = modern(client, 10, "tools/call", ask, name="slow__ask", capabilities={})
+        # A task's question: `input_required` in tasks/get, answered by tasks/update, on the
+        # other door.
+        tasks = {"extensions": {"io.modelcontextprotocol/tasks": {}}, "elicitation": {}}
+        created = modern(client, 11, "tools/call", ask, name="slow__ask", capabilities=tasks)
+        report["task_created"] = created
+        task_id = ((created["body"] or {}).get("result") or {}).get("taskId")
+        states: list[Any] = []
+        final = None
+        for attempt in range(120):
+            got = modern(replica, 200 + attempt, "tasks/get", {"taskId": task_id}, name=task_id, capabilities=tasks)
+            result = (got["body"] or {}).get("result") or {}
+            status = result.get("status")
+            states.append(status or got)
+            if status == "input_required" and "task_asked" not in report:
+                report["task_asked"] = result
+                key = next(iter(result.get("inputRequests") or {"none": None}))
+                refused = {key: {"action": "accept", "content": {"name": 7}}}
+                update = {"taskId": task_id, "inputResponses": refused}
+                report["task_refused"] = modern(replica, 400, "tasks/update", update, name=task_id, capabilities=tasks)
+                update["inputResponses"] = {key: {"action": "accept", "content": {"name": "Grace"}}}
+                report["task_update"] = modern(replica, 401, "tasks/update", update, name=task_id, capabilities=tasks)
+                report["task_again"] = modern(client, 402, "tasks/update", update, name=task_id, capabilities=tasks)
+            if status in ("completed", "failed", "cancelled"):
+                final = result
+                break
+            import time
+
+            time.sleep(0.1)
+        report["task_states"] = states
+        report["task_final"] = final
+    done(report)
+
+
 class MemoryTokens:
     """Token storage of one SDK client, in memory."""
 
@@ -493,6 +586,9 @@ def main() -> None:
     if scenario == "modern-raw":
         modern_raw(*args)
         return
+    if scenario == "ask-raw":
+        ask_raw(*args)
+        return
     if scenario == "oauth":
         oauth(*args)
         return
@@ -511,6 +607,7 @@ def main() -> None:
         "listen": listen,
         "schema": schema,
         "agents": agents,
+        "ask": ask,
     }
     asyncio.run(runs[scenario](*args))
 

@@ -4,7 +4,9 @@
 (`prefixItems` for a pair, `$defs` and `$ref` for a nested model), as pydantic writes them;
 `slow` reports progress ten times a second until it is done, and when it
 is cancelled it appends a line to `$SLOW_SERVER_MARKS/cancelled`, so a test can see that the
-server was told (`notifications/cancelled` cancels the tool's task in the SDK).
+server was told (`notifications/cancelled` cancels the tool's task in the SDK); `ask` asks its
+caller for a name (an elicitation whose schema requires a string `name`) and answers with what
+the caller did.
 """
 
 import os
@@ -55,6 +57,24 @@ async def slow(seconds: float, ctx: Context) -> Slept:
             marks.write("slow\n")
         raise
     return Slept(slept=seconds)
+
+
+class Name(BaseModel):
+    name: str
+
+
+class Asked(BaseModel):
+    action: str
+    name: str | None = None
+
+
+@server.tool()
+async def ask(question: str, ctx: Context) -> Asked:
+    """Asks the caller `question`, a form with a required `name`, and says what it answered."""
+    answer = await ctx.elicit(question, Name)
+    if answer.action == "accept":
+        return Asked(action="accept", name=answer.data.name)
+    return Asked(action=answer.action)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,9 @@
 //   node ts_clients.cjs sdk <target>            @modelcontextprotocol/sdk (1.x): initialize
 //   node ts_clients.cjs client <mode> <target>  @modelcontextprotocol/client (2.x), mode
 //                                               `2026-07-28` (pinned, no handshake) or `auto`
+//   node ts_clients.cjs ask <target>            the 2.x client pinned to 2026-07-28 calls
+//                                               `slow__ask`; its elicitation handler answers the
+//                                               InputRequiredResult the SDK drives
 //
 // A target is the door's URL or `stdio:<config file>` for `toolhost mcp`. Prints one JSON object:
 // the protocol version, the tool names, an echo call, a hosted tool's call, and the error of a
@@ -29,8 +32,30 @@ function transportOf(target, kinds) {
   return new kinds.Http(new URL(target));
 }
 
+async function ask(target) {
+  const { Client, StreamableHTTPClientTransport } = packages("@modelcontextprotocol/client");
+  const { StdioClientTransport } = packages("@modelcontextprotocol/client/stdio");
+  const client = new Client(
+    { name: "ts-ask", version: "2" },
+    { capabilities: { elicitation: { form: {} } }, versionNegotiation: { mode: { pin: "2026-07-28" } } },
+  );
+  const asked = [];
+  client.setRequestHandler("elicitation/create", async (request) => {
+    asked.push(request.params.message);
+    return { action: "accept", content: { name: "Lin" } };
+  });
+  const transport = transportOf(target, { Http: StreamableHTTPClientTransport, Stdio: StdioClientTransport });
+  await client.connect(transport);
+  const result = await client.callTool({ name: "slow__ask", arguments: { question: "Name?" } });
+  await client.close();
+  console.log(JSON.stringify({ asked, structured: result.structuredContent ?? null, error: result.isError ?? null }));
+}
+
 async function main() {
   const [flavour, ...rest] = process.argv.slice(2);
+  if (flavour === "ask") {
+    return ask(rest[0]);
+  }
   let client;
   let transport;
   if (flavour === "sdk") {

@@ -3,7 +3,9 @@
 //! (one of them from a hosted MCP server), over streamable HTTP (`[mcp] listen`) and over stdio
 //! (`toolhost mcp`), in the `initialize` generations and in 2026-07-28 (no handshake, no
 //! session); cancel, progress, durable tasks across a restart of the door and across doors,
-//! `list_changed` and `subscriptions/listen`, and hostile input.
+//! `list_changed` and `subscriptions/listen`, a hosted tool's question answered by a 2026-07-28
+//! client (an `InputRequiredResult` and a retried call, on either door; a task's
+//! `input_required` answered by `tasks/update`), and hostile input.
 //!
 //! The Python clients run in `tests/mcp_door/scenarios.py` under the venv `just test-mcp-door`
 //! makes (`scripts/ensure-mcp-door-venv.sh`; `TOOLHOST_MCP_DOOR_VENV` names another); the
@@ -292,6 +294,12 @@ fn the_typescript_sdk_clients_list_and_call_in_both_generations() {
         assert_eq!(new["protocol"], "2026-07-28", "{new}");
         assert_eq!(new["session"], Value::Null, "{new}");
         assert_eq!(new["hints"], json!({"ttlMs": 1000, "cacheScope": "private"}), "{new}");
+        // The 2.x client's own MRTR driver answers the hosted tool's question through its
+        // elicitation handler and retries the call.
+        let asked = run(&["ask", &target]);
+        assert!(asked.get("failed").is_none(), "ask {target}: {asked}");
+        assert_eq!(asked["asked"], json!(["Name?"]), "ask {target}: {asked}");
+        assert_eq!(asked["structured"], json!({"action": "accept", "name": "Lin"}), "ask {target}: {asked}");
     }
     let old = run(&["sdk", &fleet.url()]);
     assert_eq!(old["protocol"], "2025-11-25", "{old}");
@@ -337,6 +345,91 @@ fn a_2026_07_28_client_cancels_and_sees_progress_over_http_and_stdio() {
             std::thread::sleep(Duration::from_millis(100));
         }
     }
+}
+
+#[test]
+fn a_2026_07_28_client_answers_a_hosted_tools_question_by_retrying_its_call_over_http_and_stdio() {
+    let fleet = Fleet::start();
+    for target in [fleet.url(), fleet.stdio()] {
+        let report = scenario(&["--mode", "2026-07-28", "ask", &target]);
+        assert_eq!(report["protocol"], "2026-07-28", "{target}: {report}");
+        // The SDK's elicitation callback got each question through an InputRequiredResult and
+        // answered it in its retry of tools/call.
+        assert_eq!(report["asked"], json!(["Name?", "No?"]), "{target}: {report}");
+        assert_eq!(
+            report["accepted"]["structured"],
+            json!({"action": "accept", "name": "Ada"}),
+            "{target}: {report}"
+        );
+        assert_eq!(report["declined"]["structured"]["action"], "decline", "{target}: {report}");
+    }
+}
+
+#[test]
+fn a_2026_07_28_retry_with_a_bad_request_state_or_answer_is_refused_and_the_other_replica_takes_it() {
+    let fleet = Fleet::start();
+    let (_second, second_url) = fleet.start_second_door();
+    let report = scenario(&["ask-raw", &fleet.url(), &second_url]);
+    let first = &report["first"]["body"]["result"];
+    assert_eq!(first["resultType"], "input_required", "{report}");
+    let requests = first["inputRequests"].as_object().unwrap();
+    assert_eq!(requests.len(), 1, "{report}");
+    let question = requests.values().next().unwrap();
+    assert_eq!(question["method"], "elicitation/create", "{report}");
+    assert_eq!(question["params"]["message"], "Name?", "{report}");
+    assert_eq!(question["params"]["requestedSchema"]["required"], json!(["name"]), "{report}");
+    let state = first["requestState"].as_str().unwrap();
+    assert!(state.starts_with("rs2."), "sealed by rmcp's keyring codec: {state}");
+    let error = |step: &str| {
+        let error = &report[step]["body"]["error"];
+        assert_eq!(error["code"], -32602, "{step}: {report}");
+        error["message"].as_str().unwrap().to_owned()
+    };
+    for step in ["tampered", "forged", "other_tool"] {
+        assert!(error(step).starts_with("requestState rejected"), "{step}: {report}");
+    }
+    assert!(error("no_state").contains("without the requestState"), "{report}");
+    assert!(error("unknown_key").starts_with("unknown: the call did not ask 'never-asked'"), "{report}");
+    // The host checks the answer against requestedSchema, as `tool.input` does; the question
+    // keeps waiting.
+    let refused = error("refused");
+    assert!(refused.contains("invalid_arguments"), "{refused}");
+    assert_eq!(report["refused"]["body"]["error"]["data"]["state"], "refused", "{report}");
+    // The other replica took the answer and followed the call, made by the first, to its end.
+    let answered = &report["answered"]["body"]["result"];
+    assert_eq!(answered["resultType"], "complete", "{report}");
+    assert_eq!(answered["structuredContent"], json!({"action": "accept", "name": "Ada"}), "{report}");
+    // The question was answered: the same state again is `unknown`.
+    assert!(error("replayed").starts_with("unknown: the call no longer waits"), "{report}");
+    assert_eq!(report["replayed"]["body"]["error"]["data"]["state"], "unknown", "{report}");
+    // A client that did not declare elicitation is declined for, and the tool goes on.
+    let incapable = &report["incapable"]["body"]["result"];
+    assert_eq!(incapable["resultType"], "complete", "{report}");
+    assert_eq!(incapable["structuredContent"]["action"], "decline", "{report}");
+    // A task's question is its `input_required` status, answered by `tasks/update` on the
+    // other door; a refused answer is the update's error, and a second answer is `unknown`.
+    assert_eq!(report["task_created"]["body"]["result"]["resultType"], "task", "{report}");
+    let asked = &report["task_asked"];
+    assert_eq!(asked["status"], "input_required", "{report}");
+    let requests = asked["inputRequests"].as_object().unwrap();
+    assert_eq!(requests.values().next().unwrap()["params"]["message"], "Name?", "{report}");
+    assert_eq!(report["task_refused"]["body"]["error"]["data"]["state"], "refused", "{report}");
+    assert!(report["task_update"]["body"]["error"].is_null(), "{report}");
+    assert_eq!(report["task_again"]["body"]["error"]["data"]["state"], "unknown", "{report}");
+    let final_task = &report["task_final"];
+    assert_eq!(final_task["status"], "completed", "{report}");
+    assert_eq!(
+        final_task["result"]["structuredContent"],
+        json!({"action": "accept", "name": "Grace"}),
+        "{report}"
+    );
+    // One call ran for the answered question: its request id answered once, with Ada.
+    let answers: Vec<Value> = fleet
+        .client_answers()
+        .into_iter()
+        .filter(|answer| answer["data"]["result"]["name"] == "Ada")
+        .collect();
+    assert_eq!(answers.len(), 1, "{answers:?}");
 }
 
 #[test]
@@ -548,7 +641,11 @@ fn the_tools_globs_narrow_what_the_door_exposes() {
     let fleet = Fleet::start_with("tools = [\"echo\", \"slow__*\"]");
     let report = scenario(&["list-call", &fleet.url()]);
     check_list_call("narrowed", Mode::Legacy, &report);
-    assert_eq!(report["tools"], json!(["echo", "slow__add", "slow__shape", "slow__slow"]), "{report}");
+    assert_eq!(
+        report["tools"],
+        json!(["echo", "slow__add", "slow__ask", "slow__shape", "slow__slow"]),
+        "{report}"
+    );
     let hidden =
         scenario(&["call", &fleet.url(), "chat_send", r#"{"recipient": "chat:x", "content": "hi"}"#]);
     assert!(
@@ -942,7 +1039,7 @@ fn the_http_door_is_an_oauth_resource_server_for_an_authorization_servers_tokens
     assert_eq!(report["sdk_acme"]["echo"], json!({"message": "from agent-acme"}), "{report}");
     assert_eq!(
         report["sdk_beta"]["tools"],
-        json!(["echo", "slow__add", "slow__shape", "slow__slow"]),
+        json!(["echo", "slow__add", "slow__ask", "slow__shape", "slow__slow"]),
         "{report}"
     );
     assert_eq!(report["sdk_beta"]["echo"], json!({"message": "from agent-beta"}), "{report}");

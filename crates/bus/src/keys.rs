@@ -182,6 +182,12 @@ impl Keys {
         format!("{}toolhost:mcp:task:{task_id}", self.prefix)
     }
 
+    /// The set of keys the MCP door seals the 2026-07-28 `requestState` with, shared by its
+    /// replicas (each member `<key id>:<hex key>`).
+    pub fn mcp_request_state_keys(&self) -> String {
+        format!("{}toolhost:mcp:request-state-keys", self.prefix)
+    }
+
     /// A toolbox's audit stream, `audit:<toolbox_id>`: refusals by authentication or policy,
     /// and calls of destructive tools (capped).
     pub fn audit(&self, toolbox_id: &str) -> String {
@@ -270,6 +276,7 @@ impl Keys {
             format!("{prefix}toolhost:control:*"),
             format!("{prefix}toolhost:mcp:task:*"),
             literal("toolhost:mcp:resource-updated"),
+            literal("toolhost:mcp:request-state-keys"),
         ]);
         if self.cluster {
             // Ledger keys and marks carry a hash tag after the prefix, unless the prefix is one.

@@ -102,7 +102,7 @@ pub async fn run_call(
                     eprintln!("toolhost: log {}: {}", message.level, message.data);
                 }
                 // Asked on a task of its own, so the call's answer and Ctrl-C are not held up.
-                CallEvent::InputRequired { input_id, kind, request: question } => {
+                CallEvent::InputRequired { input_id, kind, request: question, .. } => {
                     let (fleet, request_id) = (fleet.clone(), request.request_id.clone());
                     tokio::spawn(async move {
                         let response = tokio::task::spawn_blocking(move || crate::prompt::answer(kind, &question))

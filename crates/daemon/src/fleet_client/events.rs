@@ -34,6 +34,9 @@ pub(crate) enum CallEvent {
         kind: InputKind,
         /// The server's request as MCP gave it: `{"method", "params"}`.
         request: Value,
+        /// The entry id of the question on the call's answer stream (empty until the fleet
+        /// client's reader fills it), where a reader that resumes the call starts after it.
+        at: String,
     },
 }
 
@@ -110,6 +113,7 @@ impl CallEvent {
                 input_id: data.get("input_id")?.as_str()?.to_owned(),
                 kind: InputKind::parse(data.get("kind")?.as_str()?)?,
                 request: data.get("request")?.clone(),
+                at: String::new(),
             });
         }
         None
@@ -151,7 +155,8 @@ mod tests {
             Some(CallEvent::InputRequired {
                 input_id: "i-1".to_owned(),
                 kind: InputKind::Elicitation,
-                request: request.clone()
+                request: request.clone(),
+                at: String::new()
             })
         );
         // An unknown kind, a log without a level and an answer are not events.

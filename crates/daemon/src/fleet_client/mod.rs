@@ -237,6 +237,12 @@ impl FleetClient {
         &self.inner.bus
     }
 
+    /// The bare name of the client's private response stream, where the answers and non-final
+    /// entries of its calls arrive; any process on the Redis may read it while the client lives.
+    pub(crate) fn answer_topic(&self) -> &str {
+        &self.inner.private_topic
+    }
+
     /// Calls a tool and waits for its answer, sending progress entries to `progress`.
     ///
     /// # Errors
@@ -418,18 +424,6 @@ impl FleetClient {
         Ok(state.map_or(CancelState::NoAnswer, CancelState::Answered))
     }
 
-    /// The newest entry of the bare topic `topic`, if any.
-    ///
-    /// # Errors
-    /// Redis failed.
-    pub(crate) async fn last_entry(&self, topic: &str) -> Result<Option<Entry>, BusError> {
-        let key = self.inner.keys.topic(topic);
-        let last = self.inner.bus.last_entry_id(&key).await?;
-        let Some(before) = preceding_entry_id(&last) else { return Ok(None) };
-        let entries = self.inner.bus.read(&key, &before, 1, None).await?;
-        Ok(entries.into_iter().next())
-    }
-
     /// Stops the client's tasks and deletes its private stream. Calls still waiting end with
     /// [`CallFailure::Closed`].
     pub(crate) async fn close(&self) {
@@ -525,7 +519,7 @@ impl Inner {
     /// Routes one entry of the private stream to whoever waits for it.
     fn route(&self, entry: Entry) {
         let Some(envelope) =
-            entry.payload.and_then(|payload| serde_json::from_str::<EventEnvelope>(&payload).ok())
+            entry.payload.as_deref().and_then(|payload| serde_json::from_str::<EventEnvelope>(payload).ok())
         else {
             return;
         };
@@ -575,7 +569,10 @@ impl Inner {
             }
             return;
         }
-        if let Some(event) = CallEvent::from_entry(&envelope.event_type, &envelope.data) {
+        if let Some(mut event) = CallEvent::from_entry(&envelope.event_type, &envelope.data) {
+            if let CallEvent::InputRequired { at, .. } = &mut event {
+                at.clone_from(&entry.entry_id);
+            }
             for waiter in pending.calls.get(request_id).into_iter().flatten() {
                 match (&waiter.sink, &event) {
                     (Some(Sink::Events(sender)), _) => {
@@ -596,6 +593,12 @@ impl Inner {
     }
 }
 
+/// Whether an entry of type `event_type` on a private stream is about a call (its answer or a
+/// non-final entry), not the answer of a cancel or an input, nor the stream's opening entry.
+pub(crate) fn is_call_entry(event_type: &str) -> bool {
+    ![CANCEL_ANSWER, events::INPUT_ANSWER, OPENED].contains(&event_type)
+}
+
 /// Removes a call's closed waiters when its wait ends.
 struct Forget<'a> {
     inner: &'a Inner,
@@ -611,18 +614,6 @@ impl Drop for Forget<'_> {
                 pending.calls.remove(self.request_id);
             }
         }
-    }
-}
-
-/// The entry id just before `entry_id`, so a read "after" it returns that entry; `None` for
-/// `0-0` (an empty stream).
-fn preceding_entry_id(entry_id: &str) -> Option<String> {
-    let (ms, seq) = entry_id.split_once('-')?;
-    let (ms, seq): (u64, u64) = (ms.parse().ok()?, seq.parse().ok()?);
-    match (ms, seq) {
-        (0, 0) => None,
-        (ms, 0) => Some(format!("{}-{}", ms - 1, u64::MAX)),
-        (ms, seq) => Some(format!("{ms}-{}", seq - 1)),
     }
 }
 
@@ -708,14 +699,6 @@ mod tests {
     use toolhost_bus::{MemoryBus, Streams};
 
     use super::*;
-
-    #[test]
-    fn the_preceding_entry_id_reads_back_the_entry() {
-        assert_eq!(preceding_entry_id("0-0"), None);
-        assert_eq!(preceding_entry_id("5-3").as_deref(), Some("5-2"));
-        assert_eq!(preceding_entry_id("5-0").as_deref(), Some(&*format!("4-{}", u64::MAX)));
-        assert_eq!(preceding_entry_id("garbage"), None);
-    }
 
     #[test]
     fn progress_entries_are_told_from_answers() {
@@ -817,7 +800,7 @@ mod tests {
             bus.publish(&private, "l", &answer("x.log", log)).await.unwrap();
             let question = json!({"request_id": "r-q", "input_id": "i-1", "kind": "sampling",
                 "request": {"method": "sampling/createMessage", "params": {}}});
-            bus.publish(&private, "q", &answer("x.input_required", question)).await.unwrap();
+            let asked_at = bus.publish(&private, "q", &answer("x.input_required", question)).await.unwrap();
             let answered = client.answer_input("r-q", "i-1", json!({"role": "assistant"}));
             let accept = async {
                 loop {
@@ -841,13 +824,16 @@ mod tests {
             assert_eq!(answered.unwrap(), InputState::Accepted);
             let done = answer("x", json!({"request_id": "r-q", "success": true, "result": 1}));
             bus.publish(&private, "a", &done).await.unwrap();
+            asked_at
         };
-        let (answered, ()) = tokio::join!(call, host);
+        let (answered, asked_at) = tokio::join!(call, host);
         assert_eq!(answered.unwrap().result, Some(json!(1)));
         assert!(matches!(received.recv().await, Some(CallEvent::Log(log)) if log.level == "warning"));
+        // The question names its entry on the stream, where a retry of a 2026-07-28 call reads on.
         assert!(matches!(
             received.recv().await,
-            Some(CallEvent::InputRequired { kind: InputKind::Sampling, ref input_id, .. }) if input_id == "i-1"
+            Some(CallEvent::InputRequired { kind: InputKind::Sampling, ref input_id, ref at, .. })
+                if input_id == "i-1" && *at == asked_at
         ));
         assert_eq!(received.recv().await, None, "the events end with the answer");
         assert!(client.inner.lock().inputs.is_empty());

@@ -6,9 +6,10 @@
 //!
 //! - The request rides the stream of the client's `tools/call` (rmcp's `OriginatingRequestId`),
 //!   so a client that reads only that stream gets it.
-//! - A client without the capability, or one that speaks 2026-07-28 (where rmcp sends no
-//!   server-to-client request; the `InputRequiredResult` form is not built), gets the decline:
-//!   `action: "decline"`, or a sampling error.
+//! - A client without the capability gets the decline: `action: "decline"`, or a sampling
+//!   error. A 2026-07-28 client (where rmcp sends no server-to-client request) is asked with an
+//!   `InputRequiredResult` instead (`mrtr.rs`); a call that reaches this module for one (a task)
+//!   gets the decline too.
 //! - A client's JSON-RPC error is the answer too: an elicitation is then declined, and a
 //!   sampling refused with the client's code and message. The host checks the answer; one it
 //!   refuses (a form that breaks `requestedSchema`) is declined instead, so the call goes on.

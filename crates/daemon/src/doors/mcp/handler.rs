@@ -17,7 +17,7 @@ use std::time::Duration;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, ErrorData as McpError,
     GetTaskParams, GetTaskResult, Implementation, ListToolsResult, PaginatedRequestParams, ProtocolVersion,
-    ServerCapabilities, ServerConfig, SubscriptionFilter, Tool,
+    ServerCapabilities, ServerConfig, SubscriptionFilter, Tool, UpdateTaskParams,
 };
 // The 2026-07-28 revision deprecates logging; the door refuses its request there.
 #[allow(deprecated)]
@@ -59,6 +59,8 @@ pub(crate) struct Door {
     pub subscriptions: Subscriptions,
     /// Where the door's spans go.
     pub telemetry: crate::telemetry::Telemetry,
+    /// The codec of the 2026-07-28 `requestState` (`mrtr.rs`).
+    pub request_states: super::mrtr::RequestStates,
 }
 
 impl Door {
@@ -272,6 +274,14 @@ impl ServerHandler for Session {
         _context: RequestContext<RoleServer>,
     ) -> Result<GetTaskResult, McpError> {
         self.door.tasks.get(&self.door.fleet, &request.task_id).await.map(GetTaskResult::new)
+    }
+
+    async fn update_task(
+        &self,
+        request: UpdateTaskParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        self.door.tasks.update(&self.door.fleet, &request.task_id, request.input_responses).await
     }
 
     async fn cancel_task(

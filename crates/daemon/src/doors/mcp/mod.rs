@@ -23,6 +23,7 @@ mod generation;
 mod handler;
 mod http;
 mod logging;
+mod mrtr;
 mod oauth;
 mod resource_updates;
 mod settings;
@@ -67,6 +68,7 @@ async fn door(settings: &Settings, cx: &DoorContext, transport: &'static str) ->
         list_ttl_ms: settings.watch_ms,
         subscriptions,
         telemetry: cx.telemetry.clone(),
+        request_states: mrtr::RequestStates::default(),
     }))
 }
 

@@ -10,24 +10,35 @@
 //!
 //! `tasks/get` reads the record and the newest entry of that stream, so it works after the door
 //! restarts and from any replica of the door; `tasks/cancel` sends `tool.cancel` for the
-//! request id. Nothing about a task lives in the door's memory.
+//! request id. A question of the call (its newest entry an `.input_required` one) is the
+//! `input_required` status; `tasks/update` answers it with `tool.input` and writes an entry
+//! after it, so the task reads `working` again. Nothing about a task lives in the door's memory.
 
 use std::time::Duration;
 
 use rmcp::model::{
-    CallToolResult, CreateTaskResult, DetailedTask, ErrorData as McpError, JsonObject, Task, TaskPayload,
-    TaskStatus,
+    CallToolResult, CreateTaskResult, DetailedTask, ErrorData as McpError, InputRequests, InputResponses,
+    JsonObject, Task, TaskPayload, TaskStatus,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use toolhost_bus::Keys;
 use toolhost_envelope::{ErrorCode, EventEnvelope, ResultData, new_message_id, now_rfc3339};
 
+use super::mrtr::{self, Question};
 use super::tools::call_result;
-use crate::fleet_client::{ANSWER_MARGIN, FleetClient, Progress, Request};
+use crate::fleet_client::{ANSWER_MARGIN, CallEvent, FleetClient, Progress, Request};
 
 /// How often a client should poll `tasks/get`.
 const POLL_INTERVAL_MS: u64 = 1_000;
+
+/// The event type of the entry `tasks/update` writes on a task's stream once the host took an
+/// answer, after the question it answers.
+const ANSWERED: &str = "toolhost.task.input_answered";
+
+/// How many of a task stream's newest entries `tasks/get` reads: enough to see an answer, or a
+/// question, behind the entries written after it (progress, an answered mark).
+const RECENT_ENTRIES: usize = 16;
 
 /// The durable tasks of a door.
 pub(crate) struct Tasks {
@@ -111,40 +122,91 @@ impl Tasks {
     /// An unknown or expired task (`-32602`), or Redis failed (`-32603`).
     pub(crate) async fn get(&self, fleet: &FleetClient, task_id: &str) -> Result<DetailedTask, McpError> {
         let record = self.record(fleet, task_id).await?;
-        let last = fleet
-            .last_entry(&record.topic)
-            .await
-            .map_err(|err| McpError::internal_error(format!("cannot read the task's answer: {err}"), None))?;
-        let envelope = last
-            .and_then(|entry| entry.payload)
-            .and_then(|payload| serde_json::from_str::<EventEnvelope>(&payload).ok());
-        let updated = envelope
-            .as_ref()
+        let stream = fleet.keys().topic(&record.topic);
+        let recent =
+            fleet.bus().read_back(&stream, "+", RECENT_ENTRIES).await.map_err(|err| {
+                McpError::internal_error(format!("cannot read the task's answer: {err}"), None)
+            })?;
+        // Newest first.
+        let envelopes: Vec<EventEnvelope> = recent
+            .into_iter()
+            .filter_map(|entry| entry.payload)
+            .filter_map(|payload| serde_json::from_str::<EventEnvelope>(&payload).ok())
+            .collect();
+        let updated = envelopes
+            .first()
             .and_then(|envelope| envelope.time.clone())
             .unwrap_or_else(|| record.created_at.clone());
         let task = Task::new(task_id, TaskStatus::Working, record.created_at.clone(), updated)
             .with_ttl_ms(self.ttl_ms())
             .with_poll_interval_ms(POLL_INTERVAL_MS);
-        let answer = envelope.as_ref().and_then(|envelope| {
+        let answer = envelopes.iter().find_map(|envelope| {
             (envelope.data.get("success").is_some())
                 .then(|| serde_json::from_value::<ResultData>(envelope.data.clone()).ok())?
         });
         if let Some(answer) = answer {
             return Ok(finished(task, &record.tool, &answer));
         }
-        let progress = envelope
-            .filter(|envelope| envelope.event_type.ends_with(".progress"))
-            .and_then(|envelope| Progress::from_data(&envelope.data));
         let now = crate::clock::now_since_epoch().as_millis() as u64;
         if now > record.deadline_ms {
             let error = json!({"code": -32603, "message": format!("no toolbox answered the call of '{}' in time", record.tool)});
             return Ok(DetailedTask::new(task, TaskPayload::Failed { error: object(error) }));
+        }
+        // The call waits for its caller while a question has no `tasks/update` answer after it.
+        let mut answered: Vec<&str> = Vec::new();
+        let mut progress = None;
+        for envelope in &envelopes {
+            if envelope.event_type == ANSWERED {
+                answered.extend(envelope.data.get("input_id").and_then(Value::as_str));
+                continue;
+            }
+            match CallEvent::from_entry(&envelope.event_type, &envelope.data) {
+                Some(CallEvent::InputRequired { input_id, request, .. })
+                    if !answered.contains(&input_id.as_str()) =>
+                {
+                    if let Some(question) = Question::of(&input_id, &request, "") {
+                        let input_requests = InputRequests::from([(question.input_id, question.request)]);
+                        return Ok(DetailedTask::new(task, TaskPayload::InputRequired { input_requests }));
+                    }
+                }
+                Some(CallEvent::Progress(report)) if progress.is_none() => progress = Some(report),
+                _ => {}
+            }
         }
         let task = match progress {
             Some(progress) => task.with_status_message(describe(&progress)),
             None => task,
         };
         Ok(DetailedTask::new(task, TaskPayload::Working))
+    }
+
+    /// `tasks/update`: answers the task's questions (`tool.input` for each of `responses`), and
+    /// marks each answered on the task's stream, so `tasks/get` says `working` again.
+    ///
+    /// # Errors
+    /// An unknown or expired task, an answer the host did not take (`unknown`, refused), or
+    /// Redis failed.
+    pub(crate) async fn update(
+        &self,
+        fleet: &FleetClient,
+        task_id: &str,
+        responses: InputResponses,
+    ) -> Result<(), McpError> {
+        let record = self.record(fleet, task_id).await?;
+        let stream = fleet.keys().topic(&record.topic);
+        for (input_id, response) in responses {
+            let state = fleet
+                .answer_input(&record.request_id, &input_id, response)
+                .await
+                .map_err(|err| McpError::internal_error(format!("cannot send the answer: {err}"), None))?;
+            mrtr::taken(state, &input_id)?;
+            let answered = json!({"id": new_message_id(), "type": ANSWERED, "time": now_rfc3339(),
+                "data": {"request_id": record.request_id, "input_id": input_id}});
+            fleet.bus().publish(&stream, &new_message_id(), &answered.to_string()).await.map_err(|err| {
+                McpError::internal_error(format!("cannot mark the task's question answered: {err}"), None)
+            })?;
+        }
+        Ok(())
     }
 
     /// Cancels the task's call (`tool.cancel`); its state follows in `tasks/get`.

@@ -14,9 +14,10 @@ use tokio::sync::mpsc;
 use toolhost_envelope::{DiscoveryFormat, ErrorCode, ResultData, ToolDescription};
 use tracing::info;
 
-use super::elicit;
 use super::handler::{Door, Session};
 use super::logging::{self, SessionLevel};
+use super::mrtr::{self, Asks, Outcome, Question};
+use super::{elicit, generation};
 use crate::fleet_client::{CallEvent, CallFailure, FleetClient, Request};
 use crate::telemetry::DoorSpan;
 
@@ -52,6 +53,20 @@ impl Session {
                 Some(json!({"tool": name})),
             ));
         };
+        // A 2026-07-28 retry answering the call's question: the call already runs.
+        if request.request_state.is_some() || request.input_responses.is_some() {
+            let started = std::time::Instant::now();
+            let response = self.resume(request, &context).await;
+            let error = match &response {
+                Err(error) => Some(error.code.0.to_string()),
+                Ok(CallToolResponse::Complete(result)) if result.is_error == Some(true) => {
+                    Some("tool_error".to_owned())
+                }
+                Ok(_) => None,
+            };
+            self.door.telemetry.mcp_operation(&name, error.as_deref(), started.elapsed());
+            return response;
+        }
         let key = self.call_key(&context);
         if let Some(answer) = self.remembered(&key) {
             return Ok(answer.into());
@@ -84,7 +99,19 @@ impl Session {
         }
         let started = std::time::Instant::now();
         let tool_name = call.tool.clone();
-        let result = self.run_call(call, &context).await;
+        let (request_id, tenant) = (call.request_id.clone(), call.tenant.clone());
+        let deadline = crate::clock::now_since_epoch() + call.timeout + crate::fleet_client::ANSWER_MARGIN;
+        let result = match self.run_call(call, &context).await {
+            Ok(Outcome::Answer(result)) => Ok(result),
+            Ok(Outcome::Asked(question)) => {
+                door.telemetry.mcp_operation(&tool_name, None, started.elapsed());
+                let deadline_ms = deadline.as_millis() as u64;
+                let call = (request_id.as_str(), self.door.fleet.answer_topic(), deadline_ms);
+                let asked = self.input_required((&tool_name, tenant.as_deref()), question, call);
+                return asked.await.map(CallToolResponse::InputRequired);
+            }
+            Err(error) => Err(error),
+        };
         let error = match &result {
             Err(error) => Some((error.code.0.to_string(), error.message.to_string())),
             Ok(result) if result.is_error == Some(true) => {
@@ -118,14 +145,17 @@ impl Session {
 
     /// Runs a call to its answer, relaying its progress (when the client asked for it) and its
     /// questions to the client, and cancelling the call when the client cancels its request.
-    /// Every event read before the answer reaches the client before the answer does.
+    /// Every event read before the answer reaches the client before the answer does. For a
+    /// 2026-07-28 client, a question ends the wait: the call goes on, and the client is given
+    /// the question to answer in a retry (`mrtr.rs`).
     pub(super) async fn run_call(
         &self,
         request: Request,
         context: &RequestContext<RoleServer>,
-    ) -> Result<CallToolResult, McpError> {
+    ) -> Result<Outcome, McpError> {
         let fleet = &self.door.fleet;
         let (events, receiver) = mpsc::unbounded_channel::<CallEvent>();
+        let (asks, mut asked) = mpsc::unbounded_channel::<Question>();
         let relay = tokio::spawn(relay(
             receiver,
             context.peer.clone(),
@@ -133,9 +163,14 @@ impl Session {
             self.log_level.clone(),
             fleet.clone(),
             (request.request_id.clone(), context.id.clone()),
+            generation::is_stateless(context).then(|| Asks::of(context, asks)),
         ));
         let answer = tokio::select! {
             answer = fleet.call_with_events(&request, events) => answer,
+            Some(question) = asked.recv() => {
+                relay.abort();
+                return Ok(Outcome::Asked(question));
+            }
             () = context.ct.cancelled() => {
                 let state = fleet.cancel(&request.request_id).await;
                 info!(request_id = %request.request_id, tool = %request.tool, ?state, "MCP client cancelled its call");
@@ -149,10 +184,10 @@ impl Session {
         if tokio::time::timeout(RELAY_DRAIN, &mut relay).await.is_err() {
             relay.abort();
         }
-        Ok(match answer {
+        Ok(Outcome::Answer(match answer {
             Ok(result) => call_result(&request.tool, &result),
             Err(failure) => failure_result(&request.tool, &failure),
-        })
+        }))
     }
 }
 
@@ -162,7 +197,9 @@ const RELAY_DRAIN: Duration = Duration::from_secs(5);
 /// Passes a call's events on to the MCP client until the call ends: progress as
 /// `notifications/progress` under the request's token, log entries as `notifications/message`
 /// at or above the session's level; a question is asked of the client ([`elicit::ask`], on a
-/// task of its own, so that progress and the answer are not held up behind the client's user).
+/// task of its own, so that progress and the answer are not held up behind the client's user),
+/// or, for a 2026-07-28 client (`asks`), handed back to be returned as an `InputRequiredResult`,
+/// which ends the relay.
 // `notifications/message` is deprecated in 2026-07-28 (SEP-2577); the `initialize` generations
 // have it.
 #[allow(deprecated)]
@@ -173,6 +210,7 @@ async fn relay(
     log_level: SessionLevel,
     fleet: FleetClient,
     (request_id, originating): (String, RequestId),
+    asks: Option<Asks>,
 ) {
     while let Some(event) = events.recv().await {
         match event {
@@ -195,7 +233,19 @@ async fn relay(
                     return;
                 }
             }
-            CallEvent::InputRequired { input_id, kind, request } => {
+            CallEvent::InputRequired { input_id, kind, request, at } => {
+                if let Some(asks) = &asks {
+                    match Question::of(&input_id, &request, &at) {
+                        Some(question) if asks.allows(kind) => {
+                            let _ = asks.sender.send(question);
+                            return;
+                        }
+                        _ => {
+                            mrtr::decline(&fleet, &request_id, &input_id, kind);
+                            continue;
+                        }
+                    }
+                }
                 let (peer, fleet, request_id, originating) =
                     (peer.clone(), fleet.clone(), request_id.clone(), originating.clone());
                 tokio::spawn(async move {
