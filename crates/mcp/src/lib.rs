@@ -50,6 +50,7 @@ mod mrtr;
 pub mod names;
 mod source;
 mod subscriptions;
+mod task;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
