@@ -581,14 +581,26 @@ impl Tool for McpTool {
             loop {
                 let sent = if context.progress.is_relayed() || context.input.is_relayed() || tasks.is_some() {
                     let meta = tasks.clone();
-                    call_with_progress(&peer, params.clone(), &source.progress, &context.progress, &asks, meta)
-                        .await
+                    call_with_progress(
+                        &peer,
+                        params.clone(),
+                        &source.progress,
+                        &context.progress,
+                        &asks,
+                        meta,
+                    )
+                    .await
                 } else {
                     peer.call_tool_once(params.clone()).await
                 };
                 let response = match sent {
                     Ok(CallToolResponse::Task(created)) => {
-                        let result = task::follow((name, &source.spec.name), &peer, created, &context.input)
+                        // Only a call that declared the extension gets a task; one that did not
+                        // is followed with the same declaration all the same.
+                        let meta =
+                            tasks.clone().unwrap_or_else(|| task::declare(crate::input::capabilities()));
+                        let task = (created, &meta);
+                        let result = task::follow((name, &source.spec.name), &peer, task, &context.input)
                             .await
                             .map_err(failed)?;
                         CallToolResponse::Complete(result)

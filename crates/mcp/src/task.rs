@@ -22,9 +22,11 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use rmcp::model::{
-    CallToolResult, CancelTaskParams, ClientCapabilities, CreateTaskResult, GetTaskParams, RequestMetaObject,
-    TaskPayload, UpdateTaskParams,
+    CallToolResult, CancelTaskParams, CancelTaskRequest, ClientCapabilities, ClientRequest, CreateTaskResult,
+    GetTaskParams, GetTaskRequest, RequestMetaObject, ServerResult, TaskPayload, UpdateTaskParams,
+    UpdateTaskRequest,
 };
+use rmcp::service::PeerRequestOptions;
 use rmcp::{ErrorData, Peer, RoleClient, ServiceError};
 use serde_json::Value;
 use toolhost_tools::{Input, ToolError};
@@ -59,6 +61,18 @@ pub(crate) fn declare(capabilities: ClientCapabilities) -> RequestMetaObject {
     meta
 }
 
+/// Sends `request` with `meta` (the declaration of [`declare`]: the server checks it on every
+/// `tasks/*` request, and rmcp's own `get_task` and the like send only the session's).
+async fn send(
+    peer: &Peer<RoleClient>,
+    request: ClientRequest,
+    meta: &RequestMetaObject,
+) -> Result<ServerResult, ServiceError> {
+    let mut options = PeerRequestOptions::no_options();
+    options.meta = Some(meta.clone());
+    peer.send_request_with_option(request, options).await?.await_response().await
+}
+
 /// The wait before the next poll, from the server's suggestion.
 pub(crate) fn poll_interval(suggested_ms: Option<u64>) -> Duration {
     suggested_ms.map_or(DEFAULT_POLL, |ms| Duration::from_millis(ms).clamp(MIN_POLL, MAX_POLL))
@@ -67,6 +81,7 @@ pub(crate) fn poll_interval(suggested_ms: Option<u64>) -> Duration {
 /// Sends `tasks/cancel` for a task nobody follows any more, unless disarmed.
 struct CancelOnDrop {
     peer: Peer<RoleClient>,
+    meta: RequestMetaObject,
     task_id: Option<String>,
 }
 
@@ -74,12 +89,15 @@ impl Drop for CancelOnDrop {
     fn drop(&mut self) {
         let Some(task_id) = self.task_id.take() else { return };
         let peer = self.peer.clone();
+        let meta = self.meta.clone();
         // Best effort, as `notifications/cancelled` is: the call has already ended.
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
-                let cancel = peer.cancel_task(CancelTaskParams::new(task_id.clone()));
-                match tokio::time::timeout(CANCEL_TIMEOUT, cancel).await {
-                    Ok(Ok(())) => tracing::debug!(task_id, "MCP task cancelled"),
+                let request = ClientRequest::CancelTaskRequest(CancelTaskRequest::new(
+                    CancelTaskParams::new(task_id.clone()),
+                ));
+                match tokio::time::timeout(CANCEL_TIMEOUT, send(&peer, request, &meta)).await {
+                    Ok(Ok(_)) => tracing::debug!(task_id, "MCP task cancelled"),
                     Ok(Err(error)) => tracing::debug!(task_id, %error, "tasks/cancel failed"),
                     Err(_) => tracing::debug!(task_id, "tasks/cancel did not answer in time"),
                 }
@@ -89,7 +107,7 @@ impl Drop for CancelOnDrop {
 }
 
 /// Follows the task `created` of tool `tool` (of source `source`) to its end: its final
-/// `tools/call` result.
+/// `tools/call` result. `meta` is the call's declaration of the extension ([`declare`]).
 ///
 /// # Errors
 /// The failure of a task that failed or was cancelled by the server, a question nobody could
@@ -98,11 +116,12 @@ impl Drop for CancelOnDrop {
 pub(crate) async fn follow(
     (tool, source): (&str, &str),
     peer: &Peer<RoleClient>,
-    created: CreateTaskResult,
+    (created, meta): (CreateTaskResult, &RequestMetaObject),
     input: &Input,
 ) -> Result<CallToolResult, (ToolError, bool)> {
     let task_id = created.task.task_id.clone();
-    let mut guard = CancelOnDrop { peer: peer.clone(), task_id: Some(task_id.clone()) };
+    let mut guard = CancelOnDrop { peer: peer.clone(), meta: meta.clone(), task_id: Some(task_id.clone()) };
+    let failed = |error| mapping::service_error(tool, source, error);
     let mut wait = poll_interval(created.task.poll_interval_ms);
     let mut answered = BTreeSet::new();
     let mut ask_first = false;
@@ -111,16 +130,17 @@ pub(crate) async fn follow(
             tokio::time::sleep(wait).await;
         }
         ask_first = false;
-        let polled = peer
-            .get_task(GetTaskParams::new(task_id.clone()))
-            .await
-            .map_err(|error| mapping::service_error(tool, source, error))?;
-        let detailed = polled.task;
+        let request = ClientRequest::GetTaskRequest(GetTaskRequest::new(GetTaskParams::new(task_id.clone())));
+        let detailed = match send(peer, request, meta).await.map_err(failed)? {
+            ServerResult::GetTaskResult(polled) => polled.task,
+            _ => return Err(failed(ServiceError::UnexpectedResponse)),
+        };
         wait = poll_interval(detailed.task.poll_interval_ms);
         match detailed.payload {
             TaskPayload::Working => {}
             TaskPayload::InputRequired { input_requests } => {
-                let fresh: Vec<_> = input_requests.iter().filter(|(key, _)| !answered.contains(*key)).collect();
+                let fresh: Vec<_> =
+                    input_requests.iter().filter(|(key, _)| !answered.contains(*key)).collect();
                 if fresh.is_empty() {
                     continue;
                 }
@@ -128,9 +148,9 @@ pub(crate) async fn follow(
                     .await
                     .map_err(|error| (error, false))?;
                 answered.extend(responses.keys().cloned());
-                peer.update_task(UpdateTaskParams::new(task_id.clone(), responses))
-                    .await
-                    .map_err(|error| mapping::service_error(tool, source, error))?;
+                let update = UpdateTaskParams::new(task_id.clone(), responses);
+                let request = ClientRequest::UpdateTaskRequest(UpdateTaskRequest::new(update));
+                send(peer, request, meta).await.map_err(failed)?;
                 // The server may take the answers at once: look again without waiting.
                 ask_first = true;
             }
@@ -160,15 +180,20 @@ pub(crate) async fn follow(
             }
             TaskPayload::Cancelled => {
                 guard.task_id = None;
-                let why = detailed.task.status_message.map(|message| format!(": {message}")).unwrap_or_default();
+                let why =
+                    detailed.task.status_message.map(|message| format!(": {message}")).unwrap_or_default();
                 return Err((
-                    ToolError::Failed(format!("MCP server '{source}' cancelled the task {task_id} of tool '{tool}'{why}")),
+                    ToolError::Failed(format!(
+                        "MCP server '{source}' cancelled the task {task_id} of tool '{tool}'{why}"
+                    )),
                     false,
                 ));
             }
             _ => {
                 return Err((
-                    ToolError::Failed(format!("MCP tool '{tool}' reported its task {task_id} in a state toolhost does not know")),
+                    ToolError::Failed(format!(
+                        "MCP tool '{tool}' reported its task {task_id} in a state toolhost does not know"
+                    )),
                     false,
                 ));
             }
