@@ -22,6 +22,10 @@
 //! client over Redis (`on_input=`, `tests/mcp_fidelity/elicit.py`), of `toolhost call` without a
 //! terminal, and on the wire: a response that breaks the form, an unknown question, a late
 //! answer, nobody answering, and the replica lost while a call waits.
+//!
+//! A hosted server's own tasks (SEP-2663) and its 2026-07-28 questions (`InputRequiredResult`),
+//! which no published server makes: `tests/src/bin/mcp_task_server.rs`, a test-only server on
+//! rmcp's server side, hosted over stdio in 2026-07-28 and called over Redis.
 
 // Test code: a failed step is a failed test.
 #![allow(clippy::unwrap_used)]
