@@ -146,7 +146,8 @@ test-mcp-door: ensure-redis-installed debug-toolhost
 # on a pinned Node 22) against its reference server directly (every check passes) and hosted
 # behind a toolbox through the MCP door, where only tests/mcp_fidelity/expected-failures.yml may
 # fail; images from a hosted stdio and HTTP server through Redis to the Python client and the
-# Agents SDK adapter, and through the door to the MCP Python SDK (tests/tests/mcp_fidelity.rs).
+# Agents SDK adapter, and through the door to the MCP Python SDK; a hosted server's own tasks and
+# 2026-07-28 questions, from a test server on rmcp (tests/tests/mcp_fidelity.rs).
 test-mcp-fidelity: ensure-redis-installed debug-toolhost
     scripts/ensure-mcp-conformance.sh >/dev/null
     scripts/ensure-mcp-servers.sh >/dev/null

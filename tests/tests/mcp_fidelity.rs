@@ -22,6 +22,10 @@
 //! client over Redis (`on_input=`, `tests/mcp_fidelity/elicit.py`), of `toolhost call` without a
 //! terminal, and on the wire: a response that breaks the form, an unknown question, a late
 //! answer, nobody answering, and the replica lost while a call waits.
+//!
+//! A hosted server's own tasks (SEP-2663) and its 2026-07-28 questions (`InputRequiredResult`),
+//! which no published server makes: `tests/src/bin/mcp_task_server.rs`, a test-only server on
+//! rmcp's server side, hosted over stdio in 2026-07-28 and called over Redis.
 
 // Test code: a failed step is a failed test.
 #![allow(clippy::unwrap_used)]
@@ -1173,6 +1177,164 @@ fn a_hosted_source_speaks_2026_07_28_where_the_server_offers_it_and_initialize_w
     }
     let read = catalog_request(&redis, "resources.read", "read-1", json!({"uri": "watched://counter"}), None);
     assert_eq!(read["data"]["success"], true, "{read}");
+    drop(hosts);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The marks `tests/src/bin/mcp_task_server.rs` wrote to `path`, waiting up to 10 s for a line
+/// that starts with `prefix`; `None` if none came.
+fn task_mark(path: &Path, prefix: &str) -> Option<String> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let marks = std::fs::read_to_string(path).unwrap_or_default();
+        if let Some(line) = marks.lines().find(|line| line.starts_with(prefix)) {
+            return Some(line.to_owned());
+        }
+        if Instant::now() > deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Asks the question of `request_id`'s `skip`-th `.input_required` entry, checks it, answers it
+/// with `response`, and returns the call's answer.
+fn answer_question(redis: &RedisProcess, request_id: &str, message: &str, response: &Value) -> Value {
+    let (kind, question) = result_entry(redis, request_id, ".input_required", 0);
+    assert_eq!(kind, "tool.invoke.completed.input_required", "{question}");
+    assert_eq!(question["kind"], "elicitation", "{question}");
+    assert_eq!(question["request"]["method"], "elicitation/create", "{question}");
+    assert_eq!(question["request"]["params"]["message"], message, "{question}");
+    let input = json!({"request_id": request_id, "input_id": question["input_id"], "response": response});
+    send_request(redis, "tool.input", &input);
+    let (_, accepted) = result_entry(redis, request_id, "tool.input.completed", 0);
+    assert_eq!(accepted["result"]["state"], "accepted", "{accepted}");
+    result_entry(redis, request_id, "tool.invoke.completed", 0).1
+}
+
+#[test]
+fn a_hosted_servers_own_tasks_and_2026_07_28_questions_are_followed_to_their_end() {
+    let dir = temp_dir("mcp-fidelity-tasks");
+    let redis = RedisProcess::start(&[]);
+    // The rmcp test server, hosted twice over stdio in 2026-07-28: with a 20 s timeout, and as
+    // `short` with 1.5 s, whose endless task the deadline cuts.
+    let server = |name: &str, timeout_ms: u32| {
+        format!(
+            "[[mcp_servers]]\nname = \"{name}\"\ncommand = \"{}\"\nprefix = \"{name}__\"\nprotocol = \"2026-07-28\"\n\
+             timeout_ms = {timeout_ms}\nenv = {{ TASK_SERVER_MARKS = \"{}\" }}\n\n",
+            env!("CARGO_BIN_EXE_mcp_task_server"),
+            dir.join(format!("{name}.marks")).display()
+        )
+    };
+    let config = dir.join("hosts.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[daemon]\ntoolbox_id = \"hosts\"\n[dispatch]\nclaim_idle_ms = 2000\n[tools.terminal]\nrun_as = \"{}\"\n\n{}{}",
+            toolhost_e2e::user(),
+            server("tasks", 20_000),
+            server("short", 1_500)
+        ),
+    )
+    .unwrap();
+    let hosts =
+        Toolhost::start(&[("REDIS_URL", &redis.url()), ("TOOLHOST_CONFIG", config.to_str().unwrap())]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let tools: Vec<String> =
+            redis::cmd("HKEYS").arg("toolhost:registry:hosts").query(&mut redis.connection()).unwrap();
+        if ["tasks__task_echo", "short__task_endless"].iter().all(|tool| tools.iter().any(|t| t == tool)) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the task servers' tools are not published:\n{}", hosts.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let invoke = |id: &str, tool: &str, arguments: Value| {
+        send_request(&redis, "tool.invoke", &json!({"request_id": id, "tool": tool, "arguments": arguments}));
+    };
+    let tasks_marks = dir.join("tasks.marks");
+
+    // A task that works, then completes: its result is mapped as any tools/call result's is.
+    invoke("echo", "tasks__task_echo", json!({"text": "from a task"}));
+    let (_, echoed) = result_entry(&redis, "echo", "tool.invoke.completed", 0);
+    assert_eq!(echoed["success"], true, "{echoed}\n{}", hosts.log());
+    assert_eq!(echoed["result"], json!({"echo": "from a task"}), "{echoed}");
+    assert_eq!(
+        echoed["content"],
+        json!([
+            {"type": "text", "text": "echo: from a task"},
+            {"type": "image", "data": "iVBORw0KGgo=", "mimeType": "image/png"}
+        ]),
+        "{echoed}"
+    );
+    assert!(task_mark(&tasks_marks, "created task_echo ").is_some(), "the call did not run as a task");
+
+    // A task that asks: the caller answers over Redis, the answer reaches it by tasks/update.
+    invoke("task-ask", "tasks__task_ask", json!({}));
+    let answered = answer_question(
+        &redis,
+        "task-ask",
+        "Your name, for the task?",
+        &json!({"action": "accept", "content": {"name": "Ada"}}),
+    );
+    assert_eq!(answered["result"], "hello Ada", "{answered}\n{}", hosts.log());
+    assert!(task_mark(&tasks_marks, "updated ").is_some(), "no tasks/update reached the task");
+    // Declined, the decline reaches the task.
+    invoke("task-decline", "tasks__task_ask", json!({}));
+    let declined =
+        answer_question(&redis, "task-decline", "Your name, for the task?", &json!({"action": "decline"}));
+    assert_eq!(declined["result"], "no name: decline", "{declined}");
+
+    // A task that fails: its JSON-RPC error, as a failed tools/call's.
+    invoke("fails", "tasks__task_fail", json!({}));
+    let (_, failed) = result_entry(&redis, "fails", "tool.invoke.completed", 0);
+    assert_eq!(failed["error_code"], "tool_failed", "{failed}");
+    let message = failed["error"].as_str().unwrap_or_default();
+    assert!(message.contains("-32603") && message.contains("the task broke on purpose"), "{failed}");
+
+    // A task cancelled by its caller: tool.cancel reaches the server as tasks/cancel.
+    invoke("endless", "tasks__task_endless", json!({}));
+    let created = task_mark(&tasks_marks, "created task_endless ").expect("the endless task was created");
+    let task_id = created.rsplit(' ').next().unwrap().to_owned();
+    send_request(&redis, "tool.cancel", &json!({"request_id": "endless"}));
+    let (_, cancel) = result_entry(&redis, "endless", "tool.cancel.completed", 0);
+    assert_eq!(cancel["result"]["state"], "cancelling", "{cancel}");
+    let (_, stopped) = result_entry(&redis, "endless", "tool.invoke.completed", 0);
+    assert_eq!(stopped["error_code"], "cancelled", "{stopped}");
+    assert!(
+        task_mark(&tasks_marks, &format!("cancel {task_id}")).is_some(),
+        "tasks/cancel did not reach the server:\n{}",
+        hosts.log()
+    );
+    assert!(task_mark(&tasks_marks, &format!("cancelled {task_id}")).is_some(), "the task did not stop");
+
+    // A task past the tool's deadline: answered `timeout`, and cancelled at the server.
+    invoke("too-long", "short__task_endless", json!({}));
+    let (_, timed_out) = result_entry(&redis, "too-long", "tool.invoke.completed", 0);
+    assert_eq!(timed_out["error_code"], "timeout", "{timed_out}");
+    let short_marks = dir.join("short.marks");
+    let created = task_mark(&short_marks, "created task_endless ").expect("the short task was created");
+    let task_id = created.rsplit(' ').next().unwrap().to_owned();
+    assert!(
+        task_mark(&short_marks, &format!("cancel {task_id}")).is_some(),
+        "tasks/cancel did not reach the server at the deadline:\n{}",
+        hosts.log()
+    );
+
+    // The 2026-07-28 form: an InputRequiredResult asked of the caller over Redis, the tools/call
+    // retried with the answer and the server's requestState.
+    invoke("mrtr", "tasks__mrtr_ask", json!({}));
+    let retried = answer_question(
+        &redis,
+        "mrtr",
+        "Your name, for the retry?",
+        &json!({"action": "accept", "content": {"name": "Grace"}}),
+    );
+    assert_eq!(retried["result"], "hello Grace (state round-1)", "{retried}\n{}", hosts.log());
+    invoke("mrtr-decline", "tasks__mrtr_ask", json!({}));
+    let refused =
+        answer_question(&redis, "mrtr-decline", "Your name, for the retry?", &json!({"action": "decline"}));
+    assert_eq!(refused["result"], "declined: decline", "{refused}");
     drop(hosts);
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -5,7 +5,9 @@
 //! The session opens in the generation `protocol` names (`initialize`, or 2026-07-28 where the
 //! server offers it; see [`config::Protocol`]).
 //! toolhost declares the elicitation and sampling client capabilities and asks a server's
-//! questions of the call's caller ([`toolhost_tools::Input`]); it offers no roots. The server's tools become [`toolhost_tools::Tool`]s
+//! questions of the call's caller ([`toolhost_tools::Input`]); it offers no roots. A server that
+//! offers the tasks extension (SEP-2663) may answer a call with a task of its own, which the
+//! call follows to its end. The server's tools become [`toolhost_tools::Tool`]s
 //! named `<prefix><tool>` (see [`names`]), with their schemas and hints mapped as [`mapping`]
 //! describes; the registry validates arguments and output as for every tool.
 //!
@@ -50,6 +52,7 @@ mod mrtr;
 pub mod names;
 mod source;
 mod subscriptions;
+mod task;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

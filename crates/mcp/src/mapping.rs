@@ -90,8 +90,9 @@ pub fn answer(
         CallToolResponse::InputRequired(_) => Err(ToolError::Failed(format!(
             "MCP tool '{tool}' asked for input before it could finish, and the question was not answered"
         ))),
+        // The source follows a task to its end (`task`); one that reaches here was not.
         CallToolResponse::Task(_) => Err(ToolError::Failed(format!(
-            "MCP tool '{tool}' answered with a task to poll later; toolhost does not run MCP tasks"
+            "MCP tool '{tool}' answered with a task that was not followed to its end"
         ))),
         _ => Err(ToolError::Failed(format!("MCP tool '{tool}' answered in a form toolhost does not know"))),
     }

@@ -9,7 +9,8 @@
 //! `roots/list` is answered with no roots (toolhost offers none).
 //!
 //! Only a source that negotiated 2026-07-28 gets such a result (rmcp turns it into an error for
-//! older peers).
+//! older peers). A server's own task (`crate::task`) asks its questions the same way, in its
+//! `input_required` state, and [`answer_requests`] answers them too.
 
 use rmcp::model::{InputRequiredResult, InputResponses};
 use serde_json::{Value, json};
@@ -29,8 +30,23 @@ pub(crate) async fn answer_round(
     input: &Input,
     round: &InputRequiredResult,
 ) -> Result<InputResponses, ToolError> {
+    match &round.input_requests {
+        Some(requests) => answer_requests(tool, input, requests.iter()).await,
+        None => Ok(InputResponses::new()),
+    }
+}
+
+/// The caller's answers to `requests`, keyed as the server keyed them.
+///
+/// # Errors
+/// As [`answer_round`].
+pub(crate) async fn answer_requests<'a>(
+    tool: &str,
+    input: &Input,
+    requests: impl Iterator<Item = (&'a String, &'a rmcp::model::InputRequest)>,
+) -> Result<InputResponses, ToolError> {
     let mut responses = InputResponses::new();
-    for (key, request) in round.input_requests.iter().flatten() {
+    for (key, request) in requests {
         let request = serde_json::to_value(request).map_err(|err| {
             ToolError::Failed(format!("MCP tool '{tool}' asked in a form toolhost cannot read: {err}"))
         })?;

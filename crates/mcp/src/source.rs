@@ -48,7 +48,7 @@ use crate::child::{ChildSpec, ManagedChild};
 use crate::config::{ServerSpec, Transport};
 use crate::input::{InputRoute, InputRoutes};
 use crate::logging::LogRoutes;
-use crate::{mapping, mrtr, names};
+use crate::{mapping, mrtr, names, task};
 
 /// Quiet time after a `list_changed` before the tools are listed again, so a burst is one list.
 pub const LIST_CHANGED_DEBOUNCE: Duration = Duration::from_millis(300);
@@ -289,16 +289,20 @@ impl Drop for Abandoned {
 
 /// `tools/call` with a progress route: what `call_tool_once` does, keeping the request's
 /// progress token so the server's `notifications/progress` for it reach `progress`, and its id
-/// so the server's questions on its stream reach the call's `input`.
+/// so the server's questions on its stream reach the call's `input`; `meta` is added to the
+/// request's `_meta` (the tasks extension, [`task::declare`]).
 async fn call_with_progress(
     peer: &Peer<RoleClient>,
     params: CallToolRequestParams,
     routes: &Arc<ProgressRoutes>,
     progress: &Progress,
     input: &InputRoute<'_>,
+    meta: Option<RequestMetaObject>,
 ) -> Result<CallToolResponse, ServiceError> {
     let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
-    let handle = peer.send_request_with_option(request, PeerRequestOptions::no_options()).await?;
+    let mut options = PeerRequestOptions::no_options();
+    options.meta = meta;
+    let handle = peer.send_request_with_option(request, options).await?;
     let _route = routes.add(handle.progress_token.clone(), progress.clone());
     input.sent(handle.id.clone());
     let mut abandoned = Abandoned { peer: peer.clone(), id: Some(handle.id.clone()) };
@@ -559,28 +563,50 @@ impl Tool for McpTool {
             }
         };
         let name = &self.spec.name;
+        let failed = |(error, went_away): (ToolError, bool)| {
+            if went_away {
+                source.recheck.notify_one();
+            }
+            error
+        };
+        // A server that offers the tasks extension is told the call may be answered with a task.
+        let tasks = task::offered(&peer).then(|| task::declare(crate::input::capabilities()));
         // Dropping this future before its answer makes rmcp send notifications/cancelled (or
-        // `Abandoned`, when progress is relayed). An `InputRequiredResult` (MRTR, 2026-07-28)
-        // is answered through the call's input and the call retried (`mrtr`).
+        // `Abandoned`, when progress is relayed), or `tasks/cancel` for a task being followed.
+        // An `InputRequiredResult` (MRTR, 2026-07-28) is answered through the call's input and
+        // the call retried (`mrtr`); a task is followed to its end (`task`).
         let call = async {
             let mut params = params;
             let mut rounds = 0;
             loop {
-                let sent = if context.progress.is_relayed() || context.input.is_relayed() {
-                    call_with_progress(&peer, params.clone(), &source.progress, &context.progress, &asks)
-                        .await
+                let sent = if context.progress.is_relayed() || context.input.is_relayed() || tasks.is_some() {
+                    let meta = tasks.clone();
+                    call_with_progress(
+                        &peer,
+                        params.clone(),
+                        &source.progress,
+                        &context.progress,
+                        &asks,
+                        meta,
+                    )
+                    .await
                 } else {
                     peer.call_tool_once(params.clone()).await
                 };
                 let response = match sent {
-                    Ok(response) => response,
-                    Err(error) => {
-                        let (error, went_away) = mapping::service_error(name, &source.spec.name, error);
-                        if went_away {
-                            source.recheck.notify_one();
-                        }
-                        return Err(error);
+                    Ok(CallToolResponse::Task(created)) => {
+                        // Only a call that declared the extension gets a task; one that did not
+                        // is followed with the same declaration all the same.
+                        let meta =
+                            tasks.clone().unwrap_or_else(|| task::declare(crate::input::capabilities()));
+                        let task = (created, &meta);
+                        let result = task::follow((name, &source.spec.name), &peer, task, &context.input)
+                            .await
+                            .map_err(failed)?;
+                        CallToolResponse::Complete(result)
                     }
+                    Ok(response) => response,
+                    Err(error) => return Err(failed(mapping::service_error(name, &source.spec.name, error))),
                 };
                 let CallToolResponse::InputRequired(round) = response else {
                     return mapping::answer(name, response, source.spec.max_response_bytes);
