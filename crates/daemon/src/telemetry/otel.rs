@@ -622,3 +622,125 @@ async fn metrics_loop(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::borrow::Cow;
+    use std::time::Duration;
+
+    use opentelemetry::trace::SpanKind;
+    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+    use prost::Message as _;
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    use super::SpanExport;
+    use crate::telemetry::settings::{Export, Protocol};
+    use crate::telemetry::spans::{Span, Status, attr};
+
+    /// One request as a collector on a local port saw it: its head (request line and headers,
+    /// lower-cased) and its body; the collector answers `status`.
+    async fn collect_one(listener: tokio::net::TcpListener, status: &str) -> (String, Vec<u8>) {
+        let (mut stream, _) = listener.accept().await.unwrap();
+        let mut received = Vec::new();
+        let mut chunk = [0_u8; 4096];
+        let head_end = loop {
+            let n = stream.read(&mut chunk).await.unwrap();
+            assert!(n > 0, "the connection closed before the request's head");
+            received.extend_from_slice(&chunk[..n]);
+            if let Some(at) = received.windows(4).position(|window| window == b"\r\n\r\n") {
+                break at + 4;
+            }
+        };
+        let head = String::from_utf8(received[..head_end].to_vec()).unwrap().to_ascii_lowercase();
+        let length: usize = head
+            .lines()
+            .find_map(|line| line.strip_prefix("content-length:"))
+            .map(|value| value.trim().parse().unwrap())
+            .expect("a content-length");
+        while received.len() < head_end + length {
+            let n = stream.read(&mut chunk).await.unwrap();
+            assert!(n > 0, "the connection closed before the request's body");
+            received.extend_from_slice(&chunk[..n]);
+        }
+        let answer = format!("HTTP/1.1 {status}\r\ncontent-length: 0\r\n\r\n");
+        stream.write_all(answer.as_bytes()).await.unwrap();
+        (head, received[head_end..].to_vec())
+    }
+
+    fn export_to(endpoint: String) -> Export {
+        Export {
+            protocol: Protocol::HttpProtobuf,
+            traces_endpoint: endpoint,
+            metrics_endpoint: String::new(),
+            headers: vec![("X-Tenant".to_owned(), "team a".to_owned())],
+            timeout: Duration::from_secs(5),
+            max_queue_size: 16,
+            max_export_batch_size: 8,
+            schedule_delay: Duration::from_millis(100),
+            metrics_interval: None,
+        }
+    }
+
+    fn one_span() -> Span {
+        Span {
+            trace_id: [7; 16],
+            span_id: [8; 8],
+            parent: None,
+            parent_remote: false,
+            flags: 1,
+            trace_state: None,
+            kind: SpanKind::Internal,
+            name: Cow::Borrowed("admit"),
+            start: 1,
+            end: 2,
+            attributes: vec![attr("toolhost.door", "requests")],
+            events: Vec::new(),
+            link: None,
+            status: Status::Unset,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_batch_is_posted_as_protobuf_with_the_configured_headers() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let endpoint = format!("http://{}/v1/traces", listener.local_addr().unwrap());
+        let resource = opentelemetry_sdk::Resource::builder().with_service_name("toolhost-test").build();
+        let mut exporter = SpanExport::new(&export_to(endpoint), &resource).unwrap();
+        let collector = tokio::spawn(collect_one(listener, "200 OK"));
+        let mut batch = vec![one_span(), one_span()];
+        exporter.export(&mut batch, Duration::from_secs(5)).await.unwrap();
+        assert!(batch.is_empty(), "the batch is taken");
+        let (head, body) = collector.await.unwrap();
+        assert!(head.starts_with("post /v1/traces http/1.1\r\n"), "{head}");
+        assert!(head.contains("\r\ncontent-type: application/x-protobuf\r\n"), "{head}");
+        assert!(head.contains("\r\nx-tenant: team a\r\n"), "{head}");
+        let request = ExportTraceServiceRequest::decode(body.as_slice()).unwrap();
+        let spans = &request.resource_spans[0].scope_spans[0].spans;
+        assert_eq!(spans.len(), 2);
+        assert_eq!(spans[0].name, "admit");
+    }
+
+    #[tokio::test]
+    async fn a_refused_batch_is_an_error_that_names_the_status() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let endpoint = format!("http://{}/v1/traces", listener.local_addr().unwrap());
+        let resource = opentelemetry_sdk::Resource::builder().build();
+        let mut exporter = SpanExport::new(&export_to(endpoint), &resource).unwrap();
+        let collector = tokio::spawn(collect_one(listener, "503 Service Unavailable"));
+        let mut batch = vec![one_span()];
+        let err = exporter.export(&mut batch, Duration::from_secs(5)).await.unwrap_err();
+        assert!(err.contains("503"), "{err}");
+        collector.await.unwrap();
+    }
+
+    #[test]
+    fn a_bad_header_or_endpoint_stops_the_pipeline_from_starting() {
+        let resource = opentelemetry_sdk::Resource::builder().build();
+        let mut export = export_to("http://127.0.0.1:4318/v1/traces".to_owned());
+        export.headers = vec![("bad header".to_owned(), "x".to_owned())];
+        let err = SpanExport::new(&export, &resource).err().unwrap();
+        assert!(err.to_string().contains("'bad header'"), "{err}");
+        let export = export_to("not a url".to_owned());
+        assert!(SpanExport::new(&export, &resource).is_err());
+    }
+}
