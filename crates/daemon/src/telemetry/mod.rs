@@ -10,13 +10,15 @@
 //! Metric names are the constants below; `docs/OPERATIONS.md` explains each one.
 //!
 //! Spans (issue 36): [`settings`] is `[telemetry]` with the standard `OTEL_*` variables,
-//! [`otel`] the pipeline (a bounded queue of finished spans, the OTLP exporter), [`spans`] the
-//! spans of one call by the messaging and MCP conventions. The pipeline is started once the
+//! [`otel`] the pipeline (a bounded queue of finished spans, the OTLP export), [`otlp`] the
+//! OTLP/HTTP request encoded from toolhost's own span data, [`spans`] the spans of one call by
+//! the messaging and MCP conventions. The pipeline is started once the
 //! runtime runs ([`Telemetry::start_export`]); before that, and without an endpoint, no span is
 //! made.
 
 pub(crate) mod history;
 mod otel;
+mod otlp;
 pub mod settings;
 pub(crate) mod spans;
 
@@ -298,6 +300,7 @@ impl Telemetry {
         attributes: Vec<opentelemetry::KeyValue>,
     ) -> Option<DoorSpan> {
         let pipeline = self.inner.pipeline.get()?;
+        let attributes = attributes.into_iter().map(spans::Attribute::from).collect();
         DoorSpan::start(&pipeline.spans, self.inner.settings.sampling, caller, name, kind, attributes)
     }
 

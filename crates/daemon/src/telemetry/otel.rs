@@ -1,11 +1,17 @@
-//! The OpenTelemetry pipeline: a bounded queue of finished spans in front of the OTLP exporter.
+//! The OpenTelemetry pipeline: a bounded queue of finished spans in front of the OTLP export.
 //!
-//! toolhost makes its spans' exportable data itself ([`super::spans`]) rather than through the
-//! SDK's tracer: a call's span ids are chosen at admission, its sampling decision too, and its
-//! spans are built once, when each ends, straight into the queue; the SDK's per-span machinery
-//! (a context and a locked span per span, its sampler, its id generator, its processor chain)
-//! cost more than the rest of an echo call (docs/PERFORMANCE.md, "Telemetry"). The SDK's
-//! exporter still encodes and sends them.
+//! toolhost makes its spans itself ([`super::spans`]) rather than through the SDK's tracer: a
+//! call's span ids are chosen at admission, its sampling decision too, and each span is one
+//! plain struct, offered to the queue when it ends; the SDK's per-span machinery (a context and
+//! a locked span per span, its sampler, its processor chain, its `SpanData`) cost more than the
+//! rest of an echo call (docs/PERFORMANCE.md, "Telemetry").
+//!
+//! Over OTLP/HTTP (`http/protobuf`) toolhost also encodes the request itself ([`super::otlp`]:
+//! one buffer per batch, the resource and the scope written once) and posts it with the
+//! daemon's reqwest client, one attempt bounded by the export timeout, with the configured
+//! headers. Over gRPC the spans of a batch are turned into the SDK's `SpanData` by the export
+//! task and sent by the `opentelemetry-otlp` tonic exporter: that path is kept for its
+//! connection handling, and costs the conversion the HTTP path saves.
 //!
 //! A span that ends is offered to the queue and never waited for: when the queue is full (the
 //! collector is slow or down) it is dropped and counted
@@ -14,26 +20,28 @@
 //! `schedule_delay_ms`) and exports them, one export at a time, each bounded by the export
 //! timeout; a batch the collector does not take is dropped and counted
 //! (`reason="export_failed"`), never retried, so an outage costs memory of one queue at most.
-//! The SDK's own batch processor counts its drops only in a log line at shutdown, hence this one.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use metrics::Counter;
 use opentelemetry::InstrumentationScope;
+use opentelemetry::trace::{SpanContext, SpanId, TraceFlags, TraceId, TraceState};
 use opentelemetry_otlp::{
     Protocol as OtlpProtocol, WithExportConfig as _, WithHttpConfig as _, WithTonicConfig as _,
 };
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::error::OTelSdkResult;
-use opentelemetry_sdk::trace::{SpanData, SpanExporter as _};
+use opentelemetry_sdk::trace::{SpanData, SpanEvents, SpanExporter as _, SpanLinks};
 use tokio::sync::{Notify, mpsc};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
+use super::otlp::Encoder;
 use super::settings::{Export, Protocol, Settings};
+use super::spans::{Attribute, Span, Status, Value};
 
 /// The instrumentation scope of toolhost's spans.
 const SCOPE: &str = "toolhost";
@@ -57,7 +65,7 @@ impl std::fmt::Debug for ExportCounters {
 
 /// Where finished spans go: the export queue, offered to and never waited on.
 pub(crate) struct SpanQueue {
-    queue: mpsc::Sender<SpanData>,
+    queue: mpsc::Sender<Span>,
     dropped: Counter,
     /// Spans in the queue; the export task is woken when they make a full batch.
     waiting: AtomicUsize,
@@ -65,15 +73,12 @@ pub(crate) struct SpanQueue {
     batch: usize,
     /// Wakes the export task: a batch is full.
     full: Notify,
-    /// The instrumentation scope every span names (its strings are static: a clone allocates
-    /// nothing).
-    pub scope: InstrumentationScope,
 }
 
 impl SpanQueue {
     /// Offers a finished span; when the queue is full (or the pipeline stopped) it is dropped,
     /// and counted while the pipeline runs.
-    pub(crate) fn offer(&self, span: SpanData) {
+    pub(crate) fn offer(&self, span: Span) {
         match self.queue.try_send(span) {
             Ok(()) => {
                 if self.waiting.fetch_add(1, Ordering::Relaxed) + 1 == self.batch {
@@ -115,12 +120,11 @@ impl Pipeline {
     /// `settings` export nothing.
     ///
     /// # Errors
-    /// The exporter cannot be built (a bad header, the HTTP client's TLS setup).
+    /// The exporter cannot be built (a bad endpoint or header, the HTTP client's TLS setup).
     pub(crate) fn start(settings: &Settings, counters: ExportCounters) -> anyhow::Result<Option<Pipeline>> {
         let Some(export) = &settings.export else { return Ok(None) };
         let resource = Resource::builder().with_service_name(settings.service_name.clone()).build();
-        let mut exporter = span_exporter(export)?;
-        opentelemetry_sdk::trace::SpanExporter::set_resource(&mut exporter, &resource);
+        let exporter = SpanExport::new(export, &resource)?;
         let (queue, receiver) = mpsc::channel(export.max_queue_size);
         let stop = CancellationToken::new();
         let spans = Arc::new(SpanQueue {
@@ -129,7 +133,6 @@ impl Pipeline {
             waiting: AtomicUsize::new(0),
             batch: export.max_export_batch_size,
             full: Notify::new(),
-            scope: InstrumentationScope::builder(SCOPE).build(),
         });
         let task = tokio::spawn(export_loop(
             receiver,
@@ -153,34 +156,105 @@ impl Pipeline {
     }
 }
 
-/// The OTLP span exporter of `export`, built from the settings alone: every value the crate
-/// would otherwise read from `OTEL_*` variables is given explicitly.
-fn span_exporter(export: &Export) -> anyhow::Result<opentelemetry_otlp::SpanExporter> {
-    let exporter = match export.protocol {
-        Protocol::HttpProtobuf => {
-            let client = toolhost_tools::sources::http::client().map_err(anyhow::Error::msg)?;
-            opentelemetry_otlp::SpanExporter::builder()
-                .with_http()
-                .with_http_client(client)
-                .with_protocol(OtlpProtocol::HttpBinary)
-                .with_endpoint(export.traces_endpoint.clone())
-                .with_timeout(export.timeout)
-                .with_headers(export.headers.iter().cloned().collect())
-                .build()?
+/// How a batch of spans leaves the process.
+enum SpanExport {
+    /// OTLP/HTTP: toolhost's own encoding, posted with the daemon's reqwest client.
+    Http {
+        client: reqwest::Client,
+        endpoint: reqwest::Url,
+        headers: reqwest::header::HeaderMap,
+        encoder: Encoder,
+    },
+    /// OTLP/gRPC: the SDK's tonic exporter, given the SDK's `SpanData`.
+    Grpc { exporter: opentelemetry_otlp::SpanExporter, scope: InstrumentationScope },
+}
+
+impl SpanExport {
+    /// The export of `export`, built from the settings alone: every value the crate would
+    /// otherwise read from `OTEL_*` variables is given explicitly.
+    fn new(export: &Export, resource: &Resource) -> anyhow::Result<SpanExport> {
+        match export.protocol {
+            Protocol::HttpProtobuf => {
+                let client = toolhost_tools::sources::http::client().map_err(anyhow::Error::msg)?;
+                let endpoint = reqwest::Url::parse(&export.traces_endpoint).map_err(|err| {
+                    anyhow::anyhow!(
+                        "telemetry: the traces endpoint '{}' is not a URL: {err}",
+                        export.traces_endpoint
+                    )
+                })?;
+                Ok(SpanExport::Http {
+                    client,
+                    endpoint,
+                    headers: http_headers(&export.headers)?,
+                    encoder: Encoder::new(&resource_attributes(resource), SCOPE),
+                })
+            }
+            Protocol::Grpc => {
+                let mut metadata = tonic_metadata(&export.headers)?;
+                metadata.insert("user-agent", concat!("toolhost/", env!("CARGO_PKG_VERSION")).parse()?);
+                let mut exporter = opentelemetry_otlp::SpanExporter::builder()
+                    .with_tonic()
+                    .with_protocol(OtlpProtocol::Grpc)
+                    .with_endpoint(export.traces_endpoint.clone())
+                    .with_timeout(export.timeout)
+                    .with_metadata(metadata)
+                    .build()?;
+                opentelemetry_sdk::trace::SpanExporter::set_resource(&mut exporter, resource);
+                Ok(SpanExport::Grpc { exporter, scope: InstrumentationScope::builder(SCOPE).build() })
+            }
         }
-        Protocol::Grpc => {
-            let mut metadata = tonic_metadata(&export.headers)?;
-            metadata.insert("user-agent", concat!("toolhost/", env!("CARGO_PKG_VERSION")).parse()?);
-            opentelemetry_otlp::SpanExporter::builder()
-                .with_tonic()
-                .with_protocol(OtlpProtocol::Grpc)
-                .with_endpoint(export.traces_endpoint.clone())
-                .with_timeout(export.timeout)
-                .with_metadata(metadata)
-                .build()?
+    }
+
+    /// Exports one batch; the error says why the collector did not take it.
+    async fn export(&mut self, batch: &mut Vec<Span>, timeout: Duration) -> Result<(), String> {
+        match self {
+            SpanExport::Http { client, endpoint, headers, encoder } => {
+                let body = encoder.encode(batch).to_vec();
+                batch.clear();
+                let response = client
+                    .post(endpoint.clone())
+                    .headers(headers.clone())
+                    .header(reqwest::header::CONTENT_TYPE, "application/x-protobuf")
+                    .timeout(timeout)
+                    .body(body)
+                    .send()
+                    .await
+                    .map_err(|err| err.without_url().to_string())?;
+                let status = response.status();
+                // Read to the end, so the connection is kept for the next batch.
+                let _ = response.bytes().await;
+                if status.is_success() { Ok(()) } else { Err(format!("the collector answered {status}")) }
+            }
+            SpanExport::Grpc { exporter, scope } => {
+                let spans = batch.drain(..).map(|span| span_data(span, scope)).collect();
+                exporter.export(spans).await.map_err(|err| err.to_string())
+            }
         }
-    };
-    Ok(exporter)
+    }
+}
+
+/// The attributes of the resource every span is exported with (the service name, the SDK's
+/// `telemetry.sdk.*`, `OTEL_RESOURCE_ATTRIBUTES`), in the resource's order.
+pub(crate) fn resource_attributes(resource: &Resource) -> Vec<Attribute> {
+    resource
+        .iter()
+        .map(|(key, value)| Attribute::from(opentelemetry::KeyValue::new(key.clone(), value.clone())))
+        .collect()
+}
+
+/// The HTTP headers of the export headers.
+fn http_headers(headers: &[(String, String)]) -> anyhow::Result<reqwest::header::HeaderMap> {
+    let mut map = reqwest::header::HeaderMap::new();
+    for (name, value) in headers {
+        let key = reqwest::header::HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
+            anyhow::anyhow!("telemetry.otlp_headers: '{name}' is not a valid HTTP header name")
+        })?;
+        let value = reqwest::header::HeaderValue::from_str(value).map_err(|_| {
+            anyhow::anyhow!("telemetry.otlp_headers: the value of '{name}' is not a valid HTTP header value")
+        })?;
+        map.insert(key, value);
+    }
+    Ok(map)
 }
 
 /// The gRPC metadata of the export headers.
@@ -199,18 +273,97 @@ pub(crate) fn tonic_metadata(headers: &[(String, String)]) -> anyhow::Result<ton
     Ok(metadata)
 }
 
+/// A time OTLP counts in nanoseconds since the Unix epoch.
+fn system_time(nanos: u64) -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_nanos(nanos)
+}
+
+fn parsed_state(state: Option<&Arc<str>>) -> TraceState {
+    state.and_then(|state| state.parse().ok()).unwrap_or_default()
+}
+
+/// The API's attribute of `attribute`.
+fn key_value(attribute: Attribute) -> opentelemetry::KeyValue {
+    let value = match attribute.value {
+        Value::Static(text) => opentelemetry::Value::from(text),
+        Value::Text(text) => opentelemetry::Value::from(text),
+        Value::Int(value) => opentelemetry::Value::I64(value),
+        Value::Bool(value) => opentelemetry::Value::Bool(value),
+        Value::Double(value) => opentelemetry::Value::F64(value),
+        Value::Array(array) => opentelemetry::Value::Array(array),
+    };
+    opentelemetry::KeyValue::new(attribute.key, value)
+}
+
+/// The SDK's `SpanData` of a span, for the SDK's gRPC exporter (and the encoder's tests).
+pub(crate) fn span_data(span: Span, scope: &InstrumentationScope) -> SpanData {
+    let context = SpanContext::new(
+        TraceId::from_bytes(span.trace_id),
+        SpanId::from_bytes(span.span_id),
+        TraceFlags::new(span.flags),
+        false,
+        parsed_state(span.trace_state.as_ref()),
+    );
+    let mut events = SpanEvents::default();
+    events.events = span
+        .events
+        .into_iter()
+        .map(|event| {
+            opentelemetry::trace::Event::new(
+                event.name,
+                system_time(event.time),
+                event.attributes.into_iter().map(key_value).collect(),
+                0,
+            )
+        })
+        .collect();
+    let mut links = SpanLinks::default();
+    links.links = span
+        .link
+        .into_iter()
+        .map(|link| {
+            opentelemetry::trace::Link::with_context(SpanContext::new(
+                TraceId::from_bytes(link.trace_id),
+                SpanId::from_bytes(link.span_id),
+                TraceFlags::new(link.flags),
+                link.remote,
+                parsed_state(link.trace_state.as_ref()),
+            ))
+        })
+        .collect();
+    SpanData {
+        span_context: context,
+        parent_span_id: span.parent.map_or(SpanId::INVALID, SpanId::from_bytes),
+        parent_span_is_remote: span.parent_remote,
+        span_kind: span.kind,
+        name: span.name,
+        start_time: system_time(span.start),
+        end_time: system_time(span.end),
+        attributes: span.attributes.into_iter().map(key_value).collect(),
+        dropped_attributes_count: 0,
+        events,
+        links,
+        status: match span.status {
+            Status::Unset => opentelemetry::trace::Status::Unset,
+            Status::Error(description) => opentelemetry::trace::Status::error(description),
+        },
+        instrumentation_scope: scope.clone(),
+    }
+}
+
 /// Takes spans off the queue in batches and exports them, until `stop` closes the queue and it
 /// is empty. It wakes when a batch is full, every `schedule_delay` or when stopped, never for a
 /// single span: a span offered costs its sender no wake-up of this task.
 async fn export_loop(
-    mut spans: mpsc::Receiver<SpanData>,
+    mut spans: mpsc::Receiver<Span>,
     queue: Arc<SpanQueue>,
-    exporter: opentelemetry_otlp::SpanExporter,
+    mut exporter: SpanExport,
     export: Export,
     counters: ExportCounters,
     stop: CancellationToken,
 ) {
     let mut failing = false;
+    let mut batch = Vec::new();
     loop {
         let stopping = tokio::select! {
             biased;
@@ -223,7 +376,8 @@ async fn export_loop(
             spans.close();
         }
         loop {
-            let mut batch = Vec::with_capacity(export.max_export_batch_size.min(queue.waiting()));
+            batch.clear();
+            batch.reserve(export.max_export_batch_size.min(queue.waiting()));
             while batch.len() < export.max_export_batch_size {
                 match spans.try_recv() {
                     Ok(span) => batch.push(span),
@@ -235,7 +389,7 @@ async fn export_loop(
                 break;
             }
             let full = batch.len() == export.max_export_batch_size;
-            export_batch(&exporter, batch, &export, &counters, &mut failing).await;
+            export_batch(&mut exporter, &mut batch, &export, &counters, &mut failing).await;
             if !full {
                 break;
             }
@@ -249,15 +403,17 @@ async fn export_loop(
 /// Exports one batch, counting it as exported or dropped; `failing` keeps one warning per
 /// outage.
 async fn export_batch(
-    exporter: &opentelemetry_otlp::SpanExporter,
-    batch: Vec<SpanData>,
+    exporter: &mut SpanExport,
+    batch: &mut Vec<Span>,
     export: &Export,
     counters: &ExportCounters,
     failing: &mut bool,
 ) {
     let count = batch.len() as u64;
-    // The exporter's own timeout bounds the request; this bounds everything else.
-    let result = tokio::time::timeout(export.timeout + Duration::from_secs(1), exporter.export(batch)).await;
+    // The request's own timeout bounds the post; this bounds everything else.
+    let result =
+        tokio::time::timeout(export.timeout + Duration::from_secs(1), exporter.export(batch, export.timeout))
+            .await;
     match result {
         Ok(Ok(())) => {
             counters.exported.increment(count);
@@ -282,14 +438,14 @@ async fn export_batch(
 
 /// A random span id, never all zero, from the thread's fast generator (the SDK's own way): a
 /// child span's id, which nothing else needs to know before the span exists.
-pub(crate) fn new_span_id() -> opentelemetry::trace::SpanId {
+pub(crate) fn new_span_id() -> [u8; 8] {
     thread_local! {
         static IDS: opentelemetry_sdk::trace::RandomIdGenerator = opentelemetry_sdk::trace::RandomIdGenerator::default();
     }
     loop {
         let id = IDS.with(opentelemetry_sdk::trace::IdGenerator::new_span_id);
-        if id != opentelemetry::trace::SpanId::INVALID {
-            return id;
+        if id != SpanId::INVALID {
+            return id.to_bytes();
         }
     }
 }
@@ -464,5 +620,127 @@ async fn metrics_loop(
                 failing = true;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::borrow::Cow;
+    use std::time::Duration;
+
+    use opentelemetry::trace::SpanKind;
+    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+    use prost::Message as _;
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    use super::SpanExport;
+    use crate::telemetry::settings::{Export, Protocol};
+    use crate::telemetry::spans::{Span, Status, attr};
+
+    /// One request as a collector on a local port saw it: its head (request line and headers,
+    /// lower-cased) and its body; the collector answers `status`.
+    async fn collect_one(listener: tokio::net::TcpListener, status: &str) -> (String, Vec<u8>) {
+        let (mut stream, _) = listener.accept().await.unwrap();
+        let mut received = Vec::new();
+        let mut chunk = [0_u8; 4096];
+        let head_end = loop {
+            let n = stream.read(&mut chunk).await.unwrap();
+            assert!(n > 0, "the connection closed before the request's head");
+            received.extend_from_slice(&chunk[..n]);
+            if let Some(at) = received.windows(4).position(|window| window == b"\r\n\r\n") {
+                break at + 4;
+            }
+        };
+        let head = String::from_utf8(received[..head_end].to_vec()).unwrap().to_ascii_lowercase();
+        let length: usize = head
+            .lines()
+            .find_map(|line| line.strip_prefix("content-length:"))
+            .map(|value| value.trim().parse().unwrap())
+            .expect("a content-length");
+        while received.len() < head_end + length {
+            let n = stream.read(&mut chunk).await.unwrap();
+            assert!(n > 0, "the connection closed before the request's body");
+            received.extend_from_slice(&chunk[..n]);
+        }
+        let answer = format!("HTTP/1.1 {status}\r\ncontent-length: 0\r\n\r\n");
+        stream.write_all(answer.as_bytes()).await.unwrap();
+        (head, received[head_end..].to_vec())
+    }
+
+    fn export_to(endpoint: String) -> Export {
+        Export {
+            protocol: Protocol::HttpProtobuf,
+            traces_endpoint: endpoint,
+            metrics_endpoint: String::new(),
+            headers: vec![("X-Tenant".to_owned(), "team a".to_owned())],
+            timeout: Duration::from_secs(5),
+            max_queue_size: 16,
+            max_export_batch_size: 8,
+            schedule_delay: Duration::from_millis(100),
+            metrics_interval: None,
+        }
+    }
+
+    fn one_span() -> Span {
+        Span {
+            trace_id: [7; 16],
+            span_id: [8; 8],
+            parent: None,
+            parent_remote: false,
+            flags: 1,
+            trace_state: None,
+            kind: SpanKind::Internal,
+            name: Cow::Borrowed("admit"),
+            start: 1,
+            end: 2,
+            attributes: vec![attr("toolhost.door", "requests")],
+            events: Vec::new(),
+            link: None,
+            status: Status::Unset,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_batch_is_posted_as_protobuf_with_the_configured_headers() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let endpoint = format!("http://{}/v1/traces", listener.local_addr().unwrap());
+        let resource = opentelemetry_sdk::Resource::builder().with_service_name("toolhost-test").build();
+        let mut exporter = SpanExport::new(&export_to(endpoint), &resource).unwrap();
+        let collector = tokio::spawn(collect_one(listener, "200 OK"));
+        let mut batch = vec![one_span(), one_span()];
+        exporter.export(&mut batch, Duration::from_secs(5)).await.unwrap();
+        assert!(batch.is_empty(), "the batch is taken");
+        let (head, body) = collector.await.unwrap();
+        assert!(head.starts_with("post /v1/traces http/1.1\r\n"), "{head}");
+        assert!(head.contains("\r\ncontent-type: application/x-protobuf\r\n"), "{head}");
+        assert!(head.contains("\r\nx-tenant: team a\r\n"), "{head}");
+        let request = ExportTraceServiceRequest::decode(body.as_slice()).unwrap();
+        let spans = &request.resource_spans[0].scope_spans[0].spans;
+        assert_eq!(spans.len(), 2);
+        assert_eq!(spans[0].name, "admit");
+    }
+
+    #[tokio::test]
+    async fn a_refused_batch_is_an_error_that_names_the_status() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let endpoint = format!("http://{}/v1/traces", listener.local_addr().unwrap());
+        let resource = opentelemetry_sdk::Resource::builder().build();
+        let mut exporter = SpanExport::new(&export_to(endpoint), &resource).unwrap();
+        let collector = tokio::spawn(collect_one(listener, "503 Service Unavailable"));
+        let mut batch = vec![one_span()];
+        let err = exporter.export(&mut batch, Duration::from_secs(5)).await.unwrap_err();
+        assert!(err.contains("503"), "{err}");
+        collector.await.unwrap();
+    }
+
+    #[test]
+    fn a_bad_header_or_endpoint_stops_the_pipeline_from_starting() {
+        let resource = opentelemetry_sdk::Resource::builder().build();
+        let mut export = export_to("http://127.0.0.1:4318/v1/traces".to_owned());
+        export.headers = vec![("bad header".to_owned(), "x".to_owned())];
+        let err = SpanExport::new(&export, &resource).err().unwrap();
+        assert!(err.to_string().contains("'bad header'"), "{err}");
+        let export = export_to("not a url".to_owned());
+        assert!(SpanExport::new(&export, &resource).is_err());
     }
 }

@@ -13,21 +13,18 @@
 //! group is the toolbox id and the message id is the stream entry id. A span is made only for a
 //! sampled call; an unsampled call costs one flag test.
 //!
-//! Each span is kept as plain data while it runs (its ids, start time and attributes) and
-//! becomes one `SpanData` when it ends, offered to the export queue ([`super::otel`]); names
-//! and attribute values that are the same for every call are static strings, and a stream's
-//! names are made once per stream ([`names`]).
+//! Each span is plain data ([`Span`]: fixed fields, attributes keyed by static strings) from its
+//! start to its end, when it is offered to the export queue ([`super::otel`]), which encodes it
+//! as OTLP protobuf itself ([`super::otlp`]); nothing of the SDK's span types is made per span.
+//! Names and attribute values that are the same for every call are static strings, and the
+//! strings a stream or a replica repeats are made once ([`fixed`]).
 
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::SystemTime;
 
-use opentelemetry::trace::{
-    Event, Link, SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState,
-};
-use opentelemetry::{KeyValue, StringValue, Value};
-use opentelemetry_sdk::trace::{SpanData, SpanEvents, SpanLinks};
+use opentelemetry::trace::{SpanKind, TraceFlags, TraceState};
 use toolhost_envelope::{CallTrace, TraceContext, TraceParent};
 use toolhost_tools::Remote;
 
@@ -35,6 +32,129 @@ use super::otel::{SpanQueue, new_span_id};
 
 /// `messaging.system` of toolhost's streams: no convention names Redis Streams yet.
 pub const MESSAGING_SYSTEM: &str = "redis_streams";
+
+/// An attribute's value: a static string costs no allocation.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Value {
+    Static(&'static str),
+    Text(String),
+    Int(i64),
+    Bool(bool),
+    Double(f64),
+    /// A homogeneous array (from an `opentelemetry::KeyValue`; toolhost's own spans set none).
+    Array(opentelemetry::Array),
+}
+
+/// One attribute: its key is static for toolhost's own spans.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Attribute {
+    pub key: Cow<'static, str>,
+    pub value: Value,
+}
+
+/// An attribute with a static key.
+pub(crate) fn attr(key: &'static str, value: impl Into<Value>) -> Attribute {
+    Attribute { key: Cow::Borrowed(key), value: value.into() }
+}
+
+impl From<&'static str> for Value {
+    fn from(value: &'static str) -> Value {
+        Value::Static(value)
+    }
+}
+
+impl From<String> for Value {
+    fn from(value: String) -> Value {
+        Value::Text(value)
+    }
+}
+
+impl From<i64> for Value {
+    fn from(value: i64) -> Value {
+        Value::Int(value)
+    }
+}
+
+impl From<bool> for Value {
+    fn from(value: bool) -> Value {
+        Value::Bool(value)
+    }
+}
+
+/// The doors build their attributes with the OpenTelemetry API's `KeyValue`; a door span is
+/// one per call through a door, so its keys are copied rather than matched on.
+impl From<opentelemetry::KeyValue> for Attribute {
+    fn from(attribute: opentelemetry::KeyValue) -> Attribute {
+        let value = match attribute.value {
+            opentelemetry::Value::Bool(value) => Value::Bool(value),
+            opentelemetry::Value::I64(value) => Value::Int(value),
+            opentelemetry::Value::F64(value) => Value::Double(value),
+            opentelemetry::Value::String(value) => Value::Text(value.into()),
+            opentelemetry::Value::Array(value) => Value::Array(value),
+            // `Value` is non-exhaustive; a kind it adds later is exported as its text.
+            other => Value::Text(other.to_string()),
+        };
+        Attribute { key: Cow::Owned(attribute.key.into()), value }
+    }
+}
+
+/// An event of a span.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Event {
+    pub name: &'static str,
+    /// Nanoseconds since the Unix epoch.
+    pub time: u64,
+    pub attributes: Vec<Attribute>,
+}
+
+/// A span's link: the context it points to.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Link {
+    pub trace_id: [u8; 16],
+    pub span_id: [u8; 8],
+    pub flags: u8,
+    pub trace_state: Option<Arc<str>>,
+    /// Whether the context came from another process (always, for toolhost's links).
+    pub remote: bool,
+}
+
+/// A span's status: unset, or an error with its description.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Status {
+    Unset,
+    Error(Cow<'static, str>),
+}
+
+/// A finished span, as the export queue takes it: everything OTLP's `Span` carries, with no
+/// per-span allocation beyond its attributes' list and the values that are not static.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Span {
+    pub trace_id: [u8; 16],
+    pub span_id: [u8; 8],
+    /// The parent's span id; `None` for a root span.
+    pub parent: Option<[u8; 8]>,
+    /// Whether the parent is another process's span.
+    pub parent_remote: bool,
+    /// The W3C trace flags.
+    pub flags: u8,
+    /// The `tracestate` header, already checked (an invalid one is dropped).
+    pub trace_state: Option<Arc<str>>,
+    pub kind: SpanKind,
+    pub name: Cow<'static, str>,
+    /// Nanoseconds since the Unix epoch.
+    pub start: u64,
+    pub end: u64,
+    pub attributes: Vec<Attribute>,
+    pub events: Vec<Event>,
+    /// toolhost's spans have one link at most: the message's creation context.
+    pub link: Option<Link>,
+    pub status: Status,
+}
+
+/// Nanoseconds since the Unix epoch (zero before it), as OTLP counts time.
+pub(crate) fn unix_nanos(time: SystemTime) -> u64 {
+    time.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |since| since.as_nanos() as u64)
+}
 
 /// Where a call came from, for its `process` span.
 pub(crate) struct Delivery<'a> {
@@ -56,99 +176,100 @@ pub(crate) struct Delivery<'a> {
     pub tool: Option<&'a str>,
 }
 
-/// The names of one stream's spans and the values its attributes repeat, made once.
-struct StreamNames {
+/// A string every call repeats (a stream, the group, the consumer) as a static string, with the
+/// span names a stream's calls use, made once per distinct value and kept for the process's
+/// life: they come from the configuration (the door's streams, the toolbox id, the replica's
+/// consumer name), never from a caller, so there are few of them.
+struct Fixed {
+    value: &'static str,
+    /// `process <value>`, the name of a stream's `process` spans.
     process: &'static str,
+    /// `settle <value>`.
     settle: &'static str,
-    stream: &'static str,
 }
 
-/// The strings every call of a stream repeats (its span names, the stream, the group and the
-/// consumer), made once per distinct value and kept for the process's life: they come from the
-/// configuration (the door's streams, the toolbox id, the replica's consumer name), never from
-/// a caller, so there are few of them.
-fn names(stream: &str) -> &'static StreamNames {
-    static NAMES: RwLock<Option<HashMap<Box<str>, &'static StreamNames>>> = RwLock::new(None);
-    if let Some(names) =
-        NAMES.read().unwrap_or_else(PoisonError::into_inner).as_ref().and_then(|names| names.get(stream))
-    {
-        return names;
-    }
-    let mut all = NAMES.write().unwrap_or_else(PoisonError::into_inner);
-    all.get_or_insert_with(HashMap::new).entry(stream.into()).or_insert_with(|| {
-        Box::leak(Box::new(StreamNames {
-            process: Box::leak(format!("process {stream}").into_boxed_str()),
-            settle: Box::leak(format!("settle {stream}").into_boxed_str()),
-            stream: Box::leak(stream.into()),
-        }))
-    })
-}
-
-/// A value of configuration (the group, the consumer) as a static string, made once per value;
-/// see [`names`].
-fn fixed(value: &str) -> &'static str {
-    static VALUES: RwLock<Option<HashMap<Box<str>, &'static str>>> = RwLock::new(None);
+/// The [`Fixed`] strings of `value`.
+fn fixed(value: &str) -> &'static Fixed {
+    static VALUES: RwLock<Option<HashMap<Box<str>, &'static Fixed>>> = RwLock::new(None);
     if let Some(fixed) =
         VALUES.read().unwrap_or_else(PoisonError::into_inner).as_ref().and_then(|values| values.get(value))
     {
         return fixed;
     }
     let mut all = VALUES.write().unwrap_or_else(PoisonError::into_inner);
-    all.get_or_insert_with(HashMap::new).entry(value.into()).or_insert_with(|| Box::leak(value.into()))
+    all.get_or_insert_with(HashMap::new).entry(value.into()).or_insert_with(|| {
+        Box::leak(Box::new(Fixed {
+            value: Box::leak(value.into()),
+            process: Box::leak(format!("process {value}").into_boxed_str()),
+            settle: Box::leak(format!("settle {value}").into_boxed_str()),
+        }))
+    })
 }
 
-/// A static string as an attribute value: no allocation.
-fn text(value: &'static str) -> Value {
-    Value::String(StringValue::from(value))
+/// The `tracestate` of a context in its normal form; `None` when it is absent or not valid.
+fn trace_state(tracestate: Option<&str>) -> Option<Arc<str>> {
+    let state = tracestate?.parse::<TraceState>().ok()?.header();
+    (!state.is_empty()).then(|| state.into())
 }
 
 /// A span being made: what it becomes when it ends.
 struct Open {
-    context: SpanContext,
-    parent: SpanId,
+    trace_id: [u8; 16],
+    span_id: [u8; 8],
+    parent: Option<[u8; 8]>,
     parent_remote: bool,
+    flags: u8,
+    trace_state: Option<Arc<str>>,
     kind: SpanKind,
     name: Cow<'static, str>,
-    start: SystemTime,
-    attributes: Vec<KeyValue>,
+    start: u64,
+    attributes: Vec<Attribute>,
 }
 
 impl Open {
-    /// The span's data, ended now.
-    fn finish(self, queue: &SpanQueue, events: Vec<Event>, links: Vec<Link>, status: Status) {
-        let mut span_events = SpanEvents::default();
-        span_events.events = events;
-        let mut span_links = SpanLinks::default();
-        span_links.links = links;
-        queue.offer(SpanData {
-            span_context: self.context,
-            parent_span_id: self.parent,
-            parent_span_is_remote: self.parent_remote,
-            span_kind: self.kind,
+    /// The span, ended now, offered to the export queue.
+    fn finish(self, queue: &SpanQueue, events: Vec<Event>, link: Option<Link>, status: Status) {
+        queue.offer(Span {
+            trace_id: self.trace_id,
+            span_id: self.span_id,
+            parent: self.parent,
+            parent_remote: self.parent_remote,
+            flags: self.flags,
+            trace_state: self.trace_state,
+            kind: self.kind,
             name: self.name,
-            start_time: self.start,
-            end_time: SystemTime::now(),
+            start: self.start,
+            end: unix_nanos(SystemTime::now()),
             attributes: self.attributes,
-            dropped_attributes_count: 0,
-            events: span_events,
-            links: span_links,
+            events,
+            link,
             status,
-            instrumentation_scope: queue.scope.clone(),
         });
+    }
+
+    /// The link to this span's parent, a context from another process; `None` for a root span.
+    fn link_to_parent(&self) -> Option<Link> {
+        Some(Link {
+            trace_id: self.trace_id,
+            span_id: self.parent?,
+            flags: self.flags,
+            trace_state: self.trace_state.clone(),
+            remote: true,
+        })
     }
 }
 
-/// The `tracestate` of a context, parsed; empty when it is absent or not valid.
-fn trace_state(tracestate: Option<&str>) -> TraceState {
-    tracestate.and_then(|text| text.parse::<TraceState>().ok()).unwrap_or_default()
+/// A parent span id as the envelope gives it; all zero is no parent.
+fn parent_id(span_id: [u8; 8]) -> Option<[u8; 8]> {
+    (span_id != [0; 8]).then_some(span_id)
 }
 
 /// The `process` span of one sampled call, and what its children are made with.
 pub(crate) struct CallSpan {
     queue: Arc<SpanQueue>,
     span: Open,
-    names: &'static StreamNames,
-    link: Option<SpanContext>,
+    names: &'static Fixed,
+    link: Option<Link>,
     events: Vec<Event>,
     /// Whether arguments and results become attributes.
     pub record_arguments: bool,
@@ -168,58 +289,50 @@ impl CallSpan {
         if !trace.context.is_sampled() {
             return None;
         }
-        let state = trace_state(trace.tracestate.as_deref());
-        let trace_id = TraceId::from_bytes(trace.context.trace_id);
-        let flags = TraceFlags::new(trace.context.flags);
-        let link = trace
-            .parent
-            .map(|parent| SpanContext::new(trace_id, SpanId::from_bytes(parent), flags, true, state.clone()));
-        let names = names(delivery.stream);
+        let names = fixed(delivery.stream);
         let mut attributes = Vec::with_capacity(12);
         attributes.extend([
-            KeyValue::new("messaging.system", MESSAGING_SYSTEM),
-            KeyValue::new("messaging.operation.type", "process"),
-            KeyValue::new("messaging.operation.name", "process"),
-            KeyValue::new("messaging.destination.name", text(names.stream)),
-            KeyValue::new("messaging.consumer.group.name", text(fixed(delivery.group))),
-            KeyValue::new("messaging.client.id", text(fixed(delivery.consumer))),
-            KeyValue::new("messaging.message.id", delivery.entry_id.to_owned()),
-            KeyValue::new("toolhost.door", delivery.door),
-            KeyValue::new("toolhost.request_id", delivery.request_id.to_owned()),
+            attr("messaging.system", MESSAGING_SYSTEM),
+            attr("messaging.operation.type", "process"),
+            attr("messaging.operation.name", "process"),
+            attr("messaging.destination.name", names.value),
+            attr("messaging.consumer.group.name", fixed(delivery.group).value),
+            attr("messaging.client.id", fixed(delivery.consumer).value),
+            attr("messaging.message.id", delivery.entry_id.to_owned()),
+            attr("toolhost.door", delivery.door),
+            attr("toolhost.request_id", delivery.request_id.to_owned()),
         ]);
         if delivery.deliveries > 1 {
-            attributes
-                .push(KeyValue::new("messaging.redis_streams.delivery_count", delivery.deliveries as i64));
+            attributes.push(attr("messaging.redis_streams.delivery_count", delivery.deliveries as i64));
         }
         if let Some(tool) = delivery.tool {
-            attributes.push(KeyValue::new("gen_ai.tool.name", tool.to_owned()));
+            attributes.push(attr("gen_ai.tool.name", tool.to_owned()));
         }
+        let parent = trace.parent.and_then(parent_id);
+        let span = Open {
+            trace_id: trace.context.trace_id,
+            span_id: trace.context.span_id,
+            parent,
+            parent_remote: parent.is_some(),
+            flags: trace.context.flags,
+            trace_state: trace_state(trace.tracestate.as_deref()),
+            kind: SpanKind::Consumer,
+            name: Cow::Borrowed(names.process),
+            start: unix_nanos(started),
+            attributes,
+        };
         Some(CallSpan {
             queue: queue.clone(),
-            span: Open {
-                context: SpanContext::new(
-                    trace_id,
-                    SpanId::from_bytes(trace.context.span_id),
-                    flags,
-                    false,
-                    state,
-                ),
-                parent: trace.parent.map_or(SpanId::INVALID, SpanId::from_bytes),
-                parent_remote: trace.parent.is_some(),
-                kind: SpanKind::Consumer,
-                name: Cow::Borrowed(names.process),
-                start: started,
-                attributes,
-            },
+            link: span.link_to_parent(),
+            span,
             names,
-            link,
             events: Vec::new(),
             record_arguments,
         })
     }
 
     /// A child span of the call, started now.
-    fn child(&self, name: Cow<'static, str>, kind: SpanKind, attributes: Vec<KeyValue>) -> ChildSpan<'_> {
+    fn child(&self, name: Cow<'static, str>, kind: SpanKind, attributes: Vec<Attribute>) -> ChildSpan<'_> {
         self.child_from(name, kind, attributes, SystemTime::now())
     }
 
@@ -227,26 +340,22 @@ impl CallSpan {
         &self,
         name: Cow<'static, str>,
         kind: SpanKind,
-        attributes: Vec<KeyValue>,
+        attributes: Vec<Attribute>,
         start: SystemTime,
     ) -> ChildSpan<'_> {
-        let parent = &self.span.context;
-        let context = SpanContext::new(
-            parent.trace_id(),
-            new_span_id(),
-            parent.trace_flags(),
-            false,
-            parent.trace_state().clone(),
-        );
+        let parent = &self.span;
         ChildSpan {
             queue: &self.queue,
             span: Some(Open {
-                context,
-                parent: parent.span_id(),
+                trace_id: parent.trace_id,
+                span_id: new_span_id(),
+                parent: Some(parent.span_id),
                 parent_remote: false,
+                flags: parent.flags,
+                trace_state: parent.trace_state.clone(),
                 kind,
                 name,
-                start,
+                start: unix_nanos(start),
                 attributes,
             }),
             failed: Mutex::new(None),
@@ -263,18 +372,18 @@ impl CallSpan {
     /// an MCP server, `execute_tool <tool>` otherwise (CLIENT toward an HTTP service or an
     /// agent, INTERNAL for a tool that runs here).
     pub(crate) fn run(&self, tool: &str, remote: Option<&Remote>) -> ChildSpan<'_> {
-        let operation = KeyValue::new("gen_ai.operation.name", "execute_tool");
+        let operation = attr("gen_ai.operation.name", "execute_tool");
         let (name, kind, attributes) = match remote {
             Some(remote) if remote.system == "mcp" => (
                 format!("tools/call {}", remote.name),
                 SpanKind::Client,
                 vec![
                     operation,
-                    KeyValue::new("mcp.method.name", "tools/call"),
-                    KeyValue::new("gen_ai.tool.name", remote.name.clone()),
-                    KeyValue::new("toolhost.tool", tool.to_owned()),
-                    KeyValue::new("server.address", remote.target.clone()),
-                    KeyValue::new("network.transport", remote.transport),
+                    attr("mcp.method.name", "tools/call"),
+                    attr("gen_ai.tool.name", remote.name.clone()),
+                    attr("toolhost.tool", tool.to_owned()),
+                    attr("server.address", remote.target.clone()),
+                    attr("network.transport", remote.transport),
                 ],
             ),
             Some(remote) => (
@@ -282,15 +391,15 @@ impl CallSpan {
                 SpanKind::Client,
                 vec![
                     operation,
-                    KeyValue::new("gen_ai.tool.name", tool.to_owned()),
-                    KeyValue::new("toolhost.remote.system", remote.system),
-                    KeyValue::new("server.address", remote.target.clone()),
+                    attr("gen_ai.tool.name", tool.to_owned()),
+                    attr("toolhost.remote.system", remote.system),
+                    attr("server.address", remote.target.clone()),
                 ],
             ),
             None => (
                 format!("execute_tool {tool}"),
                 SpanKind::Internal,
-                vec![operation, KeyValue::new("gen_ai.tool.name", tool.to_owned())],
+                vec![operation, attr("gen_ai.tool.name", tool.to_owned())],
             ),
         };
         self.child(Cow::Owned(name), kind, attributes)
@@ -302,38 +411,37 @@ impl CallSpan {
             Cow::Borrowed(self.names.settle),
             SpanKind::Client,
             vec![
-                KeyValue::new("messaging.system", MESSAGING_SYSTEM),
-                KeyValue::new("messaging.operation.type", "settle"),
-                KeyValue::new("messaging.operation.name", "ack"),
-                KeyValue::new("messaging.destination.name", text(self.names.stream)),
+                attr("messaging.system", MESSAGING_SYSTEM),
+                attr("messaging.operation.type", "settle"),
+                attr("messaging.operation.name", "ack"),
+                attr("messaging.destination.name", self.names.value),
             ],
         )
     }
 
     /// Sets an attribute of the `process` span.
-    pub(crate) fn set(&mut self, attribute: KeyValue) {
-        self.span.attributes.push(attribute);
+    pub(crate) fn set(&mut self, attribute: impl Into<Attribute>) {
+        self.span.attributes.push(attribute.into());
     }
 
     /// Adds an event to the `process` span.
-    pub(crate) fn event(&mut self, name: &'static str, attributes: Vec<KeyValue>) {
-        self.events.push(Event::new(name, SystemTime::now(), attributes, 0));
+    pub(crate) fn event(&mut self, name: &'static str, attributes: Vec<Attribute>) {
+        self.events.push(Event { name, time: unix_nanos(SystemTime::now()), attributes });
     }
 
     /// Ends the `process` span with the call's outcome: `error.type` and an error status for an
     /// answer that is an error (refusals, timeouts and cancels included) or a dead letter.
     pub(crate) fn end(self, outcome: &'static str, error: Option<&'static str>) {
         let CallSpan { queue, mut span, link, events, .. } = self;
-        span.attributes.push(KeyValue::new("toolhost.outcome", outcome));
+        span.attributes.push(attr("toolhost.outcome", outcome));
         let status = match error {
             Some(error) => {
-                span.attributes.push(KeyValue::new("error.type", error));
-                Status::error(error)
+                span.attributes.push(attr("error.type", error));
+                Status::Error(Cow::Borrowed(error))
             }
             None => Status::Unset,
         };
-        let links = link.map(|link| vec![Link::with_context(link)]).unwrap_or_default();
-        span.finish(&queue, events, links, status);
+        span.finish(&queue, events, link, status);
     }
 }
 
@@ -344,7 +452,7 @@ pub(crate) struct ChildSpan<'a> {
     /// `error.type` and the description, once it failed.
     failed: Mutex<Option<(String, String)>>,
     /// Attributes set while it runs.
-    extra: Mutex<Vec<KeyValue>>,
+    extra: Mutex<Vec<Attribute>>,
 }
 
 impl ChildSpan<'_> {
@@ -355,8 +463,8 @@ impl ChildSpan<'_> {
     }
 
     /// Sets an attribute.
-    pub(crate) fn set(&self, attribute: KeyValue) {
-        self.extra.lock().unwrap_or_else(PoisonError::into_inner).push(attribute);
+    pub(crate) fn set(&self, attribute: impl Into<Attribute>) {
+        self.extra.lock().unwrap_or_else(PoisonError::into_inner).push(attribute.into());
     }
 
     /// The call's trace with this span as the one it passes on: what a tool's source sends out,
@@ -364,9 +472,20 @@ impl ChildSpan<'_> {
     pub(crate) fn passed_on(&self, trace: &CallTrace) -> CallTrace {
         let mut passed = trace.clone();
         if let Some(span) = &self.span {
-            passed.context.span_id = span.context.span_id().to_bytes();
+            passed.context.span_id = span.span_id;
         }
         passed
+    }
+}
+
+/// The status of a span that may have failed, with `error.type` added to its attributes.
+fn failed_status(attributes: &mut Vec<Attribute>, failed: Option<(String, String)>) -> Status {
+    match failed {
+        Some((error_type, description)) => {
+            attributes.push(attr("error.type", error_type));
+            Status::Error(Cow::Owned(description))
+        }
+        None => Status::Unset,
     }
 }
 
@@ -374,14 +493,9 @@ impl Drop for ChildSpan<'_> {
     fn drop(&mut self) {
         let Some(mut span) = self.span.take() else { return };
         span.attributes.append(self.extra.get_mut().unwrap_or_else(PoisonError::into_inner));
-        let status = match self.failed.get_mut().unwrap_or_else(PoisonError::into_inner).take() {
-            Some((error_type, description)) => {
-                span.attributes.push(KeyValue::new("error.type", error_type));
-                Status::error(description)
-            }
-            None => Status::Unset,
-        };
-        span.finish(self.queue, Vec::new(), Vec::new(), status);
+        let failed = self.failed.get_mut().unwrap_or_else(PoisonError::into_inner).take();
+        let status = failed_status(&mut span.attributes, failed);
+        span.finish(self.queue, Vec::new(), None, status);
     }
 }
 
@@ -393,9 +507,9 @@ pub(crate) struct DoorSpan {
     span: Option<Open>,
     tracestate: Option<String>,
     /// The caller's context as a link, for a door that consumes a message (the OVOS door).
-    link: Option<SpanContext>,
+    link: Option<Link>,
     /// Attributes set while it runs.
-    extra: Mutex<Vec<KeyValue>>,
+    extra: Mutex<Vec<Attribute>>,
     /// `error.type` and the description, once it failed.
     failed: Mutex<Option<(String, String)>>,
 }
@@ -409,29 +523,25 @@ impl DoorSpan {
         caller: Option<&TraceContext>,
         name: String,
         kind: SpanKind,
-        attributes: Vec<KeyValue>,
+        attributes: Vec<Attribute>,
     ) -> Option<DoorSpan> {
         let trace_id = caller.map_or_else(toolhost_envelope::new_trace_id, |caller| caller.parent.trace_id);
         if !sampling.sampled(&trace_id, caller.map(|caller| caller.parent.is_sampled())) {
             return None;
         }
-        let state = trace_state(caller.and_then(|caller| caller.tracestate.as_deref()));
-        let context = SpanContext::new(
-            TraceId::from_bytes(trace_id),
-            SpanId::from_bytes(toolhost_envelope::new_span_id()),
-            TraceFlags::SAMPLED,
-            false,
-            state,
-        );
+        let parent = caller.and_then(|caller| parent_id(caller.parent.span_id));
         Some(DoorSpan {
             queue: queue.clone(),
             span: Some(Open {
-                context,
-                parent: caller.map_or(SpanId::INVALID, |caller| SpanId::from_bytes(caller.parent.span_id)),
+                trace_id,
+                span_id: toolhost_envelope::new_span_id(),
+                parent,
                 parent_remote: caller.is_some(),
+                flags: TraceFlags::SAMPLED.to_u8(),
+                trace_state: trace_state(caller.and_then(|caller| caller.tracestate.as_deref())),
                 kind,
                 name: Cow::Owned(name),
-                start: SystemTime::now(),
+                start: unix_nanos(SystemTime::now()),
                 attributes,
             }),
             tracestate: caller.and_then(|caller| caller.tracestate.clone()),
@@ -444,33 +554,19 @@ impl DoorSpan {
     /// Links the span to its parent, the caller's context, as the messaging conventions link a
     /// consumer's span to the message's creation context; nothing when it has no parent.
     pub(crate) fn linked(mut self) -> DoorSpan {
-        if let Some(span) = &self.span
-            && span.parent != SpanId::INVALID
-        {
-            let context = &span.context;
-            self.link = Some(SpanContext::new(
-                context.trace_id(),
-                span.parent,
-                context.trace_flags(),
-                true,
-                context.trace_state().clone(),
-            ));
-        }
+        self.link = self.span.as_ref().and_then(Open::link_to_parent);
         self
     }
 
     /// Sets an attribute.
-    pub(crate) fn set(&self, attribute: KeyValue) {
-        self.extra.lock().unwrap_or_else(PoisonError::into_inner).push(attribute);
+    pub(crate) fn set(&self, attribute: impl Into<Attribute>) {
+        self.extra.lock().unwrap_or_else(PoisonError::into_inner).push(attribute.into());
     }
 
     /// The context the door writes in its request: this span's.
     pub(crate) fn passed_on(&self) -> TraceContext {
-        let (trace_id, span_id) = self
-            .span
-            .as_ref()
-            .map(|span| (span.context.trace_id().to_bytes(), span.context.span_id().to_bytes()))
-            .unwrap_or_default();
+        let (trace_id, span_id) =
+            self.span.as_ref().map(|span| (span.trace_id, span.span_id)).unwrap_or_default();
         TraceContext {
             parent: TraceParent { trace_id, span_id, flags: TraceFlags::SAMPLED.to_u8() },
             tracestate: self.tracestate.clone(),
@@ -488,14 +584,8 @@ impl Drop for DoorSpan {
     fn drop(&mut self) {
         let Some(mut span) = self.span.take() else { return };
         span.attributes.append(self.extra.get_mut().unwrap_or_else(PoisonError::into_inner));
-        let status = match self.failed.get_mut().unwrap_or_else(PoisonError::into_inner).take() {
-            Some((error_type, description)) => {
-                span.attributes.push(KeyValue::new("error.type", error_type));
-                Status::error(description)
-            }
-            None => Status::Unset,
-        };
-        let links = self.link.take().map(|link| vec![Link::with_context(link)]).unwrap_or_default();
-        span.finish(&self.queue, Vec::new(), links, status);
+        let failed = self.failed.get_mut().unwrap_or_else(PoisonError::into_inner).take();
+        let status = failed_status(&mut span.attributes, failed);
+        span.finish(&self.queue, Vec::new(), self.link.take(), status);
     }
 }

@@ -1,0 +1,608 @@
+//! OTLP's `ExportTraceServiceRequest`, encoded straight from toolhost's [`Span`]s into one
+//! buffer per batch.
+//!
+//! The SDK's exporter turns each span into the generated protobuf structs (an owned `String`
+//! or `Vec` per name, id, key and value) and then encodes those; here each field is written as
+//! it is, once the lengths of the messages that hold it are known. A batch is one
+//! `ResourceSpans` with one `ScopeSpans`: the resource and the scope are encoded once, when the
+//! pipeline starts, and copied into every batch. The field numbers and wire types are those of
+//! `opentelemetry/proto/trace/v1/trace.proto` and `common/v1/common.proto`; the unit tests decode
+//! what is written here with the `opentelemetry-proto` crate's generated types and compare it
+//! with what the SDK's own conversion makes of the same span.
+
+use opentelemetry::trace::SpanKind;
+use prost::encoding::{WireType, encode_key, encode_varint, encoded_len_varint, key_len};
+
+use super::spans::{Attribute, Event, Link, Span, Status, Value};
+
+/// `Span.flags`: the low 8 bits are the W3C trace flags; these say whether the parent (or the
+/// link's context) is remote, and that the flags say so (`SpanFlags` in trace.proto).
+const CONTEXT_HAS_IS_REMOTE: u32 = 0x100;
+const CONTEXT_IS_REMOTE: u32 = 0x200;
+
+/// Encodes batches of spans for one resource and one instrumentation scope.
+pub(crate) struct Encoder {
+    /// `ResourceSpans.resource` (field 1), tag and length included.
+    resource: Vec<u8>,
+    /// `ScopeSpans.scope` (field 1), tag and length included.
+    scope: Vec<u8>,
+    /// The request being encoded; its capacity is kept from batch to batch.
+    buffer: Vec<u8>,
+    /// Each span's encoded length, computed before the messages that hold it are written.
+    lengths: Vec<usize>,
+}
+
+impl Encoder {
+    /// An encoder for spans of `resource` (its attributes) and of the scope named `scope`.
+    pub(crate) fn new(resource: &[Attribute], scope: &str) -> Encoder {
+        let mut resource_message = Vec::new();
+        for attribute in resource {
+            message(1, key_value_len(attribute), &mut resource_message, |buf| key_value(attribute, buf));
+        }
+        let mut scope_message = Vec::new();
+        string(1, scope, &mut scope_message);
+        let mut encoder =
+            Encoder { resource: Vec::new(), scope: Vec::new(), buffer: Vec::new(), lengths: Vec::new() };
+        message(1, resource_message.len(), &mut encoder.resource, |buf| {
+            buf.extend_from_slice(&resource_message);
+        });
+        message(1, scope_message.len(), &mut encoder.scope, |buf| buf.extend_from_slice(&scope_message));
+        encoder
+    }
+
+    /// The `ExportTraceServiceRequest` of `spans`, valid until the next call.
+    pub(crate) fn encode(&mut self, spans: &[Span]) -> &[u8] {
+        self.lengths.clear();
+        self.lengths.extend(spans.iter().map(span_len));
+        let scope_spans_len =
+            self.scope.len() + self.lengths.iter().map(|&len| field_len(2, len)).sum::<usize>();
+        let resource_spans_len = self.resource.len() + field_len(2, scope_spans_len);
+        self.buffer.clear();
+        self.buffer.reserve(field_len(1, resource_spans_len));
+        let buf = &mut self.buffer;
+        // ExportTraceServiceRequest.resource_spans = 1
+        header(1, resource_spans_len, buf);
+        buf.extend_from_slice(&self.resource);
+        // ResourceSpans.scope_spans = 2
+        header(2, scope_spans_len, buf);
+        buf.extend_from_slice(&self.scope);
+        for (span_item, &len) in spans.iter().zip(&self.lengths) {
+            // ScopeSpans.spans = 2
+            header(2, len, buf);
+            span(span_item, buf);
+        }
+        &self.buffer
+    }
+}
+
+/// The length of a length-delimited field of `len` bytes, its tag included.
+fn field_len(tag: u32, len: usize) -> usize {
+    key_len(tag) + encoded_len_varint(len as u64) + len
+}
+
+/// The tag and length of a length-delimited field.
+fn header(tag: u32, len: usize, buf: &mut Vec<u8>) {
+    encode_key(tag, WireType::LengthDelimited, buf);
+    encode_varint(len as u64, buf);
+}
+
+/// A nested message of `len` bytes, written by `body`.
+fn message(tag: u32, len: usize, buf: &mut Vec<u8>, body: impl FnOnce(&mut Vec<u8>)) {
+    header(tag, len, buf);
+    let start = buf.len();
+    body(buf);
+    debug_assert_eq!(buf.len() - start, len, "the length of field {tag} was computed wrong");
+}
+
+/// A `bytes` or `string` field that is always written (a oneof member, an id).
+fn bytes_always(tag: u32, value: &[u8], buf: &mut Vec<u8>) {
+    header(tag, value.len(), buf);
+    buf.extend_from_slice(value);
+}
+
+/// A proto3 `string` field: nothing when empty.
+fn string(tag: u32, value: &str, buf: &mut Vec<u8>) {
+    if !value.is_empty() {
+        bytes_always(tag, value.as_bytes(), buf);
+    }
+}
+
+fn string_len(tag: u32, value: &str) -> usize {
+    if value.is_empty() { 0 } else { field_len(tag, value.len()) }
+}
+
+/// A proto3 `fixed64` field: nothing when zero.
+fn fixed64(tag: u32, value: u64, buf: &mut Vec<u8>) {
+    if value != 0 {
+        encode_key(tag, WireType::SixtyFourBit, buf);
+        buf.extend_from_slice(&value.to_le_bytes());
+    }
+}
+
+fn fixed64_len(tag: u32, value: u64) -> usize {
+    if value == 0 { 0 } else { key_len(tag) + 8 }
+}
+
+/// A proto3 `fixed32` field: nothing when zero.
+fn fixed32(tag: u32, value: u32, buf: &mut Vec<u8>) {
+    if value != 0 {
+        encode_key(tag, WireType::ThirtyTwoBit, buf);
+        buf.extend_from_slice(&value.to_le_bytes());
+    }
+}
+
+fn fixed32_len(tag: u32, value: u32) -> usize {
+    if value == 0 { 0 } else { key_len(tag) + 4 }
+}
+
+/// A proto3 `varint` field (an enum, a `uint32`): nothing when zero.
+fn varint(tag: u32, value: u64, buf: &mut Vec<u8>) {
+    if value != 0 {
+        encode_key(tag, WireType::Varint, buf);
+        encode_varint(value, buf);
+    }
+}
+
+fn varint_len(tag: u32, value: u64) -> usize {
+    if value == 0 { 0 } else { key_len(tag) + encoded_len_varint(value) }
+}
+
+/// `Span.SpanKind`.
+fn kind(kind: &SpanKind) -> u64 {
+    match kind {
+        SpanKind::Internal => 1,
+        SpanKind::Server => 2,
+        SpanKind::Client => 3,
+        SpanKind::Producer => 4,
+        SpanKind::Consumer => 5,
+    }
+}
+
+/// `Span.flags` or `Link.flags`.
+fn flags(trace_flags: u8, remote: bool) -> u32 {
+    u32::from(trace_flags) | CONTEXT_HAS_IS_REMOTE | if remote { CONTEXT_IS_REMOTE } else { 0 }
+}
+
+fn trace_state(span_trace_state: Option<&std::sync::Arc<str>>) -> &str {
+    span_trace_state.map_or("", |state| state)
+}
+
+/// `Status.code`: `STATUS_CODE_ERROR` is 2; the message goes with an error only.
+fn status_parts(status: &Status) -> (&str, u64) {
+    match status {
+        Status::Unset => ("", 0),
+        Status::Error(description) => (description, 2),
+    }
+}
+
+fn status_len(status: &Status) -> usize {
+    let (description, code) = status_parts(status);
+    string_len(2, description) + varint_len(3, code)
+}
+
+fn span_len(span: &Span) -> usize {
+    field_len(1, span.trace_id.len())
+        + field_len(2, span.span_id.len())
+        + string_len(3, trace_state(span.trace_state.as_ref()))
+        + span.parent.map_or(0, |parent| field_len(4, parent.len()))
+        + string_len(5, &span.name)
+        + varint_len(6, kind(&span.kind))
+        + fixed64_len(7, span.start)
+        + fixed64_len(8, span.end)
+        + span.attributes.iter().map(|attribute| field_len(9, key_value_len(attribute))).sum::<usize>()
+        + span.events.iter().map(|event| field_len(11, event_len(event))).sum::<usize>()
+        + span.link.as_ref().map_or(0, |link| field_len(13, link_len(link)))
+        + field_len(15, status_len(&span.status))
+        + fixed32_len(16, flags(span.flags, span.parent_remote))
+}
+
+/// `Span`, its fields in the order of their numbers, as prost writes them (the tests compare
+/// the bytes with the SDK's).
+fn span(span: &Span, buf: &mut Vec<u8>) {
+    bytes_always(1, &span.trace_id, buf);
+    bytes_always(2, &span.span_id, buf);
+    string(3, trace_state(span.trace_state.as_ref()), buf);
+    if let Some(parent) = &span.parent {
+        bytes_always(4, parent, buf);
+    }
+    string(5, &span.name, buf);
+    varint(6, kind(&span.kind), buf);
+    fixed64(7, span.start, buf);
+    fixed64(8, span.end, buf);
+    for attribute in &span.attributes {
+        message(9, key_value_len(attribute), buf, |buf| key_value(attribute, buf));
+    }
+    for event_item in &span.events {
+        message(11, event_len(event_item), buf, |buf| event(event_item, buf));
+    }
+    if let Some(link_item) = &span.link {
+        message(13, link_len(link_item), buf, |buf| link(link_item, buf));
+    }
+    // The SDK always writes the status, an empty message when it is unset.
+    message(15, status_len(&span.status), buf, |buf| {
+        let (description, code) = status_parts(&span.status);
+        string(2, description, buf);
+        varint(3, code, buf);
+    });
+    fixed32(16, flags(span.flags, span.parent_remote), buf);
+}
+
+fn event_len(event: &Event) -> usize {
+    fixed64_len(1, event.time)
+        + string_len(2, event.name)
+        + event.attributes.iter().map(|attribute| field_len(3, key_value_len(attribute))).sum::<usize>()
+}
+
+/// `Span.Event`.
+fn event(event: &Event, buf: &mut Vec<u8>) {
+    fixed64(1, event.time, buf);
+    string(2, event.name, buf);
+    for attribute in &event.attributes {
+        message(3, key_value_len(attribute), buf, |buf| key_value(attribute, buf));
+    }
+}
+
+fn link_len(link: &Link) -> usize {
+    field_len(1, link.trace_id.len())
+        + field_len(2, link.span_id.len())
+        + string_len(3, trace_state(link.trace_state.as_ref()))
+        + fixed32_len(6, flags(link.flags, link.remote))
+}
+
+/// `Span.Link` (toolhost's links carry no attributes).
+fn link(link: &Link, buf: &mut Vec<u8>) {
+    bytes_always(1, &link.trace_id, buf);
+    bytes_always(2, &link.span_id, buf);
+    string(3, trace_state(link.trace_state.as_ref()), buf);
+    fixed32(6, flags(link.flags, link.remote), buf);
+}
+
+fn key_value_len(attribute: &Attribute) -> usize {
+    string_len(1, &attribute.key) + field_len(2, any_value_len(&attribute.value))
+}
+
+/// `KeyValue`.
+fn key_value(attribute: &Attribute, buf: &mut Vec<u8>) {
+    string(1, &attribute.key, buf);
+    message(2, any_value_len(&attribute.value), buf, |buf| any_value(&attribute.value, buf));
+}
+
+/// A member of `AnyValue`'s oneof, as the array's elements are.
+enum Scalar<'a> {
+    Text(&'a str),
+    Bool(bool),
+    Int(i64),
+    Double(f64),
+}
+
+fn scalar_len(scalar: &Scalar<'_>) -> usize {
+    match scalar {
+        Scalar::Text(text) => field_len(1, text.len()),
+        Scalar::Bool(_) => key_len(2) + 1,
+        Scalar::Int(value) => key_len(3) + encoded_len_varint(*value as u64),
+        Scalar::Double(_) => key_len(4) + 8,
+    }
+}
+
+/// A oneof member is written even when it holds its type's default.
+fn scalar(scalar: &Scalar<'_>, buf: &mut Vec<u8>) {
+    match scalar {
+        Scalar::Text(text) => bytes_always(1, text.as_bytes(), buf),
+        Scalar::Bool(value) => {
+            encode_key(2, WireType::Varint, buf);
+            encode_varint(u64::from(*value), buf);
+        }
+        Scalar::Int(value) => {
+            encode_key(3, WireType::Varint, buf);
+            encode_varint(*value as u64, buf);
+        }
+        Scalar::Double(value) => {
+            encode_key(4, WireType::SixtyFourBit, buf);
+            buf.extend_from_slice(&value.to_le_bytes());
+        }
+    }
+}
+
+/// The elements of an array value, as scalars.
+fn elements(array: &opentelemetry::Array) -> Vec<Scalar<'_>> {
+    match array {
+        opentelemetry::Array::Bool(values) => values.iter().map(|value| Scalar::Bool(*value)).collect(),
+        opentelemetry::Array::I64(values) => values.iter().map(|value| Scalar::Int(*value)).collect(),
+        opentelemetry::Array::F64(values) => values.iter().map(|value| Scalar::Double(*value)).collect(),
+        opentelemetry::Array::String(values) => {
+            values.iter().map(|value| Scalar::Text(value.as_str())).collect()
+        }
+        // `Array` is non-exhaustive; a kind it adds later is exported as no element.
+        _ => Vec::new(),
+    }
+}
+
+fn any_value_len(value: &Value) -> usize {
+    match value {
+        Value::Static(text) => scalar_len(&Scalar::Text(text)),
+        Value::Text(text) => scalar_len(&Scalar::Text(text)),
+        Value::Int(value) => scalar_len(&Scalar::Int(*value)),
+        Value::Bool(value) => scalar_len(&Scalar::Bool(*value)),
+        Value::Double(value) => scalar_len(&Scalar::Double(*value)),
+        Value::Array(array) => field_len(5, array_len(&elements(array))),
+    }
+}
+
+/// `ArrayValue.values` (field 1): each element is an `AnyValue`.
+fn array_len(elements: &[Scalar<'_>]) -> usize {
+    elements.iter().map(|element| field_len(1, scalar_len(element))).sum()
+}
+
+/// `AnyValue`.
+fn any_value(value: &Value, buf: &mut Vec<u8>) {
+    match value {
+        Value::Static(text) => scalar(&Scalar::Text(text), buf),
+        Value::Text(text) => scalar(&Scalar::Text(text), buf),
+        Value::Int(value) => scalar(&Scalar::Int(*value), buf),
+        Value::Bool(value) => scalar(&Scalar::Bool(*value), buf),
+        Value::Double(value) => scalar(&Scalar::Double(*value), buf),
+        Value::Array(array) => {
+            let elements = elements(array);
+            message(5, array_len(&elements), buf, |buf| {
+                for element in &elements {
+                    message(1, scalar_len(element), buf, |buf| scalar(element, buf));
+                }
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::borrow::Cow;
+    use std::sync::Arc;
+
+    use opentelemetry::InstrumentationScope;
+    use opentelemetry::trace::SpanKind;
+    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+    use opentelemetry_proto::tonic::common::v1::{AnyValue, ArrayValue, KeyValue, any_value};
+    use opentelemetry_proto::tonic::trace::v1::{span, status};
+    use opentelemetry_proto::transform::common::tonic::ResourceAttributesWithSchema;
+    use opentelemetry_proto::transform::trace::tonic::group_spans_by_resource_and_scope;
+    use opentelemetry_sdk::Resource;
+    use prost::Message as _;
+
+    use super::Encoder;
+    use crate::telemetry::otel::{resource_attributes, span_data};
+    use crate::telemetry::spans::{Attribute, Event, Link, Span, Status, Value, attr};
+
+    const TRACE: [u8; 16] =
+        [0x4b, 0xf9, 0x2f, 0x35, 0x77, 0xb3, 0x4d, 0xa6, 0xa3, 0xce, 0x92, 0x9d, 0x0e, 0x0e, 0x47, 0x36];
+    const CALLER: [u8; 8] = [0x00, 0xf0, 0x67, 0xaa, 0x0b, 0xa9, 0x02, 0xb7];
+    const PROCESS: [u8; 8] = [0x12, 0x34, 0x56, 0x78, 0x9a, 0xbc, 0xde, 0xf0];
+    const RUN: [u8; 8] = [0xff, 0, 0, 0, 0, 0, 0, 0x01];
+    const DOOR: [u8; 8] = [1, 2, 3, 4, 5, 6, 7, 8];
+    const START: u64 = 1_790_000_000_123_456_789;
+
+    fn resource() -> Resource {
+        Resource::builder().with_service_name("toolhost-test").build()
+    }
+
+    /// A `process` span (a remote parent, a link, a tracestate, an event, an error), a child run
+    /// span (a local parent, no status), and a door's root span with every kind of value.
+    fn spans() -> Vec<Span> {
+        let state: Arc<str> = "vendor=value,other=1".into();
+        let process = Span {
+            trace_id: TRACE,
+            span_id: PROCESS,
+            parent: Some(CALLER),
+            parent_remote: true,
+            flags: 1,
+            trace_state: Some(state.clone()),
+            kind: SpanKind::Consumer,
+            name: Cow::Borrowed("process action-requests"),
+            start: START,
+            end: START + 2_500_000,
+            attributes: vec![
+                attr("messaging.system", "redis_streams"),
+                attr("messaging.message.id", "1790000000123-0".to_owned()),
+                attr("messaging.redis_streams.delivery_count", 2_i64),
+                attr("toolhost.replayed", true),
+                attr("error.type", "timeout"),
+            ],
+            events: vec![Event {
+                name: "answered from the ledger",
+                time: START + 1_000,
+                attributes: vec![attr("toolhost.outcome", "success")],
+            }],
+            link: Some(Link {
+                trace_id: TRACE,
+                span_id: CALLER,
+                flags: 1,
+                trace_state: Some(state),
+                remote: true,
+            }),
+            status: Status::Error(Cow::Borrowed("timeout")),
+        };
+        let run = Span {
+            trace_id: TRACE,
+            span_id: RUN,
+            parent: Some(PROCESS),
+            parent_remote: false,
+            flags: 1,
+            trace_state: None,
+            kind: SpanKind::Client,
+            name: Cow::Owned("tools/call echo".to_owned()),
+            start: START + 10,
+            end: START + 20,
+            attributes: vec![
+                attr("gen_ai.operation.name", "execute_tool"),
+                attr("gen_ai.tool.name", String::new()),
+            ],
+            events: Vec::new(),
+            link: None,
+            status: Status::Unset,
+        };
+        let door = Span {
+            trace_id: TRACE,
+            span_id: DOOR,
+            parent: None,
+            parent_remote: false,
+            flags: 1,
+            trace_state: None,
+            kind: SpanKind::Server,
+            name: Cow::Borrowed("POST /api/call"),
+            start: START,
+            end: START + 1,
+            attributes: vec![
+                Attribute::from(opentelemetry::KeyValue::new("http.response.status_code", 202)),
+                attr("negative", -7_i64),
+                attr("zero", 0_i64),
+                attr("off", false),
+                Attribute { key: Cow::Owned("ratio".to_owned()), value: Value::Double(0.25) },
+                Attribute::from(opentelemetry::KeyValue::new(
+                    "list",
+                    opentelemetry::Value::Array(opentelemetry::Array::String(vec!["a".into(), "".into()])),
+                )),
+                Attribute::from(opentelemetry::KeyValue::new(
+                    "numbers",
+                    opentelemetry::Value::Array(opentelemetry::Array::I64(vec![1, -1])),
+                )),
+            ],
+            events: Vec::new(),
+            link: None,
+            status: Status::Error(Cow::Owned("refused: the tenant's policy".to_owned())),
+        };
+        vec![process, run, door]
+    }
+
+    /// What the SDK's exporter encodes for the same spans and resource: the generated types,
+    /// filled by `opentelemetry-proto`'s own conversion from `SpanData`.
+    fn sdk_request(spans: Vec<Span>, resource: &Resource) -> ExportTraceServiceRequest {
+        let scope = InstrumentationScope::builder("toolhost").build();
+        let spans = spans.into_iter().map(|span| span_data(span, &scope)).collect();
+        ExportTraceServiceRequest {
+            resource_spans: group_spans_by_resource_and_scope(
+                spans,
+                &ResourceAttributesWithSchema::from(resource),
+            ),
+        }
+    }
+
+    fn attribute<'a>(attributes: &'a [KeyValue], key: &str) -> Option<&'a any_value::Value> {
+        let found = attributes.iter().find(|attribute| attribute.key == key)?;
+        found.value.as_ref()?.value.as_ref()
+    }
+
+    fn text(value: &str) -> Option<&'static any_value::Value> {
+        Some(Box::leak(Box::new(any_value::Value::StringValue(value.to_owned()))))
+    }
+
+    #[test]
+    fn the_request_is_the_bytes_the_sdks_exporter_would_send() {
+        let resource = resource();
+        let mut encoder = Encoder::new(&resource_attributes(&resource), "toolhost");
+        let ours = encoder.encode(&spans()).to_vec();
+        let sdk = sdk_request(spans(), &resource);
+        assert_eq!(ExportTraceServiceRequest::decode(ours.as_slice()).unwrap(), sdk);
+        assert_eq!(ours, sdk.encode_to_vec());
+    }
+
+    #[test]
+    fn every_field_decodes_as_written() {
+        let resource = resource();
+        let mut encoder = Encoder::new(&resource_attributes(&resource), "toolhost");
+        let request = ExportTraceServiceRequest::decode(encoder.encode(&spans())).unwrap();
+        assert_eq!(request.resource_spans.len(), 1);
+        let resource_spans = &request.resource_spans[0];
+        let resource_attributes = &resource_spans.resource.as_ref().unwrap().attributes;
+        assert_eq!(attribute(resource_attributes, "service.name"), text("toolhost-test"));
+        assert_eq!(attribute(resource_attributes, "telemetry.sdk.language"), text("rust"));
+        assert_eq!(resource_spans.scope_spans.len(), 1);
+        let scope_spans = &resource_spans.scope_spans[0];
+        assert_eq!(scope_spans.scope.as_ref().unwrap().name, "toolhost");
+        let [process, run, door] = scope_spans.spans.as_slice() else {
+            panic!("three spans: {scope_spans:?}")
+        };
+
+        assert_eq!(process.trace_id, TRACE);
+        assert_eq!(process.span_id, PROCESS);
+        assert_eq!(process.parent_span_id, CALLER);
+        assert_eq!(process.flags, 0x301, "sampled, with a remote parent");
+        assert_eq!(process.trace_state, "vendor=value,other=1");
+        assert_eq!(process.kind, span::SpanKind::Consumer as i32);
+        assert_eq!(process.name, "process action-requests");
+        assert_eq!((process.start_time_unix_nano, process.end_time_unix_nano), (START, START + 2_500_000));
+        assert_eq!(attribute(&process.attributes, "messaging.system"), text("redis_streams"));
+        assert_eq!(attribute(&process.attributes, "messaging.message.id"), text("1790000000123-0"));
+        assert_eq!(
+            attribute(&process.attributes, "messaging.redis_streams.delivery_count"),
+            Some(&any_value::Value::IntValue(2))
+        );
+        assert_eq!(
+            attribute(&process.attributes, "toolhost.replayed"),
+            Some(&any_value::Value::BoolValue(true))
+        );
+        assert_eq!(process.attributes.len(), 5);
+        let [event] = process.events.as_slice() else { panic!("one event: {process:?}") };
+        assert_eq!((event.name.as_str(), event.time_unix_nano), ("answered from the ledger", START + 1_000));
+        assert_eq!(attribute(&event.attributes, "toolhost.outcome"), text("success"));
+        let [link] = process.links.as_slice() else { panic!("one link: {process:?}") };
+        assert_eq!(
+            (link.trace_id.as_slice(), link.span_id.as_slice()),
+            (TRACE.as_slice(), CALLER.as_slice())
+        );
+        assert_eq!(link.flags, 0x301);
+        assert_eq!(link.trace_state, "vendor=value,other=1");
+        let process_status = process.status.as_ref().unwrap();
+        assert_eq!(process_status.code, status::StatusCode::Error as i32);
+        assert_eq!(process_status.message, "timeout");
+
+        assert_eq!(run.parent_span_id, PROCESS);
+        assert_eq!(run.flags, 0x101, "sampled, with a local parent");
+        assert_eq!(run.kind, span::SpanKind::Client as i32);
+        assert_eq!(run.name, "tools/call echo");
+        assert_eq!(run.trace_state, "");
+        assert_eq!(attribute(&run.attributes, "gen_ai.tool.name"), text(""));
+        assert!(run.links.is_empty() && run.events.is_empty());
+        assert_eq!(run.status.as_ref().unwrap().code, status::StatusCode::Unset as i32);
+
+        assert!(door.parent_span_id.is_empty(), "a root span has no parent");
+        assert_eq!(door.flags, 0x101);
+        assert_eq!(door.kind, span::SpanKind::Server as i32);
+        assert_eq!(
+            attribute(&door.attributes, "http.response.status_code"),
+            Some(&any_value::Value::IntValue(202))
+        );
+        assert_eq!(attribute(&door.attributes, "negative"), Some(&any_value::Value::IntValue(-7)));
+        assert_eq!(attribute(&door.attributes, "zero"), Some(&any_value::Value::IntValue(0)));
+        assert_eq!(attribute(&door.attributes, "off"), Some(&any_value::Value::BoolValue(false)));
+        assert_eq!(attribute(&door.attributes, "ratio"), Some(&any_value::Value::DoubleValue(0.25)));
+        let strings = |values: &[&str]| ArrayValue {
+            values: values
+                .iter()
+                .map(|value| AnyValue { value: Some(any_value::Value::StringValue((*value).to_owned())) })
+                .collect(),
+        };
+        assert_eq!(
+            attribute(&door.attributes, "list"),
+            Some(&any_value::Value::ArrayValue(strings(&["a", ""])))
+        );
+        let numbers = ArrayValue {
+            values: [1, -1]
+                .into_iter()
+                .map(|n| AnyValue { value: Some(any_value::Value::IntValue(n)) })
+                .collect(),
+        };
+        assert_eq!(attribute(&door.attributes, "numbers"), Some(&any_value::Value::ArrayValue(numbers)));
+        assert_eq!(door.status.as_ref().unwrap().message, "refused: the tenant's policy");
+    }
+
+    #[test]
+    fn the_buffer_is_reused_and_a_batch_holds_only_its_own_spans() {
+        let resource = resource();
+        let mut encoder = Encoder::new(&resource_attributes(&resource), "toolhost");
+        let all = spans();
+        let first = encoder.encode(&all).to_vec();
+        let capacity = encoder.buffer.capacity();
+        let one = ExportTraceServiceRequest::decode(encoder.encode(&all[1..2])).unwrap();
+        assert_eq!(one, sdk_request(all[1..2].to_vec(), &resource));
+        assert_eq!(encoder.buffer.capacity(), capacity, "the smaller batch reused the buffer");
+        assert_eq!(encoder.encode(&all), first.as_slice());
+    }
+}
