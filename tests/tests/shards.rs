@@ -355,6 +355,64 @@ fn wait_for_answers(
     }
 }
 
+/// While the shard count changes from 1 to 6, a request moved to its home shard whose original
+/// (on the one stream) was answered meanwhile, by a replica that reclaimed it from a mover
+/// stalled between the move and its ack, is a copy of that request, not a retry: the move's
+/// mark names it, and it is acked without a second answer. A retry (another entry of the request
+/// id, no mark) still gets the original answer. (The copy was answered again, as a retry, in
+/// shard-count changes on a starved machine.)
+#[test]
+fn a_moved_copy_of_a_request_answered_under_the_previous_count_is_not_answered_again() {
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let cluster = RedisCluster::start(3, 0);
+    let (topic, retries) = ("results:copies", "results:copies-retry");
+    let id = "copied-1".to_owned();
+    let mut connection = cluster.connection();
+    // Answered under one shard: the original entry, its kept answer in that stream's ledger.
+    let mut old = start_changing(&cluster, 1, 0);
+    let payload = request("echo.requested", &id, json!({"message": id}), topic);
+    let original = xadd_to(&mut connection, REQUESTS, &payload);
+    let first = wait_for_answers(&mut connection, topic, std::slice::from_ref(&id));
+    assert_eq!(old.terminate(Duration::from_secs(30)), Some(0), "the old replica drains and exits");
+    // A replica of six draining the one stream; then the stalled mover's copy on the home shard
+    // and its mark, added at once as move_once.lua adds them, and a retry on the same shard.
+    let new = start_changing(&cluster, 6, 1);
+    let six = Shards::new(REQUESTS, 6);
+    let home = six.stream(six.of_id(&id));
+    let mark = toolhost_bus::Keys::for_cluster("").moved(&home, REQUESTS, &original);
+    let copy: String = redis::cmd("EVAL")
+        .arg(
+            "local added = redis.call('XADD', KEYS[1], '*', 'id', ARGV[1], 'payload', ARGV[2]) \
+             redis.call('SET', KEYS[2], added, 'PX', 600000) return added",
+        )
+        .arg(2)
+        .arg(&home)
+        .arg(&mark)
+        .arg(payload["id"].as_str().unwrap())
+        .arg(payload.to_string())
+        .query(&mut connection)
+        .unwrap();
+    let retry = request("echo.requested", &id, json!({"message": "again"}), retries);
+    xadd_to(&mut connection, &home, &retry);
+    let replayed = wait_for_answers(&mut connection, retries, std::slice::from_ref(&id));
+    assert_eq!(replayed[&id].len(), 1, "{:?}", replayed[&id]);
+    assert_eq!(replayed[&id][0]["data"], first[&id][0]["data"], "the retry gets the original answer");
+    let deadline = Instant::now() + WAIT;
+    while backlog(&mut connection, "toolhost") != (0, 0) {
+        assert!(Instant::now() < deadline, "the copy was not settled:\n{}", tail(&new.log()));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let found = answers(&mut connection, &[topic]);
+    assert_eq!(found[&id].len(), 1, "the copy was answered again: {:?}\n{}", found[&id], tail(&new.log()));
+    let outcomes: Vec<&str> = new
+        .log()
+        .lines()
+        .filter(|line| line.contains("\"invocation\"") && line.contains(&copy))
+        .map(|line| if line.contains("\"outcome\":\"duplicate\"") { "duplicate" } else { "other" })
+        .collect();
+    assert_eq!(outcomes, ["duplicate"], "the copy's handling:\n{}", tail(&new.log()));
+}
+
 /// The shard count changes from 1 to 6 and back to 1 while a caller keeps sending, by the
 /// procedure of docs/OPERATIONS.md: replicas with the new count and `previous_shards` start
 /// beside the old ones, the old ones stop, the caller moves to the new count. Every request is

@@ -76,7 +76,25 @@ impl<D: Door> Lifecycle<D> {
                     return Outcome::LeftPending;
                 }
                 Ok(Some(Some(kept))) if D::TRAITS.keeps_answers && kept.entry_id != entry.entry_id => {
-                    return self.replay(call, kept).await;
+                    // The answered entry may be the very one this entry was moved from: its
+                    // mover stalled past the lease between the move and the ack, and a replica
+                    // of the previous count reclaimed the original and answered it. This is then
+                    // a copy of that request, not a retry: acked, not answered a second time.
+                    let ours = (self.settings.ledger.as_str(), entry.entry_id.as_str());
+                    let source = (former.as_str(), kept.entry_id.as_str());
+                    match ledger::moved_from(&*services.bus, &services.keys, ours, source).await {
+                        Ok(false) => return self.replay(call, kept).await,
+                        Ok(true) => {
+                            return self
+                                .ack(entry, None)
+                                .await
+                                .map_or(Outcome::LeftPending, |_| Outcome::Duplicate);
+                        }
+                        Err(err) => {
+                            warn!(error = %err, entry_id = %entry.entry_id, former, "cannot read the move's mark; left pending");
+                            return Outcome::LeftPending;
+                        }
+                    }
                 }
                 Ok(Some(_)) => {
                     return self.ack(entry, None).await.map_or(Outcome::LeftPending, |_| Outcome::Duplicate);
