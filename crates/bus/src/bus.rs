@@ -336,7 +336,10 @@ pub enum CallStart {
     /// Nobody started this request before: run it.
     Fresh,
     /// An earlier owner started it and its lease lapsed (it crashed or stalled).
-    StartedBefore,
+    StartedBefore {
+        /// The earlier owner ([`call_owner`]: consumer, entry id and token), for the log.
+        holder: String,
+    },
     /// It was answered already: ack without running or answering.
     Answered,
     /// It was answered already and its answer was kept ([`Finish::keep`]): answer this copy

@@ -895,7 +895,7 @@ impl RedisBus {
         let started_before = match start {
             _ if acked >= wanted => return start,
             CallStart::Fresh => false,
-            CallStart::StartedBefore => true,
+            CallStart::StartedBefore { .. } => true,
             start => return start,
         };
         CallStart::Unreplicated { started_before, acked, wanted, timeout: self.options.replica_ack_timeout }
@@ -1041,7 +1041,7 @@ fn start_from(reply: Value) -> Result<CallStart, Error> {
     Ok(match state {
         0 => CallStart::Answered,
         1 => CallStart::Fresh,
-        2 => CallStart::StartedBefore,
+        2 => CallStart::StartedBefore { holder: entry },
         _ => CallStart::Busy { entry_id: entry },
     })
 }

@@ -610,6 +610,76 @@ async fn an_entry_redelivered_while_it_runs_is_answered_once() {
     assert_settled(&mut connection).await;
 }
 
+/// Sets Redis's `maxmemory`: 1 byte refuses every write that may grow memory (the default
+/// policy evicts nothing), 0 lifts the limit.
+async fn set_maxmemory(connection: &mut MultiplexedConnection, bytes: u64) {
+    let () =
+        redis::cmd("CONFIG").arg("SET").arg("maxmemory").arg(bytes).query_async(connection).await.unwrap();
+}
+
+/// A holder keeps its call's lease from the ledger step until the answer is committed, not only
+/// while the tool runs: here the run ends while Redis refuses writes (out of memory), and the
+/// commit waits out the spell, several leases long. The lease never lapses meanwhile (a replica
+/// would take the live holder's call for a dead one's, and answer this non-idempotent call
+/// `interrupted` while the holder's result was thrown away), the entry is not reclaimed, and the
+/// call is answered once, with its result, by the holder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_whose_commit_waits_keeps_its_lease_and_answers_once() {
+    let _serial = SERIAL.lock().await;
+    let redis = RedisServer::start();
+    let lease = Duration::from_millis(2000);
+    let settings = [
+        ("TOOLHOST__DISPATCH__CLAIM_IDLE_MS", "2000"),
+        ("TOOLHOST__DISPATCH__BLOCK_MS", "500"),
+        ("TERMINAL_ALLOWED_COMMANDS", "sleep"),
+    ];
+    let holder = Daemon::start(&redis, &settings);
+    let mut connection = redis.connection().await;
+    send(&mut connection, &sleep("committing-1", 1)).await;
+    wait_for_calls(&mut connection, 1).await;
+    // Only now a replica, so the holder took the entry; its reclaimer looks every second.
+    let replica = Daemon::start(&redis, &settings);
+    let records: Vec<String> =
+        redis::cmd("KEYS").arg("toolhost:ledger:*:call:*").query_async(&mut connection).await.unwrap();
+    let record = records.into_iter().next().expect("the call record");
+    // Writes refused while the call runs: its answer cannot be committed until they pass again.
+    set_maxmemory(&mut connection, 1).await;
+    let spell = Instant::now();
+    let mut deliveries = 0;
+    while spell.elapsed() < lease * 3 {
+        let (lease_until, (seconds, micros)): (Option<u64>, (u64, u64)) = redis::pipe()
+            .cmd("HGET")
+            .arg(&record)
+            .arg("lease_until")
+            .cmd("TIME")
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        let now = seconds * 1000 + micros / 1000;
+        let lease_until = lease_until.expect("the call record stays while its answer waits");
+        // begin_call's rule: a lease with less than a third left has lapsed.
+        let lapsed_at = lease_until - lease.as_millis() as u64 / 3;
+        assert!(
+            lapsed_at > now,
+            "the lease lapsed {} ms ago while its holder waited to commit",
+            now - lapsed_at
+        );
+        deliveries = deliveries.max(most_deliveries(&mut connection).await);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        payloads(&mut connection, RESULTS).await.is_empty(),
+        "nothing can be answered while Redis refuses writes"
+    );
+    set_maxmemory(&mut connection, 0).await;
+    let all = ["committing-1".to_owned()];
+    let answers = assert_answered_once(&mut connection, &all, &[&holder, &replica]).await;
+    assert_eq!(answers["committing-1"]["data"]["success"], true, "{}", answers["committing-1"]);
+    assert_eq!(deliveries, 1, "the entry was reclaimed from its live holder");
+    assert_eq!(outcomes_of(&[&holder, &replica], "committing-1"), ["success"]);
+    assert_settled(&mut connection).await;
+}
+
 /// A replica with a read-only, idempotent `[[commands]]` tool `slow` that runs `sleep 3`.
 fn slow_tool_replica(redis: &RedisServer, name: &str) -> Daemon {
     let dir = crate::support::temp_dir(&format!("untracked-{name}"));

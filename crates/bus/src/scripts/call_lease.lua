@@ -6,11 +6,12 @@
 -- Holders renew every third of the lease, so a live one always has more than two thirds left;
 -- a lease with less than a third left counts as lapsed (its holder missed renewals).
 -- The same owner again is a retry after a lost reply: it gets the state it got then.
+-- Returns {state, entry}: {2, earlier owner} when its lease lapsed, {3, entry} when it holds it.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local lease = tonumber(ARGV[2])
 local prev = redis.call('HMGET', KEYS[2], 'owner', 'lease_until', 'entry', 'state')
-local state = 1
+local state, holder = 1, ''
 if prev[1] then
   if prev[1] == ARGV[1] then
     redis.call('HSET', KEYS[2], 'lease_until', now + lease)
@@ -19,8 +20,8 @@ if prev[1] then
   if tonumber(prev[2]) - math.floor(lease / 3) > now then
     return {3, prev[3]}
   end
-  state = 2
+  state, holder = 2, prev[1]
 end
 redis.call('HSET', KEYS[2], 'owner', ARGV[1], 'lease_until', now + lease, 'entry', ARGV[4], 'state', state)
 redis.call('PEXPIRE', KEYS[2], ARGV[3])
-return {state, ''}
+return {state, holder}

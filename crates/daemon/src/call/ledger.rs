@@ -50,6 +50,23 @@ pub(crate) async fn former_answer(
     Ok(mark.filter(|mark| toolhost_bus::is_answer_mark(mark)).map(|mark| KeptAnswer::from_mark(&mark)))
 }
 
+/// Whether entry `entry_id` of the stream `stream` (bare name) is the copy moved there of entry
+/// `source` of the stream `from` (bare name): the move's mark (`move_once.lua`) names the entry
+/// it added.
+///
+/// # Errors
+/// Redis failed.
+pub(crate) async fn moved_from(
+    bus: &dyn toolhost_bus::Directory,
+    keys: &toolhost_bus::Keys,
+    (stream, entry_id): (&str, &str),
+    (from, source): (&str, &str),
+) -> Result<bool, toolhost_bus::Error> {
+    let mark = keys.moved(stream, from, source);
+    let added = bus.values(std::slice::from_ref(&mark)).await?.into_iter().next().flatten();
+    Ok(added.as_deref() == Some(entry_id))
+}
+
 /// Records that `owner` starts the call under `call`, retrying while Redis is unavailable.
 /// `None` when it cannot be recorded (Redis refused, or `forced` fired): leave the entry pending.
 pub(crate) async fn begin(

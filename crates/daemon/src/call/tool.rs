@@ -40,9 +40,6 @@ struct ToolRun<'a> {
     tool: &'a str,
     /// Its arguments, not yet validated.
     arguments: Value,
-    /// The call's owner in the ledger; `None` for a call without a call record, whose lease
-    /// renewal only keeps its entry.
-    owner: Option<&'a str>,
     /// Fired by a `tool.cancel` of the call.
     cancelled: &'a CancellationToken,
 }
@@ -79,7 +76,25 @@ impl<D: Door> Lifecycle<D> {
                     return Outcome::LeftPending;
                 }
                 Ok(Some(Some(kept))) if D::TRAITS.keeps_answers && kept.entry_id != entry.entry_id => {
-                    return self.replay(call, kept).await;
+                    // The answered entry may be the very one this entry was moved from: its
+                    // mover stalled past the lease between the move and the ack, and a replica
+                    // of the previous count reclaimed the original and answered it. This is then
+                    // a copy of that request, not a retry: acked, not answered a second time.
+                    let ours = (self.settings.ledger.as_str(), entry.entry_id.as_str());
+                    let source = (former.as_str(), kept.entry_id.as_str());
+                    match ledger::moved_from(&*services.bus, &services.keys, ours, source).await {
+                        Ok(false) => return self.replay(call, kept).await,
+                        Ok(true) => {
+                            return self
+                                .ack(entry, None)
+                                .await
+                                .map_or(Outcome::LeftPending, |_| Outcome::Duplicate);
+                        }
+                        Err(err) => {
+                            warn!(error = %err, entry_id = %entry.entry_id, former, "cannot read the move's mark; left pending");
+                            return Outcome::LeftPending;
+                        }
+                    }
                 }
                 Ok(Some(_)) => {
                     return self.ack(entry, None).await.map_or(Outcome::LeftPending, |_| Outcome::Duplicate);
@@ -93,39 +108,64 @@ impl<D: Door> Lifecycle<D> {
             Begin::Run { tracked: false } if entry.deliveries <= 1 => Record::Absent,
             _ => Record::MayExist,
         };
-        let result = match begun {
-            Begin::End(outcome) => return outcome,
-            Begin::Replay(kept) => return self.replay(call, kept).await,
-            _ if self.poisoned(entry) => return self.poison(call).await,
-            Begin::Interrupted => {
-                let result = Err(ledger::interrupted(&name));
-                let finished =
-                    Event::Finished { request: call.request(), result: &result, duration: Duration::ZERO };
-                self.door.observe(finished).await;
-                result
-            }
-            Begin::Refuse(failure) => Err(failure),
-            Begin::Run { .. } => match self.expired(call) {
-                Some(failure) => Err(failure),
-                None => {
-                    if registry.annotations(&name).is_some_and(|a| a.destructive) {
-                        let reason = "a tool annotated destructive";
-                        self.audit(call, caller, &name, "allowed", reason, Some(&arguments)).await;
-                    }
-                    let run =
-                        ToolRun { tool: &name, arguments, owner: owner.as_deref(), cancelled: &cancelled };
-                    match self.run_tool(call, registry, run, slot).await {
-                        Some(result) => result,
-                        // Shutdown was forced: the entry stays pending with a lapsing lease, and
-                        // a replica takes it over.
-                        None => return Outcome::LeftPending,
-                    }
+        // Whether this handling holds the call from here until its answer is committed: a run, or
+        // an answer of its own (the record it wrote is deleted by that commit).
+        let holds = matches!(begun, Begin::Run { .. } | Begin::Interrupted | Begin::Refuse(_));
+        let answered = async {
+            let result = match begun {
+                Begin::End(outcome) => return outcome,
+                Begin::Replay(kept) => return self.replay(call, kept).await,
+                _ if self.poisoned(entry) => return self.poison(call).await,
+                Begin::Interrupted => {
+                    let result = Err(ledger::interrupted(&name));
+                    let finished = Event::Finished {
+                        request: call.request(),
+                        result: &result,
+                        duration: Duration::ZERO,
+                    };
+                    self.door.observe(finished).await;
+                    result
                 }
-            },
-        };
-        let finality = Finality::of(&result);
-        self.conclude(call, Answering { result, reply: Reply::Result, finality, record }, Some(registration))
+                Begin::Refuse(failure) => Err(failure),
+                Begin::Run { .. } => match self.expired(call) {
+                    Some(failure) => Err(failure),
+                    None => {
+                        if registry.annotations(&name).is_some_and(|a| a.destructive) {
+                            let reason = "a tool annotated destructive";
+                            self.audit(call, caller, &name, "allowed", reason, Some(&arguments)).await;
+                        }
+                        let run = ToolRun { tool: &name, arguments, cancelled: &cancelled };
+                        match self.run_tool(call, registry, run, slot).await {
+                            Some(result) => result,
+                            // Shutdown was forced: the entry stays pending with a lapsing lease, and
+                            // a replica takes it over.
+                            None => return Outcome::LeftPending,
+                        }
+                    }
+                },
+            };
+            let finality = Finality::of(&result);
+            self.conclude(
+                call,
+                Answering { result, reply: Reply::Result, finality, record },
+                Some(registration),
+            )
             .await
+        };
+        if !holds {
+            return answered.await;
+        }
+        // The lease (for a call without a record, its entry's idle time) is renewed from the
+        // ledger step until the answer is committed, not only while the tool runs: a commit or
+        // a step before the run that takes longer than the lease (Redis slow or refusing writes,
+        // a starved process) must not let a replica take this live holder's call for a dead
+        // one's, and answer it `interrupted` or run it again. Polled first, the call ends on the
+        // poll where its commit returns; the renewal never ends on its own.
+        tokio::select! {
+            biased;
+            outcome = answered => outcome,
+            () = self.renew(call, owner.as_deref()) => Outcome::LeftPending,
+        }
     }
 
     /// Consults the ledger before running a tool; a call without an `owner` is not recorded.
@@ -157,10 +197,20 @@ impl<D: Door> Lifecycle<D> {
             CallStart::Answered | CallStart::AnsweredKept(_) | CallStart::Busy { .. } => {
                 Begin::End(self.ack(entry, None).await.map_or(Outcome::LeftPending, |_| Outcome::Duplicate))
             }
-            CallStart::StartedBefore if annotations.is_some_and(|a| a.idempotent) => {
-                Begin::Run { tracked: true }
+            CallStart::StartedBefore { holder } => {
+                let idempotent = annotations.is_some_and(|a| a.idempotent);
+                warn!(
+                    request_id = %ledger_id,
+                    entry_id = %entry.entry_id,
+                    deliveries = entry.deliveries,
+                    tool,
+                    holder,
+                    idempotent,
+                    "the call was started by a holder whose lease lapsed; {}",
+                    if idempotent { "running it again" } else { "answering interrupted" }
+                );
+                if idempotent { Begin::Run { tracked: true } } else { Begin::Interrupted }
             }
-            CallStart::StartedBefore => Begin::Interrupted,
             // Too few replicas have the record: a failover could lose it and run the tool again.
             // A call started before whose tool is not idempotent runs nothing anyway.
             CallStart::Unreplicated { started_before: true, .. }
@@ -203,7 +253,7 @@ impl<D: Door> Lifecycle<D> {
         slot: &Slot,
     ) -> Option<Result<Output, Failure>> {
         let services = &self.services;
-        let ToolRun { tool, owner, cancelled, .. } = run;
+        let ToolRun { tool, cancelled, .. } = run;
         let mut context = call.admitted.ids.context();
         // The run's span, whose context the tool's source passes on.
         let run_span = call.span.map(|span| span.run(tool, registry.remote(tool).as_ref()));
@@ -244,17 +294,15 @@ impl<D: Door> Lifecycle<D> {
         let started = Instant::now();
         let run = self.start_tool(call, registry, run, &context, (slot, &expires));
         // Polled in this order: a tool that answers at once (most read-only tools) ends the call
-        // on the first poll, before the lease renewal sets up its timer or the shutdown watch
-        // registers a waiter. A cancel drops the tool's future, which stops it (a command's
-        // process group is killed, an MCP server gets `notifications/cancelled`), also while it
-        // waits in the tool's queue.
-        let renew = self.renew(call, owner);
+        // on the first poll, before the shutdown watch registers a waiter. A cancel drops the
+        // tool's future, which stops it (a command's process group is killed, an MCP server gets
+        // `notifications/cancelled`), also while it waits in the tool's queue. The lease is
+        // renewed around the whole call (`call_tool`), this run included.
         let forced = services.shutdown.forced();
         let supervised = async {
             let result = tokio::select! {
                 biased;
                 res = run => Some(res),
-                () = renew => Some(Err(Failure::new(ErrorCode::Internal, "lease renewal stopped"))),
                 () = cancelled.cancelled() => {
                     context.cancel.cancel();
                     Some(Err(cancelled_failure(tool)))
