@@ -24,8 +24,7 @@ use std::time::Duration;
 use rmcp::RoleServer;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorData as McpError,
-    InputRequest, InputRequests, InputRequiredResult, ProgressNotificationParam, RequestStateCodec,
-    RequestStateError, SealOptions,
+    InputRequest, InputRequests, InputRequiredResult, RequestStateCodec, RequestStateError, SealOptions,
 };
 use rmcp::service::RequestContext;
 use serde::{Deserialize, Serialize};
@@ -36,7 +35,7 @@ use tracing::{debug, info, warn};
 
 use super::elicit;
 use super::handler::Session;
-use super::tools::call_result;
+use super::tools::{call_result, progress_param};
 use crate::fleet_client::{CallEvent, FleetClient, InputKind, InputState, is_call_entry};
 
 /// How long one read of the answer stream blocks before the deadline and the client's cancel
@@ -344,14 +343,7 @@ impl Session {
                 match CallEvent::from_entry(&envelope.event_type, &envelope.data) {
                     Some(CallEvent::Progress(progress)) => {
                         let Some(token) = &progress_token else { continue };
-                        let mut param = ProgressNotificationParam::new(token.clone(), progress.progress);
-                        if let Some(total) = progress.total {
-                            param = param.with_total(total);
-                        }
-                        if let Some(message) = progress.message {
-                            param = param.with_message(message);
-                        }
-                        let _ = context.peer.notify_progress(param).await;
+                        let _ = context.peer.notify_progress(progress_param(token, progress)).await;
                     }
                     Some(CallEvent::InputRequired { input_id, kind, request, .. }) => {
                         match Question::of(&input_id, &request, &entry.entry_id) {

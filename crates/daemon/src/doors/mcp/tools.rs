@@ -216,14 +216,7 @@ async fn relay(
         match event {
             CallEvent::Progress(progress) => {
                 let Some(token) = &progress_token else { continue };
-                let mut param = ProgressNotificationParam::new(token.clone(), progress.progress);
-                if let Some(total) = progress.total {
-                    param = param.with_total(total);
-                }
-                if let Some(message) = progress.message {
-                    param = param.with_message(message);
-                }
-                if peer.notify_progress(param).await.is_err() {
+                if peer.notify_progress(progress_param(token, progress)).await.is_err() {
                     return;
                 }
             }
@@ -255,6 +248,21 @@ async fn relay(
             }
         }
     }
+}
+
+/// A call's progress entry as the MCP notification for the client that gave `token`.
+pub(crate) fn progress_param(
+    token: &ProgressToken,
+    progress: crate::fleet_client::Progress,
+) -> ProgressNotificationParam {
+    let mut param = ProgressNotificationParam::new(token.clone(), progress.progress);
+    if let Some(total) = progress.total {
+        param = param.with_total(total);
+    }
+    if let Some(message) = progress.message {
+        param = param.with_message(message);
+    }
+    param
 }
 
 /// The MCP form of a fleet tool; `outputSchema` only when it describes an object, as MCP wants.
