@@ -175,26 +175,14 @@ impl RedisProcess {
             .stderr(Stdio::null())
             .spawn()
             .expect("redis-server must be installed (the justfile installs it)");
-        self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if self.ping() {
-                return true;
-            }
-            if self.child.as_mut().is_some_and(|child| matches!(child.try_wait(), Ok(Some(_)))) {
-                return false;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        false
+        let child = self.child.insert(child);
+        let port = self.port;
+        wait_until_ready(child, Duration::from_secs(10), Duration::from_millis(20), || ping(port))
     }
 
     /// Whether the server answers `PING`.
     pub fn ping(&self) -> bool {
-        redis::Client::open(self.url())
-            .and_then(|client| client.get_connection_with_timeout(Duration::from_millis(500)))
-            .and_then(|mut connection| redis::cmd("PING").query::<String>(&mut connection))
-            .is_ok()
+        ping(self.port)
     }
 
     /// `redis://127.0.0.1:<port>`.
@@ -358,3 +346,32 @@ impl Drop for Toolhost {
     }
 }
 pub mod sentinel;
+
+/// Whether the Redis server on `port` of the loopback answers `PING`.
+fn ping(port: u16) -> bool {
+    redis::Client::open(format!("redis://127.0.0.1:{port}"))
+        .and_then(|client| client.get_connection_with_timeout(Duration::from_millis(500)))
+        .and_then(|mut connection| redis::cmd("PING").query::<String>(&mut connection))
+        .is_ok()
+}
+
+/// Waits until `ready` says a started `child` serves, polling every `every`: false when the
+/// child exits first or `within` passes.
+pub(crate) fn wait_until_ready(
+    child: &mut Child,
+    within: Duration,
+    every: Duration,
+    mut ready: impl FnMut() -> bool,
+) -> bool {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if ready() {
+            return true;
+        }
+        if matches!(child.try_wait(), Ok(Some(_))) {
+            return false;
+        }
+        std::thread::sleep(every);
+    }
+    false
+}

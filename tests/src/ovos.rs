@@ -5,7 +5,7 @@
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::json;
 
@@ -72,18 +72,11 @@ impl Bus {
             .stderr(log)
             .spawn()
             .expect("start ovos-messagebus");
-        self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < deadline {
-            if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
-                return true;
-            }
-            if self.child.as_mut().is_some_and(|child| matches!(child.try_wait(), Ok(Some(_)))) {
-                return false;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        false
+        let child = self.child.insert(child);
+        let port = self.port;
+        crate::wait_until_ready(child, Duration::from_secs(20), Duration::from_millis(50), || {
+            TcpStream::connect(("127.0.0.1", port)).is_ok()
+        })
     }
 
     /// Its `ws://` URL.
