@@ -6,6 +6,7 @@ import asyncio
 import json
 import threading
 import time
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -37,7 +38,9 @@ def test_a_call_returns_the_result_and_close_deletes_the_private_stream(daemon: 
     assert redis_server.connection().exists(stream) == 0
 
 
-def test_every_error_code_the_host_answers_this_client_is_typed(daemon: Daemon, redis_server: RedisServer) -> None:
+def test_every_error_code_the_host_answers_this_client_is_typed(
+    daemon: Daemon, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with Client(redis_server.url) as client:
         with pytest.raises(toolhost.InvalidArguments) as invalid:
             client.call("echo", {"message": 5})
@@ -56,8 +59,13 @@ def test_every_error_code_the_host_answers_this_client_is_typed(daemon: Daemon, 
         with pytest.raises(toolhost.ToolTimeout) as timed_out:
             client.call("sleeper", {"seconds": "5"}, timeout=1.0)
         assert timed_out.value.final
-        with pytest.raises(toolhost.Expired):
-            client.call("echo", {"message": "late"}, timeout=0.001)
+        # Expired: a request stamped 5 s ago with a 1 ms budget. (Stamped now, a 1 ms budget can
+        # still be met by a quick host, since the host counts from the millisecond.)
+        with monkeypatch.context() as past:
+            sent = (datetime.now(timezone.utc) - timedelta(seconds=5)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+            past.setattr(toolhost._wire, "now_rfc3339", lambda: sent)
+            with pytest.raises(toolhost.Expired):
+                client.call("echo", {"message": "late"}, timeout=0.001)
         # Overloaded: the sleeper runs one at a time with no queue.
         busy = threading.Thread(target=lambda: client.call("sleeper", {"seconds": "2"}))
         busy.start()
