@@ -149,8 +149,10 @@ struct Inner {
 /// One tool label's invocation metrics.
 struct ToolMetrics {
     duration: Histogram,
-    /// [`INVOCATIONS`] by outcome label; a handful per tool, so a list.
-    outcomes: Vec<(String, Counter)>,
+    /// [`INVOCATIONS`] by outcome label, with the OTLP metrics' attributes of that outcome
+    /// (`gen_ai.tool.name`, `toolhost.outcome`); a handful per tool, so a list.
+    /// And the outcome's total, which the OTLP metrics read when they are collected.
+    outcomes: Vec<(String, Counter, [opentelemetry::KeyValue; 2], u64)>,
 }
 
 /// Whether the daemon can take work, and if not, why.
@@ -249,7 +251,22 @@ impl Telemetry {
         if let Some(pipeline) = otel::Pipeline::start(settings, self.inner.export_counters.clone())? {
             let _ = self.inner.pipeline.set(pipeline);
         }
-        if let Some(meters) = otel::Meters::start(settings)? {
+        let (in_flight, invocations) = (Arc::downgrade(&self.inner), Arc::downgrade(&self.inner));
+        let observed = otel::Observed {
+            in_flight: Box::new(move || {
+                in_flight.upgrade().map_or(0, |inner| inner.in_flight_now.load(Ordering::Relaxed))
+            }),
+            invocations: Box::new(move |observe| {
+                let Some(inner) = invocations.upgrade() else { return };
+                let tools = inner.invocations.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                for metrics in tools.values() {
+                    for (_, _, attributes, total) in &metrics.outcomes {
+                        observe(*total, attributes);
+                    }
+                }
+            }),
+        };
+        if let Some(meters) = otel::Meters::start(settings, observed)? {
             let _ = self.inner.meters.set(meters);
         }
         Ok(())
@@ -395,6 +412,9 @@ impl Telemetry {
     }
 
     /// Counts one handled entry and its duration.
+    ///
+    /// A tool's labels (and their OTLP attributes, whose strings are shared) are made the first
+    /// time it ends with an outcome; every later call only looks them up.
     pub fn invocation(&self, tool: &str, outcome: &str, duration: Duration) {
         let tool = if outcome == "unknown_tool" { UNKNOWN_TOOL_LABEL } else { tool };
         if let Some(error) = history::classify(outcome) {
@@ -404,39 +424,33 @@ impl Telemetry {
                 None => history.entry(tool.to_owned()).or_default().record(error, duration),
             }
         }
-        if let Some(meters) = self.inner.meters.get() {
-            let tool_name = opentelemetry::KeyValue::new("gen_ai.tool.name", tool.to_owned());
-            meters.duration.record(duration.as_secs_f64(), std::slice::from_ref(&tool_name));
-            meters
-                .invocations
-                .add(1, &[tool_name, opentelemetry::KeyValue::new("toolhost.outcome", outcome.to_owned())]);
-        }
         let mut invocations = self.inner.invocations.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        match invocations.get_mut(tool) {
-            Some(metrics) => self.record(metrics, tool, outcome, duration),
-            None => {
-                let labels = vec![Label::new("tool", tool.to_owned())];
-                let histogram = self.histogram(Key::from_parts(INVOCATION_DURATION, labels));
-                let mut metrics = ToolMetrics { duration: histogram, outcomes: Vec::new() };
-                self.record(&mut metrics, tool, outcome, duration);
-                invocations.insert(tool.to_owned(), metrics);
-            }
+        if !invocations.contains_key(tool) {
+            let labels = vec![Label::new("tool", tool.to_owned())];
+            let histogram = self.histogram(Key::from_parts(INVOCATION_DURATION, labels));
+            invocations.insert(tool.to_owned(), ToolMetrics { duration: histogram, outcomes: Vec::new() });
         }
-    }
-
-    /// Records one invocation of `tool` in its metrics, registering its outcome's counter the
-    /// first time.
-    fn record(&self, metrics: &mut ToolMetrics, tool: &str, outcome: &str, duration: Duration) {
+        let Some(metrics) = invocations.get_mut(tool) else { return };
         metrics.duration.record(duration.as_secs_f64());
-        match metrics.outcomes.iter().find(|(label, _)| label == outcome) {
-            Some((_, counter)) => counter.increment(1),
+        let at = match metrics.outcomes.iter().position(|(label, ..)| label == outcome) {
+            Some(at) => at,
             None => {
                 let labels =
                     vec![Label::new("tool", tool.to_owned()), Label::new("outcome", outcome.to_owned())];
                 let counter = self.counter(Key::from_parts(INVOCATIONS, labels));
-                counter.increment(1);
-                metrics.outcomes.push((outcome.to_owned(), counter));
+                let attributes = [
+                    opentelemetry::KeyValue::new("gen_ai.tool.name", std::sync::Arc::<str>::from(tool)),
+                    opentelemetry::KeyValue::new("toolhost.outcome", std::sync::Arc::<str>::from(outcome)),
+                ];
+                metrics.outcomes.push((outcome.to_owned(), counter, attributes, 0));
+                metrics.outcomes.len() - 1
             }
+        };
+        let (_, counter, attributes, total) = &mut metrics.outcomes[at];
+        counter.increment(1);
+        *total += 1;
+        if let Some(meters) = self.inner.meters.get() {
+            meters.duration.record(duration.as_secs_f64(), &attributes[..1]);
         }
     }
 
@@ -523,9 +537,6 @@ impl Telemetry {
     pub fn in_flight_guard(&self) -> InFlight {
         self.inner.in_flight.increment(1.0);
         self.inner.in_flight_now.fetch_add(1, Ordering::Relaxed);
-        if let Some(meters) = self.inner.meters.get() {
-            meters.in_flight.add(1, &[]);
-        }
         InFlight { telemetry: self.clone() }
     }
 
@@ -608,9 +619,6 @@ impl Drop for InFlight {
     fn drop(&mut self) {
         self.telemetry.inner.in_flight.decrement(1.0);
         self.telemetry.inner.in_flight_now.fetch_sub(1, Ordering::Relaxed);
-        if let Some(meters) = self.telemetry.inner.meters.get() {
-            meters.in_flight.add(-1, &[]);
-        }
     }
 }
 

@@ -209,7 +209,7 @@ impl SpanExport {
     async fn export(&mut self, batch: &mut Vec<Span>, timeout: Duration) -> Result<(), String> {
         match self {
             SpanExport::Http { client, endpoint, headers, encoder } => {
-                let body = encoder.encode(batch).to_vec();
+                let body = encoder.take(batch);
                 batch.clear();
                 let response = client
                     .post(endpoint.clone())
@@ -339,7 +339,13 @@ pub(crate) fn span_data(span: Span, scope: &InstrumentationScope) -> SpanData {
         name: span.name,
         start_time: system_time(span.start),
         end_time: system_time(span.end),
-        attributes: span.attributes.into_iter().map(key_value).collect(),
+        attributes: span
+            .shared
+            .into_iter()
+            .flat_map(|shared| shared.attributes.iter().cloned())
+            .chain(span.attributes)
+            .map(key_value)
+            .collect(),
         dropped_attributes_count: 0,
         events,
         links,
@@ -450,20 +456,28 @@ pub(crate) fn new_span_id() -> [u8; 8] {
     }
 }
 
-/// The metrics toolhost exports over OTLP, beside the Prometheus endpoint: recorded where the
-/// Prometheus ones are, collected every `metrics_interval_ms` by one task.
+/// The metrics toolhost exports over OTLP, beside the Prometheus endpoint, collected every
+/// `metrics_interval_ms` by one task. The histograms are recorded where the Prometheus ones are;
+/// the counts (`toolhost.invocations`, `toolhost.in_flight`) are read from toolhost's own when
+/// they are collected ([`Observed`]), so a call does not pay for them twice.
 pub(crate) struct Meters {
-    /// `toolhost.invocations`: handled entries by `gen_ai.tool.name` and `toolhost.outcome`.
-    pub invocations: opentelemetry::metrics::Counter<u64>,
     /// `toolhost.invocation.duration` (s), by `gen_ai.tool.name`.
     pub duration: opentelemetry::metrics::Histogram<f64>,
-    /// `toolhost.in_flight`: tool calls running now.
-    pub in_flight: opentelemetry::metrics::UpDownCounter<i64>,
     /// `mcp.server.operation.duration` (s), the MCP conventions' metric, recorded by the MCP
     /// door for every `tools/call` (`mcp.method.name`, `gen_ai.tool.name`, `error.type`).
     pub mcp_operation: opentelemetry::metrics::Histogram<f64>,
     provider: opentelemetry_sdk::metrics::SdkMeterProvider,
     export: std::sync::Mutex<Option<JoinHandle<()>>>,
+}
+
+/// The counts the OTLP metrics read when they are collected.
+pub(crate) struct Observed {
+    /// Tool calls running now (`toolhost.in_flight`).
+    pub in_flight: Box<dyn Fn() -> i64 + Send + Sync>,
+    /// Calls each handled entry's total to `observe` with its attributes (`gen_ai.tool.name`,
+    /// `toolhost.outcome`): `toolhost.invocations`.
+    #[allow(clippy::type_complexity)]
+    pub invocations: Box<dyn Fn(&mut dyn FnMut(u64, &[opentelemetry::KeyValue])) + Send + Sync>,
 }
 
 /// Buckets of the duration histograms, in seconds (the Prometheus histogram's).
@@ -506,7 +520,7 @@ impl Meters {
     ///
     /// # Errors
     /// The exporter cannot be built.
-    pub(crate) fn start(settings: &Settings) -> anyhow::Result<Option<Meters>> {
+    pub(crate) fn start(settings: &Settings, observed: Observed) -> anyhow::Result<Option<Meters>> {
         use opentelemetry::metrics::MeterProvider as _;
         let Some(export) = &settings.export else { return Ok(None) };
         let Some(interval) = export.metrics_interval else { return Ok(None) };
@@ -519,20 +533,26 @@ impl Meters {
             .with_resource(resource.clone())
             .build();
         let meter = provider.meter(SCOPE);
+        let Observed { in_flight, invocations } = observed;
+        // The SDK keeps the callbacks with its pipeline; the instruments' handles are markers.
+        meter
+            .u64_observable_counter("toolhost.invocations")
+            .with_description("Handled request entries, by tool and outcome.")
+            .with_callback(move |observer| {
+                invocations(&mut |total, attributes| observer.observe(total, attributes))
+            })
+            .build();
+        meter
+            .i64_observable_up_down_counter("toolhost.in_flight")
+            .with_description("Tool calls running now.")
+            .with_callback(move |observer| observer.observe(in_flight(), &[]))
+            .build();
         let meters = Meters {
-            invocations: meter
-                .u64_counter("toolhost.invocations")
-                .with_description("Handled request entries, by tool and outcome.")
-                .build(),
             duration: meter
                 .f64_histogram("toolhost.invocation.duration")
                 .with_unit("s")
                 .with_description("How long handling a request entry took, by tool.")
                 .with_boundaries(BUCKETS.to_vec())
-                .build(),
-            in_flight: meter
-                .i64_up_down_counter("toolhost.in_flight")
-                .with_description("Tool calls running now.")
                 .build(),
             mcp_operation: meter
                 .f64_histogram("mcp.server.operation.duration")
@@ -693,6 +713,7 @@ mod tests {
             name: Cow::Borrowed("admit"),
             start: 1,
             end: 2,
+            shared: None,
             attributes: vec![attr("toolhost.door", "requests")],
             events: Vec::new(),
             link: None,

@@ -73,6 +73,13 @@ impl Encoder {
         }
         &self.buffer
     }
+
+    /// The `ExportTraceServiceRequest` of `spans`, owned: the body of one export, handed over
+    /// without a copy; the next batch is written into a new buffer of the same capacity.
+    pub(crate) fn take(&mut self, spans: &[Span]) -> Vec<u8> {
+        let capacity = self.encode(spans).len();
+        std::mem::replace(&mut self.buffer, Vec::with_capacity(capacity))
+    }
 }
 
 /// The length of a length-delimited field of `len` bytes, its tag included.
@@ -189,6 +196,7 @@ fn span_len(span: &Span) -> usize {
         + varint_len(6, kind(&span.kind))
         + fixed64_len(7, span.start)
         + fixed64_len(8, span.end)
+        + span.shared.map_or(0, |shared| shared.encoded.len())
         + span.attributes.iter().map(|attribute| field_len(9, key_value_len(attribute))).sum::<usize>()
         + span.events.iter().map(|event| field_len(11, event_len(event))).sum::<usize>()
         + span.link.as_ref().map_or(0, |link| field_len(13, link_len(link)))
@@ -209,6 +217,9 @@ fn span(span: &Span, buf: &mut Vec<u8>) {
     varint(6, kind(&span.kind), buf);
     fixed64(7, span.start, buf);
     fixed64(8, span.end, buf);
+    if let Some(shared) = span.shared {
+        buf.extend_from_slice(&shared.encoded);
+    }
     for attribute in &span.attributes {
         message(9, key_value_len(attribute), buf, |buf| key_value(attribute, buf));
     }
@@ -225,6 +236,16 @@ fn span(span: &Span, buf: &mut Vec<u8>) {
         varint(3, code, buf);
     });
     fixed32(16, flags(span.flags, span.parent_remote), buf);
+}
+
+/// `attributes` as `Span.attributes` fields, one after the other: what a span's
+/// [`super::spans::SharedAttributes`] writes.
+pub(crate) fn span_attributes(attributes: &[Attribute]) -> Vec<u8> {
+    let mut buf = Vec::new();
+    for attribute in attributes {
+        message(9, key_value_len(attribute), &mut buf, |buf| key_value(attribute, buf));
+    }
+    buf
 }
 
 fn event_len(event: &Event) -> usize {
@@ -369,7 +390,7 @@ mod tests {
 
     use super::Encoder;
     use crate::telemetry::otel::{resource_attributes, span_data};
-    use crate::telemetry::spans::{Attribute, Event, Link, Span, Status, Value, attr};
+    use crate::telemetry::spans::{Attribute, Event, Link, SharedAttributes, Span, Status, Value, attr};
 
     const TRACE: [u8; 16] =
         [0x4b, 0xf9, 0x2f, 0x35, 0x77, 0xb3, 0x4d, 0xa6, 0xa3, 0xce, 0x92, 0x9d, 0x0e, 0x0e, 0x47, 0x36];
@@ -398,8 +419,11 @@ mod tests {
             name: Cow::Borrowed("process action-requests"),
             start: START,
             end: START + 2_500_000,
-            attributes: vec![
+            shared: Some(SharedAttributes::leaked(vec![
                 attr("messaging.system", "redis_streams"),
+                attr("messaging.operation.type", "process"),
+            ])),
+            attributes: vec![
                 attr("messaging.message.id", "1790000000123-0".to_owned()),
                 attr("messaging.redis_streams.delivery_count", 2_i64),
                 attr("toolhost.replayed", true),
@@ -430,6 +454,7 @@ mod tests {
             name: Cow::Owned("tools/call echo".to_owned()),
             start: START + 10,
             end: START + 20,
+            shared: None,
             attributes: vec![
                 attr("gen_ai.operation.name", "execute_tool"),
                 attr("gen_ai.tool.name", String::new()),
@@ -449,6 +474,7 @@ mod tests {
             name: Cow::Borrowed("POST /api/call"),
             start: START,
             end: START + 1,
+            shared: None,
             attributes: vec![
                 Attribute::from(opentelemetry::KeyValue::new("http.response.status_code", 202)),
                 attr("negative", -7_i64),
@@ -538,7 +564,10 @@ mod tests {
             attribute(&process.attributes, "toolhost.replayed"),
             Some(&any_value::Value::BoolValue(true))
         );
-        assert_eq!(process.attributes.len(), 5);
+        // The shared attributes come first, then the span's own.
+        assert_eq!(process.attributes.len(), 6);
+        assert_eq!(process.attributes[1].key, "messaging.operation.type");
+        assert_eq!(attribute(&process.attributes, "messaging.operation.type"), text("process"));
         let [event] = process.events.as_slice() else { panic!("one event: {process:?}") };
         assert_eq!((event.name.as_str(), event.time_unix_nano), ("answered from the ledger", START + 1_000));
         assert_eq!(attribute(&event.attributes, "toolhost.outcome"), text("success"));
@@ -604,5 +633,7 @@ mod tests {
         assert_eq!(one, sdk_request(all[1..2].to_vec(), &resource));
         assert_eq!(encoder.buffer.capacity(), capacity, "the smaller batch reused the buffer");
         assert_eq!(encoder.encode(&all), first.as_slice());
+        assert_eq!(encoder.take(&all), first, "an owned body is the same bytes");
+        assert_eq!(encoder.encode(&all), first.as_slice(), "and the encoder goes on after it");
     }
 }

@@ -57,6 +57,29 @@ pub(crate) fn attr(key: &'static str, value: impl Into<Value>) -> Attribute {
     Attribute { key: Cow::Borrowed(key), value: value.into() }
 }
 
+/// Attributes that every span of one kind on one stream carries alike (the messaging system,
+/// the operation, the stream, the group, the consumer), kept with their OTLP encoding: made once
+/// per distinct set, for the process's life (the values come from the configuration, never
+/// from a caller), so a span carries a reference and the encoder copies the bytes.
+#[derive(Debug, PartialEq)]
+pub(crate) struct SharedAttributes {
+    pub attributes: Vec<Attribute>,
+    /// Each attribute as a `Span.attributes` field, one after the other.
+    pub encoded: Vec<u8>,
+}
+
+impl SharedAttributes {
+    fn new(attributes: Vec<Attribute>) -> SharedAttributes {
+        let encoded = super::otlp::span_attributes(&attributes);
+        SharedAttributes { attributes, encoded }
+    }
+
+    /// Made once and kept for the process's life.
+    pub(crate) fn leaked(attributes: Vec<Attribute>) -> &'static SharedAttributes {
+        Box::leak(Box::new(SharedAttributes::new(attributes)))
+    }
+}
+
 impl From<&'static str> for Value {
     fn from(value: &'static str) -> Value {
         Value::Static(value)
@@ -144,6 +167,9 @@ pub(crate) struct Span {
     /// Nanoseconds since the Unix epoch.
     pub start: u64,
     pub end: u64,
+    /// The attributes shared with every span of its kind on its stream; written before
+    /// `attributes`.
+    pub shared: Option<&'static SharedAttributes>,
     pub attributes: Vec<Attribute>,
     pub events: Vec<Event>,
     /// toolhost's spans have one link at most: the message's creation context.
@@ -186,10 +212,34 @@ struct Fixed {
     process: &'static str,
     /// `settle <value>`.
     settle: &'static str,
+    /// The attributes of a `settle` span on the stream `value`.
+    settle_attributes: &'static SharedAttributes,
 }
 
-/// The [`Fixed`] strings of `value`.
+/// The [`Fixed`] strings of `value`: from the thread's few most used ones (a call looks up its
+/// stream, group and consumer, the same few values every time), else from the process's.
 fn fixed(value: &str) -> &'static Fixed {
+    thread_local! {
+        static RECENT: std::cell::RefCell<Vec<&'static Fixed>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    /// How many values a thread keeps at hand.
+    const RECENT_VALUES: usize = 16;
+    RECENT.with(|recent| {
+        if let Some(found) = recent.borrow().iter().find(|fixed| fixed.value == value) {
+            return *found;
+        }
+        let found = interned(value);
+        let mut recent = recent.borrow_mut();
+        if recent.len() == RECENT_VALUES {
+            recent.remove(0);
+        }
+        recent.push(found);
+        found
+    })
+}
+
+/// The process's [`Fixed`] strings of `value`, made the first time it is asked for.
+fn interned(value: &str) -> &'static Fixed {
     static VALUES: RwLock<Option<HashMap<Box<str>, &'static Fixed>>> = RwLock::new(None);
     if let Some(fixed) =
         VALUES.read().unwrap_or_else(PoisonError::into_inner).as_ref().and_then(|values| values.get(value))
@@ -198,12 +248,113 @@ fn fixed(value: &str) -> &'static Fixed {
     }
     let mut all = VALUES.write().unwrap_or_else(PoisonError::into_inner);
     all.get_or_insert_with(HashMap::new).entry(value.into()).or_insert_with(|| {
+        let value: &'static str = Box::leak(value.into());
         Box::leak(Box::new(Fixed {
-            value: Box::leak(value.into()),
+            value,
             process: Box::leak(format!("process {value}").into_boxed_str()),
             settle: Box::leak(format!("settle {value}").into_boxed_str()),
+            settle_attributes: SharedAttributes::leaked(vec![
+                attr("messaging.system", MESSAGING_SYSTEM),
+                attr("messaging.operation.type", "settle"),
+                attr("messaging.operation.name", "ack"),
+                attr("messaging.destination.name", value),
+            ]),
         }))
     })
+}
+
+/// The attributes of a `process` span that are the same for every call one consumer takes
+/// from one stream through one door, made once per distinct set. The values are interned
+/// already (`door` is a literal), so the set is found by their addresses.
+fn process_attributes(
+    door: &'static str,
+    stream: &'static str,
+    group: &'static str,
+    consumer: &'static str,
+) -> &'static SharedAttributes {
+    type Key = [(usize, usize); 4];
+    thread_local! {
+        static RECENT: std::cell::RefCell<Vec<(Key, &'static SharedAttributes)>> =
+            const { std::cell::RefCell::new(Vec::new()) };
+    }
+    static ALL: Mutex<Option<HashMap<Key, &'static SharedAttributes>>> = Mutex::new(None);
+    const RECENT_SETS: usize = 16;
+    let key: Key = [door, stream, group, consumer].map(|value| (value.as_ptr() as usize, value.len()));
+    RECENT.with(|recent| {
+        if let Some((_, found)) = recent.borrow().iter().find(|(at, _)| *at == key) {
+            return *found;
+        }
+        let mut all = ALL.lock().unwrap_or_else(PoisonError::into_inner);
+        let found = *all.get_or_insert_with(HashMap::new).entry(key).or_insert_with(|| {
+            SharedAttributes::leaked(vec![
+                attr("messaging.system", MESSAGING_SYSTEM),
+                attr("messaging.operation.type", "process"),
+                attr("messaging.operation.name", "process"),
+                attr("messaging.destination.name", stream),
+                attr("messaging.consumer.group.name", group),
+                attr("messaging.client.id", consumer),
+                attr("toolhost.door", door),
+            ])
+        });
+        let mut recent = recent.borrow_mut();
+        if recent.len() == RECENT_SETS {
+            recent.remove(0);
+        }
+        recent.push((key, found));
+        found
+    })
+}
+
+/// `<operation> <name>` (a run span's name) made once per tool, with `name` as its tail: a
+/// call's run span then allocates neither. Tool names come from the catalog, which a hosted
+/// server can change over time, so at most [`MAX_RUN_NAMES`] are kept; past that, `None`, and
+/// the span makes its own.
+fn run_name(operation: &'static str, name: &str) -> Option<&'static str> {
+    thread_local! {
+        static RECENT: std::cell::RefCell<Vec<(&'static str, &'static str)>> =
+            const { std::cell::RefCell::new(Vec::new()) };
+    }
+    type Names = HashMap<(&'static str, Box<str>), &'static str>;
+    static ALL: Mutex<Option<Names>> = Mutex::new(None);
+    const RECENT_NAMES: usize = 16;
+    let matches = |full: &str| {
+        full.len() == operation.len() + 1 + name.len() && full.starts_with(operation) && full.ends_with(name)
+    };
+    RECENT.with(|recent| {
+        if let Some((_, full)) =
+            recent.borrow().iter().find(|(op, full)| std::ptr::eq(*op, operation) && matches(full))
+        {
+            return Some(*full);
+        }
+        let mut all = ALL.lock().unwrap_or_else(PoisonError::into_inner);
+        let all = all.get_or_insert_with(HashMap::new);
+        let full = match all.get(&(operation, name.into())) {
+            Some(full) => *full,
+            None if all.len() < MAX_RUN_NAMES => {
+                let full: &'static str = Box::leak(format!("{operation} {name}").into_boxed_str());
+                all.insert((operation, name.into()), full);
+                full
+            }
+            None => return None,
+        };
+        let mut recent = recent.borrow_mut();
+        if recent.len() == RECENT_NAMES {
+            recent.remove(0);
+        }
+        recent.push((operation, full));
+        Some(full)
+    })
+}
+
+/// How many run span names [`run_name`] keeps.
+const MAX_RUN_NAMES: usize = 4096;
+
+/// The run span's name and the tool's name as attribute values: shared when interned.
+fn run_strings(operation: &'static str, name: &str) -> (Cow<'static, str>, Value) {
+    match run_name(operation, name) {
+        Some(full) => (Cow::Borrowed(full), Value::Static(&full[operation.len() + 1..])),
+        None => (Cow::Owned(format!("{operation} {name}")), Value::Text(name.to_owned())),
+    }
 }
 
 /// The `tracestate` of a context in its normal form; `None` when it is absent or not valid.
@@ -223,6 +374,7 @@ struct Open {
     kind: SpanKind,
     name: Cow<'static, str>,
     start: u64,
+    shared: Option<&'static SharedAttributes>,
     attributes: Vec<Attribute>,
 }
 
@@ -240,6 +392,7 @@ impl Open {
             name: self.name,
             start: self.start,
             end: unix_nanos(SystemTime::now()),
+            shared: self.shared,
             attributes: self.attributes,
             events,
             link,
@@ -290,16 +443,15 @@ impl CallSpan {
             return None;
         }
         let names = fixed(delivery.stream);
-        let mut attributes = Vec::with_capacity(12);
+        let shared = process_attributes(
+            delivery.door,
+            names.value,
+            fixed(delivery.group).value,
+            fixed(delivery.consumer).value,
+        );
+        let mut attributes = Vec::with_capacity(6);
         attributes.extend([
-            attr("messaging.system", MESSAGING_SYSTEM),
-            attr("messaging.operation.type", "process"),
-            attr("messaging.operation.name", "process"),
-            attr("messaging.destination.name", names.value),
-            attr("messaging.consumer.group.name", fixed(delivery.group).value),
-            attr("messaging.client.id", fixed(delivery.consumer).value),
             attr("messaging.message.id", delivery.entry_id.to_owned()),
-            attr("toolhost.door", delivery.door),
             attr("toolhost.request_id", delivery.request_id.to_owned()),
         ]);
         if delivery.deliveries > 1 {
@@ -319,6 +471,7 @@ impl CallSpan {
             kind: SpanKind::Consumer,
             name: Cow::Borrowed(names.process),
             start: unix_nanos(started),
+            shared: Some(shared),
             attributes,
         };
         Some(CallSpan {
@@ -332,14 +485,21 @@ impl CallSpan {
     }
 
     /// A child span of the call, started now.
-    fn child(&self, name: Cow<'static, str>, kind: SpanKind, attributes: Vec<Attribute>) -> ChildSpan<'_> {
-        self.child_from(name, kind, attributes, SystemTime::now())
+    fn child(
+        &self,
+        name: Cow<'static, str>,
+        kind: SpanKind,
+        shared: Option<&'static SharedAttributes>,
+        attributes: Vec<Attribute>,
+    ) -> ChildSpan<'_> {
+        self.child_from(name, kind, shared, attributes, SystemTime::now())
     }
 
     fn child_from(
         &self,
         name: Cow<'static, str>,
         kind: SpanKind,
+        shared: Option<&'static SharedAttributes>,
         attributes: Vec<Attribute>,
         start: SystemTime,
     ) -> ChildSpan<'_> {
@@ -356,6 +516,7 @@ impl CallSpan {
                 kind,
                 name,
                 start: unix_nanos(start),
+                shared,
                 attributes,
             }),
             failed: Mutex::new(None),
@@ -365,7 +526,7 @@ impl CallSpan {
 
     /// The `admit` span, from `started`: the signature, the tenant's policy and limits.
     pub(crate) fn admit(&self, started: SystemTime) -> ChildSpan<'_> {
-        self.child_from(Cow::Borrowed("admit"), SpanKind::Internal, Vec::new(), started)
+        self.child_from(Cow::Borrowed("admit"), SpanKind::Internal, None, Vec::new(), started)
     }
 
     /// The span of the tool's run: `tools/call <name>` (CLIENT, by the MCP conventions) toward
@@ -374,35 +535,40 @@ impl CallSpan {
     pub(crate) fn run(&self, tool: &str, remote: Option<&Remote>) -> ChildSpan<'_> {
         let operation = attr("gen_ai.operation.name", "execute_tool");
         let (name, kind, attributes) = match remote {
-            Some(remote) if remote.system == "mcp" => (
-                format!("tools/call {}", remote.name),
-                SpanKind::Client,
-                vec![
-                    operation,
-                    attr("mcp.method.name", "tools/call"),
-                    attr("gen_ai.tool.name", remote.name.clone()),
-                    attr("toolhost.tool", tool.to_owned()),
-                    attr("server.address", remote.target.clone()),
-                    attr("network.transport", remote.transport),
-                ],
-            ),
-            Some(remote) => (
-                format!("execute_tool {tool}"),
-                SpanKind::Client,
-                vec![
-                    operation,
-                    attr("gen_ai.tool.name", tool.to_owned()),
-                    attr("toolhost.remote.system", remote.system),
-                    attr("server.address", remote.target.clone()),
-                ],
-            ),
-            None => (
-                format!("execute_tool {tool}"),
-                SpanKind::Internal,
-                vec![operation, attr("gen_ai.tool.name", tool.to_owned())],
-            ),
+            Some(remote) if remote.system == "mcp" => {
+                let (name, server_tool) = run_strings("tools/call", &remote.name);
+                (
+                    name,
+                    SpanKind::Client,
+                    vec![
+                        operation,
+                        attr("mcp.method.name", "tools/call"),
+                        attr("gen_ai.tool.name", server_tool),
+                        attr("toolhost.tool", tool.to_owned()),
+                        attr("server.address", remote.target.clone()),
+                        attr("network.transport", remote.transport),
+                    ],
+                )
+            }
+            Some(remote) => {
+                let (name, tool) = run_strings("execute_tool", tool);
+                (
+                    name,
+                    SpanKind::Client,
+                    vec![
+                        operation,
+                        attr("gen_ai.tool.name", tool),
+                        attr("toolhost.remote.system", remote.system),
+                        attr("server.address", remote.target.clone()),
+                    ],
+                )
+            }
+            None => {
+                let (name, tool) = run_strings("execute_tool", tool);
+                (name, SpanKind::Internal, vec![operation, attr("gen_ai.tool.name", tool)])
+            }
         };
-        self.child(Cow::Owned(name), kind, attributes)
+        self.child(name, kind, None, attributes)
     }
 
     /// The `settle` span: the commit of the answer, the marks and the ack.
@@ -410,12 +576,8 @@ impl CallSpan {
         self.child(
             Cow::Borrowed(self.names.settle),
             SpanKind::Client,
-            vec![
-                attr("messaging.system", MESSAGING_SYSTEM),
-                attr("messaging.operation.type", "settle"),
-                attr("messaging.operation.name", "ack"),
-                attr("messaging.destination.name", self.names.value),
-            ],
+            Some(self.names.settle_attributes),
+            Vec::new(),
         )
     }
 
@@ -542,6 +704,7 @@ impl DoorSpan {
                 kind,
                 name: Cow::Owned(name),
                 start: unix_nanos(SystemTime::now()),
+                shared: None,
                 attributes,
             }),
             tracestate: caller.and_then(|caller| caller.tracestate.clone()),
@@ -587,5 +750,61 @@ impl Drop for DoorSpan {
         let failed = self.failed.get_mut().unwrap_or_else(PoisonError::into_inner).take();
         let status = failed_status(&mut span.attributes, failed);
         span.finish(&self.queue, Vec::new(), self.link.take(), status);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_run_span_name_is_made_once_and_its_tail_is_the_tool() {
+        let (name, tool) = run_strings("execute_tool", "echo");
+        assert_eq!(name, "execute_tool echo");
+        assert_eq!(tool, Value::Static("echo"));
+        let (again, _) = run_strings("execute_tool", "echo");
+        let (Cow::Borrowed(first), Cow::Borrowed(second)) = (name, again) else { panic!("interned") };
+        assert!(std::ptr::eq(first, second), "the same string, not a copy");
+        let (other, _) = run_strings("tools/call", "echo");
+        assert_eq!(other, "tools/call echo");
+        // A name that only shares the operation's length is not mistaken for another.
+        assert_eq!(run_strings("execute_tool", "ecko").0, "execute_tool ecko");
+    }
+
+    #[test]
+    fn past_the_cap_a_run_span_name_is_made_per_call() {
+        let mut made = 0;
+        for n in 0..=MAX_RUN_NAMES {
+            if run_name("execute_tool", &format!("cap-test-{n}")).is_none() {
+                made += 1;
+            }
+        }
+        assert!(made >= 1, "at most {MAX_RUN_NAMES} names are kept");
+        let (name, tool) = run_strings("execute_tool", "cap-test-beyond");
+        assert_eq!(
+            (name.as_ref(), tool),
+            ("execute_tool cap-test-beyond", Value::Text("cap-test-beyond".to_owned()))
+        );
+    }
+
+    #[test]
+    fn the_shared_process_attributes_are_made_once_per_stream_group_and_consumer() {
+        let (stream, group, consumer) = (fixed("s1").value, fixed("g1").value, fixed("c1").value);
+        let first = process_attributes("requests", stream, group, consumer);
+        assert!(std::ptr::eq(first, process_attributes("requests", stream, group, consumer)));
+        let other = process_attributes("requests", stream, fixed("g2").value, consumer);
+        assert!(!std::ptr::eq(first, other));
+        let value = |set: &SharedAttributes, key: &str| {
+            set.attributes
+                .iter()
+                .find(|attribute| attribute.key == key)
+                .map(|attribute| attribute.value.clone())
+        };
+        assert_eq!(value(first, "messaging.consumer.group.name"), Some(Value::Static("g1")));
+        assert_eq!(value(other, "messaging.consumer.group.name"), Some(Value::Static("g2")));
+        assert_eq!(first.encoded, super::super::otlp::span_attributes(&first.attributes));
+        let settle = fixed("s1").settle_attributes;
+        assert_eq!(value(settle, "messaging.operation.type"), Some(Value::Static("settle")));
+        assert_eq!(value(settle, "messaging.destination.name"), Some(Value::Static("s1")));
     }
 }
