@@ -65,10 +65,13 @@ impl std::fmt::Debug for ExportCounters {
 
 /// Where finished spans go: the export queue, offered to and never waited on.
 pub(crate) struct SpanQueue {
-    queue: mpsc::Sender<Span>,
+    /// One message per call (its spans) or door span; the bound is kept by `waiting`.
+    queue: mpsc::UnboundedSender<Vec<Span>>,
     dropped: Counter,
     /// Spans in the queue; the export task is woken when they make a full batch.
     waiting: AtomicUsize,
+    /// `max_queue_size`, in spans.
+    capacity: usize,
     /// `max_export_batch_size`.
     batch: usize,
     /// Wakes the export task: a batch is full.
@@ -76,17 +79,25 @@ pub(crate) struct SpanQueue {
 }
 
 impl SpanQueue {
-    /// Offers a finished span; when the queue is full (or the pipeline stopped) it is dropped,
-    /// and counted while the pipeline runs.
-    pub(crate) fn offer(&self, span: Span) {
-        match self.queue.try_send(span) {
+    /// Offers finished spans (a call's, together); when the queue has no room for them all (or
+    /// the pipeline stopped) they are dropped, and counted while the pipeline runs.
+    pub(crate) fn offer(&self, spans: Vec<Span>) {
+        let count = spans.len();
+        let before = self.waiting.fetch_add(count, Ordering::Relaxed);
+        if before + count > self.capacity {
+            self.waiting.fetch_sub(count, Ordering::Relaxed);
+            self.dropped.increment(count as u64);
+            return;
+        }
+        match self.queue.send(spans) {
             Ok(()) => {
-                if self.waiting.fetch_add(1, Ordering::Relaxed) + 1 == self.batch {
+                if before < self.batch && before + count >= self.batch {
                     self.full.notify_one();
                 }
             }
-            Err(mpsc::error::TrySendError::Full(_)) => self.dropped.increment(1),
-            Err(mpsc::error::TrySendError::Closed(_)) => {}
+            Err(_) => {
+                self.waiting.fetch_sub(count, Ordering::Relaxed);
+            }
         }
     }
 
@@ -125,12 +136,13 @@ impl Pipeline {
         let Some(export) = &settings.export else { return Ok(None) };
         let resource = Resource::builder().with_service_name(settings.service_name.clone()).build();
         let exporter = SpanExport::new(export, &resource)?;
-        let (queue, receiver) = mpsc::channel(export.max_queue_size);
+        let (queue, receiver) = mpsc::unbounded_channel();
         let stop = CancellationToken::new();
         let spans = Arc::new(SpanQueue {
             queue,
             dropped: counters.dropped_queue_full.clone(),
             waiting: AtomicUsize::new(0),
+            capacity: export.max_queue_size,
             batch: export.max_export_batch_size,
             full: Notify::new(),
         });
@@ -361,7 +373,7 @@ pub(crate) fn span_data(span: Span, scope: &InstrumentationScope) -> SpanData {
 /// is empty. It wakes when a batch is full, every `schedule_delay` or when stopped, never for a
 /// single span: a span offered costs its sender no wake-up of this task.
 async fn export_loop(
-    mut spans: mpsc::Receiver<Span>,
+    mut spans: mpsc::UnboundedReceiver<Vec<Span>>,
     queue: Arc<SpanQueue>,
     mut exporter: SpanExport,
     export: Export,
@@ -370,6 +382,8 @@ async fn export_loop(
 ) {
     let mut failing = false;
     let mut batch = Vec::new();
+    // Spans taken off the queue that did not fit in the last batch: the next one starts with them.
+    let mut carried: Vec<Span> = Vec::new();
     loop {
         let stopping = tokio::select! {
             biased;
@@ -383,10 +397,19 @@ async fn export_loop(
         }
         loop {
             batch.clear();
-            batch.reserve(export.max_export_batch_size.min(queue.waiting()));
-            while batch.len() < export.max_export_batch_size {
+            let size = export.max_export_batch_size;
+            batch.reserve(size.min(queue.waiting()));
+            let from_carried = carried.len().min(size);
+            batch.extend(carried.drain(..from_carried));
+            while batch.len() < size {
                 match spans.try_recv() {
-                    Ok(span) => batch.push(span),
+                    Ok(mut more) => {
+                        let room = size - batch.len();
+                        if more.len() > room {
+                            carried.extend(more.drain(room..));
+                        }
+                        batch.append(&mut more);
+                    }
                     Err(_) => break,
                 }
             }
@@ -653,7 +676,11 @@ mod tests {
     use prost::Message as _;
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
-    use super::SpanExport;
+    use std::sync::atomic::AtomicUsize;
+
+    use tokio::sync::Notify;
+
+    use super::{ExportCounters, SpanExport, SpanQueue, export_loop};
     use crate::telemetry::settings::{Export, Protocol};
     use crate::telemetry::spans::{Span, Status, attr};
 
@@ -661,6 +688,11 @@ mod tests {
     /// lower-cased) and its body; the collector answers `status`.
     async fn collect_one(listener: tokio::net::TcpListener, status: &str) -> (String, Vec<u8>) {
         let (mut stream, _) = listener.accept().await.unwrap();
+        answer_one(&mut stream, status).await
+    }
+
+    /// Reads one request from `stream` and answers it with `status`.
+    async fn answer_one(stream: &mut tokio::net::TcpStream, status: &str) -> (String, Vec<u8>) {
         let mut received = Vec::new();
         let mut chunk = [0_u8; 4096];
         let head_end = loop {
@@ -739,6 +771,58 @@ mod tests {
         let spans = &request.resource_spans[0].scope_spans[0].spans;
         assert_eq!(spans.len(), 2);
         assert_eq!(spans[0].name, "admit");
+    }
+
+    /// The span ids of one export request's spans.
+    fn span_ids(body: &[u8]) -> Vec<u8> {
+        let request = ExportTraceServiceRequest::decode(body).unwrap();
+        request.resource_spans[0].scope_spans[0].spans.iter().map(|span| span.span_id[0]).collect()
+    }
+
+    #[tokio::test]
+    async fn a_calls_spans_are_queued_together_and_batches_keep_their_size() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut export = export_to(format!("http://{}/v1/traces", listener.local_addr().unwrap()));
+        (export.max_queue_size, export.max_export_batch_size) = (6, 3);
+        export.schedule_delay = Duration::from_secs(60);
+        let resource = opentelemetry_sdk::Resource::builder().build();
+        let exporter = SpanExport::new(&export, &resource).unwrap();
+        let (sender, receiver) = tokio::sync::mpsc::unbounded_channel();
+        let queue = std::sync::Arc::new(SpanQueue {
+            queue: sender,
+            dropped: metrics::Counter::noop(),
+            waiting: AtomicUsize::new(0),
+            capacity: export.max_queue_size,
+            batch: export.max_export_batch_size,
+            full: Notify::new(),
+        });
+        let counters = ExportCounters {
+            exported: metrics::Counter::noop(),
+            dropped_queue_full: metrics::Counter::noop(),
+            dropped_export_failed: metrics::Counter::noop(),
+        };
+        let stop = tokio_util::sync::CancellationToken::new();
+        let task =
+            tokio::spawn(export_loop(receiver, queue.clone(), exporter, export, counters, stop.clone()));
+        let span = |id: u8| Span { span_id: [id; 8], ..one_span() };
+        // More than the queue holds is refused whole: none of a call's spans is queued.
+        queue.offer((10..17).map(span).collect());
+        assert_eq!(queue.waiting(), 0);
+        // Two calls of two spans each: the first batch is full at three (the second call's
+        // first span), and its last span starts the next batch, sent when the pipeline stops.
+        queue.offer(vec![span(1), span(2)]);
+        queue.offer(vec![span(3), span(4)]);
+        let (mut stream, _) = listener.accept().await.unwrap();
+        let (_, first) = answer_one(&mut stream, "200 OK").await;
+        assert_eq!(span_ids(&first), [1, 2, 3]);
+        stop.cancel();
+        let (_, second) = answer_one(&mut stream, "200 OK").await;
+        assert_eq!(span_ids(&second), [4]);
+        task.await.unwrap();
+        assert_eq!(queue.waiting(), 0);
+        // Once stopped, nothing more is taken.
+        queue.offer(vec![span(5)]);
+        assert_eq!(queue.waiting(), 0);
     }
 
     #[tokio::test]

@@ -379,9 +379,9 @@ struct Open {
 }
 
 impl Open {
-    /// The span, ended now, offered to the export queue.
-    fn finish(self, queue: &SpanQueue, events: Vec<Event>, link: Option<Link>, status: Status) {
-        queue.offer(Span {
+    /// The span, ended now.
+    fn finish(self, events: Vec<Event>, link: Option<Link>, status: Status) -> Span {
+        Span {
             trace_id: self.trace_id,
             span_id: self.span_id,
             parent: self.parent,
@@ -397,7 +397,7 @@ impl Open {
             events,
             link,
             status,
-        });
+        }
     }
 
     /// The link to this span's parent, a context from another process; `None` for a root span.
@@ -420,6 +420,9 @@ fn parent_id(span_id: [u8; 8]) -> Option<[u8; 8]> {
 /// The `process` span of one sampled call, and what its children are made with.
 pub(crate) struct CallSpan {
     queue: Arc<SpanQueue>,
+    /// The call's child spans that have ended, offered with the call's own when it ends: one
+    /// offer to the export queue per call.
+    children: Mutex<Vec<Span>>,
     span: Open,
     names: &'static Fixed,
     link: Option<Link>,
@@ -476,6 +479,8 @@ impl CallSpan {
         };
         Some(CallSpan {
             queue: queue.clone(),
+            // The admit, run and settle spans, and the call's own.
+            children: Mutex::new(Vec::with_capacity(4)),
             link: span.link_to_parent(),
             span,
             names,
@@ -505,7 +510,7 @@ impl CallSpan {
     ) -> ChildSpan<'_> {
         let parent = &self.span;
         ChildSpan {
-            queue: &self.queue,
+            sink: &self.children,
             span: Some(Open {
                 trace_id: parent.trace_id,
                 span_id: new_span_id(),
@@ -594,7 +599,7 @@ impl CallSpan {
     /// Ends the `process` span with the call's outcome: `error.type` and an error status for an
     /// answer that is an error (refusals, timeouts and cancels included) or a dead letter.
     pub(crate) fn end(self, outcome: &'static str, error: Option<&'static str>) {
-        let CallSpan { queue, mut span, link, events, .. } = self;
+        let CallSpan { queue, children, mut span, link, events, .. } = self;
         span.attributes.push(attr("toolhost.outcome", outcome));
         let status = match error {
             Some(error) => {
@@ -603,13 +608,16 @@ impl CallSpan {
             }
             None => Status::Unset,
         };
-        span.finish(&queue, events, link, status);
+        let mut spans = children.into_inner().unwrap_or_else(PoisonError::into_inner);
+        spans.push(span.finish(events, link, status));
+        queue.offer(spans);
     }
 }
 
-/// A child span of a call; it ends when dropped, or with [`ChildSpan::fail`].
+/// A child span of a call; it ends when dropped, or with [`ChildSpan::fail`], and is exported
+/// with the call's `process` span (a call that never ends its span exports neither).
 pub(crate) struct ChildSpan<'a> {
-    queue: &'a SpanQueue,
+    sink: &'a Mutex<Vec<Span>>,
     span: Option<Open>,
     /// `error.type` and the description, once it failed.
     failed: Mutex<Option<(String, String)>>,
@@ -657,7 +665,8 @@ impl Drop for ChildSpan<'_> {
         span.attributes.append(self.extra.get_mut().unwrap_or_else(PoisonError::into_inner));
         let failed = self.failed.get_mut().unwrap_or_else(PoisonError::into_inner).take();
         let status = failed_status(&mut span.attributes, failed);
-        span.finish(self.queue, Vec::new(), None, status);
+        let span = span.finish(Vec::new(), None, status);
+        self.sink.lock().unwrap_or_else(PoisonError::into_inner).push(span);
     }
 }
 
@@ -749,7 +758,7 @@ impl Drop for DoorSpan {
         span.attributes.append(self.extra.get_mut().unwrap_or_else(PoisonError::into_inner));
         let failed = self.failed.get_mut().unwrap_or_else(PoisonError::into_inner).take();
         let status = failed_status(&mut span.attributes, failed);
-        span.finish(&self.queue, Vec::new(), self.link.take(), status);
+        self.queue.offer(vec![span.finish(Vec::new(), self.link.take(), status)]);
     }
 }
 
