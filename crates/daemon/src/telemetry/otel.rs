@@ -15,8 +15,8 @@
 //!
 //! A span that ends is offered to the queue and never waited for: when the queue is full (the
 //! collector is slow or down) it is dropped and counted
-//! (`toolhost_telemetry_spans_dropped_total{reason="queue_full"}`). One task on the daemon's
-//! runtime takes spans from the queue in batches (`max_export_batch_size`, or what came within
+//! (`toolhost_telemetry_spans_dropped_total{reason="queue_full"}`). One task, on a thread of its
+//! own (`toolhost-otlp`, with its own runtime), takes spans from the queue in batches (`max_export_batch_size`, or what came within
 //! `schedule_delay_ms`) and exports them, one export at a time, each bounded by the export
 //! timeout; a batch the collector does not take is dropped and counted
 //! (`reason="export_failed"`), never retried, so an outage costs memory of one queue at most.
@@ -117,7 +117,8 @@ pub(crate) struct Pipeline {
     /// Takes finished spans; shared by every sampled call's span.
     pub spans: Arc<SpanQueue>,
     stop: CancellationToken,
-    export: std::sync::Mutex<Option<JoinHandle<()>>>,
+    /// Told when the export thread has exported what the queue held at shutdown.
+    export: std::sync::Mutex<Option<tokio::sync::oneshot::Receiver<()>>>,
 }
 
 impl std::fmt::Debug for Pipeline {
@@ -146,24 +147,26 @@ impl Pipeline {
             batch: export.max_export_batch_size,
             full: Notify::new(),
         });
-        let task = tokio::spawn(export_loop(
-            receiver,
-            spans.clone(),
-            exporter,
-            export.clone(),
-            counters.clone(),
-            stop.clone(),
-        ));
-        Ok(Some(Pipeline { spans, stop, export: std::sync::Mutex::new(Some(task)) }))
+        // The export (encoding, the HTTP post) runs on a thread of its own with its own
+        // runtime, as the metrics endpoint does: the calls' worker threads only hand spans over.
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        let (done, exported) = tokio::sync::oneshot::channel();
+        let export_loop =
+            export_loop(receiver, spans.clone(), exporter, export.clone(), counters.clone(), stop.clone());
+        std::thread::Builder::new().name("toolhost-otlp".to_owned()).spawn(move || {
+            runtime.block_on(export_loop);
+            let _ = done.send(());
+        })?;
+        Ok(Some(Pipeline { spans, stop, export: std::sync::Mutex::new(Some(exported)) }))
     }
 
     /// Stops taking spans and exports what the queue holds, for at most `grace`.
     pub(crate) async fn shutdown(&self, grace: Duration) {
         // The export task closes the queue (later spans are refused) and drains it.
         self.stop.cancel();
-        let task = self.export.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
-        if let Some(task) = task {
-            let _ = tokio::time::timeout(grace, task).await;
+        let exported = self.export.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+        if let Some(exported) = exported {
+            let _ = tokio::time::timeout(grace, exported).await;
         }
     }
 }
