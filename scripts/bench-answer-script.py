@@ -145,11 +145,14 @@ def commandstats(port):
 
 
 def measure(path, keys_per_item, n_calls, per_call, ledger_format=None, by_command=False):
+    cluster = keys_per_item in ('c7', 'c5')
     port = free_port()
+    # A cluster node also listens on its port + 10000.
+    while cluster and port > 55535:
+        port = free_port()
     workdir = tempfile.mkdtemp(prefix='answer-script-')
     out = os.path.join(workdir, 'callgrind.out')
     valgrind = [] if by_command else ['valgrind', '--tool=callgrind', f'--callgrind-out-file={out}']
-    cluster = keys_per_item in ('c7', 'c5')
     cluster_mode = ['--cluster-enabled', 'yes', '--cluster-config-file', os.path.join(workdir, 'nodes.conf'),
                     '--dir', workdir] if cluster else []
     server = subprocess.Popen(
@@ -174,7 +177,9 @@ def measure(path, keys_per_item, n_calls, per_call, ledger_format=None, by_comma
         cli(port, 'SCRIPT', 'LOAD', source.decode())
         pipe = ['redis-cli', '-p', str(port), '--pipe']
         warm = calls(keys_per_item, 20, per_call, 'warm', sha, ledger_format)
-        subprocess.run(pipe, input=warm, capture_output=True, check=True)
+        warmed = subprocess.run(pipe, input=warm, capture_output=True)
+        if warmed.returncode != 0:
+            raise SystemExit(f'{path}: the warm-up calls failed: {warmed.stdout.decode()} {warmed.stderr.decode()}')
         measured = calls(keys_per_item, n_calls, per_call, 'run', sha, ledger_format)
         if by_command:
             cli(port, 'CONFIG', 'RESETSTAT')

@@ -436,7 +436,7 @@ async fn on_a_cluster_answers_in_the_streams_slot_are_one_call_and_one_ack_per_b
         .unwrap();
     assert!(pending.is_empty(), "every entry of the batch is acked: {pending:?}");
     let topic = redis.keys.topic(LOCAL_RESULTS);
-    for call_idx in 0..N_ANSWERS {
+    for (call_idx, entry_id) in entries[..N_ANSWERS].iter().enumerate() {
         let request_id = format!("batch-{call_idx}");
         assert!(redis.mark(&request_id).unwrap().contains("state=answered"));
         let mark_by_the_topic = redis.keys.answered_mark(REQUESTS, &request_id, &topic);
@@ -444,7 +444,7 @@ async fn on_a_cluster_answers_in_the_streams_slot_are_one_call_and_one_ack_per_b
         assert_eq!(found, None, "the claim is the answered mark when the topic is in its slot");
         // Another toolbox's copy of the entry finds the claim: answered once.
         assert_eq!(
-            end(&redis, &bus, GROUPS[1], &request_id, &entries[call_idx], End::Final(None)).await,
+            end(&redis, &bus, GROUPS[1], &request_id, entry_id, End::Final(None)).await,
             Committed::NotPublished
         );
     }
