@@ -68,28 +68,30 @@ for i = 1, n do
     reply = 0
   else
     local final_on_topic = true
-    local marks = {false, false}
+    local answered_here, refused_here = false, false
     if not trusted or held[1] or held[6] then
-      marks = redis.call('MGET', final_mark, refusal_mark)
+      local marks = redis.call('MGET', final_mark, refusal_mark)
+      answered_here, refused_here = marks[1], marks[2]
     end
-    if marks[1] then
-      reply = marks[1] == id and 1 or 0
-    elseif marks[2] then
+    if answered_here then
+      reply = answered_here == id and 1 or 0
+    elseif refused_here then
       -- This entry's refusal is on the topic: its one answer.
-      reply = marks[2] == id and 1 or 0
+      reply = refused_here == id and 1 or 0
       final_on_topic = false
     else
       reply = add_answer(topic, ARGV[2], id, ARGV[a + 3], true) or 1
     end
     if final_on_topic and (reply == 0 or reply == 1) then
-      local fields = {'topic', topic, 'state', 'answered'}
-      if reply == 1 then
-        fields[5], fields[6], fields[7], fields[8] = 'answer', id, 'entry', entry
-        if keep then
-          fields[9], fields[10] = 'kept', kept
-        end
+      -- One HSET of every field this answer records, spelt out (no table to build and unpack).
+      if reply == 0 then
+        redis.call('HSET', claim_key, 'topic', topic, 'state', 'answered')
+      elseif keep then
+        redis.call('HSET', claim_key, 'topic', topic, 'state', 'answered', 'answer', id, 'entry', entry,
+          'kept', kept)
+      else
+        redis.call('HSET', claim_key, 'topic', topic, 'state', 'answered', 'answer', id, 'entry', entry)
       end
-      redis.call('HSET', claim_key, unpack(fields))
       redis.call('PEXPIRE', claim_key, ARGV[3])
     end
   end
