@@ -21,6 +21,11 @@ Usage: scripts/bench-answer-script.py [--commandstats] B N NAME=PATH:KEYS[:FORMA
   round 6) or 3 (answered mark, refusal mark, topic: round 6 for items without a call record).
   FORMAT, for scripts that take the ledger format as their fourth shared argument (issue 35):
   1 (format 1, or 2 rolling from 1: the refusal mark is looked up) or 2 (format 2 trusted).
+  The cluster's one-script answer (cluster/answer_local.lua, issue 35) runs on a cluster-mode
+  server holding every slot, every key under one hash tag: KEYS c7 is the single-item script
+  before round 11 (7 keys an item, each item wrapped by the bus's generic batch wrapper, as
+  crates/bus/src/batch.rs `batch_source` writes it), c5 the script written for batches (the
+  stream shared, 5 keys an item).
 Example (docs/PERFORMANCE.md, round 6):
   git show 32d0a83:crates/bus/src/scripts/answer_batch.lua > /tmp/before.lua
   scripts/bench-answer-script.py 17 100 before=/tmp/before.lua:4 \
@@ -55,8 +60,58 @@ def cli(port, *args):
     return subprocess.run(['redis-cli', '-p', str(port), *args], capture_output=True, text=True).stdout
 
 
+def batch_source(source, keys_per_item, args_per_item):
+    """The bus's generic batch wrapper around a single-item script (crates/bus/src/batch.rs)."""
+    return (
+        'local function one(KEYS, ARGV)\n' + source + '\nend\n'
+        'local n = tonumber(ARGV[1])\n'
+        'local replies = {}\n'
+        'for i = 1, n do\n'
+        '  local keys, argv = {}, {}\n'
+        f'  for j = 1, {keys_per_item} do keys[j] = KEYS[(i - 1) * {keys_per_item} + j] end\n'
+        f'  for j = 1, {args_per_item} do argv[j] = ARGV[1 + (i - 1) * {args_per_item} + j] end\n'
+        '  local ok, reply = pcall(one, keys, argv)\n'
+        '  if ok then replies[i] = {1, reply} else\n'
+        "    if type(reply) == 'table' then reply = reply.err or reply.message end\n"
+        '    replies[i] = {0, tostring(reply)}\n'
+        '  end\n'
+        'end\n'
+        'return replies\n')
+
+
+def cluster_calls(layout, n_calls, per_call, tag, sha, ledger_format):
+    """The cluster's one-script answer: every key in the slot of the tag `{t}`."""
+    payload = '{"id":"x","data":{"request_id":"r","success":true,"result":{"message":"' + 'x' * 100 + '"}}}'
+    stream, topic = 'action-requests:{t}', 'results:bench:{t}'
+    trusted = '1' if ledger_format == 2 else '0'
+    out = []
+    for call in range(n_calls):
+        if layout == 'c7':
+            keys, args = [], [per_call]
+        else:
+            keys, args = [stream], ['toolhost', '100000', '86400000', trusted]
+        for item in range(per_call):
+            request_id, entry = f'{tag}-{call}-{item}', f'{call + 1}-{item}'
+            claim = f'toolhost:ledger:{{t}}:action-requests:answered:{request_id}'
+            refusal = f'toolhost:ledger:{{t}}:action-requests:entry:{entry}'
+            record = f'toolhost:ledger:{{t}}:action-requests:call:{request_id}'
+            final_mark = f'toolhost:ledger:{{t}}:answer:action-requests:answered:{request_id}'
+            refusal_mark = f'toolhost:ledger:{{t}}:refusal:action-requests:entry:{entry}'
+            answer = f'answer-{request_id}'
+            if layout == 'c7':
+                keys += [stream, claim, record, refusal, topic, final_mark, refusal_mark]
+                args += ['toolhost', entry, '100000', '86400000', answer, payload, '', trusted, '0']
+            else:
+                keys += [claim, refusal, topic, final_mark, refusal_mark]
+                args += [entry, answer, payload, '0', '']
+        out.append(resp('EVALSHA', sha, len(keys), *keys, *args))
+    return b''.join(out)
+
+
 def calls(keys_per_item, n_calls, per_call, tag, sha, ledger_format=None):
     """N calls of B items each, every item with a fresh request id and entry id."""
+    if keys_per_item in ('c7', 'c5'):
+        return cluster_calls(keys_per_item, n_calls, per_call, tag, sha, ledger_format)
     payload = '{"id":"x","data":{"request_id":"r","success":true,"result":{"message":"' + 'x' * 100 + '"}}}'
     stream = 'action-requests'
     out = []
@@ -90,25 +145,41 @@ def commandstats(port):
 
 
 def measure(path, keys_per_item, n_calls, per_call, ledger_format=None, by_command=False):
+    cluster = keys_per_item in ('c7', 'c5')
     port = free_port()
+    # A cluster node also listens on its port + 10000.
+    while cluster and port > 55535:
+        port = free_port()
     workdir = tempfile.mkdtemp(prefix='answer-script-')
     out = os.path.join(workdir, 'callgrind.out')
     valgrind = [] if by_command else ['valgrind', '--tool=callgrind', f'--callgrind-out-file={out}']
+    cluster_mode = ['--cluster-enabled', 'yes', '--cluster-config-file', os.path.join(workdir, 'nodes.conf'),
+                    '--dir', workdir] if cluster else []
     server = subprocess.Popen(
-        [*valgrind, 'redis-server', '--port', str(port), '--save', '', '--appendonly', 'no'],
+        [*valgrind, 'redis-server', '--port', str(port), '--save', '', '--appendonly', 'no', *cluster_mode],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         for _ in range(300):
             time.sleep(0.1)
             if cli(port, 'PING').strip() == 'PONG':
                 break
+        if cluster:
+            cli(port, 'CLUSTER', 'ADDSLOTSRANGE', '0', '16383')
+            for _ in range(300):
+                if 'cluster_state:ok' in cli(port, 'CLUSTER', 'INFO'):
+                    break
+                time.sleep(0.1)
         # PATH may join several files with '+' (a script and what the bus prepends to it).
         source = b''.join(open(part, 'rb').read() for part in path.split('+'))
+        if keys_per_item == 'c7':
+            source = batch_source(source.decode(), 7, 9).encode()
         sha = hashlib.sha1(source).hexdigest()
         cli(port, 'SCRIPT', 'LOAD', source.decode())
         pipe = ['redis-cli', '-p', str(port), '--pipe']
         warm = calls(keys_per_item, 20, per_call, 'warm', sha, ledger_format)
-        subprocess.run(pipe, input=warm, capture_output=True, check=True)
+        warmed = subprocess.run(pipe, input=warm, capture_output=True)
+        if warmed.returncode != 0:
+            raise SystemExit(f'{path}: the warm-up calls failed: {warmed.stdout.decode()} {warmed.stderr.decode()}')
         measured = calls(keys_per_item, n_calls, per_call, 'run', sha, ledger_format)
         if by_command:
             cli(port, 'CONFIG', 'RESETSTAT')
@@ -148,7 +219,7 @@ def main():
     for variant in argv[2:]:
         name, rest = variant.split('=', 1)
         parts = rest.split(':')
-        path, keys_per_item = parts[0], int(parts[1])
+        path, keys_per_item = parts[0], parts[1] if parts[1] in ('c7', 'c5') else int(parts[1])
         ledger_format = int(parts[2]) if len(parts) > 2 else None
         measured = measure(path, keys_per_item, n_calls, per_call, ledger_format, by_command)
         if by_command:

@@ -32,7 +32,7 @@ use crate::redis_server::{RedisCluster, RedisServer};
 pub enum Topology {
     /// One `redis-server`.
     Single,
-    /// Three masters, no replicas.
+    /// Three masters (or `--cluster-masters`), no replicas.
     Cluster,
     /// A master and one replica of it: the `replica_acks` rows.
     Replicated,
@@ -66,6 +66,9 @@ pub struct FleetOptions {
     pub shard_results: bool,
     /// `[dispatch] ledger_format` of the replicas (1 or 2).
     pub ledger_format: u8,
+    /// Masters of the cluster topology (3 by default; 1 is a cluster-mode server holding every
+    /// slot, which separates what the cluster path costs from what spreading it over nodes does).
+    pub cluster_masters: usize,
     /// Requests in flight.
     pub in_flight: usize,
     /// Length of the measured run.
@@ -137,6 +140,8 @@ pub struct FleetRow {
     pub n_timeouts: u64,
     /// `[dispatch] ledger_format` of the replicas.
     pub ledger_format: u8,
+    /// Masters: the cluster's, else 1.
+    pub masters: usize,
     /// CPU per process.
     pub cpu: Vec<ProcessCpu>,
     /// What each Redis node ran per answered request, by command (`INFO commandstats`: the
@@ -203,8 +208,14 @@ impl FleetReport {
                 .map(|cpu| cpu.us_per_request)
                 .fold(0.0_f64, f64::max);
             let share = if row.sum("redis") > 0.0 { 100.0 * busiest / row.sum("redis") } else { 0.0 };
+            let masters = match row.topology {
+                Topology::Cluster if row.masters != 3 => {
+                    format!(" ({} master{})", row.masters, if row.masters == 1 { "" } else { "s" })
+                }
+                _ => String::new(),
+            };
             out.push_str(&format!(
-                "| {} | {} | {}{} | {:.0} | {} | {} | {:.1} ({}) | {:.1} ({}) | {share:.0} % | {:.1} | {} |\n",
+                "| {}{masters} | {} | {}{} | {:.0} | {} | {} | {:.1} ({}) | {:.1} ({}) | {share:.0} % | {:.1} | {} |\n",
                 row.topology.name(),
                 row.replicas,
                 row.shards,
@@ -318,10 +329,10 @@ enum Redis {
 }
 
 impl Redis {
-    fn start(topology: Topology) -> anyhow::Result<Redis> {
+    fn start(topology: Topology, cluster_masters: usize) -> anyhow::Result<Redis> {
         Ok(match topology {
             Topology::Single => Redis::Single(RedisServer::start()?),
-            Topology::Cluster => Redis::Cluster(RedisCluster::start(3)?),
+            Topology::Cluster => Redis::Cluster(RedisCluster::start(cluster_masters)?),
             Topology::Replicated => {
                 let master = RedisServer::start()?;
                 let port = master.url().rsplit(':').next().unwrap_or_default().to_owned();
@@ -475,8 +486,8 @@ fn cpu_us(pid: u32, ticks_per_second: u64) -> Option<f64> {
 pub async fn run(options: &FleetOptions) -> anyhow::Result<FleetReport> {
     let mut report = FleetReport { machine: MachineInfo::collect(), rows: Vec::new() };
     for &topology in &options.topologies {
-        let redis =
-            Redis::start(topology).with_context(|| format!("starting the {} Redis", topology.name()))?;
+        let redis = Redis::start(topology, options.cluster_masters)
+            .with_context(|| format!("starting the {} Redis", topology.name()))?;
         // The replicated topology's rows: one toolhost, each tool with replica_acks 0 and 1.
         let rows: Vec<(usize, usize, RequestKind, Option<u32>)> = match topology {
             Topology::Replicated => [RequestKind::echo(100), RequestKind::TerminalRun]
@@ -534,6 +545,10 @@ async fn measure(
         replica_acks,
         waits_per_request: None,
         ledger_format: options.ledger_format,
+        masters: match redis {
+            Redis::Cluster(cluster) => cluster.nodes().len(),
+            _ => 1,
+        },
         in_flight: options.in_flight,
         rps: 0.0,
         p50_us: 0,

@@ -87,7 +87,8 @@ impl Drop for RedisServer {
 }
 
 /// A private Redis Cluster: `masters` `redis-server --cluster-enabled yes` processes on free
-/// loopback ports, joined by `redis-cli --cluster create`, without replicas.
+/// loopback ports, joined by `redis-cli --cluster create`, without replicas; one master takes
+/// every slot with `CLUSTER ADDSLOTSRANGE`.
 #[derive(Debug)]
 pub struct RedisCluster {
     nodes: Vec<RedisServer>,
@@ -121,6 +122,14 @@ impl RedisCluster {
                 &node_dir.to_string_lossy(),
             ])?);
         }
+        if masters == 1 {
+            // `redis-cli --cluster create` wants three masters: one node takes every slot itself.
+            let mut connection = redis::Client::open(nodes[0].url())?.get_connection()?;
+            let () = redis::cmd("CLUSTER").arg("ADDSLOTSRANGE").arg(0).arg(16383).query(&mut connection)?;
+            let cluster = RedisCluster { nodes, dir };
+            cluster.wait_until_ok()?;
+            return Ok(cluster);
+        }
         let addresses: Vec<String> = nodes.iter().map(|node| format!("127.0.0.1:{}", node.port)).collect();
         let created = Command::new("redis-cli")
             .arg("--cluster")
@@ -136,15 +145,21 @@ impl RedisCluster {
             String::from_utf8_lossy(&created.stdout)
         );
         let cluster = RedisCluster { nodes, dir };
+        cluster.wait_until_ok()?;
+        Ok(cluster)
+    }
+
+    /// Waits at most 30 s for every node to say `cluster_state:ok`.
+    fn wait_until_ok(&self) -> anyhow::Result<()> {
         let started = Instant::now();
-        while !cluster.is_ok() {
+        while !self.is_ok() {
             anyhow::ensure!(
                 started.elapsed() < Duration::from_secs(30),
                 "the cluster did not reach state ok"
             );
             std::thread::sleep(Duration::from_millis(100));
         }
-        Ok(cluster)
+        Ok(())
     }
 
     fn is_ok(&self) -> bool {

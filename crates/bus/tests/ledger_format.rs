@@ -392,3 +392,131 @@ async fn on_a_cluster_an_answer_in_the_streams_slot_is_one_script_and_writes_not
         .unwrap();
     assert_eq!(pending.len(), 1, "the entry stays pending");
 }
+
+/// The one-script answer is written for batches: the answers of a stream and group that end
+/// together are one script call with one `XACK`, and in format 2 a request with an empty claim
+/// is answered without reading the marks next to the topic or writing one (the claim is its
+/// answered mark there).
+#[tokio::test]
+async fn on_a_cluster_answers_in_the_streams_slot_are_one_call_and_one_ack_per_batch() {
+    const N_ANSWERS: usize = 8;
+    let redis = Redis::cluster_with_local_results();
+    let bus = redis.bus(LedgerFormat::Two);
+    let entries = redis.deliver(&bus, N_ANSWERS + 1).await;
+    // The first call of a script loads it (`NOSCRIPT`, then `SCRIPT LOAD`): count the next ones.
+    assert_eq!(
+        end(&redis, &bus, GROUPS[0], "warm-batch", &entries[N_ANSWERS], End::Final(None)).await,
+        Committed::Published
+    );
+    let counted = ["evalsha", "xack", "mget", "set", "xadd"];
+    let before: Vec<u64> = counted.iter().map(|command| redis.server.calls(command)).collect();
+    let answers = redis.answers();
+    let ends =
+        entries[..N_ANSWERS].iter().enumerate().map(|(call_idx, entry_id)| {
+            let (redis, bus) = (&redis, &bus);
+            async move {
+                end(redis, bus, GROUPS[0], &format!("batch-{call_idx}"), entry_id, End::Final(None)).await
+            }
+        });
+    for committed in futures::future::join_all(ends).await {
+        assert_eq!(committed, Committed::Published);
+    }
+    let ran: Vec<u64> =
+        counted.iter().zip(&before).map(|(command, before)| ran(&redis, command, *before)).collect();
+    assert_eq!(ran, [1, 1, 0, 0, N_ANSWERS as u64], "{counted:?}");
+    assert_eq!(redis.answers() - answers, N_ANSWERS);
+    let mut connection = redis.server.connection();
+    let pending: Vec<Value> = redis::cmd("XPENDING")
+        .arg(redis.keys.topic(REQUESTS))
+        .arg(GROUPS[0])
+        .arg("-")
+        .arg("+")
+        .arg(100)
+        .query(&mut connection)
+        .unwrap();
+    assert!(pending.is_empty(), "every entry of the batch is acked: {pending:?}");
+    let topic = redis.keys.topic(LOCAL_RESULTS);
+    for (call_idx, entry_id) in entries[..N_ANSWERS].iter().enumerate() {
+        let request_id = format!("batch-{call_idx}");
+        assert!(redis.mark(&request_id).unwrap().contains("state=answered"));
+        let mark_by_the_topic = redis.keys.answered_mark(REQUESTS, &request_id, &topic);
+        let found: Option<String> = redis::cmd("GET").arg(&mark_by_the_topic).query(&mut connection).unwrap();
+        assert_eq!(found, None, "the claim is the answered mark when the topic is in its slot");
+        // Another toolbox's copy of the entry finds the claim: answered once.
+        assert_eq!(
+            end(&redis, &bus, GROUPS[1], &request_id, entry_id, End::Final(None)).await,
+            Committed::NotPublished
+        );
+    }
+    assert_eq!(redis.answers() - answers, N_ANSWERS);
+}
+
+/// A refusal notes itself in the claim before it is published next to its topic (format 2), so
+/// a one-script answer that finds the claim empty may skip the marks by the topic: a refusal
+/// whose publish wrote nothing (its topic not a stream) has left the note, and a refusal on the
+/// topic whose settle never ran (its copy in the stream's slot missing) is still its entry's one
+/// answer.
+#[tokio::test]
+async fn on_a_cluster_a_refusal_is_noted_in_the_claim_before_it_is_published() {
+    let redis = Redis::cluster_with_local_results();
+    let bus = redis.bus(LedgerFormat::Two);
+    let entries = redis.deliver(&bus, 2).await;
+    let mut connection = redis.server.connection();
+
+    // The refusal's topic is not a stream: nothing is published, and the note is there.
+    let topic = redis.keys.topic(LOCAL_RESULTS);
+    let () = redis::cmd("DEL").arg(&topic).query(&mut connection).unwrap();
+    let () = redis::cmd("SET").arg(&topic).arg("not a stream").query(&mut connection).unwrap();
+    assert_eq!(end(&redis, &bus, GROUPS[0], "noted", &entries[0], End::Refusal).await, Committed::WrongType);
+    assert_eq!(redis.mark("noted").as_deref(), Some("refused=1"));
+    let () = redis::cmd("DEL").arg(&topic).query(&mut connection).unwrap();
+
+    // A refusal published, then its settle lost: the refusal mark's copy in the stream's slot
+    // is gone, as if its holder had stopped between the publish and the settle.
+    assert_eq!(
+        end(&redis, &bus, GROUPS[0], "unsettled", &entries[1], End::Refusal).await,
+        Committed::Published
+    );
+    let copy = redis.keys.answered_entry(REQUESTS, &entries[1]);
+    let () = redis::cmd("DEL").arg(&copy).query(&mut connection).unwrap();
+    let answers = redis.answers();
+    let mgets = redis.server.calls("mget");
+    assert_eq!(
+        end(&redis, &bus, GROUPS[1], "unsettled", &entries[1], End::Final(None)).await,
+        Committed::NotPublished
+    );
+    assert_eq!(ran(&redis, "mget", mgets), 1, "the note sends the answer to the marks by the topic");
+    assert_eq!(redis.answers(), answers, "the entry's refusal stays its one answer");
+}
+
+/// A five-step finish that stopped after its publish (the claim `claimed`, the answer and its
+/// mark on the topic) is completed by a one-script answer of the same request without a second
+/// answer.
+#[tokio::test]
+async fn on_a_cluster_a_one_script_answer_completes_a_claim_left_claimed() {
+    let redis = Redis::cluster_with_local_results();
+    let bus = redis.bus(LedgerFormat::Two);
+    let entries = redis.deliver(&bus, 1).await;
+    let topic = redis.keys.topic(LOCAL_RESULTS);
+    let claim = redis.keys.answered(REQUESTS, "half");
+    let mark_by_the_topic = redis.keys.answered_mark(REQUESTS, "half", &topic);
+    let mut connection = redis.server.connection();
+    let () = redis::cmd("HSET")
+        .arg(&claim)
+        .arg("topic")
+        .arg(&topic)
+        .arg("state")
+        .arg("claimed")
+        .query(&mut connection)
+        .unwrap();
+    let () = redis::cmd("XADD").arg(&topic).arg("*").arg("id").arg("first").query(&mut connection).unwrap();
+    let () = redis::cmd("SET").arg(&mark_by_the_topic).arg("first").query(&mut connection).unwrap();
+    let answers = redis.answers();
+    assert_eq!(
+        end(&redis, &bus, GROUPS[0], "half", &entries[0], End::Final(None)).await,
+        Committed::NotPublished
+    );
+    assert_eq!(redis.answers(), answers, "the first answer stays the only one");
+    let held = redis.mark("half").unwrap();
+    assert!(held.contains("state=answered") && !held.contains("answer="), "{held}");
+}

@@ -128,6 +128,10 @@ struct Args {
     /// one replica: echo and terminal_run with `[redis] replica_acks` 0 and 1, one toolhost).
     #[arg(long, value_delimiter = ',', default_value = "single,cluster,replicated")]
     topologies: Vec<FleetTopology>,
+    /// Masters of the fleet rows' cluster: 3, or 1 (a cluster-mode server holding every slot:
+    /// the cluster path's cost without the spreading), or more.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=16))]
+    cluster_masters: u16,
     /// Where report.json, report.md and target logs go (default: `target/bench`).
     #[arg(long)]
     out_dir: Option<PathBuf>,
@@ -238,6 +242,7 @@ fn fleet(runtime: &tokio::runtime::Runtime, args: &Args, options: &Options) -> s
         split_shards: args.split_shards,
         shard_results: args.shard_results,
         ledger_format: args.ledger_format,
+        cluster_masters: usize::from(args.cluster_masters),
         in_flight: options.in_flight.as_ref().and_then(|in_flight| in_flight.first().copied()).unwrap_or(64),
         duration: options.duration,
         warmup: options.warmup,

@@ -191,8 +191,9 @@ impl RedisBus {
     }
 
     /// The common end of a call (a final answer and nothing else) whose answer topic is in the
-    /// stream's slot: the claim, the answer and the settle in one script
-    /// (`scripts/cluster/answer_local.lua`).
+    /// stream's slot: the claim, the answer and the settle in one script written for batches
+    /// (`scripts/cluster/answer_local.lua`), one call and one `XACK` for the answers of a stream
+    /// and group that end together, like one server's `answer_batch.lua`.
     async fn answer_local(
         &self,
         finish: &Finish<'_>,
@@ -201,39 +202,42 @@ impl RedisBus {
         [final_mark, refusal_mark]: [&String; 2],
     ) -> Result<Committed, Error> {
         let entry = finish.entry;
-        let batcher = self.cluster_batcher(
-            &self.batchers.cluster_answer_local,
-            concat!(
-                include_str!("../scripts/add_answer.lua"),
-                include_str!("../scripts/cluster/answer_local.lua")
-            ),
-            7,
-            9,
-        );
-        let reply = batcher
-            .invoke(
-                vec![
-                    entry.topic.to_owned(),
-                    keys.claim.clone(),
-                    keys.record.clone(),
-                    keys.refused.clone(),
-                    answer.topic.to_owned(),
-                    final_mark.clone(),
-                    refusal_mark.clone(),
-                ],
-                vec![
-                    entry.group.to_owned(),
-                    entry.entry_id.to_owned(),
-                    self.options.maxlen.to_string(),
-                    retention(finish).as_millis().max(1).to_string(),
-                    answer.id.to_owned(),
-                    answer.payload.to_owned(),
-                    finish.kept.unwrap_or_default().to_owned(),
-                    flag(self.options.ledger_format.trusts_placeholders()),
-                    flag(finish.tracked),
-                ],
+        let batcher = self.batchers.cluster_answer_local.get_or_init(|| {
+            // Not split by slot: every key of a call is in the slot of its shared requests
+            // stream (`cluster_finish` checks the item's keys against it), and items of
+            // different streams have different shared parts, so they go in different calls.
+            Batcher::for_batches(
+                concat!(
+                    include_str!("../scripts/add_answer.lua"),
+                    include_str!("../scripts/cluster/answer_local.lua")
+                ),
+                (5, 6),
+                5,
+                self.commands.clone(),
+                self.options.gather_batches,
             )
-            .await?;
+        });
+        let shared =
+            self.answer_shared(entry.topic, entry.group, retention(finish).max(Duration::from_millis(1)));
+        let mut item_keys = Vec::with_capacity(if finish.tracked { 6 } else { 5 });
+        item_keys.extend([
+            keys.claim.clone(),
+            keys.refused.clone(),
+            answer.topic.to_owned(),
+            final_mark.clone(),
+            refusal_mark.clone(),
+        ]);
+        if finish.tracked {
+            item_keys.push(keys.record.clone());
+        }
+        let args = vec![
+            entry.entry_id.to_owned(),
+            answer.id.to_owned(),
+            answer.payload.to_owned(),
+            flag(finish.tracked),
+            finish.kept.unwrap_or_default().to_owned(),
+        ];
+        let reply = batcher.invoke_shared(shared, item_keys, args).await?;
         super::committed_from(reply)
     }
 
@@ -254,7 +258,7 @@ impl RedisBus {
                 &self.batchers.cluster_claim,
                 include_str!("../scripts/cluster/claim.lua"),
                 3,
-                12,
+                13,
             );
             let reply = batcher
                 .invoke(
@@ -272,6 +276,7 @@ impl RedisBus {
                         flag(finish.replay),
                         flag(finish.kept.is_some()),
                         flag(self.options.ledger_format.trusts_placeholders()),
+                        flag(self.options.ledger_format.writes_placeholders()),
                     ],
                 )
                 .await?;

@@ -1,71 +1,110 @@
--- Cluster finish in one step, when the answer's topic shares the requests stream's slot (a
--- results topic per shard): the common end of a call, a final answer and nothing else, runs
--- claim.lua, publish.lua and settle.lua's work for it as one script on one node. Being atomic,
--- it never leaves the claim `claimed`: it reads the claim, publishes, and records it `answered`.
--- KEYS[1] requests stream, KEYS[2] claim, KEYS[3] call record, KEYS[4] the entry's refusal mark
--- (copy in this slot), KEYS[5] answer topic, KEYS[6] the answered mark next to it,
--- KEYS[7] the entry's refusal mark next to it (all in one slot)
--- ARGV[1] group, ARGV[2] entry id, ARGV[3] maxlen, ARGV[4] retention ms, ARGV[5] answer id,
--- ARGV[6] payload, ARGV[7] what to keep for retries ('' for nothing), ARGV[8] '1' when the
--- ledger is of format 2 on every replica (claim.lua's ARGV[12]), ARGV[9] '1' when the call may
--- have a call record to delete
--- Returns as answer_batch.lua does for an item: 1 published (now, or by an earlier run of this
+-- Cluster finish in one step, for a batch of entries of one requests stream and group whose
+-- answers' topics share the stream's slot (a results topic per shard): the common end of a call,
+-- a final answer and nothing else, runs claim.lua, publish.lua and settle.lua's work for each
+-- item in one script on one node, and one XACK acks every entry it settles. Being atomic, it
+-- never leaves a claim `claimed`: it reads the claim, publishes, and records it `answered`.
+-- Written for batches (crates/bus/src/batch.rs, `Batcher::for_batches`), like answer_batch.lua.
+-- KEYS[1] requests stream; then for each item five keys, or six when its call may have written a
+-- call record, all in the stream's slot: claim, the entry's refusal mark (copy in this slot),
+-- answer topic, the answered mark next to it, the entry's refusal mark next to it[, call record]
+-- ARGV[1] group, ARGV[2] maxlen, ARGV[3] retention ms, ARGV[4] '1' when the ledger is of format 2
+-- on every replica (claim.lua's ARGV[12]); then for item i, from a = 4 + (i - 1) * 5:
+--   ARGV[a + 1] entry id, ARGV[a + 2] answer id, ARGV[a + 3] payload,
+--   ARGV[a + 4] '1' when the item carries the call record's key (deleted here),
+--   ARGV[a + 5] what to keep for retries ('' for nothing)
+-- Returns one reply per item, as answer_batch.lua: 1 published (now, or by an earlier run of this
 -- finish), 0 answered before or the claim held for another topic (acked unanswered), -1 the
 -- topic holds a key that is not a stream (nothing written, the entry stays pending), {2, mark}
 -- the request was answered by another entry whose answer is kept (nothing written, the entry
--- stays pending for its replay).
-local entry, id, keep = ARGV[2], ARGV[5], ARGV[7] ~= ''
-local held = redis.call('HMGET', KEYS[2], 'topic', 'state', 'answer', 'entry', 'kept', 'refused')
-local refused = false
-if ARGV[8] ~= '1' or held[6] then
-  refused = redis.call('GET', KEYS[4])
-end
-if held[2] == 'answered' and not refused and keep and held[5] and held[4] and held[4] ~= entry
-    and held[3] ~= id then
-  return {2, (held[3] or '') .. '\n' .. held[4] .. '\n' .. held[5]}
-end
-local published = 0
-local claim = 0
-if held[2] == 'answered' or refused then
-  claim = 1
-  if held[3] == id or refused == id then
-    published = 1
-  end
-elseif held[1] and held[1] ~= KEYS[5] then
-  -- A copy of the request named another topic, and that one gets the answer.
-  claim = 2
-end
-if claim == 0 then
-  local marks = redis.call('MGET', KEYS[6], KEYS[7])
-  local final_on_topic = true
-  if marks[1] then
-    published = marks[1] == id and 1 or 0
-  elseif marks[2] then
-    -- This entry's refusal is on the topic: its one answer.
-    published = marks[2] == id and 1 or 0
-    final_on_topic = false
+-- stays pending for its replay), {0, error} Redis refused the answer's XADD (nothing written,
+-- the entry stays pending).
+--
+-- The claim is the request's answered mark here: this script never sets the mark next to the
+-- topic (the same slot, the same retention, written in the same script as the claim), and no
+-- step reads that mark once the claim says `answered`. The marks next to the topic are read only
+-- where a five-step finish may have written one that the claim does not show yet: the claim is
+-- `claimed` (a finish stopped between publish and settle), the claim notes a refusal (format 2:
+-- claim.lua notes it before a refusal is published, settle.lua after), or the ledger is not
+-- trusted to carry those notes (format 1, or 2 rolling from 1).
+-- Ledger keys are read and written with `redis.call`: a key of another type (written by something
+-- other than toolhost) fails the whole call, and the bus then runs each item on its own, so it
+-- fails alone; an item already written by the failed call finds its claim `answered` with its
+-- own answer id, and is acked as published. The answer's XADD to a caller-named topic stays
+-- under `redis.pcall`.
+local trusted = ARGV[4] == '1'
+local n = (#ARGV - 4) / 5
+local replies = {}
+local acked = {}
+local k = 1
+for i = 1, n do
+  local a = 4 + (i - 1) * 5
+  local claim_key, refusal_copy, topic = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3]
+  local final_mark, refusal_mark = KEYS[k + 4], KEYS[k + 5]
+  local record_key = nil
+  if ARGV[a + 4] == '1' then
+    record_key = KEYS[k + 6]
+    k = k + 6
   else
-    if add_answer(KEYS[5], ARGV[3], id, ARGV[6]) == -1 then
-      return -1
-    end
-    redis.call('SET', KEYS[6], id, 'PX', ARGV[4])
-    published = 1
+    k = k + 5
   end
-  if final_on_topic then
-    local fields = {'topic', KEYS[5], 'state', 'answered'}
-    if published == 1 then
-      fields[5], fields[6], fields[7], fields[8] = 'answer', id, 'entry', entry
-      if keep then
-        fields[9], fields[10] = 'kept', ARGV[7]
+  local entry, id, kept = ARGV[a + 1], ARGV[a + 2], ARGV[a + 5]
+  local keep = kept ~= ''
+  local held = redis.call('HMGET', claim_key, 'topic', 'state', 'answer', 'entry', 'kept', 'refused')
+  local refused = false
+  if not trusted or held[6] then
+    refused = redis.call('GET', refusal_copy)
+  end
+  local reply
+  local claim = 0
+  if held[2] == 'answered' and not refused and keep and held[5] and held[4] and held[4] ~= entry
+      and held[3] ~= id then
+    reply = {2, (held[3] or '') .. '\n' .. held[4] .. '\n' .. held[5]}
+  elseif held[2] == 'answered' or refused then
+    claim = 1
+    reply = (held[3] == id or refused == id) and 1 or 0
+  elseif held[1] and held[1] ~= topic then
+    -- A copy of the request named another topic, and that one gets the answer.
+    claim = 2
+    reply = 0
+  else
+    local final_on_topic = true
+    local answered_here, refused_here = false, false
+    if not trusted or held[1] or held[6] then
+      local marks = redis.call('MGET', final_mark, refusal_mark)
+      answered_here, refused_here = marks[1], marks[2]
+    end
+    if answered_here then
+      reply = answered_here == id and 1 or 0
+    elseif refused_here then
+      -- This entry's refusal is on the topic: its one answer.
+      reply = refused_here == id and 1 or 0
+      final_on_topic = false
+    else
+      reply = add_answer(topic, ARGV[2], id, ARGV[a + 3], true) or 1
+    end
+    if final_on_topic and (reply == 0 or reply == 1) then
+      -- One HSET of every field this answer records, spelt out (no table to build and unpack).
+      if reply == 0 then
+        redis.call('HSET', claim_key, 'topic', topic, 'state', 'answered')
+      elseif keep then
+        redis.call('HSET', claim_key, 'topic', topic, 'state', 'answered', 'answer', id, 'entry', entry,
+          'kept', kept)
+      else
+        redis.call('HSET', claim_key, 'topic', topic, 'state', 'answered', 'answer', id, 'entry', entry)
       end
+      redis.call('PEXPIRE', claim_key, ARGV[3])
     end
-    redis.call('HSET', KEYS[2], unpack(fields))
-    redis.call('PEXPIRE', KEYS[2], ARGV[4])
   end
+  if reply == 0 or reply == 1 then
+    if claim ~= 2 and record_key then
+      redis.call('DEL', record_key)
+    end
+    acked[#acked + 1] = entry
+  end
+  replies[i] = reply
 end
-if claim ~= 2 and ARGV[9] == '1' then
-  redis.call('DEL', KEYS[3])
+if #acked > 0 then
+  -- A missing group (Redis lost its data) fails the ack; what was published still stands.
+  redis.pcall('XACK', KEYS[1], ARGV[1], unpack(acked))
 end
--- A missing group (Redis lost its data) fails the ack; what was published still stands.
-redis.pcall('XACK', KEYS[1], ARGV[1], entry)
-return published
+return replies

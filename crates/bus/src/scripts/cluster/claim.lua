@@ -9,7 +9,11 @@
 -- ARGV[10] '1' when the answer replays a kept answer for a retry (only the entry's refusal mark
 -- guards it: the claim is the original's), ARGV[11] '1' when the finish keeps its final answer
 -- for retries, ARGV[12] '1' when the ledger is of format 2 on every replica: a claim without the
--- field `refused` means no entry of the request was refused, and the refusal mark is not read
+-- field `refused` means no entry of the request was refused, and the refusal mark is not read,
+-- ARGV[13] '1' when the ledger writes format 2: an answer that is not final notes itself in the
+-- claim (field `refused`) here, before it is published next to its topic, so the note is there
+-- as long as any refusal mark of the request is (answer_local.lua then skips the marks next to
+-- the topic when the claim is empty; settle.lua notes it again with the refusal mark's copy)
 -- Returns {claim, pending, own, taken}, or {3, pending, 0, 0, mark}:
 --   claim 0: publish (the claim is this topic's now, or the answer is not final);
 --         1: the request (or this entry) was answered already: publish nothing;
@@ -62,6 +66,10 @@ if identified and has_answer then
     redis.call('HSET', KEYS[2], 'topic', ARGV[6], 'state', 'claimed')
     redis.call('PEXPIRE', KEYS[2], ARGV[7])
     taken = 1
+  end
+  if claim == 0 and not final and ARGV[13] == '1' then
+    redis.call('HSET', KEYS[2], 'refused', '1')
+    redis.call('PEXPIRE', KEYS[2], ARGV[7])
   end
 end
 return {claim, pending, own, taken}
