@@ -19,7 +19,7 @@
 //!   may land on any replica.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rmcp::RoleServer;
 use rmcp::model::{
@@ -122,7 +122,37 @@ struct Waiting {
 /// The door's `requestState` codec, loaded from Redis at first use.
 #[derive(Default)]
 pub(crate) struct RequestStates {
-    codec: Mutex<Option<Arc<RequestStateCodec>>>,
+    /// The codec and when its keys were read.
+    codec: Mutex<Option<(Arc<RequestStateCodec>, Instant)>>,
+}
+
+/// The least time between two reads of the key set for states naming a key this replica does
+/// not hold: a client sending states with made-up key ids costs Redis one read a second at
+/// most, not one per request.
+const RELOAD_INTERVAL: Duration = Duration::from_secs(1);
+
+/// What [`RequestStates::codec`] does with the codec it holds (read at `loaded`, if any) for a
+/// request that asked at `asked` (`reload`: for a state naming a key it does not hold).
+#[derive(Debug, PartialEq)]
+enum Load {
+    /// Use the codec held: no reload is asked for, or one was made since the request asked.
+    Held,
+    /// Read the key set.
+    Read,
+    /// The last read was too recent: wait this long, then decide again.
+    Wait(Duration),
+}
+
+fn load(loaded: Option<Instant>, reload: bool, asked: Instant, now: Instant) -> Load {
+    match loaded {
+        None => Load::Read,
+        Some(_) if !reload => Load::Held,
+        Some(loaded) if loaded >= asked => Load::Held,
+        Some(loaded) if now.duration_since(loaded) < RELOAD_INTERVAL => {
+            Load::Wait(RELOAD_INTERVAL - now.duration_since(loaded))
+        }
+        Some(_) => Load::Read,
+    }
 }
 
 /// What a `requestState` is bound to: the tool and the tenant of the call.
@@ -140,12 +170,25 @@ fn internal(what: &str) -> impl Fn(toolhost_bus::Error) -> McpError + '_ {
 
 impl RequestStates {
     /// The codec: the keys of the shared set, sealing with the smallest key id. `reload` reads
-    /// the set again (a state named a key this replica does not hold yet).
+    /// the set again (a state named a key this replica does not hold yet), at most once per
+    /// [`RELOAD_INTERVAL`]: a request that finds the last read too recent waits for the next.
     async fn codec(&self, fleet: &FleetClient, reload: bool) -> Result<Arc<RequestStateCodec>, McpError> {
-        let mut held = self.codec.lock().await;
-        if let (Some(codec), false) = (held.as_ref(), reload) {
-            return Ok(codec.clone());
-        }
+        let asked = Instant::now();
+        let mut held = loop {
+            let held = self.codec.lock().await;
+            match load(held.as_ref().map(|(_, loaded)| *loaded), reload, asked, Instant::now()) {
+                Load::Held => {
+                    if let Some((codec, _)) = held.as_ref() {
+                        return Ok(codec.clone());
+                    }
+                }
+                Load::Read => break held,
+                Load::Wait(wait) => {
+                    drop(held);
+                    tokio::time::sleep(wait).await;
+                }
+            }
+        };
         let key = fleet.keys().mcp_request_state_keys();
         let bus = fleet.bus();
         let redis = internal("cannot read the requestState keys");
@@ -170,7 +213,7 @@ impl RequestStates {
             McpError::internal_error(format!("the requestState keys in {key}: {err}"), None)
         })?;
         let codec = Arc::new(codec);
-        *held = Some(codec.clone());
+        *held = Some((codec.clone(), Instant::now()));
         Ok(codec)
     }
 
@@ -403,6 +446,23 @@ pub(super) fn decline(fleet: &FleetClient, request_id: &str, input_id: &str, kin
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_key_set_is_read_again_at_most_once_a_second() {
+        let start = Instant::now();
+        let at = |ms: u64| start + Duration::from_millis(ms);
+        // Nothing held: read, reload or not.
+        assert_eq!(load(None, false, at(0), at(0)), Load::Read);
+        assert_eq!(load(None, true, at(0), at(0)), Load::Read);
+        // Held, no reload asked: use it.
+        assert_eq!(load(Some(at(0)), false, at(5_000), at(5_000)), Load::Held);
+        // A state naming an unknown key, a second after the last read: read.
+        assert_eq!(load(Some(at(0)), true, at(1_000), at(1_000)), Load::Read);
+        // Too soon after the last read: wait for the rest of the second.
+        assert_eq!(load(Some(at(0)), true, at(300), at(300)), Load::Wait(Duration::from_millis(700)));
+        // Another request read the set after this one asked: that read is this one's.
+        assert_eq!(load(Some(at(400)), true, at(300), at(1_000)), Load::Held);
+    }
 
     #[test]
     fn a_sealed_state_opens_only_for_its_tool_and_tenant_and_not_once_tampered() {
