@@ -317,7 +317,7 @@ impl<D: Door> Lifecycle<D> {
         tokio::select! {
             biased;
             result = run => Some(result),
-            () = self.renew(call, None) => Some(Err(Failure::new(ErrorCode::Internal, "lease renewal stopped"))),
+            never = self.renew(call, None) => match never {},
             () = cancelled.cancelled() => Some(Err(Failure::new(
                 ErrorCode::Cancelled,
                 format!("the {what} request was cancelled by a tool.cancel request"),

@@ -98,8 +98,8 @@ pub(crate) async fn begin(
 /// Extends `owner`'s lease on a running call every `period`, so the entry is not reclaimed while
 /// the call runs. A renewal that fails while Redis is unavailable is retried with backoff at
 /// once rather than a period later, so a lease outlives a Redis outage shorter than about two
-/// thirds of it (renewal itself works while Redis is out of memory). Never returns: select it
-/// against the call.
+/// thirds of it (renewal itself works while Redis is out of memory). Never returns (its type
+/// says so): select it against the call.
 ///
 /// A call without an `owner` (a read-only, idempotent tool, run without a call record) has no
 /// lease to extend: only its entry's idle time is reset, so no replica reclaims and reruns it
@@ -111,7 +111,7 @@ pub(crate) async fn renew(
     entry: &EntryRef<'_>,
     consumer: &str,
     request_id: &str,
-) {
+) -> std::convert::Infallible {
     let (tracked, owner) = (owner.is_some(), owner.unwrap_or_default());
     let mut tick = tokio::time::interval(call.renew_period());
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -164,7 +164,7 @@ impl<D: Door> Lifecycle<D> {
         tokio::select! {
             biased;
             outcome = answered => outcome,
-            () = self.renew(call, owner.as_deref()) => Outcome::LeftPending,
+            never = self.renew(call, owner.as_deref()) => match never {},
         }
     }
 
@@ -386,12 +386,16 @@ impl<D: Door> Lifecycle<D> {
 
     /// Keeps the call's lease (or, for a call without a record, its entry) while it runs; never
     /// returns (see [`ledger::renew`]).
-    pub(super) async fn renew(&self, call: &Call<'_, D::Request>, owner: Option<&str>) {
+    pub(super) async fn renew(
+        &self,
+        call: &Call<'_, D::Request>,
+        owner: Option<&str>,
+    ) -> std::convert::Infallible {
         let settings = &self.settings;
         let entry =
             EntryRef { topic: &settings.topic, group: &settings.group, entry_id: &call.entry.entry_id };
         let (bus, ledger_id) = (&*self.services.bus, &call.admitted.ledger_id);
-        ledger::renew(bus, &call.keys, owner, &entry, &settings.consumer, ledger_id).await;
+        ledger::renew(bus, &call.keys, owner, &entry, &settings.consumer, ledger_id).await
     }
 
     /// Takes a run slot of `tool`: at once, or after a wait in its queue during which the call
