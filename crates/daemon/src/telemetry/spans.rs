@@ -216,26 +216,38 @@ struct Fixed {
     settle_attributes: &'static SharedAttributes,
 }
 
-/// The [`Fixed`] strings of `value`: from the thread's few most used ones (a call looks up its
-/// stream, group and consumer, the same few values every time), else from the process's.
-fn fixed(value: &str) -> &'static Fixed {
-    thread_local! {
-        static RECENT: std::cell::RefCell<Vec<&'static Fixed>> = const { std::cell::RefCell::new(Vec::new()) };
-    }
-    /// How many values a thread keeps at hand.
-    const RECENT_VALUES: usize = 16;
-    RECENT.with(|recent| {
-        if let Some(found) = recent.borrow().iter().find(|fixed| fixed.value == value) {
-            return *found;
+/// How many interned values of one kind a thread keeps at hand.
+const RECENT: usize = 16;
+
+/// The interned value `hit` finds among the thread's few most recently used ones (`recent`),
+/// else what `miss` finds in the process's table, which then joins them: a call looks up the
+/// same few values every time (its stream, group, consumer, tool), so it takes no lock.
+fn recently<T: Copy + 'static>(
+    recent: &'static std::thread::LocalKey<std::cell::RefCell<Vec<T>>>,
+    hit: impl Fn(&T) -> bool,
+    miss: impl FnOnce() -> Option<T>,
+) -> Option<T> {
+    recent.with(|recent| {
+        if let Some(found) = recent.borrow().iter().find(|&item| hit(item)) {
+            return Some(*found);
         }
-        let found = interned(value);
+        let found = miss()?;
         let mut recent = recent.borrow_mut();
-        if recent.len() == RECENT_VALUES {
+        if recent.len() == RECENT {
             recent.remove(0);
         }
         recent.push(found);
-        found
+        Some(found)
     })
+}
+
+/// The [`Fixed`] strings of `value`.
+fn fixed(value: &str) -> &'static Fixed {
+    thread_local! {
+        static FIXED: std::cell::RefCell<Vec<&'static Fixed>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    let found = recently(&FIXED, |fixed| fixed.value == value, || Some(interned(value)));
+    found.unwrap_or_else(|| interned(value))
 }
 
 /// The process's [`Fixed`] strings of `value`, made the first time it is asked for.
@@ -274,18 +286,14 @@ fn process_attributes(
 ) -> &'static SharedAttributes {
     type Key = [(usize, usize); 4];
     thread_local! {
-        static RECENT: std::cell::RefCell<Vec<(Key, &'static SharedAttributes)>> =
+        static SETS: std::cell::RefCell<Vec<(Key, &'static SharedAttributes)>> =
             const { std::cell::RefCell::new(Vec::new()) };
     }
     static ALL: Mutex<Option<HashMap<Key, &'static SharedAttributes>>> = Mutex::new(None);
-    const RECENT_SETS: usize = 16;
     let key: Key = [door, stream, group, consumer].map(|value| (value.as_ptr() as usize, value.len()));
-    RECENT.with(|recent| {
-        if let Some((_, found)) = recent.borrow().iter().find(|(at, _)| *at == key) {
-            return *found;
-        }
+    let interned = || {
         let mut all = ALL.lock().unwrap_or_else(PoisonError::into_inner);
-        let found = *all.get_or_insert_with(HashMap::new).entry(key).or_insert_with(|| {
+        *all.get_or_insert_with(HashMap::new).entry(key).or_insert_with(|| {
             SharedAttributes::leaked(vec![
                 attr("messaging.system", MESSAGING_SYSTEM),
                 attr("messaging.operation.type", "process"),
@@ -295,14 +303,10 @@ fn process_attributes(
                 attr("messaging.client.id", consumer),
                 attr("toolhost.door", door),
             ])
-        });
-        let mut recent = recent.borrow_mut();
-        if recent.len() == RECENT_SETS {
-            recent.remove(0);
-        }
-        recent.push((key, found));
-        found
-    })
+        })
+    };
+    let found = recently(&SETS, |(at, _)| *at == key, || Some((key, interned())));
+    found.map_or_else(interned, |(_, found)| found)
 }
 
 /// `<operation> <name>` (a run span's name) made once per tool, with `name` as its tail: a
@@ -311,21 +315,18 @@ fn process_attributes(
 /// the span makes its own.
 fn run_name(operation: &'static str, name: &str) -> Option<&'static str> {
     thread_local! {
-        static RECENT: std::cell::RefCell<Vec<(&'static str, &'static str)>> =
+        static NAMES: std::cell::RefCell<Vec<(&'static str, &'static str)>> =
             const { std::cell::RefCell::new(Vec::new()) };
     }
     type Names = HashMap<(&'static str, Box<str>), &'static str>;
     static ALL: Mutex<Option<Names>> = Mutex::new(None);
-    const RECENT_NAMES: usize = 16;
-    let matches = |full: &str| {
-        full.len() == operation.len() + 1 + name.len() && full.starts_with(operation) && full.ends_with(name)
+    let hit = |&(op, full): &(&'static str, &'static str)| {
+        std::ptr::eq(op, operation)
+            && full.len() == operation.len() + 1 + name.len()
+            && full.starts_with(operation)
+            && full.ends_with(name)
     };
-    RECENT.with(|recent| {
-        if let Some((_, full)) =
-            recent.borrow().iter().find(|(op, full)| std::ptr::eq(*op, operation) && matches(full))
-        {
-            return Some(*full);
-        }
+    let miss = || {
         let mut all = ALL.lock().unwrap_or_else(PoisonError::into_inner);
         let all = all.get_or_insert_with(HashMap::new);
         let full = match all.get(&(operation, name.into())) {
@@ -337,13 +338,9 @@ fn run_name(operation: &'static str, name: &str) -> Option<&'static str> {
             }
             None => return None,
         };
-        let mut recent = recent.borrow_mut();
-        if recent.len() == RECENT_NAMES {
-            recent.remove(0);
-        }
-        recent.push((operation, full));
-        Some(full)
-    })
+        Some((operation, full))
+    };
+    recently(&NAMES, hit, miss).map(|(_, full)| full)
 }
 
 /// How many run span names [`run_name`] keeps.
@@ -489,18 +486,8 @@ impl CallSpan {
         })
     }
 
-    /// A child span of the call, started now.
+    /// A child span of the call, started at `start`.
     fn child(
-        &self,
-        name: Cow<'static, str>,
-        kind: SpanKind,
-        shared: Option<&'static SharedAttributes>,
-        attributes: Vec<Attribute>,
-    ) -> ChildSpan<'_> {
-        self.child_from(name, kind, shared, attributes, SystemTime::now())
-    }
-
-    fn child_from(
         &self,
         name: Cow<'static, str>,
         kind: SpanKind,
@@ -531,7 +518,7 @@ impl CallSpan {
 
     /// The `admit` span, from `started`: the signature, the tenant's policy and limits.
     pub(crate) fn admit(&self, started: SystemTime) -> ChildSpan<'_> {
-        self.child_from(Cow::Borrowed("admit"), SpanKind::Internal, None, Vec::new(), started)
+        self.child(Cow::Borrowed("admit"), SpanKind::Internal, None, Vec::new(), started)
     }
 
     /// The span of the tool's run: `tools/call <name>` (CLIENT, by the MCP conventions) toward
@@ -573,7 +560,7 @@ impl CallSpan {
                 (name, SpanKind::Internal, vec![operation, attr("gen_ai.tool.name", tool)])
             }
         };
-        self.child(name, kind, None, attributes)
+        self.child(name, kind, None, attributes, SystemTime::now())
     }
 
     /// The `settle` span: the commit of the answer, the marks and the ack.
@@ -583,6 +570,7 @@ impl CallSpan {
             SpanKind::Client,
             Some(self.names.settle_attributes),
             Vec::new(),
+            SystemTime::now(),
         )
     }
 
@@ -778,6 +766,17 @@ mod tests {
         assert_eq!(other, "tools/call echo");
         // A name that only shares the operation's length is not mistaken for another.
         assert_eq!(run_strings("execute_tool", "ecko").0, "execute_tool ecko");
+    }
+
+    #[test]
+    fn a_value_pushed_out_of_the_threads_recent_ones_is_still_the_one_interned() {
+        let first = fixed("recent-0");
+        for n in 1..=RECENT {
+            fixed(&format!("recent-{n}"));
+        }
+        // `recent-0` left the thread's list; the process's table still gives the same strings.
+        assert!(std::ptr::eq(first, fixed("recent-0")));
+        assert_eq!((first.process, first.settle), ("process recent-0", "settle recent-0"));
     }
 
     #[test]
