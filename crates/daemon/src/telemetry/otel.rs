@@ -6,23 +6,28 @@
 //! a locked span per span, its sampler, its processor chain, its `SpanData`) cost more than the
 //! rest of an echo call (docs/PERFORMANCE.md, "Telemetry").
 //!
-//! Over OTLP/HTTP (`http/protobuf`) toolhost also encodes the request itself ([`super::otlp`]:
-//! one buffer per batch, the resource and the scope written once) and posts it with the
-//! daemon's reqwest client, one attempt bounded by the export timeout, with the configured
-//! headers. Over gRPC the spans of a batch are turned into the SDK's `SpanData` by the export
-//! task and sent by the `opentelemetry-otlp` tonic exporter: that path is kept for its
-//! connection handling, and costs the conversion the HTTP path saves.
+//! Over OTLP/HTTP (`http/protobuf`) toolhost also encodes the request itself ([`super::otlp`])
+//! and posts it with the daemon's reqwest client, one attempt bounded by the export timeout,
+//! with the configured headers. A span is encoded when it is offered, by the thread that ended
+//! it, straight into the body of the batch being filled: the span is freed where it was made, and
+//! the export thread only writes a full batch's head and posts it. Over gRPC the queue keeps the
+//! spans, and the export task turns a batch into the SDK's `SpanData` for the
+//! `opentelemetry-otlp` tonic exporter: that path is kept for its connection handling, and costs
+//! the conversion the HTTP path saves.
 //!
 //! A span that ends is offered to the queue and never waited for: when the queue is full (the
 //! collector is slow or down) it is dropped and counted
-//! (`toolhost_telemetry_spans_dropped_total{reason="queue_full"}`). One task, on a thread of its
-//! own (`toolhost-otlp`, with its own runtime), takes spans from the queue in batches (`max_export_batch_size`, or what came within
-//! `schedule_delay_ms`) and exports them, one export at a time, each bounded by the export
-//! timeout; a batch the collector does not take is dropped and counted
-//! (`reason="export_failed"`), never retried, so an outage costs memory of one queue at most.
+//! (`toolhost_telemetry_spans_dropped_total{reason="queue_full"}`); a call's spans are offered
+//! together, so they are queued or dropped together. The queue holds batches: full ones
+//! (`max_export_batch_size` spans) and the one being filled. One task, on a thread of its own
+//! (`toolhost-otlp`, with its own runtime), is woken when a batch is full and exports the full
+//! ones; every `schedule_delay_ms` (and when the pipeline stops) it exports the one being filled
+//! too. Exports run one at a time, each bounded by the export timeout; a batch the collector does
+//! not take is dropped and counted (`reason="export_failed"`), never retried, so an outage costs
+//! memory of one queue at most.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use metrics::Counter;
@@ -34,12 +39,12 @@ use opentelemetry_otlp::{
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::trace::{SpanData, SpanEvents, SpanExporter as _, SpanLinks};
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
-use super::otlp::Encoder;
+use super::otlp::{Body, Encoder};
 use super::settings::{Export, Protocol, Settings};
 use super::spans::{Attribute, Span, Status, Value};
 
@@ -65,11 +70,10 @@ impl std::fmt::Debug for ExportCounters {
 
 /// Where finished spans go: the export queue, offered to and never waited on.
 pub(crate) struct SpanQueue {
-    /// One message per call (its spans) or door span; the bound is kept by `waiting`.
-    queue: mpsc::UnboundedSender<Vec<Span>>,
+    held: Mutex<Held>,
+    /// Encodes offered spans for OTLP/HTTP; `None` over gRPC, where they are kept as they are.
+    encoder: Option<Arc<Encoder>>,
     dropped: Counter,
-    /// Spans in the queue; the export task is woken when they make a full batch.
-    waiting: AtomicUsize,
     /// `max_queue_size`, in spans.
     capacity: usize,
     /// `max_export_batch_size`.
@@ -78,37 +82,113 @@ pub(crate) struct SpanQueue {
     full: Notify,
 }
 
+/// What the queue holds.
+#[derive(Default)]
+struct Held {
+    /// Batches of `max_export_batch_size` spans, oldest first.
+    full: VecDeque<Batch>,
+    /// The batch being filled.
+    filling: Option<Batch>,
+    /// Spans held, in every batch.
+    spans: usize,
+    /// The size of the last full batch's body: a new one is made that large.
+    body_size: usize,
+    /// The pipeline stopped: spans are refused.
+    closed: bool,
+}
+
+/// The spans of one export.
+#[derive(Debug)]
+pub(crate) enum Batch {
+    /// Encoded as they were offered (OTLP/HTTP).
+    Encoded(Body),
+    /// As they are, for the gRPC exporter.
+    Spans(Vec<Span>),
+}
+
+impl Batch {
+    fn len(&self) -> usize {
+        match self {
+            Batch::Encoded(body) => body.spans(),
+            Batch::Spans(spans) => spans.len(),
+        }
+    }
+}
+
 impl SpanQueue {
+    /// An empty queue of `export`'s bounds, encoding what it takes with `encoder` when given.
+    fn new(export: &Export, encoder: Option<Arc<Encoder>>, dropped: Counter) -> SpanQueue {
+        SpanQueue {
+            held: Mutex::new(Held::default()),
+            encoder,
+            dropped,
+            capacity: export.max_queue_size,
+            batch: export.max_export_batch_size.max(1),
+            full: Notify::new(),
+        }
+    }
+
     /// Offers finished spans (a call's, together); when the queue has no room for them all (or
     /// the pipeline stopped) they are dropped, and counted while the pipeline runs.
     pub(crate) fn offer(&self, spans: Vec<Span>) {
         let count = spans.len();
-        let before = self.waiting.fetch_add(count, Ordering::Relaxed);
-        if before + count > self.capacity {
-            self.waiting.fetch_sub(count, Ordering::Relaxed);
+        let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+        if held.closed {
+            return;
+        }
+        if held.spans + count > self.capacity {
+            drop(held);
             self.dropped.increment(count as u64);
             return;
         }
-        match self.queue.send(spans) {
-            Ok(()) => {
-                if before < self.batch && before + count >= self.batch {
-                    self.full.notify_one();
+        held.spans += count;
+        let mut filled = false;
+        for span in spans {
+            let body_size = held.body_size;
+            let filling = held.filling.get_or_insert_with(|| match &self.encoder {
+                Some(encoder) => Batch::Encoded(encoder.body(body_size)),
+                None => Batch::Spans(Vec::with_capacity(self.batch)),
+            });
+            match filling {
+                Batch::Encoded(body) => body.push(&span),
+                Batch::Spans(spans) => spans.push(span),
+            }
+            if filling.len() >= self.batch {
+                if let Batch::Encoded(body) = filling {
+                    held.body_size = body.size();
                 }
+                let batch = held.filling.take().expect("a batch is being filled");
+                held.full.push_back(batch);
+                filled = true;
             }
-            Err(_) => {
-                self.waiting.fetch_sub(count, Ordering::Relaxed);
-            }
+        }
+        drop(held);
+        if filled {
+            self.full.notify_one();
         }
     }
 
-    /// Spans in the queue.
-    fn waiting(&self) -> usize {
-        self.waiting.load(Ordering::Relaxed)
+    /// The oldest full batch, or with `partial` the one being filled when none is full.
+    fn take(&self, partial: bool) -> Option<Batch> {
+        let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+        let batch = match held.full.pop_front() {
+            Some(batch) => batch,
+            None if partial => held.filling.take()?,
+            None => return None,
+        };
+        held.spans -= batch.len();
+        Some(batch)
     }
 
-    /// The export task took `count` spans off the queue.
-    fn taken(&self, count: usize) {
-        self.waiting.fetch_sub(count, Ordering::Relaxed);
+    /// Refuses spans from now on.
+    fn close(&self) {
+        self.held.lock().unwrap_or_else(PoisonError::into_inner).closed = true;
+    }
+
+    /// Spans in the queue.
+    #[cfg(test)]
+    fn waiting(&self) -> usize {
+        self.held.lock().unwrap_or_else(PoisonError::into_inner).spans
     }
 }
 
@@ -137,22 +217,14 @@ impl Pipeline {
         let Some(export) = &settings.export else { return Ok(None) };
         let resource = Resource::builder().with_service_name(settings.service_name.clone()).build();
         let exporter = SpanExport::new(export, &resource)?;
-        let (queue, receiver) = mpsc::unbounded_channel();
         let stop = CancellationToken::new();
-        let spans = Arc::new(SpanQueue {
-            queue,
-            dropped: counters.dropped_queue_full.clone(),
-            waiting: AtomicUsize::new(0),
-            capacity: export.max_queue_size,
-            batch: export.max_export_batch_size,
-            full: Notify::new(),
-        });
+        let spans = Arc::new(SpanQueue::new(export, exporter.encoder(), counters.dropped_queue_full.clone()));
         // The export (encoding, the HTTP post) runs on a thread of its own with its own
         // runtime, as the metrics endpoint does: the calls' worker threads only hand spans over.
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         let (done, exported) = tokio::sync::oneshot::channel();
         let export_loop =
-            export_loop(receiver, spans.clone(), exporter, export.clone(), counters.clone(), stop.clone());
+            export_loop(spans.clone(), exporter, export.clone(), counters.clone(), stop.clone());
         std::thread::Builder::new().name("toolhost-otlp".to_owned()).spawn(move || {
             runtime.block_on(export_loop);
             let _ = done.send(());
@@ -178,7 +250,7 @@ enum SpanExport {
         client: reqwest::Client,
         endpoint: reqwest::Url,
         headers: reqwest::header::HeaderMap,
-        encoder: Encoder,
+        encoder: Arc<Encoder>,
     },
     /// OTLP/gRPC: the SDK's tonic exporter, given the SDK's `SpanData`.
     Grpc { exporter: opentelemetry_otlp::SpanExporter, scope: InstrumentationScope },
@@ -201,7 +273,7 @@ impl SpanExport {
                     client,
                     endpoint,
                     headers: http_headers(&export.headers)?,
-                    encoder: Encoder::new(&resource_attributes(resource), SCOPE),
+                    encoder: Arc::new(Encoder::new(&resource_attributes(resource), SCOPE)),
                 })
             }
             Protocol::Grpc => {
@@ -220,12 +292,19 @@ impl SpanExport {
         }
     }
 
-    /// Exports one batch; the error says why the collector did not take it.
-    async fn export(&mut self, batch: &mut Vec<Span>, timeout: Duration) -> Result<(), String> {
+    /// The encoder the queue encodes spans with: OTLP/HTTP's.
+    fn encoder(&self) -> Option<Arc<Encoder>> {
         match self {
-            SpanExport::Http { client, endpoint, headers, encoder } => {
-                let body = encoder.take(batch);
-                batch.clear();
+            SpanExport::Http { encoder, .. } => Some(encoder.clone()),
+            SpanExport::Grpc { .. } => None,
+        }
+    }
+
+    /// Exports one batch; the error says why the collector did not take it.
+    async fn export(&mut self, batch: Batch, timeout: Duration) -> Result<(), String> {
+        match (self, batch) {
+            (SpanExport::Http { client, endpoint, headers, encoder }, Batch::Encoded(body)) => {
+                let body = encoder.finish(body);
                 let response = client
                     .post(endpoint.clone())
                     .headers(headers.clone())
@@ -240,10 +319,11 @@ impl SpanExport {
                 let _ = response.bytes().await;
                 if status.is_success() { Ok(()) } else { Err(format!("the collector answered {status}")) }
             }
-            SpanExport::Grpc { exporter, scope } => {
-                let spans = batch.drain(..).map(|span| span_data(span, scope)).collect();
+            (SpanExport::Grpc { exporter, scope }, Batch::Spans(spans)) => {
+                let spans = spans.into_iter().map(|span| span_data(span, scope)).collect();
                 exporter.export(spans).await.map_err(|err| err.to_string())
             }
+            (_, batch) => Err(format!("a batch of {} spans held for the other protocol", batch.len())),
         }
     }
 }
@@ -372,11 +452,11 @@ pub(crate) fn span_data(span: Span, scope: &InstrumentationScope) -> SpanData {
     }
 }
 
-/// Takes spans off the queue in batches and exports them, until `stop` closes the queue and it
-/// is empty. It wakes when a batch is full, every `schedule_delay` or when stopped, never for a
-/// single span: a span offered costs its sender no wake-up of this task.
+/// Exports the queue's batches, until `stop` closes the queue and it is empty. It wakes when a
+/// batch is full, and exports the full ones; every `schedule_delay`, and when stopped, it exports
+/// the one being filled too. It is never woken for a single span: a span offered costs its
+/// sender no wake-up of this task.
 async fn export_loop(
-    mut spans: mpsc::UnboundedReceiver<Vec<Span>>,
     queue: Arc<SpanQueue>,
     mut exporter: SpanExport,
     export: Export,
@@ -384,47 +464,19 @@ async fn export_loop(
     stop: CancellationToken,
 ) {
     let mut failing = false;
-    let mut batch = Vec::new();
-    // Spans taken off the queue that did not fit in the last batch: the next one starts with them.
-    let mut carried: Vec<Span> = Vec::new();
     loop {
-        let stopping = tokio::select! {
+        let (stopping, partial) = tokio::select! {
             biased;
-            () = stop.cancelled() => true,
-            () = queue.full.notified() => false,
-            () = tokio::time::sleep(export.schedule_delay) => false,
+            () = stop.cancelled() => (true, true),
+            () = queue.full.notified() => (false, false),
+            () = tokio::time::sleep(export.schedule_delay) => (false, true),
         };
         if stopping {
-            // Later spans are refused; what the queue holds is still taken.
-            spans.close();
+            // Later spans are refused; what the queue holds is still exported.
+            queue.close();
         }
-        loop {
-            batch.clear();
-            let size = export.max_export_batch_size;
-            batch.reserve(size.min(queue.waiting()));
-            let from_carried = carried.len().min(size);
-            batch.extend(carried.drain(..from_carried));
-            while batch.len() < size {
-                match spans.try_recv() {
-                    Ok(mut more) => {
-                        let room = size - batch.len();
-                        if more.len() > room {
-                            carried.extend(more.drain(room..));
-                        }
-                        batch.append(&mut more);
-                    }
-                    Err(_) => break,
-                }
-            }
-            queue.taken(batch.len());
-            if batch.is_empty() {
-                break;
-            }
-            let full = batch.len() == export.max_export_batch_size;
-            export_batch(&mut exporter, &mut batch, &export, &counters, &mut failing).await;
-            if !full {
-                break;
-            }
+        while let Some(batch) = queue.take(partial) {
+            export_batch(&mut exporter, batch, &export, &counters, &mut failing).await;
         }
         if stopping {
             break;
@@ -436,7 +488,7 @@ async fn export_loop(
 /// outage.
 async fn export_batch(
     exporter: &mut SpanExport,
-    batch: &mut Vec<Span>,
+    batch: Batch,
     export: &Export,
     counters: &ExportCounters,
     failing: &mut bool,
@@ -679,11 +731,7 @@ mod tests {
     use prost::Message as _;
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
-    use std::sync::atomic::AtomicUsize;
-
-    use tokio::sync::Notify;
-
-    use super::{ExportCounters, SpanExport, SpanQueue, export_loop};
+    use super::{Batch, ExportCounters, SpanExport, SpanQueue, export_loop};
     use crate::telemetry::settings::{Export, Protocol};
     use crate::telemetry::spans::{Span, Status, attr};
 
@@ -763,9 +811,10 @@ mod tests {
         let resource = opentelemetry_sdk::Resource::builder().with_service_name("toolhost-test").build();
         let mut exporter = SpanExport::new(&export_to(endpoint), &resource).unwrap();
         let collector = tokio::spawn(collect_one(listener, "200 OK"));
-        let mut batch = vec![one_span(), one_span()];
-        exporter.export(&mut batch, Duration::from_secs(5)).await.unwrap();
-        assert!(batch.is_empty(), "the batch is taken");
+        let mut body = exporter.encoder().unwrap().body(0);
+        body.push(&one_span());
+        body.push(&one_span());
+        exporter.export(Batch::Encoded(body), Duration::from_secs(5)).await.unwrap();
         let (head, body) = collector.await.unwrap();
         assert!(head.starts_with("post /v1/traces http/1.1\r\n"), "{head}");
         assert!(head.contains("\r\ncontent-type: application/x-protobuf\r\n"), "{head}");
@@ -790,23 +839,15 @@ mod tests {
         export.schedule_delay = Duration::from_secs(60);
         let resource = opentelemetry_sdk::Resource::builder().build();
         let exporter = SpanExport::new(&export, &resource).unwrap();
-        let (sender, receiver) = tokio::sync::mpsc::unbounded_channel();
-        let queue = std::sync::Arc::new(SpanQueue {
-            queue: sender,
-            dropped: metrics::Counter::noop(),
-            waiting: AtomicUsize::new(0),
-            capacity: export.max_queue_size,
-            batch: export.max_export_batch_size,
-            full: Notify::new(),
-        });
+        let queue =
+            std::sync::Arc::new(SpanQueue::new(&export, exporter.encoder(), metrics::Counter::noop()));
         let counters = ExportCounters {
             exported: metrics::Counter::noop(),
             dropped_queue_full: metrics::Counter::noop(),
             dropped_export_failed: metrics::Counter::noop(),
         };
         let stop = tokio_util::sync::CancellationToken::new();
-        let task =
-            tokio::spawn(export_loop(receiver, queue.clone(), exporter, export, counters, stop.clone()));
+        let task = tokio::spawn(export_loop(queue.clone(), exporter, export, counters, stop.clone()));
         let span = |id: u8| Span { span_id: [id; 8], ..one_span() };
         // More than the queue holds is refused whole: none of a call's spans is queued.
         queue.offer((10..17).map(span).collect());
@@ -835,8 +876,9 @@ mod tests {
         let resource = opentelemetry_sdk::Resource::builder().build();
         let mut exporter = SpanExport::new(&export_to(endpoint), &resource).unwrap();
         let collector = tokio::spawn(collect_one(listener, "503 Service Unavailable"));
-        let mut batch = vec![one_span()];
-        let err = exporter.export(&mut batch, Duration::from_secs(5)).await.unwrap_err();
+        let mut body = exporter.encoder().unwrap().body(0);
+        body.push(&one_span());
+        let err = exporter.export(Batch::Encoded(body), Duration::from_secs(5)).await.unwrap_err();
         assert!(err.contains("503"), "{err}");
         collector.await.unwrap();
     }

@@ -3,9 +3,11 @@
 //!
 //! The SDK's exporter turns each span into the generated protobuf structs (an owned `String`
 //! or `Vec` per name, id, key and value) and then encodes those; here each field is written as
-//! it is, once the lengths of the messages that hold it are known. A batch is one
-//! `ResourceSpans` with one `ScopeSpans`: the resource and the scope are encoded once, when the
-//! pipeline starts, and copied into every batch. The field numbers and wire types are those of
+//! it is, once the lengths of the messages that hold it are known. A span is encoded when it is
+//! offered to the export queue, by the thread that ended it, into the [`Body`] of the batch being
+//! filled; the export thread writes only the request's head in front of a full batch. A batch is
+//! one `ResourceSpans` with one `ScopeSpans`: the resource and the scope are encoded once, when
+//! the pipeline starts, and copied into every batch's head. The field numbers and wire types are those of
 //! `opentelemetry/proto/trace/v1/trace.proto` and `common/v1/common.proto`; the unit tests decode
 //! what is written here with the `opentelemetry-proto` crate's generated types and compare it
 //! with what the SDK's own conversion makes of the same span.
@@ -26,11 +28,42 @@ pub(crate) struct Encoder {
     resource: Vec<u8>,
     /// `ScopeSpans.scope` (field 1), tag and length included.
     scope: Vec<u8>,
-    /// The request being encoded; its capacity is kept from batch to batch.
-    buffer: Vec<u8>,
-    /// Each span's encoded length, computed before the messages that hold it are written.
-    lengths: Vec<usize>,
 }
+
+/// The spans of one export request, encoded as they were offered (each a `ScopeSpans.spans`
+/// field) after room for the request's head, which [`Encoder::finish`] writes in front of them
+/// when the batch is sent: a span is encoded once, by the thread that ended it, and the body
+/// goes to the HTTP client without a copy.
+#[derive(Debug)]
+pub(crate) struct Body {
+    bytes: Vec<u8>,
+    /// Where the spans start: the room left for the head.
+    room: usize,
+    spans: usize,
+}
+
+impl Body {
+    /// Appends `span`.
+    pub(crate) fn push(&mut self, span_item: &Span) {
+        // ScopeSpans.spans = 2
+        header(2, span_len(span_item), &mut self.bytes);
+        span(span_item, &mut self.bytes);
+        self.spans += 1;
+    }
+
+    /// How many spans it holds.
+    pub(crate) fn spans(&self) -> usize {
+        self.spans
+    }
+
+    /// Its size in bytes, the room for the head included.
+    pub(crate) fn size(&self) -> usize {
+        self.bytes.len()
+    }
+}
+
+/// The most bytes a length's varint takes.
+const MAX_VARINT_LEN: usize = 10;
 
 impl Encoder {
     /// An encoder for spans of `resource` (its attributes) and of the scope named `scope`.
@@ -41,8 +74,7 @@ impl Encoder {
         }
         let mut scope_message = Vec::new();
         string(1, scope, &mut scope_message);
-        let mut encoder =
-            Encoder { resource: Vec::new(), scope: Vec::new(), buffer: Vec::new(), lengths: Vec::new() };
+        let mut encoder = Encoder { resource: Vec::new(), scope: Vec::new() };
         message(1, resource_message.len(), &mut encoder.resource, |buf| {
             buf.extend_from_slice(&resource_message);
         });
@@ -50,35 +82,47 @@ impl Encoder {
         encoder
     }
 
-    /// The `ExportTraceServiceRequest` of `spans`, valid until the next call.
-    pub(crate) fn encode(&mut self, spans: &[Span]) -> &[u8] {
-        self.lengths.clear();
-        self.lengths.extend(spans.iter().map(span_len));
-        let scope_spans_len =
-            self.scope.len() + self.lengths.iter().map(|&len| field_len(2, len)).sum::<usize>();
-        let resource_spans_len = self.resource.len() + field_len(2, scope_spans_len);
-        self.buffer.clear();
-        self.buffer.reserve(field_len(1, resource_spans_len));
-        let buf = &mut self.buffer;
-        // ExportTraceServiceRequest.resource_spans = 1
-        header(1, resource_spans_len, buf);
-        buf.extend_from_slice(&self.resource);
-        // ResourceSpans.scope_spans = 2
-        header(2, scope_spans_len, buf);
-        buf.extend_from_slice(&self.scope);
-        for (span_item, &len) in spans.iter().zip(&self.lengths) {
-            // ScopeSpans.spans = 2
-            header(2, len, buf);
-            span(span_item, buf);
-        }
-        &self.buffer
+    /// The most the head of a request can take: the resource and the scope, and the tags and
+    /// lengths of the two messages that hold them.
+    fn head_room(&self) -> usize {
+        self.resource.len() + self.scope.len() + 2 * (key_len(2) + MAX_VARINT_LEN)
     }
 
-    /// The `ExportTraceServiceRequest` of `spans`, owned: the body of one export, handed over
-    /// without a copy; the next batch is written into a new buffer of the same capacity.
-    pub(crate) fn take(&mut self, spans: &[Span]) -> Vec<u8> {
-        let capacity = self.encode(spans).len();
-        std::mem::replace(&mut self.buffer, Vec::with_capacity(capacity))
+    /// An empty body, with room for `capacity` bytes (a previous batch's size) so that filling
+    /// it does not grow it.
+    pub(crate) fn body(&self, capacity: usize) -> Body {
+        let room = self.head_room();
+        let mut bytes = Vec::with_capacity(capacity.max(room));
+        bytes.resize(room, 0);
+        Body { bytes, room, spans: 0 }
+    }
+
+    /// The `ExportTraceServiceRequest` of `body`'s spans: the head written in the room left for
+    /// it, the spans where they are.
+    pub(crate) fn finish(&self, body: Body) -> bytes::Bytes {
+        let Body { mut bytes, room, .. } = body;
+        let scope_spans_len = self.scope.len() + (bytes.len() - room);
+        let resource_spans_len = self.resource.len() + field_len(2, scope_spans_len);
+        let mut head = Vec::with_capacity(room);
+        // ExportTraceServiceRequest.resource_spans = 1
+        header(1, resource_spans_len, &mut head);
+        head.extend_from_slice(&self.resource);
+        // ResourceSpans.scope_spans = 2
+        header(2, scope_spans_len, &mut head);
+        head.extend_from_slice(&self.scope);
+        let start = room - head.len();
+        bytes[start..room].copy_from_slice(&head);
+        bytes::Bytes::from(bytes).slice(start..)
+    }
+
+    /// The `ExportTraceServiceRequest` of `spans`.
+    #[cfg(test)]
+    pub(crate) fn encode(&self, spans: &[Span]) -> bytes::Bytes {
+        let mut body = self.body(0);
+        for span_item in spans {
+            body.push(span_item);
+        }
+        self.finish(body)
     }
 }
 
@@ -522,7 +566,7 @@ mod tests {
     #[test]
     fn the_request_is_the_bytes_the_sdks_exporter_would_send() {
         let resource = resource();
-        let mut encoder = Encoder::new(&resource_attributes(&resource), "toolhost");
+        let encoder = Encoder::new(&resource_attributes(&resource), "toolhost");
         let ours = encoder.encode(&spans()).to_vec();
         let sdk = sdk_request(spans(), &resource);
         assert_eq!(ExportTraceServiceRequest::decode(ours.as_slice()).unwrap(), sdk);
@@ -532,7 +576,7 @@ mod tests {
     #[test]
     fn every_field_decodes_as_written() {
         let resource = resource();
-        let mut encoder = Encoder::new(&resource_attributes(&resource), "toolhost");
+        let encoder = Encoder::new(&resource_attributes(&resource), "toolhost");
         let request = ExportTraceServiceRequest::decode(encoder.encode(&spans())).unwrap();
         assert_eq!(request.resource_spans.len(), 1);
         let resource_spans = &request.resource_spans[0];
@@ -623,17 +667,25 @@ mod tests {
     }
 
     #[test]
-    fn the_buffer_is_reused_and_a_batch_holds_only_its_own_spans() {
+    fn a_body_filled_a_span_at_a_time_is_one_request_of_only_its_own_spans() {
         let resource = resource();
-        let mut encoder = Encoder::new(&resource_attributes(&resource), "toolhost");
+        let encoder = Encoder::new(&resource_attributes(&resource), "toolhost");
         let all = spans();
-        let first = encoder.encode(&all).to_vec();
-        let capacity = encoder.buffer.capacity();
+        let whole = encoder.encode(&all);
         let one = ExportTraceServiceRequest::decode(encoder.encode(&all[1..2])).unwrap();
         assert_eq!(one, sdk_request(all[1..2].to_vec(), &resource));
-        assert_eq!(encoder.buffer.capacity(), capacity, "the smaller batch reused the buffer");
-        assert_eq!(encoder.encode(&all), first.as_slice());
-        assert_eq!(encoder.take(&all), first, "an owned body is the same bytes");
-        assert_eq!(encoder.encode(&all), first.as_slice(), "and the encoder goes on after it");
+        // Filled as the queue fills it: a span at a time, the next body sized by the last.
+        let mut first = encoder.body(0);
+        for span in &all {
+            first.push(span);
+        }
+        let mut body = encoder.body(first.size());
+        let capacity = body.bytes.capacity();
+        for span in &all {
+            body.push(span);
+        }
+        assert_eq!((body.spans(), body.bytes.capacity()), (all.len(), capacity), "no growth");
+        assert_eq!(encoder.finish(first), whole, "the same bytes as the batch encoded at once");
+        assert_eq!(encoder.finish(body), whole);
     }
 }
