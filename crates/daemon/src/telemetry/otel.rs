@@ -253,7 +253,7 @@ enum SpanExport {
         encoder: Arc<Encoder>,
     },
     /// OTLP/gRPC: the SDK's tonic exporter, given the SDK's `SpanData`.
-    Grpc { exporter: opentelemetry_otlp::SpanExporter, scope: InstrumentationScope },
+    Grpc { exporter: Box<opentelemetry_otlp::SpanExporter>, scope: InstrumentationScope },
 }
 
 impl SpanExport {
@@ -287,7 +287,10 @@ impl SpanExport {
                     .with_metadata(metadata)
                     .build()?;
                 opentelemetry_sdk::trace::SpanExporter::set_resource(&mut exporter, resource);
-                Ok(SpanExport::Grpc { exporter, scope: InstrumentationScope::builder(SCOPE).build() })
+                Ok(SpanExport::Grpc {
+                    exporter: Box::new(exporter),
+                    scope: InstrumentationScope::builder(SCOPE).build(),
+                })
             }
         }
     }
