@@ -210,9 +210,12 @@ impl Redirect {
     }
 }
 
+/// A slot range of the map: first slot, last slot, and its master's host and port when announced.
+type SlotRange = (u16, u16, Option<(String, u16)>);
+
 /// The masters' slot ranges of a `CLUSTER SLOTS` reply (`[[start, end, [host, port, id, ...],
-/// replicas...], ...]`), each with its master's address when announced.
-fn slot_ranges(reply: Value) -> Result<Vec<(u16, u16, Option<(String, u16)>)>, Error> {
+/// replicas...], ...]`).
+fn slot_ranges(reply: Value) -> Result<Vec<SlotRange>, Error> {
     let bad = || Error::Protocol("malformed CLUSTER SLOTS reply".to_owned());
     let Value::Array(ranges) = reply else { return Err(bad()) };
     let mut res = Vec::with_capacity(ranges.len());
