@@ -214,6 +214,20 @@ impl Connector {
         node_url(url, nodes, host, port)
     }
 
+    /// On a cluster, the seed nodes' hosts and ports (port 6379 where a seed names none); empty
+    /// on other topologies.
+    pub(crate) fn cluster_seeds(&self) -> Vec<(String, u16)> {
+        let Kind::Cluster { nodes, .. } = &self.kind else { return Vec::new() };
+        nodes
+            .iter()
+            .filter_map(|node| {
+                let node = redis::parse_redis_url(node)?;
+                let host = node.host_str()?.trim_start_matches('[').trim_end_matches(']').to_owned();
+                Some((host, node.port().unwrap_or(6379)))
+            })
+            .collect()
+    }
+
     /// On a cluster, whether connecting fails for a TLS reason no retry mends, found by
     /// connecting once more at once: the lazily connected cluster connection reports only that it
     /// has no connection, and logs the cause. `None` elsewhere (one server and Sentinel report the
@@ -415,5 +429,13 @@ mod tests {
         assert_eq!(node_url(url, &nodes, "::1", 7002).unwrap(), "redis://other:pw@[::1]:7002");
         let target = node_url("redis://h", &seeds("redis://h", &["h:1"]), "10.0.0.2", 7003).unwrap();
         assert_eq!(target, "redis://10.0.0.2:7003");
+        let connector = Connector::new(
+            "redis://app:s3cret@seed:6379/0",
+            &Topology::Cluster { nodes: vec!["10.0.0.1:7000".to_owned(), "seed-b".to_owned()] },
+            &Tls::default(),
+            Duration::from_millis(100),
+        )
+        .unwrap();
+        assert_eq!(connector.cluster_seeds(), [("10.0.0.1".to_owned(), 7000), ("seed-b".to_owned(), 6379)]);
     }
 }

@@ -301,7 +301,12 @@ impl RedisBus {
         let slot = crate::slots::slot(topic.as_bytes());
         let mut tried = false;
         loop {
-            let Some(map) = reads.map(&self.connector, &self.commands).await? else { return Ok(None) };
+            let Some(map) = reads
+                .map(&self.connector, self.options.connect_timeout, self.options.response_timeout)
+                .await?
+            else {
+                return Ok(None);
+            };
             let Some(raw) = map.reads_of(slot) else { return Ok(None) };
             let err = match self.raw_read_group(raw, topic, group, consumer, count, block).await {
                 Ok(entries) => return Ok(Some(entries)),

@@ -1,8 +1,10 @@
 //! Group reads on a Redis Cluster without the read script: the streaming reader (`raw_read`)
 //! connected to the master that owns each stream's slot.
 //!
-//! [`ClusterReads`] keeps a map of slot ranges to masters, learnt with `CLUSTER SLOTS` through the
-//! bus's cluster connection, and per master a [`RawReads`]: its target (the node's address with
+//! [`ClusterReads`] keeps a map of slot ranges to masters, learnt with `CLUSTER SLOTS` on a
+//! connection of its own (to a master it knows, else to a seed node; not through redis-rs's
+//! cluster connection, whose own slot refreshes it must not wait behind), and per master a
+//! [`RawReads`]: its target (the node's address with
 //! the scheme, credentials and TLS of the seed nodes, `Connector::cluster_node_url`; a TLS
 //! connection checks the name the cluster announces) and its idle connections. A read goes to
 //! the master of its stream's slot as the map says; when the map is wrong the read finds out:
@@ -21,19 +23,18 @@
 //!   that delivered nothing (a redirection) or when none was sent (no connection), so no entry
 //!   is delivered twice and none is skipped.
 //!
-//! A node whose address the cluster does not announce (`?`, or an empty host meaning "the node
-//! you asked", which the shared cluster connection does not say) has its slots read through the
-//! script, as does every read when the cluster refuses `CLUSTER SLOTS` (a proxy, an ACL without
+//! A node whose address the cluster does not know (`?`) has its slots read through the script, as
+//! does every read when the cluster refuses `CLUSTER SLOTS` (a proxy, an ACL without
 //! `cluster|slots`).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use redis::Value;
 use tracing::warn;
 
 use super::{Idle, RawReads};
-use crate::connection::{Connection, Connector};
+use crate::connection::Connector;
 use crate::raw_read::RawTarget;
 use crate::{Error, Tls};
 
@@ -90,15 +91,17 @@ impl ClusterReads {
         }
     }
 
-    /// The current map, learnt from the cluster first when there is none; `None` when the
-    /// cluster refuses to say (reads then go through the script).
+    /// The current map, learnt from the cluster first when there is none (each connection made
+    /// within `connect_timeout`, each answer awaited `response_timeout`); `None` when the cluster
+    /// refuses to say (reads then go through the script).
     ///
     /// # Errors
-    /// `CLUSTER SLOTS` failed for a passing reason, or a node's target cannot be made.
+    /// No node answered `CLUSTER SLOTS` (the last one's error), or a node's target cannot be made.
     pub(super) async fn map(
         &self,
         connector: &Connector,
-        connection: &Connection,
+        connect_timeout: Duration,
+        response_timeout: Duration,
     ) -> Result<Option<Arc<SlotMap>>, Error> {
         if self.refused.load(Ordering::Relaxed) {
             return Ok(None);
@@ -111,22 +114,37 @@ impl ClusterReads {
         if let Some(map) = self.current() {
             return Ok(Some(map));
         }
-        let reply = match redis::cmd("CLUSTER")
-            .arg("SLOTS")
-            .query_async::<Value>(&mut connection.clone())
-            .await
-        {
-            Ok(reply) => reply,
-            Err(err) => match Error::from(err) {
-                Error::Refused(cause) => {
+        // The masters of the last map first (the current ones, most likely), then the seeds.
+        let mut askable: Vec<RawTarget> =
+            self.lock().nodes.iter().map(|(_, reads)| reads.target.clone()).collect();
+        for (host, port) in connector.cluster_seeds() {
+            if let Some(url) = connector.cluster_node_url(&host, port)
+                && let Some(target) = RawTarget::of(&url, &self.tls)?
+            {
+                askable.push(target);
+            }
+        }
+        let mut last_err = Error::Protocol("no cluster node to ask for its slots".to_owned());
+        let mut learnt = None;
+        for target in &askable {
+            let asked = async {
+                let mut reader = target.connect(connect_timeout).await?;
+                reader.cluster_slots(target.host(), response_timeout).await
+            };
+            match asked.await {
+                Ok(ranges) => {
+                    learnt = Some(ranges);
+                    break;
+                }
+                Err(Error::Refused(cause)) => {
                     warn!(error = %cause, "the cluster refuses CLUSTER SLOTS; group reads go through the read script");
                     self.refused.store(true, Ordering::Relaxed);
                     return Ok(None);
                 }
-                err => return Err(err),
-            },
-        };
-        let ranges = slot_ranges(reply)?;
+                Err(err) => last_err = err,
+            }
+        }
+        let Some(ranges) = learnt else { return Err(last_err) };
         let mut state = self.lock();
         let mut nodes: Vec<(String, Arc<RawReads>)> = Vec::new();
         let mut map = SlotMap { ranges: Vec::with_capacity(ranges.len()) };
@@ -210,65 +228,10 @@ impl Redirect {
     }
 }
 
-/// A slot range of the map: first slot, last slot, and its master's host and port when announced.
-type SlotRange = (u16, u16, Option<(String, u16)>);
-
-/// The masters' slot ranges of a `CLUSTER SLOTS` reply (`[[start, end, [host, port, id, ...],
-/// replicas...], ...]`).
-fn slot_ranges(reply: Value) -> Result<Vec<SlotRange>, Error> {
-    let bad = || Error::Protocol("malformed CLUSTER SLOTS reply".to_owned());
-    let Value::Array(ranges) = reply else { return Err(bad()) };
-    let mut res = Vec::with_capacity(ranges.len());
-    for range in ranges {
-        let Value::Array(parts) = range else { return Err(bad()) };
-        let mut parts = parts.into_iter();
-        let (Some(Value::Int(first)), Some(Value::Int(last)), Some(Value::Array(master))) =
-            (parts.next(), parts.next(), parts.next())
-        else {
-            return Err(bad());
-        };
-        let first = u16::try_from(first).map_err(|_| bad())?;
-        let last = u16::try_from(last).map_err(|_| bad())?;
-        let mut master = master.into_iter();
-        let host = match master.next() {
-            Some(Value::BulkString(host)) => String::from_utf8(host).map_err(|_| bad())?,
-            Some(Value::Nil) => String::new(),
-            _ => return Err(bad()),
-        };
-        let Some(Value::Int(port)) = master.next() else { return Err(bad()) };
-        let port = u16::try_from(port).map_err(|_| bad())?;
-        let announced = !host.is_empty() && host != "?";
-        res.push((first, last, announced.then_some((host, port))));
-    }
-    Ok(res)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::Cause;
-
-    fn node(host: &str, port: i64) -> Value {
-        Value::Array(vec![Value::BulkString(host.as_bytes().to_vec()), Value::Int(port), Value::Nil])
-    }
-
-    fn range(first: i64, last: i64, host: &str, port: i64) -> Value {
-        Value::Array(vec![Value::Int(first), Value::Int(last), node(host, port), node(host, port + 100)])
-    }
-
-    #[test]
-    fn slots_map_to_their_masters_and_unannounced_ones_to_none() {
-        let reply = Value::Array(vec![
-            range(10923, 16383, "10.0.0.3", 7002),
-            range(0, 5460, "10.0.0.1", 7000),
-            range(5461, 10922, "?", 7001),
-        ]);
-        let ranges = slot_ranges(reply).unwrap();
-        assert_eq!(ranges[0], (10923, 16383, Some(("10.0.0.3".to_owned(), 7002))));
-        assert_eq!(ranges[2], (5461, 10922, None));
-        assert!(slot_ranges(Value::Array(vec![Value::Int(1)])).is_err());
-        assert!(slot_ranges(Value::Nil).is_err());
-    }
 
     #[test]
     fn a_slot_is_found_in_its_range_only() {
