@@ -204,6 +204,30 @@ impl Connector {
         }
     }
 
+    /// On a cluster, how to reach a node the cluster names (`CLUSTER SLOTS`): the URL of `host`
+    /// and `port` with the scheme (TLS or not, `#insecure` included), credentials and database the
+    /// cluster client uses for every node, which are those of the first seed node, or of the
+    /// configured URL for seed nodes that carry none. `None` on other topologies, and for a node
+    /// that cannot be written as a URL.
+    pub(crate) fn cluster_node_url(&self, host: &str, port: u16) -> Option<String> {
+        let Kind::Cluster { nodes, url, .. } = &self.kind else { return None };
+        node_url(url, nodes, host, port)
+    }
+
+    /// On a cluster, the seed nodes' hosts and ports (port 6379 where a seed names none); empty
+    /// on other topologies.
+    pub(crate) fn cluster_seeds(&self) -> Vec<(String, u16)> {
+        let Kind::Cluster { nodes, .. } = &self.kind else { return Vec::new() };
+        nodes
+            .iter()
+            .filter_map(|node| {
+                let node = redis::parse_redis_url(node)?;
+                let host = node.host_str()?.trim_start_matches('[').trim_end_matches(']').to_owned();
+                Some((host, node.port().unwrap_or(6379)))
+            })
+            .collect()
+    }
+
     /// On a cluster, whether connecting fails for a TLS reason no retry mends, found by
     /// connecting once more at once: the lazily connected cluster connection reports only that it
     /// has no connection, and logs the cause. `None` elsewhere (one server and Sentinel report the
@@ -307,6 +331,37 @@ fn cluster_client(
     with_credentials(builder, url, nodes)?.build().map_err(Error::from)
 }
 
+/// The URL of a node at `host:port` of the cluster of seed `nodes` (as [`cluster_nodes`] wrote
+/// them) configured with `url`, connecting as the cluster client does: with the first seed's
+/// scheme and fragment, and with `url`'s credentials when no seed carries its own (see
+/// [`with_credentials`]), else the first seed's. A cluster has only database 0, so no path.
+fn node_url(url: &str, nodes: &[String], host: &str, port: u16) -> Option<String> {
+    let mut node = redis::parse_redis_url(nodes.first()?)?;
+    if !matches!(node.scheme(), "redis" | "rediss" | "valkey" | "valkeys") {
+        return None;
+    }
+    let own = nodes.iter().any(|node| {
+        redis::parse_redis_url(node)
+            .is_some_and(|node| !node.username().is_empty() || node.password().is_some())
+    });
+    if !own
+        && url.contains('@')
+        && let Some(base) = redis::parse_redis_url(url)
+    {
+        node.set_username(base.username()).ok()?;
+        node.set_password(base.password()).ok()?;
+    }
+    // An IPv6 address is written in brackets in a URL.
+    let host = match host.contains(':') && !host.starts_with('[') {
+        true => format!("[{host}]"),
+        false => host.to_owned(),
+    };
+    node.set_host(Some(&host)).ok()?;
+    node.set_port(Some(port)).ok()?;
+    node.set_path("");
+    Some(node.to_string())
+}
+
 /// Credentials from `url` for nodes that carry none of their own.
 fn with_credentials(
     builder: ClusterClientBuilder,
@@ -353,5 +408,34 @@ mod tests {
             Duration::from_millis(100),
         );
         assert!(connector.is_ok());
+    }
+
+    #[test]
+    fn announced_nodes_connect_as_the_seed_nodes_do() {
+        let seeds = |url: &str, nodes: &[&str]| {
+            cluster_nodes(url, &nodes.iter().map(|node| (*node).to_owned()).collect::<Vec<_>>()).unwrap()
+        };
+        let url = "rediss://app:s3cret@seed:6379/0";
+        let nodes = seeds(url, &["10.0.0.1:7000"]);
+        assert_eq!(node_url(url, &nodes, "10.0.0.9", 7005).unwrap(), "rediss://app:s3cret@10.0.0.9:7005");
+        // Seeds written as URLs without credentials take the URL's, as the cluster client does.
+        let nodes = seeds(url, &["redis://10.0.0.1:7000/#insecure"]);
+        assert_eq!(
+            node_url(url, &nodes, "node-b.internal", 7001).unwrap(),
+            "redis://app:s3cret@node-b.internal:7001#insecure"
+        );
+        // A seed with credentials of its own gives them to every node.
+        let nodes = seeds(url, &["redis://other:pw@10.0.0.1:7000"]);
+        assert_eq!(node_url(url, &nodes, "::1", 7002).unwrap(), "redis://other:pw@[::1]:7002");
+        let target = node_url("redis://h", &seeds("redis://h", &["h:1"]), "10.0.0.2", 7003).unwrap();
+        assert_eq!(target, "redis://10.0.0.2:7003");
+        let connector = Connector::new(
+            "redis://app:s3cret@seed:6379/0",
+            &Topology::Cluster { nodes: vec!["10.0.0.1:7000".to_owned(), "seed-b".to_owned()] },
+            &Tls::default(),
+            Duration::from_millis(100),
+        )
+        .unwrap();
+        assert_eq!(connector.cluster_seeds(), [("10.0.0.1".to_owned(), 7000), ("seed-b".to_owned(), 6379)]);
     }
 }

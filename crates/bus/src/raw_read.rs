@@ -34,6 +34,10 @@ const MAX_LINE: usize = 64 * 1024;
 /// Most array items allocated for up front, whatever length the header claims.
 const MAX_PREALLOCATED: usize = 1024;
 
+/// A master's slots in a `CLUSTER SLOTS` reply: first slot, last slot, and its host and port
+/// (`None` when the cluster does not know its address, `?`).
+pub(crate) type SlotRange = (u16, u16, Option<(String, u16)>);
+
 /// Where and how the reader's connections are made.
 #[derive(Debug, Clone)]
 pub(crate) struct RawTarget {
@@ -97,6 +101,14 @@ impl RawTarget {
             password: settings.password().map(str::to_owned),
             db: settings.db(),
         }))
+    }
+
+    /// The host this target connects to (empty for a Unix socket).
+    pub(crate) fn host(&self) -> &str {
+        match &self.addr {
+            Addr::Tcp(host, _) | Addr::Tls { host, .. } => host,
+            Addr::Unix(_) => "",
+        }
     }
 
     /// A new connection, authenticated and on the URL's database, within `timeout`.
@@ -215,6 +227,33 @@ impl RawReader {
             reply => entries(reply, limit)
                 .ok_or_else(|| ReadError::Broken(Error::Protocol("malformed XREADGROUP reply".to_owned()))),
         }
+    }
+
+    /// The masters' slot ranges, as this node sees them (`CLUSTER SLOTS`), within `timeout`; a
+    /// master announced without a host (empty or nil: "the node you asked") gets `host`, this
+    /// connection's.
+    ///
+    /// # Errors
+    /// The node refused the command ([`Error::Refused`] when it never will: not a cluster, no
+    /// permission), the connection failed, or the reply is not one.
+    pub(crate) async fn cluster_slots(
+        &mut self,
+        host: &str,
+        timeout: Duration,
+    ) -> Result<Vec<SlotRange>, Error> {
+        let exchange = async {
+            self.send(&[b"CLUSTER", b"SLOTS"]).await?;
+            self.reply(MAX_LINE).await
+        };
+        let reply = match tokio::time::timeout(timeout, exchange).await {
+            Ok(Ok(Reply::Error(message))) => return Err(Error::from_cause(Cause::parse(&message))),
+            Ok(Ok(reply)) => reply,
+            Ok(Err(err)) => return Err(io_failure("CLUSTER SLOTS", &err)),
+            Err(_elapsed) => {
+                return Err(Error::Unavailable(Cause::other("CLUSTER SLOTS: no answer in time")));
+            }
+        };
+        slot_ranges(reply, host).ok_or_else(|| Error::Protocol("malformed CLUSTER SLOTS reply".to_owned()))
     }
 
     /// Sends a command that must answer `+OK`.
@@ -381,6 +420,36 @@ fn bad(what: &str) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, format!("protocol error: {what}"))
 }
 
+/// The masters' ranges of a `CLUSTER SLOTS` reply (`[[first, last, [host, port, id, ...],
+/// replicas...], ...]`), an empty or nil host read as `host`. `None` when the shape is wrong.
+fn slot_ranges(reply: Reply, host: &str) -> Option<Vec<SlotRange>> {
+    let Reply::Array(ranges) = reply else { return None };
+    let mut res = Vec::with_capacity(ranges.len());
+    for range in ranges {
+        let Reply::Array(parts) = range else { return None };
+        let mut parts = parts.into_iter();
+        let (Some(Reply::Int(first)), Some(Reply::Int(last)), Some(Reply::Array(master))) =
+            (parts.next(), parts.next(), parts.next())
+        else {
+            return None;
+        };
+        let mut master = master.into_iter();
+        let announced = match master.next()? {
+            Reply::Bulk(announced) => String::from_utf8(announced).ok()?,
+            Reply::Nil => String::new(),
+            _ => return None,
+        };
+        let Some(Reply::Int(port)) = master.next() else { return None };
+        let address = match announced.as_str() {
+            "?" => None,
+            "" => Some((host.to_owned(), u16::try_from(port).ok()?)),
+            _ => Some((announced, u16::try_from(port).ok()?)),
+        };
+        res.push((u16::try_from(first).ok()?, u16::try_from(last).ok()?, address));
+    }
+    Some(res)
+}
+
 /// The entries of an `XREADGROUP` reply (`nil` when the read timed out): `[[stream, [[id,
 /// [field, value, ...]], ...]]]`. `None` when the shape is wrong.
 fn entries(reply: Reply, limit: usize) -> Option<Vec<Entry>> {
@@ -533,6 +602,36 @@ mod tests {
             assert!(entries[2].defect.is_some());
             assert_eq!(entries[1].entry_id, "1-2");
         }
+    }
+
+    #[tokio::test]
+    async fn cluster_slots_name_each_masters_range_and_address() {
+        let node = |host: &[u8], port: i64| {
+            let mut out = b"*3\r\n".to_vec();
+            out.extend(bulk(host));
+            out.extend(format!(":{port}\r\n").into_bytes());
+            out.extend(bulk(b"id"));
+            out
+        };
+        let mut bytes = b"*3\r\n".to_vec();
+        for (first, last, host, port) in
+            [(0, 5460, "10.0.0.1", 7000), (5461, 10922, "", 7001), (10923, 16383, "?", 7002)]
+        {
+            bytes.extend(format!("*4\r\n:{first}\r\n:{last}\r\n").into_bytes());
+            bytes.extend(node(host.as_bytes(), port));
+            bytes.extend(node(b"10.0.0.9", port + 100));
+        }
+        let reply = reader(&bytes, 7).reply(MAX_LINE).await.unwrap();
+        assert_eq!(
+            slot_ranges(reply, "seed").unwrap(),
+            [
+                (0, 5460, Some(("10.0.0.1".to_owned(), 7000))),
+                (5461, 10922, Some(("seed".to_owned(), 7001))),
+                (10923, 16383, None),
+            ]
+        );
+        assert!(slot_ranges(Reply::Array(vec![Reply::Int(1)]), "seed").is_none());
+        assert!(slot_ranges(Reply::Nil, "seed").is_none());
     }
 
     #[tokio::test]

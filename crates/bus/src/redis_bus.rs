@@ -8,10 +8,13 @@
 //! [`RedisOptions::max_field_bytes`] is ever held whole. On a single server reached over TCP
 //! (plain or TLS) or a Unix socket, a group read is one plain `XREADGROUP ... COUNT n BLOCK` on a connection
 //! of the bus's own (`raw_read`) that keeps the first [`DEFECT_HEAD_BYTES`] of a long value and
-//! its size and SHA-1 as the bytes stream past. Elsewhere (Sentinel, Cluster) new entries
-//! are read by a script (`scripts/read_group.lua`) that cuts the same way on the server; only
-//! when that finds nothing does the reader block, and then for one entry (`XREADGROUP COUNT 1
-//! BLOCK`), so at most one raw entry of any size is in memory from a read. Reclaims cut on the
+//! its size and SHA-1 as the bytes stream past. On a Redis Cluster the same reader connects to
+//! the master that owns the stream's slot (`cluster_reads`, which learns the slots and follows
+//! `MOVED` and failovers). Elsewhere (Sentinel, a cluster's `ASK` during a migration, or
+//! [`RedisOptions::script_reads`]) new entries are read by a script (`scripts/read_group.lua`)
+//! that cuts the same way on the server; only when that finds nothing does the reader block, and
+//! then for one entry (`XREADGROUP COUNT 1 BLOCK`), so at most one raw entry of any size is in
+//! memory from a read. Reclaims cut on the
 //! server (`scripts/reclaim.lua`). Every entry is decoded on its own: a field that is not UTF-8
 //! or over the limit becomes the entry's [`toolhost_envelope::EntryDefect`] and never fails the
 //! rest of the reply.
@@ -37,6 +40,7 @@ use crate::raw_read::{self, RawReader, RawTarget, ReadError};
 use crate::{Directory, Error, Groups, Ledger, Server, Streams};
 
 mod cluster;
+mod cluster_reads;
 
 /// How to reach Redis and how to write to it.
 #[derive(Debug, Clone)]
@@ -59,8 +63,9 @@ pub struct RedisOptions {
     pub max_field_bytes: usize,
     /// Group reads go through the read script, which cuts large values on the server, even
     /// where a connection of the bus's own could cut them as they arrive (a single server over
-    /// TCP, plain or TLS, or a Unix socket). Off by default; the script path is what Sentinel and
-    /// Cluster use, and tests set this to check it on a single server.
+    /// TCP, plain or TLS, or a Unix socket, and a cluster's masters). Off by default; the script
+    /// path is what Sentinel uses, and tests set this to check it on a single server and on a
+    /// cluster.
     pub script_reads: bool,
     /// The CA to trust and the client certificate for `rediss://` (the URL, cluster nodes,
     /// sentinels and the master they name, and the streaming group reader); empty: the Mozilla
@@ -136,9 +141,12 @@ pub struct RedisBus {
     /// Idle connections for blocking reads.
     blocking: Idle<Connection>,
     /// Group reads that cut large values as they arrive (`raw_read`), on a single server reached
-    /// over TCP (plain or TLS) or a Unix socket; `None` elsewhere (Sentinel, Cluster), where group
-    /// reads go through the read script.
+    /// over TCP (plain or TLS) or a Unix socket; `None` elsewhere.
     raw: Option<RawReads>,
+    /// The same reads on a cluster, each on a connection to the master of its stream's slot;
+    /// `None` elsewhere. Where neither is set (Sentinel, [`RedisOptions::script_reads`]), group
+    /// reads go through the read script.
+    cluster_raw: Option<cluster_reads::ClusterReads>,
     scripts: Scripts,
     /// The ledger steps every call takes, batched across concurrent calls (started on first use,
     /// inside the runtime).
@@ -215,6 +223,8 @@ impl RedisBus {
                 .map(|target| RawReads { target, idle: Idle::new(options.idle_blocking) }),
             false => None,
         };
+        let cluster_raw = (options.topology.is_cluster() && !options.script_reads)
+            .then(|| cluster_reads::ClusterReads::new(options.tls.clone(), options.idle_blocking));
         let idle_blocking = options.idle_blocking;
         Ok(RedisBus {
             cluster: options.topology.is_cluster(),
@@ -224,6 +234,7 @@ impl RedisBus {
             records,
             blocking: Idle::new(idle_blocking),
             raw,
+            cluster_raw,
             scripts: Scripts {
                 read_group: Script::new(concat!(
                     include_str!("scripts/cut_fields.lua"),
@@ -254,10 +265,10 @@ impl RedisBus {
         consumer: &str,
         count: usize,
         block: Duration,
-    ) -> Result<Vec<Entry>, Error> {
+    ) -> Result<Vec<Entry>, RawFailure> {
         let mut reader = match raw.idle.take() {
             Some(reader) => reader,
-            None => raw.target.connect(self.options.connect_timeout).await?,
+            None => raw.target.connect(self.options.connect_timeout).await.map_err(RawFailure::Connect)?,
         };
         let limit = self.options.max_field_bytes;
         let read = reader.read_group(topic, group, consumer, count, block, limit);
@@ -268,10 +279,58 @@ impl RedisBus {
             }
             Ok(Err(ReadError::Reply(err))) => {
                 raw.idle.give_back(reader);
-                Err(err)
+                Err(RawFailure::Reply(err))
             }
-            Ok(Err(ReadError::Broken(err))) => Err(err),
-            Err(_elapsed) => Err(stalled(block)),
+            Ok(Err(ReadError::Broken(err))) => Err(RawFailure::Broken(err)),
+            Err(_elapsed) => Err(RawFailure::Broken(stalled(block))),
+        }
+    }
+
+    /// A group read on a cluster through the raw reader of the master serving `topic`'s slot (see
+    /// `cluster_reads`); `None` when this read must go through the script instead (the master is
+    /// not known, the slot is migrating, the cluster does not say where slots are).
+    async fn cluster_raw_read_group(
+        &self,
+        reads: &cluster_reads::ClusterReads,
+        topic: &str,
+        group: &str,
+        consumer: &str,
+        count: usize,
+        block: Duration,
+    ) -> Result<Option<Vec<Entry>>, Error> {
+        let slot = crate::slots::slot(topic.as_bytes());
+        let mut tried = false;
+        loop {
+            let Some(map) = reads
+                .map(&self.connector, self.options.connect_timeout, self.options.response_timeout)
+                .await?
+            else {
+                return Ok(None);
+            };
+            let Some(raw) = map.reads_of(slot) else { return Ok(None) };
+            let err = match self.raw_read_group(raw, topic, group, consumer, count, block).await {
+                Ok(entries) => return Ok(Some(entries)),
+                Err(RawFailure::Reply(err)) => match cluster_reads::Redirect::of(&err) {
+                    cluster_reads::Redirect::Ask => return Ok(None),
+                    cluster_reads::Redirect::None => return Err(err),
+                    // The node refused the read, so nothing was delivered: read again where the
+                    // map now says.
+                    cluster_reads::Redirect::Moved => err,
+                },
+                // Nothing was sent: the node may be gone.
+                Err(RawFailure::Connect(err)) => err,
+                // Whatever the read delivered stays pending for the reclaimer, as on one server;
+                // reading again now could only deliver other entries, but the node is suspect.
+                Err(RawFailure::Broken(err)) => {
+                    reads.forget(&map);
+                    raw.idle.clear();
+                    return Err(err);
+                }
+            };
+            reads.forget(&map);
+            if std::mem::replace(&mut tried, true) {
+                return Err(err);
+            }
         }
     }
 
@@ -298,6 +357,25 @@ impl RedisBus {
     }
 }
 
+/// How a raw group read failed.
+enum RawFailure {
+    /// No connection could be made: nothing was sent.
+    Connect(Error),
+    /// Redis answered with an error: nothing was delivered, and the connection is kept.
+    Reply(Error),
+    /// The connection broke or stalled during the read and was dropped: entries the read
+    /// delivered, if any, are pending in the group until the reclaimer hands them out again.
+    Broken(Error),
+}
+
+impl From<RawFailure> for Error {
+    fn from(failure: RawFailure) -> Error {
+        match failure {
+            RawFailure::Connect(err) | RawFailure::Reply(err) | RawFailure::Broken(err) => err,
+        }
+    }
+}
+
 /// The error of a blocking read of `block` that did not come back within its margin.
 fn stalled(block: Duration) -> Error {
     Error::Protocol(format!("blocking read did not return within {} ms", (block + BLOCK_MARGIN).as_millis()))
@@ -315,6 +393,11 @@ impl<T> Idle<T> {
     fn take(&self) -> Option<T> {
         // A poisoned lock only means another reader panicked while pushing; the pool is still sound.
         self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).pop()
+    }
+
+    /// Drops every idle connection (their server is suspect).
+    fn clear(&self) {
+        self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clear();
     }
 
     fn give_back(&self, connection: T) {
@@ -432,7 +515,13 @@ impl Groups for RedisBus {
         block: Duration,
     ) -> Result<Vec<Entry>, Error> {
         if let Some(raw) = &self.raw {
-            return self.raw_read_group(raw, topic, group, consumer, count, block).await;
+            return Ok(self.raw_read_group(raw, topic, group, consumer, count, block).await?);
+        }
+        if let Some(reads) = &self.cluster_raw
+            && let Some(entries) =
+                self.cluster_raw_read_group(reads, topic, group, consumer, count, block).await?
+        {
+            return Ok(entries);
         }
         let limit = self.options.max_field_bytes;
         // New entries without blocking, their large values cut on the server.

@@ -53,6 +53,49 @@ impl Server {
         panic!("the cluster of one on port {} did not become ok", server.port);
     }
 
+    /// A Redis Cluster of two masters without replicas, the first holding slots 0 to 8191 and
+    /// the second the rest, so that a slot can be moved from one to the other.
+    pub fn cluster_of_two() -> (Server, Server) {
+        let first = Server::start(&["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"]);
+        let second = Server::start(&["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"]);
+        for (server, (start, end)) in [(&first, (0, 8191)), (&second, (8192, 16383))] {
+            let () = redis::cmd("CLUSTER")
+                .arg("ADDSLOTSRANGE")
+                .arg(start)
+                .arg(end)
+                .query(&mut server.connection())
+                .unwrap();
+        }
+        let () = redis::cmd("CLUSTER")
+            .arg("MEET")
+            .arg("127.0.0.1")
+            .arg(second.port)
+            .query(&mut first.connection())
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            let ready = [&first, &second].iter().all(|server| {
+                let info = server.cluster_info();
+                info.contains("cluster_state:ok") && info.contains("cluster_known_nodes:2")
+            });
+            if ready {
+                return (first, second);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("the cluster of two on ports {} and {} did not become ok", first.port, second.port);
+    }
+
+    /// The node's cluster id (`CLUSTER MYID`).
+    pub fn cluster_id(&self) -> String {
+        redis::cmd("CLUSTER").arg("MYID").query(&mut self.connection()).unwrap()
+    }
+
+    /// The port the server listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
     fn cluster_info(&self) -> String {
         redis::cmd("CLUSTER").arg("INFO").query(&mut self.connection()).unwrap()
     }

@@ -12,3 +12,7 @@ mod replica_acks;
 /// `[dispatch] ledger_format`: refusals folded into the answered mark (format 2), and the roll
 /// from format 1, on one server and on a cluster.
 mod ledger_format;
+
+/// Group reads on a cluster through the streaming reader, connected to each stream's master,
+/// across a slot that moves.
+mod cluster_reads;
