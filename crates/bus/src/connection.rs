@@ -340,12 +340,7 @@ fn node_url(url: &str, nodes: &[String], host: &str, port: u16) -> Option<String
     if !matches!(node.scheme(), "redis" | "rediss" | "valkey" | "valkeys") {
         return None;
     }
-    let own = nodes.iter().any(|node| {
-        redis::parse_redis_url(node)
-            .is_some_and(|node| !node.username().is_empty() || node.password().is_some())
-    });
-    if !own
-        && url.contains('@')
+    if takes_url_credentials(url, nodes)
         && let Some(base) = redis::parse_redis_url(url)
     {
         node.set_username(base.username()).ok()?;
@@ -362,17 +357,23 @@ fn node_url(url: &str, nodes: &[String], host: &str, port: u16) -> Option<String
     Some(node.to_string())
 }
 
+/// Whether a cluster's nodes connect with `url`'s credentials: it has some, and no seed node
+/// carries its own.
+fn takes_url_credentials(url: &str, nodes: &[String]) -> bool {
+    let own = nodes.iter().any(|node| {
+        redis::parse_redis_url(node)
+            .is_some_and(|node| !node.username().is_empty() || node.password().is_some())
+    });
+    !own && url.contains('@')
+}
+
 /// Credentials from `url` for nodes that carry none of their own.
 fn with_credentials(
     builder: ClusterClientBuilder,
     url: &str,
     nodes: &[String],
 ) -> Result<ClusterClientBuilder, Error> {
-    let own = nodes.iter().any(|node| {
-        redis::parse_redis_url(node)
-            .is_some_and(|node| !node.username().is_empty() || node.password().is_some())
-    });
-    if own || !url.contains('@') {
+    if !takes_url_credentials(url, nodes) {
         return Ok(builder);
     }
     let Ok(info) = url.into_connection_info() else { return Ok(builder) };

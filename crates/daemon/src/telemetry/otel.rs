@@ -872,6 +872,28 @@ mod tests {
         assert_eq!(queue.waiting(), 0);
     }
 
+    #[test]
+    fn a_full_batch_is_taken_before_the_one_filling_which_waits_for_the_schedule() {
+        let export = Export { max_queue_size: 8, max_export_batch_size: 3, ..export_to(String::new()) };
+        let queue = SpanQueue::new(&export, None, metrics::Counter::noop());
+        let span = |id: u8| Span { span_id: [id; 8], ..one_span() };
+        let ids = |batch: Option<Batch>| -> Vec<u8> {
+            match batch {
+                Some(Batch::Spans(spans)) => spans.iter().map(|span| span.span_id[0]).collect(),
+                other => panic!("a batch of spans: {other:?}"),
+            }
+        };
+        queue.offer((1..=4).map(span).collect());
+        // A wake for a full batch takes the full one only; the one filling stays.
+        assert_eq!(ids(queue.take(false)), [1, 2, 3]);
+        assert!(queue.take(false).is_none());
+        assert_eq!(queue.waiting(), 1);
+        // The schedule (or the stop) takes it too.
+        assert_eq!(ids(queue.take(true)), [4]);
+        assert!(queue.take(true).is_none());
+        assert_eq!(queue.waiting(), 0);
+    }
+
     #[tokio::test]
     async fn a_refused_batch_is_an_error_that_names_the_status() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
