@@ -1,6 +1,7 @@
 //! A master and its replica watched by three `redis-server --sentinel` processes, for the
 //! Sentinel suite: everything on free loopback ports, each sentinel with its own configuration
-//! file in a directory of its own (a sentinel rewrites its file as it learns the topology).
+//! file and log in a directory of its own (a sentinel rewrites its file as it learns the
+//! topology).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -9,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::{RedisProcess, free_port, temp_dir};
+use crate::{LOG_LEVEL, RedisProcess, free_port, read_log, tail, temp_dir};
 
 /// The name the sentinels monitor the master under.
 pub const MASTER_NAME: &str = "mymaster";
@@ -24,7 +25,8 @@ pub struct SentinelProcess {
 
 impl SentinelProcess {
     /// Starts a sentinel watching the master on `master_port` (quorum 2, down after 1 s,
-    /// failover timeout 3 s) and waits until it answers `PING`.
+    /// failover timeout 3 s), logging to `sentinel.log` in its directory, and waits until it
+    /// answers `PING`.
     pub fn start(master_port: u16) -> SentinelProcess {
         let port = free_port();
         let dir = temp_dir("sentinel");
@@ -32,12 +34,14 @@ impl SentinelProcess {
         std::fs::write(
             &conf,
             format!(
-                "port {port}\nbind 127.0.0.1\ndir {dir}\nsentinel resolve-hostnames no\n\
+                "port {port}\nbind 127.0.0.1\ndir {dir}\nlogfile {log}\nloglevel {LOG_LEVEL}\n\
+                 sentinel resolve-hostnames no\n\
                  sentinel monitor {MASTER_NAME} 127.0.0.1 {master_port} 2\n\
                  sentinel down-after-milliseconds {MASTER_NAME} 1000\n\
                  sentinel failover-timeout {MASTER_NAME} 3000\n\
                  sentinel parallel-syncs {MASTER_NAME} 1\n",
-                dir = dir.display()
+                dir = dir.display(),
+                log = dir.join("sentinel.log").display(),
             ),
         )
         .expect("write sentinel.conf");
@@ -66,6 +70,58 @@ impl SentinelProcess {
             crate::signal(child.id(), libc::SIGSTOP);
             self.stopped = true;
         }
+    }
+
+    /// The last `lines` lines of its log.
+    pub fn log_tail(&self, lines: usize) -> String {
+        tail(&read_log(&self.dir.join("sentinel.log"), 0), lines)
+    }
+
+    /// What it says now, for a failure's message: the master it names, that master's flags and
+    /// the replicas it knows with their flags; then the last `lines` lines of its log.
+    pub fn describe(&self, lines: usize) -> String {
+        let pid = self.child.as_ref().map_or(0, Child::id);
+        let stopped = if self.stopped { " (stopped)" } else { "" };
+        let mut out = format!("sentinel on port {} (pid {pid}){stopped}:\n", self.port);
+        if let Some(mut connection) = (!self.stopped).then(|| self.try_connection()).flatten() {
+            let master: redis::RedisResult<HashMap<String, String>> =
+                redis::cmd("SENTINEL").arg("MASTER").arg(MASTER_NAME).query(&mut connection);
+            let replicas: redis::RedisResult<Vec<HashMap<String, String>>> =
+                redis::cmd("SENTINEL").arg("REPLICAS").arg(MASTER_NAME).query(&mut connection);
+            let field =
+                |map: &HashMap<String, String>, name: &str| map.get(name).cloned().unwrap_or_default();
+            match master {
+                Ok(master) => out.push_str(&format!(
+                    "  master {}:{} flags={} config-epoch={} failover-state={}\n",
+                    field(&master, "ip"),
+                    field(&master, "port"),
+                    field(&master, "flags"),
+                    field(&master, "config-epoch"),
+                    field(&master, "failover-state"),
+                )),
+                Err(err) => out.push_str(&format!("  SENTINEL MASTER failed: {err}\n")),
+            }
+            match replicas {
+                Ok(replicas) => {
+                    for replica in replicas {
+                        out.push_str(&format!(
+                            "  replica {} flags={} master-link-status={} master={}:{} role-reported={}\n",
+                            field(&replica, "name"),
+                            field(&replica, "flags"),
+                            field(&replica, "master-link-status"),
+                            field(&replica, "master-host"),
+                            field(&replica, "master-port"),
+                            field(&replica, "role-reported"),
+                        ));
+                    }
+                }
+                Err(err) => out.push_str(&format!("  SENTINEL REPLICAS failed: {err}\n")),
+            }
+        } else {
+            out.push_str("  (not asked: stopped or not answering)\n");
+        }
+        out.push_str(&format!("  its log:\n{}", self.log_tail(lines)));
+        out
     }
 
     fn try_connection(&self) -> Option<redis::Connection> {
@@ -163,17 +219,43 @@ impl Watched {
         self.servers.iter().find(|server| server.port() != port).expect("two data servers")
     }
 
+    /// Every sentinel's [`SentinelProcess::describe`], with the last `lines` lines of each log.
+    pub fn describe_sentinels(&self, lines: usize) -> String {
+        self.sentinels.iter().map(|sentinel| sentinel.describe(lines)).collect()
+    }
+
     /// Waits until every live sentinel names the server on `port` as master and that server
-    /// answers `ROLE` as one.
+    /// answers `ROLE` as one; the panic after `timeout` says what the sentinels and both servers
+    /// last reported, with the tails of their logs.
     pub fn wait_for_master(&self, port: u16, timeout: Duration) {
-        poll(&format!("the sentinels to name 127.0.0.1:{port} as master"), timeout, || {
+        let deadline = Instant::now() + timeout;
+        loop {
             let named = self
                 .sentinels
                 .iter()
                 .filter(|sentinel| !sentinel.stopped)
                 .all(|sentinel| sentinel.master_port() == Some(port));
-            (named && role(self.server(port)).as_deref() == Some("master")).then_some(())
-        });
+            if named && role(self.server(port)).as_deref() == Some("master") {
+                return;
+            }
+            if Instant::now() >= deadline {
+                let other = self.other(port);
+                panic!(
+                    "timed out after {timeout:?} waiting for the sentinels to name 127.0.0.1:{port} as \
+                     master.\nThe server on {port} (pid {}) said:\n{}\nits log:\n{}\nThe server on {} \
+                     (pid {}) said:\n{}\nits log:\n{}\n{}",
+                    self.server(port).pid(),
+                    info_replication(self.server(port)),
+                    self.server(port).log_tail(40),
+                    other.port(),
+                    other.pid(),
+                    info_replication(other),
+                    other.log_tail(40),
+                    self.describe_sentinels(40),
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     /// Waits until the master's writes so far are on the replica: a write, then `WAIT 1`.
@@ -188,6 +270,18 @@ impl Watched {
         let acked: i64 = redis::cmd("WAIT").arg(1).arg(10_000).query(&mut connection).expect("WAIT");
         assert_eq!(acked, 1, "the replica did not acknowledge the master's writes");
     }
+}
+
+/// What `server` answers to `INFO replication` (on a connection with timeouts, so that it cannot
+/// hang or panic), or why it did not answer.
+pub fn info_replication(server: &RedisProcess) -> String {
+    let answer = redis::Client::open(server.url())
+        .and_then(|client| client.get_connection_with_timeout(Duration::from_millis(500)))
+        .and_then(|mut connection| {
+            connection.set_read_timeout(Some(Duration::from_secs(2)))?;
+            redis::cmd("INFO").arg("replication").query::<String>(&mut connection)
+        });
+    answer.unwrap_or_else(|err| format!("no INFO answer: {err}"))
 }
 
 /// The role a server reports (`master`, `slave`), if it answers.
