@@ -287,10 +287,15 @@ impl RedisProcess {
         self.spawn();
     }
 
-    /// Starts it again as a replica of `master_port` from its first moment, so that it is never
-    /// an empty master that a sentinel or a client could take for the real one.
+    /// Starts it again, empty, as a replica of `master_port` from its first moment, so that it is
+    /// never an empty master that a sentinel or a client could take for the real one.
+    ///
+    /// Empty: a replica keeps the RDB of its last full resync as `dump.rdb` (`rdb-del-sync-files`
+    /// is off by default, even without persistence), and a server started beside it loads it, so
+    /// it came back with the data of an earlier round and tried a partial resync from it.
     pub fn restart_as_replica_of(&mut self, master_port: u16) {
         self.kill();
+        let _ = std::fs::remove_file(self.dir.join("dump.rdb"));
         let kept = self.args.clone();
         self.args.extend(["--replicaof".to_owned(), "127.0.0.1".to_owned(), master_port.to_string()]);
         self.spawn();

@@ -207,6 +207,9 @@ fn failovers(replica_acks: u32) -> (HashMap<String, usize>, Tally) {
         stop.store(true, Ordering::Relaxed);
         signal(replica_pid, libc::SIGCONT);
         sender.join().unwrap();
+        // Every sentinel has heard the new master, not only named it: before that one may still
+        // start a second failover, which would promote the old master restarted below (the
+        // timeouts CI saw; `sentinel::DOWN_AFTER_MS` has the logs' account).
         watched.wait_for_master(replica_port, Duration::from_secs(60));
 
         // The old master comes back empty, as a replica of the new one (what the sentinels would
@@ -214,9 +217,9 @@ fn failovers(replica_acks: u32) -> (HashMap<String, usize>, Tally) {
         // reconfiguration raced (the resync that never came, a sentinel naming a replica).
         watched.servers[master_idx].restart_as_replica_of(replica_port);
         // A replica in name first, then in sync: a full resync of a loaded machine can outlast the
-        // fence's WAIT below. Should it never get there (seen in CI about 2 runs in 9, the cause not
-        // known yet), the message says what both servers and the sentinels last reported, with the
-        // tails of their logs (the logs go with their directories when the test unwinds).
+        // fence's WAIT below. Should it never get there, the message says what both servers and
+        // the sentinels last reported, with the tails of their logs (the logs go with their
+        // directories when the test unwinds).
         let restarted = Instant::now();
         let synced = restarted + Duration::from_secs(60);
         loop {
