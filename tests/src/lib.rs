@@ -117,12 +117,59 @@ pub fn signal(pid: u32, signal: i32) {
     }
 }
 
-/// A `redis-server` process owned by a test, on a free port in a directory of its own.
+/// The level of the test servers' and sentinels' logs. `notice` has every replication step
+/// (connecting, PSYNC, full resync, BGSAVE for replicas, link lost, `REPLICAOF` with the client
+/// that sent it) and every sentinel event (`+sdown`, `+odown`, `+tilt`, `+switch-master`,
+/// `+convert-to-slave`, ...); `verbose` adds a line per client connection, and the tests' own
+/// polling would push all of that out of a tail.
+pub const LOG_LEVEL: &str = "notice";
+
+/// The last `lines` lines of `text`, each indented, after how many were left out.
+pub fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    let skipped = all.len().saturating_sub(lines);
+    let mut out = if skipped > 0 { format!("    ({skipped} earlier lines)\n") } else { String::new() };
+    for line in &all[skipped..] {
+        out.push_str("    ");
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
+}
+
+/// The first `head` and the last `last` lines of `text`, each indented, with how many were left
+/// out between them.
+pub fn head_and_tail(text: &str, head: usize, last: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    if all.len() <= head + last {
+        return tail(text, all.len());
+    }
+    let mut out = tail(&all[..head].join("\n"), head);
+    out.push_str(&format!("    ... ({} lines) ...\n", all.len() - head - last));
+    out.push_str(&tail(&all[all.len() - last..].join("\n"), last));
+    out
+}
+
+/// The file at `path` from byte `from` on, lossily decoded; a note instead when it cannot be read.
+pub fn read_log(path: &Path, from: u64) -> String {
+    match std::fs::read(path) {
+        Ok(bytes) => {
+            let from = usize::try_from(from).unwrap_or(usize::MAX).min(bytes.len());
+            String::from_utf8_lossy(&bytes[from..]).into_owned()
+        }
+        Err(err) => format!("({} cannot be read: {err})", path.display()),
+    }
+}
+
+/// A `redis-server` process owned by a test, on a free port in a directory of its own, logging
+/// to `redis.log` there (appended to across restarts).
 pub struct RedisProcess {
     port: u16,
     dir: PathBuf,
     args: Vec<String>,
     child: Option<Child>,
+    /// The length of the log when the server was last started: where its current life begins.
+    log_start: u64,
 }
 
 impl RedisProcess {
@@ -139,6 +186,7 @@ impl RedisProcess {
             dir: temp_dir("redis"),
             args: args.iter().map(|arg| (*arg).to_owned()).collect(),
             child: None,
+            log_start: 0,
         };
         for _ in 0..4 {
             server.port = if cluster { free_cluster_port() } else { free_port() };
@@ -157,6 +205,8 @@ impl RedisProcess {
     /// Starts the server and waits until it answers `PING`; false if it exited or never
     /// answered in 10 s.
     fn try_spawn(&mut self) -> bool {
+        let log = self.log_path();
+        self.log_start = std::fs::metadata(&log).map_or(0, |meta| meta.len());
         let child = Command::new("redis-server")
             .args([
                 "--port",
@@ -170,6 +220,9 @@ impl RedisProcess {
             ])
             .arg("--dir")
             .arg(&self.dir)
+            .arg("--logfile")
+            .arg(&log)
+            .args(["--loglevel", LOG_LEVEL])
             .args(&self.args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -200,6 +253,21 @@ impl RedisProcess {
         &self.dir
     }
 
+    /// Its log file, `<dir>/redis.log`.
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.join("redis.log")
+    }
+
+    /// The last `lines` lines of its log, over all its lives.
+    pub fn log_tail(&self, lines: usize) -> String {
+        tail(&read_log(&self.log_path(), 0), lines)
+    }
+
+    /// The first `head` and last `last` lines its log has had since it was last started.
+    pub fn log_since_start(&self, head: usize, last: usize) -> String {
+        head_and_tail(&read_log(&self.log_path(), self.log_start), head, last)
+    }
+
     /// A blocking connection, for set-up and checks.
     pub fn connection(&self) -> redis::Connection {
         redis::Client::open(self.url()).expect("client").get_connection().expect("connect to test redis")
@@ -219,10 +287,15 @@ impl RedisProcess {
         self.spawn();
     }
 
-    /// Starts it again as a replica of `master_port` from its first moment, so that it is never
-    /// an empty master that a sentinel or a client could take for the real one.
+    /// Starts it again, empty, as a replica of `master_port` from its first moment, so that it is
+    /// never an empty master that a sentinel or a client could take for the real one.
+    ///
+    /// Empty: a replica keeps the RDB of its last full resync as `dump.rdb` (`rdb-del-sync-files`
+    /// is off by default, even without persistence), and a server started beside it loads it, so
+    /// it came back with the data of an earlier round and tried a partial resync from it.
     pub fn restart_as_replica_of(&mut self, master_port: u16) {
         self.kill();
+        let _ = std::fs::remove_file(self.dir.join("dump.rdb"));
         let kept = self.args.clone();
         self.args.extend(["--replicaof".to_owned(), "127.0.0.1".to_owned(), master_port.to_string()]);
         self.spawn();

@@ -300,10 +300,13 @@ impl TlsSentinel {
             &conf,
             format!(
                 "port {port}\ntls-port {tls_port}\nbind 127.0.0.1\ndir {dir}\n\
+                 logfile {log}\nloglevel {level}\n\
                  tls-cert-file {cert}\ntls-key-file {key}\ntls-ca-cert-file {ca}\ntls-auth-clients no\n\
                  tls-replication yes\nsentinel resolve-hostnames no\n\
                  sentinel monitor {name} 127.0.0.1 {master_tls_port} 1\n",
                 dir = dir.display(),
+                log = dir.join("sentinel.log").display(),
+                level = crate::LOG_LEVEL,
                 cert = pki.file("server.pem"),
                 key = pki.file("server.key"),
                 ca = pki.file("ca.pem"),

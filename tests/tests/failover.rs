@@ -21,8 +21,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use toolhost_e2e::sentinel::{MASTER_NAME, Watched, answers, master_and_replica, poll, role};
-use toolhost_e2e::{Toolhost, signal, temp_dir, toolhost_bin, user};
+use toolhost_e2e::sentinel::{
+    MASTER_NAME, Watched, answers, info_replication, master_and_replica, poll, role,
+};
+use toolhost_e2e::{Toolhost, signal, tail, temp_dir, toolhost_bin, user};
 
 const REQUESTS: &str = "action-requests";
 const RESULTS: &str = "action-results";
@@ -205,6 +207,9 @@ fn failovers(replica_acks: u32) -> (HashMap<String, usize>, Tally) {
         stop.store(true, Ordering::Relaxed);
         signal(replica_pid, libc::SIGCONT);
         sender.join().unwrap();
+        // Every sentinel has heard the new master, not only named it: before that one may still
+        // start a second failover, which would promote the old master restarted below (the
+        // timeouts CI saw; `sentinel::DOWN_AFTER_MS` has the logs' account).
         watched.wait_for_master(replica_port, Duration::from_secs(60));
 
         // The old master comes back empty, as a replica of the new one (what the sentinels would
@@ -212,28 +217,33 @@ fn failovers(replica_acks: u32) -> (HashMap<String, usize>, Tally) {
         // reconfiguration raced (the resync that never came, a sentinel naming a replica).
         watched.servers[master_idx].restart_as_replica_of(replica_port);
         // A replica in name first, then in sync: a full resync of a loaded machine can outlast the
-        // fence's WAIT below. Should it never get there (seen once in CI, the cause not known yet),
-        // the message says what both servers last reported.
-        let synced = Instant::now() + Duration::from_secs(60);
+        // fence's WAIT below. Should it never get there, the message says what both servers and
+        // the sentinels last reported, with the tails of their logs (the logs go with their
+        // directories when the test unwinds).
+        let restarted = Instant::now();
+        let synced = restarted + Duration::from_secs(60);
         loop {
             let old = &watched.servers[master_idx];
-            let info: Option<String> =
-                redis::cmd("INFO").arg("replication").query(&mut old.connection()).ok();
-            let info = info.unwrap_or_else(|| "no INFO answer".to_owned());
+            let info = info_replication(old);
             if role(old).as_deref() == Some("slave") && info.contains("master_link_status:up") {
                 break;
             }
             if Instant::now() >= synced {
-                let new = redis::Client::open(watched.servers[1 - master_idx].url())
-                    .and_then(|client| client.get_connection())
-                    .and_then(|mut connection| {
-                        redis::cmd("INFO").arg("replication").query::<String>(&mut connection)
-                    });
+                let new = &watched.servers[1 - master_idx];
                 panic!(
-                    "timed out after 60s waiting for the old master (pid {}, port {}) to turn replica of \
-                     {replica_port} and sync; it said:\n{info}\nthe new master said:\n{new:?}",
+                    "round {round}: timed out after {:?} waiting for the old master (pid {}, port {}) to \
+                     turn replica of {replica_port} and sync.\nIt said:\n{info}\nits log since the \
+                     restart:\n{}\nThe new master (pid {}, port {replica_port}) said:\n{}\nits log:\n{}\n\
+                     {}toolhost's log:\n{}",
+                    restarted.elapsed(),
                     old.pid(),
                     old.port(),
+                    old.log_since_start(20, 40),
+                    new.pid(),
+                    info_replication(new),
+                    new.log_tail(40),
+                    watched.describe_sentinels(40),
+                    tail(&toolhost.log(), 20),
                 );
             }
             std::thread::sleep(Duration::from_millis(50));
