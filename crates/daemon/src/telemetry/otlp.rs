@@ -305,8 +305,7 @@ fn span(span: &Span, buf: &mut Vec<u8>) {
         buf.extend_from_slice(&shared.encoded);
     }
     for attribute in &span.attributes {
-        put_key(9, WireType::LengthDelimited, buf);
-        delimited(buf, |buf| key_value(attribute, buf));
+        attribute_field(9, attribute, buf);
     }
     for event_item in &span.events {
         message(11, event_len(event_item), buf, |buf| event(event_item, buf));
@@ -369,6 +368,33 @@ fn link(link: &Link, buf: &mut Vec<u8>) {
 #[inline]
 fn key_value_len(attribute: &Attribute) -> usize {
     string_len(1, &attribute.key) + field_len(2, any_value_len(&attribute.value))
+}
+
+/// A field `tag` holding `attribute` as a `KeyValue`. A text value whose key and value are
+/// short (every length one byte: the common case) is written from its parts after one
+/// reservation, with no lengths computed twice; anything else as a nested message.
+#[inline]
+fn attribute_field(tag: u32, attribute: &Attribute, buf: &mut Vec<u8>) {
+    let text = match &attribute.value {
+        Value::Static(text) => Some(*text),
+        Value::Text(text) => Some(text.as_str()),
+        _ => None,
+    };
+    let key = attribute.key.as_bytes();
+    match text {
+        // KeyValue { key = 1, value = 2: AnyValue { string_value = 1 } }
+        Some(text) if tag < 16 && !key.is_empty() && 2 + key.len() + 4 + text.len() < 0x80 => {
+            let value = text.as_bytes();
+            let any_len = 2 + value.len();
+            let key_value_len = 2 + key.len() + 2 + any_len;
+            buf.reserve(2 + key_value_len);
+            buf.extend_from_slice(&[(tag << 3 | 2) as u8, key_value_len as u8, 0x0a, key.len() as u8]);
+            buf.extend_from_slice(key);
+            buf.extend_from_slice(&[0x12, any_len as u8, 0x0a, value.len() as u8]);
+            buf.extend_from_slice(value);
+        }
+        _ => message(tag, key_value_len(attribute), buf, |buf| key_value(attribute, buf)),
+    }
 }
 
 /// `KeyValue`.
@@ -522,6 +548,12 @@ mod tests {
                 attr("messaging.redis_streams.delivery_count", 2_i64),
                 attr("toolhost.replayed", true),
                 attr("error.type", "timeout"),
+                // Text values at the edges of the one-byte lengths: empty, the longest that
+                // fits them, one past it, and a value whose own length takes two bytes.
+                attr("toolhost.empty", ""),
+                attr("toolhost.edge", "e".repeat(0x7f - 6 - "toolhost.edge".len())),
+                attr("toolhost.past", "p".repeat(0x80 - 6 - "toolhost.past".len())),
+                attr("toolhost.long", "l".repeat(300)),
             ],
             events: vec![Event {
                 name: "answered from the ledger",
@@ -658,8 +690,17 @@ mod tests {
             attribute(&process.attributes, "toolhost.replayed"),
             Some(&any_value::Value::BoolValue(true))
         );
+        // Text at the edges of one-byte lengths decodes whole.
+        for (key, len) in
+            [("toolhost.empty", 0), ("toolhost.edge", 108), ("toolhost.past", 109), ("toolhost.long", 300)]
+        {
+            let Some(any_value::Value::StringValue(value)) = attribute(&process.attributes, key) else {
+                panic!("{key} is text: {process:?}")
+            };
+            assert_eq!(value.len(), len, "{key}");
+        }
         // The shared attributes come first, then the span's own.
-        assert_eq!(process.attributes.len(), 6);
+        assert_eq!(process.attributes.len(), 10);
         assert_eq!(process.attributes[1].key, "messaging.operation.type");
         assert_eq!(attribute(&process.attributes, "messaging.operation.type"), text("process"));
         let [event] = process.events.as_slice() else { panic!("one event: {process:?}") };
