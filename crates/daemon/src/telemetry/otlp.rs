@@ -13,7 +13,7 @@
 //! with what the SDK's own conversion makes of the same span.
 
 use opentelemetry::trace::SpanKind;
-use prost::encoding::{WireType, encode_key, encode_varint, encoded_len_varint, key_len};
+use prost::encoding::{WireType, encode_varint, encoded_len_varint, key_len};
 
 use super::spans::{Attribute, Event, Link, Span, Status, Value};
 
@@ -46,8 +46,8 @@ impl Body {
     /// Appends `span`.
     pub(crate) fn push(&mut self, span_item: &Span) {
         // ScopeSpans.spans = 2
-        header(2, span_len(span_item), &mut self.bytes);
-        span(span_item, &mut self.bytes);
+        put_key(2, WireType::LengthDelimited, &mut self.bytes);
+        delimited(&mut self.bytes, |buf| span(span_item, buf));
         self.spans += 1;
     }
 
@@ -127,17 +127,60 @@ impl Encoder {
 }
 
 /// The length of a length-delimited field of `len` bytes, its tag included.
+#[inline]
 fn field_len(tag: u32, len: usize) -> usize {
     key_len(tag) + encoded_len_varint(len as u64) + len
 }
 
+/// A varint: one byte for the small values (every tag toolhost writes, most lengths) without
+/// a call, else prost's.
+#[inline]
+fn put_varint(value: u64, buf: &mut Vec<u8>) {
+    if value < 0x80 {
+        buf.push(value as u8);
+    } else {
+        encode_varint(value, buf);
+    }
+}
+
+/// A field's key.
+#[inline]
+fn put_key(tag: u32, wire_type: WireType, buf: &mut Vec<u8>) {
+    put_varint(u64::from(tag << 3 | wire_type as u32), buf);
+}
+
 /// The tag and length of a length-delimited field.
+#[inline]
 fn header(tag: u32, len: usize, buf: &mut Vec<u8>) {
-    encode_key(tag, WireType::LengthDelimited, buf);
-    encode_varint(len as u64, buf);
+    put_key(tag, WireType::LengthDelimited, buf);
+    put_varint(len as u64, buf);
+}
+
+/// The length and body of a length-delimited field whose key is written, the body written by
+/// `body` first: two bytes are left for the length and it is written in them once known, as the
+/// shortest varint (as prost writes it), the body moved when that takes one byte or more than
+/// two. A span need not be walked twice, once for its length and once to write it.
+#[inline]
+fn delimited(buf: &mut Vec<u8>, body: impl FnOnce(&mut Vec<u8>)) {
+    let at = buf.len();
+    buf.extend_from_slice(&[0, 0]);
+    body(buf);
+    let len = buf.len() - at - 2;
+    if len < 0x80 {
+        buf[at] = len as u8;
+        buf.remove(at + 1);
+    } else if len < 0x4000 {
+        buf[at] = (len as u8 & 0x7f) | 0x80;
+        buf[at + 1] = (len >> 7) as u8;
+    } else {
+        let mut length = Vec::with_capacity(MAX_VARINT_LEN);
+        encode_varint(len as u64, &mut length);
+        buf.splice(at..at + 2, length);
+    }
 }
 
 /// A nested message of `len` bytes, written by `body`.
+#[inline]
 fn message(tag: u32, len: usize, buf: &mut Vec<u8>, body: impl FnOnce(&mut Vec<u8>)) {
     header(tag, len, buf);
     let start = buf.len();
@@ -146,26 +189,30 @@ fn message(tag: u32, len: usize, buf: &mut Vec<u8>, body: impl FnOnce(&mut Vec<u
 }
 
 /// A `bytes` or `string` field that is always written (a oneof member, an id).
+#[inline]
 fn bytes_always(tag: u32, value: &[u8], buf: &mut Vec<u8>) {
     header(tag, value.len(), buf);
     buf.extend_from_slice(value);
 }
 
 /// A proto3 `string` field: nothing when empty.
+#[inline]
 fn string(tag: u32, value: &str, buf: &mut Vec<u8>) {
     if !value.is_empty() {
         bytes_always(tag, value.as_bytes(), buf);
     }
 }
 
+#[inline]
 fn string_len(tag: u32, value: &str) -> usize {
     if value.is_empty() { 0 } else { field_len(tag, value.len()) }
 }
 
 /// A proto3 `fixed64` field: nothing when zero.
+#[inline]
 fn fixed64(tag: u32, value: u64, buf: &mut Vec<u8>) {
     if value != 0 {
-        encode_key(tag, WireType::SixtyFourBit, buf);
+        put_key(tag, WireType::SixtyFourBit, buf);
         buf.extend_from_slice(&value.to_le_bytes());
     }
 }
@@ -175,9 +222,10 @@ fn fixed64_len(tag: u32, value: u64) -> usize {
 }
 
 /// A proto3 `fixed32` field: nothing when zero.
+#[inline]
 fn fixed32(tag: u32, value: u32, buf: &mut Vec<u8>) {
     if value != 0 {
-        encode_key(tag, WireType::ThirtyTwoBit, buf);
+        put_key(tag, WireType::ThirtyTwoBit, buf);
         buf.extend_from_slice(&value.to_le_bytes());
     }
 }
@@ -187,10 +235,11 @@ fn fixed32_len(tag: u32, value: u32) -> usize {
 }
 
 /// A proto3 `varint` field (an enum, a `uint32`): nothing when zero.
+#[inline]
 fn varint(tag: u32, value: u64, buf: &mut Vec<u8>) {
     if value != 0 {
-        encode_key(tag, WireType::Varint, buf);
-        encode_varint(value, buf);
+        put_key(tag, WireType::Varint, buf);
+        put_varint(value, buf);
     }
 }
 
@@ -231,31 +280,22 @@ fn status_len(status: &Status) -> usize {
     string_len(2, description) + varint_len(3, code)
 }
 
-fn span_len(span: &Span) -> usize {
-    field_len(1, span.trace_id.len())
-        + field_len(2, span.span_id.len())
-        + string_len(3, trace_state(span.trace_state.as_ref()))
-        + span.parent.map_or(0, |parent| field_len(4, parent.len()))
-        + string_len(5, &span.name)
-        + varint_len(6, kind(&span.kind))
-        + fixed64_len(7, span.start)
-        + fixed64_len(8, span.end)
-        + span.shared.map_or(0, |shared| shared.encoded.len())
-        + span.attributes.iter().map(|attribute| field_len(9, key_value_len(attribute))).sum::<usize>()
-        + span.events.iter().map(|event| field_len(11, event_len(event))).sum::<usize>()
-        + span.link.as_ref().map_or(0, |link| field_len(13, link_len(link)))
-        + field_len(15, status_len(&span.status))
-        + fixed32_len(16, flags(span.flags, span.parent_remote))
-}
-
 /// `Span`, its fields in the order of their numbers, as prost writes them (the tests compare
 /// the bytes with the SDK's).
 fn span(span: &Span, buf: &mut Vec<u8>) {
-    bytes_always(1, &span.trace_id, buf);
-    bytes_always(2, &span.span_id, buf);
+    // The ids' keys and lengths are fixed: written with the ids from one array.
+    let mut ids = [0u8; 2 + 16 + 2 + 8];
+    ids[..2].copy_from_slice(&[0x0a, 16]); // trace_id = 1
+    ids[2..18].copy_from_slice(&span.trace_id);
+    ids[18..20].copy_from_slice(&[0x12, 8]); // span_id = 2
+    ids[20..].copy_from_slice(&span.span_id);
+    buf.extend_from_slice(&ids);
     string(3, trace_state(span.trace_state.as_ref()), buf);
     if let Some(parent) = &span.parent {
-        bytes_always(4, parent, buf);
+        let mut field = [0u8; 2 + 8];
+        field[..2].copy_from_slice(&[0x22, 8]); // parent_span_id = 4
+        field[2..].copy_from_slice(parent);
+        buf.extend_from_slice(&field);
     }
     string(5, &span.name, buf);
     varint(6, kind(&span.kind), buf);
@@ -265,7 +305,7 @@ fn span(span: &Span, buf: &mut Vec<u8>) {
         buf.extend_from_slice(&shared.encoded);
     }
     for attribute in &span.attributes {
-        message(9, key_value_len(attribute), buf, |buf| key_value(attribute, buf));
+        attribute_field(9, attribute, buf);
     }
     for event_item in &span.events {
         message(11, event_len(event_item), buf, |buf| event(event_item, buf));
@@ -274,11 +314,14 @@ fn span(span: &Span, buf: &mut Vec<u8>) {
         message(13, link_len(link_item), buf, |buf| link(link_item, buf));
     }
     // The SDK always writes the status, an empty message when it is unset.
-    message(15, status_len(&span.status), buf, |buf| {
-        let (description, code) = status_parts(&span.status);
-        string(2, description, buf);
-        varint(3, code, buf);
-    });
+    match &span.status {
+        Status::Unset => buf.extend_from_slice(&[0x7a, 0]), // status = 15, empty
+        status => message(15, status_len(status), buf, |buf| {
+            let (description, code) = status_parts(status);
+            string(2, description, buf);
+            varint(3, code, buf);
+        }),
+    }
     fixed32(16, flags(span.flags, span.parent_remote), buf);
 }
 
@@ -322,11 +365,40 @@ fn link(link: &Link, buf: &mut Vec<u8>) {
     fixed32(6, flags(link.flags, link.remote), buf);
 }
 
+#[inline]
 fn key_value_len(attribute: &Attribute) -> usize {
     string_len(1, &attribute.key) + field_len(2, any_value_len(&attribute.value))
 }
 
+/// A field `tag` holding `attribute` as a `KeyValue`. A text value whose key and value are
+/// short (every length one byte: the common case) is written from its parts after one
+/// reservation, with no lengths computed twice; anything else as a nested message.
+#[inline]
+fn attribute_field(tag: u32, attribute: &Attribute, buf: &mut Vec<u8>) {
+    let text = match &attribute.value {
+        Value::Static(text) => Some(*text),
+        Value::Text(text) => Some(text.as_str()),
+        _ => None,
+    };
+    let key = attribute.key.as_bytes();
+    match text {
+        // KeyValue { key = 1, value = 2: AnyValue { string_value = 1 } }
+        Some(text) if tag < 16 && !key.is_empty() && 2 + key.len() + 4 + text.len() < 0x80 => {
+            let value = text.as_bytes();
+            let any_len = 2 + value.len();
+            let key_value_len = 2 + key.len() + 2 + any_len;
+            buf.reserve(2 + key_value_len);
+            buf.extend_from_slice(&[(tag << 3 | 2) as u8, key_value_len as u8, 0x0a, key.len() as u8]);
+            buf.extend_from_slice(key);
+            buf.extend_from_slice(&[0x12, any_len as u8, 0x0a, value.len() as u8]);
+            buf.extend_from_slice(value);
+        }
+        _ => message(tag, key_value_len(attribute), buf, |buf| key_value(attribute, buf)),
+    }
+}
+
 /// `KeyValue`.
+#[inline]
 fn key_value(attribute: &Attribute, buf: &mut Vec<u8>) {
     string(1, &attribute.key, buf);
     message(2, any_value_len(&attribute.value), buf, |buf| any_value(&attribute.value, buf));
@@ -340,6 +412,7 @@ enum Scalar<'a> {
     Double(f64),
 }
 
+#[inline]
 fn scalar_len(scalar: &Scalar<'_>) -> usize {
     match scalar {
         Scalar::Text(text) => field_len(1, text.len()),
@@ -350,19 +423,20 @@ fn scalar_len(scalar: &Scalar<'_>) -> usize {
 }
 
 /// A oneof member is written even when it holds its type's default.
+#[inline]
 fn scalar(scalar: &Scalar<'_>, buf: &mut Vec<u8>) {
     match scalar {
         Scalar::Text(text) => bytes_always(1, text.as_bytes(), buf),
         Scalar::Bool(value) => {
-            encode_key(2, WireType::Varint, buf);
-            encode_varint(u64::from(*value), buf);
+            put_key(2, WireType::Varint, buf);
+            put_varint(u64::from(*value), buf);
         }
         Scalar::Int(value) => {
-            encode_key(3, WireType::Varint, buf);
-            encode_varint(*value as u64, buf);
+            put_key(3, WireType::Varint, buf);
+            put_varint(*value as u64, buf);
         }
         Scalar::Double(value) => {
-            encode_key(4, WireType::SixtyFourBit, buf);
+            put_key(4, WireType::SixtyFourBit, buf);
             buf.extend_from_slice(&value.to_le_bytes());
         }
     }
@@ -382,6 +456,7 @@ fn elements(array: &opentelemetry::Array) -> Vec<Scalar<'_>> {
     }
 }
 
+#[inline]
 fn any_value_len(value: &Value) -> usize {
     match value {
         Value::Static(text) => scalar_len(&Scalar::Text(text)),
@@ -399,6 +474,7 @@ fn array_len(elements: &[Scalar<'_>]) -> usize {
 }
 
 /// `AnyValue`.
+#[inline]
 fn any_value(value: &Value, buf: &mut Vec<u8>) {
     match value {
         Value::Static(text) => scalar(&Scalar::Text(text), buf),
@@ -472,6 +548,12 @@ mod tests {
                 attr("messaging.redis_streams.delivery_count", 2_i64),
                 attr("toolhost.replayed", true),
                 attr("error.type", "timeout"),
+                // Text values at the edges of the one-byte lengths: empty, the longest that
+                // fits them, one past it, and a value whose own length takes two bytes.
+                attr("toolhost.empty", ""),
+                attr("toolhost.edge", "e".repeat(0x7f - 6 - "toolhost.edge".len())),
+                attr("toolhost.past", "p".repeat(0x80 - 6 - "toolhost.past".len())),
+                attr("toolhost.long", "l".repeat(300)),
             ],
             events: vec![Event {
                 name: "answered from the ledger",
@@ -608,8 +690,17 @@ mod tests {
             attribute(&process.attributes, "toolhost.replayed"),
             Some(&any_value::Value::BoolValue(true))
         );
+        // Text at the edges of one-byte lengths decodes whole.
+        for (key, len) in
+            [("toolhost.empty", 0), ("toolhost.edge", 108), ("toolhost.past", 109), ("toolhost.long", 300)]
+        {
+            let Some(any_value::Value::StringValue(value)) = attribute(&process.attributes, key) else {
+                panic!("{key} is text: {process:?}")
+            };
+            assert_eq!(value.len(), len, "{key}");
+        }
         // The shared attributes come first, then the span's own.
-        assert_eq!(process.attributes.len(), 6);
+        assert_eq!(process.attributes.len(), 10);
         assert_eq!(process.attributes[1].key, "messaging.operation.type");
         assert_eq!(attribute(&process.attributes, "messaging.operation.type"), text("process"));
         let [event] = process.events.as_slice() else { panic!("one event: {process:?}") };

@@ -182,6 +182,16 @@ pub(crate) fn unix_nanos(time: SystemTime) -> u64 {
     time.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |since| since.as_nanos() as u64)
 }
 
+/// The wall clock now, in nanoseconds since the Unix epoch: read as `clock_gettime` gives it,
+/// without `SystemTime`'s checked subtraction from the epoch (a span reads the clock at each of
+/// its ends, so a sampled call does four times).
+pub(crate) fn now_nanos() -> u64 {
+    match nix::time::clock_gettime(nix::time::ClockId::CLOCK_REALTIME) {
+        Ok(now) if now.tv_sec() >= 0 => (now.tv_sec() as u64) * 1_000_000_000 + now.tv_nsec() as u64,
+        _ => unix_nanos(SystemTime::now()),
+    }
+}
+
 /// Where a call came from, for its `process` span.
 pub(crate) struct Delivery<'a> {
     /// The door's name (`requests`, `chat`).
@@ -388,7 +398,7 @@ impl Open {
             kind: self.kind,
             name: self.name,
             start: self.start,
-            end: unix_nanos(SystemTime::now()),
+            end: now_nanos(),
             shared: self.shared,
             attributes: self.attributes,
             events,
@@ -493,7 +503,7 @@ impl CallSpan {
         kind: SpanKind,
         shared: Option<&'static SharedAttributes>,
         attributes: Vec<Attribute>,
-        start: SystemTime,
+        start: u64,
     ) -> ChildSpan<'_> {
         let parent = &self.span;
         ChildSpan {
@@ -507,7 +517,7 @@ impl CallSpan {
                 trace_state: parent.trace_state.clone(),
                 kind,
                 name,
-                start: unix_nanos(start),
+                start,
                 shared,
                 attributes,
             }),
@@ -518,7 +528,7 @@ impl CallSpan {
 
     /// The `admit` span, from `started`: the signature, the tenant's policy and limits.
     pub(crate) fn admit(&self, started: SystemTime) -> ChildSpan<'_> {
-        self.child(Cow::Borrowed("admit"), SpanKind::Internal, None, Vec::new(), started)
+        self.child(Cow::Borrowed("admit"), SpanKind::Internal, None, Vec::new(), unix_nanos(started))
     }
 
     /// The span of the tool's run: `tools/call <name>` (CLIENT, by the MCP conventions) toward
@@ -560,7 +570,7 @@ impl CallSpan {
                 (name, SpanKind::Internal, vec![operation, attr("gen_ai.tool.name", tool)])
             }
         };
-        self.child(name, kind, None, attributes, SystemTime::now())
+        self.child(name, kind, None, attributes, now_nanos())
     }
 
     /// The `settle` span: the commit of the answer, the marks and the ack.
@@ -570,7 +580,7 @@ impl CallSpan {
             SpanKind::Client,
             Some(self.names.settle_attributes),
             Vec::new(),
-            SystemTime::now(),
+            now_nanos(),
         )
     }
 
@@ -581,7 +591,7 @@ impl CallSpan {
 
     /// Adds an event to the `process` span.
     pub(crate) fn event(&mut self, name: &'static str, attributes: Vec<Attribute>) {
-        self.events.push(Event { name, time: unix_nanos(SystemTime::now()), attributes });
+        self.events.push(Event { name, time: now_nanos(), attributes });
     }
 
     /// Ends the `process` span with the call's outcome: `error.type` and an error status for an
@@ -700,7 +710,7 @@ impl DoorSpan {
                 trace_state: trace_state(caller.and_then(|caller| caller.tracestate.as_deref())),
                 kind,
                 name: Cow::Owned(name),
-                start: unix_nanos(SystemTime::now()),
+                start: now_nanos(),
                 shared: None,
                 attributes,
             }),
