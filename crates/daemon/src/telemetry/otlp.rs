@@ -615,6 +615,8 @@ mod tests {
                     "numbers",
                     opentelemetry::Value::Array(opentelemetry::Array::I64(vec![1, -1])),
                 )),
+                // A span whose length takes three bytes.
+                attr("huge", "h".repeat(20_000)),
             ],
             events: Vec::new(),
             link: None,
@@ -734,6 +736,10 @@ mod tests {
             Some(&any_value::Value::IntValue(202))
         );
         assert_eq!(attribute(&door.attributes, "negative"), Some(&any_value::Value::IntValue(-7)));
+        let Some(any_value::Value::StringValue(huge)) = attribute(&door.attributes, "huge") else {
+            panic!("huge is text: {door:?}")
+        };
+        assert_eq!(huge.len(), 20_000);
         assert_eq!(attribute(&door.attributes, "zero"), Some(&any_value::Value::IntValue(0)));
         assert_eq!(attribute(&door.attributes, "off"), Some(&any_value::Value::BoolValue(false)));
         assert_eq!(attribute(&door.attributes, "ratio"), Some(&any_value::Value::DoubleValue(0.25)));
