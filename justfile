@@ -64,6 +64,7 @@ bench *ARGS: ensure-redis-installed
     ./target/dist/toolhost-bench {{ARGS}}
     ./target/dist/toolhost-bench --interleave 5 --in-flight 64 --only toolhost --auth --out-dir target/bench/auth
     ./target/dist/toolhost-bench --interleave 5 --in-flight 64 --only toolhost --telemetry --out-dir target/bench/telemetry
+    {{just_executable()}} bench-instructions
     scripts/bench-large-entries.sh ./target/dist/toolhost
     PAUSED=1 scripts/bench-large-entries.sh ./target/dist/toolhost
     scripts/ensure-mcp-servers.sh >/dev/null
@@ -71,6 +72,14 @@ bench *ARGS: ensure-redis-installed
     ./target/dist/toolhost-bench-jwt
     ./target/dist/toolhost-bench-clients
     TOOLHOST_BIN="$PWD/target/dist/toolhost" "$(scripts/ensure-python-client-venv.sh)/bin/python" clients/python/bench/bench.py
+
+# Instructions per echo call of the dist build under callgrind, telemetry off and every call
+# sampled (issue 36; docs/PERFORMANCE.md, telemetry round 7): steady where time per call moves with
+# the machine's load. Installs valgrind when it is missing.
+bench-instructions *ARGS: ensure-redis-installed
+    command -v valgrind >/dev/null || (apt-get update -qq && apt-get install -y -qq valgrind >/dev/null)
+    cargo build --profile dist -p toolhost --bin toolhost
+    scripts/bench-call-instructions.py {{ARGS}} current=target/dist/toolhost
 
 # The issue-17 and issue-27 targets: echo at 1 and 64 in flight from the harness's generator and
 # at 64 from issue 27's independent generator, the median of 5 interleaved runs of the
