@@ -123,18 +123,22 @@ def inclusive(dump):
     return total, found
 
 
-def measure(binary, mode, calls, receiver_port, workdir):
+def run_daemon(binary, mode, calls, receiver_port, workdir):
+    """Counts of one daemon under callgrind that answered 300 warm-up calls and then `calls` more,
+    from its start to its exit (SIGTERM)."""
     port = free_port()
     redis = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
                               "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    env = {"PATH": os.environ.get("PATH", ""), "REDIS_URL": "redis://127.0.0.1:%d" % port,
-           "TOOLHOST__HTTP__LISTEN": "127.0.0.1:0", "TOOLHOST__LOG__LEVEL": "warn"}
+    # The caller's environment without toolhost's and OpenTelemetry's own variables.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TOOLHOST", "OTEL_", "REDIS_"))}
+    env.update({"REDIS_URL": "redis://127.0.0.1:%d" % port, "TOOLHOST__HTTP__LISTEN": "127.0.0.1:0"})
     if mode != "off":
         env.update({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:%d" % receiver_port,
                     "OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": mode})
     dump = os.path.join(workdir, "callgrind.out.%d" % port)
-    daemon = subprocess.Popen(["valgrind", "--tool=callgrind", "--callgrind-out-file=" + dump + ".%p",
-                               binary, "serve"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = open(os.path.join(workdir, "toolhost.%d.log" % port), "w")
+    daemon = subprocess.Popen(["valgrind", "--tool=callgrind", "--callgrind-out-file=" + dump, binary, "serve"],
+                              env=env, stdout=log, stderr=log)
     try:
         wait_for("redis", lambda: redis_cli(port, "ping") == "PONG", 10)
         wait_for("the daemon's consumer group",
@@ -142,19 +146,27 @@ def measure(binary, mode, calls, receiver_port, workdir):
         answered = lambda n: int(redis_cli(port, "xlen", "action-results") or 0) >= n
         send_requests(port, 300)
         wait_for("the warm-up's answers", lambda: answered(300), 120)
-        subprocess.run(["callgrind_control", "-z", str(daemon.pid)], capture_output=True, check=True)
-        send_requests(port, calls)
-        wait_for("the answers", lambda: answered(300 + calls), 600)
-        subprocess.run(["callgrind_control", "-d", str(daemon.pid)], capture_output=True, check=True)
-    finally:
+        if calls:
+            send_requests(port, calls)
+            wait_for("the answers", lambda: answered(300 + calls), 900)
         daemon.terminate()
-        daemon.wait()
+        daemon.wait(timeout=120)
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait()
         redis.terminate()
         redis.wait()
-    dumps = sorted(f for f in os.listdir(workdir) if f.startswith(os.path.basename(dump) + ".") and f.endswith(".1"))
-    if not dumps:
-        raise RuntimeError("no callgrind dump for the measured calls in " + workdir)
-    return inclusive(os.path.join(workdir, dumps[-1]))
+        log.close()
+    return inclusive(dump)
+
+
+def measure(binary, mode, calls, receiver_port, workdir):
+    """Per call: a daemon that answers `calls` more than another, the difference divided by
+    `calls`, so that start, warm-up and stop cancel out."""
+    base_total, base = run_daemon(binary, mode, 0, receiver_port, workdir)
+    total, found = run_daemon(binary, mode, calls, receiver_port, workdir)
+    return total - base_total, {k: v - base.get(k, 0) for k, v in found.items()}
 
 
 def main():
