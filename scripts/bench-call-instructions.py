@@ -62,12 +62,15 @@ def send_requests(port, n):
         buf += command("XADD", "action-requests", "*", "id", entry, "payload", data)
     with socket.create_connection(("127.0.0.1", port)) as s:
         s.sendall(buf)
-        replies = 0
-        while replies < n:
+        # Each reply is a bulk string, two CRLFs; a CRLF may be split between two reads.
+        crlfs, carried = 0, b""
+        while crlfs < 2 * n:
             chunk = s.recv(1 << 16)
             if not chunk:
                 raise RuntimeError("redis closed the connection")
-            replies += chunk.count(b"\r\n") // 2
+            data = carried + chunk
+            crlfs += data.count(b"\r\n")
+            carried = data[-1:] if data.endswith(b"\r") else b""
 
 
 def wait_for(what, probe, timeout):
