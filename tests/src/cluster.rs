@@ -113,18 +113,8 @@ impl RedisCluster {
 
     /// The node serving `slot` as master.
     pub fn master_of(&self, slot: u16) -> &RedisProcess {
-        self.nodes
-            .iter()
-            .filter(|node| node.pid() != 0)
-            .find(|node| {
-                let mut connection = node.connection();
-                let role: String =
-                    redis::cmd("INFO").arg("replication").query(&mut connection).unwrap_or_default();
-                let nodes: String =
-                    redis::cmd("CLUSTER").arg("NODES").query(&mut connection).unwrap_or_default();
-                role.contains("role:master") && owns(&nodes, slot)
-            })
-            .expect("a master serves the slot")
+        let port = *self.masters_of(slot).first().expect("a master serves the slot");
+        self.nodes.iter().find(|node| node.port() == port).expect("a node on that port")
     }
 
     /// A replica of the master serving `slot`.
@@ -159,8 +149,33 @@ impl RedisCluster {
             assert!(Instant::now() < deadline, "the replica did not take over");
             std::thread::sleep(Duration::from_millis(50));
         }
+        // The promoted replica says `master` before the old master has heard of it: until then
+        // the old one still says `master` and claims the slot, and `master_of` could name it.
+        let port = replica.port();
+        while self.masters_of(slot).iter().any(|&master| master != port) {
+            assert!(Instant::now() < deadline, "the old master did not give the slot up");
+            std::thread::sleep(Duration::from_millis(50));
+        }
         self.wait_until_ok(Duration::from_secs(30));
-        replica.port()
+        port
+    }
+
+    /// The ports of the live nodes that say they are a master serving `slot`: one, but two for
+    /// a moment during a failover.
+    fn masters_of(&self, slot: u16) -> Vec<u16> {
+        self.nodes
+            .iter()
+            .filter(|node| node.pid() != 0)
+            .filter(|node| {
+                let mut connection = node.connection();
+                let role: String =
+                    redis::cmd("INFO").arg("replication").query(&mut connection).unwrap_or_default();
+                let nodes: String =
+                    redis::cmd("CLUSTER").arg("NODES").query(&mut connection).unwrap_or_default();
+                role.contains("role:master") && owns(&nodes, slot)
+            })
+            .map(RedisProcess::port)
+            .collect()
     }
 }
 
