@@ -89,10 +89,11 @@ impl Encoder {
     }
 
     /// An empty body, with room for `capacity` bytes (a previous batch's size) so that filling
-    /// it does not grow it.
+    /// it does not grow it: and for one byte more, since a span is written after two bytes left
+    /// for its length, one of which a short span gives back ([`delimited`]).
     pub(crate) fn body(&self, capacity: usize) -> Body {
         let room = self.head_room();
-        let mut bytes = Vec::with_capacity(capacity.max(room));
+        let mut bytes = Vec::with_capacity(capacity.max(room) + 1);
         bytes.resize(room, 0);
         Body { bytes, room, spans: 0 }
     }
@@ -518,6 +519,7 @@ mod tests {
     const PROCESS: [u8; 8] = [0x12, 0x34, 0x56, 0x78, 0x9a, 0xbc, 0xde, 0xf0];
     const RUN: [u8; 8] = [0xff, 0, 0, 0, 0, 0, 0, 0x01];
     const DOOR: [u8; 8] = [1, 2, 3, 4, 5, 6, 7, 8];
+    const ADMIT: [u8; 8] = [8, 7, 6, 5, 4, 3, 2, 1];
     const START: u64 = 1_790_000_000_123_456_789;
 
     fn resource() -> Resource {
@@ -622,7 +624,25 @@ mod tests {
             link: None,
             status: Status::Error(Cow::Owned("refused: the tenant's policy".to_owned())),
         };
-        vec![process, run, door]
+        // An `admit` span: no attributes, so short enough that its length takes one byte.
+        let admit = Span {
+            trace_id: TRACE,
+            span_id: ADMIT,
+            parent: Some(PROCESS),
+            parent_remote: false,
+            flags: 1,
+            trace_state: None,
+            kind: SpanKind::Internal,
+            name: Cow::Borrowed("admit"),
+            start: START,
+            end: START + 5,
+            shared: None,
+            attributes: Vec::new(),
+            events: Vec::new(),
+            link: None,
+            status: Status::Unset,
+        };
+        vec![process, run, door, admit]
     }
 
     /// What the SDK's exporter encodes for the same spans and resource: the generated types,
@@ -670,9 +690,15 @@ mod tests {
         assert_eq!(resource_spans.scope_spans.len(), 1);
         let scope_spans = &resource_spans.scope_spans[0];
         assert_eq!(scope_spans.scope.as_ref().unwrap().name, "toolhost");
-        let [process, run, door] = scope_spans.spans.as_slice() else {
-            panic!("three spans: {scope_spans:?}")
+        let [process, run, door, admit] = scope_spans.spans.as_slice() else {
+            panic!("four spans: {scope_spans:?}")
         };
+        // The length of each span took one, two and three bytes.
+        assert!(admit.encoded_len() < 0x80 && run.encoded_len() >= 0x80 && door.encoded_len() >= 0x4000);
+        assert_eq!(
+            (admit.name.as_str(), admit.span_id.as_slice(), admit.end_time_unix_nano),
+            ("admit", &ADMIT[..], START + 5)
+        );
 
         assert_eq!(process.trace_id, TRACE);
         assert_eq!(process.span_id, PROCESS);
