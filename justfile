@@ -81,6 +81,15 @@ bench-instructions *ARGS: ensure-redis-installed
     cargo build --profile dist -p toolhost --bin toolhost
     scripts/bench-call-instructions.py {{ARGS}} current=target/dist/toolhost
 
+# Redis's instructions per answered request summed over the nodes, every redis-server under
+# callgrind and two release replicas serving it: one server with 1 and 6 shards, a cluster of 1
+# and of 3 masters with 6 (issue 35; docs/PERFORMANCE.md, round 13). Installs valgrind when it
+# is missing. Pass `--rows single-1,cluster3-6` for some rows, `--requests N` per window.
+bench-redis-instructions *ARGS: ensure-redis-installed
+    command -v valgrind >/dev/null || (apt-get update -qq && apt-get install -y -qq valgrind >/dev/null)
+    cargo build --release -p toolhost --bin toolhost
+    scripts/bench-redis-instructions.py {{ARGS}} target/release/toolhost
+
 # The issue-17 and issue-27 targets: echo at 1 and 64 in flight from the harness's generator and
 # at 64 from issue 27's independent generator, the median of 5 interleaved runs of the
 # at-least-once reference, the exactly-once floor and toolhost, then Redis bytes per answered
