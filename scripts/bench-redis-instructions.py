@@ -366,6 +366,13 @@ def annotate(path, out_path):
     return found
 
 
+def syscalls(pid):
+    """Read and write system calls the process has made (/proc/<pid>/io: syscr, syscw)."""
+    with open("/proc/%d/io" % pid) as f:
+        fields = dict(line.split(":") for line in f.read().splitlines())
+    return int(fields["syscr"]), int(fields["syscw"])
+
+
 def commandstats(port):
     info = ask(port, "INFO", "commandstats").decode()
     out = {}
@@ -567,6 +574,7 @@ def measure_row(row, binary, args, out_dir):
         time.sleep(1)
         for window in range(args.windows):
             before = [commandstats(node.port) for node in redis.nodes]
+            io_before = [syscalls(node.proc.pid) for node in redis.nodes]
             zeroed = []
             for node in redis.nodes:
                 node.zero()
@@ -578,6 +586,8 @@ def measure_row(row, binary, args, out_dir):
             for node, z in zip(redis.nodes, zeroed):
                 spans.append(time.time() - z)
                 paths.append(node.dump_now())
+            io = [[(a - b) / args.requests for a, b in zip(syscalls(node.proc.pid), before)]
+                  for node, before in zip(redis.nodes, io_before)]
             counts = [summary(path) for path in paths]
             functions = [annotate(path, os.path.join(out_dir, "%s-%s-window-%d.txt" % (row, node.name, window + 1)))
                          for node, path in zip(redis.nodes, paths)]
@@ -585,7 +595,7 @@ def measure_row(row, binary, args, out_dir):
             commands = [{c: (a[c] - b.get(c, 0)) / args.requests for c in a if a[c] > b.get(c, 0)}
                         for a, b in zip(after, before)]
             result["windows"].append({"counts": counts, "seconds": spans, "load_seconds": seconds,
-                                      "functions": functions, "commands": commands})
+                                      "functions": functions, "commands": commands, "syscalls": io})
             print("bench: %s, window %d: %d requests in %.1f s, %.0f instructions per request over %d node(s)"
                   % (row, window + 1, args.requests, seconds, sum(counts) / args.requests, len(counts)),
                   file=sys.stderr)
@@ -659,6 +669,12 @@ def report(results):
             total = sum(sum(f.get(label, 0) for f in w["functions"]) for w in windows) / len(windows) / result["requests"]
             cells.append("%.0f" % total)
         lines.append("| `%s` | %s | %s |" % (label, what, " | ".join(cells)))
+    lines += ["", "System calls per request by node (read + write, `/proc/<pid>/io` syscr and syscw, the first "
+              "window; the kernel's work, which callgrind does not count):", ""]
+    for result in results:
+        io = result["windows"][0].get("syscalls", [])
+        lines.append("- %s: %s; sum %.2f" % (result["label"], ", ".join(
+            "redis-%d %.2f + %.2f" % (i, r, w) for i, (r, w) in enumerate(io)), sum(r + w for r, w in io)))
     lines += ["", "Commands per request by node (`INFO commandstats`, the first window; a script's commands "
               "counted under their own names too):", "", "| row | node | commands |", "|---|---|---|"]
     for result in results:
