@@ -22,7 +22,7 @@ bytes shaped as the harness's generator shapes them, each `XADD ... MAXLEN ~ 100
 stream of its shard (CRC16 of the request id mod the shard count, crates/bench/src/shards.rs) on
 one connection per node, each naming its shard's results topic `results:bench:{<tag>}`
 (`results:bench` with one shard); one connection per results topic reads the answers with
-`XREAD COUNT 1024 BLOCK 100`. A window of 64 requests stays in flight: whenever answers are
+`XREAD COUNT 1024 BLOCK 100`. A window of 64 requests (--in-flight) stays in flight: whenever answers are
 read, as many new requests are sent, pipelined per node, as the bench's 64 lanes do over their
 shared multiplexed connections.
 
@@ -73,7 +73,6 @@ ROWS = {
     "cluster3-6": ("cluster, 3 masters, 6 shards", 3, 6),
 }
 REPLICAS = 2
-IN_FLIGHT = 64
 WARMUP = 1000
 MAXLEN = "100000"
 
@@ -88,7 +87,7 @@ FUNCTIONS = [
     ("readQueryFromClient", "reading and parsing requests, their processing included"),
     ("beforeSleep", "the event loop's before-sleep, replies written and blocked reads served"),
     ("writeToClient", "replies written"),
-    ("serveClientsBlockedOnKeys", "blocked reads served"),
+    ("handleClientsBlockedOnKeys", "blocked reads served after a command woke them"),
     ("serverCron", "serverCron"),
     ("clusterCron", "cluster: clusterCron"),
     ("clusterBeforeSleep", "cluster: clusterBeforeSleep"),
@@ -351,7 +350,8 @@ def annotate(path, out_path):
     """Inclusive instructions of FUNCTIONS in a dump; writes callgrind_annotate's output."""
     out = subprocess.run(["callgrind_annotate", "--inclusive=yes", "--threshold=100", path],
                          capture_output=True, text=True).stdout
-    selfish = subprocess.run(["callgrind_annotate", "--threshold=99", path], capture_output=True, text=True).stdout
+    selfish = subprocess.run(["callgrind_annotate", "--inclusive=no", "--threshold=100", path],
+                             capture_output=True, text=True).stdout
     with open(out_path, "w") as f:
         f.write("# inclusive\n" + out + "\n# self\n" + selfish)
     found = {}
@@ -442,9 +442,10 @@ def now_rfc3339():
 
 
 class Load:
-    """The fleet bench's closed loop, IN_FLIGHT requests outstanding."""
+    """The fleet bench's closed loop, `in_flight` requests outstanding."""
 
-    def __init__(self, redis, shards):
+    def __init__(self, redis, shards, in_flight):
+        self.in_flight = in_flight
         self.shards = [shard_stream(k, shards) for k in range(shards)]
         self.topics = [results_topic(stream) for stream in self.shards]
         self.shard_node = [redis.node_of(stream) for stream in self.shards]
@@ -498,8 +499,8 @@ class Load:
         return ids
 
     def run(self, n):
-        """Sends n requests, IN_FLIGHT at a time, and returns once every one is answered."""
-        outstanding = set(self._send(min(IN_FLIGHT, n)))
+        """Sends n requests, `in_flight` at a time, and returns once every one is answered."""
+        outstanding = set(self._send(min(self.in_flight, n)))
         sent = len(outstanding)
         answered = 0
         while answered < n:
@@ -517,7 +518,7 @@ class Load:
                     got = self.answers.get_nowait()
                 except queue.Empty:
                     break
-            more = min(IN_FLIGHT - len(outstanding), n - sent)
+            more = min(self.in_flight - len(outstanding), n - sent)
             if more > 0:
                 outstanding.update(self._send(more))
                 sent += more
@@ -563,13 +564,13 @@ def measure_row(row, binary, args, out_dir):
     label, masters, shards = ROWS[row]
     workdir = tempfile.mkdtemp(prefix="redis-instructions.")
     redis = replicas = load = None
-    result = {"row": row, "label": label, "requests": args.requests, "windows": []}
+    result = {"row": row, "label": label, "requests": args.requests, "in_flight": args.in_flight, "windows": []}
     started = time.time()
     try:
         redis = Redis(masters, workdir)
         replicas = start_replicas(binary, redis, shards, workdir)
         wait_for("the replicas' heartbeats and groups", lambda: ready(redis, shards), 120)
-        load = Load(redis, shards)
+        load = Load(redis, shards, args.in_flight)
         load.run(WARMUP)
         time.sleep(1)
         for window in range(args.windows):
@@ -687,6 +688,7 @@ def report(results):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=5000, help="requests per measured window")
+    parser.add_argument("--in-flight", type=int, default=64, help="requests in flight")
     parser.add_argument("--windows", type=int, default=2, help="measured windows per row")
     parser.add_argument("--idle-s", type=float, default=10.0, help="length of the idle measurement")
     parser.add_argument("--rows", default=",".join(ROWS), help="rows, comma separated: " + ", ".join(ROWS))
