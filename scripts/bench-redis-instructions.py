@@ -670,6 +670,30 @@ def report(results):
             total = sum(sum(f.get(label, 0) for f in w["functions"]) for w in windows) / len(windows) / result["requests"]
             cells.append("%.0f" % total)
         lines.append("| `%s` | %s | %s |" % (label, what, " | ".join(cells)))
+    lines += ["", "Where the instructions go, per request summed over the nodes (gross, mean of the windows; "
+              "from the inclusive counts above, each part counted once):", "",
+              "| part | " + " | ".join(r["label"] for r in results) + " |", "|---|" + "---:|" * len(results)]
+    parts = {}
+    for result in results:
+        windows = result["windows"]
+        f = lambda label: sum(sum(fn.get(label, 0) for fn in w["functions"]) for w in windows) / len(windows) \
+            / result["requests"]
+        total = sum(sum(w["counts"]) for w in windows) / len(windows) / result["requests"]
+        blocked = f("handleClientsBlockedOnKeys")
+        parts[result["row"]] = [
+            ("scripts (`evalGenericCommand`)", f("evalGenericCommand")),
+            ("other commands (`call` less the scripts)", f("call") - f("evalGenericCommand")),
+            ("blocked reads served (`handleClientsBlockedOnKeys`)", blocked),
+            ("cluster: key slots and nodes (`getNodeByQuery`)", f("getNodeByQuery")),
+            ("the rest of a command's dispatch (`processCommand` less the above)",
+             f("processCommand") - f("call") - blocked - f("getNodeByQuery")),
+            ("reading and parsing requests (`readQueryFromClient` less `processCommand`)",
+             f("readQueryFromClient") - f("processCommand")),
+            ("the rest: event loop, replies, crons, cluster bus", total - f("readQueryFromClient")),
+            ("total", total),
+        ]
+    for i, (label, _) in enumerate(next(iter(parts.values()))):
+        lines.append("| %s | %s |" % (label, " | ".join("%.0f" % parts[r["row"]][i][1] for r in results)))
     lines += ["", "System calls per request by node (read + write, `/proc/<pid>/io` syscr and syscw, the first "
               "window; the kernel's work, which callgrind does not count):", ""]
     for result in results:
