@@ -38,10 +38,19 @@ own instructions are not counted): calls per request by command and node.
 
 Prints, per row, instructions per request per node and summed (gross and net of the idle
 background), each window's sum (repeatability), the ratio to the first row, what the nodes
-spent in a few functions (callgrind_annotate, inclusive, gross), and commands per request.
-Writes every window's callgrind_annotate output to --out-dir.
+spent in a few functions (callgrind_annotate, inclusive, gross) and where that leaves the
+instructions, read and write system calls per request (`/proc/<pid>/io`: the kernel's part,
+which callgrind does not see), and commands per request. Writes every window's
+callgrind_annotate output (inclusive, then self) and each row's figures (`<row>.json`) to
+--out-dir; --report-only prints the report of rows measured before.
 
-Usage: scripts/bench-redis-instructions.py [--requests N] [--windows W] [--rows ROW,...] TOOLHOST
+With --cpu the same rows run without valgrind and the figures are each process's CPU time per
+request from /proc (user and system apart, Redis per node, the replicas, this generator), the
+Redis nodes' context switches and system calls per request: the fleet bench's measure, beside
+the instructions, under this script's load (a Python generator, slower than the bench's).
+
+Usage: scripts/bench-redis-instructions.py [--requests N] [--windows W] [--in-flight F] [--rows ROW,...]
+           [--cpu] [--report-only] [--out-dir DIR] TOOLHOST
   ROW is single-1, single-6, cluster1-6 or cluster3-6 (topology, masters, shards).
 Example (docs/PERFORMANCE.md, round 13; each row alone under the bench lock's shared side):
   for row in single-1 single-6 cluster1-6 cluster3-6; do
@@ -289,9 +298,9 @@ def wait_for(what, probe, timeout):
 
 
 class Node:
-    """A redis-server under callgrind."""
+    """A redis-server under callgrind (or, with `valgrind` false, alone)."""
 
-    def __init__(self, name, workdir, cluster):
+    def __init__(self, name, workdir, cluster, valgrind=True):
         self.name = name
         self.port = free_port(cluster)
         self.dump = os.path.join(workdir, "callgrind.out." + name)
@@ -303,9 +312,8 @@ class Node:
             args += ["--cluster-enabled", "yes", "--cluster-config-file", os.path.join(node_dir, "nodes.conf"),
                      "--cluster-node-timeout", "60000", "--dir", node_dir]
         self.log = open(os.path.join(workdir, name + ".log"), "w")
-        self.proc = subprocess.Popen(["valgrind", "--tool=callgrind", "--collect-atstart=yes",
-                                      "--callgrind-out-file=" + self.dump, *args],
-                                     stdout=self.log, stderr=self.log)
+        tool = ["valgrind", "--tool=callgrind", "--collect-atstart=yes", "--callgrind-out-file=" + self.dump]
+        self.proc = subprocess.Popen((tool if valgrind else []) + args, stdout=self.log, stderr=self.log)
         self.dumps = 0
         def up():
             if self.proc.poll() is not None:
@@ -373,6 +381,19 @@ def syscalls(pid):
     return int(fields["syscr"]), int(fields["syscw"])
 
 
+TICK_US = 1e6 / os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu(pid):
+    """User and system CPU time (µs) and voluntary and involuntary context switches of a process."""
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    with open("/proc/%d/status" % pid) as f:
+        status = dict(line.split(":", 1) for line in f.read().splitlines() if ":" in line)
+    return (int(fields[11]) * TICK_US, int(fields[12]) * TICK_US,
+            int(status["voluntary_ctxt_switches"]), int(status["nonvoluntary_ctxt_switches"]))
+
+
 def commandstats(port):
     info = ask(port, "INFO", "commandstats").decode()
     out = {}
@@ -386,16 +407,16 @@ def commandstats(port):
 class Redis:
     """One plain server or a cluster of `masters` nodes, every node under callgrind."""
 
-    def __init__(self, masters, workdir):
+    def __init__(self, masters, workdir, valgrind=True):
         self.masters = masters
         self.nodes = []
         try:
             if not masters:
-                self.nodes.append(Node("redis-0", workdir, False))
+                self.nodes.append(Node("redis-0", workdir, False, valgrind))
                 self.ranges = [(0, 16383)]
                 return
             for i in range(masters):
-                self.nodes.append(Node("redis-%d" % i, workdir, True))
+                self.nodes.append(Node("redis-%d" % i, workdir, True, valgrind))
             self.ranges = slot_ranges(masters)
             for node, (lo, hi) in zip(self.nodes, self.ranges):
                 ask(node.port, "CLUSTER", "ADDSLOTSRANGE", lo, hi)
@@ -631,6 +652,98 @@ def measure_row(row, binary, args, out_dir):
     return result
 
 
+def measure_row_cpu(row, binary, args, out_dir):
+    """The same row without valgrind: each process's CPU time per request, for comparison."""
+    label, masters, shards = ROWS[row]
+    workdir = tempfile.mkdtemp(prefix="redis-cpu.")
+    redis = replicas = load = None
+    result = {"row": row, "label": label, "requests": args.requests, "in_flight": args.in_flight, "mode": "cpu",
+              "windows": []}
+    started = time.time()
+    try:
+        redis = Redis(masters, workdir, valgrind=False)
+        replicas = start_replicas(binary, redis, shards, workdir)
+        wait_for("the replicas' heartbeats and groups", lambda: ready(redis, shards), 120)
+        load = Load(redis, shards, args.in_flight)
+        load.run(WARMUP * 5)
+        time.sleep(1)
+        for window in range(args.windows):
+            before = [commandstats(node.port) for node in redis.nodes]
+            pids = [node.proc.pid for node in redis.nodes]
+            snap = lambda: ([process_cpu(pid) for pid in pids], [syscalls(pid) for pid in pids],
+                            [process_cpu(proc.pid) for proc, _ in replicas], process_cpu(os.getpid()),
+                            os.getloadavg()[0])
+            first = snap()
+            t0 = time.time()
+            load.run(args.requests)
+            seconds = time.time() - t0
+            last = snap()
+            after = [commandstats(node.port) for node in redis.nodes]
+            n = args.requests
+            per = lambda a, b: [(x - y) / n for x, y in zip(a, b)]
+            result["windows"].append({
+                "seconds": seconds,
+                "redis": [per(a, b) for a, b in zip(last[0], first[0])],
+                "syscalls": [per(a, b) for a, b in zip(last[1], first[1])],
+                "toolhost": [per(a, b) for a, b in zip(last[2], first[2])],
+                "generator": per(last[3], first[3]),
+                "load_average": first[4],
+                "commands": [{c: (a[c] - b.get(c, 0)) / n for c in a if a[c] > b.get(c, 0)}
+                             for a, b in zip(after, before)],
+            })
+            w = result["windows"][-1]
+            print("bench: %s without valgrind, window %d: %d requests in %.1f s, Redis %.1f µs per request"
+                  % (row, window + 1, n, seconds, sum(r[0] + r[1] for r in w["redis"])), file=sys.stderr)
+        result["failed"] = load.failed
+    finally:
+        if load:
+            load.close()
+        for proc, log in replicas or []:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            log.close()
+        if redis:
+            redis.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+    result["run_seconds"] = time.time() - started
+    return result
+
+
+def report_cpu(results):
+    lines = ["| row | req/s | Redis user µs/req (per node) | Redis system µs/req | Redis CPU µs/req | × row 1 | "
+             "context switches/req, voluntary + involuntary | read + write system calls/req | "
+             "toolhost CPU µs/req | generator CPU µs/req | windows' Redis CPU µs/req | load average |",
+             "|---|---:|---|---:|---:|---:|---|---:|---:|---:|---|---|"]
+    reference = None
+    for result in results:
+        windows = result["windows"]
+        mean = lambda get: sum(get(w) for w in windows) / len(windows)
+        user = [mean(lambda w: w["redis"][i][0]) for i in range(len(windows[0]["redis"]))]
+        system = mean(lambda w: sum(r[1] for r in w["redis"]))
+        total = sum(user) + system
+        if reference is None:
+            reference = total
+        lines.append("| %s | %.0f | %.1f (%s) | %.1f | %.1f | %.2f× | %.2f + %.2f | %.2f | %.1f | %.1f | %s | %s |" % (
+            result["label"], result["requests"] / mean(lambda w: w["seconds"]), sum(user),
+            " + ".join("%.1f" % u for u in user), system, total, total / reference,
+            mean(lambda w: sum(r[2] for r in w["redis"])), mean(lambda w: sum(r[3] for r in w["redis"])),
+            mean(lambda w: sum(sum(s) for s in w["syscalls"])),
+            mean(lambda w: sum(t[0] + t[1] for t in w["toolhost"])),
+            mean(lambda w: w["generator"][0] + w["generator"][1]),
+            ", ".join("%.1f" % sum(r[0] + r[1] for r in w["redis"]) for w in windows),
+            ", ".join("%.1f" % w["load_average"] for w in windows)))
+    lines += ["", "| row | node | commands per request (the first window) |", "|---|---|---|"]
+    for result in results:
+        for i, commands in enumerate(result["windows"][0]["commands"]):
+            cells = ", ".join("`%s` %.2f" % (c, v) for c, v in sorted(commands.items()) if v >= 0.005)
+            lines.append("| %s | redis-%d | %s |" % (result["label"], i, cells))
+    return "\n".join(lines)
+
+
 # --- the report --------------------------------------------------------------------------------
 
 def per_request(result):
@@ -717,6 +830,8 @@ def main():
     parser.add_argument("--idle-s", type=float, default=10.0, help="length of the idle measurement")
     parser.add_argument("--rows", default=",".join(ROWS), help="rows, comma separated: " + ", ".join(ROWS))
     parser.add_argument("--out-dir", default="target/bench/redis-instructions")
+    parser.add_argument("--cpu", action="store_true",
+                        help="no valgrind: each process's CPU time and context switches per request instead")
     parser.add_argument("--keep", action="store_true", help="keep the dumps and logs")
     parser.add_argument("--report-only", action="store_true",
                         help="measure nothing: the report of the rows' results already in --out-dir")
@@ -731,17 +846,17 @@ def main():
     binary = os.path.abspath(args.toolhost)
     results = []
     for row in rows:
-        path = os.path.join(args.out_dir, row + ".json")
+        path = os.path.join(args.out_dir, row + ("-cpu" if args.cpu else "") + ".json")
         if args.report_only:
             with open(path) as f:
                 results.append(json.load(f))
             continue
-        result = measure_row(row, binary, args, args.out_dir)
+        result = (measure_row_cpu if args.cpu else measure_row)(row, binary, args, args.out_dir)
         results.append(result)
         with open(path, "w") as f:
             json.dump(result, f, indent=1)
         print("bench: %s took %.0f s" % (row, result["run_seconds"]), file=sys.stderr)
-    print(report(results))
+    print(report_cpu(results) if args.cpu else report(results))
 
 
 if __name__ == "__main__":
