@@ -793,16 +793,16 @@ def report(results):
             / result["requests"]
         total = sum(sum(w["counts"]) for w in windows) / len(windows) / result["requests"]
         blocked = f("handleClientsBlockedOnKeys")
+        crons = f("serverCron") + f("clusterCron") + f("clusterBeforeSleep") + f("clusterReadHandler")
         parts[result["row"]] = [
             ("scripts (`evalGenericCommand`)", f("evalGenericCommand")),
             ("other commands (`call` less the scripts)", f("call") - f("evalGenericCommand")),
             ("blocked reads served (`handleClientsBlockedOnKeys`)", blocked),
             ("cluster: key slots and nodes (`getNodeByQuery`)", f("getNodeByQuery")),
-            ("the rest of a command's dispatch (`processCommand` less the above)",
-             f("processCommand") - f("call") - blocked - f("getNodeByQuery")),
-            ("reading and parsing requests (`readQueryFromClient` less `processCommand`)",
-             f("readQueryFromClient") - f("processCommand")),
-            ("the rest: event loop, replies, crons, cluster bus", total - f("readQueryFromClient")),
+            ("crons and the cluster bus (`serverCron`, `clusterCron`, `clusterBeforeSleep`, `clusterReadHandler`)",
+             crons),
+            ("the rest: reading, parsing and dispatching commands, writing replies, the event loop",
+             total - f("call") - blocked - f("getNodeByQuery") - crons),
             ("total", total),
         ]
     for i, (label, _) in enumerate(next(iter(parts.values()))):
