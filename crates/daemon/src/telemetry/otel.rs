@@ -168,6 +168,62 @@ impl SpanQueue {
         }
     }
 
+    /// Whether offered spans are encoded as they are taken (OTLP/HTTP): then a call's spans may
+    /// be offered already encoded, with [`SpanQueue::offer_encoded`].
+    pub(crate) fn encodes(&self) -> bool {
+        self.encoder.is_some()
+    }
+
+    /// Offers `count` finished spans (a call's, together) already encoded as
+    /// [`otlp::span_field`](super::otlp::span_field) writes them, one after the other, when the
+    /// queue [`encodes`](SpanQueue::encodes): copied into the batch being filled as they are,
+    /// and cut between two spans where the batch is full. Dropped and counted as
+    /// [`SpanQueue::offer`] drops them.
+    pub(crate) fn offer_encoded(&self, fields: &[u8], count: usize) {
+        let Some(encoder) = &self.encoder else { return };
+        let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+        if held.closed {
+            return;
+        }
+        if held.spans + count > self.capacity {
+            drop(held);
+            self.dropped.increment(count as u64);
+            return;
+        }
+        held.spans += count;
+        let (mut rest, mut left, mut filled) = (fields, count, false);
+        while left > 0 {
+            let body_size = held.body_size;
+            let filling = held.filling.get_or_insert_with(|| Batch::Encoded(encoder.body(body_size)));
+            let Batch::Encoded(body) = filling else {
+                unreachable!("a queue that encodes fills encoded batches")
+            };
+            let room = self.batch.saturating_sub(body.spans()).max(1);
+            if left <= room {
+                body.push_encoded(rest, left);
+                left = 0;
+            } else {
+                // As many spans as the batch has room for, found by their lengths.
+                let mut at = 0;
+                for _ in 0..room {
+                    at += super::otlp::first_field_len(&rest[at..]).unwrap_or(rest.len() - at);
+                }
+                body.push_encoded(&rest[..at], room);
+                (rest, left) = (&rest[at..], left - room);
+            }
+            if body.spans() >= self.batch {
+                held.body_size = body.size();
+                let batch = held.filling.take().expect("a batch is being filled");
+                held.full.push_back(batch);
+                filled = true;
+            }
+        }
+        drop(held);
+        if filled {
+            self.full.notify_one();
+        }
+    }
+
     /// The oldest full batch, or with `partial` the one being filled when none is full.
     fn take(&self, partial: bool) -> Option<Batch> {
         let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
@@ -395,6 +451,7 @@ fn key_value(attribute: Attribute) -> opentelemetry::KeyValue {
 
 /// The SDK's `SpanData` of a span, for the SDK's gRPC exporter (and the encoder's tests).
 pub(crate) fn span_data(span: Span, scope: &InstrumentationScope) -> SpanData {
+    debug_assert!(span.encoded.is_empty(), "attributes are encoded ahead only for OTLP/HTTP");
     let context = SpanContext::new(
         TraceId::from_bytes(span.trace_id),
         SpanId::from_bytes(span.span_id),
@@ -523,16 +580,31 @@ async fn export_batch(
     }
 }
 
-/// A random span id, never all zero, from the thread's fast generator (the SDK's own way): a
-/// child span's id, which nothing else needs to know before the span exists.
+/// A span id for a child span, never all zero: SplitMix64 of a per-thread counter that starts
+/// at a random value (drawn once per thread from the SDK's generator), so ids look random, and
+/// one thread never repeats one (the mix is a bijection and the counter's step is odd, so its
+/// period is 2^64). A child span's id is known to nothing outside the process before the span
+/// exists, and needs to be unique rather than unguessable; this costs a few instructions where
+/// drawing from the thread's RNG costs a call into it per id.
 pub(crate) fn new_span_id() -> [u8; 8] {
+    const STEP: u64 = 0x9e37_79b9_7f4a_7c15;
     thread_local! {
-        static IDS: opentelemetry_sdk::trace::RandomIdGenerator = opentelemetry_sdk::trace::RandomIdGenerator::default();
+        static NEXT: std::cell::Cell<u64> = std::cell::Cell::new(u64::from_be_bytes(
+            opentelemetry_sdk::trace::IdGenerator::new_span_id(
+                &opentelemetry_sdk::trace::RandomIdGenerator::default(),
+            )
+            .to_bytes(),
+        ));
     }
     loop {
-        let id = IDS.with(opentelemetry_sdk::trace::IdGenerator::new_span_id);
-        if id != SpanId::INVALID {
-            return id.to_bytes();
+        let state = NEXT.get().wrapping_add(STEP);
+        NEXT.set(state);
+        let mut id = state;
+        id = (id ^ (id >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        id = (id ^ (id >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        id ^= id >> 31;
+        if id != 0 {
+            return id.to_be_bytes();
         }
     }
 }
@@ -734,7 +806,10 @@ mod tests {
     use prost::Message as _;
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
-    use super::{Batch, ExportCounters, SpanExport, SpanQueue, export_loop};
+    use std::sync::Arc;
+    use std::time::SystemTime;
+
+    use super::{Batch, ExportCounters, SpanExport, SpanQueue, export_loop, new_span_id};
     use crate::telemetry::settings::{Export, Protocol};
     use crate::telemetry::spans::{Span, Status, attr};
 
@@ -800,6 +875,7 @@ mod tests {
             start: 1,
             end: 2,
             shared: None,
+            encoded: Vec::new(),
             attributes: vec![attr("toolhost.door", "requests")],
             events: Vec::new(),
             link: None,
@@ -870,6 +946,146 @@ mod tests {
         // Once stopped, nothing more is taken.
         queue.offer(vec![span(5)]);
         assert_eq!(queue.waiting(), 0);
+    }
+
+    /// Spans offered already encoded (a call's, over OTLP/HTTP) are cut into batches between two
+    /// spans, as spans offered as they are, and refused whole when the queue has no room.
+    #[test]
+    fn encoded_spans_are_cut_into_batches_between_spans() {
+        let export = Export {
+            max_queue_size: 6,
+            max_export_batch_size: 3,
+            ..export_to("http://127.0.0.1:4318/v1/traces".to_owned())
+        };
+        let resource = opentelemetry_sdk::Resource::builder().build();
+        let exporter = SpanExport::new(&export, &resource).unwrap();
+        let encoder = exporter.encoder().unwrap();
+        let queue = SpanQueue::new(&export, Some(encoder.clone()), metrics::Counter::noop());
+        assert!(queue.encodes());
+        let encoded = |ids: std::ops::Range<u8>| {
+            let mut fields = Vec::new();
+            for id in ids {
+                let name = "x".repeat(usize::from(id) * 60);
+                crate::telemetry::otlp::span_field(
+                    &Span { span_id: [id; 8], name: Cow::Owned(name), ..one_span() },
+                    &mut fields,
+                );
+            }
+            fields
+        };
+        queue.offer_encoded(&encoded(10..17), 7);
+        assert_eq!(queue.waiting(), 0);
+        // Two spans, then three: the first batch is cut after the second call's first span.
+        queue.offer_encoded(&encoded(1..3), 2);
+        queue.offer_encoded(&encoded(3..6), 3);
+        assert_eq!(queue.waiting(), 5);
+        let bodies: Vec<Vec<u8>> = std::iter::from_fn(|| queue.take(true))
+            .map(|batch| match batch {
+                Batch::Encoded(body) => encoder.finish(body).to_vec(),
+                Batch::Spans(_) => panic!("a queue that encodes holds encoded batches"),
+            })
+            .collect();
+        let ids: Vec<Vec<u8>> = bodies.iter().map(|body| span_ids(body)).collect();
+        assert_eq!(ids, [vec![1, 2, 3], vec![4, 5]]);
+        assert_eq!(queue.waiting(), 0);
+    }
+
+    /// The spans of one sampled call, made through a queue: as OTLP/HTTP exports them (encoded
+    /// as each ends) or as gRPC's exporter takes them, decoded with the times and the child ids
+    /// left out.
+    fn call_spans(encodes: bool) -> Vec<opentelemetry_proto::tonic::trace::v1::Span> {
+        use crate::telemetry::spans::{CallSpan, Delivery};
+        let export = export_to("http://127.0.0.1:4318/v1/traces".to_owned());
+        let resource = opentelemetry_sdk::Resource::builder().build();
+        let encoder = SpanExport::new(&export, &resource).unwrap().encoder().unwrap();
+        let queue =
+            Arc::new(SpanQueue::new(&export, encodes.then(|| encoder.clone()), metrics::Counter::noop()));
+        let trace = toolhost_envelope::CallTrace {
+            context: toolhost_envelope::TraceParent { trace_id: [3; 16], span_id: [4; 8], flags: 1 },
+            parent: Some([5; 8]),
+            tracestate: Some("vendor=value".to_owned()),
+            origin: toolhost_envelope::TraceOrigin::Continued,
+            rejected: false,
+        };
+        let delivery = Delivery {
+            door: "requests",
+            stream: "action-requests",
+            group: "toolbox",
+            consumer: "replica-1",
+            entry_id: "1790000000123-0",
+            deliveries: 2,
+            request_id: &"r".repeat(200),
+            tool: Some("echo"),
+        };
+        let mut span = CallSpan::start(&queue, true, &trace, &delivery, SystemTime::now()).unwrap();
+        span.admit(SystemTime::now()).fail("forbidden", "the tenant's policy");
+        let remote = toolhost_tools::Remote {
+            system: "mcp",
+            target: "everything".to_owned(),
+            name: "echo".to_owned(),
+            transport: "pipe",
+        };
+        span.run("echo", Some(&remote)).set(opentelemetry::KeyValue::new("gen_ai.tool.call.result", "{}"));
+        drop(span.settle());
+        span.set(opentelemetry::KeyValue::new("toolhost.replayed", true));
+        span.end("error", Some("timeout"));
+        assert_eq!(queue.waiting(), 4);
+        let spans = match queue.take(true).unwrap() {
+            Batch::Encoded(body) => {
+                let request = ExportTraceServiceRequest::decode(encoder.finish(body)).unwrap();
+                request.resource_spans[0].scope_spans[0].spans.clone()
+            }
+            Batch::Spans(spans) => {
+                let request = ExportTraceServiceRequest::decode(encoder.encode(&spans)).unwrap();
+                request.resource_spans[0].scope_spans[0].spans.clone()
+            }
+        };
+        spans
+            .into_iter()
+            .map(|mut span| {
+                (span.start_time_unix_nano, span.end_time_unix_nano) = (0, 0);
+                if span.span_id != [4; 8] {
+                    span.span_id.clear();
+                }
+                span
+            })
+            .collect()
+    }
+
+    /// A call's spans are the same whether they are encoded as they end (OTLP/HTTP) or kept as
+    /// they are for the gRPC exporter: their order, names, parents, links, attributes (the
+    /// call's own encoded when it starts, those set later after them) and statuses.
+    #[test]
+    fn a_calls_spans_are_the_same_encoded_as_they_end_or_kept_for_grpc() {
+        let encoded = call_spans(true);
+        assert_eq!(encoded, call_spans(false));
+        let names: Vec<&str> = encoded.iter().map(|span| span.name.as_str()).collect();
+        assert_eq!(names, ["admit", "tools/call echo", "settle action-requests", "process action-requests"]);
+        let process = &encoded[3];
+        let keys: Vec<&str> = process.attributes.iter().map(|kv| kv.key.as_str()).collect();
+        assert_eq!(
+            keys[7..],
+            [
+                "messaging.message.id",
+                "toolhost.request_id",
+                "messaging.redis_streams.delivery_count",
+                "gen_ai.tool.name",
+                "toolhost.replayed",
+                "toolhost.outcome",
+                "error.type",
+            ]
+        );
+        assert_eq!(process.parent_span_id, [5; 8]);
+        assert_eq!(process.links.len(), 1);
+        assert_eq!(encoded[0].status.as_ref().unwrap().message, "the tenant's policy");
+        assert!(encoded[..3].iter().all(|span| span.parent_span_id == [4; 8]));
+    }
+
+    #[test]
+    fn child_span_ids_are_never_zero_and_never_repeat_on_a_thread() {
+        let ids: std::collections::HashSet<[u8; 8]> = (0..100_000).map(|_| new_span_id()).collect();
+        assert_eq!(ids.len(), 100_000);
+        assert!(!ids.contains(&[0; 8]));
     }
 
     #[test]
