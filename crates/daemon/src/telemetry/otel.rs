@@ -19,12 +19,11 @@
 //! collector is slow or down) it is dropped and counted
 //! (`toolhost_telemetry_spans_dropped_total{reason="queue_full"}`); a call's spans are offered
 //! together, so they are queued or dropped together. The queue holds batches: full ones
-//! (`max_export_batch_size` spans) and the one being filled. One task, on a thread of its own
-//! (`toolhost-otlp`, with its own runtime), is woken when a batch is full and exports the full
-//! ones; every `schedule_delay_ms` (and when the pipeline stops) it exports the one being filled
-//! too. Exports run one at a time, each bounded by the export timeout; a batch the collector does
-//! not take is dropped and counted (`reason="export_failed"`), never retried, so an outage costs
-//! memory of one queue at most.
+//! (`max_export_batch_size` spans) and the one being filled. One task, on the calls' runtime, is
+//! woken when a batch is full and exports the full ones; every `schedule_delay_ms` (and when the
+//! pipeline stops) it exports the one being filled too. Exports run one at a time, each bounded
+//! by the export timeout; a batch the collector does not take is dropped and counted
+//! (`reason="export_failed"`), never retried, so an outage costs memory of one queue at most.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -168,62 +167,6 @@ impl SpanQueue {
         }
     }
 
-    /// Whether offered spans are encoded as they are taken (OTLP/HTTP): then a call's spans may
-    /// be offered already encoded, with [`SpanQueue::offer_encoded`].
-    pub(crate) fn encodes(&self) -> bool {
-        self.encoder.is_some()
-    }
-
-    /// Offers `count` finished spans (a call's, together) already encoded as
-    /// [`otlp::span_field`](super::otlp::span_field) writes them, one after the other, when the
-    /// queue [`encodes`](SpanQueue::encodes): copied into the batch being filled as they are,
-    /// and cut between two spans where the batch is full. Dropped and counted as
-    /// [`SpanQueue::offer`] drops them.
-    pub(crate) fn offer_encoded(&self, fields: &[u8], count: usize) {
-        let Some(encoder) = &self.encoder else { return };
-        let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
-        if held.closed {
-            return;
-        }
-        if held.spans + count > self.capacity {
-            drop(held);
-            self.dropped.increment(count as u64);
-            return;
-        }
-        held.spans += count;
-        let (mut rest, mut left, mut filled) = (fields, count, false);
-        while left > 0 {
-            let body_size = held.body_size;
-            let filling = held.filling.get_or_insert_with(|| Batch::Encoded(encoder.body(body_size)));
-            let Batch::Encoded(body) = filling else {
-                unreachable!("a queue that encodes fills encoded batches")
-            };
-            let room = self.batch.saturating_sub(body.spans()).max(1);
-            if left <= room {
-                body.push_encoded(rest, left);
-                left = 0;
-            } else {
-                // As many spans as the batch has room for, found by their lengths.
-                let mut at = 0;
-                for _ in 0..room {
-                    at += super::otlp::first_field_len(&rest[at..]).unwrap_or(rest.len() - at);
-                }
-                body.push_encoded(&rest[..at], room);
-                (rest, left) = (&rest[at..], left - room);
-            }
-            if body.spans() >= self.batch {
-                held.body_size = body.size();
-                let batch = held.filling.take().expect("a batch is being filled");
-                held.full.push_back(batch);
-                filled = true;
-            }
-        }
-        drop(held);
-        if filled {
-            self.full.notify_one();
-        }
-    }
-
     /// The oldest full batch, or with `partial` the one being filled when none is full.
     fn take(&self, partial: bool) -> Option<Batch> {
         let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
@@ -275,16 +218,19 @@ impl Pipeline {
         let exporter = SpanExport::new(export, &resource)?;
         let stop = CancellationToken::new();
         let spans = Arc::new(SpanQueue::new(export, exporter.encoder(), counters.dropped_queue_full.clone()));
-        // The export (encoding, the HTTP post) runs on a thread of its own with its own
-        // runtime, as the metrics endpoint does: the calls' worker threads only hand spans over.
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        // The export is one task among the calls, on their runtime: the spans are encoded where
+        // they end, so what is left to it is the post, which waits for the collector without
+        // holding a thread. On a thread of its own (as until this release) each post cost that
+        // thread two wake-ups, the batch that filled and the collector's answer, each a switch
+        // between threads the call workers paid for in CPU (docs/PERFORMANCE.md, telemetry
+        // round 8).
         let (done, exported) = tokio::sync::oneshot::channel();
         let export_loop =
             export_loop(spans.clone(), exporter, export.clone(), counters.clone(), stop.clone());
-        std::thread::Builder::new().name("toolhost-otlp".to_owned()).spawn(move || {
-            runtime.block_on(export_loop);
+        tokio::spawn(async move {
+            export_loop.await;
             let _ = done.send(());
-        })?;
+        });
         Ok(Some(Pipeline { spans, stop, export: std::sync::Mutex::new(Some(exported)) }))
     }
 
@@ -451,7 +397,6 @@ fn key_value(attribute: Attribute) -> opentelemetry::KeyValue {
 
 /// The SDK's `SpanData` of a span, for the SDK's gRPC exporter (and the encoder's tests).
 pub(crate) fn span_data(span: Span, scope: &InstrumentationScope) -> SpanData {
-    debug_assert!(span.encoded.is_empty(), "attributes are encoded ahead only for OTLP/HTTP");
     let context = SpanContext::new(
         TraceId::from_bytes(span.trace_id),
         SpanId::from_bytes(span.span_id),
@@ -580,31 +525,16 @@ async fn export_batch(
     }
 }
 
-/// A span id for a child span, never all zero: SplitMix64 of a per-thread counter that starts
-/// at a random value (drawn once per thread from the SDK's generator), so ids look random, and
-/// one thread never repeats one (the mix is a bijection and the counter's step is odd, so its
-/// period is 2^64). A child span's id is known to nothing outside the process before the span
-/// exists, and needs to be unique rather than unguessable; this costs a few instructions where
-/// drawing from the thread's RNG costs a call into it per id.
+/// A random span id, never all zero, from the thread's fast generator (the SDK's own way): a
+/// child span's id, which nothing else needs to know before the span exists.
 pub(crate) fn new_span_id() -> [u8; 8] {
-    const STEP: u64 = 0x9e37_79b9_7f4a_7c15;
     thread_local! {
-        static NEXT: std::cell::Cell<u64> = std::cell::Cell::new(u64::from_be_bytes(
-            opentelemetry_sdk::trace::IdGenerator::new_span_id(
-                &opentelemetry_sdk::trace::RandomIdGenerator::default(),
-            )
-            .to_bytes(),
-        ));
+        static IDS: opentelemetry_sdk::trace::RandomIdGenerator = opentelemetry_sdk::trace::RandomIdGenerator::default();
     }
     loop {
-        let state = NEXT.get().wrapping_add(STEP);
-        NEXT.set(state);
-        let mut id = state;
-        id = (id ^ (id >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        id = (id ^ (id >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        id ^= id >> 31;
-        if id != 0 {
-            return id.to_be_bytes();
+        let id = IDS.with(opentelemetry_sdk::trace::IdGenerator::new_span_id);
+        if id != SpanId::INVALID {
+            return id.to_bytes();
         }
     }
 }
@@ -809,7 +739,7 @@ mod tests {
     use std::sync::Arc;
     use std::time::SystemTime;
 
-    use super::{Batch, ExportCounters, SpanExport, SpanQueue, export_loop, new_span_id};
+    use super::{Batch, ExportCounters, SpanExport, SpanQueue, export_loop};
     use crate::telemetry::settings::{Export, Protocol};
     use crate::telemetry::spans::{Span, Status, attr};
 
@@ -875,7 +805,6 @@ mod tests {
             start: 1,
             end: 2,
             shared: None,
-            encoded: Vec::new(),
             attributes: vec![attr("toolhost.door", "requests")],
             events: Vec::new(),
             link: None,
@@ -948,50 +877,8 @@ mod tests {
         assert_eq!(queue.waiting(), 0);
     }
 
-    /// Spans offered already encoded (a call's, over OTLP/HTTP) are cut into batches between two
-    /// spans, as spans offered as they are, and refused whole when the queue has no room.
-    #[test]
-    fn encoded_spans_are_cut_into_batches_between_spans() {
-        let export = Export {
-            max_queue_size: 6,
-            max_export_batch_size: 3,
-            ..export_to("http://127.0.0.1:4318/v1/traces".to_owned())
-        };
-        let resource = opentelemetry_sdk::Resource::builder().build();
-        let exporter = SpanExport::new(&export, &resource).unwrap();
-        let encoder = exporter.encoder().unwrap();
-        let queue = SpanQueue::new(&export, Some(encoder.clone()), metrics::Counter::noop());
-        assert!(queue.encodes());
-        let encoded = |ids: std::ops::Range<u8>| {
-            let mut fields = Vec::new();
-            for id in ids {
-                let name = "x".repeat(usize::from(id) * 60);
-                crate::telemetry::otlp::span_field(
-                    &Span { span_id: [id; 8], name: Cow::Owned(name), ..one_span() },
-                    &mut fields,
-                );
-            }
-            fields
-        };
-        queue.offer_encoded(&encoded(10..17), 7);
-        assert_eq!(queue.waiting(), 0);
-        // Two spans, then three: the first batch is cut after the second call's first span.
-        queue.offer_encoded(&encoded(1..3), 2);
-        queue.offer_encoded(&encoded(3..6), 3);
-        assert_eq!(queue.waiting(), 5);
-        let bodies: Vec<Vec<u8>> = std::iter::from_fn(|| queue.take(true))
-            .map(|batch| match batch {
-                Batch::Encoded(body) => encoder.finish(body).to_vec(),
-                Batch::Spans(_) => panic!("a queue that encodes holds encoded batches"),
-            })
-            .collect();
-        let ids: Vec<Vec<u8>> = bodies.iter().map(|body| span_ids(body)).collect();
-        assert_eq!(ids, [vec![1, 2, 3], vec![4, 5]]);
-        assert_eq!(queue.waiting(), 0);
-    }
-
     /// The spans of one sampled call, made through a queue: as OTLP/HTTP exports them (encoded
-    /// as each ends) or as gRPC's exporter takes them, decoded with the times and the child ids
+    /// when offered) or as gRPC's exporter takes them, decoded with the times and the child ids
     /// left out.
     fn call_spans(encodes: bool) -> Vec<opentelemetry_proto::tonic::trace::v1::Span> {
         use crate::telemetry::spans::{CallSpan, Delivery};
@@ -1030,18 +917,15 @@ mod tests {
         span.set(opentelemetry::KeyValue::new("toolhost.replayed", true));
         span.end("error", Some("timeout"));
         assert_eq!(queue.waiting(), 4);
-        let spans = match queue.take(true).unwrap() {
-            Batch::Encoded(body) => {
-                let request = ExportTraceServiceRequest::decode(encoder.finish(body)).unwrap();
-                request.resource_spans[0].scope_spans[0].spans.clone()
-            }
-            Batch::Spans(spans) => {
-                let request = ExportTraceServiceRequest::decode(encoder.encode(&spans)).unwrap();
-                request.resource_spans[0].scope_spans[0].spans.clone()
-            }
+        let body = match queue.take(true).unwrap() {
+            Batch::Encoded(body) => encoder.finish(body),
+            Batch::Spans(spans) => encoder.encode(&spans),
         };
-        spans
-            .into_iter()
+        let request = ExportTraceServiceRequest::decode(body).unwrap();
+        request.resource_spans[0].scope_spans[0]
+            .spans
+            .iter()
+            .cloned()
             .map(|mut span| {
                 (span.start_time_unix_nano, span.end_time_unix_nano) = (0, 0);
                 if span.span_id != [4; 8] {
@@ -1052,11 +936,11 @@ mod tests {
             .collect()
     }
 
-    /// A call's spans are the same whether they are encoded as they end (OTLP/HTTP) or kept as
+    /// A call's spans are the same whether the queue encodes them (OTLP/HTTP) or keeps them as
     /// they are for the gRPC exporter: their order, names, parents, links, attributes (the
-    /// call's own encoded when it starts, those set later after them) and statuses.
+    /// call's own, then those set later, then the outcome) and statuses.
     #[test]
-    fn a_calls_spans_are_the_same_encoded_as_they_end_or_kept_for_grpc() {
+    fn a_calls_spans_are_the_same_encoded_when_offered_or_kept_for_grpc() {
         let encoded = call_spans(true);
         assert_eq!(encoded, call_spans(false));
         let names: Vec<&str> = encoded.iter().map(|span| span.name.as_str()).collect();
@@ -1079,13 +963,6 @@ mod tests {
         assert_eq!(process.links.len(), 1);
         assert_eq!(encoded[0].status.as_ref().unwrap().message, "the tenant's policy");
         assert!(encoded[..3].iter().all(|span| span.parent_span_id == [4; 8]));
-    }
-
-    #[test]
-    fn child_span_ids_are_never_zero_and_never_repeat_on_a_thread() {
-        let ids: std::collections::HashSet<[u8; 8]> = (0..100_000).map(|_| new_span_id()).collect();
-        assert_eq!(ids.len(), 100_000);
-        assert!(!ids.contains(&[0; 8]));
     }
 
     #[test]

@@ -45,14 +45,10 @@ pub(crate) struct Body {
 impl Body {
     /// Appends `span`.
     pub(crate) fn push(&mut self, span_item: &Span) {
-        span_field(span_item, &mut self.bytes);
+        // ScopeSpans.spans = 2
+        put_key(2, WireType::LengthDelimited, &mut self.bytes);
+        delimited(&mut self.bytes, |buf| span(span_item, buf));
         self.spans += 1;
-    }
-
-    /// Appends `count` spans already encoded as [`span_field`] writes them, one after the other.
-    pub(crate) fn push_encoded(&mut self, fields: &[u8], count: usize) {
-        self.bytes.extend_from_slice(fields);
-        self.spans += count;
     }
 
     /// How many spans it holds.
@@ -287,26 +283,6 @@ fn status_len(status: &Status) -> usize {
 
 /// `Span`, its fields in the order of their numbers, as prost writes them (the tests compare
 /// the bytes with the SDK's).
-/// `span` as a `ScopeSpans.spans` field (2), its key and length included: what a body holds
-/// for each span, and what a call's ended spans are kept as until the call ends.
-pub(crate) fn span_field(span_item: &Span, buf: &mut Vec<u8>) {
-    put_key(2, WireType::LengthDelimited, buf);
-    delimited(buf, |buf| span(span_item, buf));
-}
-
-/// The length of the first of `fields` (spans as [`span_field`] writes them), its key and length
-/// included; `None` when `fields` does not start with a whole one.
-pub(crate) fn first_field_len(fields: &[u8]) -> Option<usize> {
-    let (&key, mut rest) = fields.split_first()?;
-    if key != 0x12 {
-        return None;
-    }
-    let before = rest.len();
-    let len = prost::encoding::decode_varint(&mut rest).ok()? as usize;
-    let total = 1 + (before - rest.len()) + len;
-    (total <= fields.len()).then_some(total)
-}
-
 fn span(span: &Span, buf: &mut Vec<u8>) {
     // The ids' keys and lengths are fixed: written with the ids from one array.
     let mut ids = [0u8; 2 + 16 + 2 + 8];
@@ -329,7 +305,6 @@ fn span(span: &Span, buf: &mut Vec<u8>) {
     if let Some(shared) = span.shared {
         buf.extend_from_slice(&shared.encoded);
     }
-    buf.extend_from_slice(&span.encoded);
     for attribute in &span.attributes {
         attribute_field(9, attribute, buf);
     }
@@ -420,34 +395,6 @@ fn attribute_field(tag: u32, attribute: &Attribute, buf: &mut Vec<u8>) {
             buf.extend_from_slice(value);
         }
         _ => message(tag, key_value_len(attribute), buf, |buf| key_value(attribute, buf)),
-    }
-}
-
-/// `attribute` as a `Span.attributes` field (9): what a span's
-/// [`Span::encoded`](super::spans::Span) attributes are made of.
-pub(crate) fn span_attribute(attribute: &Attribute, buf: &mut Vec<u8>) {
-    attribute_field(9, attribute, buf);
-}
-
-/// A text attribute `key` = `text` as a `Span.attributes` field (9), written from borrowed text
-/// (no `Attribute`, so no `String`, is made for it): the same bytes as [`span_attribute`] writes
-/// for the same key and value.
-pub(crate) fn span_text_attribute(key: &str, text: &str, buf: &mut Vec<u8>) {
-    let (key_bytes, value) = (key.as_bytes(), text.as_bytes());
-    if !key_bytes.is_empty() && 2 + key_bytes.len() + 4 + value.len() < 0x80 {
-        let any_len = 2 + value.len();
-        let key_value_len = 2 + key_bytes.len() + 2 + any_len;
-        buf.reserve(2 + key_value_len);
-        buf.extend_from_slice(&[0x4a, key_value_len as u8, 0x0a, key_bytes.len() as u8]);
-        buf.extend_from_slice(key_bytes);
-        buf.extend_from_slice(&[0x12, any_len as u8, 0x0a, value.len() as u8]);
-        buf.extend_from_slice(value);
-    } else {
-        let any_len = field_len(1, value.len());
-        message(9, string_len(1, key) + field_len(2, any_len), buf, |buf| {
-            string(1, key, buf);
-            message(2, any_len, buf, |buf| bytes_always(1, value, buf));
-        });
     }
 }
 
@@ -598,7 +545,6 @@ mod tests {
                 attr("messaging.system", "redis_streams"),
                 attr("messaging.operation.type", "process"),
             ])),
-            encoded: Vec::new(),
             attributes: vec![
                 attr("messaging.message.id", "1790000000123-0".to_owned()),
                 attr("messaging.redis_streams.delivery_count", 2_i64),
@@ -637,7 +583,6 @@ mod tests {
             start: START + 10,
             end: START + 20,
             shared: None,
-            encoded: Vec::new(),
             attributes: vec![
                 attr("gen_ai.operation.name", "execute_tool"),
                 attr("gen_ai.tool.name", String::new()),
@@ -658,7 +603,6 @@ mod tests {
             start: START,
             end: START + 1,
             shared: None,
-            encoded: Vec::new(),
             attributes: vec![
                 Attribute::from(opentelemetry::KeyValue::new("http.response.status_code", 202)),
                 attr("negative", -7_i64),
@@ -693,7 +637,6 @@ mod tests {
             start: START,
             end: START + 5,
             shared: None,
-            encoded: Vec::new(),
             attributes: Vec::new(),
             events: Vec::new(),
             link: None,
@@ -732,50 +675,6 @@ mod tests {
         let sdk = sdk_request(spans(), &resource);
         assert_eq!(ExportTraceServiceRequest::decode(ours.as_slice()).unwrap(), sdk);
         assert_eq!(ours, sdk.encode_to_vec());
-    }
-
-    /// A call's own attributes are encoded when it starts, from borrowed text
-    /// (`span_text_attribute`) or as attributes (`span_attribute`): the span's bytes are the same
-    /// as when it carries them, in the same order, for text of every length.
-    #[test]
-    fn attributes_encoded_ahead_are_the_bytes_of_the_same_attributes_carried() {
-        let resource = resource();
-        let encoder = Encoder::new(&resource_attributes(&resource), "toolhost");
-        for carried in spans() {
-            let mut ahead = carried.clone();
-            let attributes = std::mem::take(&mut ahead.attributes);
-            for attribute in &attributes {
-                match &attribute.value {
-                    Value::Text(text) => super::span_text_attribute(&attribute.key, text, &mut ahead.encoded),
-                    Value::Static(text) => {
-                        super::span_text_attribute(&attribute.key, text, &mut ahead.encoded)
-                    }
-                    _ => super::span_attribute(attribute, &mut ahead.encoded),
-                }
-            }
-            assert_eq!(encoder.encode(&[ahead]), encoder.encode(&[carried.clone()]), "{}", carried.name);
-        }
-    }
-
-    /// `first_field_len` finds each span of a body written span by span, whatever the size of
-    /// its length (one, two or three bytes), and nothing in a cut one.
-    #[test]
-    fn each_span_of_a_body_is_found_by_its_length() {
-        let mut fields = Vec::new();
-        let mut lens = Vec::new();
-        for span_item in spans() {
-            let before = fields.len();
-            super::span_field(&span_item, &mut fields);
-            lens.push(fields.len() - before);
-        }
-        assert!(lens.iter().any(|&len| len < 0x80) && lens.iter().any(|&len| len > 0x4000), "{lens:?}");
-        let mut at = 0;
-        for &len in &lens {
-            assert_eq!(super::first_field_len(&fields[at..]), Some(len));
-            at += len;
-        }
-        assert_eq!(super::first_field_len(&fields[at..]), None);
-        assert_eq!(super::first_field_len(&fields[..lens[0] - 1]), None);
     }
 
     #[test]

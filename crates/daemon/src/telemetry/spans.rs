@@ -170,11 +170,6 @@ pub(crate) struct Span {
     /// The attributes shared with every span of its kind on its stream; written before
     /// `attributes`.
     pub shared: Option<&'static SharedAttributes>,
-    /// Attributes already encoded as OTLP's `Span.attributes` fields, written after `shared`
-    /// and before `attributes`: a sampled call's own (its entry, request and tool), written when
-    /// the call starts from the text it borrows, with no `String` made for each. Only over
-    /// OTLP/HTTP, which toolhost encodes itself; empty for the SDK's gRPC exporter.
-    pub encoded: Vec<u8>,
     pub attributes: Vec<Attribute>,
     pub events: Vec<Event>,
     /// toolhost's spans have one link at most: the message's creation context.
@@ -387,7 +382,6 @@ struct Open {
     name: Cow<'static, str>,
     start: u64,
     shared: Option<&'static SharedAttributes>,
-    encoded: Vec<u8>,
     attributes: Vec<Attribute>,
 }
 
@@ -406,7 +400,6 @@ impl Open {
             start: self.start,
             end: now_nanos(),
             shared: self.shared,
-            encoded: self.encoded,
             attributes: self.attributes,
             events,
             link,
@@ -431,33 +424,12 @@ fn parent_id(span_id: [u8; 8]) -> Option<[u8; 8]> {
     (span_id != [0; 8]).then_some(span_id)
 }
 
-/// A call's child spans that have ended, offered with the call's own when it ends: one offer to
-/// the export queue per call.
-#[derive(Default)]
-struct Ended {
-    /// Over OTLP/HTTP: each encoded as an export's body holds it ([`super::otlp::span_field`]),
-    /// one after the other, so a span is written once, where it ends, and is never moved.
-    fields: Vec<u8>,
-    /// How many spans `fields` holds.
-    count: usize,
-    /// Over gRPC: the spans as they are, for the SDK's exporter.
-    spans: Vec<Span>,
-}
-
-/// The bytes a call's own attributes usually take, encoded (its entry id, request id and tool,
-/// its outcome).
-const OWN_BYTES: usize = 192;
-
-/// The bytes a call's ended child spans usually take (`admit`, the run and `settle`), kept for
-/// them when the call starts so that they do not grow their buffer.
-const CHILD_BYTES: usize = 1024;
-
 /// The `process` span of one sampled call, and what its children are made with.
 pub(crate) struct CallSpan {
     queue: Arc<SpanQueue>,
-    /// Whether spans are encoded as they end (OTLP/HTTP) rather than kept as they are (gRPC).
-    encodes: bool,
-    ended: Mutex<Ended>,
+    /// The call's child spans that have ended, offered with the call's own when it ends: one
+    /// offer to the export queue per call.
+    children: Mutex<Vec<Span>>,
     span: Open,
     names: &'static Fixed,
     link: Option<Link>,
@@ -487,32 +459,16 @@ impl CallSpan {
             fixed(delivery.group).value,
             fixed(delivery.consumer).value,
         );
-        // The call's own attributes: encoded at once from the text they borrow over OTLP/HTTP,
-        // made as attributes for the gRPC exporter.
-        let encodes = queue.encodes();
-        let (mut encoded, mut attributes) = (Vec::new(), Vec::new());
-        let delivery_count = (delivery.deliveries > 1)
-            .then(|| attr("messaging.redis_streams.delivery_count", delivery.deliveries as i64));
-        if encodes {
-            encoded.reserve(OWN_BYTES);
-            super::otlp::span_text_attribute("messaging.message.id", delivery.entry_id, &mut encoded);
-            super::otlp::span_text_attribute("toolhost.request_id", delivery.request_id, &mut encoded);
-            if let Some(count) = &delivery_count {
-                super::otlp::span_attribute(count, &mut encoded);
-            }
-            if let Some(tool) = delivery.tool {
-                super::otlp::span_text_attribute("gen_ai.tool.name", tool, &mut encoded);
-            }
-        } else {
-            attributes.reserve(6);
-            attributes.extend([
-                attr("messaging.message.id", delivery.entry_id.to_owned()),
-                attr("toolhost.request_id", delivery.request_id.to_owned()),
-            ]);
-            attributes.extend(delivery_count);
-            if let Some(tool) = delivery.tool {
-                attributes.push(attr("gen_ai.tool.name", tool.to_owned()));
-            }
+        let mut attributes = Vec::with_capacity(6);
+        attributes.extend([
+            attr("messaging.message.id", delivery.entry_id.to_owned()),
+            attr("toolhost.request_id", delivery.request_id.to_owned()),
+        ]);
+        if delivery.deliveries > 1 {
+            attributes.push(attr("messaging.redis_streams.delivery_count", delivery.deliveries as i64));
+        }
+        if let Some(tool) = delivery.tool {
+            attributes.push(attr("gen_ai.tool.name", tool.to_owned()));
         }
         let parent = trace.parent.and_then(parent_id);
         let span = Open {
@@ -526,18 +482,12 @@ impl CallSpan {
             name: Cow::Borrowed(names.process),
             start: unix_nanos(started),
             shared: Some(shared),
-            encoded,
             attributes,
-        };
-        let ended = match encodes {
-            true => Ended { fields: Vec::with_capacity(CHILD_BYTES), ..Ended::default() },
-            // The admit, run and settle spans, and the call's own.
-            false => Ended { spans: Vec::with_capacity(4), ..Ended::default() },
         };
         Some(CallSpan {
             queue: queue.clone(),
-            encodes,
-            ended: Mutex::new(ended),
+            // The admit, run and settle spans, and the call's own.
+            children: Mutex::new(Vec::with_capacity(4)),
             link: span.link_to_parent(),
             span,
             names,
@@ -557,8 +507,7 @@ impl CallSpan {
     ) -> ChildSpan<'_> {
         let parent = &self.span;
         ChildSpan {
-            sink: &self.ended,
-            encodes: self.encodes,
+            sink: &self.children,
             span: Some(Open {
                 trace_id: parent.trace_id,
                 span_id: new_span_id(),
@@ -570,7 +519,6 @@ impl CallSpan {
                 name,
                 start,
                 shared,
-                encoded: Vec::new(),
                 attributes,
             }),
             failed: Mutex::new(None),
@@ -638,11 +586,7 @@ impl CallSpan {
 
     /// Sets an attribute of the `process` span.
     pub(crate) fn set(&mut self, attribute: impl Into<Attribute>) {
-        let attribute = attribute.into();
-        match self.encodes {
-            true => super::otlp::span_attribute(&attribute, &mut self.span.encoded),
-            false => self.span.attributes.push(attribute),
-        }
+        self.span.attributes.push(attribute.into());
     }
 
     /// Adds an event to the `process` span.
@@ -653,39 +597,25 @@ impl CallSpan {
     /// Ends the `process` span with the call's outcome: `error.type` and an error status for an
     /// answer that is an error (refusals, timeouts and cancels included) or a dead letter.
     pub(crate) fn end(self, outcome: &'static str, error: Option<&'static str>) {
+        let CallSpan { queue, children, mut span, link, events, .. } = self;
+        span.attributes.push(attr("toolhost.outcome", outcome));
         let status = match error {
-            Some(error) => Status::Error(Cow::Borrowed(error)),
+            Some(error) => {
+                span.attributes.push(attr("error.type", error));
+                Status::Error(Cow::Borrowed(error))
+            }
             None => Status::Unset,
         };
-        let outcome = attr("toolhost.outcome", outcome);
-        let error = error.map(|error| attr("error.type", error));
-        let CallSpan { queue, encodes, ended, mut span, link, events, .. } = self;
-        let mut ended = ended.into_inner().unwrap_or_else(PoisonError::into_inner);
-        match encodes {
-            true => {
-                for attribute in std::iter::once(&outcome).chain(&error) {
-                    super::otlp::span_attribute(attribute, &mut span.encoded);
-                }
-                let span = span.finish(events, link, status);
-                super::otlp::span_field(&span, &mut ended.fields);
-                queue.offer_encoded(&ended.fields, ended.count + 1);
-            }
-            false => {
-                span.attributes.push(outcome);
-                span.attributes.extend(error);
-                ended.spans.push(span.finish(events, link, status));
-                queue.offer(ended.spans);
-            }
-        }
+        let mut spans = children.into_inner().unwrap_or_else(PoisonError::into_inner);
+        spans.push(span.finish(events, link, status));
+        queue.offer(spans);
     }
 }
 
 /// A child span of a call; it ends when dropped, or with [`ChildSpan::fail`], and is exported
 /// with the call's `process` span (a call that never ends its span exports neither).
 pub(crate) struct ChildSpan<'a> {
-    sink: &'a Mutex<Ended>,
-    /// Whether the span is encoded as it ends (OTLP/HTTP).
-    encodes: bool,
+    sink: &'a Mutex<Vec<Span>>,
     span: Option<Open>,
     /// `error.type` and the description, once it failed.
     failed: Mutex<Option<(String, String)>>,
@@ -734,14 +664,7 @@ impl Drop for ChildSpan<'_> {
         let failed = self.failed.get_mut().unwrap_or_else(PoisonError::into_inner).take();
         let status = failed_status(&mut span.attributes, failed);
         let span = span.finish(Vec::new(), None, status);
-        let mut ended = self.sink.lock().unwrap_or_else(PoisonError::into_inner);
-        match self.encodes {
-            true => {
-                super::otlp::span_field(&span, &mut ended.fields);
-                ended.count += 1;
-            }
-            false => ended.spans.push(span),
-        }
+        self.sink.lock().unwrap_or_else(PoisonError::into_inner).push(span);
     }
 }
 
@@ -789,7 +712,6 @@ impl DoorSpan {
                 name: Cow::Owned(name),
                 start: now_nanos(),
                 shared: None,
-                encoded: Vec::new(),
                 attributes,
             }),
             tracestate: caller.and_then(|caller| caller.tracestate.clone()),
