@@ -322,9 +322,9 @@ impl DeadLetters {
         let claim = self.keys.answered(ledger, request_id);
         let mut doomed = Vec::new();
         if self.keys.is_cluster() {
-            let held = self.store.hash_fields(&claim).await?;
-            let mut topics: Vec<String> =
-                held.into_iter().filter(|(field, _)| field == "topic").map(|(_, topic)| topic).collect();
+            // A hash (ledger formats 1 and 2) or a string (format 3).
+            let held = toolhost_bus::read_claim(self.store.as_ref(), &claim).await?;
+            let mut topics: Vec<String> = held.and_then(|claim| claim.topic).into_iter().collect();
             topics.extend(named_topic.iter().chain(&self.results).map(|bare| self.keys.topic(bare)));
             for topic in topics {
                 let mark = self.keys.answered_mark(ledger, request_id, &topic);
