@@ -1,5 +1,5 @@
--- The cluster form of ../begin_call.lua: the same lease rules, with the request's claim (a hash
--- in the requests stream's slot) in place of the answered mark.
+-- The cluster form of ../begin_call.lua: the same lease rules, with the request's claim (a hash,
+-- or in ledger format 3 a string, in the requests stream's slot) in place of the answered mark.
 -- KEYS[1] claim (topic, state 'claimed' or 'answered', answer, ...: a hash, or in ledger format 3
 -- a string, see claim_value.lua, prepended), KEYS[2] call record,
 -- KEYS[3] the entry's refusal mark (its copy in the stream's slot); all in the stream's slot.
