@@ -33,12 +33,12 @@
 -- answer_batch.lua takes its mark), and deletes it again if the answer cannot be published; a
 -- claim already there comes back from the same command (a hash, left by format 2, as WRONGTYPE,
 -- then read with HMGET) and is decided and written as before, in its own shape.
--- Ledger keys are read and written with `redis.call` (the claim's first read in format 3 under
--- `redis.pcall`, for WRONGTYPE only): a key of another type (written by something
--- other than toolhost) fails the whole call, and the bus then runs each item on its own, so it
--- fails alone; an item already written by the failed call finds its claim `answered` with its
--- own answer id, and is acked as published. The answer's XADD to a caller-named topic stays
--- under `redis.pcall`.
+-- Ledger keys are read and written with `redis.call`, but for the claim's first read, under
+-- `redis.pcall` for WRONGTYPE only (a claim of the other shape, read again as such): a key of a
+-- third type (written by something other than toolhost) fails that second read and the whole
+-- call, and the bus then runs each item on its own, so it fails alone; an item already written
+-- by the failed call finds its claim `answered` with its own answer id, and is acked as
+-- published. The answer's XADD to a caller-named topic stays under `redis.pcall`.
 local trusted = ARGV[4] ~= '0'
 local strings = ARGV[4] == '3'
 local n = (#ARGV - 4) / 5
