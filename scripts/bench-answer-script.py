@@ -20,7 +20,10 @@ Usage: scripts/bench-answer-script.py [--commandstats] B N NAME=PATH:KEYS[:FORMA
   KEYS is the item layout: 4 (answered mark, refusal mark, call record, topic: the script before
   round 6) or 3 (answered mark, refusal mark, topic: round 6 for items without a call record).
   FORMAT, for scripts that take the ledger format as their fourth shared argument (issue 35):
-  1 (format 1, or 2 rolling from 1: the refusal mark is looked up) or 2 (format 2 trusted).
+  1 (format 1, or 2 rolling from 1: the refusal mark is looked up), 2 (format 2 trusted) or 3
+  (format 3: as 2 on one server; on a cluster new claims are strings, ARGV[4] '3'). Since format
+  3 the cluster script needs cluster/claim_value.lua before it:
+  add_answer.lua+cluster/claim_value.lua+cluster/answer_local.lua.
   The cluster's one-script answer (cluster/answer_local.lua, issue 35) runs on a cluster-mode
   server holding every slot, every key under one hash tag: KEYS c7 is the single-item script
   before round 11 (7 keys an item, each item wrapped by the bus's generic batch wrapper, as
@@ -83,7 +86,7 @@ def cluster_calls(layout, n_calls, per_call, tag, sha, ledger_format):
     """The cluster's one-script answer: every key in the slot of the tag `{t}`."""
     payload = '{"id":"x","data":{"request_id":"r","success":true,"result":{"message":"' + 'x' * 100 + '"}}}'
     stream, topic = 'action-requests:{t}', 'results:bench:{t}'
-    trusted = '1' if ledger_format == 2 else '0'
+    trusted = {2: '1', 3: '3'}.get(ledger_format, '0')
     out = []
     for call in range(n_calls):
         if layout == 'c7':
@@ -118,7 +121,7 @@ def calls(keys_per_item, n_calls, per_call, tag, sha, ledger_format=None):
     for call in range(n_calls):
         keys, args = [stream], ['toolhost', '100000', '86400000']
         if ledger_format is not None:
-            args.append('1' if ledger_format == 2 else '0')
+            args.append('1' if ledger_format in (2, 3) else '0')
         for item in range(per_call):
             request_id, entry = f'{tag}-{call}-{item}', f'{call + 1}-{item}'
             mark = f'toolhost:ledger:{stream}:answered:{request_id}'

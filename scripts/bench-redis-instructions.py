@@ -12,7 +12,8 @@ over while valgrind slows the cluster bus), its slots split as `redis-cli --clus
 splits them (`CLUSTER ADDSLOTSRANGE` on each node, then `CLUSTER MEET`), one master taking every
 slot itself. Two replicas of the real daemon (`toolhost serve`, not under valgrind) serve it,
 configured as `toolhost-bench --fleet --replicas 2 --split-shards --shard-results
---ledger-format 2` configures them (crates/bench/src/fleet.rs): `REDIS_URL`,
+--ledger-format 2` configures them (crates/bench/src/fleet.rs; `--ledger-format 3` here for format
+3's string claims): `REDIS_URL`,
 `TOOLHOST__REDIS__CLUSTER_NODES` on a cluster, `TOOLHOST__STREAMS__SHARDS`,
 `TOOLHOST__DISPATCH__LEDGER_FORMAT`, and with more than one shard `TOOLHOST__STREAMS__READ_SHARDS`
 (replica i of R reads the shards k with k mod R = i).
@@ -554,10 +555,14 @@ class Load:
 
 # --- one row -----------------------------------------------------------------------------------
 
+# `[dispatch] ledger_format` of the replicas (`--ledger-format`).
+LEDGER_FORMAT = "2"
+
+
 def start_replicas(binary, redis, shards, workdir):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TOOLHOST", "OTEL_", "REDIS_"))}
     env.update(redis.env())
-    env.update({"TOOLHOST__STREAMS__SHARDS": str(shards), "TOOLHOST__DISPATCH__LEDGER_FORMAT": "2",
+    env.update({"TOOLHOST__STREAMS__SHARDS": str(shards), "TOOLHOST__DISPATCH__LEDGER_FORMAT": LEDGER_FORMAT,
                 "TOOLHOST__HTTP__LISTEN": "127.0.0.1:0", "TOOLHOST__LOG__LEVEL": "warn"})
     replicas = []
     for index in range(REPLICAS):
@@ -833,10 +838,14 @@ def main():
     parser.add_argument("--cpu", action="store_true",
                         help="no valgrind: each process's CPU time and context switches per request instead")
     parser.add_argument("--keep", action="store_true", help="keep the dumps and logs")
+    parser.add_argument("--ledger-format", choices=["1", "2", "3"], default="2",
+                        help="[dispatch] ledger_format of the replicas (default 2)")
     parser.add_argument("--report-only", action="store_true",
                         help="measure nothing: the report of the rows' results already in --out-dir")
     parser.add_argument("toolhost", nargs="?", default="target/release/toolhost", help="the toolhost binary")
     args = parser.parse_args()
+    global LEDGER_FORMAT
+    LEDGER_FORMAT = args.ledger_format
     test_shard_rule()
     rows = args.rows.split(",")
     for row in rows:

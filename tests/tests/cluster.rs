@@ -40,8 +40,36 @@ fn env_with_prefix(cluster: &RedisCluster, prefix: &str) -> Vec<(String, String)
     ]
 }
 
+/// [`env_with_prefix`] with the ledger written in `format` (`[dispatch] ledger_format`; 1, the
+/// default, writes a cluster's claims as hashes, 3 as strings).
+fn env_in_format(cluster: &RedisCluster, prefix: &str, format: u8) -> Vec<(String, String)> {
+    let mut env = env_with_prefix(cluster, prefix);
+    env.push(("TOOLHOST__DISPATCH__LEDGER_FORMAT".to_owned(), format.to_string()));
+    env
+}
+
 fn start(cluster: &RedisCluster) -> Toolhost {
     start_with_prefix(cluster, "")
+}
+
+fn start_in_format(cluster: &RedisCluster, prefix: &str, format: u8) -> Toolhost {
+    let env = env_in_format(cluster, prefix, format);
+    let pairs: Vec<(&str, &str)> = env.iter().map(|(name, value)| (name.as_str(), value.as_str())).collect();
+    Toolhost::start(&pairs)
+}
+
+/// The Redis type of the claim at `key` (`hash` in ledger formats 1 and 2, `string` in format 3,
+/// `none`) and what it holds, read as its type is.
+fn claim_at(connection: &mut ClusterConnection, key: &str) -> (String, toolhost_bus::Claim) {
+    let shape: String = redis::cmd("TYPE").arg(key).query(connection).unwrap();
+    let claim = if shape == "string" {
+        let value: String = redis::cmd("GET").arg(key).query(connection).unwrap();
+        toolhost_bus::Claim::from_value(&value).unwrap_or_else(|| panic!("not a claim at {key}: {value:?}"))
+    } else {
+        let fields: Vec<(String, String)> = redis::cmd("HGETALL").arg(key).query(connection).unwrap();
+        toolhost_bus::Claim::from_fields(fields).unwrap_or_default()
+    };
+    (shape, claim)
 }
 
 fn start_with_prefix(cluster: &RedisCluster, prefix: &str) -> Toolhost {
@@ -302,11 +330,23 @@ fn two_replicas_answer_every_request_once_across_a_kill_and_duplicates_naming_ot
 
 #[test]
 fn a_duplicate_naming_another_topic_is_acked_unanswered_and_late_copies_get_the_original_answer() {
+    duplicates_and_late_copies_are_answered_once(1);
+}
+
+/// The same in ledger format 3 (a claim is a string): on the three-step finish (`prod:`) and the
+/// one-script answer (`{th}:`).
+#[test]
+fn a_duplicate_naming_another_topic_is_acked_unanswered_and_late_copies_get_the_original_answer_in_ledger_format_3()
+ {
+    duplicates_and_late_copies_are_answered_once(3);
+}
+
+fn duplicates_and_late_copies_are_answered_once(format: u8) {
     let cluster = RedisCluster::start(3, 0);
     // A plain prefix (keys spread over the shards, ledger keys tagged into their slots) and a
     // prefix that is a hash tag (every key in one slot).
     for prefix in ["prod:", "{th}:"] {
-        let toolhost = start_with_prefix(&cluster, prefix);
+        let toolhost = start_in_format(&cluster, prefix, format);
         let mut connection = cluster.connection();
         let requests = format!("{prefix}{REQUESTS}");
         // A slow, non-idempotent call and a copy naming another topic while it runs.
@@ -360,7 +400,8 @@ fn a_duplicate_naming_another_topic_is_acked_unanswered_and_late_copies_get_the_
         assert_eq!(log.matches("\"outcome\":\"replayed\"").count(), 4, "{log}");
         // The copy sent while the call ran is acked unanswered.
         assert!(log.matches("\"outcome\":\"duplicate\"").count() >= 1, "{log}");
-        assert_ledger_placement(&cluster, prefix, &requests, &format!("{prefix}{}", topic(3)));
+        let shape = if format == 3 { "string" } else { "hash" };
+        assert_ledger_placement(&cluster, prefix, &requests, &format!("{prefix}{}", topic(3)), shape);
         assert_no_slot_errors(&toolhost);
     }
 }
@@ -430,8 +471,19 @@ with toolhost.Client("{}", cluster_nodes="{}", shards=6) as client:
 /// run again; and the console's call page shows the answer, read from the request's claim.
 #[test]
 fn a_retry_gets_its_original_answer_and_the_console_shows_it_on_a_cluster() {
+    a_retry_gets_its_original_answer_and_the_console_shows_it(1);
+}
+
+/// The same in ledger format 3: the kept answer and the console's read of it come from a claim
+/// that is a string.
+#[test]
+fn a_retry_gets_its_original_answer_and_the_console_shows_it_on_a_cluster_in_ledger_format_3() {
+    a_retry_gets_its_original_answer_and_the_console_shows_it(3);
+}
+
+fn a_retry_gets_its_original_answer_and_the_console_shows_it(format: u8) {
     let cluster = RedisCluster::start(3, 0);
-    let mut env = env_with_prefix(&cluster, "");
+    let mut env = env_in_format(&cluster, "", format);
     env.push(("TOOLHOST__CONSOLE__LISTEN".to_owned(), "127.0.0.1:0".to_owned()));
     let pairs: Vec<(&str, &str)> = env.iter().map(|(name, value)| (name.as_str(), value.as_str())).collect();
     let toolhost = Toolhost::start(&pairs);
@@ -502,8 +554,15 @@ fn a_retry_gets_its_original_answer_and_the_console_shows_it_on_a_cluster() {
 }
 
 /// Every ledger key of `d-2` lives where CONTRACTS.md says: the claim, the call record and the
-/// refusal copies in the requests stream's slot, the answered mark in its response topic's.
-fn assert_ledger_placement(cluster: &RedisCluster, prefix: &str, requests: &str, answer_topic: &str) {
+/// refusal copies in the requests stream's slot, the answered mark in its response topic's. The
+/// claim is of Redis type `shape` (`hash` before ledger format 3, `string` in it).
+fn assert_ledger_placement(
+    cluster: &RedisCluster,
+    prefix: &str,
+    requests: &str,
+    answer_topic: &str,
+    shape: &str,
+) {
     let mut keys: Vec<String> = Vec::new();
     for node in cluster.nodes() {
         let mut connection = node.connection();
@@ -530,16 +589,16 @@ fn assert_ledger_placement(cluster: &RedisCluster, prefix: &str, requests: &str,
     assert!(claims[0].starts_with(prefix), "{keys:?}");
     assert_eq!(cluster.slot(claims[0]), cluster.slot(requests), "{}", claims[0]);
     let mut connection = cluster.connection();
-    let claim: BTreeMap<String, String> =
-        redis::cmd("HGETALL").arg(claims[0]).query(&mut connection).unwrap();
-    assert_eq!(claim.get("state").map(String::as_str), Some("answered"), "{claim:?}");
-    assert_eq!(claim.get("topic").map(String::as_str), Some(answer_topic), "{claim:?}");
-    assert!(claim.get("answer").is_some_and(|answer| !answer.is_empty()), "{claim:?}");
+    let (found, claim) = claim_at(&mut connection, claims[0]);
+    assert_eq!(found, shape, "{claim:?}");
+    assert!(claim.is_answered(), "{claim:?}");
+    assert_eq!(claim.topic.as_deref(), Some(answer_topic), "{claim:?}");
+    assert!(claim.answer.as_ref().is_some_and(|answer| !answer.is_empty()), "{claim:?}");
     if let Some(mark_key) = marks.first() {
         assert!(mark_key.starts_with(prefix), "{keys:?}");
         assert_eq!(cluster.slot(mark_key), cluster.slot(answer_topic), "{mark_key}");
         let mark: String = redis::cmd("GET").arg(mark_key).query(&mut connection).unwrap();
-        assert_eq!(claim.get("answer"), Some(&mark));
+        assert_eq!(claim.answer, Some(mark));
     }
 }
 
@@ -675,9 +734,8 @@ fn states_left_by_a_crash_between_ledger_steps_are_resolved_with_one_answer() {
     // The reclaimed entry is finished: nothing published again, the claim settled, the entry acked.
     let answered = assert_answered_once(&mut connection, &named, &[&toolhost]);
     assert_eq!(answered["c-2"].1["id"], answer_id.as_str());
-    let claim: BTreeMap<String, String> =
-        redis::cmd("HGETALL").arg(claim_of("c-2")).query(&mut connection).unwrap();
-    assert_eq!(claim.get("state").map(String::as_str), Some("answered"), "{claim:?}");
+    let (_, claim) = claim_at(&mut connection, &claim_of("c-2"));
+    assert!(claim.is_answered(), "{claim:?}");
 
     // The dead holder's consumer, holding nothing and without a heartbeat, is pruned once idle
     // for ten leases (its heartbeat is looked up in another slot); the live replica's stays.
@@ -911,8 +969,18 @@ fn assert_the_replay_is_answered_once(
 /// claim in the requests stream's).
 #[test]
 fn a_dead_letter_replayed_with_the_cli_is_answered_on_its_response_topic_on_a_cluster() {
+    a_dead_letter_replayed_with_the_cli_is_answered_once(1);
+}
+
+/// The same in ledger format 3: the replay reads the claim's topic from a string.
+#[test]
+fn a_dead_letter_replayed_with_the_cli_is_answered_on_its_response_topic_on_a_cluster_in_ledger_format_3() {
+    a_dead_letter_replayed_with_the_cli_is_answered_once(3);
+}
+
+fn a_dead_letter_replayed_with_the_cli_is_answered_once(format: u8) {
     let cluster = RedisCluster::start(3, 0);
-    let toolhost = start(&cluster);
+    let toolhost = start_in_format(&cluster, "", format);
     let mut connection = cluster.connection();
     a_dead_letter_whose_request_was_answered_since(&cluster, &mut connection);
 

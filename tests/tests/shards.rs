@@ -29,7 +29,20 @@ fn shards() -> Shards {
 
 /// A daemon of toolbox `toolbox` on `cluster` with six shards, reading `read` (all when empty).
 fn start(cluster: &RedisCluster, toolbox: &str, read: &str) -> Toolhost {
+    start_in_format(cluster, toolbox, read, (1, 0))
+}
+
+/// [`start`] writing the ledger in `format` and `previous` (`[dispatch] ledger_format` and
+/// `previous_ledger_format`).
+fn start_in_format(
+    cluster: &RedisCluster,
+    toolbox: &str,
+    read: &str,
+    (format, previous): (u8, u8),
+) -> Toolhost {
     let mut env = vec![
+        ("TOOLHOST__DISPATCH__LEDGER_FORMAT", format.to_string()),
+        ("TOOLHOST__DISPATCH__PREVIOUS_LEDGER_FORMAT", previous.to_string()),
         ("REDIS_URL", cluster.nodes()[0].url()),
         ("TOOLHOST__REDIS__CLUSTER_NODES", cluster.nodes_env()),
         ("TOOLHOST__DAEMON__TOOLBOX_ID", toolbox.to_owned()),
@@ -254,10 +267,22 @@ fn six_shards_on_three_masters_answer_every_call_once_across_a_failover_and_a_ki
 /// call` follows the shard rule.
 #[test]
 fn a_request_on_the_wrong_shard_is_answered_once_and_replicas_may_read_some_shards() {
+    wrong_shard_requests_are_answered_once([(1, 0), (1, 0)]);
+}
+
+/// The same midway through the roll to ledger format 3 (docs/OPERATIONS.md, "Rolling to ledger
+/// format 3", step 2): one replica still writes format 2's claims (hashes), the other format 3's
+/// (strings), and each reads the other's, moved requests and the retry included.
+#[test]
+fn a_request_on_the_wrong_shard_is_answered_once_while_rolling_to_ledger_format_3() {
+    wrong_shard_requests_are_answered_once([(3, 2), (3, 0)]);
+}
+
+fn wrong_shard_requests_are_answered_once([low_format, high_format]: [(u8, u8); 2]) {
     let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let cluster = RedisCluster::start(3, 0);
-    let low = start(&cluster, "toolhost", "0,1,2");
-    let high = start(&cluster, "toolhost", "3,4,5");
+    let low = start_in_format(&cluster, "toolhost", "0,1,2", low_format);
+    let high = start_in_format(&cluster, "toolhost", "3,4,5", high_format);
     let mut connection = cluster.connection();
     let topic = "results:shards";
     let shards = shards();

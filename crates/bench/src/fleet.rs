@@ -64,7 +64,7 @@ pub struct FleetOptions {
     pub split_shards: bool,
     /// Whether requests name a results topic of their shard's slot instead of the default one.
     pub shard_results: bool,
-    /// `[dispatch] ledger_format` of the replicas (1 or 2).
+    /// `[dispatch] ledger_format` of the replicas (1, 2 or 3).
     pub ledger_format: u8,
     /// Masters of the cluster topology (3 by default; 1 is a cluster-mode server holding every
     /// slot, which separates what the cluster path costs from what spreading it over nodes does).

@@ -441,14 +441,20 @@ pub enum Committed {
 pub const REFUSED_MARK: &str = "refused";
 
 /// The format of the ledger's marks a replica writes and reads (`[dispatch] ledger_format`,
-/// `[dispatch] previous_ledger_format`), so a fleet rolls from format 1 to format 2 without
-/// losing or doubling an answer (`docs/OPERATIONS.md`, "Rolling to ledger format 2").
+/// `[dispatch] previous_ledger_format`), so a fleet rolls from format 1 to format 2, and from 2
+/// to 3, without losing or doubling an answer (`docs/OPERATIONS.md`, "Rolling to ledger format
+/// 2" and "Rolling to ledger format 3").
 ///
 /// Format 1 writes a refusal as the entry's refusal mark alone, so a final answer must look
 /// that mark up (one `EXISTS` per answer). Format 2 also sets the request's answered mark to
 /// [`REFUSED_MARK`] when it has none (and keeps the mark alive as long as the refusal), so an
 /// answered mark that is not there means no entry of the request was answered at all, and the
 /// common answer (a request answered for the first time) is one `SET NX GET`.
+///
+/// Format 3 changes only a Redis Cluster's ledger: a new claim is one string ([`Claim`]) where
+/// formats 1 and 2 write a hash, so the common answer on a cluster takes it with one `SET NX GET`
+/// as one server takes its mark. One server's ledger is format 2's. Every format of this release
+/// reads claims of both shapes; replicas of earlier releases read only hashes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum LedgerFormat {
     /// Writes format 1, reads either (a placeholder is "not answered"). The default; what
@@ -462,6 +468,15 @@ pub enum LedgerFormat {
     /// Writes format 2 and trusts it: an answer looks the entry's refusal mark up only when the
     /// answered mark is there. Every replica of the fleet must write format 2.
     Two,
+    /// Writes format 2 (a cluster's new claims are hashes) and reads claims of both shapes: the
+    /// fleet runs replicas of format 2 and 3 side by side (`ledger_format = 3` with
+    /// `previous_ledger_format = 2`). Replicas of earlier releases, which read only hashes, may
+    /// still run beside it; none may once any replica writes format 3.
+    RollingToThree,
+    /// Writes format 3 (a cluster's new claims are strings) and reads claims of both shapes, a
+    /// hash left by format 2 honoured until it expires. Every replica of the fleet must be of this
+    /// release and write format 2 or 3.
+    Three,
 }
 
 impl LedgerFormat {
@@ -472,8 +487,148 @@ impl LedgerFormat {
 
     /// Whether an answer skips the entry's refusal mark when the request's mark is not there.
     pub fn trusts_placeholders(self) -> bool {
-        self == LedgerFormat::Two
+        matches!(self, LedgerFormat::Two | LedgerFormat::RollingToThree | LedgerFormat::Three)
     }
+
+    /// Whether a cluster's new claims are strings (format 3) rather than hashes.
+    pub fn writes_claim_strings(self) -> bool {
+        self == LedgerFormat::Three
+    }
+}
+
+/// A request's claim on a Redis Cluster, the ledger's record of who answers it: a hash in ledger
+/// formats 1 and 2, one string in format 3 (see `docs/CONTRACTS.md`, "The ledger's format"):
+///
+/// `<state><refused><topic length>:<topic>[<answer id>\n<entry id>[\n<kept>]]`
+///
+/// with `state` one of `a` (answered), `c` (claimed) or `-`, and `refused` `r` or `-`.
+/// `scripts/cluster/claim_value.lua` writes and reads it inside Redis; this reads it outside.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Claim {
+    /// The response topic the claim is held for (a full key).
+    pub topic: Option<String>,
+    /// `claimed` or `answered`.
+    pub state: Option<String>,
+    /// The final answer's message id.
+    pub answer: Option<String>,
+    /// The entry of the requests stream the final answer answered.
+    pub entry: Option<String>,
+    /// What is kept of the final answer for retries (its `data`, as JSON).
+    pub kept: Option<String>,
+    /// Whether an entry of the request was refused (format 2's field `refused`).
+    pub refused: bool,
+}
+
+impl Claim {
+    /// The claim from a hash's fields (formats 1 and 2); no fields, no claim.
+    pub fn from_fields(fields: Vec<(String, String)>) -> Option<Claim> {
+        if fields.is_empty() {
+            return None;
+        }
+        let mut claim = Claim::default();
+        for (field, value) in fields {
+            match field.as_str() {
+                "topic" => claim.topic = Some(value),
+                "state" => claim.state = Some(value),
+                "answer" => claim.answer = Some(value),
+                "entry" => claim.entry = Some(value),
+                "kept" => claim.kept = Some(value),
+                REFUSED_MARK => claim.refused = true,
+                _ => {}
+            }
+        }
+        Some(claim)
+    }
+
+    /// The claim from its string (format 3); `None` when `value` is not one.
+    pub fn from_value(value: &str) -> Option<Claim> {
+        let state = match value.as_bytes().first()? {
+            b'a' => Some("answered".to_owned()),
+            b'c' => Some("claimed".to_owned()),
+            b'-' => None,
+            _ => return None,
+        };
+        let refused = match value.as_bytes().get(1)? {
+            b'r' => true,
+            b'-' => false,
+            _ => return None,
+        };
+        let (length, rest) = value.get(2..)?.split_once(':')?;
+        let length: usize = length.parse().ok()?;
+        let topic = rest.get(..length)?;
+        let tail = rest.get(length..)?;
+        let mut claim = Claim {
+            topic: (!topic.is_empty()).then(|| topic.to_owned()),
+            state,
+            refused,
+            ..Claim::default()
+        };
+        if !tail.is_empty() {
+            let mut parts = tail.splitn(3, '\n');
+            claim.answer = parts.next().map(str::to_owned);
+            claim.entry = parts.next().map(str::to_owned);
+            claim.kept = parts.next().map(str::to_owned);
+        }
+        Some(claim)
+    }
+
+    /// The claim's string (format 3).
+    pub fn to_value(&self) -> String {
+        let state = match self.state.as_deref() {
+            Some("answered") => 'a',
+            Some("claimed") => 'c',
+            _ => '-',
+        };
+        let topic = self.topic.as_deref().unwrap_or_default();
+        let mut value = format!("{state}{}{}:{topic}", if self.refused { 'r' } else { '-' }, topic.len());
+        if let Some(answer) = &self.answer {
+            value.push_str(answer);
+            if let Some(entry) = &self.entry {
+                value.push('\n');
+                value.push_str(entry);
+                if let Some(kept) = &self.kept {
+                    value.push('\n');
+                    value.push_str(kept);
+                }
+            }
+        }
+        value
+    }
+
+    /// Whether the claim says the request was answered.
+    pub fn is_answered(&self) -> bool {
+        self.state.as_deref() == Some("answered")
+    }
+
+    /// The answer as kept for retries, once answered with an answer kept.
+    pub fn kept_answer(&self) -> Option<KeptAnswer> {
+        match (self.is_answered(), &self.entry, &self.kept) {
+            (true, Some(entry_id), Some(data)) => Some(KeptAnswer {
+                id: self.answer.clone().unwrap_or_default(),
+                entry_id: entry_id.clone(),
+                data: data.clone(),
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// Reads a request's claim on a Redis Cluster, of either shape: its string (format 3) when the
+/// key holds one, else its hash's fields (formats 1 and 2). `values` reads a key of another type
+/// as missing, so a hash costs a second round trip; these readers (retries, cancels, the console,
+/// `dlq replay`) are off the common answer's path.
+///
+/// # Errors
+/// Redis failed, or the key holds a string that is not a claim.
+pub async fn read_claim<D: Directory + ?Sized>(directory: &D, key: &str) -> Result<Option<Claim>, Error> {
+    if let Some(value) =
+        directory.values(std::slice::from_ref(&key.to_owned())).await?.into_iter().next().flatten()
+    {
+        return Claim::from_value(&value)
+            .map(Some)
+            .ok_or_else(|| Error::Protocol(format!("the claim at {key} is a string of no known shape")));
+    }
+    Ok(Claim::from_fields(directory.hash_fields(key).await?))
 }
 
 /// Whether `mark`, the value of a request's answered mark on one server, is an answer (not the
@@ -526,6 +681,41 @@ pub(crate) fn is_entry_id(cursor: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn claims_read_back_what_was_written_whatever_their_topic_and_kept_answer_hold() {
+        let claims = [
+            Claim { refused: true, ..Claim::default() },
+            Claim { topic: Some("t".to_owned()), state: Some("claimed".to_owned()), ..Claim::default() },
+            Claim {
+                topic: Some("{x}results:a:b\nc".to_owned()),
+                state: Some("answered".to_owned()),
+                answer: Some("a1".to_owned()),
+                entry: Some("5-0".to_owned()),
+                kept: Some("{\"m\":\"1\\n2:3\"}\n\n".to_owned()),
+                refused: true,
+            },
+            Claim {
+                topic: Some("t".to_owned()),
+                state: Some("answered".to_owned()),
+                answer: Some("a2".to_owned()),
+                entry: Some("6-1".to_owned()),
+                ..Claim::default()
+            },
+        ];
+        for claim in claims {
+            assert_eq!(Claim::from_value(&claim.to_value()), Some(claim.clone()), "{}", claim.to_value());
+        }
+        assert_eq!(Claim { refused: true, ..Claim::default() }.to_value(), "-r0:");
+        let answered = Claim::from_value("a-1:ta2\n6-1\n{}").unwrap();
+        assert_eq!(
+            answered.kept_answer(),
+            Some(KeptAnswer { id: "a2".to_owned(), entry_id: "6-1".to_owned(), data: "{}".to_owned() })
+        );
+        for not_a_claim in ["", "a", "x-0:", "a-9:short", "a-:t", "refused"] {
+            assert_eq!(Claim::from_value(not_a_claim), None, "{not_a_claim:?}");
+        }
+    }
 
     #[test]
     fn entry_ids_are_told_from_message_ids() {

@@ -36,9 +36,9 @@ mod slots;
 mod tls;
 
 pub use bus::{
-    Bus, CallKeys, CallStart, Committed, Directory, EntryRef, Finish, FleetAccess, GroupInfo, Groups,
+    Bus, CallKeys, CallStart, Claim, Committed, Directory, EntryRef, Finish, FleetAccess, GroupInfo, Groups,
     KeptAnswer, Ledger, LedgerFormat, Published, REFUSED_MARK, RateLimits, Reclaimed, Server, Streams,
-    call_owner, is_answer_mark,
+    call_owner, is_answer_mark, read_claim,
 };
 pub use caller::{CallError, Caller, Pending};
 pub use connection::Topology;

@@ -681,7 +681,7 @@ impl Ledger for RedisBus {
                     call.lease.as_millis().to_string(),
                     call.retention.as_millis().to_string(),
                     entry_id.to_owned(),
-                    flag(self.options.ledger_format.trusts_placeholders()).to_owned(),
+                    self.ledger_reads_flag().to_owned(),
                 ],
             )
             .await?;
@@ -1057,6 +1057,16 @@ impl RedisBus {
 
 impl RedisBus {
     /// The shared part of `answer_batch.lua` calls for a stream, group and retention.
+    /// How the answer and begin scripts read the ledger: whether format 2's notes of refusals
+    /// are trusted, and on a cluster whether new claims are strings (`cluster::reads_flag`).
+    fn ledger_reads_flag(&self) -> &'static str {
+        if self.cluster {
+            cluster::reads_flag(self.options.ledger_format)
+        } else {
+            flag(self.options.ledger_format.trusts_placeholders())
+        }
+    }
+
     fn answer_shared(&self, topic: &str, group: &str, retention: Duration) -> Arc<Shared> {
         let millis = retention.as_millis();
         let mut known = self.batchers.answer_shared.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -1071,7 +1081,7 @@ impl RedisBus {
                 group.to_owned(),
                 self.options.maxlen.to_string(),
                 millis.to_string(),
-                flag(self.options.ledger_format.trusts_placeholders()).to_owned(),
+                self.ledger_reads_flag().to_owned(),
             ],
         });
         known.push(((topic.to_owned(), group.to_owned(), millis), Arc::clone(&shared)));

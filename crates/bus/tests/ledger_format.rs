@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use toolhost_bus::{
-    CallKeys, CallStart, Committed, EntryRef, Finish, Groups as _, Keys, Ledger as _, LedgerFormat,
+    CallKeys, CallStart, Claim, Committed, EntryRef, Finish, Groups as _, Keys, Ledger as _, LedgerFormat,
     Published, REFUSED_MARK, RedisBus, RedisOptions, Streams as _, Topology,
 };
 
@@ -82,17 +82,38 @@ impl Redis {
     }
 
     /// The value of a request's answered mark on one server; on a cluster, its claim's fields
-    /// written as `field=value` pairs.
+    /// written as `field=value` pairs, whether the claim is a hash (formats 1 and 2) or a string
+    /// (format 3).
     fn mark(&self, request_id: &str) -> Option<String> {
         let key = self.keys.answered(REQUESTS, request_id);
         let mut connection = self.server.connection();
         if self.keys.is_cluster() {
-            let fields: Vec<(String, String)> =
-                redis::cmd("HGETALL").arg(&key).query(&mut connection).unwrap();
+            let fields: Vec<(String, String)> = match self.claim_shape(request_id).as_str() {
+                "string" => {
+                    let value: String = redis::cmd("GET").arg(&key).query(&mut connection).unwrap();
+                    let claim = Claim::from_value(&value).unwrap_or_else(|| panic!("not a claim: {value:?}"));
+                    let named = [
+                        ("topic", claim.topic),
+                        ("state", claim.state),
+                        ("answer", claim.answer),
+                        ("entry", claim.entry),
+                        ("kept", claim.kept),
+                        (REFUSED_MARK, claim.refused.then(|| "1".to_owned())),
+                    ];
+                    named.into_iter().filter_map(|(field, value)| Some((field.to_owned(), value?))).collect()
+                }
+                _ => redis::cmd("HGETALL").arg(&key).query(&mut connection).unwrap(),
+            };
             let pairs: Vec<String> = fields.iter().map(|(field, value)| format!("{field}={value}")).collect();
             return (!pairs.is_empty()).then(|| pairs.join(","));
         }
         redis::cmd("GET").arg(&key).query(&mut connection).unwrap()
+    }
+
+    /// The Redis type of a request's claim (or mark): `hash`, `string` or `none`.
+    fn claim_shape(&self, request_id: &str) -> String {
+        let key = self.keys.answered(REQUESTS, request_id);
+        redis::cmd("TYPE").arg(&key).query(&mut self.server.connection()).unwrap()
     }
 
     /// How many answers the results topic holds.
@@ -188,9 +209,23 @@ fn refusal_lookup(redis: &Redis) -> &'static str {
     if redis.keys.is_cluster() { "get" } else { "exists" }
 }
 
+/// The `GET`s of a first answer that read the claim rather than a refusal mark: in format 3 the
+/// three-step finish reads its claim (a string) with `GET` in the claim step and in the settle;
+/// the one-script answer takes it with `SET NX GET`, and formats 1 and 2 read hashes.
+fn claim_reads(redis: &Redis, format: LedgerFormat) -> u64 {
+    let three_steps = redis.keys.is_cluster() && redis.results != LOCAL_RESULTS;
+    if three_steps && format == LedgerFormat::Three { 2 } else { 0 }
+}
+
 async fn first_answers_skip_the_refusal_mark_only_in_format_2(redis: &Redis) {
     let lookup = refusal_lookup(redis);
-    for (format, lookups) in [(LedgerFormat::One, 1), (LedgerFormat::Rolling, 1), (LedgerFormat::Two, 0)] {
+    for (format, lookups) in [
+        (LedgerFormat::One, 1),
+        (LedgerFormat::Rolling, 1),
+        (LedgerFormat::Two, 0),
+        (LedgerFormat::RollingToThree, 0),
+        (LedgerFormat::Three, 0),
+    ] {
         let bus = redis.bus(format);
         let entries = redis.deliver(&bus, 1).await;
         let request_id = format!("first-{format:?}");
@@ -199,7 +234,11 @@ async fn first_answers_skip_the_refusal_mark_only_in_format_2(redis: &Redis) {
             end(redis, &bus, GROUPS[0], &request_id, &entries[0], End::Final(None)).await,
             Committed::Published
         );
-        assert_eq!(ran(redis, lookup, before), lookups, "{format:?}: refusal mark lookups of a first answer");
+        assert_eq!(
+            ran(redis, lookup, before),
+            lookups + claim_reads(redis, format),
+            "{format:?}: refusal mark lookups of a first answer"
+        );
         // The other toolbox's copy of the entry: answered once.
         assert_eq!(
             end(redis, &bus, GROUPS[1], &request_id, &entries[0], End::Final(None)).await,
@@ -209,54 +248,69 @@ async fn first_answers_skip_the_refusal_mark_only_in_format_2(redis: &Redis) {
 }
 
 async fn a_refusal_in_format_2_does_not_use_the_request_id_up(redis: &Redis) {
-    for writer in [LedgerFormat::Rolling, LedgerFormat::Two] {
-        for reader in [LedgerFormat::One, LedgerFormat::Rolling, LedgerFormat::Two] {
-            if writer == LedgerFormat::Two && reader == LedgerFormat::One {
-                // Never side by side: the roll passes through `Rolling`.
-                continue;
-            }
-            let (writes, reads) = (redis.bus(writer), redis.bus(reader));
-            let request_id = format!("victim-{writer:?}-{reader:?}");
-            let entries = redis.deliver(&writes, 3).await;
-            let (forged, real, retry) = (&entries[0], &entries[1], &entries[2]);
-            let answers = redis.answers();
+    use LedgerFormat::{One, Rolling, RollingToThree, Three, Two};
+    // Every writer of refusal notes beside every replica it runs beside during a roll (from 1 to
+    // 2 through `Rolling`, from 2 to 3 through `RollingToThree`), in both roles.
+    let pairs = [
+        (Rolling, One),
+        (Rolling, Rolling),
+        (Rolling, Two),
+        (Two, Rolling),
+        (Two, Two),
+        (Two, RollingToThree),
+        (RollingToThree, Two),
+        (RollingToThree, RollingToThree),
+        (RollingToThree, Three),
+        (Three, RollingToThree),
+        (Three, Three),
+    ];
+    for (writer, reader) in pairs {
+        let (writes, reads) = (redis.bus(writer), redis.bus(reader));
+        let request_id = format!("victim-{writer:?}-{reader:?}");
+        let entries = redis.deliver(&writes, 3).await;
+        let (forged, real, retry) = (&entries[0], &entries[1], &entries[2]);
+        let answers = redis.answers();
 
-            // A forged entry borrowing the id is refused: the mark notes a refusal, no answer.
-            assert_eq!(
-                end(redis, &writes, GROUPS[0], &request_id, forged, End::Refusal).await,
-                Committed::Published
-            );
-            let mark = redis.mark(&request_id).unwrap();
-            assert!(mark.contains(REFUSED_MARK) && !mark.contains("answered"), "{mark}");
-
-            // The victim's own request runs and is answered, and its answer kept.
-            assert_eq!(begin(redis, &reads, &request_id, real).await, CallStart::Fresh);
-            assert_eq!(
-                end(redis, &reads, GROUPS[0], &request_id, real, End::Final(Some("{\"kept\":1}"))).await,
-                Committed::Published
-            );
-            // The forged entry, read by the other toolbox: its refusal stays its one answer,
-            // whether it finds it as a first answer or as a retry with a kept answer.
-            assert_eq!(begin(redis, &reads, &request_id, forged).await, CallStart::Answered);
-            assert_eq!(
-                end(redis, &reads, GROUPS[1], &request_id, forged, End::Final(Some("{\"kept\":2}"))).await,
-                Committed::NotPublished
-            );
-            // A retry gets the original answer, once across both toolboxes.
-            let CallStart::AnsweredKept(kept) = begin(redis, &reads, &request_id, retry).await else {
-                panic!("{writer:?} → {reader:?}: the retry did not find the kept answer")
-            };
-            assert_eq!(kept.data, "{\"kept\":1}");
-            assert_eq!(
-                end(redis, &reads, GROUPS[0], &request_id, retry, End::Replay).await,
-                Committed::Published
-            );
-            assert_eq!(
-                end(redis, &writes, GROUPS[1], &request_id, retry, End::Replay).await,
-                Committed::NotPublished
-            );
-            assert_eq!(redis.answers() - answers, 3, "{writer:?} → {reader:?}: refusal, answer, replay");
+        // A forged entry borrowing the id is refused: the mark notes a refusal, no answer.
+        assert_eq!(
+            end(redis, &writes, GROUPS[0], &request_id, forged, End::Refusal).await,
+            Committed::Published
+        );
+        let mark = redis.mark(&request_id).unwrap();
+        assert!(mark.contains(REFUSED_MARK) && !mark.contains("answered"), "{mark}");
+        if redis.keys.is_cluster() {
+            // Only format 3 creates strings: replicas of earlier releases read hashes only.
+            let shape = if writer == Three { "string" } else { "hash" };
+            assert_eq!(redis.claim_shape(&request_id), shape, "{writer:?}");
         }
+
+        // The victim's own request runs and is answered, and its answer kept.
+        assert_eq!(begin(redis, &reads, &request_id, real).await, CallStart::Fresh);
+        assert_eq!(
+            end(redis, &reads, GROUPS[0], &request_id, real, End::Final(Some("{\"kept\":1}"))).await,
+            Committed::Published
+        );
+        // The forged entry, read by the other toolbox: its refusal stays its one answer,
+        // whether it finds it as a first answer or as a retry with a kept answer.
+        assert_eq!(begin(redis, &reads, &request_id, forged).await, CallStart::Answered);
+        assert_eq!(
+            end(redis, &reads, GROUPS[1], &request_id, forged, End::Final(Some("{\"kept\":2}"))).await,
+            Committed::NotPublished
+        );
+        // A retry gets the original answer, once across both toolboxes.
+        let CallStart::AnsweredKept(kept) = begin(redis, &reads, &request_id, retry).await else {
+            panic!("{writer:?} → {reader:?}: the retry did not find the kept answer")
+        };
+        assert_eq!(kept.data, "{\"kept\":1}");
+        assert_eq!(
+            end(redis, &reads, GROUPS[0], &request_id, retry, End::Replay).await,
+            Committed::Published
+        );
+        assert_eq!(
+            end(redis, &writes, GROUPS[1], &request_id, retry, End::Replay).await,
+            Committed::NotPublished
+        );
+        assert_eq!(redis.answers() - answers, 3, "{writer:?} → {reader:?}: refusal, answer, replay");
     }
 }
 
@@ -519,4 +573,192 @@ async fn on_a_cluster_a_one_script_answer_completes_a_claim_left_claimed() {
     assert_eq!(redis.answers(), answers, "the first answer stays the only one");
     let held = redis.mark("half").unwrap();
     assert!(held.contains("state=answered") && !held.contains("answer="), "{held}");
+}
+
+/// Ledger format 3's common answer on a cluster is one server's: one script call for the batch,
+/// each claim taken with one `SET NX GET` of a string, the answer's `XADD`, and one shared `XACK`;
+/// no hash command and no `PEXPIRE`.
+#[tokio::test]
+async fn on_a_cluster_format_3_answers_in_the_streams_slot_with_one_set_per_answer() {
+    const N_ANSWERS: usize = 8;
+    let redis = Redis::cluster_with_local_results();
+    let bus = redis.bus(LedgerFormat::Three);
+    let entries = redis.deliver(&bus, N_ANSWERS + 1).await;
+    // The first call of a script loads it (`NOSCRIPT`, then `SCRIPT LOAD`): count the next ones.
+    assert_eq!(
+        end(&redis, &bus, GROUPS[0], "warm-three", &entries[N_ANSWERS], End::Final(None)).await,
+        Committed::Published
+    );
+    let counted = ["evalsha", "xack", "set", "xadd", "get", "mget", "hmget", "hset", "pexpire", "del"];
+    let before: Vec<u64> = counted.iter().map(|command| redis.server.calls(command)).collect();
+    let answers = redis.answers();
+    let ends = entries[..N_ANSWERS].iter().enumerate().map(|(call_idx, entry_id)| {
+        let (redis, bus) = (&redis, &bus);
+        async move {
+            let kept = (call_idx % 2 == 0).then_some("{\"kept\":\"a\\nb:c\"}");
+            end(redis, bus, GROUPS[0], &format!("three-{call_idx}"), entry_id, End::Final(kept)).await
+        }
+    });
+    for committed in futures::future::join_all(ends).await {
+        assert_eq!(committed, Committed::Published);
+    }
+    let ran: Vec<u64> =
+        counted.iter().zip(&before).map(|(command, before)| ran(&redis, command, *before)).collect();
+    let n = N_ANSWERS as u64;
+    assert_eq!(ran, [1, 1, n, n, 0, 0, 0, 0, 0, 0], "{counted:?}");
+    assert_eq!(redis.answers() - answers, N_ANSWERS);
+    for (call_idx, entry_id) in entries[..N_ANSWERS].iter().enumerate() {
+        let request_id = format!("three-{call_idx}");
+        assert_eq!(redis.claim_shape(&request_id), "string");
+        let held = redis.mark(&request_id).unwrap();
+        assert!(held.contains("state=answered") && held.contains(&format!("entry={entry_id}")), "{held}");
+        // Another toolbox's copy of the entry finds the claim: answered once.
+        assert_eq!(
+            end(&redis, &bus, GROUPS[1], &request_id, entry_id, End::Final(None)).await,
+            Committed::NotPublished
+        );
+    }
+    // A retry of a request whose answer was kept (payload with a newline and a colon) gets it.
+    let retry = redis.deliver(&bus, 1).await;
+    let CallStart::AnsweredKept(kept) = begin(&redis, &bus, "three-0", &retry[0]).await else {
+        panic!("the retry did not find the kept answer")
+    };
+    assert_eq!(kept.data, "{\"kept\":\"a\\nb:c\"}");
+    assert_eq!(redis.answers() - answers, N_ANSWERS);
+}
+
+/// A claim left by format 2 (a hash) is honoured by format 3 until it expires, and keeps its
+/// shape: the request is answered once, a retry gets the kept answer, a refusal noted in it
+/// still keeps its entry answered once.
+async fn a_format_2_claim_is_honoured_by_format_3(redis: &Redis) {
+    let (two, three) = (redis.bus(LedgerFormat::Two), redis.bus(LedgerFormat::Three));
+    let entries = redis.deliver(&two, 4).await;
+    let answers = redis.answers();
+    assert_eq!(
+        end(redis, &two, GROUPS[0], "older", &entries[0], End::Final(Some("{\"kept\":2}"))).await,
+        Committed::Published
+    );
+    assert_eq!(redis.claim_shape("older"), "hash");
+    // The other toolbox, of format 3, reads the same entry: answered once.
+    assert_eq!(
+        end(redis, &three, GROUPS[1], "older", &entries[0], End::Final(Some("{\"kept\":3}"))).await,
+        Committed::NotPublished
+    );
+    // A retry, begun and ended by format 3, gets the original answer, once.
+    let CallStart::AnsweredKept(kept) = begin(redis, &three, "older", &entries[1]).await else {
+        panic!("the retry did not find the kept answer in format 2's claim")
+    };
+    assert_eq!(kept.data, "{\"kept\":2}");
+    assert_eq!(end(redis, &three, GROUPS[0], "older", &entries[1], End::Replay).await, Committed::Published);
+    assert_eq!(
+        end(redis, &three, GROUPS[1], "older", &entries[1], End::Replay).await,
+        Committed::NotPublished
+    );
+    assert_eq!(redis.claim_shape("older"), "hash", "a claim keeps its shape");
+
+    // A refusal noted by format 2, then the victim's request answered by format 3.
+    assert_eq!(
+        end(redis, &two, GROUPS[0], "noted-by-two", &entries[2], End::Refusal).await,
+        Committed::Published
+    );
+    assert_eq!(redis.mark("noted-by-two").as_deref(), Some("refused=1"));
+    assert_eq!(begin(redis, &three, "noted-by-two", &entries[3]).await, CallStart::Fresh);
+    assert_eq!(
+        end(redis, &three, GROUPS[0], "noted-by-two", &entries[3], End::Final(None)).await,
+        Committed::Published
+    );
+    assert_eq!(redis.claim_shape("noted-by-two"), "hash");
+    assert_eq!(begin(redis, &three, "noted-by-two", &entries[2]).await, CallStart::Answered);
+    assert_eq!(
+        end(redis, &three, GROUPS[1], "noted-by-two", &entries[2], End::Final(None)).await,
+        Committed::NotPublished
+    );
+    assert_eq!(redis.answers() - answers, 4, "answer, replay, refusal, answer");
+}
+
+#[tokio::test]
+async fn on_a_cluster_a_format_2_claim_is_honoured_by_format_3() {
+    a_format_2_claim_is_honoured_by_format_3(&Redis::cluster()).await;
+}
+
+#[tokio::test]
+async fn on_a_cluster_with_results_in_the_streams_slot_a_format_2_claim_is_honoured_by_format_3() {
+    a_format_2_claim_is_honoured_by_format_3(&Redis::cluster_with_local_results()).await;
+}
+
+/// The roll from format 2 to 3, each stage's two kinds of replica side by side on the same
+/// stream (one per toolbox, both answering every entry at once): every request is answered
+/// exactly once, refused entries stay refused, and retries get the kept answer once.
+async fn rolling_from_2_to_3_answers_every_request_once(redis: &Redis) {
+    use LedgerFormat::{RollingToThree, Three, Two};
+    const N_REQUESTS: usize = 12;
+    for (first, second) in [(Two, RollingToThree), (RollingToThree, Three), (Three, RollingToThree)] {
+        let (a, b) = (redis.bus(first), redis.bus(second));
+        // Per request: an entry, a retry of it, and every third request a forged entry first.
+        let entries = redis.deliver(&a, N_REQUESTS * 3).await;
+        let answers = redis.answers();
+        let mut expected = 0;
+        for request_idx in 0..N_REQUESTS {
+            let request_id = format!("roll-{first:?}-{second:?}-{request_idx}");
+            let [entry, retry, forged] = [0, 1, 2].map(|offset| &entries[request_idx * 3 + offset]);
+            // The replica refusing a forged entry alternates between the two kinds.
+            let refuser = if request_idx % 2 == 0 { &a } else { &b };
+            if request_idx % 3 == 0 {
+                assert_eq!(
+                    end(redis, refuser, GROUPS[0], &request_id, forged, End::Refusal).await,
+                    Committed::Published
+                );
+                expected += 1;
+            }
+            let kept = "{\"kept\":1}";
+            let (one, other) = futures::future::join(
+                end(redis, &a, GROUPS[0], &request_id, entry, End::Final(Some(kept))),
+                end(redis, &b, GROUPS[1], &request_id, entry, End::Final(Some(kept))),
+            )
+            .await;
+            let published =
+                [&one, &other].iter().filter(|committed| ***committed == Committed::Published).count();
+            assert_eq!(published, 1, "{request_id}: {one:?}, {other:?}");
+            expected += 1;
+            if request_idx % 3 == 0 {
+                // The forged entry, read by the other toolbox: its refusal is its one answer.
+                let other = if request_idx % 2 == 0 { &b } else { &a };
+                assert_eq!(
+                    end(redis, other, GROUPS[1], &request_id, forged, End::Final(None)).await,
+                    Committed::NotPublished,
+                    "{request_id}"
+                );
+            }
+            // A retry, begun by one kind and replayed by both: the kept answer once.
+            let CallStart::AnsweredKept(found) = begin(redis, &b, &request_id, retry).await else {
+                panic!("{request_id}: the retry did not find the kept answer")
+            };
+            assert_eq!(found.data, kept);
+            let (one, other) = futures::future::join(
+                end(redis, &a, GROUPS[0], &request_id, retry, End::Replay),
+                end(redis, &b, GROUPS[1], &request_id, retry, End::Replay),
+            )
+            .await;
+            let published =
+                [&one, &other].iter().filter(|committed| ***committed == Committed::Published).count();
+            assert_eq!(published, 1, "{request_id} retry: {one:?}, {other:?}");
+            expected += 1;
+        }
+        assert_eq!(redis.answers() - answers, expected, "{first:?} beside {second:?}");
+    }
+}
+
+#[tokio::test]
+async fn on_a_cluster_rolling_from_2_to_3_answers_every_request_once() {
+    rolling_from_2_to_3_answers_every_request_once(&Redis::cluster()).await;
+}
+
+#[tokio::test]
+async fn on_a_cluster_with_results_in_the_streams_slot_rolling_from_2_to_3_answers_every_request_once() {
+    rolling_from_2_to_3_answers_every_request_once(&Redis::cluster_with_local_results()).await;
+}
+
+#[tokio::test]
+async fn on_one_server_rolling_from_2_to_3_answers_every_request_once() {
+    rolling_from_2_to_3_answers_every_request_once(&Redis::one_server()).await;
 }

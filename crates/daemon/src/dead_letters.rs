@@ -306,7 +306,8 @@ impl DeadLetters {
     /// that would make a replay a duplicate: its answered mark and its call record.
     ///
     /// On a cluster the answered mark lives next to the topic the answer went to, in that topic's
-    /// slot, and [`Keys::answered`] is the request's claim, a hash naming that topic. So the
+    /// slot, and [`Keys::answered`] is the request's claim, a hash (a string in ledger format 3)
+    /// naming that topic. So the
     /// marks next to every topic the answer may have gone to are deleted first (the claim's
     /// topic, `named_topic` from the payload, the default results topic), then the claim and the
     /// call record: a crash in between leaves the claim, and a second replay finds the topics
@@ -322,9 +323,9 @@ impl DeadLetters {
         let claim = self.keys.answered(ledger, request_id);
         let mut doomed = Vec::new();
         if self.keys.is_cluster() {
-            let held = self.store.hash_fields(&claim).await?;
-            let mut topics: Vec<String> =
-                held.into_iter().filter(|(field, _)| field == "topic").map(|(_, topic)| topic).collect();
+            // A hash (ledger formats 1 and 2) or a string (format 3).
+            let held = toolhost_bus::read_claim(self.store.as_ref(), &claim).await?;
+            let mut topics: Vec<String> = held.and_then(|claim| claim.topic).into_iter().collect();
             topics.extend(named_topic.iter().chain(&self.results).map(|bare| self.keys.topic(bare)));
             for topic in topics {
                 let mark = self.keys.answered_mark(ledger, request_id, &topic);

@@ -147,9 +147,15 @@ mod tests {
 
     /// On a cluster the claim sits in the requests stream's slot and the answered marks next to
     /// the topics answers went to: a replay of another toolbox's letter deletes them all (the
-    /// claim's topic, the payload's, the default results topic), and no other request's.
+    /// claim's topic, the payload's, the default results topic), and no other request's; the
+    /// claim a hash (ledger formats 1 and 2) or a string (format 3).
     #[tokio::test]
     async fn replay_on_a_cluster_forgets_the_marks_next_to_every_answer_topic() {
+        replay_on_a_cluster_forgets_the_marks(false).await;
+        replay_on_a_cluster_forgets_the_marks(true).await;
+    }
+
+    async fn replay_on_a_cluster_forgets_the_marks(claim_is_a_string: bool) {
         let bus = Arc::new(MemoryBus::new());
         let keys = Keys::for_cluster("p:");
         let letters = DeadLetters::of(bus.clone(), bus.clone(), keys.clone(), "tb-2", "reqs-2")
@@ -163,12 +169,14 @@ mod tests {
         });
         let dlq_id = bus.publish("p:dlq:tb-2", &new_message_id(), &letter.to_string()).await.unwrap();
         let claim = keys.answered("reqs-2", "r-1");
-        bus.replace_hash(
-            &claim,
-            &[("topic".to_owned(), "p:results:9".to_owned()), ("state".to_owned(), "answered".to_owned())],
-        )
-        .await
-        .unwrap();
+        let held =
+            [("topic".to_owned(), "p:results:9".to_owned()), ("state".to_owned(), "answered".to_owned())];
+        if claim_is_a_string {
+            let value = toolhost_bus::Claim::from_fields(held.to_vec()).unwrap().to_value();
+            bus.set_expiring(&claim, &value, Duration::from_secs(60)).await.unwrap();
+        } else {
+            bus.replace_hash(&claim, &held).await.unwrap();
+        }
         let marks: Vec<String> = ["p:results:9", "p:results:7", "p:results-2"]
             .iter()
             .map(|topic| keys.answered_mark("reqs-2", "r-1", topic))
@@ -192,6 +200,7 @@ mod tests {
         let entry_id = letters.replay(&found).await.unwrap();
 
         assert!(bus.hash_fields(&claim).await.unwrap().is_empty());
+        assert_eq!(bus.values(std::slice::from_ref(&claim)).await.unwrap(), [None]);
         let left = bus.values(&[marks.clone(), vec![record, other]].concat()).await.unwrap();
         assert_eq!(left, [None, None, None, None, Some("a-1".to_owned())]);
         let requeued = bus.read("p:reqs-2", "0-0", 10, None).await.unwrap();

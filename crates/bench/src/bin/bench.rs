@@ -121,8 +121,8 @@ struct Args {
     /// results streams spread their answers.
     #[arg(long)]
     shard_results: bool,
-    /// `[dispatch] ledger_format` of the fleet rows' replicas: 1 (the default) or 2.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=2))]
+    /// `[dispatch] ledger_format` of the fleet rows' replicas: 1 (the default), 2 or 3.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=3))]
     ledger_format: u8,
     /// Topologies of the fleet rows, comma separated: single, cluster, replicated (a master with
     /// one replica: echo and terminal_run with `[redis] replica_acks` 0 and 1, one toolhost).

@@ -9,7 +9,7 @@
 //! dead-letter topic's (D). So a finish runs as steps, each a script in one slot, in this order:
 //!
 //! 1. **claim** (S): a final answer takes the request's claim for its topic (a hash next to the
-//!    stream, holding the topic and `claimed`). A claim held for another topic means a copy of
+//!    stream, or in ledger format 3 a string, holding the topic and `claimed`). A claim held for another topic means a copy of
 //!    the request named another response topic and that one gets the answer; a claim that says
 //!    `answered` (or the entry's refusal mark) means there is nothing to publish. The same step
 //!    reads whether the entry is still pending (for the dead letter).
@@ -135,6 +135,7 @@ impl RedisBus {
     pub(super) fn cluster_begin_batcher(&self, call: &CallKeys<'_>) -> Result<&Batcher, Error> {
         same_slot("begin_call", &[call.answered, call.call, call.entry])?;
         let source = concat!(
+            include_str!("../scripts/cluster/claim_value.lua"),
             include_str!("../scripts/cluster/begin_call.lua"),
             include_str!("../scripts/call_lease.lua")
         );
@@ -209,6 +210,7 @@ impl RedisBus {
             Batcher::for_batches(
                 concat!(
                     include_str!("../scripts/add_answer.lua"),
+                    include_str!("../scripts/cluster/claim_value.lua"),
                     include_str!("../scripts/cluster/answer_local.lua")
                 ),
                 (5, 6),
@@ -256,7 +258,10 @@ impl RedisBus {
         if (identified && finish.answer.is_some()) || finish.dead_letter.is_some() {
             let batcher = self.cluster_batcher(
                 &self.batchers.cluster_claim,
-                include_str!("../scripts/cluster/claim.lua"),
+                concat!(
+                    include_str!("../scripts/cluster/claim_value.lua"),
+                    include_str!("../scripts/cluster/claim.lua")
+                ),
                 3,
                 13,
             );
@@ -276,7 +281,7 @@ impl RedisBus {
                         flag(finish.replay),
                         flag(finish.kept.is_some()),
                         flag(self.options.ledger_format.trusts_placeholders()),
-                        flag(self.options.ledger_format.writes_placeholders()),
+                        writes_flag(self.options.ledger_format).to_owned(),
                     ],
                 )
                 .await?;
@@ -423,7 +428,10 @@ impl RedisBus {
         let entry = finish.entry;
         let batcher = self.cluster_batcher(
             &self.batchers.cluster_settle,
-            include_str!("../scripts/cluster/settle.lua"),
+            concat!(
+                include_str!("../scripts/cluster/claim_value.lua"),
+                include_str!("../scripts/cluster/settle.lua")
+            ),
             4,
             13,
         );
@@ -443,7 +451,7 @@ impl RedisBus {
                     flag(settle.delete_record),
                     flag(settle.ack),
                     finish.kept.unwrap_or_default().to_owned(),
-                    flag(self.options.ledger_format.writes_placeholders()),
+                    writes_flag(self.options.ledger_format).to_owned(),
                 ],
             )
             .await?;
@@ -643,6 +651,20 @@ fn claimed_from(reply: Value) -> Result<Claimed, Error> {
 /// A script's flag argument, owned.
 fn flag(value: bool) -> String {
     super::flag(value).to_owned()
+}
+
+/// How the cluster scripts read and take claims in `format` (`answer_local.lua`'s ARGV[4],
+/// `begin_call.lua`'s ARGV[5]): "0" the refusal marks are always looked up (format 1, or 2
+/// rolling from 1), "1" format 2's notes are trusted, "3" trusted and new claims are strings.
+pub(super) fn reads_flag(format: crate::LedgerFormat) -> &'static str {
+    if format.writes_claim_strings() { "3" } else { super::flag(format.trusts_placeholders()) }
+}
+
+/// What the cluster scripts write in `format` (`claim.lua`'s and `settle.lua`'s ARGV[13]): "0"
+/// format 1, "1" format 2 (refusals noted in the claim, new claims are hashes), "3" format 3
+/// (refusals noted, new claims are strings).
+fn writes_flag(format: crate::LedgerFormat) -> &'static str {
+    if format.writes_claim_strings() { "3" } else { super::flag(format.writes_placeholders()) }
 }
 
 /// One slot of each primary, from a `CLUSTER SLOTS` reply (`[[start, end, [host, port, id], replicas...], ...]`).

@@ -200,14 +200,13 @@ impl Calls {
     /// What the ledger knows of a call no live replica says it runs.
     async fn ledger_state(&self, ledger: &str, request_id: &str) -> Result<CancelState, Error> {
         let answered = self.keys.answered(ledger, request_id);
-        // On a cluster the key is the request's claim, a hash; on one server the mark, a string.
-        // Neither counts when it holds only ledger format 2's note of refused entries.
+        // On a cluster the key is the request's claim (a hash, or a string in ledger format 3);
+        // on one server the mark, a string. Neither counts when it holds only ledger format 2's
+        // note of refused entries.
         let is_answered = if self.keys.is_cluster() {
-            self.bus
-                .hash_fields(&answered)
+            toolhost_bus::read_claim(self.bus.as_ref(), &answered)
                 .await?
-                .iter()
-                .any(|(field, _)| field != toolhost_bus::REFUSED_MARK)
+                .is_some_and(|claim| claim.topic.is_some() || claim.state.is_some() || claim.answer.is_some())
         } else {
             let marks = self.bus.values(&[answered]).await?;
             marks.first().and_then(Option::as_deref).is_some_and(toolhost_bus::is_answer_mark)

@@ -30,20 +30,9 @@ pub(crate) async fn former_answer(
 ) -> Result<Option<Option<KeptAnswer>>, toolhost_bus::Error> {
     let key = keys.answered(ledger, request_id);
     if keys.is_cluster() {
-        let fields: std::collections::BTreeMap<String, String> =
-            bus.hash_fields(&key).await?.into_iter().collect();
-        if fields.get("state").map(String::as_str) != Some("answered") {
-            return Ok(None);
-        }
-        let kept = match (fields.get("entry"), fields.get("kept")) {
-            (Some(entry_id), Some(data)) => Some(KeptAnswer {
-                id: fields.get("answer").cloned().unwrap_or_default(),
-                entry_id: entry_id.clone(),
-                data: data.clone(),
-            }),
-            _ => None,
-        };
-        return Ok(Some(kept));
+        // A hash (ledger formats 1 and 2) or a string (format 3).
+        let claim = toolhost_bus::read_claim(bus, &key).await?;
+        return Ok(claim.filter(toolhost_bus::Claim::is_answered).map(|claim| claim.kept_answer()));
     }
     // The placeholder of ledger format 2 (refused entries, no answer) is not answered.
     let mark = bus.values(std::slice::from_ref(&key)).await?.into_iter().next().flatten();

@@ -193,11 +193,13 @@ pub struct DispatchSection {
     /// The largest answer payload kept with its answered mark, so a retry of the request is
     /// answered with it; 0 keeps none.
     pub kept_answer_max_bytes: usize,
-    /// The ledger's format this replica writes: 1 (the default) or 2 (refusals folded into the
-    /// request's answered mark). See [`toolhost_bus::LedgerFormat`].
+    /// The ledger's format this replica writes: 1 (the default), 2 (refusals folded into the
+    /// request's answered mark) or 3 (as 2, and a cluster's claims are strings). See
+    /// [`toolhost_bus::LedgerFormat`].
     pub ledger_format: u8,
     /// While a fleet rolls from ledger format 1 to 2: 1, so a replica writing format 2 still
-    /// reads as format 1 does; 0 otherwise.
+    /// reads as format 1 does; from 2 to 3: 2, so a replica of format 3 still writes format 2's
+    /// hashes while replicas of earlier releases may run; 0 otherwise.
     pub previous_ledger_format: u8,
 }
 
@@ -383,13 +385,15 @@ fn validate(
             ),
         );
     }
-    if !(1..=2).contains(&raw.dispatch.ledger_format) {
-        bad("dispatch.ledger_format", "must be 1 or 2");
+    if !(1..=3).contains(&raw.dispatch.ledger_format) {
+        bad("dispatch.ledger_format", "must be 1, 2 or 3");
     }
-    if !matches!((raw.dispatch.ledger_format, raw.dispatch.previous_ledger_format), (_, 0) | (2, 1)) {
+    if !matches!((raw.dispatch.ledger_format, raw.dispatch.previous_ledger_format), (_, 0) | (2, 1) | (3, 2))
+    {
         bad(
             "dispatch.previous_ledger_format",
-            "must be 0 (no roll under way), or 1 with ledger_format = 2 (a roll from format 1 to 2)",
+            "must be 0 (no roll under way), 1 with ledger_format = 2 (a roll from format 1 to 2), or 2 with \
+             ledger_format = 3 (a roll from format 2 to 3)",
         );
     }
     let mut read = raw.streams.read_shards.clone();
@@ -530,6 +534,8 @@ impl Config {
         match (self.raw.dispatch.ledger_format, self.raw.dispatch.previous_ledger_format) {
             (2, 0) => toolhost_bus::LedgerFormat::Two,
             (2, _) => toolhost_bus::LedgerFormat::Rolling,
+            (3, 0) => toolhost_bus::LedgerFormat::Three,
+            (3, _) => toolhost_bus::LedgerFormat::RollingToThree,
             _ => toolhost_bus::LedgerFormat::One,
         }
     }

@@ -567,7 +567,7 @@ fn shard_settings_are_read_from_files_and_the_environment_and_bad_ones_name_thei
 }
 
 #[test]
-fn the_ledger_format_rolls_from_1_to_2_and_bad_combinations_name_their_key() {
+fn the_ledger_format_rolls_from_1_to_2_and_2_to_3_and_bad_combinations_name_their_key() {
     use toolhost_bus::LedgerFormat;
     let format = |vars: &[(&str, &str)]| {
         Config::load(None, &env(vars)).map(|config| config.redis_options().ledger_format)
@@ -577,8 +577,19 @@ fn the_ledger_format_rolls_from_1_to_2_and_bad_combinations_name_their_key() {
         [("TOOLHOST__DISPATCH__LEDGER_FORMAT", "2"), ("TOOLHOST__DISPATCH__PREVIOUS_LEDGER_FORMAT", "1")];
     assert_eq!(format(&rolling).unwrap(), LedgerFormat::Rolling);
     assert_eq!(format(&[("TOOLHOST__DISPATCH__LEDGER_FORMAT", "2")]).unwrap(), LedgerFormat::Two);
+    let rolling_to_three =
+        [("TOOLHOST__DISPATCH__LEDGER_FORMAT", "3"), ("TOOLHOST__DISPATCH__PREVIOUS_LEDGER_FORMAT", "2")];
+    assert_eq!(format(&rolling_to_three).unwrap(), LedgerFormat::RollingToThree);
+    assert_eq!(format(&[("TOOLHOST__DISPATCH__LEDGER_FORMAT", "3")]).unwrap(), LedgerFormat::Three);
     for (vars, key) in [
-        (&[("TOOLHOST__DISPATCH__LEDGER_FORMAT", "3")][..], "dispatch.ledger_format"),
+        (&[("TOOLHOST__DISPATCH__LEDGER_FORMAT", "4")][..], "dispatch.ledger_format"),
+        (
+            &[
+                ("TOOLHOST__DISPATCH__LEDGER_FORMAT", "3"),
+                ("TOOLHOST__DISPATCH__PREVIOUS_LEDGER_FORMAT", "1"),
+            ][..],
+            "dispatch.previous_ledger_format",
+        ),
         (&[("TOOLHOST__DISPATCH__LEDGER_FORMAT", "0")][..], "dispatch.ledger_format"),
         (&[("TOOLHOST__DISPATCH__PREVIOUS_LEDGER_FORMAT", "1")][..], "dispatch.previous_ledger_format"),
         (

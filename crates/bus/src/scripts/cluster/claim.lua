@@ -1,6 +1,7 @@
 -- Cluster finish, step 1, in the requests stream's slot: take the request's claim for the answer's
 -- topic, and see whether the entry is still pending.
--- KEYS[1] requests stream, KEYS[2] claim (hash: topic, state, answer), KEYS[3] the entry's
+-- KEYS[1] requests stream, KEYS[2] claim (topic, state, answer, ...: a hash, or in ledger format
+-- 3 a string, see claim_value.lua, prepended), KEYS[3] the entry's
 -- refusal mark (copy in this slot)
 -- ARGV[1] group, ARGV[2] entry id, ARGV[3] '1' when the request is identified (KEYS[2], KEYS[3]
 -- are real), ARGV[4] '1' when there is an answer, ARGV[5] '1' when it is final,
@@ -10,10 +11,12 @@
 -- guards it: the claim is the original's), ARGV[11] '1' when the finish keeps its final answer
 -- for retries, ARGV[12] '1' when the ledger is of format 2 on every replica: a claim without the
 -- field `refused` means no entry of the request was refused, and the refusal mark is not read,
--- ARGV[13] '1' when the ledger writes format 2: an answer that is not final notes itself in the
--- claim (field `refused`) here, before it is published next to its topic, so the note is there
--- as long as any refusal mark of the request is (answer_local.lua then skips the marks next to
--- the topic when the claim is empty; settle.lua notes it again with the refusal mark's copy)
+-- ARGV[13] '1' when the ledger writes format 2, '3' when it writes format 3: an answer that is
+-- not final notes itself in the claim (field `refused`) here, before it is published next to its
+-- topic, so the note is there as long as any refusal mark of the request is (answer_local.lua
+-- then skips the marks next to the topic when the claim is empty; settle.lua notes it again with
+-- the refusal mark's copy); a claim this step creates is a string in format 3, a hash otherwise,
+-- and a claim already there keeps its shape
 -- Returns {claim, pending, own, taken}, or {3, pending, 0, 0, mark}:
 --   claim 0: publish (the claim is this topic's now, or the answer is not final);
 --         1: the request (or this entry) was answered already: publish nothing;
@@ -41,7 +44,9 @@ if ARGV[8] == '1' then
 end
 local claim, own, taken = 0, 0, 0
 if identified and has_answer then
-  local held = redis.call('HMGET', KEYS[2], 'topic', 'state', 'answer', 'entry', 'kept', 'refused')
+  local strings = ARGV[13] == '3'
+  local held, shape = read_claim(KEYS[2], strings)
+  local as_string = shape or (shape == nil and strings)
   local refused = false
   if ARGV[12] ~= '1' or held[6] then
     refused = redis.call('GET', KEYS[3])
@@ -63,13 +68,22 @@ if identified and has_answer then
   elseif held[1] and held[1] ~= ARGV[6] then
     if final then claim = 2 end
   elseif final and not held[1] then
-    redis.call('HSET', KEYS[2], 'topic', ARGV[6], 'state', 'claimed')
-    redis.call('PEXPIRE', KEYS[2], ARGV[7])
+    if as_string then
+      redis.call('SET', KEYS[2], claim_value(ARGV[6], 'claimed', held[3], held[4], held[5], held[6]),
+        'PX', ARGV[7])
+    else
+      redis.call('HSET', KEYS[2], 'topic', ARGV[6], 'state', 'claimed')
+      redis.call('PEXPIRE', KEYS[2], ARGV[7])
+    end
     taken = 1
   end
-  if claim == 0 and not final and ARGV[13] == '1' then
-    redis.call('HSET', KEYS[2], 'refused', '1')
-    redis.call('PEXPIRE', KEYS[2], ARGV[7])
+  if claim == 0 and not final and ARGV[13] ~= '0' then
+    if as_string then
+      redis.call('SET', KEYS[2], claim_value(held[1], held[2], held[3], held[4], held[5], true), 'PX', ARGV[7])
+    else
+      redis.call('HSET', KEYS[2], 'refused', '1')
+      redis.call('PEXPIRE', KEYS[2], ARGV[7])
+    end
   end
 end
 return {claim, pending, own, taken}

@@ -260,8 +260,9 @@ pub(crate) async fn kept_answer(console: &Console, request_id: &str) -> Result<O
     let home = console.shards.stream(console.shards.of_id(request_id));
     let key = console.keys.answered(&home, request_id);
     if console.keys.is_cluster() {
-        let fields: BTreeMap<String, String> = console.bus.hash_fields(&key).await?.into_iter().collect();
-        return Ok(claim_answer(&fields));
+        // A hash (ledger formats 1 and 2) or a string (format 3).
+        let claim = toolhost_bus::read_claim(console.bus.as_ref(), &key).await?;
+        return Ok(claim.and_then(|claim| claim_answer(&claim)));
     }
     let values = console.bus.values(std::slice::from_ref(&key)).await?;
     // The placeholder of ledger format 2 (refused entries, no answer) is no answer.
@@ -273,16 +274,15 @@ pub(crate) async fn kept_answer(console: &Console, request_id: &str) -> Result<O
         .map(|mark| parse_mark(&mark)))
 }
 
-/// What a cluster claim (`topic`, `state`, `answer`, `entry`, `kept`) says of the answer; `None`
-/// until it is `answered`.
-fn claim_answer(fields: &BTreeMap<String, String>) -> Option<KeptAnswer> {
-    if fields.get("state").map(String::as_str) != Some("answered") {
+/// What a cluster claim says of the answer; `None` until it is `answered`.
+fn claim_answer(claim: &toolhost_bus::Claim) -> Option<KeptAnswer> {
+    if !claim.is_answered() {
         return None;
     }
     Some(KeptAnswer {
-        answer_id: fields.get("answer").cloned().unwrap_or_default(),
-        entry_id: fields.get("entry").filter(|id| !id.is_empty()).cloned(),
-        data: fields.get("kept").and_then(|data| serde_json::from_str(data).ok()),
+        answer_id: claim.answer.clone().unwrap_or_default(),
+        entry_id: claim.entry.clone().filter(|id| !id.is_empty()),
+        data: claim.kept.as_deref().and_then(|data| serde_json::from_str(data).ok()),
     })
 }
 
@@ -338,8 +338,15 @@ mod tests {
 
     #[test]
     fn cluster_claims_are_read_once_answered() {
-        let claim = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
-            pairs.iter().map(|(name, value)| ((*name).to_owned(), (*value).to_owned())).collect()
+        // A hash's fields (ledger formats 1 and 2), read back through the claim's string (format
+        // 3): both shapes say the same.
+        let claim = |pairs: &[(&str, &str)]| -> toolhost_bus::Claim {
+            let fields =
+                pairs.iter().map(|(name, value)| ((*name).to_owned(), (*value).to_owned())).collect();
+            let from_hash = toolhost_bus::Claim::from_fields(fields).unwrap();
+            let from_string = toolhost_bus::Claim::from_value(&from_hash.to_value()).unwrap();
+            assert_eq!(from_string, from_hash);
+            from_string
         };
         assert_eq!(claim_answer(&claim(&[("topic", "t"), ("state", "claimed")])), None);
         assert_eq!(
