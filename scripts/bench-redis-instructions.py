@@ -637,24 +637,29 @@ def measure_row(row, binary, args, out_dir):
         result["idle_per_s"] = idle
         result["failed"] = load.failed
     finally:
-        if load:
-            load.close()
-        for proc, log in replicas or []:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            log.close()
-        if redis:
-            redis.stop()
+        stop_all(load, replicas, redis)
         if args.keep:
             print("bench: kept " + workdir, file=sys.stderr)
         else:
             shutil.rmtree(workdir, ignore_errors=True)
     result["run_seconds"] = time.time() - started
     return result
+
+
+def stop_all(load, replicas, redis):
+    """Stops what a row started: the load's connections, the replicas, then the Redis nodes."""
+    if load:
+        load.close()
+    for proc, log in replicas or []:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+    if redis:
+        redis.stop()
 
 
 def measure_row_cpu(row, binary, args, out_dir):
@@ -701,18 +706,7 @@ def measure_row_cpu(row, binary, args, out_dir):
                   % (row, window + 1, n, seconds, sum(r[0] + r[1] for r in w["redis"])), file=sys.stderr)
         result["failed"] = load.failed
     finally:
-        if load:
-            load.close()
-        for proc, log in replicas or []:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            log.close()
-        if redis:
-            redis.stop()
+        stop_all(load, replicas, redis)
         shutil.rmtree(workdir, ignore_errors=True)
     result["run_seconds"] = time.time() - started
     return result
