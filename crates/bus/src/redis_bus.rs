@@ -1056,7 +1056,6 @@ impl RedisBus {
 }
 
 impl RedisBus {
-    /// The shared part of `answer_batch.lua` calls for a stream, group and retention.
     /// How the answer and begin scripts read the ledger: whether format 2's notes of refusals
     /// are trusted, and on a cluster whether new claims are strings (`cluster::reads_flag`).
     fn ledger_reads_flag(&self) -> &'static str {
@@ -1067,6 +1066,7 @@ impl RedisBus {
         }
     }
 
+    /// The shared part of `answer_batch.lua` calls for a stream, group and retention.
     fn answer_shared(&self, topic: &str, group: &str, retention: Duration) -> Arc<Shared> {
         let millis = retention.as_millis();
         let mut known = self.batchers.answer_shared.lock().unwrap_or_else(|poisoned| poisoned.into_inner());

@@ -307,8 +307,7 @@ impl DeadLetters {
     ///
     /// On a cluster the answered mark lives next to the topic the answer went to, in that topic's
     /// slot, and [`Keys::answered`] is the request's claim, a hash (a string in ledger format 3)
-    /// naming that topic. So the
-    /// marks next to every topic the answer may have gone to are deleted first (the claim's
+    /// naming that topic. So the marks next to every topic the answer may have gone to are deleted first (the claim's
     /// topic, `named_topic` from the payload, the default results topic), then the claim and the
     /// call record: a crash in between leaves the claim, and a second replay finds the topics
     /// again. Keys are deleted one per command, as a cluster refuses a `DEL` across slots.

@@ -9,8 +9,8 @@
 //! dead-letter topic's (D). So a finish runs as steps, each a script in one slot, in this order:
 //!
 //! 1. **claim** (S): a final answer takes the request's claim for its topic (a hash next to the
-//!    stream, or in ledger format 3 a string, holding the topic and `claimed`). A claim held for another topic means a copy of
-//!    the request named another response topic and that one gets the answer; a claim that says
+//!    stream, or in ledger format 3 a string, holding the topic and `claimed`). A claim held for
+//!    another topic means a copy of the request named another response topic and that one gets the answer; a claim that says
 //!    `answered` (or the entry's refusal mark) means there is nothing to publish. The same step
 //!    reads whether the entry is still pending (for the dead letter).
 //! 2. **publish** (T): the answer is appended unless the answered mark (final) or the entry's

@@ -220,10 +220,9 @@ impl Pipeline {
         let spans = Arc::new(SpanQueue::new(export, exporter.encoder(), counters.dropped_queue_full.clone()));
         // The export is one task among the calls, on their runtime: the spans are encoded where
         // they end, so what is left to it is the post, which waits for the collector without
-        // holding a thread. On a thread of its own (as until this release) each post cost that
-        // thread two wake-ups, the batch that filled and the collector's answer, each a switch
-        // between threads the call workers paid for in CPU (docs/PERFORMANCE.md, telemetry
-        // round 8).
+        // holding a thread. On a thread of its own each post cost that thread two wake-ups (the
+        // batch that filled, the collector's answer), each a switch between threads the call
+        // workers paid for in CPU (docs/PERFORMANCE.md, telemetry round 8).
         let (done, exported) = tokio::sync::oneshot::channel();
         let export_loop =
             export_loop(spans.clone(), exporter, export.clone(), counters.clone(), stop.clone());
@@ -729,15 +728,13 @@ async fn metrics_loop(
 #[cfg(test)]
 mod tests {
     use std::borrow::Cow;
-    use std::time::Duration;
+    use std::sync::Arc;
+    use std::time::{Duration, SystemTime};
 
     use opentelemetry::trace::SpanKind;
     use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
     use prost::Message as _;
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-
-    use std::sync::Arc;
-    use std::time::SystemTime;
 
     use super::{Batch, ExportCounters, SpanExport, SpanQueue, export_loop};
     use crate::telemetry::settings::{Export, Protocol};

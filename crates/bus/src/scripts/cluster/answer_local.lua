@@ -119,7 +119,9 @@ for i = 1, n do
         reply = add_answer(topic, ARGV[2], id, ARGV[a + 3], true) or 1
       end
       if final_on_topic and (reply == 0 or reply == 1) then
-        if shape or (shape == nil and strings) then
+        -- A claim keeps its shape; a new one (shape nil) is a string only when format 3 took it
+        -- above, which never reaches here.
+        if shape then
           -- The whole claim in one SET, its note of a refusal kept.
           if reply == 0 then
             redis.call('SET', claim_key, claim_value(topic, 'answered', held[3], held[4], held[5], held[6]),
