@@ -46,7 +46,7 @@ use crate::auth::policy::InFlight;
 use crate::auth::{AuditEntry, Caller, Claim, Refusal};
 use crate::group::{EntryHandler, Slot, StreamSettings};
 use crate::services::Services;
-use crate::telemetry::{CallSpan, Delivery};
+use crate::telemetry::{CallNames, CallSpan, Delivery, call_names};
 
 /// The tool label of calls naming a tool that does not exist, in `tools.stats` and metrics.
 pub(crate) const UNKNOWN_TOOL_LABEL: &str = "_unknown";
@@ -390,6 +390,8 @@ pub(crate) struct Lifecycle<D> {
     door: D,
     services: Services,
     settings: StreamSettings,
+    /// The names and attributes of the spans of its calls.
+    span_names: &'static CallNames,
 }
 
 /// One admitted entry on its way through the lifecycle: what each step needs of it.
@@ -401,7 +403,7 @@ struct Call<'a, R> {
     /// The request's keys in the ledger.
     keys: CallKeys<'a>,
     /// The call's `process` span, when it is sampled and spans are exported.
-    span: Option<&'a CallSpan>,
+    span: Option<&'a CallSpan<'a>>,
 }
 
 impl<R> Call<'_, R> {
@@ -422,7 +424,8 @@ struct Times {
 impl<D: Door> Lifecycle<D> {
     /// The lifecycle of `door`'s entries.
     pub(crate) fn new(door: D, services: Services, settings: StreamSettings) -> Lifecycle<D> {
-        Lifecycle { door, services, settings }
+        let span_names = call_names(D::TRAITS.name, &settings.ledger, &settings.group, &settings.consumer);
+        Lifecycle { door, services, settings, span_names }
     }
 
     /// Handles one entry to its end, then counts and logs how it ended.
@@ -463,24 +466,20 @@ impl<D: Door> Lifecycle<D> {
 
     /// The `process` span of an admitted request (begun at `started`), when it is sampled and
     /// spans are exported.
-    fn call_span(
-        &self,
-        entry: &Entry,
-        admitted: &Admitted<D::Request>,
+    fn call_span<'s>(
+        &'s self,
+        entry: &'s Entry,
+        admitted: &'s Admitted<D::Request>,
         started: std::time::SystemTime,
-    ) -> Option<CallSpan> {
-        let settings = &self.settings;
+    ) -> Option<CallSpan<'s>> {
         let delivery = Delivery {
-            door: D::TRAITS.name,
-            stream: &settings.ledger,
-            group: &settings.group,
-            consumer: &settings.consumer,
+            names: self.span_names,
             entry_id: &entry.entry_id,
             deliveries: entry.deliveries,
             request_id: &admitted.ids.request_id,
             tool: admitted.tool_label.as_deref(),
         };
-        self.services.telemetry.call_span(&admitted.ids.trace, &delivery, started)
+        self.services.telemetry.call_span(&admitted.ids.trace, delivery, started)
     }
 
     /// Counts how an entry's handling ended (statistics, metrics, the call log) and has the door

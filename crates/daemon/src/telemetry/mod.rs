@@ -23,7 +23,7 @@ pub mod settings;
 pub(crate) mod spans;
 
 pub use settings::{Sampling, Settings};
-pub(crate) use spans::{CallSpan, Delivery, DoorSpan};
+pub(crate) use spans::{CallNames, CallSpan, Delivery, DoorSpan, call_names};
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -149,6 +149,9 @@ struct Inner {
 /// One tool label's invocation metrics.
 struct ToolMetrics {
     duration: Histogram,
+    /// The OTLP metrics' duration histogram bound to the tool's `gen_ai.tool.name`, once they
+    /// are exported: a call's record then looks up no attribute set.
+    otlp_duration: Option<opentelemetry::metrics::BoundHistogram<f64>>,
     /// [`INVOCATIONS`] by outcome label, with the OTLP metrics' attributes of that outcome
     /// (`gen_ai.tool.name`, `toolhost.outcome`); a handful per tool, so a list.
     /// And the outcome's total, which the OTLP metrics read when they are collected.
@@ -294,12 +297,12 @@ impl Telemetry {
 
     /// The `process` span of a sampled call; `None` when the call is not sampled or nothing is
     /// exported.
-    pub(crate) fn call_span(
-        &self,
+    pub(crate) fn call_span<'a>(
+        &'a self,
         trace: &toolhost_envelope::CallTrace,
-        delivery: &Delivery<'_>,
+        delivery: Delivery<'a>,
         started: std::time::SystemTime,
-    ) -> Option<CallSpan> {
+    ) -> Option<CallSpan<'a>> {
         if !trace.context.is_sampled() {
             return None;
         }
@@ -428,7 +431,10 @@ impl Telemetry {
         if !invocations.contains_key(tool) {
             let labels = vec![Label::new("tool", tool.to_owned())];
             let histogram = self.histogram(Key::from_parts(INVOCATION_DURATION, labels));
-            invocations.insert(tool.to_owned(), ToolMetrics { duration: histogram, outcomes: Vec::new() });
+            invocations.insert(
+                tool.to_owned(),
+                ToolMetrics { duration: histogram, otlp_duration: None, outcomes: Vec::new() },
+            );
         }
         let Some(metrics) = invocations.get_mut(tool) else { return };
         metrics.duration.record(duration.as_secs_f64());
@@ -450,7 +456,10 @@ impl Telemetry {
         counter.increment(1);
         *total += 1;
         if let Some(meters) = self.inner.meters.get() {
-            meters.duration.record(duration.as_secs_f64(), &attributes[..1]);
+            metrics
+                .otlp_duration
+                .get_or_insert_with(|| meters.duration.bind(&attributes[..1]))
+                .record(duration.as_secs_f64());
         }
     }
 

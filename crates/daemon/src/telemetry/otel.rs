@@ -127,39 +127,85 @@ impl SpanQueue {
         }
     }
 
-    /// Offers finished spans (a call's, together); when the queue has no room for them all (or
-    /// the pipeline stopped) they are dropped, and counted while the pipeline runs.
-    pub(crate) fn offer(&self, spans: Vec<Span>) {
-        let count = spans.len();
+    /// Whether it takes a call's spans encoded ([`SpanQueue::offer_encoded`]): for OTLP/HTTP.
+    pub(crate) fn encodes(&self) -> bool {
+        self.encoder.is_some()
+    }
+
+    /// Takes room for `count` spans, or drops them (counted while the pipeline runs) when the
+    /// queue has no room for them all or the pipeline stopped: `None` then.
+    fn admit(&self, count: usize) -> Option<std::sync::MutexGuard<'_, Held>> {
         let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
         if held.closed {
-            return;
+            return None;
         }
         if held.spans + count > self.capacity {
             drop(held);
             self.dropped.increment(count as u64);
-            return;
+            return None;
         }
         held.spans += count;
+        Some(held)
+    }
+
+    /// The batch being filled, made when there is none.
+    fn filling<'h>(&self, held: &'h mut Held) -> &'h mut Batch {
+        let body_size = held.body_size;
+        held.filling.get_or_insert_with(|| match &self.encoder {
+            Some(encoder) => Batch::Encoded(encoder.body(body_size)),
+            None => Batch::Spans(Vec::with_capacity(self.batch)),
+        })
+    }
+
+    /// Moves the batch being filled to the full ones when it holds a batch's worth: `true` then.
+    fn full_now(&self, held: &mut Held) -> bool {
+        let Some(filling) = &held.filling else { return false };
+        if filling.len() < self.batch {
+            return false;
+        }
+        if let Some(Batch::Encoded(body)) = &held.filling {
+            held.body_size = body.size();
+        }
+        let batch = held.filling.take().expect("a batch is being filled");
+        held.full.push_back(batch);
+        true
+    }
+
+    /// Offers finished spans (a call's, together); when the queue has no room for them all (or
+    /// the pipeline stopped) they are dropped, and counted while the pipeline runs.
+    pub(crate) fn offer(&self, spans: Vec<Span>) {
+        let Some(mut held) = self.admit(spans.len()) else { return };
         let mut filled = false;
         for span in spans {
-            let body_size = held.body_size;
-            let filling = held.filling.get_or_insert_with(|| match &self.encoder {
-                Some(encoder) => Batch::Encoded(encoder.body(body_size)),
-                None => Batch::Spans(Vec::with_capacity(self.batch)),
-            });
-            match filling {
-                Batch::Encoded(body) => body.push(&span),
+            match self.filling(&mut held) {
+                Batch::Encoded(body) => body.push(&span.as_ref()),
                 Batch::Spans(spans) => spans.push(span),
             }
-            if filling.len() >= self.batch {
-                if let Batch::Encoded(body) = filling {
-                    held.body_size = body.size();
-                }
-                let batch = held.filling.take().expect("a batch is being filled");
-                held.full.push_back(batch);
-                filled = true;
-            }
+            filled |= self.full_now(&mut held);
+        }
+        drop(held);
+        if filled {
+            self.full.notify_one();
+        }
+    }
+
+    /// Offers `count` finished spans (a call's) that [`super::otlp::push_span`] wrote into
+    /// `bytes`, as [`SpanQueue::offer`] does: they join the batch being filled, the first of them
+    /// completing it and the rest starting the next when they do not all fit.
+    pub(crate) fn offer_encoded(&self, bytes: &[u8], count: usize) {
+        let Some(mut held) = self.admit(count) else { return };
+        let (mut rest, mut left, mut filled) = (bytes, count, false);
+        while left > 0 {
+            // A call's spans are offered encoded only to a queue with an encoder
+            // (`CallSpan::start` asks `encodes`), whose batches are all encoded.
+            let Batch::Encoded(body) = self.filling(&mut held) else {
+                unreachable!("a queue that encodes fills encoded batches")
+            };
+            let taken = left.min(self.batch - body.spans());
+            let at = if taken == left { rest.len() } else { super::otlp::spans_end(rest, taken) };
+            body.extend(&rest[..at], taken);
+            (rest, left) = (&rest[at..], left - taken);
+            filled |= self.full_now(&mut held);
         }
         drop(held);
         if filled {
@@ -817,8 +863,8 @@ mod tests {
         let mut exporter = SpanExport::new(&export_to(endpoint), &resource).unwrap();
         let collector = tokio::spawn(collect_one(listener, "200 OK"));
         let mut body = exporter.encoder().unwrap().body(0);
-        body.push(&one_span());
-        body.push(&one_span());
+        body.push(&one_span().as_ref());
+        body.push(&one_span().as_ref());
         exporter.export(Batch::Encoded(body), Duration::from_secs(5)).await.unwrap();
         let (head, body) = collector.await.unwrap();
         assert!(head.starts_with("post /v1/traces http/1.1\r\n"), "{head}");
@@ -836,16 +882,36 @@ mod tests {
         request.resource_spans[0].scope_spans[0].spans.iter().map(|span| span.span_id[0]).collect()
     }
 
-    #[tokio::test]
-    async fn a_calls_spans_are_queued_together_and_batches_keep_their_size() {
+    /// How a test offers a call's spans: as spans, or encoded first as a sampled call's are.
+    #[derive(Clone, Copy)]
+    enum Offered {
+        Spans,
+        Encoded,
+    }
+
+    impl Offered {
+        fn offer(self, queue: &SpanQueue, spans: Vec<Span>) {
+            match self {
+                Offered::Spans => queue.offer(spans),
+                Offered::Encoded => {
+                    let mut bytes = Vec::new();
+                    for span in &spans {
+                        crate::telemetry::otlp::push_span(&span.as_ref(), &mut bytes);
+                    }
+                    queue.offer_encoded(&bytes, spans.len());
+                }
+            }
+        }
+    }
+
+    async fn a_calls_spans_are_queued_together_and_batches_keep_their_size(offered: Offered) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let mut export = export_to(format!("http://{}/v1/traces", listener.local_addr().unwrap()));
-        (export.max_queue_size, export.max_export_batch_size) = (6, 3);
+        (export.max_queue_size, export.max_export_batch_size) = (7, 3);
         export.schedule_delay = Duration::from_secs(60);
         let resource = opentelemetry_sdk::Resource::builder().build();
         let exporter = SpanExport::new(&export, &resource).unwrap();
-        let queue =
-            std::sync::Arc::new(SpanQueue::new(&export, exporter.encoder(), metrics::Counter::noop()));
+        let queue = Arc::new(SpanQueue::new(&export, exporter.encoder(), metrics::Counter::noop()));
         let counters = ExportCounters {
             exported: metrics::Counter::noop(),
             dropped_queue_full: metrics::Counter::noop(),
@@ -853,37 +919,56 @@ mod tests {
         };
         let stop = tokio_util::sync::CancellationToken::new();
         let task = tokio::spawn(export_loop(queue.clone(), exporter, export, counters, stop.clone()));
-        let span = |id: u8| Span { span_id: [id; 8], ..one_span() };
+        // A span long enough that its length takes two bytes.
+        let span = |id: u8| Span {
+            span_id: [id; 8],
+            attributes: vec![attr("toolhost.note", "n".repeat(usize::from(id) * 40))],
+            ..one_span()
+        };
         // More than the queue holds is refused whole: none of a call's spans is queued.
-        queue.offer((10..17).map(span).collect());
+        offered.offer(&queue, (10..18).map(span).collect());
         assert_eq!(queue.waiting(), 0);
-        // Two calls of two spans each: the first batch is full at three (the second call's
-        // first span), and its last span starts the next batch, sent when the pipeline stops.
-        queue.offer(vec![span(1), span(2)]);
-        queue.offer(vec![span(3), span(4)]);
+        // A call of two spans, then one of four: the first batch is full at three (the second
+        // call's first span), the next at the call's next three, which leave none over.
+        offered.offer(&queue, vec![span(1), span(2)]);
+        offered.offer(&queue, vec![span(3), span(4), span(5), span(6)]);
         let (mut stream, _) = listener.accept().await.unwrap();
         let (_, first) = answer_one(&mut stream, "200 OK").await;
         assert_eq!(span_ids(&first), [1, 2, 3]);
-        stop.cancel();
         let (_, second) = answer_one(&mut stream, "200 OK").await;
-        assert_eq!(span_ids(&second), [4]);
+        assert_eq!(span_ids(&second), [4, 5, 6]);
+        assert_eq!(queue.waiting(), 0);
+        offered.offer(&queue, vec![span(7)]);
+        stop.cancel();
+        // What was filling is sent when the pipeline stops.
+        let (_, third) = answer_one(&mut stream, "200 OK").await;
+        assert_eq!(span_ids(&third), [7]);
         task.await.unwrap();
         assert_eq!(queue.waiting(), 0);
         // Once stopped, nothing more is taken.
-        queue.offer(vec![span(5)]);
+        offered.offer(&queue, vec![span(8)]);
         assert_eq!(queue.waiting(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_calls_spans_are_queued_together_and_batches_keep_their_size_when_offered_as_spans() {
+        a_calls_spans_are_queued_together_and_batches_keep_their_size(Offered::Spans).await;
+    }
+
+    #[tokio::test]
+    async fn a_calls_spans_are_queued_together_and_batches_keep_their_size_when_offered_encoded() {
+        a_calls_spans_are_queued_together_and_batches_keep_their_size(Offered::Encoded).await;
     }
 
     /// The spans of one sampled call, made through a queue: as OTLP/HTTP exports them (encoded
     /// when offered) or as gRPC's exporter takes them, decoded with the times and the child ids
     /// left out.
     fn call_spans(encodes: bool) -> Vec<opentelemetry_proto::tonic::trace::v1::Span> {
-        use crate::telemetry::spans::{CallSpan, Delivery};
+        use crate::telemetry::spans::{CallSpan, Delivery, call_names};
         let export = export_to("http://127.0.0.1:4318/v1/traces".to_owned());
         let resource = opentelemetry_sdk::Resource::builder().build();
         let encoder = SpanExport::new(&export, &resource).unwrap().encoder().unwrap();
-        let queue =
-            Arc::new(SpanQueue::new(&export, encodes.then(|| encoder.clone()), metrics::Counter::noop()));
+        let queue = SpanQueue::new(&export, encodes.then(|| encoder.clone()), metrics::Counter::noop());
         let trace = toolhost_envelope::CallTrace {
             context: toolhost_envelope::TraceParent { trace_id: [3; 16], span_id: [4; 8], flags: 1 },
             parent: Some([5; 8]),
@@ -892,16 +977,15 @@ mod tests {
             rejected: false,
         };
         let delivery = Delivery {
-            door: "requests",
-            stream: "action-requests",
-            group: "toolbox",
-            consumer: "replica-1",
+            names: call_names("requests", "action-requests", "toolbox", "replica-1"),
             entry_id: "1790000000123-0",
             deliveries: 2,
-            request_id: &"r".repeat(200),
+            request_id: "",
             tool: Some("echo"),
         };
-        let mut span = CallSpan::start(&queue, true, &trace, &delivery, SystemTime::now()).unwrap();
+        let request_id = "r".repeat(200);
+        let delivery = Delivery { request_id: &request_id, ..delivery };
+        let mut span = CallSpan::start(&queue, true, &trace, delivery, SystemTime::now()).unwrap();
         span.admit(SystemTime::now()).fail("forbidden", "the tenant's policy");
         let remote = toolhost_tools::Remote {
             system: "mcp",
@@ -949,8 +1033,8 @@ mod tests {
             [
                 "messaging.message.id",
                 "toolhost.request_id",
-                "messaging.redis_streams.delivery_count",
                 "gen_ai.tool.name",
+                "messaging.redis_streams.delivery_count",
                 "toolhost.replayed",
                 "toolhost.outcome",
                 "error.type",
@@ -992,7 +1076,7 @@ mod tests {
         let mut exporter = SpanExport::new(&export_to(endpoint), &resource).unwrap();
         let collector = tokio::spawn(collect_one(listener, "503 Service Unavailable"));
         let mut body = exporter.encoder().unwrap().body(0);
-        body.push(&one_span());
+        body.push(&one_span().as_ref());
         let err = exporter.export(Batch::Encoded(body), Duration::from_secs(5)).await.unwrap_err();
         assert!(err.contains("503"), "{err}");
         collector.await.unwrap();

@@ -15,7 +15,7 @@
 use opentelemetry::trace::SpanKind;
 use prost::encoding::{WireType, encode_varint, encoded_len_varint, key_len};
 
-use super::spans::{Attribute, Event, Link, Span, Status, Value};
+use super::spans::{Attribute, Event, Link, SpanRef, Value};
 
 /// `Span.flags`: the low 8 bits are the W3C trace flags; these say whether the parent (or the
 /// link's context) is remote, and that the flags say so (`SpanFlags` in trace.proto).
@@ -44,11 +44,15 @@ pub(crate) struct Body {
 
 impl Body {
     /// Appends `span`.
-    pub(crate) fn push(&mut self, span_item: &Span) {
-        // ScopeSpans.spans = 2
-        put_key(2, WireType::LengthDelimited, &mut self.bytes);
-        delimited(&mut self.bytes, |buf| span(span_item, buf));
+    pub(crate) fn push(&mut self, span: &SpanRef<'_>) {
+        push_span(span, &mut self.bytes);
         self.spans += 1;
+    }
+
+    /// Appends `spans` spans that [`push_span`] wrote into `bytes`.
+    pub(crate) fn extend(&mut self, bytes: &[u8], spans: usize) {
+        self.bytes.extend_from_slice(bytes);
+        self.spans += spans;
     }
 
     /// How many spans it holds.
@@ -118,13 +122,37 @@ impl Encoder {
 
     /// The `ExportTraceServiceRequest` of `spans`.
     #[cfg(test)]
-    pub(crate) fn encode(&self, spans: &[Span]) -> bytes::Bytes {
+    pub(crate) fn encode(&self, spans: &[super::spans::Span]) -> bytes::Bytes {
         let mut body = self.body(0);
-        for span_item in spans {
-            body.push(span_item);
+        for span in spans {
+            body.push(&span.as_ref());
         }
         self.finish(body)
     }
+}
+
+/// Writes `span` as a `ScopeSpans.spans` field: what a [`Body`] holds, one after the other.
+pub(crate) fn push_span(span: &SpanRef<'_>, buf: &mut Vec<u8>) {
+    // ScopeSpans.spans = 2
+    put_key(2, WireType::LengthDelimited, buf);
+    delimited(buf, |buf| write_span(span, buf));
+}
+
+/// Where the first `n` of the spans [`push_span`] wrote into `bytes` end (all of them when
+/// there are fewer): a call's spans written together can still be split between two batches.
+pub(crate) fn spans_end(bytes: &[u8], n: usize) -> usize {
+    let mut at = 0;
+    for _ in 0..n {
+        if at >= bytes.len() {
+            break;
+        }
+        // The field's key (one byte), then its length.
+        let mut rest = &bytes[at + 1..];
+        let before = rest.len();
+        let len = prost::encoding::decode_varint(&mut rest).map_or(0, |len| len as usize);
+        at += 1 + (before - rest.len()) + len;
+    }
+    at.min(bytes.len())
 }
 
 /// The length of a length-delimited field of `len` bytes, its tag included.
@@ -268,59 +296,67 @@ fn trace_state(span_trace_state: Option<&std::sync::Arc<str>>) -> &str {
     span_trace_state.map_or("", |state| state)
 }
 
-/// `Status.code`: `STATUS_CODE_ERROR` is 2; the message goes with an error only.
-fn status_parts(status: &Status) -> (&str, u64) {
-    match status {
-        Status::Unset => ("", 0),
-        Status::Error(description) => (description, 2),
-    }
+/// The `trace_id` (1) and `span_id` (2) fields, keys and lengths included, as one array: the
+/// bytes are moved into place, with no call per part.
+#[inline]
+fn ids(trace_id: &[u8; 16], span_id: &[u8; 8]) -> [u8; 28] {
+    let [t0, t1, t2, t3, t4, t5, t6, t7, t8, t9, t10, t11, t12, t13, t14, t15] = *trace_id;
+    let [s0, s1, s2, s3, s4, s5, s6, s7] = *span_id;
+    [
+        0x0a, 16, t0, t1, t2, t3, t4, t5, t6, t7, t8, t9, t10, t11, t12, t13, t14, t15, 0x12, 8, s0, s1, s2,
+        s3, s4, s5, s6, s7,
+    ]
 }
 
-fn status_len(status: &Status) -> usize {
-    let (description, code) = status_parts(status);
-    string_len(2, description) + varint_len(3, code)
+/// `start_time_unix_nano` (7) and `end_time_unix_nano` (8), both not zero, as one array.
+#[inline]
+fn times(start: u64, end: u64) -> [u8; 18] {
+    let [a0, a1, a2, a3, a4, a5, a6, a7] = start.to_le_bytes();
+    let [b0, b1, b2, b3, b4, b5, b6, b7] = end.to_le_bytes();
+    [0x39, a0, a1, a2, a3, a4, a5, a6, a7, 0x41, b0, b1, b2, b3, b4, b5, b6, b7]
 }
 
 /// `Span`, its fields in the order of their numbers, as prost writes them (the tests compare
 /// the bytes with the SDK's).
-fn span(span: &Span, buf: &mut Vec<u8>) {
-    // The ids' keys and lengths are fixed: written with the ids from one array.
-    let mut ids = [0u8; 2 + 16 + 2 + 8];
-    ids[..2].copy_from_slice(&[0x0a, 16]); // trace_id = 1
-    ids[2..18].copy_from_slice(&span.trace_id);
-    ids[18..20].copy_from_slice(&[0x12, 8]); // span_id = 2
-    ids[20..].copy_from_slice(&span.span_id);
-    buf.extend_from_slice(&ids);
-    string(3, trace_state(span.trace_state.as_ref()), buf);
+fn write_span(span: &SpanRef<'_>, buf: &mut Vec<u8>) {
+    buf.extend_from_slice(&ids(span.trace_id, &span.span_id));
+    string(3, trace_state(span.trace_state), buf);
     if let Some(parent) = &span.parent {
-        let mut field = [0u8; 2 + 8];
-        field[..2].copy_from_slice(&[0x22, 8]); // parent_span_id = 4
-        field[2..].copy_from_slice(parent);
-        buf.extend_from_slice(&field);
+        let [p0, p1, p2, p3, p4, p5, p6, p7] = *parent;
+        buf.extend_from_slice(&[0x22, 8, p0, p1, p2, p3, p4, p5, p6, p7]); // parent_span_id = 4
     }
-    string(5, &span.name, buf);
-    varint(6, kind(&span.kind), buf);
-    fixed64(7, span.start, buf);
-    fixed64(8, span.end, buf);
+    string(5, span.name, buf);
+    buf.extend_from_slice(&[0x30, kind(span.kind) as u8]); // kind = 6
+    if span.start != 0 && span.end != 0 {
+        buf.extend_from_slice(&times(span.start, span.end));
+    } else {
+        fixed64(7, span.start, buf);
+        fixed64(8, span.end, buf);
+    }
     if let Some(shared) = span.shared {
         buf.extend_from_slice(&shared.encoded);
     }
-    for attribute in &span.attributes {
-        attribute_field(9, attribute, buf);
+    for (key, value) in span.texts {
+        text_attribute(key, value, buf);
     }
-    for event_item in &span.events {
+    for attributes in span.attributes {
+        for attribute in attributes {
+            attribute_field(9, attribute, buf);
+        }
+    }
+    for event_item in span.events {
         message(11, event_len(event_item), buf, |buf| event(event_item, buf));
     }
-    if let Some(link_item) = &span.link {
+    if let Some(link_item) = span.link {
         message(13, link_len(link_item), buf, |buf| link(link_item, buf));
     }
     // The SDK always writes the status, an empty message when it is unset.
-    match &span.status {
-        Status::Unset => buf.extend_from_slice(&[0x7a, 0]), // status = 15, empty
-        status => message(15, status_len(status), buf, |buf| {
-            let (description, code) = status_parts(status);
+    match span.error {
+        None => buf.extend_from_slice(&[0x7a, 0]), // status = 15, empty
+        Some(description) => message(15, string_len(2, description) + varint_len(3, 2), buf, |buf| {
+            // Status.message = 2, Status.code = 3: STATUS_CODE_ERROR
             string(2, description, buf);
-            varint(3, code, buf);
+            varint(3, 2, buf);
         }),
     }
     fixed32(16, flags(span.flags, span.parent_remote), buf);
@@ -371,30 +407,44 @@ fn key_value_len(attribute: &Attribute) -> usize {
     string_len(1, &attribute.key) + field_len(2, any_value_len(&attribute.value))
 }
 
-/// A field `tag` holding `attribute` as a `KeyValue`. A text value whose key and value are
-/// short (every length one byte: the common case) is written from its parts after one
-/// reservation, with no lengths computed twice; anything else as a nested message.
+/// A field `tag` holding `attribute` as a `KeyValue`: a text value through [`text_field`],
+/// anything else as a nested message.
 #[inline]
 fn attribute_field(tag: u32, attribute: &Attribute, buf: &mut Vec<u8>) {
-    let text = match &attribute.value {
-        Value::Static(text) => Some(*text),
-        Value::Text(text) => Some(text.as_str()),
-        _ => None,
-    };
-    let key = attribute.key.as_bytes();
-    match text {
-        // KeyValue { key = 1, value = 2: AnyValue { string_value = 1 } }
-        Some(text) if tag < 16 && !key.is_empty() && 2 + key.len() + 4 + text.len() < 0x80 => {
-            let value = text.as_bytes();
-            let any_len = 2 + value.len();
-            let key_value_len = 2 + key.len() + 2 + any_len;
-            buf.reserve(2 + key_value_len);
-            buf.extend_from_slice(&[(tag << 3 | 2) as u8, key_value_len as u8, 0x0a, key.len() as u8]);
-            buf.extend_from_slice(key);
-            buf.extend_from_slice(&[0x12, any_len as u8, 0x0a, value.len() as u8]);
-            buf.extend_from_slice(value);
-        }
+    match &attribute.value {
+        Value::Static(text) => text_field(tag, &attribute.key, text, buf),
+        Value::Text(text) => text_field(tag, &attribute.key, text, buf),
         _ => message(tag, key_value_len(attribute), buf, |buf| key_value(attribute, buf)),
+    }
+}
+
+/// A `Span.attributes` field of a text value.
+#[inline]
+pub(crate) fn text_attribute(key: &str, value: &str, buf: &mut Vec<u8>) {
+    text_field(9, key, value, buf);
+}
+
+/// A field `tag` holding the `KeyValue` of `key` and a text value. When the key and value are
+/// short (every length one byte: the common case) it is written from its parts after one
+/// reservation, with no lengths computed twice; else as a nested message.
+#[inline]
+fn text_field(tag: u32, key: &str, text: &str, buf: &mut Vec<u8>) {
+    let (key_bytes, value) = (key.as_bytes(), text.as_bytes());
+    if tag < 16 && !key.is_empty() && 2 + key.len() + 4 + value.len() < 0x80 {
+        // KeyValue { key = 1, value = 2: AnyValue { string_value = 1 } }
+        let any_len = 2 + value.len();
+        let key_value_len = 2 + key.len() + 2 + any_len;
+        buf.reserve(2 + key_value_len);
+        buf.extend_from_slice(&[(tag << 3 | 2) as u8, key_value_len as u8, 0x0a, key.len() as u8]);
+        buf.extend_from_slice(key_bytes);
+        buf.extend_from_slice(&[0x12, any_len as u8, 0x0a, value.len() as u8]);
+        buf.extend_from_slice(value);
+    } else {
+        let value = Scalar::Text(text);
+        message(tag, string_len(1, key) + field_len(2, scalar_len(&value)), buf, |buf| {
+            string(1, key, buf);
+            message(2, scalar_len(&value), buf, |buf| scalar(&value, buf));
+        });
     }
 }
 
@@ -800,12 +850,12 @@ mod tests {
         // Filled as the queue fills it: a span at a time, the next body sized by the last.
         let mut first = encoder.body(0);
         for span in &all {
-            first.push(span);
+            first.push(&span.as_ref());
         }
         let mut body = encoder.body(first.size());
         let capacity = body.bytes.capacity();
         for span in &all {
-            body.push(span);
+            body.push(&span.as_ref());
         }
         assert_eq!((body.spans(), body.bytes.capacity()), (all.len(), capacity), "no growth");
         assert_eq!(encoder.finish(first), whole, "the same bytes as the batch encoded at once");

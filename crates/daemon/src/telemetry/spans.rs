@@ -21,7 +21,7 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::SystemTime;
 
 use opentelemetry::trace::{SpanKind, TraceFlags, TraceState};
@@ -177,6 +177,85 @@ pub(crate) struct Span {
     pub status: Status,
 }
 
+impl Span {
+    /// The span borrowed, as the encoder writes it.
+    pub(crate) fn as_ref(&self) -> SpanRef<'_> {
+        SpanRef {
+            trace_id: &self.trace_id,
+            span_id: self.span_id,
+            parent: self.parent,
+            parent_remote: self.parent_remote,
+            flags: self.flags,
+            trace_state: self.trace_state.as_ref(),
+            kind: &self.kind,
+            name: &self.name,
+            start: self.start,
+            end: self.end,
+            shared: self.shared,
+            texts: &[],
+            attributes: [&self.attributes, &[], &[]],
+            events: &self.events,
+            link: self.link.as_ref(),
+            error: match &self.status {
+                Status::Unset => None,
+                Status::Error(description) => Some(description),
+            },
+        }
+    }
+}
+
+/// A finished span whose fields are borrowed from where they were kept while it ran: a call's
+/// spans are written from it straight into the bytes the export queue takes, with no [`Span`]
+/// made ([`CallSpan`]), and a [`Span`] is written through it too.
+pub(crate) struct SpanRef<'a> {
+    pub trace_id: &'a [u8; 16],
+    pub span_id: [u8; 8],
+    pub parent: Option<[u8; 8]>,
+    pub parent_remote: bool,
+    pub flags: u8,
+    pub trace_state: Option<&'a Arc<str>>,
+    pub kind: &'a SpanKind,
+    pub name: &'a str,
+    pub start: u64,
+    pub end: u64,
+    pub shared: Option<&'static SharedAttributes>,
+    /// Text attributes whose values are borrowed, written after `shared`.
+    pub texts: &'a [(&'static str, &'a str)],
+    /// The other attributes, written after `texts`, list by list.
+    pub attributes: [&'a [Attribute]; 3],
+    pub events: &'a [Event],
+    pub link: Option<&'a Link>,
+    /// The status: unset, or an error with its description.
+    pub error: Option<&'a str>,
+}
+
+impl SpanRef<'_> {
+    /// The span, owned: what the gRPC exporter takes.
+    pub(crate) fn to_span(&self) -> Span {
+        let texts = self.texts.iter().map(|(key, value)| attr(key, (*value).to_owned()));
+        let others = self.attributes.iter().flat_map(|attributes| attributes.iter().cloned());
+        Span {
+            trace_id: *self.trace_id,
+            span_id: self.span_id,
+            parent: self.parent,
+            parent_remote: self.parent_remote,
+            flags: self.flags,
+            trace_state: self.trace_state.cloned(),
+            kind: self.kind.clone(),
+            name: Cow::Owned(self.name.to_owned()),
+            start: self.start,
+            end: self.end,
+            shared: self.shared,
+            attributes: texts.chain(others).collect(),
+            events: self.events.to_vec(),
+            link: self.link.cloned(),
+            status: self
+                .error
+                .map_or(Status::Unset, |description| Status::Error(Cow::Owned(description.to_owned()))),
+        }
+    }
+}
+
 /// Nanoseconds since the Unix epoch (zero before it), as OTLP counts time.
 pub(crate) fn unix_nanos(time: SystemTime) -> u64 {
     time.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |since| since.as_nanos() as u64)
@@ -193,15 +272,10 @@ pub(crate) fn now_nanos() -> u64 {
 }
 
 /// Where a call came from, for its `process` span.
+#[derive(Clone, Copy)]
 pub(crate) struct Delivery<'a> {
-    /// The door's name (`requests`, `chat`).
-    pub door: &'static str,
-    /// The stream's bare name.
-    pub stream: &'a str,
-    /// The consumer group (the toolbox id).
-    pub group: &'a str,
-    /// This replica's consumer name.
-    pub consumer: &'a str,
+    /// The names and attributes the calls of its reader share ([`call_names`]).
+    pub names: &'static CallNames,
     /// The stream entry id.
     pub entry_id: &'a str,
     /// The entry's delivery count.
@@ -212,18 +286,57 @@ pub(crate) struct Delivery<'a> {
     pub tool: Option<&'a str>,
 }
 
-/// A string every call repeats (a stream, the group, the consumer) as a static string, with the
-/// span names a stream's calls use, made once per distinct value and kept for the process's
-/// life: they come from the configuration (the door's streams, the toolbox id, the replica's
+/// The span names and attributes that every call one consumer takes from one stream through
+/// one door shares: made once per distinct set and kept for the process's life ([`call_names`]).
+/// The values come from the configuration (the door's streams, the toolbox id, the replica's
 /// consumer name), never from a caller, so there are few of them.
-struct Fixed {
-    value: &'static str,
-    /// `process <value>`, the name of a stream's `process` spans.
+pub(crate) struct CallNames {
+    /// `process <stream>`, the name of the `process` spans.
     process: &'static str,
-    /// `settle <value>`.
+    /// `settle <stream>`.
     settle: &'static str,
-    /// The attributes of a `settle` span on the stream `value`.
+    /// The attributes of a `process` span.
+    process_attributes: &'static SharedAttributes,
+    /// The attributes of a `settle` span.
     settle_attributes: &'static SharedAttributes,
+}
+
+/// The [`CallNames`] of the calls `consumer` takes from `stream` for `group` through `door`:
+/// looked up once per reader, not per call.
+pub(crate) fn call_names(
+    door: &'static str,
+    stream: &str,
+    group: &str,
+    consumer: &str,
+) -> &'static CallNames {
+    type Key = (&'static str, String, String, String);
+    static ALL: Mutex<Option<HashMap<Key, &'static CallNames>>> = Mutex::new(None);
+    let mut all = ALL.lock().unwrap_or_else(PoisonError::into_inner);
+    let key = (door, stream.to_owned(), group.to_owned(), consumer.to_owned());
+    all.get_or_insert_with(HashMap::new).entry(key).or_insert_with(|| {
+        let leak = |value: String| -> &'static str { Box::leak(value.into_boxed_str()) };
+        let (stream, group, consumer) =
+            (leak(stream.to_owned()), leak(group.to_owned()), leak(consumer.to_owned()));
+        Box::leak(Box::new(CallNames {
+            process: leak(format!("process {stream}")),
+            settle: leak(format!("settle {stream}")),
+            process_attributes: SharedAttributes::leaked(vec![
+                attr("messaging.system", MESSAGING_SYSTEM),
+                attr("messaging.operation.type", "process"),
+                attr("messaging.operation.name", "process"),
+                attr("messaging.destination.name", stream),
+                attr("messaging.consumer.group.name", group),
+                attr("messaging.client.id", consumer),
+                attr("toolhost.door", door),
+            ]),
+            settle_attributes: SharedAttributes::leaked(vec![
+                attr("messaging.system", MESSAGING_SYSTEM),
+                attr("messaging.operation.type", "settle"),
+                attr("messaging.operation.name", "ack"),
+                attr("messaging.destination.name", stream),
+            ]),
+        }))
+    })
 }
 
 /// How many interned values of one kind a thread keeps at hand.
@@ -231,7 +344,7 @@ const RECENT: usize = 16;
 
 /// The interned value `hit` finds among the thread's few most recently used ones (`recent`),
 /// else what `miss` finds in the process's table, which then joins them: a call looks up the
-/// same few values every time (its stream, group, consumer, tool), so it takes no lock.
+/// same few values every time (its tool), so it takes no lock.
 fn recently<T: Copy + 'static>(
     recent: &'static std::thread::LocalKey<std::cell::RefCell<Vec<T>>>,
     hit: impl Fn(&T) -> bool,
@@ -251,117 +364,64 @@ fn recently<T: Copy + 'static>(
     })
 }
 
-/// The [`Fixed`] strings of `value`.
-fn fixed(value: &str) -> &'static Fixed {
-    thread_local! {
-        static FIXED: std::cell::RefCell<Vec<&'static Fixed>> = const { std::cell::RefCell::new(Vec::new()) };
-    }
-    let found = recently(&FIXED, |fixed| fixed.value == value, || Some(interned(value)));
-    found.unwrap_or_else(|| interned(value))
+/// A run span's name, `<operation> <name>`, and the attributes every run of that tool carries
+/// alike: `gen_ai.operation.name`, for `tools/call` `mcp.method.name`, and `gen_ai.tool.name`
+/// (`name`, the name's tail).
+struct RunNames {
+    operation: &'static str,
+    name: &'static str,
+    attributes: &'static SharedAttributes,
 }
 
-/// The process's [`Fixed`] strings of `value`, made the first time it is asked for.
-fn interned(value: &str) -> &'static Fixed {
-    static VALUES: RwLock<Option<HashMap<Box<str>, &'static Fixed>>> = RwLock::new(None);
-    if let Some(fixed) =
-        VALUES.read().unwrap_or_else(PoisonError::into_inner).as_ref().and_then(|values| values.get(value))
-    {
-        return fixed;
-    }
-    let mut all = VALUES.write().unwrap_or_else(PoisonError::into_inner);
-    all.get_or_insert_with(HashMap::new).entry(value.into()).or_insert_with(|| {
-        let value: &'static str = Box::leak(value.into());
-        Box::leak(Box::new(Fixed {
-            value,
-            process: Box::leak(format!("process {value}").into_boxed_str()),
-            settle: Box::leak(format!("settle {value}").into_boxed_str()),
-            settle_attributes: SharedAttributes::leaked(vec![
-                attr("messaging.system", MESSAGING_SYSTEM),
-                attr("messaging.operation.type", "settle"),
-                attr("messaging.operation.name", "ack"),
-                attr("messaging.destination.name", value),
-            ]),
-        }))
-    })
-}
-
-/// The attributes of a `process` span that are the same for every call one consumer takes
-/// from one stream through one door, made once per distinct set. The values are interned
-/// already (`door` is a literal), so the set is found by their addresses.
-fn process_attributes(
-    door: &'static str,
-    stream: &'static str,
-    group: &'static str,
-    consumer: &'static str,
-) -> &'static SharedAttributes {
-    type Key = [(usize, usize); 4];
+/// The [`RunNames`] of `name` under `operation`, made once per tool: a call's run span then
+/// allocates nothing. Tool names come from the catalog, which a hosted server can change over
+/// time, so at most [`MAX_RUN_NAMES`] are kept; past that, `None`, and the span makes its own.
+fn run_names(operation: &'static str, name: &str) -> Option<&'static RunNames> {
     thread_local! {
-        static SETS: std::cell::RefCell<Vec<(Key, &'static SharedAttributes)>> =
-            const { std::cell::RefCell::new(Vec::new()) };
+        static NAMES: std::cell::RefCell<Vec<&'static RunNames>> = const { std::cell::RefCell::new(Vec::new()) };
     }
-    static ALL: Mutex<Option<HashMap<Key, &'static SharedAttributes>>> = Mutex::new(None);
-    let key: Key = [door, stream, group, consumer].map(|value| (value.as_ptr() as usize, value.len()));
-    let interned = || {
-        let mut all = ALL.lock().unwrap_or_else(PoisonError::into_inner);
-        *all.get_or_insert_with(HashMap::new).entry(key).or_insert_with(|| {
-            SharedAttributes::leaked(vec![
-                attr("messaging.system", MESSAGING_SYSTEM),
-                attr("messaging.operation.type", "process"),
-                attr("messaging.operation.name", "process"),
-                attr("messaging.destination.name", stream),
-                attr("messaging.consumer.group.name", group),
-                attr("messaging.client.id", consumer),
-                attr("toolhost.door", door),
-            ])
-        })
-    };
-    let found = recently(&SETS, |(at, _)| *at == key, || Some((key, interned())));
-    found.map_or_else(interned, |(_, found)| found)
-}
-
-/// `<operation> <name>` (a run span's name) made once per tool, with `name` as its tail: a
-/// call's run span then allocates neither. Tool names come from the catalog, which a hosted
-/// server can change over time, so at most [`MAX_RUN_NAMES`] are kept; past that, `None`, and
-/// the span makes its own.
-fn run_name(operation: &'static str, name: &str) -> Option<&'static str> {
-    thread_local! {
-        static NAMES: std::cell::RefCell<Vec<(&'static str, &'static str)>> =
-            const { std::cell::RefCell::new(Vec::new()) };
-    }
-    type Names = HashMap<(&'static str, Box<str>), &'static str>;
+    type Names = HashMap<(&'static str, Box<str>), &'static RunNames>;
     static ALL: Mutex<Option<Names>> = Mutex::new(None);
-    let hit = |&(op, full): &(&'static str, &'static str)| {
-        std::ptr::eq(op, operation)
-            && full.len() == operation.len() + 1 + name.len()
-            && full.starts_with(operation)
-            && full.ends_with(name)
+    let hit = |names: &&'static RunNames| {
+        std::ptr::eq(names.operation, operation)
+            && names.name.len() == operation.len() + 1 + name.len()
+            && names.name.ends_with(name)
     };
     let miss = || {
         let mut all = ALL.lock().unwrap_or_else(PoisonError::into_inner);
         let all = all.get_or_insert_with(HashMap::new);
-        let full = match all.get(&(operation, name.into())) {
-            Some(full) => *full,
+        match all.get(&(operation, name.into())) {
+            Some(names) => Some(*names),
             None if all.len() < MAX_RUN_NAMES => {
                 let full: &'static str = Box::leak(format!("{operation} {name}").into_boxed_str());
-                all.insert((operation, name.into()), full);
-                full
+                let names: &'static RunNames = Box::leak(Box::new(RunNames {
+                    operation,
+                    name: full,
+                    attributes: SharedAttributes::leaked(run_attributes(
+                        operation,
+                        &full[operation.len() + 1..],
+                    )),
+                }));
+                all.insert((operation, name.into()), names);
+                Some(names)
             }
-            None => return None,
-        };
-        Some((operation, full))
+            None => None,
+        }
     };
-    recently(&NAMES, hit, miss).map(|(_, full)| full)
+    recently(&NAMES, hit, miss)
 }
 
-/// How many run span names [`run_name`] keeps.
+/// How many run span names [`run_names`] keeps.
 const MAX_RUN_NAMES: usize = 4096;
 
-/// The run span's name and the tool's name as attribute values: shared when interned.
-fn run_strings(operation: &'static str, name: &str) -> (Cow<'static, str>, Value) {
-    match run_name(operation, name) {
-        Some(full) => (Cow::Borrowed(full), Value::Static(&full[operation.len() + 1..])),
-        None => (Cow::Owned(format!("{operation} {name}")), Value::Text(name.to_owned())),
+/// The attributes a run span of `name` under `operation` starts with.
+fn run_attributes(operation: &'static str, name: impl Into<Value>) -> Vec<Attribute> {
+    let mut attributes = vec![attr("gen_ai.operation.name", "execute_tool")];
+    if operation == "tools/call" {
+        attributes.push(attr("mcp.method.name", "tools/call"));
     }
+    attributes.push(attr("gen_ai.tool.name", name));
+    attributes
 }
 
 /// The `tracestate` of a context in its normal form; `None` when it is absent or not valid.
@@ -424,74 +484,96 @@ fn parent_id(span_id: [u8; 8]) -> Option<[u8; 8]> {
     (span_id != [0; 8]).then_some(span_id)
 }
 
-/// The `process` span of one sampled call, and what its children are made with.
-pub(crate) struct CallSpan {
-    queue: Arc<SpanQueue>,
-    /// The call's child spans that have ended, offered with the call's own when it ends: one
-    /// offer to the export queue per call.
-    children: Mutex<Vec<Span>>,
-    span: Open,
-    names: &'static Fixed,
-    link: Option<Link>,
+/// The `process` span of one sampled call, and what its children are made with. Its fields
+/// are kept as they are (the call's own strings borrowed) until the call ends; each child span
+/// is written when it ends into the call's spans, in the form the export queue takes, and the
+/// call's whole set is offered at once when the `process` span ends.
+pub(crate) struct CallSpan<'a> {
+    queue: &'a SpanQueue,
+    trace_id: [u8; 16],
+    span_id: [u8; 8],
+    /// The caller's span id; `None` for a root span.
+    parent: Option<[u8; 8]>,
+    flags: u8,
+    trace_state: Option<Arc<str>>,
+    /// Nanoseconds since the Unix epoch.
+    start: u64,
+    delivery: Delivery<'a>,
+    /// The call's child spans that have ended.
+    ended: Mutex<Ended>,
+    /// Attributes set while it runs.
+    attributes: Vec<Attribute>,
     events: Vec<Event>,
+    link: Option<Link>,
     /// Whether arguments and results become attributes.
     pub record_arguments: bool,
 }
 
-impl CallSpan {
+/// A call's spans that have ended, as its queue takes them.
+enum Ended {
+    /// Written by [`super::otlp::push_span`] (OTLP/HTTP), and how many.
+    Encoded(Vec<u8>, usize),
+    /// As they are, for the gRPC exporter.
+    Spans(Vec<Span>),
+}
+
+impl Ended {
+    fn add(&mut self, span: &SpanRef<'_>) {
+        match self {
+            Ended::Encoded(bytes, spans) => {
+                super::otlp::push_span(span, bytes);
+                *spans += 1;
+            }
+            Ended::Spans(spans) => spans.push(span.to_span()),
+        }
+    }
+}
+
+/// How many bytes a call's four spans take, about: their buffer is made that large once.
+const CALL_SPANS_BYTES: usize = 1536;
+
+impl<'a> CallSpan<'a> {
     /// Starts the `process` span of a call with the ids the call was given at admission: a
     /// child of the caller's span, linked to it as the messaging conventions link a message's
     /// creation context. `None` when the call is not sampled.
     pub(crate) fn start(
-        queue: &Arc<SpanQueue>,
+        queue: &'a SpanQueue,
         record_arguments: bool,
         trace: &CallTrace,
-        delivery: &Delivery<'_>,
+        delivery: Delivery<'a>,
         started: SystemTime,
-    ) -> Option<CallSpan> {
+    ) -> Option<CallSpan<'a>> {
         if !trace.context.is_sampled() {
             return None;
         }
-        let names = fixed(delivery.stream);
-        let shared = process_attributes(
-            delivery.door,
-            names.value,
-            fixed(delivery.group).value,
-            fixed(delivery.consumer).value,
-        );
-        let mut attributes = Vec::with_capacity(6);
-        attributes.extend([
-            attr("messaging.message.id", delivery.entry_id.to_owned()),
-            attr("toolhost.request_id", delivery.request_id.to_owned()),
-        ]);
-        if delivery.deliveries > 1 {
-            attributes.push(attr("messaging.redis_streams.delivery_count", delivery.deliveries as i64));
-        }
-        if let Some(tool) = delivery.tool {
-            attributes.push(attr("gen_ai.tool.name", tool.to_owned()));
-        }
         let parent = trace.parent.and_then(parent_id);
-        let span = Open {
+        let trace_state = trace_state(trace.tracestate.as_deref());
+        let link = parent.map(|parent| Link {
+            trace_id: trace.context.trace_id,
+            span_id: parent,
+            flags: trace.context.flags,
+            trace_state: trace_state.clone(),
+            remote: true,
+        });
+        let ended = if queue.encodes() {
+            Ended::Encoded(Vec::with_capacity(CALL_SPANS_BYTES), 0)
+        } else {
+            // The admit, run and settle spans, and the call's own.
+            Ended::Spans(Vec::with_capacity(4))
+        };
+        Some(CallSpan {
+            queue,
             trace_id: trace.context.trace_id,
             span_id: trace.context.span_id,
             parent,
-            parent_remote: parent.is_some(),
             flags: trace.context.flags,
-            trace_state: trace_state(trace.tracestate.as_deref()),
-            kind: SpanKind::Consumer,
-            name: Cow::Borrowed(names.process),
+            trace_state,
             start: unix_nanos(started),
-            shared: Some(shared),
-            attributes,
-        };
-        Some(CallSpan {
-            queue: queue.clone(),
-            // The admit, run and settle spans, and the call's own.
-            children: Mutex::new(Vec::with_capacity(4)),
-            link: span.link_to_parent(),
-            span,
-            names,
+            delivery,
+            ended: Mutex::new(ended),
+            attributes: Vec::new(),
             events: Vec::new(),
+            link,
             record_arguments,
         })
     }
@@ -505,22 +587,14 @@ impl CallSpan {
         attributes: Vec<Attribute>,
         start: u64,
     ) -> ChildSpan<'_> {
-        let parent = &self.span;
         ChildSpan {
-            sink: &self.children,
-            span: Some(Open {
-                trace_id: parent.trace_id,
-                span_id: new_span_id(),
-                parent: Some(parent.span_id),
-                parent_remote: false,
-                flags: parent.flags,
-                trace_state: parent.trace_state.clone(),
-                kind,
-                name,
-                start,
-                shared,
-                attributes,
-            }),
+            call: self,
+            span_id: new_span_id(),
+            name,
+            kind,
+            start,
+            shared,
+            attributes,
             failed: Mutex::new(None),
             extra: Mutex::new(Vec::new()),
         }
@@ -535,50 +609,44 @@ impl CallSpan {
     /// an MCP server, `execute_tool <tool>` otherwise (CLIENT toward an HTTP service or an
     /// agent, INTERNAL for a tool that runs here).
     pub(crate) fn run(&self, tool: &str, remote: Option<&Remote>) -> ChildSpan<'_> {
-        let operation = attr("gen_ai.operation.name", "execute_tool");
-        let (name, kind, attributes) = match remote {
-            Some(remote) if remote.system == "mcp" => {
-                let (name, server_tool) = run_strings("tools/call", &remote.name);
-                (
-                    name,
-                    SpanKind::Client,
-                    vec![
-                        operation,
-                        attr("mcp.method.name", "tools/call"),
-                        attr("gen_ai.tool.name", server_tool),
-                        attr("toolhost.tool", tool.to_owned()),
-                        attr("server.address", remote.target.clone()),
-                        attr("network.transport", remote.transport),
-                    ],
-                )
-            }
-            Some(remote) => {
-                let (name, tool) = run_strings("execute_tool", tool);
-                (
-                    name,
-                    SpanKind::Client,
-                    vec![
-                        operation,
-                        attr("gen_ai.tool.name", tool),
-                        attr("toolhost.remote.system", remote.system),
-                        attr("server.address", remote.target.clone()),
-                    ],
-                )
-            }
-            None => {
-                let (name, tool) = run_strings("execute_tool", tool);
-                (name, SpanKind::Internal, vec![operation, attr("gen_ai.tool.name", tool)])
-            }
+        let (operation, name, kind) = match remote {
+            Some(remote) if remote.system == "mcp" => ("tools/call", remote.name.as_str(), SpanKind::Client),
+            Some(_) => ("execute_tool", tool, SpanKind::Client),
+            None => ("execute_tool", tool, SpanKind::Internal),
         };
-        self.child(name, kind, None, attributes, now_nanos())
+        // What only some runs carry, after the attributes every run of the tool carries.
+        let more = match remote {
+            Some(remote) if remote.system == "mcp" => vec![
+                attr("toolhost.tool", tool.to_owned()),
+                attr("server.address", remote.target.clone()),
+                attr("network.transport", remote.transport),
+            ],
+            Some(remote) => {
+                vec![
+                    attr("toolhost.remote.system", remote.system),
+                    attr("server.address", remote.target.clone()),
+                ]
+            }
+            None => Vec::new(),
+        };
+        let start = now_nanos();
+        match run_names(operation, name) {
+            Some(names) => self.child(Cow::Borrowed(names.name), kind, Some(names.attributes), more, start),
+            None => {
+                let mut attributes = run_attributes(operation, name.to_owned());
+                attributes.extend(more);
+                self.child(Cow::Owned(format!("{operation} {name}")), kind, None, attributes, start)
+            }
+        }
     }
 
     /// The `settle` span: the commit of the answer, the marks and the ack.
     pub(crate) fn settle(&self) -> ChildSpan<'_> {
+        let names = self.delivery.names;
         self.child(
-            Cow::Borrowed(self.names.settle),
+            Cow::Borrowed(names.settle),
             SpanKind::Client,
-            Some(self.names.settle_attributes),
+            Some(names.settle_attributes),
             Vec::new(),
             now_nanos(),
         )
@@ -586,7 +654,7 @@ impl CallSpan {
 
     /// Sets an attribute of the `process` span.
     pub(crate) fn set(&mut self, attribute: impl Into<Attribute>) {
-        self.span.attributes.push(attribute.into());
+        self.attributes.push(attribute.into());
     }
 
     /// Adds an event to the `process` span.
@@ -597,26 +665,55 @@ impl CallSpan {
     /// Ends the `process` span with the call's outcome: `error.type` and an error status for an
     /// answer that is an error (refusals, timeouts and cancels included) or a dead letter.
     pub(crate) fn end(self, outcome: &'static str, error: Option<&'static str>) {
-        let CallSpan { queue, children, mut span, link, events, .. } = self;
-        span.attributes.push(attr("toolhost.outcome", outcome));
-        let status = match error {
-            Some(error) => {
-                span.attributes.push(attr("error.type", error));
-                Status::Error(Cow::Borrowed(error))
-            }
-            None => Status::Unset,
+        let delivery = &self.delivery;
+        let texts = [
+            ("messaging.message.id", delivery.entry_id),
+            ("toolhost.request_id", delivery.request_id),
+            ("gen_ai.tool.name", delivery.tool.unwrap_or_default()),
+        ];
+        let texts = if delivery.tool.is_some() { &texts[..] } else { &texts[..2] };
+        let counted = [attr("messaging.redis_streams.delivery_count", delivery.deliveries as i64)];
+        let counted = if delivery.deliveries > 1 { &counted[..] } else { &[] };
+        let outcome = [attr("toolhost.outcome", outcome), attr("error.type", error.unwrap_or_default())];
+        let outcome = if error.is_some() { &outcome[..] } else { &outcome[..1] };
+        let span = SpanRef {
+            trace_id: &self.trace_id,
+            span_id: self.span_id,
+            parent: self.parent,
+            parent_remote: self.parent.is_some(),
+            flags: self.flags,
+            trace_state: self.trace_state.as_ref(),
+            kind: &SpanKind::Consumer,
+            name: delivery.names.process,
+            start: self.start,
+            end: now_nanos(),
+            shared: Some(delivery.names.process_attributes),
+            texts,
+            attributes: [counted, &self.attributes, outcome],
+            events: &self.events,
+            link: self.link.as_ref(),
+            error,
         };
-        let mut spans = children.into_inner().unwrap_or_else(PoisonError::into_inner);
-        spans.push(span.finish(events, link, status));
-        queue.offer(spans);
+        let mut ended = self.ended.into_inner().unwrap_or_else(PoisonError::into_inner);
+        ended.add(&span);
+        match ended {
+            Ended::Encoded(bytes, spans) => self.queue.offer_encoded(&bytes, spans),
+            Ended::Spans(spans) => self.queue.offer(spans),
+        }
     }
 }
 
 /// A child span of a call; it ends when dropped, or with [`ChildSpan::fail`], and is exported
 /// with the call's `process` span (a call that never ends its span exports neither).
-pub(crate) struct ChildSpan<'a> {
-    sink: &'a Mutex<Vec<Span>>,
-    span: Option<Open>,
+pub(crate) struct ChildSpan<'c> {
+    call: &'c CallSpan<'c>,
+    span_id: [u8; 8],
+    name: Cow<'static, str>,
+    kind: SpanKind,
+    /// Nanoseconds since the Unix epoch.
+    start: u64,
+    shared: Option<&'static SharedAttributes>,
+    attributes: Vec<Attribute>,
     /// `error.type` and the description, once it failed.
     failed: Mutex<Option<(String, String)>>,
     /// Attributes set while it runs.
@@ -639,9 +736,7 @@ impl ChildSpan<'_> {
     /// so the server's span is a child of the tool's run.
     pub(crate) fn passed_on(&self, trace: &CallTrace) -> CallTrace {
         let mut passed = trace.clone();
-        if let Some(span) = &self.span {
-            passed.context.span_id = span.span_id;
-        }
+        passed.context.span_id = self.span_id;
         passed
     }
 }
@@ -659,12 +754,30 @@ fn failed_status(attributes: &mut Vec<Attribute>, failed: Option<(String, String
 
 impl Drop for ChildSpan<'_> {
     fn drop(&mut self) {
-        let Some(mut span) = self.span.take() else { return };
-        span.attributes.append(self.extra.get_mut().unwrap_or_else(PoisonError::into_inner));
+        let end = now_nanos();
+        let extra = std::mem::take(self.extra.get_mut().unwrap_or_else(PoisonError::into_inner));
         let failed = self.failed.get_mut().unwrap_or_else(PoisonError::into_inner).take();
-        let status = failed_status(&mut span.attributes, failed);
-        let span = span.finish(Vec::new(), None, status);
-        self.sink.lock().unwrap_or_else(PoisonError::into_inner).push(span);
+        let error_type = failed.as_ref().map(|(error_type, _)| attr("error.type", error_type.clone()));
+        let call = self.call;
+        let span = SpanRef {
+            trace_id: &call.trace_id,
+            span_id: self.span_id,
+            parent: Some(call.span_id),
+            parent_remote: false,
+            flags: call.flags,
+            trace_state: call.trace_state.as_ref(),
+            kind: &self.kind,
+            name: &self.name,
+            start: self.start,
+            end,
+            shared: self.shared,
+            texts: &[],
+            attributes: [&self.attributes, &extra, error_type.as_slice()],
+            events: &[],
+            link: None,
+            error: failed.as_ref().map(|(_, description)| description.as_str()),
+        };
+        call.ended.lock().unwrap_or_else(PoisonError::into_inner).add(&span);
     }
 }
 
@@ -765,64 +878,69 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_run_span_name_is_made_once_and_its_tail_is_the_tool() {
-        let (name, tool) = run_strings("execute_tool", "echo");
-        assert_eq!(name, "execute_tool echo");
-        assert_eq!(tool, Value::Static("echo"));
-        let (again, _) = run_strings("execute_tool", "echo");
-        let (Cow::Borrowed(first), Cow::Borrowed(second)) = (name, again) else { panic!("interned") };
-        assert!(std::ptr::eq(first, second), "the same string, not a copy");
-        let (other, _) = run_strings("tools/call", "echo");
-        assert_eq!(other, "tools/call echo");
+    fn a_run_spans_names_are_made_once_and_its_tool_is_the_names_tail() {
+        let names = run_names("execute_tool", "echo").unwrap();
+        assert_eq!(names.name, "execute_tool echo");
+        let again = run_names("execute_tool", "echo").unwrap();
+        assert!(std::ptr::eq(names, again), "the same names, not a copy");
+        assert_eq!(
+            names.attributes.attributes,
+            [attr("gen_ai.operation.name", "execute_tool"), attr("gen_ai.tool.name", "echo")]
+        );
+        let other = run_names("tools/call", "echo").unwrap();
+        assert_eq!(other.name, "tools/call echo");
+        assert_eq!(other.attributes.attributes[1], attr("mcp.method.name", "tools/call"));
         // A name that only shares the operation's length is not mistaken for another.
-        assert_eq!(run_strings("execute_tool", "ecko").0, "execute_tool ecko");
+        assert_eq!(run_names("execute_tool", "ecko").unwrap().name, "execute_tool ecko");
     }
 
     #[test]
-    fn a_value_pushed_out_of_the_threads_recent_ones_is_still_the_one_interned() {
-        let first = fixed("recent-0");
+    fn a_name_pushed_out_of_the_threads_recent_ones_is_still_the_one_interned() {
+        let first = run_names("execute_tool", "recent-0").unwrap();
         for n in 1..=RECENT {
-            fixed(&format!("recent-{n}"));
+            run_names("execute_tool", &format!("recent-{n}"));
         }
-        // `recent-0` left the thread's list; the process's table still gives the same strings.
-        assert!(std::ptr::eq(first, fixed("recent-0")));
-        assert_eq!((first.process, first.settle), ("process recent-0", "settle recent-0"));
+        // `recent-0` left the thread's list; the process's table still gives the same names.
+        assert!(std::ptr::eq(first, run_names("execute_tool", "recent-0").unwrap()));
     }
 
     #[test]
     fn past_the_cap_a_run_span_name_is_made_per_call() {
         let mut made = 0;
         for n in 0..=MAX_RUN_NAMES {
-            if run_name("execute_tool", &format!("cap-test-{n}")).is_none() {
+            if run_names("execute_tool", &format!("cap-test-{n}")).is_none() {
                 made += 1;
             }
         }
         assert!(made >= 1, "at most {MAX_RUN_NAMES} names are kept");
-        let (name, tool) = run_strings("execute_tool", "cap-test-beyond");
-        assert_eq!(
-            (name.as_ref(), tool),
-            ("execute_tool cap-test-beyond", Value::Text("cap-test-beyond".to_owned()))
-        );
     }
 
     #[test]
-    fn the_shared_process_attributes_are_made_once_per_stream_group_and_consumer() {
-        let (stream, group, consumer) = (fixed("s1").value, fixed("g1").value, fixed("c1").value);
-        let first = process_attributes("requests", stream, group, consumer);
-        assert!(std::ptr::eq(first, process_attributes("requests", stream, group, consumer)));
-        let other = process_attributes("requests", stream, fixed("g2").value, consumer);
+    fn the_names_of_a_readers_calls_are_made_once_per_stream_group_and_consumer() {
+        let first = call_names("requests", "s1", "g1", "c1");
+        assert!(std::ptr::eq(first, call_names("requests", "s1", "g1", "c1")));
+        let other = call_names("requests", "s1", "g2", "c1");
         assert!(!std::ptr::eq(first, other));
+        assert_eq!((first.process, first.settle), ("process s1", "settle s1"));
         let value = |set: &SharedAttributes, key: &str| {
             set.attributes
                 .iter()
                 .find(|attribute| attribute.key == key)
                 .map(|attribute| attribute.value.clone())
         };
-        assert_eq!(value(first, "messaging.consumer.group.name"), Some(Value::Static("g1")));
-        assert_eq!(value(other, "messaging.consumer.group.name"), Some(Value::Static("g2")));
-        assert_eq!(first.encoded, super::super::otlp::span_attributes(&first.attributes));
-        let settle = fixed("s1").settle_attributes;
-        assert_eq!(value(settle, "messaging.operation.type"), Some(Value::Static("settle")));
-        assert_eq!(value(settle, "messaging.destination.name"), Some(Value::Static("s1")));
+        assert_eq!(
+            value(first.process_attributes, "messaging.consumer.group.name"),
+            Some(Value::Static("g1"))
+        );
+        assert_eq!(
+            value(other.process_attributes, "messaging.consumer.group.name"),
+            Some(Value::Static("g2"))
+        );
+        assert_eq!(
+            first.process_attributes.encoded,
+            super::super::otlp::span_attributes(&first.process_attributes.attributes)
+        );
+        assert_eq!(value(first.settle_attributes, "messaging.operation.type"), Some(Value::Static("settle")));
+        assert_eq!(value(first.settle_attributes, "messaging.destination.name"), Some(Value::Static("s1")));
     }
 }
