@@ -2,6 +2,10 @@
 //! busy is never answered for with `unknown_tool` by the toolboxes already running, whose views
 //! of the fleet are up to a heartbeat old, for any request added after its first heartbeat; on
 //! one server and on a Redis Cluster.
+//!
+//! The ledger's format changed on a live fleet (docs/OPERATIONS.md, "Rolling to ledger format 2"
+//! and "Rolling to ledger format 3"): each roll's steps under a steady caller, every entry
+//! answered once; on one server and on a Redis Cluster.
 
 #![allow(clippy::unwrap_used)]
 
@@ -638,7 +642,7 @@ fn a_fleet_rolls_its_ledger_format_under_load(topology: &dyn Topology, roll: &Ro
         let of = |what: fn(&Asked) -> bool| {
             let mut at =
                 sent.iter().enumerate().filter(|(_, entry)| entry.step == at_step && what(&entry.asked));
-            let found = if when == "first" { at.next() } else { at.last() };
+            let found = if when == "first" { at.next() } else { at.next_back() };
             found.unwrap()
         };
         let (stamp, Sent { id: stamp_id, .. }) = of(|asked| matches!(asked, Asked::Stamp));
