@@ -122,7 +122,9 @@ impl SpanQueue {
             encoder,
             dropped,
             capacity: export.max_queue_size,
-            batch: export.max_export_batch_size.max(1),
+            // As the SDK's batch processor does: a batch is never larger than the queue, which
+            // could then never fill one.
+            batch: export.max_export_batch_size.min(export.max_queue_size).max(1),
             full: Notify::new(),
         }
     }
@@ -1065,6 +1067,16 @@ mod tests {
         // The schedule (or the stop) takes it too.
         assert_eq!(ids(queue.take(true)), [4]);
         assert!(queue.take(true).is_none());
+        assert_eq!(queue.waiting(), 0);
+    }
+
+    #[test]
+    fn a_batch_is_never_larger_than_the_queue() {
+        let export = Export { max_queue_size: 2, max_export_batch_size: 5, ..export_to(String::new()) };
+        let queue = SpanQueue::new(&export, None, metrics::Counter::noop());
+        queue.offer(vec![one_span(), one_span()]);
+        // The queue is full, and so is its one batch: taken without waiting for the schedule.
+        assert_eq!(queue.take(false).map(|batch| batch.len()), Some(2));
         assert_eq!(queue.waiting(), 0);
     }
 

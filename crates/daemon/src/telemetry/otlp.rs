@@ -93,11 +93,12 @@ impl Encoder {
     }
 
     /// An empty body, with room for `capacity` bytes (a previous batch's size) so that filling
-    /// it does not grow it: and for one byte more, since a span is written after two bytes left
-    /// for its length, one of which a short span gives back ([`delimited`]).
+    /// it does not grow it: and for an eighth more, since the next batch's spans may be longer
+    /// (growing a batch's body copies all of it), and one byte, since a span is written after
+    /// two bytes left for its length, one of which a short span gives back ([`delimited`]).
     pub(crate) fn body(&self, capacity: usize) -> Body {
         let room = self.head_room();
-        let mut bytes = Vec::with_capacity(capacity.max(room) + 1);
+        let mut bytes = Vec::with_capacity(capacity.max(room) + capacity / 8 + 1);
         bytes.resize(room, 0);
         Body { bytes, room, spans: 0 }
     }
