@@ -1,19 +1,20 @@
 //! The OpenTelemetry pipeline: a bounded queue of finished spans in front of the OTLP export.
 //!
 //! toolhost makes its spans itself ([`super::spans`]) rather than through the SDK's tracer: a
-//! call's span ids are chosen at admission, its sampling decision too, and each span is one
-//! plain struct, offered to the queue when it ends; the SDK's per-span machinery (a context and
-//! a locked span per span, its sampler, its processor chain, its `SpanData`) cost more than the
+//! call's span ids are chosen at admission, its sampling decision too, and its spans are
+//! offered to the queue together when it ends; the SDK's per-span machinery (a context and a
+//! locked span per span, its sampler, its processor chain, its `SpanData`) cost more than the
 //! rest of an echo call (docs/PERFORMANCE.md, "Telemetry").
 //!
 //! Over OTLP/HTTP (`http/protobuf`) toolhost also encodes the request itself ([`super::otlp`])
 //! and posts it with the daemon's reqwest client, one attempt bounded by the export timeout,
-//! with the configured headers. A span is encoded when it is offered, by the thread that ended
-//! it, straight into the body of the batch being filled: the span is freed where it was made, and
-//! the export thread only writes a full batch's head and posts it. Over gRPC the queue keeps the
-//! spans, and the export task turns a batch into the SDK's `SpanData` for the
-//! `opentelemetry-otlp` tonic exporter: that path is kept for its connection handling, and costs
-//! the conversion the HTTP path saves.
+//! with the configured headers. A sampled call's spans come already encoded, written where each
+//! ended ([`SpanQueue::offer_encoded`]), and are copied into the body of the batch being filled;
+//! a door's span is encoded when it is offered ([`SpanQueue::offer`]). The export task only
+//! writes a full batch's head and posts it. Over gRPC the queue keeps the spans as structs, and
+//! the export task turns a batch into the SDK's `SpanData` for the `opentelemetry-otlp` tonic
+//! exporter: that path is kept for its connection handling, and costs the conversion the HTTP
+//! path saves.
 //!
 //! A span that ends is offered to the queue and never waited for: when the queue is full (the
 //! collector is slow or down) it is dropped and counted

@@ -1,16 +1,18 @@
-//! OTLP's `ExportTraceServiceRequest`, encoded straight from toolhost's [`Span`]s into one
-//! buffer per batch.
+//! OTLP's `ExportTraceServiceRequest`, encoded straight from toolhost's spans into one buffer
+//! per batch.
 //!
 //! The SDK's exporter turns each span into the generated protobuf structs (an owned `String`
 //! or `Vec` per name, id, key and value) and then encodes those; here each field is written as
-//! it is, once the lengths of the messages that hold it are known. A span is encoded when it is
-//! offered to the export queue, by the thread that ended it, into the [`Body`] of the batch being
-//! filled; the export thread writes only the request's head in front of a full batch. A batch is
-//! one `ResourceSpans` with one `ScopeSpans`: the resource and the scope are encoded once, when
-//! the pipeline starts, and copied into every batch's head. The field numbers and wire types are those of
-//! `opentelemetry/proto/trace/v1/trace.proto` and `common/v1/common.proto`; the unit tests decode
-//! what is written here with the `opentelemetry-proto` crate's generated types and compare it
-//! with what the SDK's own conversion makes of the same span.
+//! it is, from a borrowed view of the span ([`SpanRef`]), by one writer ([`push_span`]). A
+//! sampled call's spans are written when each ends into the call's buffer, which the queue copies
+//! into the [`Body`] of the batch being filled; a span kept as a struct (a door's, or a test's) is
+//! written into the body when it is offered. The export task writes only the request's head in
+//! front of a full batch. A batch is one `ResourceSpans` with one `ScopeSpans`: the resource and
+//! the scope are encoded once, when the pipeline starts, and copied into every batch's head. The
+//! field numbers and wire types are those of `opentelemetry/proto/trace/v1/trace.proto` and
+//! `common/v1/common.proto`; the unit tests decode what is written here with the
+//! `opentelemetry-proto` crate's generated types and compare it with what the SDK's own
+//! conversion makes of the same span.
 
 use opentelemetry::trace::SpanKind;
 use prost::encoding::{WireType, encode_varint, encoded_len_varint, key_len};

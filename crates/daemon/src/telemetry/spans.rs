@@ -13,11 +13,14 @@
 //! group is the toolbox id and the message id is the stream entry id. A span is made only for a
 //! sampled call; an unsampled call costs one flag test.
 //!
-//! Each span is plain data ([`Span`]: fixed fields, attributes keyed by static strings) from its
-//! start to its end, when it is offered to the export queue ([`super::otel`]), which encodes it
-//! as OTLP protobuf itself ([`super::otlp`]); nothing of the SDK's span types is made per span.
-//! Names and attribute values that are the same for every call are static strings, and the
-//! strings a stream or a replica repeats are made once ([`fixed`]).
+//! Nothing of the SDK's span types is made per span. A sampled call's span ([`CallSpan`]) keeps
+//! its fields as they are, the call's own strings borrowed, and each of its spans is written as
+//! OTLP protobuf ([`super::otlp`]) from a borrowed view ([`SpanRef`]) when it ends, into the
+//! call's buffer, which the export queue ([`super::otel`]) takes whole when the call ends; over
+//! gRPC the view becomes a [`Span`] instead, plain data with attributes keyed by static strings,
+//! as a door's span is. Names and attribute values that are the same for every call are static
+//! strings, and the strings a reader or a tool repeats are made once ([`call_names`],
+//! [`run_names`]).
 
 use std::borrow::Cow;
 use std::collections::HashMap;
