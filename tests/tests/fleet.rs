@@ -216,8 +216,14 @@ fn a_toolbox_started_under_load_is_never_answered_for_with_unknown_tool(topology
             let stop = stop.clone();
             let mut connection = topology.connect();
             scope.spawn(move || {
+                // The callers stop when this ends, its assertion failing included.
+                let _stopper = StopOnDrop(&stop);
                 let deadline = Instant::now() + WAIT;
                 while !has_beaten(&mut *connection, "c") {
+                    if stop.load(Ordering::Relaxed) {
+                        // Toolbox c failed to start; that failure is the test's.
+                        return Vec::new();
+                    }
                     assert!(Instant::now() < deadline, "toolbox c never wrote a heartbeat");
                     std::thread::sleep(Duration::from_millis(2));
                 }
@@ -232,10 +238,12 @@ fn a_toolbox_started_under_load_is_never_answered_for_with_unknown_tool(topology
                     ids.extend(batch);
                     std::thread::sleep(Duration::from_millis(20));
                 }
-                stop.store(true, Ordering::Relaxed);
                 ids
             })
         };
+        // The callers stop however this ends: toolbox c failing to start included, so that a
+        // failure fails the test instead of hanging it.
+        let _stopper = StopOnDrop(&stop);
         // Started while the callers send.
         std::thread::sleep(Duration::from_millis(300));
         let third = toolbox(topology, "c", true);
