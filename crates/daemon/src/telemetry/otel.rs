@@ -162,14 +162,10 @@ impl SpanQueue {
 
     /// Moves the batch being filled to the full ones when it holds a batch's worth: `true` then.
     fn full_now(&self, held: &mut Held) -> bool {
-        let Some(filling) = &held.filling else { return false };
-        if filling.len() < self.batch {
-            return false;
-        }
-        if let Some(Batch::Encoded(body)) = &held.filling {
+        let Some(batch) = held.filling.take_if(|batch| batch.len() >= self.batch) else { return false };
+        if let Batch::Encoded(body) = &batch {
             held.body_size = body.size();
         }
-        let batch = held.filling.take().expect("a batch is being filled");
         held.full.push_back(batch);
         true
     }

@@ -470,16 +470,21 @@ impl Open {
         }
     }
 
-    /// The link to this span's parent, a context from another process; `None` for a root span.
+    /// The link to this span's parent; `None` for a root span.
     fn link_to_parent(&self) -> Option<Link> {
-        Some(Link {
-            trace_id: self.trace_id,
-            span_id: self.parent?,
-            flags: self.flags,
-            trace_state: self.trace_state.clone(),
-            remote: true,
-        })
+        parent_link(self.trace_id, self.parent, self.flags, self.trace_state.as_ref())
     }
+}
+
+/// The link to a span's parent, a context from another process (the messaging conventions'
+/// link to a message's creation context); `None` without a parent.
+fn parent_link(
+    trace_id: [u8; 16],
+    parent: Option<[u8; 8]>,
+    flags: u8,
+    trace_state: Option<&Arc<str>>,
+) -> Option<Link> {
+    Some(Link { trace_id, span_id: parent?, flags, trace_state: trace_state.cloned(), remote: true })
 }
 
 /// A parent span id as the envelope gives it; all zero is no parent.
@@ -551,13 +556,7 @@ impl<'a> CallSpan<'a> {
         }
         let parent = trace.parent.and_then(parent_id);
         let trace_state = trace_state(trace.tracestate.as_deref());
-        let link = parent.map(|parent| Link {
-            trace_id: trace.context.trace_id,
-            span_id: parent,
-            flags: trace.context.flags,
-            trace_state: trace_state.clone(),
-            remote: true,
-        });
+        let link = parent_link(trace.context.trace_id, parent, trace.context.flags, trace_state.as_ref());
         let ended = if queue.encodes() {
             Ended::Encoded(Vec::with_capacity(CALL_SPANS_BYTES), 0)
         } else {
