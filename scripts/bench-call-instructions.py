@@ -3,11 +3,12 @@
 
 On a shared machine time per call moves with the neighbours; instructions do not. For each
 build and mode a fresh `redis-server` starts, then the daemon under callgrind (`toolhost serve`,
-its defaults), with telemetry off or exporting spans over OTLP/HTTP at a sampler ratio to a
-receiver in this script that reads each export and answers it with an empty success. 300
-warm-up calls are answered, the counters are zeroed (`callgrind_control -z`), N echo requests
-of 100 bytes are added at once, and once all are answered the counters are dumped
-(`callgrind_control -d`). Everything the daemon's threads did in user space for the calls is
+its defaults but for the log level: `warn`, as `toolhost-bench` runs it, unless `--log-level`
+says otherwise; at `info` it logs a line per call), with telemetry off or exporting spans over
+OTLP/HTTP at a sampler ratio to a receiver in this script that reads each export and answers it
+with an empty success. The daemon answers 300 warm-up calls, then N echo requests of 100 bytes
+added at once, and is stopped; a second daemon, which answers only the warm-up, is counted the
+same way and subtracted, so that start, warm-up and stop cancel out. Everything the daemon's threads did in user space for the calls is
 counted (the kernel's share, the send of the export included, is not): the group reads, the
 calls, the answers, and with telemetry the spans, their encoding and the export thread's posts.
 
@@ -15,7 +16,7 @@ Prints, per build and mode, instructions per call, and the inclusive instruction
 the span entry points (`call_span`, `end_span` with the encoding, the child spans' ends and
 starts) and of `Telemetry::invocation` (the metrics of each call).
 
-Usage: scripts/bench-call-instructions.py [--calls N] [--modes off,1] NAME=BINARY [...]
+Usage: scripts/bench-call-instructions.py [--calls N] [--modes off,1] [--log-level L] NAME=BINARY [...]
 Example (docs/PERFORMANCE.md, telemetry round 7):
   scripts/bench-call-instructions.py --calls 20000 before=/tmp/toolhost-before after=target/release/toolhost
 """
@@ -126,7 +127,7 @@ def inclusive(dump):
     return total, found
 
 
-def run_daemon(binary, mode, calls, receiver_port, workdir):
+def run_daemon(binary, mode, calls, receiver_port, workdir, log_level):
     """Counts of one daemon under callgrind that answered 300 warm-up calls and then `calls` more,
     from its start to its exit (SIGTERM)."""
     port = free_port()
@@ -134,7 +135,8 @@ def run_daemon(binary, mode, calls, receiver_port, workdir):
                               "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     # The caller's environment without toolhost's and OpenTelemetry's own variables.
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TOOLHOST", "OTEL_", "REDIS_"))}
-    env.update({"REDIS_URL": "redis://127.0.0.1:%d" % port, "TOOLHOST__HTTP__LISTEN": "127.0.0.1:0"})
+    env.update({"REDIS_URL": "redis://127.0.0.1:%d" % port, "TOOLHOST__HTTP__LISTEN": "127.0.0.1:0",
+                "TOOLHOST__LOG__LEVEL": log_level})
     if mode != "off":
         env.update({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:%d" % receiver_port,
                     "OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": mode})
@@ -164,11 +166,11 @@ def run_daemon(binary, mode, calls, receiver_port, workdir):
     return inclusive(dump)
 
 
-def measure(binary, mode, calls, receiver_port, workdir):
+def measure(binary, mode, calls, receiver_port, workdir, log_level):
     """Per call: a daemon that answers `calls` more than another, the difference divided by
     `calls`, so that start, warm-up and stop cancel out."""
-    base_total, base = run_daemon(binary, mode, 0, receiver_port, workdir)
-    total, found = run_daemon(binary, mode, calls, receiver_port, workdir)
+    base_total, base = run_daemon(binary, mode, 0, receiver_port, workdir, log_level)
+    total, found = run_daemon(binary, mode, calls, receiver_port, workdir, log_level)
     return total - base_total, {k: v - base.get(k, 0) for k, v in found.items()}
 
 
@@ -176,6 +178,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=20000)
     parser.add_argument("--modes", default="off,1", help="off and/or sampler ratios, comma separated")
+    parser.add_argument("--log-level", default="warn",
+                        help="the daemons' log level: warn, as toolhost-bench runs them (info logs a line per call)")
     parser.add_argument("builds", nargs="+", metavar="NAME=BINARY")
     args = parser.parse_args()
     receiver = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
@@ -185,7 +189,8 @@ def main():
         for build in args.builds:
             name, binary = build.split("=", 1)
             for mode in args.modes.split(","):
-                total, found = measure(os.path.abspath(binary), mode, args.calls, receiver.server_port, workdir)
+                total, found = measure(os.path.abspath(binary), mode, args.calls, receiver.server_port, workdir,
+                                       args.log_level)
                 rows.append((name, mode, total / args.calls, {k: v / args.calls for k, v in found.items()}))
                 print("%s, telemetry %s: %.0f instructions per call" % (name, mode, total / args.calls), file=sys.stderr)
     labels = [label for label, _ in ENTRY_POINTS]

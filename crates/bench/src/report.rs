@@ -566,6 +566,44 @@ impl Report {
                 });
             }
         }
+        res.extend(self.telemetry_targets());
+        res
+    }
+
+    /// Issue 36's goals, from the interleaved telemetry rows at 64 in flight: at sampler ratio 0
+    /// no difference beyond the spread of telemetry off's runs, and at ratio 1 at most 10 % more
+    /// CPU per request. Each round's runs are compared with each other (they ran seconds apart,
+    /// so a slow drift of the machine moves them alike), and the median of those ratios is taken.
+    fn telemetry_targets(&self) -> Vec<Target> {
+        let runs = |scenario: &str| {
+            self.rows
+                .iter()
+                .find(|row| row.target == "toolhost" && row.scenario == scenario && row.in_flight == 64)
+                .map(|row| row.runs_cpu_us.as_slice())
+                .filter(|runs| !runs.is_empty())
+        };
+        let Some(off) = runs("echo") else { return Vec::new() };
+        let mut res = Vec::new();
+        for (ratio, limit) in [("0", None), ("1", Some(1.10))] {
+            let Some(on) = runs(&format!("echo, telemetry ratio {ratio}")).filter(|on| on.len() == off.len())
+            else {
+                continue;
+            };
+            let paired = PairedRatios::of(off, on);
+            let (what, met) = match limit {
+                Some(limit) => (
+                    format!(
+                        "CPU per request at telemetry ratio 1 ≤ {limit:.2} × off (median of the rounds' ratios)"
+                    ),
+                    paired.median <= limit,
+                ),
+                None => (
+                    "CPU per request at telemetry ratio 0 within the spread of off's runs".to_owned(),
+                    paired.within_spread,
+                ),
+            };
+            res.push(Target { target: "toolhost".to_owned(), what, result: paired.to_string(), met });
+        }
         res
     }
 
@@ -624,6 +662,63 @@ impl Report {
     }
 }
 
+/// One row's runs against a base row's, round by round.
+#[derive(Debug, PartialEq)]
+struct PairedRatios {
+    /// The median of the rounds' ratios.
+    median: f64,
+    /// The smallest and largest of them.
+    low: f64,
+    high: f64,
+    /// The medians of the two rows' runs.
+    base_median: f64,
+    row_median: f64,
+    /// Whether the row's median lies within the base's runs, lowest to highest.
+    within_spread: bool,
+    rounds: usize,
+}
+
+impl PairedRatios {
+    /// `row`'s runs against `base`'s, which ran in the same rounds, in the same order.
+    fn of(base: &[f64], row: &[f64]) -> PairedRatios {
+        let mut ratios: Vec<f64> = base.iter().zip(row).map(|(base, row)| row / base).collect();
+        ratios.sort_by(f64::total_cmp);
+        let median = |values: &[f64]| {
+            let mut sorted = values.to_vec();
+            sorted.sort_by(f64::total_cmp);
+            sorted[sorted.len() / 2]
+        };
+        let row_median = median(row);
+        let (low_base, high_base) =
+            base.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(low, high), &v| (low.min(v), high.max(v)));
+        PairedRatios {
+            median: ratios[ratios.len() / 2],
+            low: ratios[0],
+            high: ratios[ratios.len() - 1],
+            base_median: median(base),
+            row_median,
+            within_spread: (low_base..=high_base).contains(&row_median),
+            rounds: ratios.len(),
+        }
+    }
+}
+
+impl std::fmt::Display for PairedRatios {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let percent = |ratio: f64| (ratio - 1.0) * 100.0;
+        write!(
+            f,
+            "{:+.1} % (rounds {:+.1} to {:+.1} %, {} rounds); medians {:.1} against {:.1} µs",
+            percent(self.median),
+            percent(self.low),
+            percent(self.high),
+            self.rounds,
+            self.row_median,
+            self.base_median
+        )
+    }
+}
+
 fn ratio(value: f64, base: f64) -> Option<f64> {
     (base > 0.0).then(|| value / base)
 }
@@ -671,8 +766,38 @@ mod tests {
     }
 
     #[test]
-    fn toolhost_rows_get_ratios_against_the_reference() {
-        let mut report = Report {
+    fn telemetry_rows_are_compared_round_by_round() {
+        // Off drifts from 10 to 20 µs over the rounds; ratio 1 costs 10 % more in every round
+        // but one, and ratio 0 the same as off.
+        let off = [10.0, 12.0, 20.0, 14.0, 16.0];
+        let one = [11.0, 13.2, 22.0, 16.8, 17.6];
+        let paired = PairedRatios::of(&off, &one);
+        assert!((paired.median - 1.10).abs() < 1e-9, "{paired:?}");
+        assert!((paired.low - 1.10).abs() < 1e-9 && (paired.high - 1.20).abs() < 1e-9, "{paired:?}");
+        assert_eq!((paired.base_median, paired.row_median, paired.rounds), (14.0, 16.8, 5));
+        assert!(paired.within_spread);
+        assert!(!PairedRatios::of(&off, &[25.0; 5]).within_spread);
+
+        let traced = |scenario: &str, runs: &[f64]| Row {
+            scenario: scenario.to_owned(),
+            in_flight: 64,
+            runs_cpu_us: runs.to_vec(),
+            ..row("toolhost", 1000.0, 100, 10.0)
+        };
+        let report = report(vec![
+            traced("echo", &off),
+            traced("echo, telemetry ratio 0", &off),
+            traced("echo, telemetry ratio 1", &one),
+        ]);
+        let targets = report.telemetry_targets();
+        assert_eq!(targets.len(), 2, "{targets:?}");
+        assert!(targets[0].what.contains("ratio 0") && targets[0].met, "{targets:?}");
+        assert!(targets[1].what.contains("ratio 1") && targets[1].met, "{targets:?}");
+        assert!(targets[1].result.starts_with("+10.0 % (rounds +10.0 to +20.0 %, 5 rounds)"), "{targets:?}");
+    }
+
+    fn report(rows: Vec<Row>) -> Report {
+        Report {
             machine: MachineInfo {
                 cpu_model: "cpu".to_owned(),
                 cores: 2,
@@ -690,15 +815,20 @@ mod tests {
                 independent_requests: 0,
                 independent_warmup: 0,
             },
-            rows: vec![
-                row("at-least-once", 1000.0, 200, 10.0),
-                row("floor", 800.0, 250, 16.0),
-                row("toolhost", 500.0, 400, 24.0),
-            ],
+            rows,
             ready: Vec::new(),
             soak: Vec::new(),
             marks: Vec::new(),
-        };
+        }
+    }
+
+    #[test]
+    fn toolhost_rows_get_ratios_against_the_reference() {
+        let mut report = report(vec![
+            row("at-least-once", 1000.0, 200, 10.0),
+            row("floor", 800.0, 250, 16.0),
+            row("toolhost", 500.0, 400, 24.0),
+        ]);
         report.compute_ratios();
         assert_eq!(report.rows[2].ratio_rps, Some(0.5));
         assert_eq!(report.rows[2].ratio_p50, Some(2.0));
