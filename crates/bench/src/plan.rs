@@ -468,13 +468,16 @@ impl Bench<'_> {
             if self.options.auth && scenario.name.starts_with("echo") {
                 turns.push((Worker::Toolhost, Scenario::signed_echo(in_flight, DEFAULT_PAYLOAD)));
             }
-            // The cost of spans: off (plain echo), on and sampling nothing, on and sampling all.
+            // The cost of spans: off (plain echo), on and sampling nothing, on and sampling all;
+            // for the baseline build too, when one is measured, so two builds compare in one run.
             if let Some(endpoint) = collector.as_deref().filter(|_| scenario.name.starts_with("echo")) {
-                for ratio in ["0", "1"] {
-                    turns.push((
-                        Worker::Toolhost,
-                        Scenario::traced_echo(in_flight, DEFAULT_PAYLOAD, endpoint, ratio),
-                    ));
+                for &worker in self.options.workers.iter().filter(|worker| worker.is_toolhost()) {
+                    for ratio in ["0", "1"] {
+                        turns.push((
+                            worker,
+                            Scenario::traced_echo(in_flight, DEFAULT_PAYLOAD, endpoint, ratio),
+                        ));
+                    }
                 }
             }
             let mut runs: Vec<Vec<Row>> = vec![Vec::new(); turns.len()];
@@ -876,6 +879,8 @@ fn median_row(rows: Vec<Row>) -> Option<Row> {
     let mut res = Row {
         runs_rps: measured.iter().map(|row| row.rps).collect(),
         runs_cpu_us: measured.iter().filter_map(|row| row.cpu_us_per_request).collect(),
+        runs_redis_cpu_us: measured.iter().filter_map(|row| row.redis_cpu_us_per_request).collect(),
+        runs_generator_cpu_us: measured.iter().filter_map(|row| row.harness_cpu_us_per_request).collect(),
         ..first.clone()
     };
     let median_of = |pick: &dyn Fn(&Row) -> Option<f64>| -> Option<f64> {

@@ -109,6 +109,11 @@ pub struct Row {
     /// The target's CPU per request (µs) of each interleaved run, in run order: the spread of
     /// the row's median CPU.
     pub runs_cpu_us: Vec<f64>,
+    /// Redis's CPU per request (µs) of each interleaved run, in run order: what the machine
+    /// did beside the target in the same seconds.
+    pub runs_redis_cpu_us: Vec<f64>,
+    /// The load generator's CPU per request (µs) of each interleaved run, in run order.
+    pub runs_generator_cpu_us: Vec<f64>,
     /// Redis's commands per answered request (`INFO commandstats`, the load generator's
     /// included), most time first; of the median run when runs were interleaved.
     pub redis_commands: Vec<CommandCost>,
@@ -566,7 +571,9 @@ impl Report {
                 });
             }
         }
-        res.extend(self.telemetry_targets());
+        for build in ["toolhost", "toolhost-base"] {
+            res.extend(self.telemetry_targets(build));
+        }
         res
     }
 
@@ -574,11 +581,11 @@ impl Report {
     /// no difference beyond the spread of telemetry off's runs, and at ratio 1 at most 10 % more
     /// CPU per request. Each round's runs are compared with each other (they ran seconds apart,
     /// so a slow drift of the machine moves them alike), and the median of those ratios is taken.
-    fn telemetry_targets(&self) -> Vec<Target> {
+    fn telemetry_targets(&self, build: &str) -> Vec<Target> {
         let runs = |scenario: &str| {
             self.rows
                 .iter()
-                .find(|row| row.target == "toolhost" && row.scenario == scenario && row.in_flight == 64)
+                .find(|row| row.target == build && row.scenario == scenario && row.in_flight == 64)
                 .map(|row| row.runs_cpu_us.as_slice())
                 .filter(|runs| !runs.is_empty())
         };
@@ -602,7 +609,7 @@ impl Report {
                     paired.within_spread,
                 ),
             };
-            res.push(Target { target: "toolhost".to_owned(), what, result: paired.to_string(), met });
+            res.push(Target { target: build.to_owned(), what, result: paired.to_string(), met });
         }
         res
     }
@@ -789,7 +796,8 @@ mod tests {
             traced("echo, telemetry ratio 0", &off),
             traced("echo, telemetry ratio 1", &one),
         ]);
-        let targets = report.telemetry_targets();
+        assert!(report.telemetry_targets("toolhost-base").is_empty());
+        let targets = report.telemetry_targets("toolhost");
         assert_eq!(targets.len(), 2, "{targets:?}");
         assert!(targets[0].what.contains("ratio 0") && targets[0].met, "{targets:?}");
         assert!(targets[1].what.contains("ratio 1") && targets[1].met, "{targets:?}");

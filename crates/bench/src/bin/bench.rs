@@ -96,7 +96,8 @@ struct Args {
     auth: bool,
     /// With --interleave: also run toolhost with OpenTelemetry on, exporting to an OTLP
     /// receiver in the harness that answers and keeps nothing, at sampler ratio 0 and 1, in
-    /// turn with the others (the cost of issue 36's spans per request).
+    /// turn with the others (the cost of issue 36's spans per request); the baseline build too,
+    /// with --baseline-bin, so that two builds compare in one run.
     #[arg(long)]
     telemetry: bool,
     /// Only the fleet rows: 1, 2 and 4 replicas (or --replicas) of toolhost at 64 in flight
