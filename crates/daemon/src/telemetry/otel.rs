@@ -8,8 +8,8 @@
 //!
 //! Over OTLP/HTTP (`http/protobuf`) toolhost also encodes the request itself ([`super::otlp`])
 //! and posts it with the daemon's reqwest client, one attempt bounded by the export timeout,
-//! with the configured headers. A sampled call's spans come already encoded, written together
-//! when the call ended ([`SpanQueue::offer_encoded`]), and are copied into the body of the batch being filled;
+//! with the configured headers. A sampled call's spans come already encoded, written where each
+//! ended ([`SpanQueue::offer_encoded`]), and are copied into the body of the batch being filled;
 //! a door's span is encoded when it is offered ([`SpanQueue::offer`]). The export task only
 //! writes a full batch's head and posts it. Over gRPC the queue keeps the spans as structs, and
 //! the export task turns a batch into the SDK's `SpanData` for the `opentelemetry-otlp` tonic

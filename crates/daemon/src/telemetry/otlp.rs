@@ -4,8 +4,8 @@
 //! The SDK's exporter turns each span into the generated protobuf structs (an owned `String`
 //! or `Vec` per name, id, key and value) and then encodes those; here each field is written as
 //! it is, from a borrowed view of the span ([`SpanRef`]), by one writer ([`push_span`]). A
-//! sampled call's spans are written together when the call ends, into a buffer kept per thread,
-//! which the queue copies into the [`Body`] of the batch being filled; a span kept as a struct (a door's, or a test's) is
+//! sampled call's spans are written when each ends into the call's buffer, which the queue copies
+//! into the [`Body`] of the batch being filled; a span kept as a struct (a door's, or a test's) is
 //! written into the body when it is offered. The export task writes only the request's head in
 //! front of a full batch. A batch is one `ResourceSpans` with one `ScopeSpans`: the resource and
 //! the scope are encoded once, when the pipeline starts, and copied into every batch's head. The

@@ -14,10 +14,10 @@
 //! sampled call; an unsampled call costs one flag test.
 //!
 //! Nothing of the SDK's span types is made per span. A sampled call's span ([`CallSpan`]) keeps
-//! its fields as they are, the call's own strings borrowed; a child span that ends keeps what it
-//! holds, moved, and when the call ends all its spans are written at once as OTLP protobuf
-//! ([`super::otlp`]) from borrowed views ([`SpanRef`]) into a buffer kept per thread, which the
-//! export queue ([`super::otel`]) copies whole; over gRPC each view becomes a [`Span`] instead, plain data with attributes keyed by static strings,
+//! its fields as they are, the call's own strings borrowed, and each of its spans is written as
+//! OTLP protobuf ([`super::otlp`]) from a borrowed view ([`SpanRef`]) when it ends, into the
+//! call's buffer, which the export queue ([`super::otel`]) takes whole when the call ends; over
+//! gRPC the view becomes a [`Span`] instead, plain data with attributes keyed by static strings,
 //! as a door's span is. Names and attribute values that are the same for every call are static
 //! strings, and the strings a reader or a tool repeats are made once ([`call_names`],
 //! [`run_names`]).
@@ -494,10 +494,8 @@ fn parent_id(span_id: [u8; 8]) -> Option<[u8; 8]> {
 
 /// The `process` span of one sampled call, and what its children are made with. Its fields
 /// are kept as they are (the call's own strings borrowed) until the call ends; each child span
-/// keeps what it ended with ([`EndedChild`]), and when the `process` span ends, the call's spans
-/// are all written at once, in the form the export queue takes, and offered together. Writing
-/// them in one go runs the span writer's code four times in a row, while it is in the
-/// instruction cache, rather than once at each child's end between the call's own steps.
+/// is written when it ends into the call's spans, in the form the export queue takes, and the
+/// call's whole set is offered at once when the `process` span ends.
 pub(crate) struct CallSpan<'a> {
     queue: &'a SpanQueue,
     trace_id: [u8; 16],
@@ -510,7 +508,7 @@ pub(crate) struct CallSpan<'a> {
     start: u64,
     delivery: Delivery<'a>,
     /// The call's child spans that have ended.
-    ended: Mutex<Vec<EndedChild>>,
+    ended: Mutex<Ended>,
     /// Attributes set while it runs.
     attributes: Vec<Attribute>,
     events: Vec<Event>,
@@ -519,57 +517,28 @@ pub(crate) struct CallSpan<'a> {
     pub record_arguments: bool,
 }
 
-/// A child span that has ended: what its [`ChildSpan`] held, moved, and its end.
-struct EndedChild {
-    span_id: [u8; 8],
-    name: Cow<'static, str>,
-    kind: SpanKind,
-    start: u64,
-    end: u64,
-    shared: Option<&'static SharedAttributes>,
-    attributes: Vec<Attribute>,
-    extra: Vec<Attribute>,
-    /// `error.type` as an attribute, and the status's description, when it failed.
-    failed: Option<(Attribute, String)>,
+/// A call's spans that have ended, as its queue takes them.
+enum Ended {
+    /// Written by [`super::otlp::push_span`] (OTLP/HTTP), and how many.
+    Encoded(Vec<u8>, usize),
+    /// As they are, for the gRPC exporter.
+    Spans(Vec<Span>),
 }
 
-impl EndedChild {
-    /// The span, a child of `call`'s `process` span.
-    fn as_ref<'s>(&'s self, call: &'s CallSpan<'_>) -> SpanRef<'s> {
-        SpanRef {
-            trace_id: &call.trace_id,
-            span_id: self.span_id,
-            parent: Some(call.span_id),
-            parent_remote: false,
-            flags: call.flags,
-            trace_state: call.trace_state.as_ref(),
-            kind: &self.kind,
-            name: &self.name,
-            start: self.start,
-            end: self.end,
-            shared: self.shared,
-            texts: &[],
-            attributes: [
-                &self.attributes,
-                &self.extra,
-                self.failed
-                    .as_ref()
-                    .map(|(error_type, _)| std::slice::from_ref(error_type))
-                    .unwrap_or_default(),
-            ],
-            events: &[],
-            link: None,
-            error: self.failed.as_ref().map(|(_, description)| description.as_str()),
+impl Ended {
+    fn add(&mut self, span: &SpanRef<'_>) {
+        match self {
+            Ended::Encoded(bytes, spans) => {
+                super::otlp::push_span(span, bytes);
+                *spans += 1;
+            }
+            Ended::Spans(spans) => spans.push(span.to_span()),
         }
     }
 }
 
-/// How many bytes a call's four spans take, about: the buffer they are written into is kept
-/// per thread, and made that large at first.
+/// How many bytes a call's four spans take, about: their buffer is made that large once.
 const CALL_SPANS_BYTES: usize = 1536;
-
-/// How many child spans a call makes: admit, run and settle.
-const CALL_CHILDREN: usize = 3;
 
 impl<'a> CallSpan<'a> {
     /// Starts the `process` span of a call with the ids the call was given at admission: a
@@ -588,6 +557,12 @@ impl<'a> CallSpan<'a> {
         let parent = trace.parent.and_then(parent_id);
         let trace_state = trace_state(trace.tracestate.as_deref());
         let link = parent_link(trace.context.trace_id, parent, trace.context.flags, trace_state.as_ref());
+        let ended = if queue.encodes() {
+            Ended::Encoded(Vec::with_capacity(CALL_SPANS_BYTES), 0)
+        } else {
+            // The admit, run and settle spans, and the call's own.
+            Ended::Spans(Vec::with_capacity(4))
+        };
         Some(CallSpan {
             queue,
             trace_id: trace.context.trace_id,
@@ -597,7 +572,7 @@ impl<'a> CallSpan<'a> {
             trace_state,
             start: unix_nanos(started),
             delivery,
-            ended: Mutex::new(Vec::with_capacity(CALL_CHILDREN)),
+            ended: Mutex::new(ended),
             attributes: Vec::new(),
             events: Vec::new(),
             link,
@@ -721,23 +696,11 @@ impl<'a> CallSpan<'a> {
             link: self.link.as_ref(),
             error,
         };
-        let children = self.ended.lock().unwrap_or_else(PoisonError::into_inner);
-        let spans = children.iter().map(|child| child.as_ref(&self)).chain(std::iter::once(span));
-        if self.queue.encodes() {
-            thread_local! {
-                static WRITTEN: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(Vec::with_capacity(CALL_SPANS_BYTES));
-            }
-            WRITTEN.with_borrow_mut(|bytes| {
-                bytes.clear();
-                let mut count = 0;
-                for span in spans {
-                    super::otlp::push_span(&span, bytes);
-                    count += 1;
-                }
-                self.queue.offer_encoded(bytes, count);
-            });
-        } else {
-            self.queue.offer(spans.map(|span| span.to_span()).collect());
+        let mut ended = self.ended.into_inner().unwrap_or_else(PoisonError::into_inner);
+        ended.add(&span);
+        match ended {
+            Ended::Encoded(bytes, spans) => self.queue.offer_encoded(&bytes, spans),
+            Ended::Spans(spans) => self.queue.offer(spans),
         }
     }
 }
@@ -794,19 +757,29 @@ fn failed_status(attributes: &mut Vec<Attribute>, failed: Option<(String, String
 impl Drop for ChildSpan<'_> {
     fn drop(&mut self) {
         let end = now_nanos();
+        let extra = std::mem::take(self.extra.get_mut().unwrap_or_else(PoisonError::into_inner));
         let failed = self.failed.get_mut().unwrap_or_else(PoisonError::into_inner).take();
-        let ended = EndedChild {
+        let error_type = failed.as_ref().map(|(error_type, _)| attr("error.type", error_type.clone()));
+        let call = self.call;
+        let span = SpanRef {
+            trace_id: &call.trace_id,
             span_id: self.span_id,
-            name: std::mem::take(&mut self.name),
-            kind: self.kind.clone(),
+            parent: Some(call.span_id),
+            parent_remote: false,
+            flags: call.flags,
+            trace_state: call.trace_state.as_ref(),
+            kind: &self.kind,
+            name: &self.name,
             start: self.start,
             end,
             shared: self.shared,
-            attributes: std::mem::take(&mut self.attributes),
-            extra: std::mem::take(self.extra.get_mut().unwrap_or_else(PoisonError::into_inner)),
-            failed: failed.map(|(error_type, description)| (attr("error.type", error_type), description)),
+            texts: &[],
+            attributes: [&self.attributes, &extra, error_type.as_slice()],
+            events: &[],
+            link: None,
+            error: failed.as_ref().map(|(_, description)| description.as_str()),
         };
-        self.call.ended.lock().unwrap_or_else(PoisonError::into_inner).push(ended);
+        call.ended.lock().unwrap_or_else(PoisonError::into_inner).add(&span);
     }
 }
 
