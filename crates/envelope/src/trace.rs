@@ -86,10 +86,26 @@ impl TraceParent {
     }
 }
 
+impl TraceParent {
+    /// The version-00 header value, as [`fmt::Display`] writes it: every answer carries one, so
+    /// it is written into one buffer, digit by digit, without the formatting machinery.
+    pub fn header(&self) -> String {
+        let mut out = Vec::with_capacity(TRACEPARENT_LEN);
+        out.extend_from_slice(VERSION.as_bytes());
+        out.push(b'-');
+        push_hex(&self.trace_id, &mut out);
+        out.push(b'-');
+        push_hex(&self.span_id, &mut out);
+        out.push(b'-');
+        push_hex(&[self.flags], &mut out);
+        ascii(out)
+    }
+}
+
 impl fmt::Display for TraceParent {
     /// The version-00 header value.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{VERSION}-{}-{}-{:02x}", hex(&self.trace_id), hex(&self.span_id), self.flags)
+        f.write_str(&self.header())
     }
 }
 
@@ -225,7 +241,7 @@ impl CallTrace {
 
     /// The `traceparent` this call passes on: its trace, its own span, its flags.
     pub fn traceparent(&self) -> String {
-        self.context.to_string()
+        self.context.header()
     }
 
     /// The trace id as 32 lowercase hex digits.
@@ -270,14 +286,25 @@ pub fn new_span_id() -> [u8; 8] {
     }
 }
 
+/// `bytes` as lowercase hex digits. Written as bytes, not pushed as `char`s: a `char` push
+/// encodes UTF-8 and checks the capacity per digit, and a call formats its ids several times.
 fn hex(bytes: &[u8]) -> String {
+    let mut out = Vec::with_capacity(bytes.len() * 2);
+    push_hex(bytes, &mut out);
+    ascii(out)
+}
+
+/// Appends `bytes` as lowercase hex digits.
+fn push_hex(bytes: &[u8], out: &mut Vec<u8>) {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for byte in bytes {
-        out.push(char::from(DIGITS[usize::from(byte >> 4)]));
-        out.push(char::from(DIGITS[usize::from(byte & 0x0f)]));
-    }
-    out
+    out.extend(
+        bytes.iter().flat_map(|byte| [DIGITS[usize::from(byte >> 4)], DIGITS[usize::from(byte & 0x0f)]]),
+    );
+}
+
+/// Bytes that are ASCII (hex digits, dashes, the version) as a `String`.
+fn ascii(bytes: Vec<u8>) -> String {
+    String::from_utf8(bytes).unwrap_or_default()
 }
 
 /// `N` bytes from `2N` lowercase hex digits; `None` for any other character or length.
