@@ -8,9 +8,10 @@ says otherwise; at `info` it logs a line per call), with telemetry off or export
 OTLP/HTTP at a sampler ratio to a receiver in this script that reads each export and answers it
 with an empty success. The daemon answers 300 warm-up calls, then N echo requests of 100 bytes
 added at once, and is stopped; a second daemon, which answers only the warm-up, is counted the
-same way and subtracted, so that start, warm-up and stop cancel out. Everything the daemon's threads did in user space for the calls is
-counted (the kernel's share, the send of the export included, is not): the group reads, the
-calls, the answers, and with telemetry the spans, their encoding and the export thread's posts.
+same way and subtracted, so that start, warm-up and stop cancel out. Everything the daemon's
+threads did in user space for the calls is counted (the kernel's share, the send of the export
+included, is not): the group reads, the calls, the answers, and with telemetry the spans, their
+encoding and the export thread's posts.
 
 Prints, per build and mode, instructions per call, and the inclusive instructions per call of
 the span entry points (`call_span`, `end_span` with the encoding, the child spans' ends and

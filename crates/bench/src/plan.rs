@@ -910,7 +910,8 @@ fn median_row(rows: Vec<Row>) -> Option<Row> {
     Some(res)
 }
 
-fn median(values: &[f64]) -> Option<f64> {
+/// The median of `values` (the upper of the two middle ones for an even count); `None` when empty.
+pub(crate) fn median(values: &[f64]) -> Option<f64> {
     let mut sorted = values.to_vec();
     sorted.sort_by(f64::total_cmp);
     sorted.get(sorted.len() / 2).copied()

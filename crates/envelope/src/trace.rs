@@ -84,9 +84,7 @@ impl TraceParent {
     pub fn with_span(&self, span_id: [u8; 8]) -> TraceParent {
         TraceParent { span_id, ..*self }
     }
-}
 
-impl TraceParent {
     /// The version-00 header value, as [`fmt::Display`] writes it: every answer carries one, so
     /// it is written into one buffer, digit by digit, without the formatting machinery.
     pub fn header(&self) -> String {
