@@ -335,6 +335,12 @@ mod tests {
         assert_eq!(parent.span_id_hex(), "00f067aa0ba902b7");
         assert!(parent.is_sampled());
         assert_eq!(parent.to_string(), VALID);
+        assert_eq!(parent.header(), VALID);
+        // The flags' two digits, whatever they are: unset, and a high nibble.
+        for flags in ["00", "a1"] {
+            let text = format!("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-{flags}");
+            assert_eq!(TraceParent::parse(&text).unwrap().header(), text);
+        }
     }
 
     #[test]
