@@ -214,29 +214,16 @@ mod tests {
 
     #[test]
     fn json_lines_are_tracing_subscribers_json_lines() {
-        let theirs = Sink::default();
-        let reference = tracing_subscriber::fmt()
-            .with_max_level(tracing::Level::TRACE)
-            .with_writer({
-                let sink = theirs.clone();
-                move || sink.clone()
-            })
-            .json()
-            .flatten_event(true)
-            .with_current_span(false)
-            .with_span_list(false)
-            .finish();
-        let ours = Sink::default();
-        let subscriber = tracing_subscriber::fmt()
-            .with_max_level(tracing::Level::TRACE)
-            .with_writer({
-                let sink = ours.clone();
-                move || sink.clone()
-            })
-            .with_ansi(false)
-            .fmt_fields(JsonFields::new())
-            .event_format(JsonLines)
-            .finish();
+        let (theirs, ours) = (Sink::default(), Sink::default());
+        // Every level, each line into its sink.
+        let to = |sink: &Sink| {
+            let sink = sink.clone();
+            tracing_subscriber::fmt().with_max_level(tracing::Level::TRACE).with_writer(move || sink.clone())
+        };
+        let reference =
+            to(&theirs).json().flatten_event(true).with_current_span(false).with_span_list(false).finish();
+        let subscriber =
+            to(&ours).with_ansi(false).fmt_fields(JsonFields::new()).event_format(JsonLines).finish();
         let expected = lines(reference, &theirs);
         assert_eq!(expected.len(), 5, "{expected:#?}");
         assert!(expected[4].contains("\"target\":\"dep::module\""), "{}", expected[4]);
