@@ -216,6 +216,12 @@ impl Registry {
         self.by_name.get(name).map(|&i| self.tools[i].full_description())
     }
 
+    /// A tool's time limit, without copying its description (which holds its schemas): every
+    /// call reads it.
+    pub fn timeout(&self, name: &str) -> Option<Duration> {
+        self.by_name.get(name).map(|&i| Duration::from_millis(self.tools[i].description.timeout_ms))
+    }
+
     /// The annotations of a tool.
     pub fn annotations(&self, name: &str) -> Option<Annotations> {
         self.by_name.get(name).map(|&i| self.tools[i].description.annotations)
@@ -572,6 +578,15 @@ mod tests {
                 .filter(|tool| tool["name"] != "echo")
                 .all(|tool| tool.get("long_running").is_none())
         );
+    }
+
+    #[test]
+    fn a_tools_time_limit_is_its_descriptions() {
+        let registry = registry();
+        assert_eq!(registry.timeout("sleeps"), Some(Duration::from_millis(50)));
+        let echo = registry.description("echo").unwrap();
+        assert_eq!(registry.timeout("echo"), Some(Duration::from_millis(echo.timeout_ms)));
+        assert_eq!(registry.timeout("missing"), None);
     }
 
     #[test]

@@ -374,8 +374,7 @@ impl<D: Door> Lifecycle<D> {
         let _in_flight = self.services.telemetry.in_flight_guard();
         let now = now_since_epoch();
         let left = deadline.map(|deadline| deadline.saturating_sub(now));
-        let timeout =
-            registry.description(tool).map(|description| Duration::from_millis(description.timeout_ms));
+        let timeout = registry.timeout(tool);
         let ends = match (deadline, timeout) {
             (Some(deadline), Some(timeout)) => Some(deadline.min(now + timeout)),
             (deadline, timeout) => deadline.or(timeout.map(|timeout| now + timeout)),
